@@ -1,0 +1,49 @@
+# The two commands in README.md are `make run` and `make test`; everything else serves them.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TOOLS ?= $(HOME)/.cache/llmgw/tools
+BUF := $(TOOLS)/node_modules/.bin/buf
+PROTOS := $(shell find protos -name '*.proto' | sort)
+GEN_DIRS := llmgw/common/v1 llmgw/planner/v1
+
+.PHONY: venv run test lint proto proto-check buf-lint unit bench
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+# Run the control plane on this machine with its embedded defaults.
+run: venv
+	$(PY) -m planner_svc --listen 127.0.0.1:50051
+
+# Regenerate the Python code of the protos (committed).
+proto: venv
+	$(PY) scripts/gen_protos.py --out .
+
+# Fail when the committed generated code differs from what the protos generate.
+proto-check: venv
+	$(PY) scripts/gen_protos.py --check
+
+$(BUF):
+	mkdir -p $(TOOLS)
+	cd $(TOOLS) && npm install --silent --no-audit --no-fund @bufbuild/buf@1.75.0
+
+buf-lint: $(BUF)
+	cd protos && $(abspath $(BUF)) lint
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+# Run every check and test, as CI does.
+test: venv proto-check buf-lint lint
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+bench: venv
+	$(PY) -m bench

@@ -1,0 +1,1 @@
+"""llmgw's contract and command line."""

@@ -1,0 +1,1 @@
+"""Pure planning rules: shapes, memory, engine arguments; no I/O, no clock."""

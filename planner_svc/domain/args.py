@@ -1,0 +1,114 @@
+"""Engine arguments: read, set and drop flags in either `--flag value` or `--flag=value` form."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def _matches(arg: str, names: Sequence[str]) -> tuple[bool, str | None]:
+    """Whether `arg` is one of the flag `names`; the inline value when written `--flag=value`."""
+    for name in names:
+        if arg == name:
+            return True, None
+        if arg.startswith(name + "="):
+            return True, arg[len(name) + 1 :]
+    return False, None
+
+
+def get_arg(args: Sequence[str], names: Sequence[str]) -> str | None:
+    """The value of the last occurrence of a flag under any of its `names`, None when absent.
+
+    Args:
+        args: the engine's arguments.
+        names: the flag and its aliases, e.g. ("--ctx-size", "-c").
+    Returns:
+        The value as written; "" for a flag given last with no value.
+    """
+    value: str | None = None
+    i = 0
+    while i < len(args):
+        hit, inline = _matches(args[i], names)
+        if hit:
+            if inline is not None:
+                value = inline
+            elif i + 1 < len(args) and not _is_flag(args[i + 1]):
+                value = args[i + 1]
+                i += 1
+            else:
+                value = ""
+        i += 1
+    return value
+
+
+def has_flag(args: Sequence[str], names: Sequence[str]) -> bool:
+    """Whether any of the flag `names` is present (as a switch or with a value)."""
+    return any(_matches(a, names)[0] for a in args)
+
+
+def get_int(args: Sequence[str], names: Sequence[str], default: int = 0) -> int:
+    """A flag's whole-number value; `default` when absent or not a whole number."""
+    value = get_arg(args, names)
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        return default
+
+
+def get_float(args: Sequence[str], names: Sequence[str], default: float) -> float:
+    """A flag's number value; `default` when absent or not a number."""
+    value = get_arg(args, names)
+    try:
+        return float(value) if value is not None else default
+    except ValueError:
+        return default
+
+
+def set_arg(args: Sequence[str], names: Sequence[str], value: str) -> list[str]:
+    """Arguments with a flag set to `value`: its first occurrence (under any alias) is
+    replaced in the form it was written, later ones are dropped, and an absent flag is
+    appended under its first name.
+    """
+    out: list[str] = []
+    done = False
+    i = 0
+    while i < len(args):
+        hit, inline = _matches(args[i], names)
+        if not hit:
+            out.append(args[i])
+            i += 1
+            continue
+        takes_next = inline is None and i + 1 < len(args) and not _is_flag(args[i + 1])
+        if not done:
+            flag = args[i].split("=", 1)[0]
+            out.extend([f"{flag}={value}"] if inline is not None else [flag, value])
+            done = True
+        i += 2 if takes_next else 1
+    if not done:
+        out.extend([names[0], value])
+    return out
+
+
+def drop_arg(args: Sequence[str], names: Sequence[str], takes_value: bool = True) -> list[str]:
+    """Arguments without a flag (every occurrence, under any alias, with its value)."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        hit, inline = _matches(args[i], names)
+        if not hit:
+            out.append(args[i])
+            i += 1
+            continue
+        skip_next = takes_value and inline is None and i + 1 < len(args) and not _is_flag(args[i + 1])
+        i += 2 if skip_next else 1
+    return out
+
+
+def _is_flag(arg: str) -> bool:
+    """Whether an argument is a flag rather than a value (negative numbers are values)."""
+    if not arg.startswith("-") or arg == "-":
+        return False
+    try:
+        float(arg)
+    except ValueError:
+        return True
+    return False

@@ -1,0 +1,195 @@
+"""The planner's exceptions: one root, leaves that carry the numbers of a refusal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PlannerError(Exception):
+    """Root of every refusal the planner makes; `message` is one sentence a person can act on."""
+
+    message: str
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    def metadata(self) -> dict[str, str]:
+        """The refusal's numbers as strings, for `google.rpc.ErrorInfo`."""
+        return {}
+
+
+@dataclass
+class InvalidShape(PlannerError):
+    """A header or config could not be read as a model's shape (malformed, hostile, absurd)."""
+
+    source: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"source": self.source} if self.source else {}
+
+
+@dataclass
+class SourceUnreachable(PlannerError):
+    """A source could not be fetched (network, missing file, HTTP error)."""
+
+    source: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"source": self.source} if self.source else {}
+
+
+@dataclass
+class InvalidRequest(PlannerError):
+    """A request field is out of range; `field` names it for `BadRequest`."""
+
+    field: str = ""
+    reason: str = "INVALID_REQUEST"
+
+
+@dataclass
+class ContextTooShort(InvalidRequest):
+    """tokens < 256."""
+
+    tokens: int = 0
+    field: str = "tokens"
+    reason: str = "CONTEXT_TOO_SHORT"
+
+    def metadata(self) -> dict[str, str]:
+        return {"tokens": str(self.tokens), "minimum": "256"}
+
+
+@dataclass
+class SlotsOutOfRange(InvalidRequest):
+    """slots not in 1..64 (0 keeps the current)."""
+
+    slots: int = 0
+    field: str = "slots"
+    reason: str = "SLOTS_OUT_OF_RANGE"
+
+    def metadata(self) -> dict[str, str]:
+        return {"slots": str(self.slots), "minimum": "1", "maximum": "64"}
+
+
+@dataclass
+class ContextOverTrained(PlannerError):
+    """tokens > the context the model was trained for."""
+
+    tokens: int = 0
+    trained: int = 0
+
+    def metadata(self) -> dict[str, str]:
+        return {"tokens": str(self.tokens), "trained": str(self.trained)}
+
+
+@dataclass
+class EngineNoContext(PlannerError):
+    """A profile's engine does not take a context this way."""
+
+    profile: str = ""
+    engine: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"profile": self.profile, "engine": self.engine}
+
+
+@dataclass
+class UnknownEngine(PlannerError):
+    """A profile names an engine the planner does not know."""
+
+    profile: str = ""
+    engine: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"profile": self.profile, "engine": self.engine}
+
+
+@dataclass
+class CardsTooSmall(PlannerError):
+    """Weights + context exceed what the profile's cards hold."""
+
+    profile: str = ""
+    need_bytes: int = 0
+    budget_bytes: int = 0
+    cards: int = 0
+    longest_context_tokens: int = 0
+    fewest_cards: int = 0
+
+    def metadata(self) -> dict[str, str]:
+        return {
+            "profile": self.profile,
+            "need_bytes": str(self.need_bytes),
+            "budget_bytes": str(self.budget_bytes),
+            "cards": str(self.cards),
+            "longest_context_tokens": str(self.longest_context_tokens),
+            "fewest_cards": str(self.fewest_cards),
+        }
+
+
+@dataclass
+class GPUCountUnavailable(PlannerError):
+    """No node of the profile's class has that many cards."""
+
+    profile: str = ""
+    gpu_class: str = ""
+    gpus: int = 0
+    largest: int = 0
+
+    def metadata(self) -> dict[str, str]:
+        return {
+            "profile": self.profile,
+            "gpu_class": self.gpu_class,
+            "gpus": str(self.gpus),
+            "largest": str(self.largest),
+        }
+
+
+@dataclass
+class HeadsNotDivisible(PlannerError):
+    """Tensor parallel N does not split the model's heads."""
+
+    gpus: int = 0
+    attention_heads: int = 0
+    kv_heads: int = 0
+    valid_counts: tuple[int, ...] = field(default_factory=tuple)
+
+    def metadata(self) -> dict[str, str]:
+        return {
+            "gpus": str(self.gpus),
+            "attention_heads": str(self.attention_heads),
+            "kv_heads": str(self.kv_heads),
+            "valid_counts": ",".join(str(n) for n in self.valid_counts),
+        }
+
+
+@dataclass
+class EngineSingleCard(PlannerError):
+    """The engine runs on one card only."""
+
+    profile: str = ""
+    engine: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"profile": self.profile, "engine": self.engine}
+
+
+@dataclass
+class ProfileNotFound(PlannerError):
+    """The request names a profile the model does not have."""
+
+    profile: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"profile": self.profile}
+
+
+@dataclass
+class EngineRefuses(PlannerError):
+    """The engine itself would refuse these settings (e.g. a quantized llama.cpp cache
+    whose head size is not a multiple of the type's block)."""
+
+    engine: str = ""
+    detail: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"engine": self.engine, "detail": self.detail}

@@ -1,0 +1,108 @@
+"""A model's shape: per-layer cache geometry, heads, trained context and weights."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class LayerKind(enum.Enum):
+    """What a layer keeps in the cache."""
+
+    FULL = "full"
+    """Attends over the whole context: its KV grows with every token."""
+    SLIDING = "sliding"
+    """Attends over a window of `window_tokens`: its KV is capped at the window."""
+    MLA = "mla"
+    """Multi-head latent attention: one latent of `head_dim_k` per token, never split by TP."""
+    RECURRENT = "recurrent"
+    """Recurrent (SSM, linear attention): `state_bytes` per sequence, nothing per token."""
+    NO_CACHE = "no_cache"
+    """Keeps nothing of its own: reuses an earlier layer's KV, or has no attention."""
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer's cache geometry.
+
+    `kv_heads`, `head_dim_k` and `head_dim_v` are what the cache stores per token: for an MLA
+    layer one "head" whose K width is the latent (kv_lora_rank + rope dims) and whose V width
+    is 0 when the engine derives V from the latent. `state_bytes` is a recurrent layer's state
+    per sequence (a hybrid layer such as Falcon-H1's may have both KV and state).
+    """
+
+    kind: LayerKind
+    kv_heads: int = 0
+    head_dim_k: int = 0
+    head_dim_v: int = 0
+    window_tokens: int = 0
+    state_bytes: int = 0
+
+    @property
+    def has_kv(self) -> bool:
+        """Whether the layer keeps per-token KV."""
+        return self.kind in (LayerKind.FULL, LayerKind.SLIDING, LayerKind.MLA) and self.kv_heads > 0
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What sizes a model's memory and decides its tensor parallel.
+
+    `attention_heads` and `kv_heads` are the counts tensor parallel must split (`kv_heads` is
+    the largest over attention layers). `trained_context` and `weights_bytes` are 0 when not
+    known. `kv_dtype_bytes` is the cache element size at the model's own dtype (2 for
+    f16/bf16). `notes` say what the reader noticed (an ignored window, a placeholder context).
+    """
+
+    architecture: str
+    layers: tuple[Layer, ...]
+    attention_heads: int
+    kv_heads: int
+    trained_context: int = 0
+    weights_bytes: int = 0
+    kv_dtype_bytes: int = 2
+    format: str = "inline"
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    mla_expanded: tuple[int, int] | None = None
+    """For an MLA model: the (key, value) head dims of its decompressed heads, for engines that
+    expand it (e.g. an old-format llama.cpp file)."""
+
+    @property
+    def block_count(self) -> int:
+        """Number of layers."""
+        return len(self.layers)
+
+    @property
+    def head_dim_k(self) -> int:
+        """The key head size of the first layer with KV (0 when none has)."""
+        return next((la.head_dim_k for la in self.layers if la.has_kv), 0)
+
+    @property
+    def head_dim_v(self) -> int:
+        """The value head size of the first layer with KV (0 when none has)."""
+        return next((la.head_dim_v for la in self.layers if la.has_kv), 0)
+
+    @property
+    def sliding_window(self) -> int:
+        """The largest window of a sliding layer (0 when none slides)."""
+        return max((la.window_tokens for la in self.layers if la.kind is LayerKind.SLIDING), default=0)
+
+    def kv_bytes_per_token(self) -> int:
+        """What one more token adds to the cache at the model's dtype, past every window."""
+        return sum(
+            la.kv_heads * (la.head_dim_k + la.head_dim_v) * self.kv_dtype_bytes
+            for la in self.layers
+            if la.has_kv and la.kind is not LayerKind.SLIDING
+        )
+
+    def kv_bytes_fixed(self) -> int:
+        """Sliding layers' cache at their full window, per sequence, at the model's dtype."""
+        return sum(
+            la.window_tokens * la.kv_heads * (la.head_dim_k + la.head_dim_v) * self.kv_dtype_bytes
+            for la in self.layers
+            if la.has_kv and la.kind is LayerKind.SLIDING
+        )
+
+    def state_bytes_per_sequence(self) -> int:
+        """Recurrent state of one sequence over all layers."""
+        return sum(la.state_bytes for la in self.layers)

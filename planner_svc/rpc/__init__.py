@@ -1,0 +1,1 @@
+"""The gRPC edge: servicers, proto<->domain conversion, the error table."""

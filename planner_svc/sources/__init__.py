@@ -1,0 +1,1 @@
+"""Where shapes come from: GGUF headers, Hugging Face configs, and their cache."""
