@@ -1,0 +1,332 @@
+"""Sizing a new context: each profile's engine arguments and memory, or a refusal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from planner_svc.domain import args as argv
+from planner_svc.domain import errors
+from planner_svc.domain.engines import Engine, engine_named
+from planner_svc.domain.fit import (
+    MIN_CONTEXT_TOKENS,
+    args_for_context,
+    describe_need,
+    describe_ram,
+    fewest_cards,
+    longest_context,
+    measure,
+    ram_gb,
+)
+from planner_svc.domain.memory import CardNeed, ram_need_bytes
+from planner_svc.domain.model import Inventory, Model, Profile
+from planner_svc.domain.shape import ModelShape
+
+MAX_SLOTS = 64
+"""llama.cpp slots a profile may ask for (the reference's SetContext rule)."""
+
+MAX_TOKENS = 1 << 24
+"""A ceiling on any context, trained or not: past it a number is a typo, not a plan."""
+
+MAX_OUTPUT_CAP_TOKENS = 32_768
+"""The default max_output is a quarter of the context, at most this (the reference's rule)."""
+
+
+def default_max_output(tokens: int) -> int:
+    """The max_output a model gets by default for a context of `tokens`."""
+    return min(tokens // 4, MAX_OUTPUT_CAP_TOKENS)
+
+
+@dataclass(frozen=True)
+class ProfileNeed:
+    """What a profile needs: bytes (GPU) or RAM (CPU); None fields when not sized."""
+
+    card: CardNeed | None = None
+    ram_bytes: int = 0
+
+    def describe(self) -> str:
+        """For people: "13.2 GiB a card of 2, of 72.0 usable" or "18 GB of RAM"."""
+        if self.card is not None:
+            return describe_need(self.card)
+        if self.ram_bytes:
+            return describe_ram(self.ram_bytes)
+        return ""
+
+
+@dataclass(frozen=True)
+class ProfileChange:
+    """One profile before and after a change."""
+
+    profile: str
+    engine: str
+    before: str
+    after: str
+    args: tuple[str, ...]
+    args_before: tuple[str, ...]
+    need: ProfileNeed = field(default_factory=ProfileNeed)
+    need_before: ProfileNeed = field(default_factory=ProfileNeed)
+
+
+@dataclass(frozen=True)
+class ContextChange:
+    """A model's context before and after, what its profiles become, and what was not
+    checked (`note`, said once)."""
+
+    model: str
+    before: int
+    after: int
+    max_output: int
+    trained: int
+    profiles: tuple[ProfileChange, ...]
+    updated: tuple[Profile, ...]
+    note: str = ""
+
+
+def check_context_request(tokens: int, slots: int) -> None:
+    """Refuse a context request whose numbers are out of range.
+
+    Raises:
+        ContextTooShort: tokens < 256.
+        InvalidRequest: tokens past MAX_TOKENS.
+        SlotsOutOfRange: slots not in 0..64.
+    """
+    if tokens < MIN_CONTEXT_TOKENS:
+        raise errors.ContextTooShort(
+            f"a context of {tokens} tokens is too short: ask for at least {MIN_CONTEXT_TOKENS}",
+            tokens=tokens,
+        )
+    if tokens > MAX_TOKENS:
+        raise errors.InvalidRequest(
+            f"a context of {tokens} tokens is past any model's ({MAX_TOKENS}): check the number",
+            field="tokens",
+            reason="CONTEXT_OVER_LIMIT",
+        )
+    if slots < 0 or slots > MAX_SLOTS:
+        raise errors.SlotsOutOfRange(
+            f"{slots} slots is out of range: slots are 1 to {MAX_SLOTS} (0 keeps the current)",
+            slots=slots,
+        )
+
+
+def size_context(
+    model: Model,
+    shape: ModelShape | None,
+    *,
+    tokens: int,
+    slots: int,
+    inventory: Inventory,
+    note: str = "",
+) -> ContextChange:
+    """A model's profiles resized for a context of `tokens` (and, for llama.cpp, `slots`).
+
+    Args:
+        model: the catalog entry.
+        shape: the model's shape; None when it could not be read (then `note` says why, and
+            memory is not checked).
+        tokens: the context one request may use.
+        slots: llama.cpp's concurrent requests (1..64); 0 keeps each profile's current.
+        inventory: the nodes, for the memory of the profiles' cards.
+        note: what could not be checked already (the shape's absence).
+    Returns:
+        The change and the updated profiles.
+    Raises:
+        ContextTooShort, SlotsOutOfRange, ContextOverTrained, EngineNoContext, UnknownEngine,
+        CardsTooSmall, EngineRefuses.
+    """
+    check_context_request(tokens, slots)
+    trained = shape.trained_context if shape is not None else 0
+    if trained > 0 and tokens > trained:
+        raise errors.ContextOverTrained(
+            f"{model.name} was trained for {trained} tokens; a longer context answers worse, "
+            f"and llama.cpp or vLLM refuses it: ask for {trained} or fewer",
+            tokens=tokens,
+            trained=trained,
+        )
+    notes = [note] if note else []
+    if shape is not None and shape.weights_bytes <= 0 and not note:
+        notes.append("its files' sizes are not known, so the memory it needs is not checked")
+    sized = shape if shape is not None and shape.weights_bytes > 0 else None
+    changes: list[ProfileChange] = []
+    updated: list[Profile] = []
+    for profile in model.profiles:
+        new_profile, change = _resize_profile(
+            model, profile, sized, tokens=tokens, slots=slots, inventory=inventory, notes=notes
+        )
+        updated.append(new_profile)
+        changes.append(change)
+    max_output = model.max_output
+    if max_output == 0 or max_output == default_max_output(model.context_length):
+        max_output = default_max_output(tokens)
+    max_output = min(max_output, tokens)
+    return ContextChange(
+        model=model.name,
+        before=model.context_length,
+        after=tokens,
+        max_output=max_output,
+        trained=trained,
+        profiles=tuple(changes),
+        updated=tuple(updated),
+        note="; ".join(dict.fromkeys(notes)),
+    )
+
+
+def engine_of(profile: Profile) -> Engine:
+    """The profile's engine.
+
+    Raises:
+        UnknownEngine: the planner does not know it.
+    """
+    engine = engine_named(profile.engine)
+    if engine is None:
+        raise errors.UnknownEngine(
+            f"the {profile.name} profile names an engine the planner does not know "
+            f"({profile.engine!r}): use vllm, sglang, trtllm or llamacpp",
+            profile=profile.name,
+            engine=profile.engine,
+        )
+    return engine
+
+
+def current_slots(engine: Engine, args: tuple[str, ...]) -> int:
+    """The profile's current llama.cpp slots (1 when not set)."""
+    if not engine.slots_flags:
+        return 1
+    return max(argv.get_int(args, engine.slots_flags), 1)
+
+
+def current_tokens(engine: Engine, profile: Profile, model: Model) -> int:
+    """The context one request of this profile may use now (from its args, else the model's)."""
+    pool = argv.get_int(profile.args, engine.context_flags) if engine.context_flags else 0
+    if pool <= 0:
+        return model.context_length
+    return pool // current_slots(engine, profile.args) if engine.slots_flags else pool
+
+
+def profile_need(
+    engine: Engine,
+    profile: Profile,
+    shape: ModelShape,
+    inventory: Inventory,
+    *,
+    args: tuple[str, ...],
+    tokens: int,
+    slots: int,
+) -> ProfileNeed:
+    """What a profile needs served with `args` for `tokens` per request and `slots`."""
+    if profile.on_cpu:
+        pool = tokens * slots if engine.slots_flags else tokens
+        return ProfileNeed(ram_bytes=ram_need_bytes(shape, pool))
+    fit = measure(
+        engine, profile, shape, inventory, args=args, tokens=tokens, slots=slots, cards=profile.cards
+    )
+    return ProfileNeed(card=fit.need)
+
+
+def _resize_profile(
+    model: Model,
+    profile: Profile,
+    shape: ModelShape | None,
+    *,
+    tokens: int,
+    slots: int,
+    inventory: Inventory,
+    notes: list[str],
+) -> tuple[Profile, ProfileChange]:
+    """One profile for the new context, refused where its cards would not hold it."""
+    engine = engine_of(profile)
+    if not engine.context_flags:
+        raise errors.EngineNoContext(
+            f"a {profile.engine} profile ({profile.name}) does not take a context this way: "
+            "change that profile's arguments, or remove it first",
+            profile=profile.name,
+            engine=profile.engine,
+        )
+    use_slots = slots or current_slots(engine, profile.args)
+    args = tuple(args_for_context(engine, profile.args, tokens, use_slots))
+    new_profile = replace(profile, args=args)
+    change = ProfileChange(
+        profile=profile.name,
+        engine=profile.engine,
+        before="",
+        after="",
+        args=args,
+        args_before=profile.args,
+    )
+    if shape is None:
+        return new_profile, change
+    old_tokens = current_tokens(engine, profile, model)
+    before = ProfileNeed()
+    if old_tokens >= 1:
+        try:
+            before = profile_need(
+                engine,
+                profile,
+                shape,
+                inventory,
+                args=profile.args,
+                tokens=old_tokens,
+                slots=current_slots(engine, profile.args),
+            )
+        except errors.PlannerError:
+            before = ProfileNeed()  # the old settings need not be valid for the new ones to be
+    after = profile_need(engine, profile, shape, inventory, args=args, tokens=tokens, slots=use_slots)
+    change = replace(
+        change,
+        before=before.describe() if not profile.on_cpu else f"{profile.min_memory_gb} GB of RAM",
+        after=after.describe(),
+        need=after,
+        need_before=before,
+    )
+    if profile.on_cpu:
+        return replace(new_profile, min_memory_gb=ram_gb(after.ram_bytes)), change
+    card = after.card
+    assert card is not None  # a GPU profile is always measured on cards
+    if card.budget_bytes <= 0:
+        notes.append(
+            f"the memory of a {profile.gpu_class} card is not known (no node of that class in "
+            "the inventory), so the cards are not checked"
+        )
+        return new_profile, change
+    if card.per_card_bytes > card.budget_bytes:
+        longest = longest_context(
+            engine,
+            profile,
+            shape,
+            inventory,
+            args=profile.args,
+            slots=use_slots,
+            cards=profile.cards,
+            limit_tokens=shape.trained_context or tokens,
+        )
+        fewest = fewest_cards(
+            engine, profile, shape, inventory, args=args, tokens=tokens, slots=use_slots
+        )
+        raise errors.CardsTooSmall(
+            _too_small_message(profile, tokens, card, longest, fewest),
+            profile=profile.name,
+            need_bytes=card.per_card_bytes,
+            budget_bytes=card.budget_bytes,
+            cards=card.cards,
+            longest_context_tokens=longest,
+            fewest_cards=fewest,
+        )
+    return new_profile, change
+
+
+def _too_small_message(
+    profile: Profile, tokens: int, card: CardNeed, longest: int, fewest: int
+) -> str:
+    """The CARDS_TOO_SMALL sentence: what was refused, why, what would work."""
+    gib = 1 << 30
+    text = (
+        f"with {tokens} tokens the {profile.name} profile needs "
+        f"{card.per_card_bytes / gib:.1f} GiB on each of its {card.cards} {profile.gpu_class} "
+        f"cards, more than the {card.budget_bytes / gib:.1f} GiB usable"
+    )
+    remedies = []
+    if longest > 0:
+        remedies.append(f"a context of at most {longest} tokens")
+    if fewest > 0:
+        remedies.append(f"the model on {fewest} cards")
+    if remedies:
+        return text + ": " + ", or ".join(remedies)
+    return text + ": no context or card count of one node holds it"

@@ -1,0 +1,173 @@
+"""Fitting a profile on cards: its need at a context and card count, and the search for
+the longest context and the fewest cards that fit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner_svc.domain import args as argv
+from planner_svc.domain.cards import GIB, card_memory_bytes
+from planner_svc.domain.engines import CardSplit, Engine
+from planner_svc.domain.heads import splits_heads
+from planner_svc.domain.memory import CardNeed, card_need
+from planner_svc.domain.model import Inventory, Profile
+from planner_svc.domain.shape import ModelShape
+
+MIN_CONTEXT_TOKENS = 256
+"""The shortest context the planner accepts (the reference's SetContext rule)."""
+
+DEFAULT_MAX_CARDS = 8
+"""Cards per node assumed when the inventory has no node of a profile's class."""
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A profile's need on some cards, and whether it fits."""
+
+    need: CardNeed
+
+    @property
+    def fits(self) -> bool:
+        """Whether the fullest card holds it (an unknown budget is taken as room)."""
+        return self.need.budget_bytes <= 0 or self.need.per_card_bytes <= self.need.budget_bytes
+
+
+def args_for_cards(engine: Engine, args: Sequence[str], cards: int) -> list[str]:
+    """An engine's arguments for `cards` cards a replica: tensor parallel set to the count,
+    or llama.cpp's layer split with its old `--tensor-split` dropped.
+    """
+    out = list(args)
+    if engine.split is CardSplit.TENSOR_PARALLEL:
+        return argv.set_arg(out, engine.card_flags, str(cards))
+    if engine.split is CardSplit.LAYER_SPLIT:
+        for names in engine.drop_flags:
+            out = argv.drop_arg(out, names)
+        if cards > 1:
+            out = argv.set_arg(out, engine.card_flags, "layer")
+        return out
+    return out
+
+
+def args_for_context(engine: Engine, args: Sequence[str], tokens: int, slots: int) -> list[str]:
+    """An engine's arguments for a context of `tokens` per request (llama.cpp: a pool of
+    tokens × slots cells shared by `slots` requests)."""
+    if engine.slots_flags:
+        out = argv.set_arg(args, engine.context_flags, str(tokens * slots))
+        return argv.set_arg(out, engine.slots_flags, str(slots))
+    return argv.set_arg(args, engine.context_flags, str(tokens))
+
+
+def measure(
+    engine: Engine,
+    profile: Profile,
+    shape: ModelShape,
+    inventory: Inventory,
+    *,
+    args: Sequence[str],
+    tokens: int,
+    slots: int,
+    cards: int,
+) -> Fit:
+    """The need of `profile` served with `args` (already set for `tokens`/`slots`) on
+    `cards` cards of its class."""
+    need = card_need(
+        engine.name,
+        shape,
+        args=args,
+        tokens=tokens,
+        slots=slots,
+        cards=cards,
+        card_memory_bytes=card_memory_bytes(profile.gpu_class, inventory),
+    )
+    return Fit(need)
+
+
+def longest_context(
+    engine: Engine,
+    profile: Profile,
+    shape: ModelShape,
+    inventory: Inventory,
+    *,
+    args: Sequence[str],
+    slots: int,
+    cards: int,
+    limit_tokens: int,
+) -> int:
+    """The longest context (in tokens per request, a multiple of 256) that fits on `cards`
+    cards, at most `limit_tokens`; 0 when not even the shortest fits.
+    """
+
+    def fits(tokens: int) -> bool:
+        trial = args_for_context(engine, args, tokens, slots)
+        fit = measure(
+            engine, profile, shape, inventory, args=trial, tokens=tokens, slots=slots, cards=cards
+        )
+        return fit.fits
+
+    step = MIN_CONTEXT_TOKENS
+    hi = max(limit_tokens // step, 1)
+    if not fits(step):
+        return 0
+    if fits(hi * step):
+        return hi * step
+    lo = 1  # fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid * step):
+            lo = mid
+        else:
+            hi = mid
+    return lo * step
+
+
+def card_counts(engine: Engine, shape: ModelShape | None, largest: int) -> list[int]:
+    """The card counts a replica of this engine may use on a node of `largest` cards."""
+    top = largest if largest > 0 else DEFAULT_MAX_CARDS
+    if engine.split is CardSplit.SINGLE_CARD:
+        return [1]
+    if engine.split is CardSplit.TENSOR_PARALLEL and shape is not None:
+        return [
+            n for n in range(1, top + 1) if splits_heads(n, shape.attention_heads, shape.kv_heads)
+        ]
+    return list(range(1, top + 1))
+
+
+def fewest_cards(
+    engine: Engine,
+    profile: Profile,
+    shape: ModelShape,
+    inventory: Inventory,
+    *,
+    args: Sequence[str],
+    tokens: int,
+    slots: int,
+) -> int:
+    """The fewest cards of a valid count (on one node of the class) that hold `tokens`;
+    0 when no count there does."""
+    largest = inventory.largest_count(profile.gpu_class)
+    for n in card_counts(engine, shape, largest):
+        trial = args_for_cards(engine, args, n)
+        if measure(
+            engine, profile, shape, inventory, args=trial, tokens=tokens, slots=slots, cards=n
+        ).fits:
+            return n
+    return 0
+
+
+def describe_need(need: CardNeed) -> str:
+    """A profile's need for people: "13.2 GiB a card of 2, of 72.0 usable"."""
+    text = f"{need.per_card_bytes / GIB:.1f} GiB a card of {need.cards}"
+    if need.budget_bytes > 0:
+        text += f", of {need.budget_bytes / GIB:.1f} usable"
+    return text
+
+
+def describe_ram(ram_bytes: int) -> str:
+    """A CPU profile's need for people, in whole GB as the catalog keeps it."""
+    return f"{ram_gb(ram_bytes)} GB of RAM"
+
+
+def ram_gb(ram_bytes: int) -> int:
+    """RAM rounded up to whole GB (10^9 bytes), as `min_memory_gb` holds it."""
+    return -(-ram_bytes // 1_000_000_000)

@@ -1,0 +1,241 @@
+"""Planning the cards of each replica: tensor parallel held to the heads, or layer split."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from planner_svc.domain import errors
+from planner_svc.domain.context import (
+    ProfileChange,
+    ProfileNeed,
+    current_slots,
+    current_tokens,
+    engine_of,
+    profile_need,
+)
+from planner_svc.domain.engines import CardSplit
+from planner_svc.domain.fit import (
+    DEFAULT_MAX_CARDS,
+    args_for_cards,
+    card_counts,
+    fewest_cards,
+    longest_context,
+)
+from planner_svc.domain.heads import splits_heads
+from planner_svc.domain.model import Inventory, Model, Profile
+from planner_svc.domain.shape import ModelShape
+
+MAX_GPUS = 1024
+"""A ceiling on cards per replica: past it a number is a typo, not a plan."""
+
+
+@dataclass(frozen=True)
+class GPUsChange:
+    """The cards each replica of a model's profiles uses, before and after."""
+
+    model: str
+    gpus: int
+    profiles: tuple[ProfileChange, ...]
+    updated: tuple[Profile, ...]
+    note: str = ""
+
+
+def plan_gpus(
+    model: Model,
+    shape: ModelShape | None,
+    *,
+    gpus: int,
+    profile: str,
+    inventory: Inventory,
+    note: str = "",
+) -> GPUsChange:
+    """A model's GPU profiles (or the one named) moved to `gpus` cards of one node each.
+
+    Args:
+        model: the catalog entry.
+        shape: its shape; None when it could not be read (heads and memory not checked).
+        gpus: cards per replica.
+        profile: a profile's name, or "" for every GPU profile.
+        inventory: the nodes; a count no node of the class has is refused.
+        note: what could not be checked already.
+    Returns:
+        The change and every profile of the model (changed or not).
+    Raises:
+        InvalidRequest, ProfileNotFound, EngineSingleCard, GPUCountUnavailable,
+        HeadsNotDivisible, CardsTooSmall, UnknownEngine.
+    """
+    if gpus < 1 or gpus > MAX_GPUS:
+        raise errors.InvalidRequest(
+            f"{gpus} cards a replica is out of range: ask for 1 to {MAX_GPUS}",
+            field="gpus",
+            reason="GPU_COUNT_OUT_OF_RANGE",
+        )
+    chosen = _chosen_profiles(model, profile)
+    notes = [note] if note else []
+    sized = shape if shape is not None and shape.weights_bytes > 0 else None
+    if shape is not None and sized is None and not note:
+        notes.append("its files' sizes are not known, so the memory it needs is not checked")
+    if not inventory.nodes:
+        notes.append("no inventory was given, so no node was checked for the cards")
+    changes: list[ProfileChange] = []
+    updated: list[Profile] = []
+    for p in model.profiles:
+        if p.name not in chosen:
+            updated.append(p)
+            continue
+        new_profile, change = _replan_profile(model, p, shape, sized, gpus, inventory, notes)
+        updated.append(new_profile)
+        changes.append(change)
+    return GPUsChange(
+        model=model.name,
+        gpus=gpus,
+        profiles=tuple(changes),
+        updated=tuple(updated),
+        note="; ".join(dict.fromkeys(notes)),
+    )
+
+
+def _chosen_profiles(model: Model, name: str) -> set[str]:
+    """The profiles a request is about: the one named, or every GPU profile."""
+    if name:
+        match = [p for p in model.profiles if p.name == name]
+        if not match:
+            have = ", ".join(p.name for p in model.profiles) or "none"
+            raise errors.ProfileNotFound(
+                f"{model.name} has no profile {name!r} (it has: {have})", profile=name
+            )
+        if match[0].on_cpu:
+            raise errors.InvalidRequest(
+                f"the {name} profile runs on CPUs: give it a gpu_class before planning cards",
+                field="profile",
+                reason="PROFILE_ON_CPU",
+            )
+        return {name}
+    chosen = {p.name for p in model.profiles if not p.on_cpu}
+    if not chosen:
+        raise errors.InvalidRequest(
+            f"{model.name} has no GPU profile to plan cards for",
+            field="profile",
+            reason="NO_GPU_PROFILE",
+        )
+    return chosen
+
+
+def _replan_profile(
+    model: Model,
+    profile: Profile,
+    shape: ModelShape | None,
+    sized: ModelShape | None,
+    gpus: int,
+    inventory: Inventory,
+    notes: list[str],
+) -> tuple[Profile, ProfileChange]:
+    """One profile on `gpus` cards, refused where the engine, nodes, heads or cards say no."""
+    engine = engine_of(profile)
+    if engine.split is CardSplit.SINGLE_CARD and gpus != 1:
+        raise errors.EngineSingleCard(
+            f"the {profile.name} profile's engine ({profile.engine}) runs on one card only: "
+            "serve more replicas instead",
+            profile=profile.name,
+            engine=profile.engine,
+        )
+    largest = inventory.largest_count(profile.gpu_class)
+    if inventory.nodes and gpus > largest:
+        where = (
+            f"the largest {profile.gpu_class} node has {largest}"
+            if largest
+            else f"no node has {profile.gpu_class} cards"
+        )
+        raise errors.GPUCountUnavailable(
+            f"no node has {gpus} {profile.gpu_class} cards for the {profile.name} profile: "
+            f"{where}",
+            profile=profile.name,
+            gpu_class=profile.gpu_class,
+            gpus=gpus,
+            largest=largest,
+        )
+    if engine.split is CardSplit.TENSOR_PARALLEL and shape is not None:
+        if not splits_heads(gpus, shape.attention_heads, shape.kv_heads):
+            valid = tuple(card_counts(engine, shape, largest or max(DEFAULT_MAX_CARDS, gpus)))
+            raise errors.HeadsNotDivisible(
+                f"tensor parallel {gpus} does not split {model.name}'s {shape.attention_heads} "
+                f"attention heads and {shape.kv_heads} KV heads evenly: use "
+                + ", ".join(str(n) for n in valid),
+                gpus=gpus,
+                attention_heads=shape.attention_heads,
+                kv_heads=shape.kv_heads,
+                valid_counts=valid,
+            )
+    elif engine.split is CardSplit.TENSOR_PARALLEL:
+        notes.append("its heads are not known, so tensor parallel is not checked against them")
+    args = tuple(args_for_cards(engine, profile.args, gpus))
+    tp = gpus if engine.split is CardSplit.TENSOR_PARALLEL else profile.tp
+    new_profile = replace(profile, args=args, gpus_per_node=gpus, tp=tp)
+    change = ProfileChange(
+        profile=profile.name,
+        engine=profile.engine,
+        before=f"{profile.cards} cards",
+        after=f"{new_profile.cards} cards",
+        args=args,
+        args_before=profile.args,
+    )
+    if sized is None:
+        return new_profile, change
+    tokens = current_tokens(engine, profile, model)
+    slots = current_slots(engine, profile.args)
+    if tokens <= 0:
+        notes.append("its context is not known, so the memory it needs is not checked")
+        return new_profile, change
+    before = profile_need(
+        engine, profile, sized, inventory, args=profile.args, tokens=tokens, slots=slots
+    )
+    after = profile_need(
+        engine, new_profile, sized, inventory, args=args, tokens=tokens, slots=slots
+    )
+    change = replace(
+        change, before=before.describe(), after=after.describe(), need=after, need_before=before
+    )
+    card = after.card
+    if card is None or card.budget_bytes <= 0:
+        if card is not None:
+            notes.append(
+                f"the memory of a {profile.gpu_class} card is not known, so the cards are not "
+                "checked"
+            )
+        return new_profile, change
+    if card.per_card_bytes > card.budget_bytes:
+        longest = longest_context(
+            engine,
+            new_profile,
+            sized,
+            inventory,
+            args=args,
+            slots=slots,
+            cards=gpus,
+            limit_tokens=sized.trained_context or tokens,
+        )
+        fewest = fewest_cards(
+            engine, profile, sized, inventory, args=profile.args, tokens=tokens, slots=slots
+        )
+        gib = 1 << 30
+        remedies = []
+        if longest:
+            remedies.append(f"a context of at most {longest} tokens on {gpus} cards")
+        if fewest:
+            remedies.append(f"{fewest} cards for {tokens} tokens")
+        raise errors.CardsTooSmall(
+            f"on {gpus} {profile.gpu_class} cards the {profile.name} profile needs "
+            f"{card.per_card_bytes / gib:.1f} GiB a card for its weights and {tokens} tokens, "
+            f"more than the {card.budget_bytes / gib:.1f} GiB usable: "
+            + (", or ".join(remedies) if remedies else "no count of one node holds it"),
+            profile=profile.name,
+            need_bytes=card.per_card_bytes,
+            budget_bytes=card.budget_bytes,
+            cards=gpus,
+            longest_context_tokens=longest,
+            fewest_cards=fewest,
+        )
+    return new_profile, change
+
+
+__all__ = ["GPUsChange", "ProfileNeed", "plan_gpus"]

@@ -1,0 +1,80 @@
+"""A model as the planner sees it: its catalog entry, profiles and the hardware inventory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner_svc.domain.shape import ModelShape
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A way to serve a model: an engine, its arguments and the cards it takes."""
+
+    name: str
+    engine: str
+    args: tuple[str, ...] = ()
+    gpu_class: str = ""
+    gpus_per_node: int = 0
+    tp: int = 0
+    pp: int = 0
+    nodes: int = 0
+    min_memory_gb: int = 0
+    cpu_only: bool = False
+    replicas: int = 0
+
+    @property
+    def on_cpu(self) -> bool:
+        """Whether the profile runs in RAM (declared CPU-only, or with no card class)."""
+        return self.cpu_only or not self.gpu_class
+
+    @property
+    def cards(self) -> int:
+        """Cards of one replica: per node (or tensor parallel) times nodes (or pipeline)."""
+        return max(self.gpus_per_node, self.tp, 1) * max(self.nodes, self.pp, 1)
+
+
+@dataclass(frozen=True)
+class Model:
+    """A catalog entry: where the weights are, the context served and the profiles."""
+
+    name: str
+    source: str = ""
+    files: tuple[tuple[str, int], ...] = ()
+    context_length: int = 0
+    max_output: int = 0
+    profiles: tuple[Profile, ...] = ()
+    shape: ModelShape | None = None
+
+    @property
+    def files_bytes(self) -> int:
+        """The origin files' sizes added up (0 when none are known)."""
+        return sum(size for _, size in self.files)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of the inventory."""
+
+    name: str
+    gpu_class: str = ""
+    gpus: int = 0
+    free_gpus: int = 0
+    gpu_memory_bytes: int = 0
+    memory_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The nodes the planner plans against."""
+
+    nodes: tuple[Node, ...] = field(default_factory=tuple)
+
+    def of_class(self, gpu_class: str) -> tuple[Node, ...]:
+        """Nodes whose cards are of `gpu_class` (compared case-insensitively)."""
+        want = gpu_class.strip().lower()
+        return tuple(n for n in self.nodes if n.gpu_class.strip().lower() == want and n.gpus > 0)
+
+    def largest_count(self, gpu_class: str) -> int:
+        """The most cards any node of the class has (0 when none)."""
+        return max((n.gpus for n in self.of_class(gpu_class)), default=0)

@@ -1,0 +1,96 @@
+"""Wiring of the planner's gRPC server: servicer, health, reflection, keepalive, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from dataclasses import dataclass
+
+import grpc
+import structlog
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
+from planner_svc.rpc.servicer import PlannerServicer, Resolver
+from planner_svc.sources.resolver import ShapeResolver
+
+log = structlog.get_logger(__name__)
+
+SERVICE_NAME = planner_pb2.DESCRIPTOR.services_by_name["PlannerService"].full_name
+
+# Keepalive fit for meshes and long streams: ping idle connections every 30 s, and accept
+# clients' pings as often as every 10 s without calling them abusive.
+SERVER_OPTIONS = [
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+SHUTDOWN_GRACE_S = 10.0
+"""How long calls in flight may finish after SIGTERM."""
+
+
+@dataclass
+class PlannerServer:
+    """A running planner: the gRPC server, the port it bound and its health."""
+
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+
+    async def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+        """Report NOT_SERVING, let calls in flight finish within `grace_s`, then stop."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace_s)
+        log.info("planner_stopped", port=self.port)
+
+
+async def start_planner(listen: str, resolver: Resolver | None = None) -> PlannerServer:
+    """Start a planner listening on `listen` (HOST:PORT; port 0 picks one).
+
+    Raises:
+        RuntimeError: the address could not be bound.
+    """
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    planner_pb2_grpc.add_PlannerServiceServicer_to_server(
+        PlannerServicer(resolver or ShapeResolver()), server
+    )
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = (
+        SERVICE_NAME,
+        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        reflection.SERVICE_NAME,
+    )
+    # error_details is imported so reflection can describe the details of a refusal.
+    assert error_details_pb2.ErrorInfo.DESCRIPTOR.full_name == "google.rpc.ErrorInfo"
+    reflection.enable_server_reflection(names, server)
+    for service in ("", SERVICE_NAME):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError as exc:
+        raise RuntimeError(f"cannot listen on {listen}: {exc}") from exc
+    await server.start()
+    for service in ("", SERVICE_NAME):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    log.info("planner_started", listen=listen, port=port)
+    return PlannerServer(server=server, port=port, health=health_servicer)
+
+
+async def serve(listen: str) -> None:
+    """Run a planner until SIGTERM or SIGINT, then shut it down gracefully."""
+    running = await start_planner(listen)
+    host = listen.rsplit(":", 1)[0]
+    print(f"planner listening on {host}:{running.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("planner_stopping", port=running.port)
+    await running.stop()
