@@ -9,6 +9,11 @@ GEN_DIRS := llmgw/common/v1 llmgw/planner/v1
 
 .PHONY: venv run test lint proto proto-check buf-lint unit bench
 
+# llama-cpp-python builds llama.cpp from its source distribution (a few minutes on 2 cores,
+# once: pip's wheel cache keeps the build). Portable flags, no tests or examples.
+export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
+
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -43,7 +48,9 @@ lint: venv
 
 # Run every check and test, as CI does.
 test: venv proto-check buf-lint lint
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here" >&2; exit 1; fi; \
+	exit $$rc
 
 bench: venv
 	$(PY) -m bench

@@ -1,0 +1,26 @@
+"""A real planner server in-process on 127.0.0.1:0, for integration tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import grpc
+
+from llmgw.planner.v1 import planner_pb2_grpc
+from planner_svc.rpc.servicer import Resolver
+from planner_svc.server import PlannerServer, start_planner
+
+
+@asynccontextmanager
+async def running_planner(
+    resolver: Resolver | None = None,
+) -> AsyncIterator[tuple[PlannerServer, planner_pb2_grpc.PlannerServiceStub, grpc.aio.Channel]]:
+    """Start a planner on a free port; yield it, a stub and its channel; stop it after."""
+    server = await start_planner("127.0.0.1:0", resolver)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    try:
+        yield server, planner_pb2_grpc.PlannerServiceStub(channel), channel
+    finally:
+        await channel.close()
+        await server.stop(grace_s=1.0)

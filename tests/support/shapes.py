@@ -1,0 +1,65 @@
+"""Model shapes built by hand from real configs (numbers from tests/fixtures/hf, see its
+PROVENANCE.md), for tests that need a shape without reading a source."""
+
+from __future__ import annotations
+
+from planner_svc.domain.shape import Layer, LayerKind, ModelShape
+
+
+def dense(
+    name: str,
+    *,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    trained: int,
+    weights_bytes: int,
+) -> ModelShape:
+    """A dense GQA/MHA model: every layer full attention with the same geometry."""
+    layer = Layer(LayerKind.FULL, kv_heads=kv_heads, head_dim_k=head_dim, head_dim_v=head_dim)
+    return ModelShape(
+        architecture=name,
+        layers=(layer,) * layers,
+        attention_heads=heads,
+        kv_heads=kv_heads,
+        trained_context=trained,
+        weights_bytes=weights_bytes,
+    )
+
+
+# meta-llama/Llama-3.1-8B-Instruct: 32 layers, 32 heads, 8 KV heads of 128, 131072 trained,
+# 16,060,522,496 bytes of BF16 weights; 131,072 B of KV a token.
+LLAMA_31_8B = dense(
+    "llama",
+    layers=32,
+    heads=32,
+    kv_heads=8,
+    head_dim=128,
+    trained=131_072,
+    weights_bytes=16_060_522_496,
+)
+
+# meta-llama/Llama-3.1-70B-Instruct: 80 layers, 64 heads, 8 KV heads of 128;
+# 141,107,412,992 bytes of BF16 weights.
+LLAMA_31_70B = dense(
+    "llama",
+    layers=80,
+    heads=64,
+    kv_heads=8,
+    head_dim=128,
+    trained=131_072,
+    weights_bytes=141_107_412_992,
+)
+
+# Qwen/Qwen2.5-7B-Instruct: 28 layers, 28 heads, 4 KV heads of 128, 32768 trained;
+# 15,231,233,024 bytes. 28 heads split 1, 2, 4, 7 … ways, never 3.
+QWEN25_7B = dense(
+    "qwen2",
+    layers=28,
+    heads=28,
+    kv_heads=4,
+    head_dim=128,
+    trained=32_768,
+    weights_bytes=15_231_233_024,
+)

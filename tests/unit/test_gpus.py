@@ -1,0 +1,123 @@
+"""PlanGPUs' rules: tensor parallel held to the heads, llama.cpp's layer split, refusals for
+one-card engines, counts no node has, and cards too small."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner_svc.domain import errors
+from planner_svc.domain.gpus import plan_gpus
+from planner_svc.domain.model import Inventory, Model, Node, Profile
+from tests.support.shapes import LLAMA_31_8B, LLAMA_31_70B, QWEN25_7B
+
+NODES = Inventory(
+    nodes=(
+        Node("a", "H100-80GB", gpus=8, free_gpus=8, gpu_memory_bytes=81559 << 20),
+        Node("b", "L4-24GB", gpus=4, free_gpus=4, gpu_memory_bytes=23034 << 20),
+    )
+)
+
+
+def model(*profiles: Profile) -> Model:
+    """A model served at 8192 tokens with `profiles`."""
+    return Model(name="m", source="hf://x/y", context_length=8192, profiles=profiles)
+
+
+VLLM = Profile("v", "vllm", ("--max-model-len", "8192", "-tp", "1"), gpu_class="H100-80GB", gpus_per_node=1)
+LCPP = Profile(
+    "l", "llamacpp", ("-c", "8192", "-ts", "3,1", "-ngl", "99"), gpu_class="H100-80GB", gpus_per_node=2
+)
+TEI = Profile("e", "tei", (), gpu_class="H100-80GB", gpus_per_node=1)
+CPU = Profile("c", "llamacpp", ("-c", "8192"), cpu_only=True)
+
+
+def test_vllm_tensor_parallel_is_set_to_the_count() -> None:
+    """vLLM's tensor parallel flag and the profile's cards become N."""
+    change = plan_gpus(model(VLLM), LLAMA_31_8B, gpus=4, profile="", inventory=NODES)
+    (p,) = change.updated
+    assert p.args == ("--max-model-len", "8192", "-tp", "4")
+    assert (p.gpus_per_node, p.tp) == (4, 4)
+    assert change.profiles[0].before == "1 cards" and change.profiles[0].after == "4 cards"
+
+
+def test_llamacpp_splits_layers_and_drops_tensor_split() -> None:
+    """llama.cpp gets `--split-mode layer` and loses its old `--tensor-split`."""
+    change = plan_gpus(model(LCPP), LLAMA_31_8B, gpus=4, profile="l", inventory=NODES)
+    (p,) = change.updated
+    assert p.args == ("-c", "8192", "-ngl", "99", "--split-mode", "layer")
+    assert p.gpus_per_node == 4
+
+
+@pytest.mark.parametrize(
+    ("shape", "gpus", "valid"),
+    [
+        (QWEN25_7B, 3, (1, 2, 4)),  # 28 heads, 4 KV heads: 7 divides 28 but not the KV heads
+        (LLAMA_31_8B, 3, (1, 2, 4, 8)),
+        (LLAMA_31_8B, 6, (1, 2, 4, 8)),
+    ],
+)
+def test_heads_not_divisible_names_the_counts_that_work(
+    shape: object, gpus: int, valid: tuple[int, ...]
+) -> None:
+    """A count that does not split the heads is refused with the counts that do (≤ the node)."""
+    from planner_svc.domain.shape import ModelShape
+
+    assert isinstance(shape, ModelShape)
+    with pytest.raises(errors.HeadsNotDivisible) as caught:
+        plan_gpus(model(VLLM), shape, gpus=gpus, profile="", inventory=NODES)
+    assert caught.value.valid_counts == valid
+    assert caught.value.metadata()["valid_counts"] == ",".join(map(str, valid))
+
+
+def test_count_no_node_has_names_the_largest() -> None:
+    """A count larger than any node of the class is refused, naming the largest there is."""
+    with pytest.raises(errors.GPUCountUnavailable) as caught:
+        plan_gpus(model(VLLM), LLAMA_31_8B, gpus=16, profile="", inventory=NODES)
+    assert caught.value.largest == 8
+
+
+def test_one_card_engine_is_refused_more_cards() -> None:
+    """An embedding server runs on one card: 2 is refused with ENGINE_SINGLE_CARD."""
+    with pytest.raises(errors.EngineSingleCard):
+        plan_gpus(model(TEI), LLAMA_31_8B, gpus=2, profile="e", inventory=NODES)
+
+
+def test_every_gpu_profile_is_planned_and_cpu_ones_kept() -> None:
+    """Without a profile name every GPU profile moves and CPU profiles stay as they were."""
+    change = plan_gpus(model(VLLM, LCPP, CPU), LLAMA_31_8B, gpus=2, profile="", inventory=NODES)
+    assert [c.profile for c in change.profiles] == ["v", "l"]
+    assert change.updated[2] == CPU
+
+
+@pytest.mark.parametrize(
+    ("name", "error"),
+    [("nope", errors.ProfileNotFound), ("c", errors.InvalidRequest)],
+)
+def test_profile_must_exist_and_run_on_cards(name: str, error: type[errors.PlannerError]) -> None:
+    """Naming a missing profile, or a CPU one, is refused."""
+    with pytest.raises(error):
+        plan_gpus(model(VLLM, CPU), LLAMA_31_8B, gpus=2, profile=name, inventory=NODES)
+
+
+@pytest.mark.parametrize("gpus", [0, -1, 100_000])
+def test_absurd_counts_are_refused(gpus: int) -> None:
+    """Zero, negative and absurd card counts are refused as bad input."""
+    with pytest.raises(errors.InvalidRequest):
+        plan_gpus(model(VLLM), LLAMA_31_8B, gpus=gpus, profile="", inventory=NODES)
+
+
+def test_cards_too_small_names_the_fewest_that_hold_it() -> None:
+    """70B on 2 H100s at 8192 tokens does not fit; the refusal names the fewest cards that do."""
+    with pytest.raises(errors.CardsTooSmall) as caught:
+        plan_gpus(model(VLLM), LLAMA_31_70B, gpus=1, profile="", inventory=NODES)
+    err = caught.value
+    assert err.cards == 1
+    assert err.fewest_cards in (2, 4)
+    assert err.longest_context_tokens == 0
+
+
+def test_without_shape_heads_are_not_checked_and_noted() -> None:
+    """Without a shape any count a node has is accepted, with a note that heads were not checked."""
+    change = plan_gpus(model(VLLM), None, gpus=3, profile="", inventory=NODES, note="unread")
+    assert change.updated[0].tp == 3
+    assert "heads are not known" in change.note
