@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TOOLS ?= $(HOME)/.cache/llmgw/tools
 BUF := $(TOOLS)/node_modules/.bin/buf
 PROTOS := $(shell find protos -name '*.proto' | sort)
-GEN_DIRS := llmgw/common/v1 llmgw/planner/v1
+
 
 .PHONY: venv run test lint proto proto-check buf-lint unit bench
 

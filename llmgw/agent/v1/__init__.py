@@ -1,0 +1,1 @@
+"""Generated protobuf code for llmgw's contract (see protos/)."""
