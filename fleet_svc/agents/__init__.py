@@ -1,0 +1,1 @@
+"""The fleet side of the agents' streams."""

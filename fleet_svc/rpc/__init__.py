@@ -1,0 +1,1 @@
+"""The gRPC edge of the fleet: servicers, conversion, the error table."""

@@ -1,0 +1,106 @@
+"""The store's interface and the records it keeps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """One revision of a catalog model.
+
+    `spec` is the model as JSON-able data (the `llmgw.common.v1.Model` message in its JSON
+    form, field names as in the proto). `revision` counts from 1 per model; a deletion is a
+    revision too (`deleted`). `updated_at` is seconds since the epoch.
+    """
+
+    name: str
+    revision: int
+    spec: dict[str, Any]
+    updated_by: str
+    updated_at: float
+    deleted: bool = False
+    declared_in: str = ""
+
+
+@dataclass(frozen=True)
+class ReplicaRecord:
+    """A replica the fleet accepted to run (desired state), with what it last observed.
+
+    `spec` holds what the agent is told (engine, args, source, gpus …) as JSON-able data;
+    `phase`/`reason`/`address`/`restarts` are the last observation, kept so a restarted fleet
+    can answer before the agents reconnect.
+    """
+
+    id: str
+    model: str
+    profile: str
+    revision: int
+    node: str = ""
+    gpus: tuple[int, ...] = ()
+    phase: str = "PENDING"
+    reason: str = ""
+    address: str = ""
+    restarts: int = 0
+    since: float = 0.0
+    spec: dict[str, Any] = field(default_factory=dict)
+
+
+class StaleRevision(Exception):
+    """A write expected a revision that is no longer the model's latest."""
+
+    def __init__(self, name: str, expected: int, current: int) -> None:
+        super().__init__(f"{name} is at revision {current}, not {expected}")
+        self.name = name
+        self.expected = expected
+        self.current = current
+
+
+class Store(Protocol):
+    """What the fleet persists. Every write is durable when the call returns."""
+
+    def close(self) -> None:
+        """Release the database."""
+
+    # The catalog: every change is a new revision row; the latest non-deleted one is current.
+    def get_model(self, name: str) -> ModelRecord | None:
+        """The model's latest revision, None when absent or deleted."""
+
+    def list_models(self) -> list[ModelRecord]:
+        """Every current model, by name."""
+
+    def put_model(self, record: ModelRecord, *, expect_revision: int) -> ModelRecord:
+        """Write `record` as revision `expect_revision + 1` (0 when the model must not exist
+        or was deleted), atomically.
+
+        Raises:
+            StaleRevision: the model's latest revision is not `expect_revision`.
+        """
+
+    def model_history(self, name: str) -> list[ModelRecord]:
+        """Every revision of a model, oldest first (deletions included)."""
+
+    # Idempotency: the first answer to a request id.
+    def get_answer(self, request_id: str) -> tuple[str, bytes] | None:
+        """The (method, serialized answer) stored for a request id."""
+
+    def put_answer(self, request_id: str, method: str, answer: bytes) -> None:
+        """Keep the answer to a request id (the first one written wins)."""
+
+    # Replicas the fleet accepted.
+    def list_replicas(self) -> list[ReplicaRecord]:
+        """Every replica record."""
+
+    def put_replica(self, record: ReplicaRecord) -> None:
+        """Insert or replace a replica record."""
+
+    def delete_replica(self, replica_id: str) -> None:
+        """Forget a replica (it is stopped and gone)."""
+
+    # Small named values (counters, the last desired version per node …).
+    def get_value(self, key: str) -> str | None:
+        """A stored value."""
+
+    def put_value(self, key: str, value: str) -> None:
+        """Store a value."""
