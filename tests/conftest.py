@@ -1,0 +1,17 @@
+"""Fixtures shared across the test suite."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.range_server import RangeServer
+
+
+@pytest.fixture
+def range_server(tmp_path: Path) -> Iterator[RangeServer]:
+    """A range-serving HTTP server on 127.0.0.1 for the files a test writes under `tmp_path`."""
+    with RangeServer(tmp_path) as server:
+        yield server
