@@ -1,0 +1,187 @@
+"""The SQLite store's schema, as ordered migrations recorded in `PRAGMA user_version`."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One step of the schema: the version it brings the database to and the statements."""
+
+    version: int
+    summary: str
+    statements: tuple[str, ...]
+
+
+class SchemaTooNew(Exception):
+    """The database was written by a newer fleet whose schema this code does not know."""
+
+    def __init__(self, path: str, found_version: int, known_version: int) -> None:
+        super().__init__(
+            f"the fleet store {path} has schema version {found_version}, newer than the"
+            f" {known_version} this fleet knows; run the fleet version that wrote it"
+            " (or a newer one)"
+        )
+        self.path = path
+        self.found_version = found_version
+        self.known_version = known_version
+
+
+class MigrationOrderError(Exception):
+    """The migration list is not numbered 1, 2, 3 … in order (a programming error)."""
+
+
+# Append only: a released migration is never edited, because databases already carry it.
+# Each is applied in its own transaction together with the version bump, so a crash mid-way
+# leaves the previous version intact (SQLite's DDL is transactional).
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        version=1,
+        summary="catalog revisions, idempotent answers, replicas, named values",
+        statements=(
+            # Every catalog change is a row; the latest row per name is the model's state.
+            """
+            CREATE TABLE model_revisions (
+                name        TEXT    NOT NULL,
+                revision    INTEGER NOT NULL CHECK (revision >= 1),
+                spec        TEXT    NOT NULL,
+                updated_by  TEXT    NOT NULL,
+                updated_at  REAL    NOT NULL,
+                deleted     INTEGER NOT NULL DEFAULT 0 CHECK (deleted IN (0, 1)),
+                declared_in TEXT    NOT NULL DEFAULT '',
+                PRIMARY KEY (name, revision)
+            ) WITHOUT ROWID
+            """,
+            """
+            CREATE TABLE answers (
+                request_id TEXT PRIMARY KEY,
+                method     TEXT NOT NULL,
+                answer     BLOB NOT NULL,
+                created_at REAL NOT NULL
+            )
+            """,
+            """
+            CREATE TABLE replicas (
+                id       TEXT PRIMARY KEY,
+                model    TEXT    NOT NULL,
+                profile  TEXT    NOT NULL,
+                revision INTEGER NOT NULL,
+                node     TEXT    NOT NULL DEFAULT '',
+                gpus     TEXT    NOT NULL DEFAULT '[]',
+                phase    TEXT    NOT NULL,
+                reason   TEXT    NOT NULL DEFAULT '',
+                address  TEXT    NOT NULL DEFAULT '',
+                restarts INTEGER NOT NULL DEFAULT 0,
+                since    REAL    NOT NULL DEFAULT 0,
+                spec     TEXT    NOT NULL DEFAULT '{}'
+            )
+            """,
+            # Not named `values`: that is an SQL keyword and would need quoting everywhere.
+            """
+            CREATE TABLE named_values (
+                key   TEXT PRIMARY KEY,
+                value TEXT NOT NULL
+            )
+            """,
+        ),
+    ),
+)
+
+
+def latest_version(migrations: Sequence[Migration] = MIGRATIONS) -> int:
+    """The schema version a database has once every migration in `migrations` is applied."""
+    return migrations[-1].version if migrations else 0
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    """The schema version recorded in the database (0 for a fresh file)."""
+    row = conn.execute("PRAGMA user_version").fetchone()
+    return int(row[0])
+
+
+def check_not_newer(
+    conn: sqlite3.Connection, path: str, migrations: Sequence[Migration] = MIGRATIONS
+) -> None:
+    """Refuse a database whose schema is newer than `migrations` know.
+
+    Raises:
+        SchemaTooNew: the recorded version is past the last known migration.
+    """
+    found = schema_version(conn)
+    known = latest_version(migrations)
+    if found > known:
+        raise SchemaTooNew(path, found, known)
+
+
+def migrate(
+    conn: sqlite3.Connection, path: str, migrations: Sequence[Migration] = MIGRATIONS
+) -> list[int]:
+    """Bring the database up to the last of `migrations`, each one once, in its own transaction.
+
+    `conn` must be in autocommit mode (`isolation_level=None`): this function opens and commits
+    its own transactions. Several processes may open the same fresh file at once: the version is
+    read again under the write lock, so each migration is still applied once.
+
+    Args:
+        conn: an open connection in autocommit mode.
+        path: the database's path, for error messages.
+        migrations: the schema's steps, numbered 1, 2, 3 … in order.
+
+    Returns:
+        The versions applied by this call, in order (empty when already up to date).
+
+    Raises:
+        MigrationOrderError: `migrations` are not numbered 1..N in order.
+        SchemaTooNew: the database is newer than the last of `migrations`.
+        sqlite3.Error: a migration failed; the database stays at the version before it.
+    """
+    _check_order(migrations)
+    applied: list[int] = []
+    for migration in migrations:
+        with immediate(conn):
+            current = schema_version(conn)
+            if current > latest_version(migrations):
+                raise SchemaTooNew(path, current, latest_version(migrations))
+            if current >= migration.version:
+                continue
+            for statement in migration.statements:
+                conn.execute(statement)
+            # PRAGMA takes no parameters; the value is an int from our own table.
+            conn.execute(f"PRAGMA user_version = {int(migration.version)}")
+        applied.append(migration.version)
+    return applied
+
+
+@contextmanager
+def immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    """Run the block in a `BEGIN IMMEDIATE` transaction: committed on exit, rolled back on error.
+
+    IMMEDIATE takes the write lock before the first read, so a read-check-write inside the block
+    cannot interleave with another writer's (the busy timeout makes the second one wait).
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    try:
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _check_order(migrations: Sequence[Migration]) -> None:
+    for position, migration in enumerate(migrations, start=1):
+        if migration.version != position:
+            raise MigrationOrderError(
+                f"migration {migration.summary!r} has version {migration.version},"
+                f" expected {position}: versions must run 1, 2, 3 … in order"
+            )
