@@ -321,8 +321,9 @@ def cache_dtype_bytes(engine: str, args: Sequence[str], shape: ModelShape) -> Fr
 def tensor_parallel(engine: str, args: Sequence[str], cards: int) -> tuple[int, int]:
     """The (tensor, pipeline) parallel sizes a replica on `cards` cards runs with.
 
-    The arguments decide when their tp × pp is `cards` (or `cards` is 0); otherwise the
-    cards do: tp = cards / pp when pp divides them, else tp = cards and pp = 1.
+    The arguments decide when their tp × pp is `cards` (or `cards` is 0), and a tp alone
+    that divides the cards leaves the rest to pipeline stages (vLLM across nodes); otherwise
+    the cards do: tp = cards / pp when pp divides them, else tp = cards and pp = 1.
 
     Raises:
         EngineRefuses: a tp or pp flag that is not a positive whole number.
@@ -338,6 +339,8 @@ def tensor_parallel(engine: str, args: Sequence[str], cards: int) -> tuple[int, 
         return tp_arg or 1, pp
     if tp_arg is not None and tp_arg * pp == cards:
         return tp_arg, pp
+    if tp_arg is not None and pp_arg is None and cards % tp_arg == 0:
+        return tp_arg, cards // tp_arg
     if cards % pp == 0:
         return cards // pp, pp
     return cards, 1
