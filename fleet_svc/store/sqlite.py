@@ -35,7 +35,9 @@ class SQLiteStore:
 
     Revisions: a model's revisions count up from 1 and never restart. Creating a model again
     after its deletion continues the count (deleted at 3, created again as 4), so an etag read
-    before the deletion can never match the new model, and history keeps every row.
+    before the deletion can never match the new model, and history keeps every row. To create
+    over a deletion a writer may expect either 0 ("must not exist") or the deletion's revision
+    (the latest row it read); both readings of the Store contract are accepted.
     """
 
     def __init__(self, path: str | Path, *, clock: Callable[[], float] = time.time) -> None:
@@ -120,11 +122,12 @@ class SQLiteStore:
         return [_model_from_row(row) for row in rows]
 
     def put_model(self, record: ModelRecord, *, expect_revision: int) -> ModelRecord:
-        """Write `record` as the model's next revision if its current one is `expect_revision`.
+        """Write `record` as the model's next revision if its latest one is `expect_revision`.
 
-        The current revision of an absent or deleted model is 0. The written revision is one past
-        the model's last row, deletions included (see the class docstring). `record.revision` is
-        ignored; every other field is stored as given.
+        The written revision is one past the model's last row, deletions included (see the class
+        docstring). A model that never existed is at 0; a deleted one is at its deletion's
+        revision, and 0 is accepted for it too. `record.revision` is ignored; every other field
+        is stored as given.
 
         Args:
             record: the new state; `deleted=True` records a deletion.
@@ -134,8 +137,9 @@ class SQLiteStore:
             `record` with the revision it was written as.
 
         Raises:
-            StaleRevision: the model's current revision is not `expect_revision`.
-            ValueError: a deletion of a model that does not exist (nothing to delete).
+            StaleRevision: the model's latest revision is not `expect_revision` (`current` is the
+                latest revision, a deletion's included; 0 when the model never existed).
+            ValueError: a deletion of a model that is absent or deleted (nothing to delete).
         """
         spec = _dump_json(record.spec)
         # Check and insert under one write lock: two writers holding the same etag cannot both
@@ -147,10 +151,10 @@ class SQLiteStore:
                 (record.name,),
             ).fetchone()
             last = 0 if row is None else int(row[0])
-            current = 0 if row is None or row[1] else last
-            if current != expect_revision:
-                raise StaleRevision(record.name, expect_revision, current)
-            if record.deleted and current == 0:
+            absent = row is None or bool(row[1])
+            if expect_revision != last and not (absent and expect_revision == 0):
+                raise StaleRevision(record.name, expect_revision, last)
+            if record.deleted and absent:
                 raise ValueError(f"model {record.name!r} does not exist, so it cannot be deleted")
             written = replace(record, revision=last + 1)
             self._conn.execute(

@@ -92,11 +92,21 @@ REVISION_CASES: list[tuple[str, list[Step]]] = [
     ("an etag ahead is stale", [(False, 0, 1), (False, 5, ("stale", 1))]),
     ("a deletion is a revision", [(False, 0, 1), (True, 1, 2)]),
     (
-        "creating after a deletion continues the count",
+        "creating after a deletion on etag 0 continues the count",
         [(False, 0, 1), (False, 1, 2), (True, 2, 3), (False, 0, 4), (False, 4, 5)],
     ),
-    ("updating a deleted model is stale", [(False, 0, 1), (True, 1, 2), (False, 2, ("stale", 0))]),
-    ("deleting twice is stale", [(False, 0, 1), (True, 1, 2), (True, 2, ("stale", 0))]),
+    (
+        "creating after a deletion on the deletion's etag continues the count",
+        [(False, 0, 1), (True, 1, 2), (False, 2, 3)],
+    ),
+    (
+        "writing on an etag from before the deletion is stale",
+        [(False, 0, 1), (True, 1, 2), (False, 1, ("stale", 2))],
+    ),
+    (
+        "creating twice after a deletion is stale",
+        [(False, 0, 1), (True, 1, 2), (False, 0, 3), (False, 0, ("stale", 3))],
+    ),
 ]
 
 
@@ -173,11 +183,22 @@ def test_unknown_model_reads_as_absent(store: SQLiteStore) -> None:
     assert store.list_models() == []
 
 
-def test_deleting_an_absent_model_is_refused(store: SQLiteStore) -> None:
-    """A deletion of a model that never existed is refused and leaves no row behind."""
+@pytest.mark.parametrize(
+    ("deleted_before", "expect"),
+    [(False, 0), (True, 0), (True, 2)],
+    ids=["never-existed", "deleted-etag-0", "deleted-etag-of-deletion"],
+)
+def test_deleting_an_absent_model_is_refused(
+    store: SQLiteStore, deleted_before: bool, expect: int
+) -> None:
+    """A deletion of a model that never existed or is already deleted is refused, writing no row."""
+    if deleted_before:
+        store.put_model(model(), expect_revision=0)
+        store.put_model(model(deleted=True), expect_revision=1)
+    rows_before = len(store.model_history("llama-3.1-8b"))
     with pytest.raises(ValueError, match="does not exist"):
-        store.put_model(model(deleted=True), expect_revision=0)
-    assert store.model_history("llama-3.1-8b") == []
+        store.put_model(model(deleted=True), expect_revision=expect)
+    assert len(store.model_history("llama-3.1-8b")) == rows_before
 
 
 @pytest.mark.parametrize(
