@@ -55,7 +55,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         fresh = generate(Path(tmp))
         drift = sorted(set(fresh) ^ set(committed()))
-        drift += [p for p in fresh if p.exists() and not filecmp.cmp(Path(tmp) / p, ROOT / p, False)]
+        drift += [
+            p for p in fresh if p.exists() and not filecmp.cmp(Path(tmp) / p, ROOT / p, False)
+        ]
         if drift:
             for p in drift:
                 print(f"generated code drifted from protos/: {p}", file=sys.stderr)

@@ -1,1 +1,1 @@
-"""Pure fleet rules: catalog revisions, placement, replica phases, the control plan; no I/O, no clock."""
+"""Pure fleet rules: catalog revisions, placement, replica phases, the plan; no I/O, no clock."""

@@ -1,1 +1,1 @@
-"""Where the fleet keeps what it accepted: one interface, SQLite (and later PostgreSQL) behind it."""
+"""Where the fleet keeps what it accepted: one interface, SQLite (later PostgreSQL) behind it."""

@@ -32,7 +32,9 @@ EXIT_UNREACHABLE = 3
 EXIT_USAGE = 64
 GIB = 1 << 30
 
-_NODE = re.compile(r"^(?:(?P<count>\d+)x)?(?P<cls>[A-Za-z0-9._-]+?)(?::(?P<mem>\d+(?:\.\d+)?)GiB)?$")
+_NODE = re.compile(
+    r"^(?:(?P<count>\d+)x)?(?P<cls>[A-Za-z0-9._-]+?)(?::(?P<mem>\d+(?:\.\d+)?)GiB)?$"
+)
 
 
 class UsageError(Exception):
@@ -96,14 +98,12 @@ def inventory_from_args(opts: argparse.Namespace) -> common_pb2.Inventory:
             return json_format.ParseDict(data, common_pb2.Inventory())
         except (OSError, yaml.YAMLError, json_format.ParseError) as exc:
             raise UsageError(f"--inventory {opts.inventory}: {exc}") from exc
-    return common_pb2.Inventory(
-        nodes=[node_from_text(t, i) for i, t in enumerate(opts.node or [])]
-    )
+    return common_pb2.Inventory(nodes=[node_from_text(t, i) for i, t in enumerate(opts.node or [])])
 
 
 def refusal_text(err: grpc.aio.AioRpcError | grpc.RpcError) -> tuple[str, dict[str, Any]]:
     """A refusal for people, and as data for --json."""
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    status = rpc_status.from_call(err)
     code = err.code().name if err.code() is not None else "UNKNOWN"
     info: dict[str, Any] = {"code": code, "message": err.details() or ""}
     if status is not None:
@@ -212,7 +212,9 @@ def run_plan(opts: argparse.Namespace) -> int:
         except grpc.RpcError as err:
             code = err.code()
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                print(f"llmgw: the planner at {address} did not answer ({code.name})", file=sys.stderr)
+                print(
+                    f"llmgw: the planner at {address} did not answer ({code.name})", file=sys.stderr
+                )
                 return EXIT_UNREACHABLE
             text, info = refusal_text(err)
             if opts.json:

@@ -98,7 +98,9 @@ def drop_arg(args: Sequence[str], names: Sequence[str], takes_value: bool = True
             out.append(args[i])
             i += 1
             continue
-        skip_next = takes_value and inline is None and i + 1 < len(args) and not _is_flag(args[i + 1])
+        skip_next = (
+            takes_value and inline is None and i + 1 < len(args) and not _is_flag(args[i + 1])
+        )
         i += 2 if skip_next else 1
     return out
 

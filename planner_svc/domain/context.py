@@ -216,7 +216,14 @@ def profile_need(
         pool = tokens * slots if engine.slots_flags else tokens
         return ProfileNeed(ram_bytes=ram_need_bytes(shape, pool))
     fit = measure(
-        engine, profile, shape, inventory, args=args, tokens=tokens, slots=slots, cards=profile.cards
+        engine,
+        profile,
+        shape,
+        inventory,
+        args=args,
+        tokens=tokens,
+        slots=slots,
+        cards=profile.cards,
     )
     return ProfileNeed(card=fit.need)
 
@@ -268,7 +275,9 @@ def _resize_profile(
             )
         except errors.PlannerError:
             before = ProfileNeed()  # the old settings need not be valid for the new ones to be
-    after = profile_need(engine, profile, shape, inventory, args=args, tokens=tokens, slots=use_slots)
+    after = profile_need(
+        engine, profile, shape, inventory, args=args, tokens=tokens, slots=use_slots
+    )
     change = replace(
         change,
         before=before.describe() if not profile.on_cpu else f"{profile.min_memory_gb} GB of RAM",

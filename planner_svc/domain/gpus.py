@@ -147,8 +147,7 @@ def _replan_profile(
             else f"no node has {profile.gpu_class} cards"
         )
         raise errors.GPUCountUnavailable(
-            f"no node has {gpus} {profile.gpu_class} cards for the {profile.name} profile: "
-            f"{where}",
+            f"no node has {gpus} {profile.gpu_class} cards for the {profile.name} profile: {where}",
             profile=profile.name,
             gpu_class=profile.gpu_class,
             gpus=gpus,

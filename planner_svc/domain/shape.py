@@ -85,7 +85,9 @@ class ModelShape:
     @property
     def sliding_window(self) -> int:
         """The largest window of a sliding layer (0 when none slides)."""
-        return max((la.window_tokens for la in self.layers if la.kind is LayerKind.SLIDING), default=0)
+        return max(
+            (la.window_tokens for la in self.layers if la.kind is LayerKind.SLIDING), default=0
+        )
 
     def kv_bytes_per_token(self) -> int:
         """What one more token adds to the cache at the model's dtype, past every window."""

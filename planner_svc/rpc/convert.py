@@ -23,7 +23,13 @@ _KINDS: dict[int, LayerKind] = {
     common_pb2.LAYER_KIND_RECURRENT: LayerKind.RECURRENT,
     common_pb2.LAYER_KIND_NO_CACHE: LayerKind.NO_CACHE,
 }
-_KIND_VALUES = {kind: value for value, kind in _KINDS.items()}
+_KIND_VALUES: dict[LayerKind, common_pb2.LayerKind.ValueType] = {
+    LayerKind.FULL: common_pb2.LAYER_KIND_FULL,
+    LayerKind.SLIDING: common_pb2.LAYER_KIND_SLIDING,
+    LayerKind.MLA: common_pb2.LAYER_KIND_MLA,
+    LayerKind.RECURRENT: common_pb2.LAYER_KIND_RECURRENT,
+    LayerKind.NO_CACHE: common_pb2.LAYER_KIND_NO_CACHE,
+}
 
 
 def _count(value: int, field: str, maximum: int = MAX_COUNT) -> int:
@@ -63,7 +69,9 @@ def model_from_proto(msg: common_pb2.Model) -> Model:
         InvalidShape: an inline shape that cannot size anything.
     """
     if not msg.name:
-        raise errors.InvalidRequest("the request names no model: set model.name", field="model.name")
+        raise errors.InvalidRequest(
+            "the request names no model: set model.name", field="model.name"
+        )
     files = []
     for i, f in enumerate(msg.origin.files):
         files.append((f.path, _count(f.bytes, f"model.origin.files[{i}].bytes", 1 << 50)))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import grpc
 import structlog
@@ -20,7 +20,7 @@ from planner_svc.rpc.status import refusals_as_status
 
 log = structlog.get_logger(__name__)
 
-Context = grpc.aio.ServicerContext[Any, Any]
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 
 class Resolver(Protocol):
@@ -51,7 +51,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             try:
                 shape = await self._resolver.resolve(model.source, model.files)
             except errors.SourceUnreachable as exc:
-                log.info("shape_unreadable", model=model.name, source=model.source, error=exc.message)
+                log.info(
+                    "shape_unreadable", model=model.name, source=model.source, error=exc.message
+                )
                 return None, (
                     f"its shape could not be read ({exc.message}), so the memory it needs is not "
                     "checked"
@@ -120,4 +122,3 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         return planner_pb2.DescribeModelResponse(
             shape=convert.shape_to_proto(shape), llamacpp_version=LLAMACPP_VERSION
         )
-

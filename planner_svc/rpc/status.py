@@ -3,22 +3,14 @@ decorator that applies it to every servicer method."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
-
 import grpc
-import structlog
-from google.protobuf import any_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
-from grpc_status import rpc_status
+from google.rpc import status_pb2
 
+from llmgw.rpcstatus import build_status, guarded
 from planner_svc.domain import errors
 
 DOMAIN = "planner.llmgw.dev"
 """`ErrorInfo.domain` of every planner error."""
-
-log = structlog.get_logger(__name__)
 
 # class -> (code, reason). Subclasses come before their bases: the first match wins.
 # Refusals are never UNAVAILABLE: meshes retry that code.
@@ -63,42 +55,22 @@ def to_status(exc: errors.PlannerError) -> status_pb2.Status:
     """A google.rpc.Status with ErrorInfo and, where they fit, BadRequest,
     PreconditionFailure or ResourceInfo."""
     code, reason = code_and_reason(exc)
-    details = [error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=exc.metadata())]
-    field = exc.field if isinstance(exc, errors.InvalidRequest) else _FIELDS.get(type(exc))
-    if field:
-        details.append(
-            error_details_pb2.BadRequest(
-                field_violations=[
-                    error_details_pb2.BadRequest.FieldViolation(
-                        field=field, description=exc.message, reason=reason
-                    )
-                ]
-            )
-        )
-    elif code is grpc.StatusCode.FAILED_PRECONDITION:
-        details.append(
-            error_details_pb2.PreconditionFailure(
-                violations=[
-                    error_details_pb2.PreconditionFailure.Violation(
-                        type=reason, subject=_subject(exc), description=exc.message
-                    )
-                ]
-            )
-        )
-    elif isinstance(exc, errors.ProfileNotFound):
-        details.append(
-            error_details_pb2.ResourceInfo(
-                resource_type="llmgw.common.v1.Profile",
-                resource_name=exc.profile,
-                description=exc.message,
-            )
-        )
-    packed = []
-    for detail in details:
-        holder = any_pb2.Any()
-        holder.Pack(detail)
-        packed.append(holder)
-    return status_pb2.Status(code=code.value[0], message=exc.message, details=packed)
+    field = exc.field if isinstance(exc, errors.InvalidRequest) else _FIELDS.get(type(exc), "")
+    resource = (
+        ("llmgw.common.v1.Profile", exc.profile)
+        if isinstance(exc, errors.ProfileNotFound)
+        else None
+    )
+    return build_status(
+        code,
+        reason,
+        DOMAIN,
+        exc.message,
+        exc.metadata(),
+        field=field,
+        subject=_subject(exc),
+        resource=resource,
+    )
 
 
 def _subject(exc: errors.PlannerError) -> str:
@@ -110,38 +82,10 @@ def _subject(exc: errors.PlannerError) -> str:
     return ""
 
 
-Servicer = TypeVar("Servicer")
-Request = TypeVar("Request")
-Response = TypeVar("Response")
+def _status_of(exc: Exception) -> status_pb2.Status | None:
+    return to_status(exc) if isinstance(exc, errors.PlannerError) else None
 
 
-def refusals_as_status(
-    method: Callable[[Servicer, Request, grpc.aio.ServicerContext[Any, Any]], Awaitable[Response]],
-) -> Callable[[Servicer, Request, grpc.aio.ServicerContext[Any, Any]], Awaitable[Response]]:
-    """Apply the table to a servicer method: planner exceptions become their status with
-    details; anything else is logged with its traceback and answered INTERNAL."""
-
-    @functools.wraps(method)
-    async def wrapper(
-        self: Servicer, request: Request, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> Response:
-        try:
-            return await method(self, request, context)
-        except errors.PlannerError as exc:
-            status = to_status(exc)
-            log.info(
-                "request_refused",
-                method=method.__name__,
-                reason=code_and_reason(exc)[1],
-                message=exc.message,
-            )
-        except Exception:
-            log.exception("request_failed", method=method.__name__)
-            status = status_pb2.Status(
-                code=code_pb2.INTERNAL,
-                message="the planner failed on this request; its log has the details",
-            )
-        await context.abort_with_status(rpc_status.to_status(status))
-        raise AssertionError("abort_with_status returns only by raising")
-
-    return wrapper
+refusals_as_status = guarded(_status_of)
+"""Applies the table to a servicer method: planner exceptions become their status with
+details; anything else is logged with its traceback and answered INTERNAL."""

@@ -66,7 +66,7 @@ def llama_model(**overrides: Any) -> common_pb2.Model:
 
 def error_info(err: grpc.aio.AioRpcError) -> tuple[error_details_pb2.ErrorInfo, list[Any]]:
     """The ErrorInfo of a refusal and all its unpacked details' type names."""
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    status = rpc_status.from_call(err)
     assert status is not None, "the refusal carries a google.rpc.Status"
     info = error_details_pb2.ErrorInfo()
     names = []
@@ -150,9 +150,8 @@ class BrokenResolver:
 async def test_unexpected_failure_is_internal_and_logged() -> None:
     """An unexpected exception answers INTERNAL with a generic message and logs the traceback."""
     async with running_planner(BrokenResolver()) as (_, stub, _ch):
-        with capture_logs() as logs:
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await stub.DescribeModel(planner_pb2.DescribeModelRequest(source="hf://a/b"))
+        with capture_logs() as logs, pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.DescribeModel(planner_pb2.DescribeModelRequest(source="hf://a/b"))
     assert caught.value.code() is grpc.StatusCode.INTERNAL
     assert "disk on fire" not in (caught.value.details() or "")
     assert any(e["event"] == "request_failed" for e in logs)

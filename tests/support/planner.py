@@ -15,7 +15,9 @@ from planner_svc.server import PlannerServer, start_planner
 @asynccontextmanager
 async def running_planner(
     resolver: Resolver | None = None,
-) -> AsyncIterator[tuple[PlannerServer, planner_pb2_grpc.PlannerServiceStub, grpc.aio.Channel]]:
+) -> AsyncIterator[
+    tuple[PlannerServer, planner_pb2_grpc.PlannerServiceAsyncStub, grpc.aio.Channel]
+]:
     """Start a planner on a free port; yield it, a stub and its channel; stop it after."""
     server = await start_planner("127.0.0.1:0", resolver)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")

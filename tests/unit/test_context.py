@@ -12,7 +12,9 @@ from planner_svc.domain.context import default_max_output, size_context
 from planner_svc.domain.model import Inventory, Model, Node, Profile
 from tests.support.shapes import LLAMA_31_8B, LLAMA_31_70B, QWEN25_7B
 
-H100 = Inventory(nodes=(Node("n1", "H100-80GB", gpus=8, free_gpus=8, gpu_memory_bytes=81559 << 20),))
+H100 = Inventory(
+    nodes=(Node("n1", "H100-80GB", gpus=8, free_gpus=8, gpu_memory_bytes=81559 << 20),)
+)
 L4 = Inventory(nodes=(Node("n1", "L4-24GB", gpus=4, free_gpus=4, gpu_memory_bytes=23034 << 20),))
 
 
@@ -31,7 +33,11 @@ VLLM = Profile("gpu", "vllm", ("--max-model-len", "8192"), gpu_class="H100-80GB"
 SGLANG = Profile("sg", "sglang", ("--context-length=8192",), gpu_class="H100-80GB", gpus_per_node=1)
 TRTLLM = Profile("trt", "trtllm", (), gpu_class="H100-80GB", gpus_per_node=1)
 LLAMACPP = Profile(
-    "gguf", "llamacpp", ("-c", "16384", "-np", "2", "-ngl", "99"), gpu_class="H100-80GB", gpus_per_node=1
+    "gguf",
+    "llamacpp",
+    ("-c", "16384", "-np", "2", "-ngl", "99"),
+    gpu_class="H100-80GB",
+    gpus_per_node=1,
 )
 CPU = Profile("cpu", "llamacpp", ("--ctx-size", "8192"), cpu_only=True, min_memory_gb=20)
 
@@ -78,7 +84,9 @@ def test_engine_arguments_follow_the_context(
     profile: Profile, tokens: int, slots: int, want: tuple[str, ...]
 ) -> None:
     """Each engine's context flag is rewritten where it stood (llama.cpp: tokens × slots)."""
-    change = size_context(model_with(profile), LLAMA_31_8B, tokens=tokens, slots=slots, inventory=H100)
+    change = size_context(
+        model_with(profile), LLAMA_31_8B, tokens=tokens, slots=slots, inventory=H100
+    )
     assert change.profiles[0].args == want
     assert change.updated[0].args == want
     assert change.profiles[0].args_before == profile.args
@@ -127,7 +135,12 @@ def test_max_output_follows_the_context_when_it_was_the_default(
 def test_unread_shape_goes_ahead_with_a_note() -> None:
     """Without a shape the arguments still change, memory is not checked, and a note says so."""
     change = size_context(
-        model_with(VLLM), None, tokens=65_536, slots=0, inventory=H100, note="its header could not be read"
+        model_with(VLLM),
+        None,
+        tokens=65_536,
+        slots=0,
+        inventory=H100,
+        note="its header could not be read",
     )
     assert change.profiles[0].args == ("--max-model-len", "65536")
     assert change.profiles[0].need.card is None

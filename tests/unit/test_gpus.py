@@ -23,9 +23,15 @@ def model(*profiles: Profile) -> Model:
     return Model(name="m", source="hf://x/y", context_length=8192, profiles=profiles)
 
 
-VLLM = Profile("v", "vllm", ("--max-model-len", "8192", "-tp", "1"), gpu_class="H100-80GB", gpus_per_node=1)
+VLLM = Profile(
+    "v", "vllm", ("--max-model-len", "8192", "-tp", "1"), gpu_class="H100-80GB", gpus_per_node=1
+)
 LCPP = Profile(
-    "l", "llamacpp", ("-c", "8192", "-ts", "3,1", "-ngl", "99"), gpu_class="H100-80GB", gpus_per_node=2
+    "l",
+    "llamacpp",
+    ("-c", "8192", "-ts", "3,1", "-ngl", "99"),
+    gpu_class="H100-80GB",
+    gpus_per_node=2,
 )
 TEI = Profile("e", "tei", (), gpu_class="H100-80GB", gpus_per_node=1)
 CPU = Profile("c", "llamacpp", ("-c", "8192"), cpu_only=True)

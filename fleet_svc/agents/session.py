@@ -1,0 +1,207 @@
+"""The fleet side of an agent's Connect stream: Hello in, desired sets and heartbeats out."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+import structlog
+from google.protobuf import timestamp_pb2
+
+from fleet_svc.controller import Controller, Observed, Rejection
+from fleet_svc.domain.control import ReplicaState
+from fleet_svc.domain.nodes import Card, NodeView
+from fleet_svc.domain.phases import ReplicaPhase
+from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
+
+log = structlog.get_logger(__name__)
+
+HELLO_TIMEOUT_S = 10.0
+"""How long a new stream may stay silent before its Hello."""
+
+_PHASES: dict[int, ReplicaPhase] = {
+    agent_pb2.PROCESS_PHASE_STARTING: ReplicaPhase.STARTING,
+    agent_pb2.PROCESS_PHASE_HEALTHY: ReplicaPhase.READY,
+    agent_pb2.PROCESS_PHASE_UNHEALTHY: ReplicaPhase.CRASHED,
+    agent_pb2.PROCESS_PHASE_CRASHED: ReplicaPhase.CRASHED,
+    agent_pb2.PROCESS_PHASE_STOPPING: ReplicaPhase.STOPPING,
+    agent_pb2.PROCESS_PHASE_STOPPED: ReplicaPhase.STOPPED,
+    agent_pb2.PROCESS_PHASE_FAILED: ReplicaPhase.FAILED,
+}
+
+
+def card_of(msg: agent_pb2.Card) -> Card:
+    """A card from the agent's message."""
+    return Card(
+        index=msg.index,
+        uuid=msg.uuid,
+        model=msg.model,
+        memory_total_bytes=msg.memory_total_bytes,
+        memory_used_bytes=msg.memory_used_bytes,
+    )
+
+
+def observed_of(msg: agent_pb2.ObservedReplica) -> Observed | None:
+    """A replica report from the agent's message (None for an unknown phase)."""
+    phase = _PHASES.get(msg.phase)
+    if phase is None:
+        return None
+    return Observed(
+        replica_id=msg.replica_id,
+        revision=msg.revision,
+        phase=phase,
+        address=msg.address,
+        restarts=msg.restarts,
+        message=msg.message,
+        log_tail=tuple(msg.log_tail),
+        gpus=tuple(msg.gpus),
+    )
+
+
+def spec_of(r: ReplicaState) -> agent_pb2.ReplicaSpec:
+    """What the agent is told of a replica: an engine by name, its args and cards."""
+    args = r.spec.get("args", [])
+    return agent_pb2.ReplicaSpec(
+        replica_id=r.id,
+        revision=r.revision,
+        model=r.model,
+        profile=r.profile,
+        engine=str(r.spec.get("engine", "")),
+        args=[str(a) for a in args] if isinstance(args, list) else [],
+        gpus=list(r.gpus),
+        source=str(r.spec.get("source", "")),
+    )
+
+
+class StreamLink:
+    """The controller's handle on one stream: a queue the stream's writer drains."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.queue: asyncio.Queue[agent_pb2.ConnectResponse | None] = asyncio.Queue()
+        self.closed_reason = ""
+
+    def send_desired(self, version: int, replicas: Sequence[ReplicaState]) -> None:
+        """Queue the node's whole desired set."""
+        self.queue.put_nowait(
+            agent_pb2.ConnectResponse(
+                desired=agent_pb2.Desired(version=version, replicas=[spec_of(r) for r in replicas])
+            )
+        )
+
+    def close(self, reason: str) -> None:
+        """End the stream; the first reason given is the one the agent is told."""
+        if not self.closed_reason:
+            self.closed_reason = reason
+        self.queue.put_nowait(None)
+
+
+class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
+    """Serves Connect: one stream per node agent."""
+
+    def __init__(self, controller: Controller) -> None:
+        self._controller = controller
+
+    async def Connect(
+        self,
+        request_iterator: AsyncIterator[agent_pb2.ConnectRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[agent_pb2.ConnectResponse]:
+        """Hello, then desired sets and heartbeats out while reports come in."""
+        try:
+            first = await asyncio.wait_for(anext(request_iterator), HELLO_TIMEOUT_S)
+        except (TimeoutError, StopAsyncIteration):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "an agent's stream opens with Hello (node name, cards, replicas)",
+            )
+            return
+        if first.WhichOneof("msg") != "hello" or not first.hello.node_name:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "an agent's stream opens with Hello naming its node",
+            )
+            return
+        hello = first.hello
+        node = hello.node_name
+        link = StreamLink(node)
+        liveness = self._controller.liveness
+        view = NodeView(
+            name=node,
+            labels=dict(hello.labels),
+            cards=tuple(card_of(c) for c in hello.cards),
+            engines=tuple(hello.engines),
+            memory_bytes=hello.memory_bytes,
+            memory_free_bytes=hello.memory_free_bytes,
+        )
+        observed = [o for o in (observed_of(r) for r in hello.replicas) if o is not None]
+        yield agent_pb2.ConnectResponse(
+            welcome=agent_pb2.Welcome(
+                heartbeat_interval_s=max(int(liveness.interval_s), 1),
+                grace_heartbeats=liveness.grace_heartbeats,
+            )
+        )
+        self._controller.agent_connected(view, observed, link)
+        reader = asyncio.create_task(self._read(node, request_iterator, link))
+        beater = asyncio.create_task(self._beat(link, liveness.interval_s))
+        try:
+            while True:
+                msg = await link.queue.get()
+                if msg is None:
+                    break
+                yield msg
+        finally:
+            reader.cancel()
+            beater.cancel()
+            for task in (reader, beater):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            self._controller.agent_disconnected(node, link)
+        if link.closed_reason and not context.done():
+            await context.abort(grpc.StatusCode.ABORTED, link.closed_reason)
+
+    async def _read(
+        self, node: str, requests: AsyncIterator[agent_pb2.ConnectRequest], link: StreamLink
+    ) -> None:
+        """Apply the agent's reports until its side of the stream ends."""
+        c = self._controller
+        try:
+            async for msg in requests:
+                kind = msg.WhichOneof("msg")
+                if kind == "heartbeat":
+                    hb = msg.heartbeat
+                    c.heartbeat(node, [card_of(x) for x in hb.cards], hb.memory_free_bytes)
+                elif kind == "update":
+                    o = observed_of(msg.update.replica)
+                    if o is not None:
+                        c.observe(node, o)
+                elif kind == "ack":
+                    c.acknowledged(
+                        node,
+                        msg.ack.version,
+                        [
+                            Rejection(r.replica_id, r.revision, r.reason, r.message)
+                            for r in msg.ack.rejected
+                        ],
+                    )
+                elif kind == "hello":
+                    log.warning("agent_hello_repeated", node=node)
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass
+        except Exception:
+            log.exception("agent_stream_failed", node=node)
+        link.close("")
+
+    async def _beat(self, link: StreamLink, interval_s: float) -> None:
+        """Send a heartbeat on the interval: meshes drop quiet streams."""
+        for seq in itertools.count(1):
+            await asyncio.sleep(interval_s)
+            now = timestamp_pb2.Timestamp()
+            now.GetCurrentTime()
+            link.queue.put_nowait(
+                agent_pb2.ConnectResponse(heartbeat=agent_pb2.Heartbeat(seq=seq, sent_at=now))
+            )

@@ -1,0 +1,436 @@
+"""The fleet's controller: the one writer of fleet state, ticking snapshot -> plan -> dispatch."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import structlog
+
+from fleet_svc.domain.control import (
+    Assign,
+    Create,
+    Forget,
+    Hold,
+    Move,
+    ProfileWant,
+    ReplicaState,
+    Retire,
+    plan_actions,
+)
+from fleet_svc.domain.nodes import Card, Liveness, NodePhase, NodeView, node_phase
+from fleet_svc.domain.phases import RUNNING, IllegalTransition, ReplicaPhase, check_transition
+from fleet_svc.store.base import ReplicaRecord, Store
+from fleet_svc.watch import EndpointEvent, EndpointHub
+
+log = structlog.get_logger(__name__)
+P = ReplicaPhase
+
+RESEND_S = 5.0
+"""A desired set not acknowledged within this long is sent again (it is idempotent)."""
+
+
+@dataclass(frozen=True)
+class Observed:
+    """A replica as an agent reports it."""
+
+    replica_id: str
+    revision: int
+    phase: ReplicaPhase
+    address: str = ""
+    restarts: int = 0
+    message: str = ""
+    log_tail: tuple[str, ...] = ()
+    gpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A replica an agent refused to run."""
+
+    replica_id: str
+    revision: int
+    reason: str
+    message: str
+
+
+class AgentLink(Protocol):
+    """The controller's handle on one agent's stream."""
+
+    def send_desired(self, version: int, replicas: Sequence[ReplicaState]) -> None:
+        """Queue the node's whole desired set."""
+
+    def close(self, reason: str) -> None:
+        """End the stream (a newer connection for the node replaced it)."""
+
+
+@dataclass
+class _Pushed:
+    """The last desired set sent to a node and whether it was acknowledged."""
+
+    version: int = 0
+    key: tuple[tuple[str, int], ...] = ()
+    sent_s: float = 0.0
+    acked: bool = True
+
+
+@dataclass
+class FleetState:
+    """What the controller holds: replicas, nodes, the agents' links."""
+
+    replicas: dict[str, ReplicaState] = field(default_factory=dict)
+    nodes: dict[str, NodeView] = field(default_factory=dict)
+    links: dict[str, AgentLink] = field(default_factory=dict)
+    pushed: dict[str, _Pushed] = field(default_factory=dict)
+    observed_logs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+class Controller:
+    """Runs the fleet toward what the catalog wants, from what the agents report."""
+
+    def __init__(
+        self,
+        store: Store,
+        wants: Callable[[], list[ProfileWant]],
+        *,
+        hub: EndpointHub | None = None,
+        liveness: Liveness | None = None,
+        drain_s: float = 2.0,
+        tick_s: float = 0.5,
+        clock: Callable[[], float],
+        new_id: Callable[[], str] | None = None,
+    ) -> None:
+        self._store = store
+        self._wants = wants
+        self.hub = hub or EndpointHub()
+        self.liveness = liveness or Liveness()
+        self._drain_s = drain_s
+        self._tick_s = tick_s
+        self._clock = clock
+        self._new_id = new_id or (lambda: "r-" + uuid.uuid4().hex[:10])
+        self.state = FleetState()
+        self._wake = asyncio.Event()
+        self._started_s = clock()
+        self._version = itertools.count(int(store.get_value("desired_version") or 0) + 1)
+        self.managed: frozenset[tuple[str, str]] = frozenset()
+        self._load()
+
+    # -- persistence ---------------------------------------------------------------------
+
+    def _load(self) -> None:
+        """Replicas the fleet accepted before a restart; their nodes are unknown until their
+        agents say hello (and are lost if they never do)."""
+        for rec in self._store.list_replicas():
+            meta = rec.spec.get("_fleet", {}) if isinstance(rec.spec.get("_fleet"), dict) else {}
+            spec = {k: v for k, v in rec.spec.items() if k != "_fleet"}
+            self.state.replicas[rec.id] = ReplicaState(
+                id=rec.id,
+                model=rec.model,
+                profile=rec.profile,
+                revision=rec.revision,
+                phase=P(rec.phase) if rec.phase in P.__members__ else P.PENDING,
+                node=rec.node,
+                gpus=tuple(rec.gpus),
+                reason=rec.reason,
+                address=rec.address,
+                restarts=rec.restarts,
+                since_s=rec.since,
+                attempt=int(meta.get("attempt", 1)),
+                ram_bytes=int(meta.get("ram_bytes", 0)),
+                retire=bool(meta.get("retire", False)),
+                spec=spec,
+            )
+            if rec.node and rec.node not in self.state.nodes:
+                self.state.nodes[rec.node] = NodeView(name=rec.node, last_heard_s=self._started_s)
+        log.info("fleet_state_loaded", replicas=len(self.state.replicas))
+
+    def _save(self, r: ReplicaState) -> None:
+        spec = dict(r.spec)
+        spec["_fleet"] = {"attempt": r.attempt, "ram_bytes": r.ram_bytes, "retire": r.retire}
+        self._store.put_replica(
+            ReplicaRecord(
+                id=r.id,
+                model=r.model,
+                profile=r.profile,
+                revision=r.revision,
+                node=r.node,
+                gpus=r.gpus,
+                phase=r.phase.value,
+                reason=r.reason,
+                address=r.address,
+                restarts=r.restarts,
+                since=r.since_s,
+                spec=spec,
+            )
+        )
+
+    # -- the one place replicas change -----------------------------------------------------
+
+    def _put(self, r: ReplicaState) -> None:
+        old = self.state.replicas.get(r.id)
+        self.state.replicas[r.id] = r
+        self._save(r)
+        was_ready = old is not None and old.phase is P.READY
+        if r.phase is P.READY and r.address:
+            self.hub.add(
+                EndpointEvent(
+                    True, r.id, r.model, r.profile, r.address, r.revision, r.node, r.phase.value
+                )
+            )
+        elif was_ready or r.phase is not P.READY:
+            self.hub.remove(r.id)
+
+    def transition(
+        self, replica_id: str, phase: ReplicaPhase, reason: str = "", **changes: Any
+    ) -> bool:
+        """Move a replica to `phase` through the transition table, saving and logging it.
+
+        Returns:
+            Whether anything changed.
+        """
+        r = self.state.replicas.get(replica_id)
+        if r is None:
+            return False
+        try:
+            moved = check_transition(r.phase, phase)
+        except IllegalTransition as exc:
+            log.warning("transition_refused", replica=replica_id, error=str(exc))
+            return False
+        new = replace(r, phase=phase, reason=reason if moved else r.reason, **changes)
+        if moved:
+            new = replace(new, since_s=self._clock())
+            log.info(
+                "replica_moved",
+                replica=r.id,
+                model=r.model,
+                node=r.node,
+                phase_from=r.phase.value,
+                phase=phase.value,
+                reason=reason,
+            )
+        if new != r:
+            self._put(new)
+        return moved or new != r
+
+    def _forget(self, replica_id: str) -> None:
+        r = self.state.replicas.pop(replica_id, None)
+        if r is not None:
+            self.hub.remove(replica_id)
+            self._store.delete_replica(replica_id)
+            log.info("replica_forgotten", replica=replica_id, model=r.model, phase=r.phase.value)
+
+    # -- events from agents (facts; applied at once, the loop is woken) -------------------
+
+    def agent_connected(
+        self, view: NodeView, observed: Iterable[Observed], link: AgentLink
+    ) -> None:
+        """An agent said hello: its node's cards and the replicas it runs.
+
+        One connection per node: a newer one replaces the older, which is closed.
+        """
+        now = self._clock()
+        old_link = self.state.links.get(view.name)
+        if old_link is not None and old_link is not link:
+            old_link.close("replaced by a newer connection from the same node")
+            log.warning("agent_replaced", node=view.name)
+        self.state.links[view.name] = link
+        view.connected = True
+        view.last_heard_s = now
+        view.phase = NodePhase.READY
+        self.state.nodes[view.name] = view
+        self.state.pushed[view.name] = _Pushed()  # resend the desired set in full
+        seen = set()
+        for o in observed:
+            seen.add(o.replica_id)
+            self.observe(view.name, o)
+        # Replicas the fleet placed there that the agent does not run: started by Desired.
+        for r in list(self.state.replicas.values()):
+            if r.node == view.name and r.id not in seen:
+                if r.phase in (P.STOPPING, P.STOPPED):
+                    self.transition(r.id, P.STOPPED, "gone from its node")
+                elif r.phase in (P.READY, P.CRASHED, P.LOST):
+                    self.transition(r.id, P.STARTING, "its node does not run it: starting it again")
+        log.info("agent_connected", node=view.name, cards=len(view.cards), replicas=len(seen))
+        self.wake()
+
+    def agent_disconnected(self, node: str, link: AgentLink) -> None:
+        """An agent's stream ended; the node is NOT_READY until it says hello again."""
+        if self.state.links.get(node) is not link:
+            return
+        del self.state.links[node]
+        view = self.state.nodes.get(node)
+        if view is not None:
+            view.connected = False
+        log.info("agent_disconnected", node=node)
+        self.wake()
+
+    def heartbeat(self, node: str, cards: Sequence[Card], memory_free_bytes: int) -> None:
+        """An agent's heartbeat: its node is alive, its cards' use as reported."""
+        view = self.state.nodes.get(node)
+        if view is None:
+            return
+        view.last_heard_s = self._clock()
+        if cards:
+            view.cards = tuple(cards)
+        view.memory_free_bytes = memory_free_bytes
+
+    def observe(self, node: str, o: Observed) -> None:
+        """An agent's report of one replica."""
+        view = self.state.nodes.get(node)
+        if view is not None:
+            view.last_heard_s = self._clock()
+        r = self.state.replicas.get(o.replica_id)
+        if r is None or r.node != node:
+            return  # unknown here: not in the node's desired set, so its agent stops it
+        if o.log_tail:
+            self.state.observed_logs[r.id] = o.log_tail
+        if o.revision != r.revision and o.phase is not P.STOPPED:
+            return  # an older run of this replica; the desired set replaces it
+        if r.phase in (P.DRAINING, P.STOPPING) and o.phase not in (P.STOPPED, P.FAILED):
+            return  # going away: only its end is news
+        phase = o.phase
+        if r.phase is P.PENDING:
+            return
+        if phase is P.STOPPED and r.phase not in (P.STOPPING, P.DRAINING):
+            phase = P.CRASHED
+        reason = o.message or r.reason
+        self.transition(r.id, phase, reason, address=o.address or r.address, restarts=o.restarts)
+        self.wake()
+
+    def acknowledged(self, node: str, version: int, rejected: Sequence[Rejection]) -> None:
+        """An agent acknowledged a desired version, refusing some replicas."""
+        pushed = self.state.pushed.get(node)
+        if pushed is not None and pushed.version == version:
+            pushed.acked = True
+        for rej in rejected:
+            r = self.state.replicas.get(rej.replica_id)
+            if r is not None and r.revision == rej.revision:
+                self.transition(r.id, P.FAILED, f"{node} refused it ({rej.reason}): {rej.message}")
+        if rejected:
+            self.wake()
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Ask for a tick now (the catalog changed, or an agent reported)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Tick until cancelled; a tick that raises is logged and the loop goes on."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self._tick_s)
+            self._wake.clear()
+            try:
+                self.tick()
+            except Exception:
+                log.exception("tick_failed")
+
+    def tick(self) -> None:
+        """Snapshot -> plan -> dispatch."""
+        now = self._clock()
+        for view in self.state.nodes.values():
+            phase, why = node_phase(view, now, self.liveness)
+            if phase is not view.phase:
+                log.info(
+                    "node_moved",
+                    node=view.name,
+                    phase_from=view.phase.value,
+                    phase=phase.value,
+                    reason=why,
+                )
+                view.phase, view.reason = phase, why
+        actions = plan_actions(
+            self._wants(),
+            self.state.replicas,
+            self.state.nodes,
+            now,
+            drain_s=self._drain_s,
+            new_id=self._new_id,
+            managed=self.managed,
+        )
+        for action in actions:
+            self._apply(action)
+        self._dispatch(now)
+
+    def _apply(self, action: Any) -> None:
+        if isinstance(action, Create):
+            self._put(action.replica)
+            log.info(
+                "replica_created",
+                replica=action.replica.id,
+                model=action.replica.model,
+                profile=action.replica.profile,
+            )
+        elif isinstance(action, Assign):
+            self.transition(
+                action.replica_id,
+                P.STARTING,
+                f"placed on {action.placement.node}",
+                node=action.placement.node,
+                gpus=action.placement.gpus,
+            )
+        elif isinstance(action, Hold):
+            r = self.state.replicas.get(action.replica_id)
+            if r is not None and r.reason != action.reason:
+                self._put(replace(r, reason=action.reason))
+        elif isinstance(action, Move):
+            self.transition(action.replica_id, action.phase, action.reason)
+        elif isinstance(action, Retire):
+            self.retire(action.replica_id, action.reason)
+        elif isinstance(action, Forget):
+            self._forget(action.replica_id)
+
+    def retire(self, replica_id: str, reason: str) -> None:
+        """Take a replica out: drain a READY one first, drop a PENDING one, stop the rest."""
+        r = self.state.replicas.get(replica_id)
+        if r is None:
+            return
+        if not r.retire:
+            r = replace(r, retire=True)
+            self._put(r)
+        if r.phase is P.READY:
+            self.transition(r.id, P.DRAINING, reason)
+        elif r.phase is P.PENDING:
+            self.transition(r.id, P.STOPPED, reason)
+        elif r.phase in (P.STARTING, P.CRASHED, P.LOST):
+            self.transition(r.id, P.STOPPING, reason)
+        elif r.phase is P.FAILED:
+            self.transition(r.id, P.STOPPED, reason)
+
+    def desired_for(self, node: str) -> list[ReplicaState]:
+        """The replicas a node is told to run."""
+        return sorted(
+            (r for r in self.state.replicas.values() if r.node == node and r.phase in RUNNING),
+            key=lambda r: r.id,
+        )
+
+    def _dispatch(self, now: float) -> None:
+        """Send each connected node its desired set when it changed (or was not acked)."""
+        for node, link in self.state.links.items():
+            want = self.desired_for(node)
+            key = tuple((r.id, r.revision) for r in want)
+            pushed = self.state.pushed.setdefault(node, _Pushed())
+            if (
+                pushed.version
+                and key == pushed.key
+                and (pushed.acked or now - pushed.sent_s < RESEND_S)
+            ):
+                continue
+            version = (
+                pushed.version if key == pushed.key and pushed.version else next(self._version)
+            )
+            self._store.put_value("desired_version", str(version))
+            link.send_desired(version, want)
+            self.state.pushed[node] = _Pushed(version=version, key=key, sent_s=now, acked=False)
+            log.info("desired_sent", node=node, version=version, replicas=len(want))
+        # A stopping replica whose node is gone for good is stopped as far as anyone can tell.
+        for r in list(self.state.replicas.values()):
+            view = self.state.nodes.get(r.node)
+            if r.phase is P.STOPPING and (view is None or view.phase is NodePhase.LOST):
+                self.transition(r.id, P.STOPPED, "its node is gone")

@@ -1,0 +1,236 @@
+"""The control plan: from what is wanted and what is observed, what to do next."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from fleet_svc.domain.nodes import NodePhase, NodeView
+from fleet_svc.domain.phases import HOLDS_CARDS, ReplicaPhase
+from fleet_svc.domain.placement import Placement, Want, place
+
+P = ReplicaPhase
+
+MAX_ATTEMPTS = 3
+"""Times a profile's replica is placed again after it FAILED before the fleet stops trying
+(until the model changes)."""
+
+
+@dataclass(frozen=True)
+class ProfileWant:
+    """A model's profile as the controller needs it: how many replicas, on what, run how."""
+
+    model: str
+    profile: str
+    revision: int
+    replicas: int
+    want: Want
+    spec: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """A replica the fleet keeps: where it runs, its phase and why."""
+
+    id: str
+    model: str
+    profile: str
+    revision: int
+    phase: ReplicaPhase = P.PENDING
+    node: str = ""
+    gpus: tuple[int, ...] = ()
+    reason: str = ""
+    address: str = ""
+    restarts: int = 0
+    since_s: float = 0.0
+    attempt: int = 1
+    ram_bytes: int = 0
+    spec: Mapping[str, object] = field(default_factory=dict)
+    retire: bool = False
+    """Wanted gone: drained (if it was ready), then stopped."""
+
+
+@dataclass(frozen=True)
+class Create:
+    """Add a replica record (PENDING) for a profile."""
+
+    replica: ReplicaState
+
+
+@dataclass(frozen=True)
+class Assign:
+    """Put a pending replica on a node's cards (it becomes STARTING)."""
+
+    replica_id: str
+    placement: Placement
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Keep a replica pending, saying why."""
+
+    replica_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Move:
+    """Change a replica's phase (through the transition table), with why."""
+
+    replica_id: str
+    phase: ReplicaPhase
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Retire:
+    """Take a replica out: a READY one is drained first (the gateway stops routing to it),
+    a PENDING one is dropped, any other is stopped."""
+
+    replica_id: str
+    reason: str = "no longer wanted"
+
+
+@dataclass(frozen=True)
+class Forget:
+    """Drop a replica's record: it is stopped, or its node is lost and it is replaced."""
+
+    replica_id: str
+
+
+Action = Create | Assign | Hold | Move | Retire | Forget
+
+ACTIVE = frozenset({P.PENDING, P.STARTING, P.READY, P.CRASHED})
+"""Phases that count toward the replicas a profile wants."""
+
+
+def plan_actions(
+    wants: list[ProfileWant],
+    replicas: Mapping[str, ReplicaState],
+    nodes: Mapping[str, NodeView],
+    now_s: float,
+    *,
+    drain_s: float,
+    new_id: Callable[[], str],
+    managed: frozenset[tuple[str, str]] = frozenset(),
+) -> list[Action]:
+    """What the controller does this tick, level-triggered.
+
+    Args:
+        wants: every profile of every model in the catalog.
+        replicas: the replicas the fleet keeps.
+        nodes: the nodes, their phases already computed for `now_s`.
+        now_s: the time of the tick.
+        drain_s: how long a drained replica keeps running before it is stopped.
+        new_id: makes a fresh replica id.
+        managed: (model, profile) pairs a rollout is changing; their counts are its business.
+    Returns:
+        Actions in the order to apply them.
+    """
+    actions: list[Action] = []
+    by_key: dict[tuple[str, str], list[ReplicaState]] = {}
+    for r in replicas.values():
+        by_key.setdefault((r.model, r.profile), []).append(r)
+    wanted_keys = {(w.model, w.profile) for w in wants}
+
+    # Lost nodes: their replicas are gone; the counts below place replacements.
+    for r in replicas.values():
+        node = nodes.get(r.node)
+        if (
+            r.node
+            and r.phase is not P.STOPPED
+            and node is not None
+            and node.phase is NodePhase.LOST
+        ):
+            actions.append(Move(r.id, P.LOST, f"node {r.node} was lost"))
+            actions.append(Forget(r.id))
+
+    # Replicas of models or profiles no longer in the catalog are retired.
+    for key, group in by_key.items():
+        if key not in wanted_keys:
+            actions.extend(_retire(r, now_s) for r in group if not r.retire)
+
+    lost = {a.replica_id for a in actions if isinstance(a, Forget)}
+    for w in wants:
+        group = [r for r in by_key.get((w.model, w.profile), []) if r.id not in lost]
+        if (w.model, w.profile) in managed:
+            continue
+        active = [r for r in group if r.phase in ACTIVE and not r.retire]
+        failed = [r for r in group if r.phase is P.FAILED and not r.retire]
+        failed_now = [r for r in failed if r.revision == w.revision]
+        attempts = max((r.attempt for r in failed_now), default=0)
+        give_up = attempts >= MAX_ATTEMPTS
+        for r in failed:
+            if not (give_up and r.revision == w.revision):
+                actions.append(_retire(r, now_s, f"failed ({r.reason}); placed again"))
+        missing = w.replicas - len(active) - (len(failed_now) if give_up else 0)
+        for _ in range(max(missing, 0)):
+            actions.append(
+                Create(
+                    ReplicaState(
+                        id=new_id(),
+                        model=w.model,
+                        profile=w.profile,
+                        revision=w.revision,
+                        since_s=now_s,
+                        attempt=attempts + 1,
+                        ram_bytes=w.want.ram_bytes,
+                        spec=w.spec,
+                        reason="waiting for a node",
+                    )
+                )
+            )
+        if missing < 0:
+            # Fewest losses first: pending, then starting or crashed, then the newest ready.
+            order = {P.PENDING: 0, P.CRASHED: 1, P.STARTING: 2, P.READY: 3}
+            surplus = sorted(active, key=lambda r: (order[r.phase], -r.since_s))[:-missing]
+            actions.extend(_retire(r, now_s) for r in surplus)
+
+    # Draining replicas stop once the drain delay has passed.
+    for r in replicas.values():
+        if r.phase is P.DRAINING and now_s - r.since_s >= drain_s and r.id not in lost:
+            actions.append(Move(r.id, P.STOPPING, "drained"))
+        if r.phase is P.STOPPED:
+            actions.append(Forget(r.id))
+
+    actions.extend(_placements(wants, replicas, actions, nodes))
+    return actions
+
+
+def _retire(r: ReplicaState, now_s: float, reason: str = "no longer wanted") -> Action:
+    """The action that takes a replica out."""
+    return Retire(r.id, reason)
+
+
+def _placements(
+    wants: list[ProfileWant],
+    replicas: Mapping[str, ReplicaState],
+    planned: list[Action],
+    nodes: Mapping[str, NodeView],
+) -> list[Action]:
+    """Assign every pending replica (existing or created this tick) a node, or say why not."""
+    gone = {a.replica_id for a in planned if isinstance(a, Forget)}
+    stopped = {a.replica_id for a in planned if isinstance(a, Retire)}
+    used_cards: dict[str, set[int]] = {}
+    used_ram: dict[str, int] = {}
+    for r in replicas.values():
+        if r.id in gone or not r.node or r.phase not in HOLDS_CARDS:
+            continue
+        used_cards.setdefault(r.node, set()).update(r.gpus)
+        used_ram[r.node] = used_ram.get(r.node, 0) + r.ram_bytes
+    want_of = {(w.model, w.profile): w.want for w in wants}
+    pending = [r for r in replicas.values() if r.phase is P.PENDING and r.id not in stopped]
+    pending += [a.replica for a in planned if isinstance(a, Create)]
+    out: list[Action] = []
+    for r in sorted(pending, key=lambda r: (r.since_s, r.id)):
+        want = want_of.get((r.model, r.profile))
+        if want is None or r.retire:
+            continue
+        where = place(want, nodes.values(), used_cards, used_ram)
+        if isinstance(where, str):
+            out.append(Hold(r.id, where))
+            continue
+        used_cards.setdefault(where.node, set()).update(where.gpus)
+        used_ram[where.node] = used_ram.get(where.node, 0) + want.ram_bytes
+        out.append(Assign(r.id, where))
+    return out

@@ -1,0 +1,83 @@
+"""The fleet's exceptions: one root, leaves that carry what a caller needs to act."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class FleetError(Exception):
+    """Root of every refusal the fleet makes; `message` is one sentence a person can act on."""
+
+    message: str
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    def metadata(self) -> dict[str, str]:
+        """The refusal's facts as strings, for `google.rpc.ErrorInfo`."""
+        return {}
+
+
+@dataclass
+class ModelNotFound(FleetError):
+    """No such model in the catalog."""
+
+    name: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"model": self.name}
+
+
+@dataclass
+class ModelExists(FleetError):
+    """A model of that name is in the catalog already."""
+
+    name: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"model": self.name}
+
+
+@dataclass
+class ModelDeclared(FleetError):
+    """The model is declared in the cluster settings file: change it there."""
+
+    name: str = ""
+    path: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"model": self.name, "file": self.path}
+
+
+@dataclass
+class StaleRevision(FleetError):
+    """The model changed since the caller read it."""
+
+    name: str = ""
+    expected: str = ""
+    current: int = 0
+
+    def metadata(self) -> dict[str, str]:
+        return {"model": self.name, "etag": self.expected, "current_etag": str(self.current)}
+
+
+@dataclass
+class InvalidModel(FleetError):
+    """A model or request field is malformed; `field` names it."""
+
+    field: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"field": self.field}
+
+
+@dataclass
+class RequestIdReused(FleetError):
+    """A request id was used before for another method."""
+
+    request_id: str = ""
+    method: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"request_id": self.request_id, "first_method": self.method}

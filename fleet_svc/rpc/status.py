@@ -1,0 +1,57 @@
+"""The one table from fleet exceptions to gRPC status codes and reasons."""
+
+from __future__ import annotations
+
+import grpc
+from google.rpc import status_pb2
+
+from fleet_svc.domain import errors
+from llmgw.rpcstatus import build_status, guarded
+
+DOMAIN = "fleet.llmgw.dev"
+"""`ErrorInfo.domain` of every fleet error."""
+
+# class -> (code, reason); never UNAVAILABLE for a refusal (meshes retry that code).
+_TABLE: tuple[tuple[type[errors.FleetError], grpc.StatusCode, str], ...] = (
+    (errors.ModelNotFound, grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND"),
+    (errors.ModelExists, grpc.StatusCode.ALREADY_EXISTS, "MODEL_EXISTS"),
+    (errors.ModelDeclared, grpc.StatusCode.FAILED_PRECONDITION, "MODEL_DECLARED"),
+    (errors.StaleRevision, grpc.StatusCode.ABORTED, "STALE_REVISION"),
+    (errors.InvalidModel, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_MODEL"),
+    (errors.RequestIdReused, grpc.StatusCode.INVALID_ARGUMENT, "REQUEST_ID_REUSED"),
+    (errors.FleetError, grpc.StatusCode.FAILED_PRECONDITION, "REFUSED"),
+)
+
+
+def code_and_reason(exc: errors.FleetError) -> tuple[grpc.StatusCode, str]:
+    """The status code and ErrorInfo reason of a fleet exception."""
+    for cls, code, reason in _TABLE:
+        if isinstance(exc, cls):
+            return code, reason
+    return grpc.StatusCode.INTERNAL, "INTERNAL"
+
+
+def to_status(exc: errors.FleetError) -> status_pb2.Status:
+    """A google.rpc.Status with ErrorInfo and the details that fit."""
+    code, reason = code_and_reason(exc)
+    name = getattr(exc, "name", "")
+    return build_status(
+        code,
+        reason,
+        DOMAIN,
+        exc.message,
+        exc.metadata(),
+        field=exc.field if isinstance(exc, errors.InvalidModel) else "",
+        subject=name,
+        resource=("llmgw.fleet.v1.CatalogModel", name)
+        if isinstance(exc, errors.ModelNotFound | errors.ModelExists)
+        else None,
+    )
+
+
+def _status_of(exc: Exception) -> status_pb2.Status | None:
+    return to_status(exc) if isinstance(exc, errors.FleetError) else None
+
+
+refusals_as_status = guarded(_status_of)
+"""Applies the table to a unary servicer method."""

@@ -1,0 +1,129 @@
+"""Wiring of the fleet: store, catalog, controller, the API and the agents' stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from fleet_svc.agents.session import AgentServicer
+from fleet_svc.catalog import Catalog
+from fleet_svc.controller import Controller
+from fleet_svc.domain.nodes import Liveness
+from fleet_svc.rpc.servicer import FleetServicer
+from fleet_svc.settings import read_settings
+from fleet_svc.store.base import Store
+from fleet_svc.store.sqlite import open_store
+from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
+from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+
+log = structlog.get_logger(__name__)
+
+FLEET_SERVICE = fleet_pb2.DESCRIPTOR.services_by_name["FleetService"].full_name
+AGENT_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
+
+# Keepalive fit for long agent streams behind meshes: ping idle connections every 20 s and
+# accept clients' pings as often as every 5 s.
+SERVER_OPTIONS = [
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+@dataclass
+class FleetOptions:
+    """How a fleet runs."""
+
+    listen: str = "127.0.0.1:50052"
+    store_url: str = "data/fleet.db"
+    settings_path: str = ""
+    liveness: Liveness = field(default_factory=Liveness)
+    drain_s: float = 2.0
+    tick_s: float = 0.5
+
+
+@dataclass
+class FleetServer:
+    """A running fleet."""
+
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    controller: Controller
+    catalog: Catalog
+    store: Store
+    loop_task: asyncio.Task[None]
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """NOT_SERVING, close the streams, stop the loop, close the store."""
+        await self.health.enter_graceful_shutdown()
+        for link in list(self.controller.state.links.values()):
+            link.close("")
+        await self.server.stop(grace_s)
+        self.loop_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.loop_task
+        self.store.close()
+        log.info("fleet_stopped", port=self.port)
+
+
+async def start_fleet(opts: FleetOptions, clock: Callable[[], float] = time.time) -> FleetServer:
+    """Start a fleet: health NOT_SERVING until the store is open and the settings loaded."""
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", FLEET_SERVICE, AGENT_SERVICE):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    assert error_details_pb2.ErrorInfo.DESCRIPTOR.full_name == "google.rpc.ErrorInfo"
+    reflection.enable_server_reflection(
+        (FLEET_SERVICE, AGENT_SERVICE, "grpc.health.v1.Health", reflection.SERVICE_NAME), server
+    )
+    store = open_store(opts.store_url)
+    catalog = Catalog(store, clock)
+    if opts.settings_path:
+        catalog.declare(read_settings(opts.settings_path), opts.settings_path)
+    controller = Controller(
+        store,
+        catalog.wants,
+        liveness=opts.liveness,
+        drain_s=opts.drain_s,
+        tick_s=opts.tick_s,
+        clock=clock,
+    )
+    catalog.on_change = controller.wake
+    fleet_pb2_grpc.add_FleetServiceServicer_to_server(
+        FleetServicer(catalog, store, controller, clock), server
+    )
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(controller), server)
+    port = server.add_insecure_port(opts.listen)
+    await server.start()
+    loop_task = asyncio.create_task(controller.run())
+    for name in ("", FLEET_SERVICE, AGENT_SERVICE):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info("fleet_started", listen=opts.listen, port=port, store=opts.store_url)
+    return FleetServer(server, port, health_servicer, controller, catalog, store, loop_task)
+
+
+async def serve(opts: FleetOptions) -> None:
+    """Run a fleet until SIGTERM or SIGINT."""
+    running = await start_fleet(opts)
+    host = opts.listen.rsplit(":", 1)[0]
+    print(f"fleet listening on {host}:{running.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await running.stop()

@@ -1,0 +1,117 @@
+"""The Google error model for every llmgw server: a status with ErrorInfo and the details
+that fit, and the decorator that turns a service's exceptions into it."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+from google.protobuf import any_pb2
+from google.protobuf.message import Message
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+log = structlog.get_logger(__name__)
+
+
+def build_status(
+    code: grpc.StatusCode,
+    reason: str,
+    domain: str,
+    message: str,
+    metadata: dict[str, str],
+    *,
+    field: str = "",
+    subject: str = "",
+    resource: tuple[str, str] | None = None,
+) -> status_pb2.Status:
+    """A google.rpc.Status: ErrorInfo always; BadRequest when a `field` is at fault;
+    PreconditionFailure for FAILED_PRECONDITION; ResourceInfo when a `resource` (type, name)
+    is missing or in the way."""
+    details: list[Message] = [
+        error_details_pb2.ErrorInfo(reason=reason, domain=domain, metadata=metadata)
+    ]
+    if field:
+        details.append(
+            error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(
+                        field=field, description=message, reason=reason
+                    )
+                ]
+            )
+        )
+    elif code is grpc.StatusCode.FAILED_PRECONDITION:
+        details.append(
+            error_details_pb2.PreconditionFailure(
+                violations=[
+                    error_details_pb2.PreconditionFailure.Violation(
+                        type=reason, subject=subject, description=message
+                    )
+                ]
+            )
+        )
+    if resource is not None:
+        details.append(
+            error_details_pb2.ResourceInfo(
+                resource_type=resource[0], resource_name=resource[1], description=message
+            )
+        )
+    packed = []
+    for detail in details:
+        holder = any_pb2.Any()
+        holder.Pack(detail)
+        packed.append(holder)
+    return status_pb2.Status(code=code.value[0], message=message, details=packed)
+
+
+INTERNAL = status_pb2.Status(
+    code=code_pb2.INTERNAL, message="the server failed on this request; its log has the details"
+)
+
+S = TypeVar("S")
+Q = TypeVar("Q")
+R = TypeVar("R")
+Method = Callable[[S, Q, grpc.aio.ServicerContext[Any, Any]], Awaitable[R]]
+
+
+def guarded(
+    to_status: Callable[[Exception], status_pb2.Status | None],
+) -> Callable[[Method[S, Q, R]], Method[S, Q, R]]:
+    """A decorator for unary servicer methods: an exception `to_status` knows becomes that
+    status; any other is logged with its traceback and answered INTERNAL."""
+
+    def decorate(method: Method[S, Q, R]) -> Method[S, Q, R]:
+        @functools.wraps(method)
+        async def wrapper(self: S, request: Q, context: grpc.aio.ServicerContext[Any, Any]) -> R:
+            try:
+                return await method(self, request, context)
+            except Exception as exc:
+                status = to_status(exc)
+                if status is None:
+                    log.exception("request_failed", method=method.__name__)
+                    status = INTERNAL
+                else:
+                    log.info(
+                        "request_refused",
+                        method=method.__name__,
+                        code=grpc.StatusCode(_code_tuple(status.code)).name,
+                        message=status.message,
+                    )
+            await context.abort_with_status(rpc_status.to_status(status))
+            raise AssertionError("abort_with_status returns only by raising")
+
+        return wrapper
+
+    return decorate
+
+
+def _code_tuple(code: int) -> tuple[int, str]:
+    """The grpc.StatusCode value for a numeric code."""
+    for c in grpc.StatusCode:
+        if c.value[0] == code:
+            return c.value
+    return grpc.StatusCode.UNKNOWN.value

@@ -1,0 +1,144 @@
+"""The fleet's catalog over real gRPC: revisions, etags, request ids, declared models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from llmgw.common.v1 import common_pb2
+from llmgw.fleet.v1 import fleet_pb2
+from tests.support.fleet import running_fleet
+
+
+def model(
+    name: str = "qwen", replicas: int = 1, args: tuple[str, ...] = ("--max-model-len", "8192")
+) -> common_pb2.Model:
+    """A model with one vLLM profile on 1 H100."""
+    return common_pb2.Model(
+        name=name,
+        source="hf://Qwen/Qwen3-8B",
+        context_length=8192,
+        profiles=[
+            common_pb2.Profile(
+                name="gpu",
+                engine="vllm",
+                args=list(args),
+                gpu_class="H100-80GB",
+                gpus_per_node=1,
+                replicas=replicas,
+            )
+        ],
+    )
+
+
+def reason_of(err: grpc.aio.AioRpcError) -> str:
+    """The ErrorInfo reason of a refusal."""
+    status = rpc_status.from_call(err)
+    assert status is not None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return str(info.reason)
+    return ""
+
+
+async def test_revisions_count_up_with_who_and_when(tmp_path: Path) -> None:
+    """Create then update makes revisions 1 and 2, each with the caller and a time."""
+    async with running_fleet(tmp_path) as (_, stub):
+        created = await stub.CreateModel(
+            fleet_pb2.CreateModelRequest(model=model()), metadata=(("x-llmgw-caller", "ada"),)
+        )
+        assert (created.model.revision, created.model.etag, created.model.updated_by) == (
+            1,
+            "1",
+            "ada",
+        )
+        updated = await stub.UpdateModel(
+            fleet_pb2.UpdateModelRequest(model=model(replicas=2), etag="1"),
+            metadata=(("x-llmgw-caller", "bob"),),
+        )
+        assert updated.model.revision == 2
+        history = await stub.ListModelRevisions(fleet_pb2.ListModelRevisionsRequest(name="qwen"))
+        assert [(r.revision, r.updated_by) for r in history.revisions] == [(1, "ada"), (2, "bob")]
+        assert (
+            history.revisions[1].updated_at.seconds >= history.revisions[0].updated_at.seconds > 0
+        )
+
+
+async def test_stale_etag_is_aborted_and_changes_nothing(tmp_path: Path) -> None:
+    """A write with an old etag is ABORTED with STALE_REVISION and the model stays as it was."""
+    async with running_fleet(tmp_path) as (_, stub):
+        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=model()))
+        await stub.UpdateModel(fleet_pb2.UpdateModelRequest(model=model(replicas=2), etag="1"))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.UpdateModel(fleet_pb2.UpdateModelRequest(model=model(replicas=5), etag="1"))
+        assert caught.value.code() is grpc.StatusCode.ABORTED
+        assert reason_of(caught.value) == "STALE_REVISION"
+        got = await stub.GetModel(fleet_pb2.GetModelRequest(name="qwen"))
+        assert (got.model.revision, got.model.model.profiles[0].replicas) == (2, 2)
+
+
+async def test_retry_with_the_same_request_id_returns_the_first_answer(tmp_path: Path) -> None:
+    """A retried create with the same request id answers as the first did, writing once."""
+    async with running_fleet(tmp_path) as (_, stub):
+        first = await stub.CreateModel(fleet_pb2.CreateModelRequest(model=model(), request_id="r1"))
+        again = await stub.CreateModel(fleet_pb2.CreateModelRequest(model=model(), request_id="r1"))
+        assert again == first
+        history = await stub.ListModelRevisions(fleet_pb2.ListModelRevisionsRequest(name="qwen"))
+        assert len(history.revisions) == 1
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.DeleteModel(fleet_pb2.DeleteModelRequest(name="qwen", request_id="r1"))
+        assert reason_of(caught.value) == "REQUEST_ID_REUSED"
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        (common_pb2.Model(name="Bad Name!"), "INVALID_MODEL"),
+        (model(replicas=-1), "INVALID_MODEL"),
+        (model(replicas=100_000), "INVALID_MODEL"),
+    ],
+)
+async def test_bad_models_are_refused(tmp_path: Path, bad: common_pb2.Model, reason: str) -> None:
+    """Malformed names and absurd numbers are INVALID_ARGUMENT and nothing is stored."""
+    async with running_fleet(tmp_path) as (_, stub):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.CreateModel(fleet_pb2.CreateModelRequest(model=bad))
+        assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert reason_of(caught.value) == reason
+        assert not (await stub.ListModels(fleet_pb2.ListModelsRequest())).models
+
+
+async def test_missing_model_is_not_found(tmp_path: Path) -> None:
+    """Reading, updating or deleting an unknown model is NOT_FOUND with MODEL_NOT_FOUND."""
+    async with running_fleet(tmp_path) as (_, stub):
+        for call in (
+            stub.GetModel(fleet_pb2.GetModelRequest(name="nope")),
+            stub.DeleteModel(fleet_pb2.DeleteModelRequest(name="nope")),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call
+            assert caught.value.code() is grpc.StatusCode.NOT_FOUND
+            assert reason_of(caught.value) == "MODEL_NOT_FOUND"
+
+
+async def test_declared_models_are_read_only(tmp_path: Path) -> None:
+    """A model from the settings file is listed, and changing it names the file."""
+    settings = tmp_path / "cluster.yaml"
+    settings.write_text(
+        "models:\n  - name: declared\n    source: hf://x/y\n    profiles:\n"
+        "      - {name: gpu, engine: vllm, gpu_class: H100-80GB, gpus_per_node: 1, replicas: 0}\n"
+    )
+    async with running_fleet(tmp_path, settings=str(settings)) as (_, stub):
+        got = await stub.GetModel(fleet_pb2.GetModelRequest(name="declared"))
+        assert got.model.declared and got.model.declared_in == str(settings)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.DeleteModel(fleet_pb2.DeleteModelRequest(name="declared"))
+        assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert reason_of(caught.value) == "MODEL_DECLARED"
+        assert str(settings) in (caught.value.details() or "")

@@ -1,0 +1,63 @@
+"""A real fleet server in-process on 127.0.0.1:0, for integration tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import grpc
+
+from fleet_svc.domain.nodes import Liveness
+from fleet_svc.server import FleetOptions, FleetServer, start_fleet
+from llmgw.fleet.v1 import fleet_pb2_grpc
+
+FAST = Liveness(interval_s=0.2, grace_heartbeats=3, lost_after_s=1.5)
+"""Liveness for tests: NOT_READY after 0.6 s of silence, LOST after 1.5 s."""
+
+
+@asynccontextmanager
+async def running_fleet(
+    data: Path, *, settings: str = "", liveness: Liveness = FAST, drain_s: float = 0.2
+) -> AsyncIterator[tuple[FleetServer, fleet_pb2_grpc.FleetServiceAsyncStub]]:
+    """Start a fleet on a free port with its store in `data`; stop it after."""
+    server = await start_fleet(
+        FleetOptions(
+            listen="127.0.0.1:0",
+            store_url=str(data / "fleet.db"),
+            settings_path=settings,
+            liveness=liveness,
+            drain_s=drain_s,
+            tick_s=0.05,
+        )
+    )
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    try:
+        yield server, fleet_pb2_grpc.FleetServiceStub(channel)
+    finally:
+        await channel.close()
+        await server.stop(grace_s=0.5)
+
+
+async def assert_eventually(
+    check: Callable[[], Awaitable[bool]] | Callable[[], bool],
+    *,
+    timeout_s: float = 10.0,
+    every_s: float = 0.05,
+    what: str = "the condition",
+) -> None:
+    """Poll `check` until it holds, failing with `what` after `timeout_s`."""
+    import asyncio
+    import inspect
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"{what} did not hold within {timeout_s} s")
+        await asyncio.sleep(every_s)
