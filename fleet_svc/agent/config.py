@@ -1,0 +1,372 @@
+"""The agent's own config: which engines it runs and how, read from YAML or defaulted.
+
+The config is the agent's trust boundary: the fleet names an engine, and only an engine named
+here runs, as the executable and argument template written here. See
+deploy/agent.example.yaml for the file's shape.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fleet_svc.agent.admission import REFUSAL_TABLES, ArgRules
+from fleet_svc.agent.backoff import Backoff, RestartLimit
+from fleet_svc.agent.replica import ReplicaSpec
+
+STANDIN_MODULE = "fleet_svc.standin"
+# Where an operator may point the agent at a llama-server build without a config file.
+LLAMA_SERVER_ENV = "LLMGW_LLAMA_SERVER"
+
+PLACEHOLDERS = frozenset(
+    {"model", "port", "host", "args", "source", "engine", "replica_id", "profile"}
+)
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+
+# Stand-in engines: one argument template for every engine they stand in for. `{engine}` lets
+# the stand-in answer like the engine it replaces (its error wording, `owned_by`).
+STANDIN_TEMPLATE = (
+    "--host",
+    "{host}",
+    "--port",
+    "{port}",
+    "--model",
+    "{model}",
+    "--engine",
+    "{engine}",
+    "{args}",
+)
+# llama-server: the model file from the replica's source, served under the catalog's name.
+LLAMACPP_TEMPLATE = (
+    "--host",
+    "{host}",
+    "--port",
+    "{port}",
+    "-m",
+    "{source}",
+    "--alias",
+    "{model}",
+    "{args}",
+)
+
+
+class ConfigError(ValueError):
+    """The agent's config cannot be used; the message names the key and what would work."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the agent runs one engine.
+
+    `program` is the executable and any fixed leading arguments (for a Python module: the
+    agent's own interpreter, `-m`, the module); `template` the arguments after it, with
+    `{placeholders}` filled per replica and `{args}` standing for the profile's arguments.
+    """
+
+    name: str
+    program: tuple[str, ...]
+    template: tuple[str, ...]
+    rules: ArgRules
+    health_path: str = "/health"
+    start_timeout_s: float = 600.0
+    stop_grace_s: float = 30.0
+    env: Mapping[str, str] = field(default_factory=dict)
+    module: str = ""
+
+    def command(self, spec: ReplicaSpec, host: str, port: int) -> list[str]:
+        """The argv that runs `spec` on `host:port`: program, then the filled template.
+
+        Profile arguments are inserted as they are, each one argument: nothing in them is
+        expanded (a `{port}` inside a profile argument stays literal).
+        """
+        values = {
+            "model": spec.model or spec.replica_id,
+            "port": str(port),
+            "host": host,
+            "source": spec.source,
+            "engine": self.name,
+            "replica_id": spec.replica_id,
+            "profile": spec.profile,
+        }
+        argv = list(self.program)
+        for part in self.template:
+            if part == "{args}":
+                argv.extend(spec.args)
+            else:
+                argv.append(_PLACEHOLDER.sub(lambda m: values[m.group(1)], part))
+        return argv
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """The agent's settings: its engines and how it supervises them."""
+
+    engines: Mapping[str, EngineConfig]
+    health_interval_s: float = 1.0
+    health_timeout_s: float = 2.0
+    unhealthy_after: int = 3
+    restart_backoff: Backoff = field(
+        default_factory=lambda: Backoff(base_s=1.0, factor=2.0, cap_s=60.0, jitter=0.2)
+    )
+    restart_limit: RestartLimit = field(default_factory=RestartLimit)
+    log_max_bytes: int = 10 << 20
+    log_tail_lines: int = 20
+    # The address engines listen on: loopback unless the gateway reaches nodes over the network.
+    engine_host: str = "127.0.0.1"
+    # What the agent reports as the engine's host (the node's name or IP for a remote gateway).
+    advertise_host: str = ""
+
+    def arg_rules(self) -> dict[str, ArgRules]:
+        """Engine name -> its argument rules: what admission needs."""
+        return {name: e.rules for name, e in self.engines.items()}
+
+
+def _check_template(name: str, template: tuple[str, ...]) -> tuple[str, ...]:
+    for part in template:
+        for placeholder in _PLACEHOLDER.findall(part):
+            if placeholder not in PLACEHOLDERS:
+                known = ", ".join("{" + p + "}" for p in sorted(PLACEHOLDERS))
+                raise ConfigError(
+                    f"engine {name}: unknown placeholder {{{placeholder}}} (known: {known})"
+                )
+        if "{args}" in part and part != "{args}":
+            raise ConfigError(f"engine {name}: {{args}} must be a template item of its own")
+    if template.count("{args}") > 1:
+        raise ConfigError(f"engine {name}: {{args}} may appear once")
+    if "{args}" not in template:
+        template = (*template, "{args}")
+    return template
+
+
+def _number(data: Mapping[str, Any], key: str, default: float, where: str) -> float:
+    value = data.get(key, default)
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{where}: {key} must be a number >= 0")
+    return float(value)
+
+
+def _str_list(value: Any, key: str, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str | int) for v in value):
+        raise ConfigError(f"{where}: {key} must be a list of strings")
+    return tuple(str(v) for v in value)
+
+
+def module_engine(
+    name: str, module: str, template: tuple[str, ...], family: str, **extra: Any
+) -> EngineConfig:
+    """An engine run as `<the agent's python> -m <module>`."""
+    return EngineConfig(
+        name=name,
+        program=(sys.executable, "-m", module),
+        template=_check_template(name, template),
+        rules=ArgRules(family),
+        module=module,
+        **extra,
+    )
+
+
+def parse_engine(
+    name: str, data: Any, which: Callable[[str], str | None] = shutil.which
+) -> EngineConfig:
+    """One engine from its config entry.
+
+    Raises:
+        ConfigError: a key is missing or malformed, or the executable cannot be found.
+    """
+    where = f"engine {name}"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: must be a mapping with executable or module")
+    known = {
+        "executable",
+        "module",
+        "args",
+        "family",
+        "health_path",
+        "start_timeout_s",
+        "stop_grace_s",
+        "env",
+        "allow_flags",
+        "refuse_flags",
+    }
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {unknown} (known: {sorted(known)})")
+    executable, module = data.get("executable"), data.get("module")
+    if (executable is None) == (module is None):
+        raise ConfigError(f"{where}: give exactly one of executable (a path) or module")
+    if module is not None:
+        if not isinstance(module, str) or not re.fullmatch(r"[A-Za-z_][\w.]*", module):
+            raise ConfigError(f"{where}: module must be a dotted Python module name")
+        program: tuple[str, ...] = (sys.executable, "-m", module)
+    else:
+        if not isinstance(executable, str) or not executable:
+            raise ConfigError(f"{where}: executable must be a path")
+        # A bare name is looked up on PATH once, here, so what runs is fixed at start.
+        found = executable if os.path.isabs(executable) else which(executable)
+        if found is None or not os.access(found, os.X_OK):
+            raise ConfigError(f"{where}: executable {executable!r} is not an executable file")
+        program = (found,)
+        module = ""
+    family = data.get("family", name)
+    if family not in REFUSAL_TABLES:
+        raise ConfigError(
+            f"{where}: family {family!r} unknown; one of {sorted(REFUSAL_TABLES)} sets "
+            "which argument refusals apply"
+        )
+    health_path = data.get("health_path", "/health")
+    if not isinstance(health_path, str) or not health_path.startswith("/"):
+        raise ConfigError(f"{where}: health_path must start with /")
+    env = data.get("env", {}) or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
+        raise ConfigError(f"{where}: env must map names to values")
+    refuse = data.get("refuse_flags", {}) or {}
+    if not isinstance(refuse, dict) or not all(isinstance(v, str) for v in refuse.values()):
+        raise ConfigError(f"{where}: refuse_flags maps each flag to why it is refused")
+    template = _str_list(data.get("args"), "args", where) or STANDIN_TEMPLATE
+    return EngineConfig(
+        name=name,
+        program=program,
+        template=_check_template(name, template),
+        rules=ArgRules(
+            family=family,
+            allow=frozenset(_str_list(data.get("allow_flags"), "allow_flags", where)),
+            refuse=dict(refuse),
+        ),
+        health_path=health_path,
+        start_timeout_s=_number(data, "start_timeout_s", 600.0, where),
+        stop_grace_s=_number(data, "stop_grace_s", 30.0, where),
+        env={str(k): str(v) for k, v in env.items()},
+        module=module,
+    )
+
+
+def parse_config(
+    data: Any, where: str = "the agent config", which: Callable[[str], str | None] = shutil.which
+) -> AgentConfig:
+    """An agent config from parsed YAML.
+
+    Raises:
+        ConfigError: the data does not have the documented shape.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: must be a mapping")
+    engines_data = data.get("engines")
+    if not isinstance(engines_data, dict) or not engines_data:
+        raise ConfigError(f"{where}: engines must map at least one engine name to its settings")
+    engines = {}
+    for name, entry in engines_data.items():
+        if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_.\-]*", name):
+            raise ConfigError(f"{where}: engine name {name!r} must be lower-case letters/digits")
+        engines[name] = parse_engine(name, entry, which)
+    restart = data.get("restart", {}) or {}
+    if not isinstance(restart, dict):
+        raise ConfigError(f"{where}: restart must be a mapping")
+    try:
+        backoff = Backoff(
+            base_s=_number(restart, "base_s", 1.0, where),
+            factor=_number(restart, "factor", 2.0, where),
+            cap_s=_number(restart, "cap_s", 60.0, where),
+            jitter=_number(restart, "jitter", 0.2, where),
+        )
+    except ValueError as exc:
+        raise ConfigError(f"{where}: restart: {exc}") from exc
+    max_crashes = restart.get("max_crashes", 5)
+    if not isinstance(max_crashes, int) or max_crashes < 1:
+        raise ConfigError(f"{where}: restart.max_crashes must be a whole number >= 1")
+    unhealthy_after = data.get("unhealthy_after", 3)
+    if not isinstance(unhealthy_after, int) or unhealthy_after < 1:
+        raise ConfigError(f"{where}: unhealthy_after must be a whole number >= 1")
+    return AgentConfig(
+        engines=engines,
+        health_interval_s=_number(data, "health_interval_s", 1.0, where) or 1.0,
+        health_timeout_s=_number(data, "health_timeout_s", 2.0, where) or 2.0,
+        unhealthy_after=unhealthy_after,
+        restart_backoff=backoff,
+        restart_limit=RestartLimit(
+            max_crashes=max_crashes, window_s=_number(restart, "window_s", 300.0, where)
+        ),
+        log_max_bytes=int(_number(data, "log_max_bytes", 10 << 20, where)),
+        log_tail_lines=int(_number(data, "log_tail_lines", 20, where)),
+        engine_host=str(data.get("engine_host", "127.0.0.1")),
+        advertise_host=str(data.get("advertise_host", "")),
+    )
+
+
+def load_config(path: Path) -> AgentConfig:
+    """The agent config in a YAML file.
+
+    Raises:
+        ConfigError: the file cannot be read or is malformed.
+    """
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read the agent config {path}: {exc}") from exc
+    return parse_config(data, str(path))
+
+
+def find_llama_server(
+    env: Mapping[str, str] = os.environ, which: Callable[[str], str | None] = shutil.which
+) -> str | None:
+    """llama-server's path: $LLMGW_LLAMA_SERVER when it names an executable, else PATH's."""
+    told = env.get(LLAMA_SERVER_ENV, "")
+    if told and os.path.isfile(told) and os.access(told, os.X_OK):
+        return told
+    return which("llama-server")
+
+
+def standin_engine(name: str, family: str | None = None) -> EngineConfig:
+    """The stand-in engine under `name`, refusing the arguments `family` would refuse."""
+    fam = family or name
+    return module_engine(
+        name,
+        STANDIN_MODULE,
+        STANDIN_TEMPLATE,
+        fam if fam in REFUSAL_TABLES else "standin",
+        # The stand-in "loads" in seconds; a minute is ample.
+        start_timeout_s=60.0,
+        stop_grace_s=5.0,
+    )
+
+
+def default_config(
+    demo: bool = False,
+    llama_server: str | None = None,
+    base: AgentConfig | None = None,
+) -> AgentConfig:
+    """The config an agent runs with when given none, or `base` with demo stand-ins added.
+
+    Engines: `standin`; `llamacpp` when a llama-server executable is known; in demo mode the
+    engines that cannot run here (vLLM, SGLang, TensorRT-LLM, and llama.cpp without a
+    llama-server) are stood in for by the stand-in, each with its own argument refusals.
+    """
+    engines: dict[str, EngineConfig] = dict(base.engines) if base else {}
+    if base is None:
+        engines["standin"] = standin_engine("standin")
+        if llama_server:
+            engines["llamacpp"] = EngineConfig(
+                name="llamacpp",
+                program=(llama_server,),
+                template=_check_template("llamacpp", LLAMACPP_TEMPLATE),
+                rules=ArgRules("llamacpp"),
+                start_timeout_s=300.0,
+                stop_grace_s=10.0,
+            )
+    if demo:
+        for name in ("vllm", "sglang", "trtllm", "llamacpp"):
+            engines.setdefault(name, standin_engine(name))
+    if base is not None:
+        return AgentConfig(**{**base.__dict__, "engines": engines})
+    return AgentConfig(engines=engines)

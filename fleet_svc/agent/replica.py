@@ -1,0 +1,64 @@
+"""A replica as the agent knows it: what the fleet wants (spec) and what runs (observation)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """What the fleet wants running: an engine by name, its arguments and cards.
+
+    Two specs with the same `replica_id` and `revision` are the same command: the agent runs it
+    once however often it is sent.
+    """
+
+    replica_id: str
+    revision: int
+    engine: str
+    model: str = ""
+    profile: str = ""
+    args: tuple[str, ...] = ()
+    gpus: tuple[int, ...] = ()
+    source: str = ""
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """(replica_id, revision): what makes two commands the same."""
+        return (self.replica_id, self.revision)
+
+
+class Phase(enum.Enum):
+    """What the agent observes of a replica's engine process (the proto's ProcessPhase)."""
+
+    STARTING = "STARTING"
+    """The process runs and its health path does not answer 200 yet."""
+    HEALTHY = "HEALTHY"
+    """The process runs and its health path answers 200."""
+    UNHEALTHY = "UNHEALTHY"
+    """The process answered 200 before and has failed the last N health checks since."""
+    CRASHED = "CRASHED"
+    """The process exited (or never became healthy in time) without being asked to stop; it
+    will be started again after a backoff."""
+    STOPPING = "STOPPING"
+    """The agent sent SIGTERM and the process has not exited yet."""
+    STOPPED = "STOPPED"
+    """The process is gone after being asked to stop, and its cards' memory is released."""
+    FAILED = "FAILED"
+    """The agent will not run it (again): refused, or crashed past the restart limit."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One replica's state as the agent reports it; `since_s` is wall-clock seconds."""
+
+    spec: ReplicaSpec
+    phase: Phase
+    address: str = ""
+    pid: int = 0
+    restarts: int = 0
+    exit_code: int = 0
+    message: str = ""
+    log_tail: tuple[str, ...] = field(default_factory=tuple)
+    since_s: float = 0.0
