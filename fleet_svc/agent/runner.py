@@ -1,0 +1,515 @@
+"""The replica runner: one engine process supervised from start to stop.
+
+It starts the engine on a free port with the replica's cards, health-checks it, restarts it
+with backoff when it crashes (FAILED past the restart limit), and stops it with SIGTERM then
+SIGKILL. Every change of phase is reported through `on_change`. Engines run in their own
+session (process group), so signals reach the workers they spawn, and the agent's own signals
+(a Ctrl-C at its terminal) do not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+import structlog
+
+from fleet_svc.agent import claims
+from fleet_svc.agent.backoff import recent_crashes
+from fleet_svc.agent.cards import CardBackend
+from fleet_svc.agent.clock import Clock
+from fleet_svc.agent.config import AgentConfig, EngineConfig
+from fleet_svc.agent.host import free_port
+from fleet_svc.agent.logs import ReplicaLog
+from fleet_svc.agent.replica import Observation, Phase, ReplicaSpec
+
+log = structlog.get_logger("fleet_svc.agent.runner")
+
+# The folder holding the package `fleet_svc`: put on PYTHONPATH for engines run as modules, so
+# the stand-in imports whatever the agent's working directory.
+_PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
+
+# Exit code reported when it is not known: a process adopted from an earlier agent is not our
+# child, so its status cannot be read; a program that could not be executed has none.
+UNKNOWN_EXIT = -1
+
+
+@dataclass(frozen=True)
+class RunnerContext:
+    """What every runner of an agent shares."""
+
+    config: AgentConfig
+    cards: CardBackend
+    state_dir: Path
+    clock: Clock
+    rand: Callable[[], float]
+    http: httpx.AsyncClient
+
+    @property
+    def records_dir(self) -> Path:
+        """Where each running replica's record is kept for an agent that restarts."""
+        return self.state_dir / "replicas"
+
+    @property
+    def logs_dir(self) -> Path:
+        """Where the replicas' logs are."""
+        return self.state_dir / "logs"
+
+
+class EngineProcess(Protocol):
+    """A running engine process, started by this agent or adopted from an earlier one."""
+
+    pid: int
+
+    async def wait(self) -> int | None:
+        """Wait for it to exit; its exit code, None when unknown."""
+        ...
+
+
+class ChildProcess:
+    """A process this agent started (its exit code can be read)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self._proc = proc
+        self.pid = proc.pid
+
+    async def wait(self) -> int | None:
+        """The exit code; negative for a signal, as subprocess reports it."""
+        return await self._proc.wait()
+
+
+class AdoptedProcess:
+    """A process an earlier agent started: watched by polling, its exit code unknown."""
+
+    def __init__(self, pid: int, start_ticks: int | None, poll_s: float) -> None:
+        self.pid = pid
+        self._start_ticks = start_ticks
+        self._poll_s = poll_s
+
+    def alive(self) -> bool:
+        """Whether it still runs (and the pid is not another process's by now)."""
+        return claims.process_alive(self.pid) and (
+            self._start_ticks is None or process_start_ticks(self.pid) == self._start_ticks
+        )
+
+    async def wait(self) -> int | None:
+        """Poll until it is gone."""
+        while self.alive():
+            await asyncio.sleep(self._poll_s)
+        return None
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When the process started, in clock ticks since boot (/proc/PID/stat field 22): with
+    the pid it identifies a process across pid reuse. None without /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    # Fields after the name start at field 3 (state); starttime is field 22.
+    return int(fields[22 - 3]) if len(fields) > 22 - 3 else None
+
+
+def signal_group(pid: int, sig: signal.Signals) -> None:
+    """Send `sig` to the engine's process group (its session leader's pid), ignoring a group
+    that is already gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What the agent writes down about a running replica, so that an agent started again
+    can adopt the process instead of starting a second one."""
+
+    spec: ReplicaSpec
+    pid: int
+    port: int
+    start_ticks: int | None
+    restarts: int
+
+    def to_json(self) -> str:
+        """The record as JSON."""
+        data = asdict(self)
+        return json.dumps(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunRecord:
+        """A record from `to_json`'s output.
+
+        Raises:
+            ValueError, KeyError, TypeError: the text is not such a record.
+        """
+        data: dict[str, Any] = json.loads(text)
+        spec = data["spec"]
+        return cls(
+            spec=ReplicaSpec(
+                replica_id=str(spec["replica_id"]),
+                revision=int(spec["revision"]),
+                engine=str(spec["engine"]),
+                model=str(spec.get("model", "")),
+                profile=str(spec.get("profile", "")),
+                args=tuple(str(a) for a in spec.get("args", ())),
+                gpus=tuple(int(g) for g in spec.get("gpus", ())),
+                source=str(spec.get("source", "")),
+            ),
+            pid=int(data["pid"]),
+            port=int(data["port"]),
+            start_ticks=None if data.get("start_ticks") is None else int(data["start_ticks"]),
+            restarts=int(data.get("restarts", 0)),
+        )
+
+
+class ReplicaRunner:
+    """Supervises one replica's engine until it is stopped.
+
+    Args:
+        spec: what to run.
+        engine: the configured engine that runs it.
+        ctx: what the agent's runners share.
+        on_change: called with every new observation (a phase change, a new pid or address).
+        after: tasks to wait for before the first start (stops of replicas whose cards or
+            replica id this one takes over).
+        adopt: a process an earlier agent started for this very spec, to watch instead of
+            starting one.
+    """
+
+    def __init__(
+        self,
+        spec: ReplicaSpec,
+        engine: EngineConfig,
+        ctx: RunnerContext,
+        on_change: Callable[[Observation], None],
+        after: Sequence[asyncio.Task[None]] = (),
+        adopt: RunRecord | None = None,
+    ) -> None:
+        self.spec = spec
+        self._engine = engine
+        self._ctx = ctx
+        self._on_change = on_change
+        self._after = list(after)
+        self._adopt = adopt
+        self._log = ReplicaLog(ctx.logs_dir, spec.replica_id, ctx.config.log_max_bytes)
+        self._record_path = ctx.records_dir / f"{spec.replica_id}.json"
+        self._proc: EngineProcess | None = None
+        self._spawning: asyncio.Task[EngineProcess | None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stop_task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._crashes: list[float] = []
+        self._restarts = adopt.restarts if adopt else 0
+        self._port = adopt.port if adopt else 0
+        self._obs = Observation(
+            spec=spec, phase=Phase.STARTING, restarts=self._restarts, since_s=ctx.clock.wall()
+        )
+        self._bound = log.bind(replica_id=spec.replica_id, revision=spec.revision)
+
+    @property
+    def observation(self) -> Observation:
+        """The replica as last observed."""
+        return self._obs
+
+    @property
+    def done(self) -> bool:
+        """Whether the runner has nothing more to do: stopped, or failed for good."""
+        return self._obs.phase in (Phase.STOPPED, Phase.FAILED)
+
+    def start(self) -> None:
+        """Begin supervising (returns at once; phases are reported through on_change)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._supervise(), name=f"replica-{self.spec.key}")
+
+    def _report(self, phase: Phase, event: str | None = None, **fields: Any) -> None:
+        changed = phase != self._obs.phase
+        self._obs = replace(
+            self._obs,
+            phase=phase,
+            restarts=self._restarts,
+            since_s=self._ctx.clock.wall() if changed else self._obs.since_s,
+            **fields,
+        )
+        if event:
+            self._bound.info(
+                event,
+                phase=phase.value,
+                pid=self._obs.pid,
+                address=self._obs.address,
+                restarts=self._restarts,
+                exit_code=self._obs.exit_code,
+                message=self._obs.message,
+            )
+        self._on_change(self._obs)
+
+    def _address(self) -> str:
+        host = self._ctx.config.advertise_host or self._ctx.config.engine_host
+        return f"{host}:{self._port}"
+
+    async def _supervise(self) -> None:
+        try:
+            if self._after:
+                await asyncio.wait(self._after)
+            adopted = self._adopt
+            while not self._stopping:
+                if adopted is not None:
+                    proc: EngineProcess | None = AdoptedProcess(
+                        adopted.pid, adopted.start_ticks, self._ctx.config.health_interval_s
+                    )
+                    self._proc = proc
+                    self._report(
+                        Phase.STARTING,
+                        "replica_adopted",
+                        pid=adopted.pid,
+                        address=self._address(),
+                        message="adopted from an earlier agent",
+                    )
+                    adopted = None
+                else:
+                    self._spawning = asyncio.create_task(self._spawn())
+                    proc = await asyncio.shield(self._spawning)
+                if proc is None:
+                    code, why = UNKNOWN_EXIT, self._obs.message
+                else:
+                    code, why = await self._watch(proc)
+                if self._stopping:
+                    return
+                if not await self._crashed(proc, code, why):
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a supervisor that dies silently leaves a replica unwatched
+            self._bound.exception("replica_supervision_failed")
+            self._report(Phase.FAILED, message=f"the agent failed to supervise it: {exc}")
+
+    async def _spawn(self) -> EngineProcess | None:
+        """Start the engine; None (after reporting why) when it cannot be executed."""
+        ctx, engine, spec = self._ctx, self._engine, self.spec
+        self._port = free_port(ctx.config.engine_host, self._port)
+        argv = engine.command(spec, ctx.config.engine_host, self._port)
+        env = dict(os.environ)
+        env.update(engine.env)
+        env.update(ctx.cards.env_for(spec.gpus))
+        # Which cards the engine sees; none ("") for a CPU replica, so it cannot take any.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
+        env["LLMGW_REPLICA_ID"] = spec.replica_id
+        if engine.module:
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (_PROJECT_ROOT, env.get("PYTHONPATH", "")) if p
+            )
+        self._log.cap()
+        self._log.note(f"starting revision {spec.revision}: {json.dumps(argv)}")
+        fd = self._log.open_for_engine()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=fd,
+                stderr=fd,
+                env=env,
+                cwd=str(ctx.state_dir),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self._log.note(f"could not execute {argv[0]}: {exc}")
+            self._report(Phase.STARTING, message=f"could not execute {argv[0]}: {exc}", pid=0)
+            return None
+        finally:
+            os.close(fd)
+        child = ChildProcess(proc)
+        self._proc = child
+        self._write_record(child.pid)
+        self._report(
+            Phase.STARTING,
+            "replica_started",
+            pid=child.pid,
+            address=self._address(),
+            exit_code=0,
+            message="",
+            log_tail=(),
+        )
+        return child
+
+    def _write_record(self, pid: int) -> None:
+        record = RunRecord(self.spec, pid, self._port, process_start_ticks(pid), self._restarts)
+        self._record_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._record_path.with_suffix(".tmp")
+        tmp.write_text(record.to_json())
+        os.replace(tmp, self._record_path)
+
+    async def _probe(self) -> bool:
+        url = f"http://{self._ctx.config.engine_host}:{self._port}{self._engine.health_path}"
+        try:
+            response = await self._ctx.http.get(url, timeout=self._ctx.config.health_timeout_s)
+        except (httpx.HTTPError, OSError):
+            return False
+        return response.status_code == 200
+
+    async def _watch(self, proc: EngineProcess) -> tuple[int, str]:
+        """Health-check `proc` until it exits; its exit code and, when the agent ended it,
+        why."""
+        cfg = self._ctx.config
+        exited = asyncio.create_task(proc.wait())
+        started_s = self._ctx.clock.monotonic()
+        failures = 0
+        try:
+            while True:
+                done, _ = await asyncio.wait({exited}, timeout=cfg.health_interval_s)
+                if done:
+                    code = exited.result()
+                    return (UNKNOWN_EXIT if code is None else code), ""
+                self._log.cap()
+                if await self._probe():
+                    failures = 0
+                    if self._obs.phase != Phase.HEALTHY and not exited.done():
+                        self._report(Phase.HEALTHY, "replica_healthy", message="")
+                    continue
+                phase = self._obs.phase
+                if phase == Phase.STARTING:
+                    waited_s = self._ctx.clock.monotonic() - started_s
+                    if waited_s > self._engine.start_timeout_s:
+                        # Stuck loading: end it and count it as a crash, so backoff and the
+                        # restart limit apply as to any failed start.
+                        why = (
+                            f"{self._engine.health_path} did not answer 200 within "
+                            f"{self._engine.start_timeout_s:g} s"
+                        )
+                        self._log.note(why + "; killing it")
+                        signal_group(proc.pid, signal.SIGKILL)
+                        code = await exited
+                        return (UNKNOWN_EXIT if code is None else code), why
+                    continue
+                failures += 1
+                if phase == Phase.HEALTHY and failures >= cfg.unhealthy_after:
+                    self._report(
+                        Phase.UNHEALTHY,
+                        "replica_unhealthy",
+                        message=f"{self._engine.health_path} failed {failures} checks in a row",
+                    )
+        finally:
+            if not exited.done():
+                exited.cancel()
+
+    async def _crashed(self, proc: EngineProcess | None, code: int, why: str) -> bool:
+        """Report a crash and wait out the backoff; False when past the restart limit."""
+        ctx = self._ctx
+        if proc is not None:
+            # Workers the engine left behind in its group would hold the cards.
+            signal_group(proc.pid, signal.SIGKILL)
+            ctx.cards.release(proc.pid)
+        self._proc = None
+        with contextlib.suppress(FileNotFoundError):
+            self._record_path.unlink()
+        now = ctx.clock.monotonic()
+        limit = ctx.config.restart_limit
+        self._crashes = recent_crashes([*self._crashes, now], now, limit.window_s)
+        message = why or self._exit_text(code)
+        tail = tuple(self._log.tail(ctx.config.log_tail_lines))
+        self._log.note(message)
+        if limit.exceeded(self._crashes, now):
+            self._report(
+                Phase.FAILED,
+                "replica_failed",
+                pid=0,
+                exit_code=code,
+                log_tail=tail,
+                message=(
+                    f"{message}; {len(self._crashes)} crashes within "
+                    f"{limit.window_s:g} s, not restarting"
+                ),
+            )
+            return False
+        delay_s = ctx.config.restart_backoff.delay_s(len(self._crashes) - 1, ctx.rand())
+        self._report(
+            Phase.CRASHED,
+            "replica_crashed",
+            pid=0,
+            exit_code=code,
+            log_tail=tail,
+            message=f"{message}; restarting in {delay_s:.1f} s",
+        )
+        await ctx.clock.sleep(delay_s)
+        self._restarts += 1
+        return True
+
+    @staticmethod
+    def _exit_text(code: int) -> str:
+        if code == UNKNOWN_EXIT:
+            return "the engine exited"
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                return f"the engine was killed by {signal.Signals(-code).name}"
+            return f"the engine was killed by signal {-code}"
+        return f"the engine exited with code {code}"
+
+    async def stop(self) -> None:
+        """Stop the engine: SIGTERM to its group, SIGKILL after the engine's grace; report
+        STOPPED once the process is gone and its cards are released. Safe to call twice."""
+        if self._stop_task is None:
+            self._stop_task = asyncio.create_task(self._stop())
+        await asyncio.shield(self._stop_task)
+
+    async def _stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._spawning is not None and not self._spawning.done():
+            # Let a start under way finish, so its process is stopped rather than orphaned.
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._spawning
+        proc = self._proc
+        if proc is not None:
+            await self._terminate(proc)
+            self._ctx.cards.release(proc.pid)
+        self._proc = None
+        with contextlib.suppress(FileNotFoundError):
+            self._record_path.unlink()
+        self._report(Phase.STOPPED, "replica_stopped", pid=0, message="stopped as desired")
+
+    async def detach(self) -> None:
+        """Stop watching and leave the engine running, its run record in place, for the next
+        agent on this node to adopt (the agent's `--leave-replicas` shutdown)."""
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._spawning is not None and not self._spawning.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._spawning
+        self._bound.info("replica_detached", pid=self._obs.pid)
+
+    async def _terminate(self, proc: EngineProcess) -> None:
+        grace_s = self._engine.stop_grace_s
+        self._report(Phase.STOPPING, "replica_stopping", message="SIGTERM sent")
+        self._log.note(f"stopping: SIGTERM, SIGKILL after {grace_s:g} s")
+        exited = asyncio.create_task(proc.wait())
+        signal_group(proc.pid, signal.SIGTERM)
+        done, _ = await asyncio.wait({exited}, timeout=grace_s)
+        # Always: the engine's own workers may outlive it in its group.
+        signal_group(proc.pid, signal.SIGKILL)
+        if not done:
+            self._log.note("still running after the grace: SIGKILL")
+        await exited
+
+
+def read_records(records_dir: Path) -> list[RunRecord]:
+    """The run records an earlier agent left, skipping unreadable ones."""
+    if not records_dir.is_dir():
+        return []
+    records = []
+    for path in sorted(records_dir.glob("*.json")):
+        try:
+            records.append(RunRecord.from_json(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            log.warning("run_record_skipped", path=str(path))
+    return records
