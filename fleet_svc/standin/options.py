@@ -1,0 +1,126 @@
+"""The stand-in's command line: its own flags, and the engine flags it checks as engines do."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+GIB = 1 << 30
+
+# Tensor-parallel flags as each engine spells them (vLLM, SGLang, TensorRT-LLM): the cards a
+# replica is given must match, as a real engine refuses to start otherwise.
+TP_FLAGS = ("--tensor-parallel-size", "-tp", "--tp-size", "--tp", "--tp_size")
+# Context flags (vLLM, SGLang, llama.cpp, TensorRT-LLM): positive whole numbers.
+CONTEXT_FLAGS = ("--max-model-len", "--context-length", "--ctx-size", "-c", "--max_seq_len")
+# Environment switch that makes the stand-in fail on start whatever its arguments, so a test
+# can break one engine without changing the arguments the fleet sends.
+FAIL_ENV = "LLMGW_STANDIN_FAIL"
+
+
+class OptionsError(ValueError):
+    """Arguments a real engine would refuse; the message is the engine-like error line."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the stand-in was asked to do."""
+
+    port: int
+    host: str = "127.0.0.1"
+    model: str = "standin"
+    engine: str = "standin"
+    load_s: float = 0.5
+    fail_on_start: bool = False
+    fail_after_s: float | None = None
+    memory_bytes: int = GIB
+    tensor_parallel: int | None = None
+    context_tokens: int | None = None
+    gpus: tuple[int, ...] = ()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m fleet_svc.standin",
+        description="An OpenAI-shaped stand-in engine: /health (503 while loading), "
+        "/v1/models, /v1/completions, /v1/chat/completions. Other engine flags are accepted "
+        "and ignored; tensor-parallel and context flags are checked as the engines do.",
+        # Real engines' parsers differ on abbreviations; the stand-in reads only whole flags.
+        allow_abbrev=False,
+    )
+    parser.add_argument("--port", type=int, required=True, help="TCP port to listen on")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--model", default="standin", help="the model name it serves")
+    parser.add_argument("--engine", default="standin", help="the engine it stands in for")
+    parser.add_argument("--load-s", type=float, default=0.5, help="seconds it 'loads' for")
+    parser.add_argument("--fail-on-start", action="store_true", help="exit non-zero after loading")
+    parser.add_argument(
+        "--fail-after-s", type=float, default=None, help="crash this long after becoming ready"
+    )
+    parser.add_argument(
+        "--memory-bytes", type=int, default=GIB, help="memory it claims on each of its cards"
+    )
+    for flag in TP_FLAGS:
+        parser.add_argument(flag, dest=f"tp{TP_FLAGS.index(flag)}", default=None)
+    for flag in CONTEXT_FLAGS:
+        parser.add_argument(flag, dest=f"ctx{CONTEXT_FLAGS.index(flag)}", default=None)
+    return parser
+
+
+def _positive(flag: str, value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise OptionsError(f"argument {flag}: invalid value {value!r}: must be a positive integer")
+    return number
+
+
+def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
+    """The stand-in's options from its arguments and environment.
+
+    Raises:
+        OptionsError: an engine flag a real engine would refuse (a context that is not a
+            positive whole number, a tensor-parallel size other than the visible cards).
+        SystemExit: argparse's own errors (a missing --port), as any CLI.
+    """
+    parser = _parser()
+    ns, _ignored = parser.parse_known_args(list(argv))
+    tp_given = [(f, getattr(ns, f"tp{i}")) for i, f in enumerate(TP_FLAGS)]
+    ctx_given = [(f, getattr(ns, f"ctx{i}")) for i, f in enumerate(CONTEXT_FLAGS)]
+    tp = None
+    for flag, value in tp_given:
+        if value is not None:
+            tp = _positive(flag, value)
+    context = None
+    for flag, value in ctx_given:
+        if value is not None:
+            context = _positive(flag, value)
+    visible = env.get("CUDA_VISIBLE_DEVICES", "")
+    try:
+        gpus = tuple(int(g) for g in visible.split(",") if g.strip())
+    except ValueError as exc:
+        raise OptionsError(f"CUDA_VISIBLE_DEVICES={visible!r} is not a list of indices") from exc
+    if tp is not None and tp != len(gpus):
+        # vLLM stops with a ValueError of this sense when the world size does not match the
+        # GPUs it can use.
+        raise OptionsError(
+            f"ValueError: tensor parallel size {tp} does not match the {len(gpus)} GPUs "
+            f"available (CUDA_VISIBLE_DEVICES={visible!r})"
+        )
+    if ns.memory_bytes < 0:
+        raise OptionsError("argument --memory-bytes: must not be negative")
+    return Options(
+        port=ns.port,
+        host=ns.host,
+        model=ns.model,
+        engine=ns.engine,
+        load_s=max(0.0, ns.load_s),
+        fail_on_start=ns.fail_on_start or env.get(FAIL_ENV, "") not in ("", "0"),
+        fail_after_s=ns.fail_after_s,
+        memory_bytes=ns.memory_bytes,
+        tensor_parallel=tp,
+        context_tokens=context,
+        gpus=gpus,
+    )
