@@ -272,7 +272,9 @@ class HFServer:
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         server.daemon_threads = True
-        thread = threading.Thread(target=server.serve_forever, name=f"hf-{listener}", daemon=True)
+        thread = threading.Thread(
+            target=server.serve_forever, args=(0.02,), name=f"hf-{listener}", daemon=True
+        )
         thread.start()
         self._threads.append(thread)
         return server
