@@ -1,0 +1,262 @@
+"""Model shapes resolved from their sources, cached with expiry, fetched once per source.
+
+A source is a GGUF file (`https://…/x.gguf`, `http://…`, or a local path ending in `.gguf`) or a
+Hugging Face repo (`hf://ORG/NAME` or `hf://ORG/NAME@REVISION`). Shapes are kept in a bounded
+least-recently-used cache whose entries expire after `ttl_s` (by an injected clock), and
+concurrent requests for one source share one fetch. Failures are not cached: the next request
+tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+from urllib.parse import urlsplit
+
+from planner_svc.domain.errors import InvalidShape
+from planner_svc.domain.gguf_shape import shape_from_gguf
+from planner_svc.domain.hf_shape import shape_from_hf_config
+from planner_svc.domain.shape import ModelShape
+from planner_svc.sources.gguf_http import read_gguf_header
+from planner_svc.sources.hf_hub import fetch_hf_model, weight_bytes_from_files
+
+ACCEPTED_FORMS = "a GGUF URL (https://…/model.gguf), a local .gguf path or hf://ORG/NAME[@REVISION]"
+
+# Hugging Face repo ids: letters, digits, '-', '_', '.', at most 96 characters per part (the
+# Hub's own rule, as huggingface_hub's validate_repo_id checks it).
+_REPO_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$")
+
+
+class GGUFHeaderLike(Protocol):
+    """What the resolver reads of a GGUF header (`sources.gguf_http.GGUFHeader`)."""
+
+    @property
+    def metadata(self) -> Mapping[str, object]: ...
+
+    @property
+    def file_bytes(self) -> int: ...
+
+    @property
+    def tensor_bytes(self) -> int: ...
+
+
+GGUFReader = Callable[[str], Awaitable[GGUFHeaderLike]]
+HFFetcher = Callable[..., Awaitable[tuple[dict[str, object], int]]]
+
+
+@dataclass
+class ResolverStats:
+    """Counters for tests and benchmarks."""
+
+    hits: int = 0
+    """Requests answered from the cache."""
+    misses: int = 0
+    """Requests the cache could not answer (they started a fetch or joined one under way)."""
+    fetches: int = 0
+    """Fetches started (one per miss that found no fetch under way for its key)."""
+    errors: int = 0
+    """Fetches that failed (their error went to every request waiting on them)."""
+
+
+@dataclass(frozen=True)
+class _Entry:
+    shape: ModelShape
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class HFSource:
+    """A parsed `hf://ORG/NAME[@REVISION]`."""
+
+    repo: str
+    revision: str | None
+
+
+def parse_hf_source(source: str) -> HFSource:
+    """Split `hf://ORG/NAME[@REVISION]`; InvalidShape when it is not of that form."""
+    rest = source.removeprefix("hf://")
+    name, at, revision = rest.partition("@")
+    parts = name.split("/")
+    if (
+        len(parts) != 2
+        or not all(_REPO_PART.match(part) for part in parts)
+        or any(".." in part or "--" in part for part in parts)
+        or (at and not _REVISION.match(revision))
+    ):
+        raise InvalidShape(
+            f"source {source!r} is not a Hugging Face repo: write hf://ORG/NAME or "
+            "hf://ORG/NAME@REVISION.",
+            source=source,
+        )
+    return HFSource(repo=name, revision=revision or None)
+
+
+def _files_key(files: Sequence[tuple[str, int]], source: str) -> tuple[tuple[str, int], ...]:
+    """The catalog file list as part of a cache key; InvalidShape when it is not (path, bytes)."""
+    checked: list[tuple[str, int]] = []
+    for entry in files:
+        if (
+            not isinstance(entry, tuple | list)
+            or len(entry) != 2
+            or not isinstance(entry[0], str)
+            or isinstance(entry[1], bool)
+            or not isinstance(entry[1], int)
+        ):
+            raise InvalidShape(f"file list entry {entry!r} is not (path, bytes).", source=source)
+        checked.append((entry[0], entry[1]))
+    return tuple(sorted(checked))
+
+
+def _retrieve(task: asyncio.Task[ModelShape]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _is_gguf(source: str) -> bool:
+    """Whether `source` names a GGUF file: an http(s) URL or a local path ending in .gguf."""
+    split = urlsplit(source)
+    if split.scheme in ("http", "https"):
+        return bool(split.netloc) and split.path.lower().endswith(".gguf")
+    # A Windows drive letter parses as a one-letter scheme; anything else with :// is not local.
+    if "://" in source or not source.strip() or "\x00" in source:
+        return False
+    return source.lower().endswith(".gguf")
+
+
+class ShapeResolver:
+    """Resolves sources to shapes, with a bounded, expiring cache and one fetch per source."""
+
+    def __init__(
+        self,
+        *,
+        ttl_s: float = 600,
+        max_entries: int = 256,
+        clock: Callable[[], float] = time.monotonic,
+        gguf_reader: GGUFReader = read_gguf_header,
+        hf_fetcher: HFFetcher = fetch_hf_model,
+    ) -> None:
+        """Args:
+        ttl_s: how long a resolved shape is served from the cache.
+        max_entries: how many shapes the cache keeps (least recently used go first).
+        clock: seconds, monotonic (injected for tests).
+        gguf_reader: reads a GGUF header from a URL or path.
+        hf_fetcher: fetches a Hugging Face repo's config and weights' bytes.
+        """
+        if ttl_s < 0 or max_entries < 1:
+            raise ValueError("ttl_s must be >= 0 and max_entries >= 1")
+        self._ttl_s = ttl_s
+        self._max_entries = max_entries
+        self._clock = clock
+        self._gguf_reader = gguf_reader
+        self._hf_fetcher = hf_fetcher
+        self._cache: OrderedDict[tuple[str, tuple[tuple[str, int], ...]], _Entry] = OrderedDict()
+        self._in_flight: dict[
+            tuple[str, tuple[tuple[str, int], ...]], asyncio.Task[ModelShape]
+        ] = {}
+        self.stats = ResolverStats()
+
+    def __len__(self) -> int:
+        """How many shapes the cache holds (expired ones included until they are asked for)."""
+        return len(self._cache)
+
+    def invalidate(self, source: str | None = None) -> None:
+        """Forget the cached shape of `source` (of every source when None)."""
+        if source is None:
+            self._cache.clear()
+            return
+        for key in [key for key in self._cache if key[0] == source]:
+            del self._cache[key]
+
+    async def resolve(self, source: str, files: Sequence[tuple[str, int]] = ()) -> ModelShape:
+        """The shape of the model at `source`.
+
+        Args:
+            source: a GGUF URL or local `.gguf` path, or `hf://ORG/NAME[@REVISION]`.
+            files: the catalog's file list `(path, bytes)`, for the weights' size when the
+                source does not give it.
+
+        Returns:
+            The model's shape (from the cache when it is there and not expired).
+
+        Raises:
+            InvalidShape: the source is of no accepted form, or what it holds is not a shape.
+            SourceUnreachable: the source could not be fetched.
+        """
+        fetch = self._fetcher_for(source)
+        source = source.strip()
+        key = (source, _files_key(files, source))
+        now = self._clock()
+        entry = self._cache.get(key)
+        if entry is not None:
+            if now < entry.expires_at:
+                self._cache.move_to_end(key)
+                self.stats.hits += 1
+                return entry.shape
+            del self._cache[key]
+        self.stats.misses += 1
+        task = self._in_flight.get(key)
+        if task is None:
+            self.stats.fetches += 1
+            task = asyncio.create_task(self._fetch_and_store(key, fetch(source, files)))
+            # A fetch whose every caller gave up still has its error retrieved (no warning).
+            task.add_done_callback(_retrieve)
+            self._in_flight[key] = task
+        # shield: a caller that gives up (deadline, cancel) does not cancel the others' fetch.
+        return await asyncio.shield(task)
+
+    def _fetcher_for(
+        self, source: object
+    ) -> Callable[[str, Sequence[tuple[str, int]]], Awaitable[ModelShape]]:
+        """How to fetch `source`; InvalidShape when it is of no accepted form."""
+        if not isinstance(source, str):
+            raise InvalidShape(f"a source must be text: {ACCEPTED_FORMS}.")
+        text = source.strip()
+        if text.startswith("hf://"):
+            parse_hf_source(text)
+            return self._fetch_hf
+        if _is_gguf(text):
+            return self._fetch_gguf
+        shown = text[:200]
+        raise InvalidShape(f"source {shown!r} is not {ACCEPTED_FORMS}.", source=shown)
+
+    async def _fetch_and_store(
+        self, key: tuple[str, tuple[tuple[str, int], ...]], fetch: Awaitable[ModelShape]
+    ) -> ModelShape:
+        try:
+            shape = await fetch
+        except BaseException:
+            self.stats.errors += 1
+            raise
+        finally:
+            self._in_flight.pop(key, None)
+        self._cache[key] = _Entry(shape, self._clock() + self._ttl_s)
+        self._cache.move_to_end(key)
+        while len(self._cache) > self._max_entries:
+            self._cache.popitem(last=False)
+        return shape
+
+    async def _fetch_hf(self, source: str, files: Sequence[tuple[str, int]]) -> ModelShape:
+        parsed = parse_hf_source(source)
+        config, weights = await self._hf_fetcher(parsed.repo, parsed.revision, files=files)
+        try:
+            return shape_from_hf_config(config, weights_bytes=weights)
+        except InvalidShape as error:
+            raise InvalidShape(f"{source}: {error.message}", source=source) from error
+
+    async def _fetch_gguf(self, source: str, files: Sequence[tuple[str, int]]) -> ModelShape:
+        header = await self._gguf_reader(source)
+        shape = shape_from_gguf(
+            header.metadata,
+            file_bytes=header.file_bytes,
+            tensor_bytes=header.tensor_bytes,
+            source=source,
+        )
+        if shape.weights_bytes == 0 and files:
+            shape = replace(shape, weights_bytes=weight_bytes_from_files(files, source=source))
+        return shape
