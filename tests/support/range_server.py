@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -50,6 +51,7 @@ class RangeServer:
         self.requests: list[ServedRequest] = []
         self._served: defaultdict[str, int] = defaultdict(int)
         self._lock = threading.Lock()
+        self._inflight = 0
         self._stopping = threading.Event()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -67,9 +69,24 @@ class RangeServer:
         return f"{self.base_url}/{quote(name)}"
 
     def served_bytes(self, name: str) -> int:
-        """Body bytes written so far for the file `name`."""
+        """Body bytes written so far for the file `name` (see `wait_idle`)."""
         with self._lock:
             return self._served["/" + name]
+
+    def wait_idle(self, timeout_s: float = 5.0) -> None:
+        """Wait until no response is being written, so that counts are final.
+
+        A client can have every byte and move on before the handler thread, back from its
+        last write, has counted it.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if self._inflight == 0:
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError("the range server is still answering")
+            time.sleep(0.005)
 
     def reset_counts(self) -> None:
         """Forget the byte counts and the request log."""
@@ -86,7 +103,10 @@ class RangeServer:
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        # A short poll so that stop() (shutdown waits for the next poll) is quick.
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
         self._thread.start()
         return self
 
@@ -133,6 +153,15 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(body=True)
 
     def _answer(self, *, body: bool) -> None:
+        with self.owner._lock:
+            self.owner._inflight += 1
+        try:
+            self._answer_one(body=body)
+        finally:
+            with self.owner._lock:
+                self.owner._inflight -= 1
+
+    def _answer_one(self, *, body: bool) -> None:
         owner = self.owner
         path = unquote(urlparse(self.path).path)
         range_header = self.headers.get("Range", "")
