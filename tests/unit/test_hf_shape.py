@@ -90,8 +90,8 @@ EXPECTED: dict[str, Expected] = {
     "google__gemma-2-9b-it": Expected(
         {FULL: 21, SLIDING: 21}, 16, 8, 256, 256, 172_032, 704_643_072, 0, 8192, window=4096
     ),
-    # MLA latent: 61 x (512 + 64) x 2 = 70,272 B/tok; yarn 4096 x 40 = 163,840 tokens;
-    # expanded heads (128+64, 128).
+    # MLA latent: 61 x (512 + 64) x 2 = 70,272 B/tok (first_k_dense_replace 3 changes the MLP,
+    # not the attention); yarn 4096 x 40 = 163,840 tokens; expanded heads (128+64, 128).
     "deepseek-ai__DeepSeek-V3": Expected(
         {MLA: 61}, 128, 128, 576, 0, 70_272, 0, 0, 163_840, mla_expanded=(192, 128)
     ),
@@ -324,6 +324,23 @@ MAMBA2_LIKE: dict[str, object] = {
             0,
             8192,
             id="explicit-layer-types-all-full",
+        ),
+        pytest.param(
+            # Newer Qwen3-Next configs list layer_types instead of full_attention_interval:
+            # the same 12 full layers and 36 linear ones, the same bytes.
+            with_keys(
+                load("Qwen__Qwen3-Next-80B-A3B-Thinking"),
+                full_attention_interval=...,
+                layer_types=["linear_attention"] * 3
+                + ["full_attention"]
+                + (["linear_attention"] * 3 + ["full_attention"]) * 11,
+            ),
+            {FULL: 12, RECURRENT: 36},
+            24_576,
+            0,
+            39_518_208,
+            262_144,
+            id="qwen3-next-layer-types",
         ),
         pytest.param(
             # Attention layers i % 8 == 4 (4 of 32): 4 x 8 x 256 x 2 = 16,384 B/tok; 28 Mamba
