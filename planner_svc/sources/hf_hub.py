@@ -102,7 +102,8 @@ async def fetch_hf_model(
             are the weights' bytes and the Hub is not asked.
 
     Returns:
-        The parsed config and the weights' bytes (0 when they cannot be known).
+        The parsed config and the weights' bytes (0 when they cannot be known; offline, only
+        `files` can tell them).
 
     Raises:
         SourceUnreachable: the repo, revision or config.json is missing, gated, private, not
