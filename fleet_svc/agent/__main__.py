@@ -1,0 +1,207 @@
+"""Run the node agent: `python -m fleet_svc.agent --fleet HOST:PORT --node NAME [...]`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import grpc
+import structlog
+
+from fleet_svc.agent.cards import CardSpecError, discover_cards
+from fleet_svc.agent.client import AgentClient, NodeIdentity
+from fleet_svc.agent.config import (
+    AgentConfig,
+    ConfigError,
+    default_config,
+    find_llama_server,
+    load_config,
+)
+from fleet_svc.agent.replicas import ReplicaSet
+
+EPILOG = """\
+cards: with --gpus or --gpus-file the agent is told its cards (stand-in cards: a stand-in
+engine's memory claims show as memory in use); otherwise it asks NVML (nvidia-ml-py) and,
+finding no driver or no devices, reports none (a CPU node).
+
+engines: only those in --config run (see deploy/agent.example.yaml); without one, the stand-in
+and, where llama-server is on PATH or in $LLMGW_LLAMA_SERVER, llama.cpp. --demo stands the
+stand-in in for the engines that cannot run here (vllm, sglang, trtllm, llamacpp without a
+llama-server), each refusing the arguments its engine would be refused.
+
+shutdown: on SIGTERM or SIGINT the agent stops the replicas it runs (SIGTERM, then SIGKILL
+after the engine's grace) before it exits: the fleet gives an agent that comes back its desired
+replicas again, so nothing is lost but the engines' warm state. With --leave-replicas it leaves
+them running; an agent started again with the same --state-dir adopts them instead of starting
+them twice.
+"""
+
+
+def configure_logging(json_logs: bool) -> None:
+    """structlog, once: JSON lines in production, readable lines at a terminal."""
+    renderer: structlog.types.Processor = (
+        structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer()
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+    )
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"label {text!r} is not KEY=VALUE")
+    return key.strip(), value.strip()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The agent's command line."""
+    parser = argparse.ArgumentParser(
+        prog="python -m fleet_svc.agent",
+        description="The llmgw node agent: reports this node's cards and replicas to the "
+        "fleet and runs the engine processes the fleet wants here.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--fleet",
+        default=os.environ.get("LLMGW_FLEET", ""),
+        help="the fleet's HOST:PORT (default $LLMGW_FLEET)",
+    )
+    parser.add_argument(
+        "--node", default=socket.gethostname(), help="this node's name (default: the hostname)"
+    )
+    cards = parser.add_mutually_exclusive_group()
+    cards.add_argument("--gpus", help="the node's cards, e.g. 8xH100-80GB or 2xL4-24GB,1xA100-80GB")
+    cards.add_argument("--gpus-file", type=Path, help="a YAML file listing the node's cards")
+    parser.add_argument("--config", type=Path, help="the agent's engine config (YAML)")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="logs, run records and card claims (default ~/.cache/llmgw/agent/NODE)",
+    )
+    parser.add_argument(
+        "--label",
+        type=_label,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label of this node (repeatable)",
+    )
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help="the engines that cannot run here are stood in for by the stand-in engine",
+    )
+    parser.add_argument(
+        "--leave-replicas",
+        action="store_true",
+        help="on shutdown leave the engines running for the next agent to adopt "
+        "(default: stop them)",
+    )
+    parser.add_argument("--tls-ca", type=Path, help="CA bundle to check the fleet's certificate")
+    parser.add_argument("--tls-cert", type=Path, help="this node's client certificate (mTLS)")
+    parser.add_argument("--tls-key", type=Path, help="the client certificate's key")
+    parser.add_argument(
+        "--log-format",
+        choices=("json", "console"),
+        default="json" if not sys.stderr.isatty() else "console",
+        help="log lines as JSON (production) or for people",
+    )
+    return parser
+
+
+def build_config(config_path: Path | None, demo: bool) -> AgentConfig:
+    """The agent config: the file's, else the default one; with demo stand-ins when asked.
+
+    Raises:
+        ConfigError: the file cannot be used.
+    """
+    if config_path is not None:
+        base = load_config(config_path)
+        return default_config(demo=True, base=base) if demo else base
+    return default_config(demo=demo, llama_server=find_llama_server())
+
+
+def _credentials(opts: argparse.Namespace) -> grpc.ChannelCredentials | None:
+    if not (opts.tls_ca or opts.tls_cert or opts.tls_key):
+        return None
+    if bool(opts.tls_cert) != bool(opts.tls_key):
+        raise ConfigError("give --tls-cert and --tls-key together")
+    return grpc.ssl_channel_credentials(
+        root_certificates=opts.tls_ca.read_bytes() if opts.tls_ca else None,
+        private_key=opts.tls_key.read_bytes() if opts.tls_key else None,
+        certificate_chain=opts.tls_cert.read_bytes() if opts.tls_cert else None,
+    )
+
+
+async def run_agent(opts: argparse.Namespace) -> None:
+    """Run until SIGTERM/SIGINT, then stop (or leave) the replicas."""
+    log = structlog.get_logger("fleet_svc.agent").bind(node=opts.node)
+    config = build_config(opts.config, opts.demo)
+    state_dir: Path = opts.state_dir or Path.home() / ".cache" / "llmgw" / "agent" / opts.node
+    state_dir.mkdir(parents=True, exist_ok=True)
+    cards = discover_cards(opts.gpus, opts.gpus_file, state_dir)
+    credentials = _credentials(opts)
+    replicas = ReplicaSet(config, cards, state_dir)
+    adopted = replicas.adopt()
+    client = AgentClient(
+        opts.fleet, NodeIdentity(opts.node, dict(opts.label)), replicas, credentials
+    )
+    log.info(
+        "agent_started",
+        fleet=opts.fleet,
+        cards=len(replicas.card_indices),
+        card_source=cards.kind,
+        engines=sorted(config.engines),
+        adopted=[s.replica_id for s in adopted],
+        state_dir=str(state_dir),
+    )
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    task = asyncio.create_task(client.run())
+    await stopping.wait()
+    log.info("agent_stopping", stop_replicas=not opts.leave_replicas)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await replicas.aclose(stop_replicas=not opts.leave_replicas)
+    log.info("agent_stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, configure logging, run until signalled; the exit code."""
+    parser = build_parser()
+    opts = parser.parse_args(argv)
+    if not opts.fleet:
+        parser.error("--fleet HOST:PORT is required (or set $LLMGW_FLEET)")
+    configure_logging(opts.log_format == "json")
+    structlog.contextvars.bind_contextvars(node=opts.node)
+    try:
+        asyncio.run(run_agent(opts))
+    except (ConfigError, CardSpecError, OSError) as exc:
+        print(f"agent: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
