@@ -333,7 +333,9 @@ class _HttpReader(_ByteReader):
             parts.append(chunk)
             got += len(chunk)
             self.bytes_fetched += len(chunk)
-            if got >= length:
+            # Read on to the body's end while it is what we asked for, so the connection
+            # goes back to the pool; past that, hang up rather than take more.
+            if got > length:
                 break
         return b"".join(parts)[:length]
 
@@ -555,23 +557,27 @@ class _Parser:
         # inline and only await the reader when it runs short.
         kept: list[str] = []
         buf = self.r.buf
+        have = len(buf)  # `buf` only grows, in place, inside ensure()
         pos = self.pos
+        limit = self.limit
+        unpack = _U64.unpack_from
         what = f"the strings of {key}"
         for _ in range(count):
-            if pos + 8 > len(buf):
+            if pos + 8 > have:
                 self.pos = pos
-                await self.r.ensure(pos + 8, self.limit, what)
-            n = _U64.unpack_from(buf, pos)[0]
+                await self.r.ensure(pos + 8, limit, what)
+                have = len(buf)
+            n = unpack(buf, pos)[0]
             pos += 8
-            if n > self.limit - pos:
+            end = pos + n
+            if end > have:
                 self.pos = pos
                 self.check_room(n, 1, f"a string of {n:,} bytes in {key}")
-            if pos + n > len(buf):
-                self.pos = pos
-                await self.r.ensure(pos + n, self.limit, what)
+                await self.r.ensure(end, limit, what)
+                have = len(buf)
             if keep:
-                kept.append(bytes(buf[pos : pos + n]).decode("utf-8", errors="replace"))
-            pos += n
+                kept.append(bytes(buf[pos:end]).decode("utf-8", errors="replace"))
+            pos = end
         self.pos = pos
         return kept if keep else ArraySummary(GGUFValueType.STRING, count)
 
