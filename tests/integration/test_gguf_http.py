@@ -403,6 +403,28 @@ async def test_valid_small_file_reads_the_same_both_ways(
     assert by_path.tensor_bytes == written.tensor_bytes == 58_800
 
 
+@pytest.mark.parametrize("version", [2, 3])
+async def test_gguf_v2_and_v3_are_read(
+    via: str, tmp_path: Path, range_server: RangeServer, version: int
+) -> None:
+    """GGUF v2 (same layout as v3, little-endian) and v3 files are both read."""
+    written = valid_small(tmp_path / "v.gguf")
+    with open(written.path, "r+b") as f:
+        f.seek(4)
+        f.write(struct.pack("<I", version))
+    got = await read(via, written.path, range_server)
+    assert (got.version, got.header_bytes) == (version, written.header_bytes)
+
+
+async def test_redirects_are_followed(tmp_path: Path, range_server: RangeServer) -> None:
+    """A link that redirects (as Hugging Face's /resolve/ links do) is followed for each range."""
+    written = valid_small(tmp_path / "blob.gguf")
+    range_server.redirects["resolve/main/model.gguf"] = "blob.gguf"
+    got = await read_gguf_header(range_server.url("resolve/main/model.gguf"))
+    assert got.header_bytes == written.header_bytes
+    assert {r.status for r in range_server.requests} == {302, 206}
+
+
 async def test_header_over_the_limit_is_refused(tmp_path: Path, range_server: RangeServer) -> None:
     """A header longer than max_header_bytes is refused after reading at most the limit."""
     written = valid_small(tmp_path / "big.gguf")

@@ -40,7 +40,9 @@ class RangeServer:
 
     Switches (change them at any time; they apply to the next request):
     `ignore_range` answers 200 with the whole file; `fail_status` (e.g. 404, 500) answers every
-    request with that status; `stall_s` waits that long before answering (cut short by `stop`).
+    request with that status; `stall_s` waits that long before answering (cut short by `stop`);
+    `redirects` maps a name to another name it answers 302 for (as Hugging Face's /resolve/
+    links redirect to a CDN).
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
@@ -48,6 +50,7 @@ class RangeServer:
         self.ignore_range = False
         self.fail_status: int | None = None
         self.stall_s = 0.0
+        self.redirects: dict[str, str] = {}
         self.requests: list[ServedRequest] = []
         self._served: defaultdict[str, int] = defaultdict(int)
         self._lock = threading.Lock()
@@ -172,6 +175,14 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if owner.fail_status is not None:
             self._empty(owner.fail_status, path, range_header)
+            return
+        target = owner.redirects.get(path.lstrip("/"))
+        if target is not None:
+            self.send_response(HTTPStatus.FOUND)
+            self.send_header("Location", owner.url(target))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            owner._record(ServedRequest(self.command, path, range_header, 302))
             return
         file = (owner.root / path.lstrip("/")).resolve()
         if not file.is_relative_to(owner.root) or not file.is_file():
