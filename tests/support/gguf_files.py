@@ -169,7 +169,12 @@ def llama_tensors(
 ) -> list[TensorSpec]:
     """The tensor infos of a llama-architecture model (names as llama.cpp's LLM_TENSOR_*).
 
-    Norms are F32, as converters write them; everything else is `ggml_type`.
+    Args:
+        block_count, n_embd, n_head, n_head_kv, n_ff, n_vocab: the geometry.
+        head_dim: the head size (default n_embd / n_head).
+        ggml_type: the type of every matrix; norms are F32, as converters write them.
+    Returns:
+        Token embedding, output norm and head, then per block the attention and FFN tensors.
     """
     hd = head_dim or n_embd // n_head
     f32 = GGMLQuantizationType.F32
@@ -196,8 +201,12 @@ def llama_tensors(
 def tokenizer_kv(n_tokens: int, *, merges: int = 0) -> dict[str, object]:
     """A BPE ("gpt2") tokenizer's keys with `n_tokens` made-up tokens and `merges` merges.
 
-    The strings are 2-12 bytes like a real vocabulary's, so a 150k vocabulary with as many
-    merges makes a header of several megabytes, as real ones are.
+    Args:
+        n_tokens: the vocabulary size (at least 1).
+        merges: how many merge rules to add (0: none).
+    Returns:
+        Keys for `write_gguf`'s `extra_kv`. The strings are 1-12 bytes like a real
+        vocabulary's, so 150k tokens with as many merges make a header of ~7 MB, as real ones.
     """
     tokens = [_token(i) for i in range(n_tokens)]
     kv: dict[str, object] = {
