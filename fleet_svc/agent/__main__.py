@@ -23,6 +23,7 @@ from fleet_svc.agent.config import (
     default_config,
     find_llama_server,
     load_config,
+    missing_executables,
 )
 from fleet_svc.agent.replicas import ReplicaSet
 
@@ -173,6 +174,8 @@ async def run_agent(opts: argparse.Namespace) -> None:
         adopted=[s.replica_id for s in adopted],
         state_dir=str(state_dir),
     )
+    for engine, path in missing_executables(config).items():
+        log.warning("engine_executable_missing", engine=engine, executable=path)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

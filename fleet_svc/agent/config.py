@@ -211,10 +211,13 @@ def parse_engine(
     else:
         if not isinstance(executable, str) or not executable:
             raise ConfigError(f"{where}: executable must be a path")
-        # A bare name is looked up on PATH once, here, so what runs is fixed at start.
+        # A bare name is looked up on PATH once, here, so what runs is fixed at start. An
+        # absolute path may be installed after the agent starts: `missing_executables` tells.
         found = executable if os.path.isabs(executable) else which(executable)
-        if found is None or not os.access(found, os.X_OK):
-            raise ConfigError(f"{where}: executable {executable!r} is not an executable file")
+        if found is None:
+            raise ConfigError(
+                f"{where}: executable {executable!r} is not on PATH; give its absolute path"
+            )
         program = (found,)
         module = ""
     family = data.get("family", name)
@@ -315,6 +318,16 @@ def load_config(path: Path) -> AgentConfig:
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read the agent config {path}: {exc}") from exc
     return parse_config(data, str(path))
+
+
+def missing_executables(config: AgentConfig) -> dict[str, str]:
+    """Engine name -> its executable, for configured engines whose executable is not an
+    executable file now (their replicas will crash until it is installed)."""
+    return {
+        name: e.program[0]
+        for name, e in config.engines.items()
+        if not (os.path.isfile(e.program[0]) and os.access(e.program[0], os.X_OK))
+    }
 
 
 def find_llama_server(
