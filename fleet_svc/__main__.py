@@ -25,6 +25,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace-heartbeats", type=int, default=3, help="missed before NOT_READY")
     parser.add_argument("--lost-after-s", type=float, default=30.0, help="silence before LOST")
     parser.add_argument("--drain-s", type=float, default=2.0, help="drain delay before a stop")
+    parser.add_argument(
+        "--planner",
+        default=os.environ.get("LLMGW_PLANNER", "127.0.0.1:50051"),
+        help="the planner's HOST:PORT (for SetContext and SetGPUs)",
+    )
+    parser.add_argument(
+        "--start-timeout-s",
+        type=float,
+        default=600.0,
+        help="how long a rollout's new replica may take to turn healthy",
+    )
     parser.add_argument("--log-format", choices=("json", "console"), default="json")
     opts = parser.parse_args(argv)
     configure_logging(opts.log_format == "json")
@@ -39,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
                     settings_path=opts.settings,
                     liveness=Liveness(opts.heartbeat_s, opts.grace_heartbeats, opts.lost_after_s),
                     drain_s=opts.drain_s,
+                    planner=opts.planner,
+                    start_timeout_s=opts.start_timeout_s,
                 )
             )
         )

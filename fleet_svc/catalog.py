@@ -99,6 +99,19 @@ class Catalog:
             raise errors.ModelNotFound(f"no model {name!r} in the catalog", name=name)
         return records
 
+    @staticmethod
+    def spec(model: common_pb2.Model) -> dict[str, Any]:
+        """A model as the store keeps it."""
+        return spec_of(model)
+
+    def check_writable(self, name: str) -> None:
+        """Refuse a change of a declared model.
+
+        Raises:
+            ModelDeclared: the settings file declares it.
+        """
+        self._writable(name)
+
     def _writable(self, name: str) -> None:
         if name in self.declared:
             raise errors.ModelDeclared(

@@ -25,6 +25,10 @@ from fleet_svc.domain.control import (
 )
 from fleet_svc.domain.nodes import Card, Liveness, NodePhase, NodeView, node_phase
 from fleet_svc.domain.phases import RUNNING, IllegalTransition, ReplicaPhase, check_transition
+from fleet_svc.domain.rollout import Event, Rollout
+from fleet_svc.domain.rollout import advance as advance_rollout
+from fleet_svc.domain.rollout import cancel as cancel_rollout
+from fleet_svc.rollouts import load_rollout, rollout_record
 from fleet_svc.store.base import ReplicaRecord, Store
 from fleet_svc.watch import EndpointEvent, EndpointHub
 
@@ -104,12 +108,15 @@ class Controller:
         tick_s: float = 0.5,
         clock: Callable[[], float],
         new_id: Callable[[], str] | None = None,
+        start_timeout_s: float = 600.0,
     ) -> None:
         self._store = store
         self._wants = wants
         self.hub = hub or EndpointHub()
         self.liveness = liveness or Liveness()
         self._drain_s = drain_s
+        self.start_timeout_s = start_timeout_s
+        """How long a rollout's new replica may take to turn healthy."""
         self._tick_s = tick_s
         self._clock = clock
         self._new_id = new_id or (lambda: "r-" + uuid.uuid4().hex[:10])
@@ -117,7 +124,10 @@ class Controller:
         self._wake = asyncio.Event()
         self._started_s = clock()
         self._version = itertools.count(int(store.get_value("desired_version") or 0) + 1)
-        self.managed: frozenset[tuple[str, str]] = frozenset()
+        self.rollouts: dict[str, Rollout] = {}
+        """Running rollouts by id."""
+        self.rollout_signal = asyncio.Event()
+        """Set (and replaced) whenever a rollout records events."""
         self._load()
 
     # -- persistence ---------------------------------------------------------------------
@@ -147,7 +157,12 @@ class Controller:
             )
             if rec.node and rec.node not in self.state.nodes:
                 self.state.nodes[rec.node] = NodeView(name=rec.node, last_heard_s=self._started_s)
-        log.info("fleet_state_loaded", replicas=len(self.state.replicas))
+        for stored in self._store.list_rollouts():
+            if stored.state == "RUNNING":
+                self.rollouts[stored.id] = load_rollout(stored)
+        log.info(
+            "fleet_state_loaded", replicas=len(self.state.replicas), rollouts=len(self.rollouts)
+        )
 
     def _save(self, r: ReplicaState) -> None:
         spec = dict(r.spec)
@@ -331,6 +346,98 @@ class Controller:
             except Exception:
                 log.exception("tick_failed")
 
+    @property
+    def managed(self) -> frozenset[tuple[str, str]]:
+        """(model, profile) pairs a running rollout is changing: their counts are its own."""
+        return frozenset((ro.model, s.profile) for ro in self.rollouts.values() for s in ro.steps)
+
+    def running_rollout(self, model: str) -> Rollout | None:
+        """The rollout changing `model` now, if any."""
+        return next((ro for ro in self.rollouts.values() if ro.model == model), None)
+
+    def start_rollout(self, ro: Rollout) -> None:
+        """Persist a new rollout and start it on the next tick."""
+        self._save_rollout(
+            ro, [Event("rollout_started", message=f"{ro.kind}: {ro.strategy.value}")]
+        )
+        self.rollouts[ro.id] = ro
+        log.info("rollout_started", rollout_id=ro.id, model=ro.model, steps=len(ro.steps))
+        self.wake()
+
+    def cancel(self, rollout_id: str, reason: str) -> Rollout | None:
+        """End a running rollout now (its in-flight replica is stopped); None when not running."""
+        ro = self.rollouts.get(rollout_id)
+        if ro is None:
+            return None
+        ended, actions, events = cancel_rollout(
+            ro, reason, self.state.replicas, self._clock(), new_id=self._new_id
+        )
+        self._save_rollout(ended, events)
+        del self.rollouts[rollout_id]
+        for action in actions:
+            self._apply(action)
+        log.info("rollout_cancelled", rollout_id=rollout_id, reason=reason)
+        self.wake()
+        return ended
+
+    def _save_rollout(self, ro: Rollout, events: list[Event]) -> None:
+        now = self._clock()
+        self._store.put_rollout(rollout_record(ro))
+        for e in events:
+            self._store.append_event(
+                ro.id,
+                now,
+                {
+                    "kind": e.kind,
+                    "profile": e.profile,
+                    "replica_id": e.replica_id,
+                    "node": e.node,
+                    "gpus": list(e.gpus),
+                    "mode": e.mode,
+                    "message": e.message,
+                    "state": ro.state.value,
+                },
+            )
+        if events:
+            signal, self.rollout_signal = self.rollout_signal, asyncio.Event()
+            signal.set()
+
+    def _advance_rollouts(self, now: float, wants: list[ProfileWant]) -> None:
+        by_key = {(w.model, w.profile): w for w in wants}
+        for ro in list(self.rollouts.values()):
+            current = next((w.revision for w in wants if w.model == ro.model), 0)
+            if current != ro.to_revision:
+                # The catalog does not hold the revision this rollout carries out (the fleet
+                # died between the two writes, or the model was deleted): end it, say so.
+                ended, actions, events = cancel_rollout(
+                    ro,
+                    f"the catalog holds revision {current} of {ro.model}, not {ro.to_revision}",
+                    self.state.replicas,
+                    now,
+                    new_id=self._new_id,
+                )
+            else:
+                ended, actions, events = advance_rollout(
+                    ro,
+                    self.state.replicas,
+                    by_key,
+                    self.state.nodes,
+                    now,
+                    new_id=self._new_id,
+                    logs=self.state.observed_logs,
+                )
+            if ended != ro or events:
+                self._save_rollout(ended, events)
+            for action in actions:
+                self._apply(action)
+            if ended.done:
+                del self.rollouts[ro.id]
+                log.info(
+                    "rollout_ended", rollout_id=ro.id, state=ended.state.value, reason=ended.reason
+                )
+            else:
+                self.rollouts[ro.id] = ended
+
     def tick(self) -> None:
         """Snapshot -> plan -> dispatch."""
         now = self._clock()
@@ -345,8 +452,10 @@ class Controller:
                     reason=why,
                 )
                 view.phase, view.reason = phase, why
+        wants = self._wants()
+        self._advance_rollouts(now, wants)
         actions = plan_actions(
-            self._wants(),
+            wants,
             self.state.replicas,
             self.state.nodes,
             now,

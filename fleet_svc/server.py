@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 
 from fleet_svc.agents.session import AgentServicer
 from fleet_svc.catalog import Catalog
+from fleet_svc.changes import Changes, PlannerClient
 from fleet_svc.controller import Controller
 from fleet_svc.domain.nodes import Liveness
 from fleet_svc.rpc.servicer import FleetServicer
@@ -52,6 +53,10 @@ class FleetOptions:
     liveness: Liveness = field(default_factory=Liveness)
     drain_s: float = 2.0
     tick_s: float = 0.5
+    planner: str = "127.0.0.1:50051"
+    """The planner's address, for SetContext and SetGPUs."""
+    start_timeout_s: float = 600.0
+    """How long a rollout's new replica may take to turn healthy."""
 
 
 @dataclass
@@ -65,6 +70,7 @@ class FleetServer:
     catalog: Catalog
     store: Store
     loop_task: asyncio.Task[None]
+    planner: PlannerClient
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """NOT_SERVING, close the streams, stop the loop, close the store."""
@@ -76,6 +82,7 @@ class FleetServer:
         with contextlib.suppress(asyncio.CancelledError):
             await self.loop_task
         self.store.close()
+        await self.planner.close()
         log.info("fleet_stopped", port=self.port)
 
 
@@ -101,10 +108,13 @@ async def start_fleet(opts: FleetOptions, clock: Callable[[], float] = time.time
         drain_s=opts.drain_s,
         tick_s=opts.tick_s,
         clock=clock,
+        start_timeout_s=opts.start_timeout_s,
     )
     catalog.on_change = controller.wake
+    planner = PlannerClient(opts.planner)
+    changes = Changes(catalog, controller, store, planner, clock)
     fleet_pb2_grpc.add_FleetServiceServicer_to_server(
-        FleetServicer(catalog, store, controller, clock), server
+        FleetServicer(catalog, store, controller, changes, clock), server
     )
     agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(controller), server)
     port = server.add_insecure_port(opts.listen)
@@ -113,7 +123,9 @@ async def start_fleet(opts: FleetOptions, clock: Callable[[], float] = time.time
     for name in ("", FLEET_SERVICE, AGENT_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("fleet_started", listen=opts.listen, port=port, store=opts.store_url)
-    return FleetServer(server, port, health_servicer, controller, catalog, store, loop_task)
+    return FleetServer(
+        server, port, health_servicer, controller, catalog, store, loop_task, planner
+    )
 
 
 async def serve(opts: FleetOptions) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import HOLDS_CARDS, ReplicaPhase
@@ -102,6 +102,20 @@ Action = Create | Assign | Hold | Move | Retire | Forget
 
 ACTIVE = frozenset({P.PENDING, P.STARTING, P.READY, P.CRASHED})
 """Phases that count toward the replicas a profile wants."""
+
+
+def cards_in_use(
+    replicas: Mapping[str, ReplicaState], skip: frozenset[str] = frozenset()
+) -> tuple[dict[str, set[int]], dict[str, int]]:
+    """Per node, the cards and the RAM its replicas hold."""
+    used_cards: dict[str, set[int]] = {}
+    used_ram: dict[str, int] = {}
+    for r in replicas.values():
+        if r.id in skip or not r.node or r.phase not in HOLDS_CARDS:
+            continue
+        used_cards.setdefault(r.node, set()).update(r.gpus)
+        used_ram[r.node] = used_ram.get(r.node, 0) + r.ram_bytes
+    return used_cards, used_ram
 
 
 def plan_actions(
@@ -209,15 +223,9 @@ def _placements(
     nodes: Mapping[str, NodeView],
 ) -> list[Action]:
     """Assign every pending replica (existing or created this tick) a node, or say why not."""
-    gone = {a.replica_id for a in planned if isinstance(a, Forget)}
+    gone = frozenset(a.replica_id for a in planned if isinstance(a, Forget))
     stopped = {a.replica_id for a in planned if isinstance(a, Retire)}
-    used_cards: dict[str, set[int]] = {}
-    used_ram: dict[str, int] = {}
-    for r in replicas.values():
-        if r.id in gone or not r.node or r.phase not in HOLDS_CARDS:
-            continue
-        used_cards.setdefault(r.node, set()).update(r.gpus)
-        used_ram[r.node] = used_ram.get(r.node, 0) + r.ram_bytes
+    used_cards, used_ram = cards_in_use(replicas, gone)
     want_of = {(w.model, w.profile): w.want for w in wants}
     pending = [r for r in replicas.values() if r.phase is P.PENDING and r.id not in stopped]
     pending += [a.replica for a in planned if isinstance(a, Create)]
@@ -226,6 +234,9 @@ def _placements(
         want = want_of.get((r.model, r.profile))
         if want is None or r.retire:
             continue
+        prefer = r.spec.get("prefer_node")
+        if isinstance(prefer, str) and prefer:
+            want = replace(want, prefer=prefer)
         where = place(want, nodes.values(), used_cards, used_ram)
         if isinstance(where, str):
             out.append(Hold(r.id, where))

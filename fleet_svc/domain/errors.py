@@ -81,3 +81,59 @@ class RequestIdReused(FleetError):
 
     def metadata(self) -> dict[str, str]:
         return {"request_id": self.request_id, "first_method": self.method}
+
+
+@dataclass
+class RolloutInProgress(FleetError):
+    """Another change of the model is rolling out."""
+
+    name: str = ""
+    rollout_id: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"model": self.name, "rollout_id": self.rollout_id}
+
+
+@dataclass
+class NoRoomBeside(FleetError):
+    """No node has the free cards to start a new replica beside an old one."""
+
+    name: str = ""
+    profile: str = ""
+    gpu_class: str = ""
+    need_gpus: int = 0
+    most_free: int = 0
+
+    def metadata(self) -> dict[str, str]:
+        return {
+            "model": self.name,
+            "profile": self.profile,
+            "gpu_class": self.gpu_class,
+            "need_free_gpus": str(self.need_gpus),
+            "most_free_gpus": str(self.most_free),
+        }
+
+
+@dataclass
+class RolloutNotFound(FleetError):
+    """No such rollout."""
+
+    rollout_id: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"rollout_id": self.rollout_id}
+
+
+@dataclass
+class CannotUndo(FleetError):
+    """A rollout cannot be rolled back now (it runs, or the model changed since)."""
+
+    rollout_id: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"rollout_id": self.rollout_id}
+
+
+@dataclass
+class PlannerUnavailable(FleetError):
+    """The planner did not answer; nothing changed, the call may be retried."""

@@ -17,6 +17,8 @@ class Want:
     gpus: int = 0
     ram_bytes: int = 0
     avoid: frozenset[str] = frozenset()
+    prefer: str = ""
+    """A node tried first (an in-place replacement goes back on the cards it freed)."""
 
     @property
     def on_cpu(self) -> bool:
@@ -43,6 +45,20 @@ def free_cards(node: NodeView, used: Iterable[int]) -> list[int]:
     return [c.index for c in node.cards if c.index not in taken]
 
 
+def most_free(
+    want: Want, nodes: Iterable[NodeView], used_cards: Mapping[str, Iterable[int]]
+) -> int:
+    """The most free cards of `want`'s class on any READY node."""
+    return max(
+        (
+            len(free_cards(n, used_cards.get(n.name, ())))
+            for n in nodes
+            if n.phase is NodePhase.READY and same_class(n.gpu_class, want.gpu_class)
+        ),
+        default=0,
+    )
+
+
 def place(
     want: Want,
     nodes: Iterable[NodeView],
@@ -52,10 +68,10 @@ def place(
     """The node a replica goes on, or a reason a person can read why none can take it.
 
     Among READY nodes of the class with enough free cards (or RAM), the one with the fewest
-    free cards left wins (big holes are kept for big replicas), then the name; nodes in
-    `want.avoid` only when nothing else fits.
+    free cards left wins (big holes are kept for big replicas), then the name; `want.prefer`
+    before others, nodes in `want.avoid` only when nothing else fits.
     """
-    candidates: list[tuple[bool, int, str, tuple[int, ...]]] = []
+    candidates: list[tuple[bool, bool, int, str, tuple[int, ...]]] = []
     seen: list[str] = []
     for node in sorted(nodes, key=lambda n: n.name):
         if node.phase is not NodePhase.READY:
@@ -64,7 +80,9 @@ def place(
         if want.on_cpu:
             free = node.memory_bytes - used_ram.get(node.name, 0)
             if free >= want.ram_bytes:
-                candidates.append((node.name in want.avoid, 0, node.name, ()))
+                candidates.append(
+                    (node.name in want.avoid, node.name != want.prefer, 0, node.name, ())
+                )
             else:
                 seen.append(f"{node.name} has {free / 1e9:.0f} GB of RAM free")
             continue
@@ -74,12 +92,18 @@ def place(
         if len(free_idx) >= want.gpus:
             left = len(free_idx) - want.gpus
             candidates.append(
-                (node.name in want.avoid, left, node.name, tuple(free_idx[: want.gpus]))
+                (
+                    node.name in want.avoid,
+                    node.name != want.prefer,
+                    left,
+                    node.name,
+                    tuple(free_idx[: want.gpus]),
+                )
             )
         else:
             seen.append(f"{node.name}: {len(free_idx)} free")
     if candidates:
-        _, _, name, gpus = min(candidates)
+        _, _, _, name, gpus = min(candidates)
         return Placement(node=name, gpus=gpus)
     if want.on_cpu:
         need = f"{want.ram_bytes / 1e9:.0f} GB of RAM"

@@ -8,7 +8,8 @@ from fleet_svc.catalog import model_of
 from fleet_svc.domain.control import ReplicaState
 from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import HOLDS_CARDS, ReplicaPhase
-from fleet_svc.store.base import ModelRecord
+from fleet_svc.domain.rollout import Rollout, Strategy
+from fleet_svc.store.base import EventRecord, ModelRecord
 from fleet_svc.watch import EndpointEvent
 from llmgw.agent.v1 import agent_pb2
 from llmgw.fleet.v1 import fleet_pb2
@@ -103,3 +104,72 @@ def endpoint_event(e: EndpointEvent, synced: bool) -> fleet_pb2.WatchReplicasRes
 
 
 __all__ = ["NodePhase", "catalog_model", "endpoint_event", "node", "replica", "timestamp"]
+
+
+_STRATEGIES = {
+    Strategy.BESIDE: fleet_pb2.STRATEGY_BESIDE,
+    Strategy.IN_PLACE: fleet_pb2.STRATEGY_IN_PLACE,
+    Strategy.AUTO: fleet_pb2.STRATEGY_AUTO,
+}
+
+
+def strategy_of(value: int, in_place: bool = False) -> Strategy:
+    """The strategy a request asks for (unset: beside; `in_place` wins over unset)."""
+    if value == fleet_pb2.STRATEGY_IN_PLACE or (in_place and value == 0):
+        return Strategy.IN_PLACE
+    if value == fleet_pb2.STRATEGY_AUTO:
+        return Strategy.AUTO
+    return Strategy.BESIDE
+
+
+def rollout(ro: Rollout, undo_available: bool = False) -> fleet_pb2.Rollout:
+    """A rollout as the API shows it."""
+    return fleet_pb2.Rollout(
+        id=ro.id,
+        model=ro.model,
+        kind=ro.kind,
+        strategy=_STRATEGIES[ro.strategy],
+        state=fleet_pb2.RolloutState.Value(f"ROLLOUT_STATE_{ro.state.value}"),
+        from_revision=ro.from_revision,
+        to_revision=ro.to_revision,
+        steps=[
+            fleet_pb2.RolloutStep(
+                profile=s.profile,
+                old_replica=s.old_id,
+                new_replica=s.new_id,
+                mode=s.mode,
+                stage=s.stage.value,
+                node=s.node,
+                gpus=list(s.gpus),
+                message=s.message,
+            )
+            for s in ro.steps
+        ],
+        reason=ro.reason,
+        log_tail=list(ro.log_tail),
+        created_at=timestamp(ro.created_s),
+        updated_at=timestamp(ro.updated_s or ro.created_s),
+        created_by=ro.by,
+        undo_of=ro.undo_of,
+        undo_available=undo_available,
+        surge=ro.surge,
+    )
+
+
+def rollout_event(e: EventRecord) -> fleet_pb2.WatchRolloutResponse:
+    """A stored rollout event as the stream sends it."""
+    ev = e.event
+    state = str(ev.get("state", "RUNNING"))
+    return fleet_pb2.WatchRolloutResponse(
+        rollout_id=e.rollout_id,
+        seq=e.seq,
+        at=timestamp(e.at),
+        kind=str(ev.get("kind", "")),
+        replica_id=str(ev.get("replica_id", "")),
+        node=str(ev.get("node", "")),
+        gpus=[int(g) for g in ev.get("gpus", [])],
+        mode=str(ev.get("mode", "")),
+        message=str(ev.get("message", "")),
+        state=fleet_pb2.RolloutState.Value(f"ROLLOUT_STATE_{state}"),
+        profile=str(ev.get("profile", "")),
+    )

@@ -10,13 +10,18 @@ import structlog
 from google.protobuf.message import Message
 
 from fleet_svc.catalog import Catalog
+from fleet_svc.changes import Changes
 from fleet_svc.controller import Controller
 from fleet_svc.domain import errors
+from fleet_svc.domain.rollout import Rollout, RolloutState
+from fleet_svc.rollouts import load_rollout
 from fleet_svc.rpc import convert
 from fleet_svc.rpc.status import refusals_as_status
 from fleet_svc.store.base import Store
 from fleet_svc.watch import SYNCED, WatcherTooSlow
+from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+from llmgw.planner.v1 import planner_pb2
 
 log = structlog.get_logger(__name__)
 
@@ -41,16 +46,32 @@ def caller_of(context: Context) -> str:
     return f"anonymous@{context.peer()}"
 
 
-class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
-    """Serves the fleet's API over the catalog, the store and the controller."""
+class CatalogServicer(fleet_pb2_grpc.FleetServiceServicer):
+    """The catalog, node and replica RPCs."""
 
     def __init__(
-        self, catalog: Catalog, store: Store, controller: Controller, clock: Callable[[], float]
+        self,
+        catalog: Catalog,
+        store: Store,
+        controller: Controller,
+        changes: Changes,
+        clock: Callable[[], float],
     ) -> None:
         self._catalog = catalog
         self._store = store
         self._controller = controller
+        self._changes = changes
         self._clock = clock
+
+    def _not_rolling_out(self, name: str) -> None:
+        """Refuse a catalog write while the model rolls out."""
+        running = self._controller.running_rollout(name)
+        if running is not None:
+            raise errors.RolloutInProgress(
+                f"model {name!r} is rolling out {running.id}: wait for it or cancel it first",
+                name=name,
+                rollout_id=running.id,
+            )
 
     async def _once(
         self, request_id: str, method: str, response: type[M], make: Callable[[], Awaitable[M]]
@@ -112,6 +133,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         """Replace a model, guarded by its etag."""
 
         async def make() -> fleet_pb2.UpdateModelResponse:
+            self._not_rolling_out(request.model.name)
             record = self._catalog.update(request.model, request.etag, caller_of(context))
             return fleet_pb2.UpdateModelResponse(model=convert.catalog_model(record))
 
@@ -126,6 +148,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         """Remove a model; its replicas are drained and stopped."""
 
         async def make() -> fleet_pb2.DeleteModelResponse:
+            self._not_rolling_out(request.name)
             record = self._catalog.delete(request.name, request.etag, caller_of(context))
             return fleet_pb2.DeleteModelResponse(model=convert.catalog_model(record))
 
@@ -182,3 +205,166 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
                 yield convert.endpoint_event(event, event is SYNCED)
         except WatcherTooSlow as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+
+
+class FleetServicer(CatalogServicer):
+    """Serves the fleet's whole API: the catalog, SetContext, SetGPUs and rollouts."""
+
+    def _rollout(self, rollout_id: str) -> Rollout:
+        running = self._controller.rollouts.get(rollout_id)
+        if running is not None:
+            return running
+        rec = self._store.get_rollout(rollout_id)
+        if rec is None:
+            raise errors.RolloutNotFound(f"no rollout {rollout_id!r}", rollout_id=rollout_id)
+        return load_rollout(rec)
+
+    def _undo_available(self, ro: Rollout) -> bool:
+        if not ro.done or (ro.state is RolloutState.SUCCEEDED and ro.kind == "undo"):
+            return False
+        try:
+            return self._catalog.get(ro.model).revision == ro.to_revision
+        except errors.ModelNotFound:
+            return False
+
+    @refusals_as_status
+    async def SetContext(
+        self, request: fleet_pb2.SetContextRequest, context: Context
+    ) -> fleet_pb2.SetContextResponse:
+        """A new context: planner, catalog, rollout."""
+
+        async def make() -> fleet_pb2.SetContextResponse:
+            answer, applied = await self._changes.set_context(
+                planner_pb2.SizeContextRequest(
+                    model=common_pb2.Model(name=request.name),
+                    tokens=request.tokens,
+                    slots=request.slots,
+                ),
+                etag=request.etag,
+                by=caller_of(context),
+                dry_run=request.dry_run,
+                strategy=convert.strategy_of(request.strategy),
+                supersede=request.supersede,
+                surge=request.surge,
+            )
+            return fleet_pb2.SetContextResponse(
+                change=answer.change,
+                rollout_id=applied.rollout_id,
+                model=convert.catalog_model(applied.record),
+            )
+
+        if request.dry_run:
+            return await make()
+        return await self._once(
+            request.request_id, "SetContext", fleet_pb2.SetContextResponse, make
+        )
+
+    @refusals_as_status
+    async def SetGPUs(
+        self, request: fleet_pb2.SetGPUsRequest, context: Context
+    ) -> fleet_pb2.SetGPUsResponse:
+        """N cards a replica: planner, catalog, rollout."""
+
+        async def make() -> fleet_pb2.SetGPUsResponse:
+            answer, applied = await self._changes.set_gpus(
+                planner_pb2.PlanGPUsRequest(
+                    model=common_pb2.Model(name=request.name),
+                    gpus=request.gpus,
+                    profile=request.profile,
+                ),
+                etag=request.etag,
+                by=caller_of(context),
+                dry_run=request.dry_run,
+                strategy=convert.strategy_of(request.strategy, request.in_place),
+                supersede=request.supersede,
+                surge=request.surge,
+            )
+            return fleet_pb2.SetGPUsResponse(
+                change=answer.change,
+                rollout_id=applied.rollout_id,
+                model=convert.catalog_model(applied.record),
+            )
+
+        if request.dry_run:
+            return await make()
+        return await self._once(request.request_id, "SetGPUs", fleet_pb2.SetGPUsResponse, make)
+
+    @refusals_as_status
+    async def GetRollout(
+        self, request: fleet_pb2.GetRolloutRequest, context: Context
+    ) -> fleet_pb2.GetRolloutResponse:
+        """One rollout."""
+        ro = self._rollout(request.id)
+        return fleet_pb2.GetRolloutResponse(rollout=convert.rollout(ro, self._undo_available(ro)))
+
+    @refusals_as_status
+    async def ListRollouts(
+        self, request: fleet_pb2.ListRolloutsRequest, context: Context
+    ) -> fleet_pb2.ListRolloutsResponse:
+        """Rollouts, newest first."""
+        out = []
+        for rec in self._store.list_rollouts(request.model):
+            ro = self._controller.rollouts.get(rec.id) or load_rollout(rec)
+            out.append(convert.rollout(ro, self._undo_available(ro)))
+        return fleet_pb2.ListRolloutsResponse(rollouts=out)
+
+    async def WatchRollout(
+        self, request: fleet_pb2.WatchRolloutRequest, context: Context
+    ) -> AsyncIterator[fleet_pb2.WatchRolloutResponse]:
+        """A rollout's events after `after_seq`, then live ones until it ends."""
+        if self._store.get_rollout(request.id) is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no rollout {request.id!r}")
+            return
+        seq = max(request.after_seq, 0)
+        while True:
+            signal = self._controller.rollout_signal
+            for event in self._store.list_events(request.id, seq):
+                seq = event.seq
+                yield convert.rollout_event(event)
+            if request.id not in self._controller.rollouts:
+                # Ended: every event is stored before the rollout leaves the running set.
+                for event in self._store.list_events(request.id, seq):
+                    seq = event.seq
+                    yield convert.rollout_event(event)
+                return
+            await signal.wait()
+
+    @refusals_as_status
+    async def CancelRollout(
+        self, request: fleet_pb2.CancelRolloutRequest, context: Context
+    ) -> fleet_pb2.CancelRolloutResponse:
+        """Stop a running rollout; old replicas keep serving."""
+
+        async def make() -> fleet_pb2.CancelRolloutResponse:
+            ro = self._rollout(request.id)
+            if not ro.done:
+                ended = self._controller.cancel(ro.id, f"cancelled by {caller_of(context)}")
+                ro = ended or ro
+            return fleet_pb2.CancelRolloutResponse(
+                rollout=convert.rollout(ro, self._undo_available(ro))
+            )
+
+        return await self._once(
+            request.request_id, "CancelRollout", fleet_pb2.CancelRolloutResponse, make
+        )
+
+    @refusals_as_status
+    async def UndoRollout(
+        self, request: fleet_pb2.UndoRolloutRequest, context: Context
+    ) -> fleet_pb2.UndoRolloutResponse:
+        """Roll back to the revision before a rollout, as a new rollout."""
+
+        async def make() -> fleet_pb2.UndoRolloutResponse:
+            ro, applied = self._changes.undo(
+                request.id, by=caller_of(context), dry_run=request.dry_run
+            )
+            answer = fleet_pb2.UndoRolloutResponse(model=convert.catalog_model(applied.record))
+            if ro is not None:
+                answer.rollout.CopyFrom(convert.rollout(ro))
+            return answer
+
+        if request.dry_run:
+            return await make()
+        return await self._once(
+            request.request_id, "UndoRollout", fleet_pb2.UndoRolloutResponse, make
+        )

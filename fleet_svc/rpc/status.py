@@ -19,6 +19,12 @@ _TABLE: tuple[tuple[type[errors.FleetError], grpc.StatusCode, str], ...] = (
     (errors.StaleRevision, grpc.StatusCode.ABORTED, "STALE_REVISION"),
     (errors.InvalidModel, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_MODEL"),
     (errors.RequestIdReused, grpc.StatusCode.INVALID_ARGUMENT, "REQUEST_ID_REUSED"),
+    (errors.RolloutInProgress, grpc.StatusCode.ABORTED, "ROLLOUT_IN_PROGRESS"),
+    (errors.NoRoomBeside, grpc.StatusCode.FAILED_PRECONDITION, "NO_ROOM_BESIDE"),
+    (errors.RolloutNotFound, grpc.StatusCode.NOT_FOUND, "ROLLOUT_NOT_FOUND"),
+    (errors.CannotUndo, grpc.StatusCode.FAILED_PRECONDITION, "CANNOT_UNDO"),
+    # The planner being down is not a refusal: nothing changed and a retry may succeed.
+    (errors.PlannerUnavailable, grpc.StatusCode.UNAVAILABLE, "PLANNER_UNAVAILABLE"),
     (errors.FleetError, grpc.StatusCode.FAILED_PRECONDITION, "REFUSED"),
 )
 
@@ -49,7 +55,17 @@ def to_status(exc: errors.FleetError) -> status_pb2.Status:
     )
 
 
+class PlannerRefused(Exception):
+    """The planner refused a change: its status reaches the caller unchanged."""
+
+    def __init__(self, status: status_pb2.Status) -> None:
+        super().__init__(status.message)
+        self.status = status
+
+
 def _status_of(exc: Exception) -> status_pb2.Status | None:
+    if isinstance(exc, PlannerRefused):
+        return exc.status
     return to_status(exc) if isinstance(exc, errors.FleetError) else None
 
 

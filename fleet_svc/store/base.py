@@ -47,6 +47,28 @@ class ReplicaRecord:
     spec: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class RolloutRecord:
+    """A rollout's whole state as JSON-able data, and when it started and last changed."""
+
+    id: str
+    model: str
+    state: str
+    spec: dict[str, Any]
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """One event of a rollout: its place in the sequence, when, and what (JSON-able)."""
+
+    rollout_id: str
+    seq: int
+    at: float
+    event: dict[str, Any]
+
+
 class StaleRevision(Exception):
     """A write expected a revision that is no longer the model's latest."""
 
@@ -97,6 +119,22 @@ class Store(Protocol):
 
     def delete_replica(self, replica_id: str) -> None:
         """Forget a replica (it is stopped and gone)."""
+
+    # Rollouts and their events.
+    def put_rollout(self, record: RolloutRecord) -> None:
+        """Insert or replace a rollout."""
+
+    def get_rollout(self, rollout_id: str) -> RolloutRecord | None:
+        """A rollout, None when unknown."""
+
+    def list_rollouts(self, model: str = "") -> list[RolloutRecord]:
+        """Rollouts of a model (every model when ""), newest first."""
+
+    def append_event(self, rollout_id: str, at: float, event: dict[str, Any]) -> int:
+        """Append an event to a rollout; returns its seq (1, 2, 3 … per rollout)."""
+
+    def list_events(self, rollout_id: str, after_seq: int = 0) -> list[EventRecord]:
+        """A rollout's events after `after_seq`, in order."""
 
     # Small named values (counters, the last desired version per node …).
     def get_value(self, key: str) -> str | None:

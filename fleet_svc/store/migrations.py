@@ -89,6 +89,35 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        version=2,
+        summary="rollouts and their events",
+        statements=(
+            # A rollout is a persisted state machine: its whole state is one JSON document,
+            # rewritten at every step, so a restarted fleet resumes it where it stood.
+            """
+            CREATE TABLE rollouts (
+                id         TEXT PRIMARY KEY,
+                model      TEXT NOT NULL,
+                state      TEXT NOT NULL,
+                spec       TEXT NOT NULL,
+                created_at REAL NOT NULL,
+                updated_at REAL NOT NULL
+            )
+            """,
+            "CREATE INDEX rollouts_by_model ON rollouts (model, created_at)",
+            # Events are appended, never changed: a watcher resumes after the last seq it saw.
+            """
+            CREATE TABLE rollout_events (
+                rollout_id TEXT    NOT NULL REFERENCES rollouts (id),
+                seq        INTEGER NOT NULL CHECK (seq >= 1),
+                at         REAL    NOT NULL,
+                event      TEXT    NOT NULL,
+                PRIMARY KEY (rollout_id, seq)
+            ) WITHOUT ROWID
+            """,
+        ),
+    ),
 )
 
 

@@ -11,7 +11,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from fleet_svc.store.base import ModelRecord, ReplicaRecord, StaleRevision, Store
+from fleet_svc.store.base import (
+    EventRecord,
+    ModelRecord,
+    ReplicaRecord,
+    RolloutRecord,
+    StaleRevision,
+    Store,
+)
 from fleet_svc.store.migrations import check_not_newer, immediate, migrate
 
 # How long a write waits for another connection's write lock before giving up with
@@ -247,6 +254,82 @@ class SQLiteStore:
             " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             (key, value),
         )
+
+    # Rollouts.
+
+    def put_rollout(self, record: RolloutRecord) -> None:
+        """Insert a rollout, or replace its state (created_at is kept)."""
+        self._conn.execute(
+            "INSERT INTO rollouts (id, model, state, spec, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET state = excluded.state,"
+            " spec = excluded.spec, updated_at = excluded.updated_at",
+            (
+                record.id,
+                record.model,
+                record.state,
+                _dump_json(record.spec),
+                record.created_at,
+                record.updated_at,
+            ),
+        )
+
+    def get_rollout(self, rollout_id: str) -> RolloutRecord | None:
+        """A rollout, None when unknown."""
+        row = self._conn.execute(
+            f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE id = ?", (rollout_id,)
+        ).fetchone()
+        return None if row is None else _rollout_from_row(row)
+
+    def list_rollouts(self, model: str = "") -> list[RolloutRecord]:
+        """Rollouts of a model (every model when ""), newest first."""
+        if model:
+            rows = self._conn.execute(
+                f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE model = ?"
+                " ORDER BY created_at DESC, id DESC",
+                (model,),
+            ).fetchall()
+        else:
+            rows = self._conn.execute(
+                f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts ORDER BY created_at DESC, id DESC"
+            ).fetchall()
+        return [_rollout_from_row(row) for row in rows]
+
+    def append_event(self, rollout_id: str, at: float, event: dict[str, Any]) -> int:
+        """Append an event; the seq is the rollout's last plus one, taken under the write lock."""
+        with immediate(self._conn):
+            row = self._conn.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM rollout_events WHERE rollout_id = ?",
+                (rollout_id,),
+            ).fetchone()
+            seq = int(row[0]) + 1
+            self._conn.execute(
+                "INSERT INTO rollout_events (rollout_id, seq, at, event) VALUES (?, ?, ?, ?)",
+                (rollout_id, seq, at, _dump_json(event)),
+            )
+        return seq
+
+    def list_events(self, rollout_id: str, after_seq: int = 0) -> list[EventRecord]:
+        """A rollout's events after `after_seq`, in order."""
+        rows = self._conn.execute(
+            "SELECT rollout_id, seq, at, event FROM rollout_events"
+            " WHERE rollout_id = ? AND seq > ? ORDER BY seq",
+            (rollout_id, after_seq),
+        ).fetchall()
+        return [EventRecord(str(r[0]), int(r[1]), float(r[2]), json.loads(r[3])) for r in rows]
+
+
+_ROLLOUT_COLUMNS = "id, model, state, spec, created_at, updated_at"
+
+
+def _rollout_from_row(row: tuple[Any, ...]) -> RolloutRecord:
+    return RolloutRecord(
+        id=str(row[0]),
+        model=str(row[1]),
+        state=str(row[2]),
+        spec=json.loads(row[3]),
+        created_at=float(row[4]),
+        updated_at=float(row[5]),
+    )
 
 
 def open_store(url: str) -> Store:

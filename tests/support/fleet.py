@@ -18,7 +18,13 @@ FAST = Liveness(interval_s=0.2, grace_heartbeats=3, lost_after_s=1.5)
 
 @asynccontextmanager
 async def running_fleet(
-    data: Path, *, settings: str = "", liveness: Liveness = FAST, drain_s: float = 0.2
+    data: Path,
+    *,
+    settings: str = "",
+    liveness: Liveness = FAST,
+    drain_s: float = 0.2,
+    planner: str = "127.0.0.1:1",
+    start_timeout_s: float = 30.0,
 ) -> AsyncIterator[tuple[FleetServer, fleet_pb2_grpc.FleetServiceAsyncStub]]:
     """Start a fleet on a free port with its store in `data`; stop it after."""
     server = await start_fleet(
@@ -29,6 +35,8 @@ async def running_fleet(
             liveness=liveness,
             drain_s=drain_s,
             tick_s=0.05,
+            planner=planner,
+            start_timeout_s=start_timeout_s,
         )
     )
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")

@@ -22,6 +22,70 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _Strategy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _StrategyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Strategy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    STRATEGY_UNSPECIFIED: _Strategy.ValueType  # 0
+    """Not set: beside."""
+    STRATEGY_BESIDE: _Strategy.ValueType  # 1
+    """A new replica starts on free cards beside the old one; the old one stops once the new
+    one is ready. Refused up front when no node has room beside (NO_ROOM_BESIDE).
+    """
+    STRATEGY_IN_PLACE: _Strategy.ValueType  # 2
+    """The old replica stops first, its cards are freed, the new one starts on them."""
+    STRATEGY_AUTO: _Strategy.ValueType  # 3
+    """Beside where a node has room, in place where none has, decided per replica."""
+
+class Strategy(_Strategy, metaclass=_StrategyEnumTypeWrapper):
+    """How a rollout replaces replicas."""
+
+STRATEGY_UNSPECIFIED: Strategy.ValueType  # 0
+"""Not set: beside."""
+STRATEGY_BESIDE: Strategy.ValueType  # 1
+"""A new replica starts on free cards beside the old one; the old one stops once the new
+one is ready. Refused up front when no node has room beside (NO_ROOM_BESIDE).
+"""
+STRATEGY_IN_PLACE: Strategy.ValueType  # 2
+"""The old replica stops first, its cards are freed, the new one starts on them."""
+STRATEGY_AUTO: Strategy.ValueType  # 3
+"""Beside where a node has room, in place where none has, decided per replica."""
+Global___Strategy: _TypeAlias = Strategy  # noqa: Y015
+
+class _RolloutState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RolloutStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RolloutState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ROLLOUT_STATE_UNSPECIFIED: _RolloutState.ValueType  # 0
+    """Not set."""
+    ROLLOUT_STATE_RUNNING: _RolloutState.ValueType  # 1
+    """Replacing replicas."""
+    ROLLOUT_STATE_SUCCEEDED: _RolloutState.ValueType  # 2
+    """Every replica runs the new revision."""
+    ROLLOUT_STATE_FAILED: _RolloutState.ValueType  # 3
+    """A new replica did not become healthy; the rollout stopped (reason and log tail say why)."""
+    ROLLOUT_STATE_CANCELLED: _RolloutState.ValueType  # 4
+    """Cancelled, or superseded by a newer change of the same model."""
+
+class RolloutState(_RolloutState, metaclass=_RolloutStateEnumTypeWrapper):
+    """Where a rollout stands."""
+
+ROLLOUT_STATE_UNSPECIFIED: RolloutState.ValueType  # 0
+"""Not set."""
+ROLLOUT_STATE_RUNNING: RolloutState.ValueType  # 1
+"""Replacing replicas."""
+ROLLOUT_STATE_SUCCEEDED: RolloutState.ValueType  # 2
+"""Every replica runs the new revision."""
+ROLLOUT_STATE_FAILED: RolloutState.ValueType  # 3
+"""A new replica did not become healthy; the rollout stopped (reason and log tail say why)."""
+ROLLOUT_STATE_CANCELLED: RolloutState.ValueType  # 4
+"""Cancelled, or superseded by a newer change of the same model."""
+Global___RolloutState: _TypeAlias = RolloutState  # noqa: Y015
+
 class _NodePhase:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -101,6 +165,559 @@ REPLICA_PHASE_FAILED: ReplicaPhase.ValueType  # 8
 REPLICA_PHASE_LOST: ReplicaPhase.ValueType  # 9
 """Its node was lost; a replacement is placed elsewhere."""
 Global___ReplicaPhase: _TypeAlias = ReplicaPhase  # noqa: Y015
+
+@_typing.final
+class RolloutStep(_message.Message):
+    """One replica's replacement in a rollout."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROFILE_FIELD_NUMBER: _builtins.int
+    OLD_REPLICA_FIELD_NUMBER: _builtins.int
+    NEW_REPLICA_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    STAGE_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    profile: _builtins.str
+    old_replica: _builtins.str
+    """The replica replaced ("" when the step only adds one)."""
+    new_replica: _builtins.str
+    """The replica started on the new revision ("" until it is created)."""
+    mode: _builtins.str
+    """beside or in_place."""
+    stage: _builtins.str
+    """waiting, starting, retiring, done, failed, cancelled."""
+    node: _builtins.str
+    message: _builtins.str
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        profile: _builtins.str = ...,
+        old_replica: _builtins.str = ...,
+        new_replica: _builtins.str = ...,
+        mode: _builtins.str = ...,
+        stage: _builtins.str = ...,
+        node: _builtins.str = ...,
+        gpus: _abc.Iterable[_builtins.int] | None = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "message", b"message", "mode", b"mode", "new_replica", b"new_replica", "node", b"node", "old_replica", b"old_replica", "profile", b"profile", "stage", b"stage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RolloutStep: _TypeAlias = RolloutStep  # noqa: Y015
+
+@_typing.final
+class Rollout(_message.Message):
+    """A rollout: a persisted state machine that takes a model's replicas to a new revision."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    STRATEGY_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    FROM_REVISION_FIELD_NUMBER: _builtins.int
+    TO_REVISION_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    LOG_TAIL_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    CREATED_BY_FIELD_NUMBER: _builtins.int
+    UNDO_OF_FIELD_NUMBER: _builtins.int
+    UNDO_AVAILABLE_FIELD_NUMBER: _builtins.int
+    SURGE_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    model: _builtins.str
+    kind: _builtins.str
+    """context, gpus or undo."""
+    strategy: Global___Strategy.ValueType
+    state: Global___RolloutState.ValueType
+    from_revision: _builtins.int
+    to_revision: _builtins.int
+    reason: _builtins.str
+    """Why it failed or was cancelled."""
+    created_by: _builtins.str
+    undo_of: _builtins.str
+    """For an undo: the rollout it undoes."""
+    undo_available: _builtins.bool
+    """Whether UndoRollout can roll this one back now."""
+    surge: _builtins.int
+    """Replicas a step may replace at once (bounded surge)."""
+    @_builtins.property
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___RolloutStep]: ...
+    @_builtins.property
+    def log_tail(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The failing engine's last log lines."""
+
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        model: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        strategy: Global___Strategy.ValueType = ...,
+        state: Global___RolloutState.ValueType = ...,
+        from_revision: _builtins.int = ...,
+        to_revision: _builtins.int = ...,
+        steps: _abc.Iterable[Global___RolloutStep] | None = ...,
+        reason: _builtins.str = ...,
+        log_tail: _abc.Iterable[_builtins.str] | None = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+        created_by: _builtins.str = ...,
+        undo_of: _builtins.str = ...,
+        undo_available: _builtins.bool = ...,
+        surge: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "updated_at", b"updated_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "created_by", b"created_by", "from_revision", b"from_revision", "id", b"id", "kind", b"kind", "log_tail", b"log_tail", "model", b"model", "reason", b"reason", "state", b"state", "steps", b"steps", "strategy", b"strategy", "surge", b"surge", "to_revision", b"to_revision", "undo_available", b"undo_available", "undo_of", b"undo_of", "updated_at", b"updated_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Rollout: _TypeAlias = Rollout  # noqa: Y015
+
+@_typing.final
+class SetContextRequest(_message.Message):
+    """SetContextRequest asks for a new context."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    SLOTS_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    ETAG_FIELD_NUMBER: _builtins.int
+    STRATEGY_FIELD_NUMBER: _builtins.int
+    SUPERSEDE_FIELD_NUMBER: _builtins.int
+    SURGE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    tokens: _builtins.int
+    slots: _builtins.int
+    """llama.cpp slots, 1..64; 0 keeps the current."""
+    dry_run: _builtins.bool
+    """Answer what would change; change nothing."""
+    request_id: _builtins.str
+    etag: _builtins.str
+    """The model's etag as read; empty skips the check."""
+    strategy: Global___Strategy.ValueType
+    supersede: _builtins.bool
+    """Cancel a rollout of the model in progress instead of refusing (ROLLOUT_IN_PROGRESS)."""
+    surge: _builtins.int
+    """Replicas replaced at once; 0 means one."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        tokens: _builtins.int = ...,
+        slots: _builtins.int = ...,
+        dry_run: _builtins.bool = ...,
+        request_id: _builtins.str = ...,
+        etag: _builtins.str = ...,
+        strategy: Global___Strategy.ValueType = ...,
+        supersede: _builtins.bool = ...,
+        surge: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "etag", b"etag", "name", b"name", "request_id", b"request_id", "slots", b"slots", "strategy", b"strategy", "supersede", b"supersede", "surge", b"surge", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetContextRequest: _TypeAlias = SetContextRequest  # noqa: Y015
+
+@_typing.final
+class SetContextResponse(_message.Message):
+    """SetContextResponse is the change and the rollout carrying it out."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGE_FIELD_NUMBER: _builtins.int
+    ROLLOUT_ID_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    rollout_id: _builtins.str
+    @_builtins.property
+    def change(self) -> _common_pb2.ContextChange: ...
+    @_builtins.property
+    def model(self) -> Global___CatalogModel:
+        """The model as committed (or as it would be, for a dry run)."""
+
+    def __init__(
+        self,
+        *,
+        change: _common_pb2.ContextChange | None = ...,
+        rollout_id: _builtins.str = ...,
+        model: Global___CatalogModel | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "model", b"model"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "model", b"model", "rollout_id", b"rollout_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetContextResponse: _TypeAlias = SetContextResponse  # noqa: Y015
+
+@_typing.final
+class SetGPUsRequest(_message.Message):
+    """SetGPUsRequest asks for N cards per replica."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    PROFILE_FIELD_NUMBER: _builtins.int
+    IN_PLACE_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    ETAG_FIELD_NUMBER: _builtins.int
+    STRATEGY_FIELD_NUMBER: _builtins.int
+    SUPERSEDE_FIELD_NUMBER: _builtins.int
+    SURGE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    gpus: _builtins.int
+    profile: _builtins.str
+    """A profile's name; empty means every GPU profile."""
+    in_place: _builtins.bool
+    """Stop each replica before starting its replacement (the same as strategy IN_PLACE)."""
+    dry_run: _builtins.bool
+    request_id: _builtins.str
+    etag: _builtins.str
+    strategy: Global___Strategy.ValueType
+    supersede: _builtins.bool
+    surge: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        gpus: _builtins.int = ...,
+        profile: _builtins.str = ...,
+        in_place: _builtins.bool = ...,
+        dry_run: _builtins.bool = ...,
+        request_id: _builtins.str = ...,
+        etag: _builtins.str = ...,
+        strategy: Global___Strategy.ValueType = ...,
+        supersede: _builtins.bool = ...,
+        surge: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "etag", b"etag", "gpus", b"gpus", "in_place", b"in_place", "name", b"name", "profile", b"profile", "request_id", b"request_id", "strategy", b"strategy", "supersede", b"supersede", "surge", b"surge"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetGPUsRequest: _TypeAlias = SetGPUsRequest  # noqa: Y015
+
+@_typing.final
+class SetGPUsResponse(_message.Message):
+    """SetGPUsResponse is the change and the rollout carrying it out."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGE_FIELD_NUMBER: _builtins.int
+    ROLLOUT_ID_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    rollout_id: _builtins.str
+    @_builtins.property
+    def change(self) -> _common_pb2.GPUsChange: ...
+    @_builtins.property
+    def model(self) -> Global___CatalogModel: ...
+    def __init__(
+        self,
+        *,
+        change: _common_pb2.GPUsChange | None = ...,
+        rollout_id: _builtins.str = ...,
+        model: Global___CatalogModel | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "model", b"model"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "model", b"model", "rollout_id", b"rollout_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetGPUsResponse: _TypeAlias = SetGPUsResponse  # noqa: Y015
+
+@_typing.final
+class GetRolloutRequest(_message.Message):
+    """GetRolloutRequest names a rollout."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRolloutRequest: _TypeAlias = GetRolloutRequest  # noqa: Y015
+
+@_typing.final
+class GetRolloutResponse(_message.Message):
+    """GetRolloutResponse is the rollout."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLLOUT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rollout(self) -> Global___Rollout: ...
+    def __init__(
+        self,
+        *,
+        rollout: Global___Rollout | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rollout", b"rollout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rollout", b"rollout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRolloutResponse: _TypeAlias = GetRolloutResponse  # noqa: Y015
+
+@_typing.final
+class ListRolloutsRequest(_message.Message):
+    """ListRolloutsRequest lists rollouts, of one model or all."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRolloutsRequest: _TypeAlias = ListRolloutsRequest  # noqa: Y015
+
+@_typing.final
+class ListRolloutsResponse(_message.Message):
+    """ListRolloutsResponse is the rollouts, newest first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLLOUTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rollouts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Rollout]: ...
+    def __init__(
+        self,
+        *,
+        rollouts: _abc.Iterable[Global___Rollout] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rollouts", b"rollouts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRolloutsResponse: _TypeAlias = ListRolloutsResponse  # noqa: Y015
+
+@_typing.final
+class WatchRolloutRequest(_message.Message):
+    """WatchRolloutRequest follows a rollout from after an event."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    AFTER_SEQ_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    after_seq: _builtins.int
+    """Send the events after this one (0: from the start); resume a dropped stream with the
+    last seq received.
+    """
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        after_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchRolloutRequest: _TypeAlias = WatchRolloutRequest  # noqa: Y015
+
+@_typing.final
+class WatchRolloutResponse(_message.Message):
+    """One event of a rollout: what happened to which replica on which node and cards."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLLOUT_ID_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    REPLICA_ID_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    PROFILE_FIELD_NUMBER: _builtins.int
+    rollout_id: _builtins.str
+    seq: _builtins.int
+    kind: _builtins.str
+    """step_started, replica_created, replica_placed, replica_ready, replica_draining,
+    replica_stopped, mode_chosen, step_done, rollout_succeeded, rollout_failed,
+    rollout_cancelled.
+    """
+    replica_id: _builtins.str
+    node: _builtins.str
+    mode: _builtins.str
+    message: _builtins.str
+    state: Global___RolloutState.ValueType
+    profile: _builtins.str
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        rollout_id: _builtins.str = ...,
+        seq: _builtins.int = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+        kind: _builtins.str = ...,
+        replica_id: _builtins.str = ...,
+        node: _builtins.str = ...,
+        gpus: _abc.Iterable[_builtins.int] | None = ...,
+        mode: _builtins.str = ...,
+        message: _builtins.str = ...,
+        state: Global___RolloutState.ValueType = ...,
+        profile: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "gpus", b"gpus", "kind", b"kind", "message", b"message", "mode", b"mode", "node", b"node", "profile", b"profile", "replica_id", b"replica_id", "rollout_id", b"rollout_id", "seq", b"seq", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchRolloutResponse: _TypeAlias = WatchRolloutResponse  # noqa: Y015
+
+@_typing.final
+class CancelRolloutRequest(_message.Message):
+    """CancelRolloutRequest names a rollout."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    request_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelRolloutRequest: _TypeAlias = CancelRolloutRequest  # noqa: Y015
+
+@_typing.final
+class CancelRolloutResponse(_message.Message):
+    """CancelRolloutResponse is the rollout, cancelled."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLLOUT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rollout(self) -> Global___Rollout: ...
+    def __init__(
+        self,
+        *,
+        rollout: Global___Rollout | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rollout", b"rollout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rollout", b"rollout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelRolloutResponse: _TypeAlias = CancelRolloutResponse  # noqa: Y015
+
+@_typing.final
+class UndoRolloutRequest(_message.Message):
+    """UndoRolloutRequest names a rollout to roll back."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    request_id: _builtins.str
+    dry_run: _builtins.bool
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+        dry_run: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "id", b"id", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UndoRolloutRequest: _TypeAlias = UndoRolloutRequest  # noqa: Y015
+
+@_typing.final
+class UndoRolloutResponse(_message.Message):
+    """UndoRolloutResponse is the new rollout back to the previous revision."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLLOUT_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rollout(self) -> Global___Rollout: ...
+    @_builtins.property
+    def model(self) -> Global___CatalogModel: ...
+    def __init__(
+        self,
+        *,
+        rollout: Global___Rollout | None = ...,
+        model: Global___CatalogModel | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["model", b"model", "rollout", b"rollout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model", "rollout", b"rollout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UndoRolloutResponse: _TypeAlias = UndoRolloutResponse  # noqa: Y015
 
 @_typing.final
 class CatalogModel(_message.Message):

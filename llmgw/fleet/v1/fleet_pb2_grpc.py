@@ -80,6 +80,41 @@ class FleetServiceStub:
                 request_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.WatchReplicasRequest.SerializeToString,
                 response_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.WatchReplicasResponse.FromString,
                 _registered_method=True)
+        self.SetContext = channel.unary_unary(
+                '/llmgw.fleet.v1.FleetService/SetContext',
+                request_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.SetContextRequest.SerializeToString,
+                response_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.SetContextResponse.FromString,
+                _registered_method=True)
+        self.SetGPUs = channel.unary_unary(
+                '/llmgw.fleet.v1.FleetService/SetGPUs',
+                request_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.SetGPUsRequest.SerializeToString,
+                response_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.SetGPUsResponse.FromString,
+                _registered_method=True)
+        self.GetRollout = channel.unary_unary(
+                '/llmgw.fleet.v1.FleetService/GetRollout',
+                request_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.GetRolloutRequest.SerializeToString,
+                response_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.GetRolloutResponse.FromString,
+                _registered_method=True)
+        self.ListRollouts = channel.unary_unary(
+                '/llmgw.fleet.v1.FleetService/ListRollouts',
+                request_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.ListRolloutsRequest.SerializeToString,
+                response_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.ListRolloutsResponse.FromString,
+                _registered_method=True)
+        self.WatchRollout = channel.unary_stream(
+                '/llmgw.fleet.v1.FleetService/WatchRollout',
+                request_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.WatchRolloutRequest.SerializeToString,
+                response_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.WatchRolloutResponse.FromString,
+                _registered_method=True)
+        self.CancelRollout = channel.unary_unary(
+                '/llmgw.fleet.v1.FleetService/CancelRollout',
+                request_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.CancelRolloutRequest.SerializeToString,
+                response_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.CancelRolloutResponse.FromString,
+                _registered_method=True)
+        self.UndoRollout = channel.unary_unary(
+                '/llmgw.fleet.v1.FleetService/UndoRollout',
+                request_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.UndoRolloutRequest.SerializeToString,
+                response_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.UndoRolloutResponse.FromString,
+                _registered_method=True)
 
 
 class FleetServiceServicer:
@@ -149,6 +184,56 @@ class FleetServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetContext(self, request, context):
+        """Change a model's context: the planner sizes it, the catalog commits it, a rollout
+        starts its replicas again on it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetGPUs(self, request, context):
+        """Change the cards each replica of a model's profiles uses, rolled out the same way.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRollout(self, request, context):
+        """One rollout.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRollouts(self, request, context):
+        """Rollouts, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchRollout(self, request, context):
+        """A rollout's events from any point: its history, then live until it ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelRollout(self, request, context):
+        """Stop a running rollout: a new replica in flight is stopped, old ones keep serving.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UndoRollout(self, request, context):
+        """Roll a model back to the revision before a rollout, as a new rollout.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FleetServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -196,6 +281,41 @@ def add_FleetServiceServicer_to_server(servicer, server):
                     servicer.WatchReplicas,
                     request_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.WatchReplicasRequest.FromString,
                     response_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.WatchReplicasResponse.SerializeToString,
+            ),
+            'SetContext': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetContext,
+                    request_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.SetContextRequest.FromString,
+                    response_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.SetContextResponse.SerializeToString,
+            ),
+            'SetGPUs': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetGPUs,
+                    request_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.SetGPUsRequest.FromString,
+                    response_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.SetGPUsResponse.SerializeToString,
+            ),
+            'GetRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRollout,
+                    request_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.GetRolloutRequest.FromString,
+                    response_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.GetRolloutResponse.SerializeToString,
+            ),
+            'ListRollouts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRollouts,
+                    request_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.ListRolloutsRequest.FromString,
+                    response_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.ListRolloutsResponse.SerializeToString,
+            ),
+            'WatchRollout': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchRollout,
+                    request_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.WatchRolloutRequest.FromString,
+                    response_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.WatchRolloutResponse.SerializeToString,
+            ),
+            'CancelRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelRollout,
+                    request_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.CancelRolloutRequest.FromString,
+                    response_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.CancelRolloutResponse.SerializeToString,
+            ),
+            'UndoRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.UndoRollout,
+                    request_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.UndoRolloutRequest.FromString,
+                    response_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.UndoRolloutResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -442,6 +562,195 @@ class FleetService:
             '/llmgw.fleet.v1.FleetService/WatchReplicas',
             llmgw_dot_fleet_dot_v1_dot_fleet__pb2.WatchReplicasRequest.SerializeToString,
             llmgw_dot_fleet_dot_v1_dot_fleet__pb2.WatchReplicasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetContext(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.fleet.v1.FleetService/SetContext',
+            llmgw_dot_fleet_dot_v1_dot_fleet__pb2.SetContextRequest.SerializeToString,
+            llmgw_dot_fleet_dot_v1_dot_fleet__pb2.SetContextResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetGPUs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.fleet.v1.FleetService/SetGPUs',
+            llmgw_dot_fleet_dot_v1_dot_fleet__pb2.SetGPUsRequest.SerializeToString,
+            llmgw_dot_fleet_dot_v1_dot_fleet__pb2.SetGPUsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.fleet.v1.FleetService/GetRollout',
+            llmgw_dot_fleet_dot_v1_dot_fleet__pb2.GetRolloutRequest.SerializeToString,
+            llmgw_dot_fleet_dot_v1_dot_fleet__pb2.GetRolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRollouts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.fleet.v1.FleetService/ListRollouts',
+            llmgw_dot_fleet_dot_v1_dot_fleet__pb2.ListRolloutsRequest.SerializeToString,
+            llmgw_dot_fleet_dot_v1_dot_fleet__pb2.ListRolloutsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/llmgw.fleet.v1.FleetService/WatchRollout',
+            llmgw_dot_fleet_dot_v1_dot_fleet__pb2.WatchRolloutRequest.SerializeToString,
+            llmgw_dot_fleet_dot_v1_dot_fleet__pb2.WatchRolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.fleet.v1.FleetService/CancelRollout',
+            llmgw_dot_fleet_dot_v1_dot_fleet__pb2.CancelRolloutRequest.SerializeToString,
+            llmgw_dot_fleet_dot_v1_dot_fleet__pb2.CancelRolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UndoRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.fleet.v1.FleetService/UndoRollout',
+            llmgw_dot_fleet_dot_v1_dot_fleet__pb2.UndoRolloutRequest.SerializeToString,
+            llmgw_dot_fleet_dot_v1_dot_fleet__pb2.UndoRolloutResponse.FromString,
             options,
             channel_credentials,
             insecure,

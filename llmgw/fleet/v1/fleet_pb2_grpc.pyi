@@ -51,6 +51,22 @@ class FleetServiceStub:
     """The replicas, with their phase and why."""
     WatchReplicas: _grpc.UnaryStreamMultiCallable[_fleet_pb2.WatchReplicasRequest, _fleet_pb2.WatchReplicasResponse]
     """Ready endpoints per model, for the gateway's routing: a snapshot, then changes."""
+    SetContext: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.SetContextRequest, _fleet_pb2.SetContextResponse]
+    """Change a model's context: the planner sizes it, the catalog commits it, a rollout
+    starts its replicas again on it.
+    """
+    SetGPUs: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.SetGPUsRequest, _fleet_pb2.SetGPUsResponse]
+    """Change the cards each replica of a model's profiles uses, rolled out the same way."""
+    GetRollout: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.GetRolloutRequest, _fleet_pb2.GetRolloutResponse]
+    """One rollout."""
+    ListRollouts: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.ListRolloutsRequest, _fleet_pb2.ListRolloutsResponse]
+    """Rollouts, newest first."""
+    WatchRollout: _grpc.UnaryStreamMultiCallable[_fleet_pb2.WatchRolloutRequest, _fleet_pb2.WatchRolloutResponse]
+    """A rollout's events from any point: its history, then live until it ends."""
+    CancelRollout: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.CancelRolloutRequest, _fleet_pb2.CancelRolloutResponse]
+    """Stop a running rollout: a new replica in flight is stopped, old ones keep serving."""
+    UndoRollout: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.UndoRolloutRequest, _fleet_pb2.UndoRolloutResponse]
+    """Roll a model back to the revision before a rollout, as a new rollout."""
 
 @_typing.type_check_only
 class FleetServiceAsyncStub(FleetServiceStub):
@@ -75,6 +91,22 @@ class FleetServiceAsyncStub(FleetServiceStub):
     """The replicas, with their phase and why."""
     WatchReplicas: _aio.UnaryStreamMultiCallable[_fleet_pb2.WatchReplicasRequest, _fleet_pb2.WatchReplicasResponse]  # type: ignore[assignment]
     """Ready endpoints per model, for the gateway's routing: a snapshot, then changes."""
+    SetContext: _aio.UnaryUnaryMultiCallable[_fleet_pb2.SetContextRequest, _fleet_pb2.SetContextResponse]  # type: ignore[assignment]
+    """Change a model's context: the planner sizes it, the catalog commits it, a rollout
+    starts its replicas again on it.
+    """
+    SetGPUs: _aio.UnaryUnaryMultiCallable[_fleet_pb2.SetGPUsRequest, _fleet_pb2.SetGPUsResponse]  # type: ignore[assignment]
+    """Change the cards each replica of a model's profiles uses, rolled out the same way."""
+    GetRollout: _aio.UnaryUnaryMultiCallable[_fleet_pb2.GetRolloutRequest, _fleet_pb2.GetRolloutResponse]  # type: ignore[assignment]
+    """One rollout."""
+    ListRollouts: _aio.UnaryUnaryMultiCallable[_fleet_pb2.ListRolloutsRequest, _fleet_pb2.ListRolloutsResponse]  # type: ignore[assignment]
+    """Rollouts, newest first."""
+    WatchRollout: _aio.UnaryStreamMultiCallable[_fleet_pb2.WatchRolloutRequest, _fleet_pb2.WatchRolloutResponse]  # type: ignore[assignment]
+    """A rollout's events from any point: its history, then live until it ends."""
+    CancelRollout: _aio.UnaryUnaryMultiCallable[_fleet_pb2.CancelRolloutRequest, _fleet_pb2.CancelRolloutResponse]  # type: ignore[assignment]
+    """Stop a running rollout: a new replica in flight is stopped, old ones keep serving."""
+    UndoRollout: _aio.UnaryUnaryMultiCallable[_fleet_pb2.UndoRolloutRequest, _fleet_pb2.UndoRolloutResponse]  # type: ignore[assignment]
+    """Roll a model back to the revision before a rollout, as a new rollout."""
 
 class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
     """FleetService owns the catalog and the replicas."""
@@ -150,5 +182,63 @@ class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_fleet_pb2.WatchReplicasResponse], _abc.AsyncIterator[_fleet_pb2.WatchReplicasResponse]]:
         """Ready endpoints per model, for the gateway's routing: a snapshot, then changes."""
+
+    @_abc_1.abstractmethod
+    def SetContext(
+        self,
+        request: _fleet_pb2.SetContextRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_fleet_pb2.SetContextResponse, _abc.Awaitable[_fleet_pb2.SetContextResponse]]:
+        """Change a model's context: the planner sizes it, the catalog commits it, a rollout
+        starts its replicas again on it.
+        """
+
+    @_abc_1.abstractmethod
+    def SetGPUs(
+        self,
+        request: _fleet_pb2.SetGPUsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_fleet_pb2.SetGPUsResponse, _abc.Awaitable[_fleet_pb2.SetGPUsResponse]]:
+        """Change the cards each replica of a model's profiles uses, rolled out the same way."""
+
+    @_abc_1.abstractmethod
+    def GetRollout(
+        self,
+        request: _fleet_pb2.GetRolloutRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_fleet_pb2.GetRolloutResponse, _abc.Awaitable[_fleet_pb2.GetRolloutResponse]]:
+        """One rollout."""
+
+    @_abc_1.abstractmethod
+    def ListRollouts(
+        self,
+        request: _fleet_pb2.ListRolloutsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_fleet_pb2.ListRolloutsResponse, _abc.Awaitable[_fleet_pb2.ListRolloutsResponse]]:
+        """Rollouts, newest first."""
+
+    @_abc_1.abstractmethod
+    def WatchRollout(
+        self,
+        request: _fleet_pb2.WatchRolloutRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_fleet_pb2.WatchRolloutResponse], _abc.AsyncIterator[_fleet_pb2.WatchRolloutResponse]]:
+        """A rollout's events from any point: its history, then live until it ends."""
+
+    @_abc_1.abstractmethod
+    def CancelRollout(
+        self,
+        request: _fleet_pb2.CancelRolloutRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_fleet_pb2.CancelRolloutResponse, _abc.Awaitable[_fleet_pb2.CancelRolloutResponse]]:
+        """Stop a running rollout: a new replica in flight is stopped, old ones keep serving."""
+
+    @_abc_1.abstractmethod
+    def UndoRollout(
+        self,
+        request: _fleet_pb2.UndoRolloutRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_fleet_pb2.UndoRolloutResponse, _abc.Awaitable[_fleet_pb2.UndoRolloutResponse]]:
+        """Roll a model back to the revision before a rollout, as a new rollout."""
 
 def add_FleetServiceServicer_to_server(servicer: FleetServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
