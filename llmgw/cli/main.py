@@ -269,6 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
     model_flags(gpus)
     gpus.add_argument("gpus", type=int, help="cards of one node each replica uses")
     gpus.add_argument("--profile", help="only this profile (default: every GPU profile)")
+    # `llmgw ctl ...` and `llmgw up` live in their own modules; each sets `run`.
+    from llmgw.cli import ctl, up
+
+    ctl.add_parser(sub)
+    up.add_parser(sub)
     return parser
 
 
@@ -276,6 +281,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `llmgw` command."""
     parser = build_parser()
     opts = parser.parse_args(argv)
+    run = getattr(opts, "run", None)
+    if run is not None:
+        return int(run(opts))
     try:
         if opts.cmd == "plan":
             return run_plan(opts)
