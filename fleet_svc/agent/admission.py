@@ -261,7 +261,7 @@ def refused_arg(args: Sequence[str], rules: ArgRules) -> str | None:
             value = inline if inline is not None else (args[i + 1] if i + 1 < len(args) else "")
             if not _looks_like_path(value):
                 continue
-        shown = name if full == key else f"{name} (read as {full})"
+        shown = name if full == name else f"{name} (read as {full})"
         return f"flag {shown} is refused: {why}"
     return None
 

@@ -1,0 +1,167 @@
+"""The agent's config: parsing, defaults, and the commands it builds."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fleet_svc.agent.config import (
+    ConfigError,
+    default_config,
+    find_llama_server,
+    load_config,
+    parse_config,
+    parse_engine,
+)
+from fleet_svc.agent.replica import ReplicaSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def no_path(name: str) -> str | None:
+    """A PATH on which nothing is found."""
+    return None
+
+
+def test_example_config_parses_with_every_engine() -> None:
+    """deploy/agent.example.yaml is a valid config naming the five engines."""
+    config = load_config(ROOT / "deploy" / "agent.example.yaml")
+    assert sorted(config.engines) == ["llamacpp", "sglang", "standin", "trtllm", "vllm"]
+    assert config.engines["vllm"].rules.family == "vllm"
+    assert config.engines["vllm"].start_timeout_s == 1800
+    assert config.restart_limit.max_crashes == 5 and config.restart_backoff.cap_s == 60
+    assert config.engines["standin"].program == (sys.executable, "-m", "fleet_svc.standin")
+
+
+def test_command_fills_the_template_and_inserts_args_verbatim() -> None:
+    """The command is the program and the filled template, profile args each one item and
+    never expanded (a placeholder inside them stays literal)."""
+    engine = parse_engine(
+        "vllm",
+        {
+            "executable": "/opt/vllm/bin/vllm",
+            "args": ["serve", "{source}", "--port={port}", "--host", "{host}", "{args}", "-x"],
+        },
+    )
+    spec = ReplicaSpec(
+        "r1", 3, "vllm", model="m", args=("--max-model-len", "{port} x"), source="/models/m"
+    )
+    assert engine.command(spec, "127.0.0.1", 8001) == [
+        "/opt/vllm/bin/vllm",
+        "serve",
+        "/models/m",
+        "--port=8001",
+        "--host",
+        "127.0.0.1",
+        "--max-model-len",
+        "{port} x",
+        "-x",
+    ]
+
+
+def test_args_placeholder_is_appended_when_the_template_omits_it() -> None:
+    """A template without {args} gets the profile args at its end."""
+    engine = parse_engine(
+        "e", {"executable": "/bin/e", "family": "standin", "args": ["--p", "{port}"]}
+    )
+    assert engine.command(ReplicaSpec("r", 1, "e", args=("-a",)), "h", 1) == [
+        "/bin/e",
+        "--p",
+        "1",
+        "-a",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({}, "exactly one of executable"),
+        ({"executable": "/bin/x", "module": "m"}, "exactly one of executable"),
+        ({"executable": "llama-server-nowhere"}, "not on PATH"),
+        ({"module": "os; rm"}, "dotted Python module"),
+        ({"module": "m", "args": ["{bogus}"]}, "unknown placeholder"),
+        ({"module": "m", "args": ["--x={args}"]}, "of its own"),
+        ({"module": "m", "args": ["{args}", "{args}"]}, "once"),
+        ({"module": "m", "args": "--port {port}"}, "list of strings"),
+        ({"module": "m", "family": "tgi"}, "family"),
+        ({"module": "m", "health_path": "health"}, "start with /"),
+        ({"module": "m", "start_timeout_s": -1}, "start_timeout_s"),
+        ({"module": "m", "command": "bash -c x"}, "unknown keys"),
+        ({"module": "m", "refuse_flags": ["--x"]}, "why"),
+    ],
+)
+def test_malformed_engine_entries_are_refused(entry: dict[str, Any], message: str) -> None:
+    """Each malformed engine entry is refused naming what is wrong."""
+    with pytest.raises(ConfigError, match=message):
+        parse_engine("standin", entry, which=no_path)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (None, "engines"),
+        ([], "mapping"),
+        ({"engines": {}}, "engines"),
+        ({"engines": {"Bad Name": {"module": "m"}}}, "lower-case"),
+        ({"engines": {"standin": {"module": "m"}}, "unhealthy_after": 0}, "unhealthy_after"),
+        ({"engines": {"standin": {"module": "m"}}, "restart": {"factor": 0.5}}, "factor"),
+        ({"engines": {"standin": {"module": "m"}}, "restart": {"max_crashes": 0}}, "max_crashes"),
+    ],
+)
+def test_malformed_configs_are_refused(data: Any, message: str) -> None:
+    """A config without engines or with nonsense supervision settings is refused."""
+    with pytest.raises(ConfigError, match=message):
+        parse_config(data, which=no_path)
+
+
+def test_unreadable_config_file_is_refused(tmp_path: Path) -> None:
+    """A file that is not YAML is refused naming the file."""
+    path = tmp_path / "agent.yaml"
+    path.write_text("engines: [unclosed")
+    with pytest.raises(ConfigError, match=r"agent\.yaml"):
+        load_config(path)
+
+
+def test_default_config_runs_the_standin_and_llama_server_when_found() -> None:
+    """Without a config the agent runs the stand-in, and llama.cpp only with a llama-server."""
+    assert sorted(default_config().engines) == ["standin"]
+    config = default_config(llama_server="/opt/llama/llama-server")
+    assert sorted(config.engines) == ["llamacpp", "standin"]
+    assert config.engines["llamacpp"].program == ("/opt/llama/llama-server",)
+    assert config.engines["llamacpp"].rules.family == "llamacpp"
+
+
+def test_demo_stands_in_for_the_engines_that_cannot_run_here() -> None:
+    """--demo maps vllm, sglang, trtllm (and llamacpp without llama-server) to the stand-in,
+    each keeping its own engine's argument refusals."""
+    config = default_config(demo=True)
+    assert sorted(config.engines) == ["llamacpp", "sglang", "standin", "trtllm", "vllm"]
+    vllm = config.engines["vllm"]
+    assert vllm.module == "fleet_svc.standin" and vllm.rules.family == "vllm"
+    spec = ReplicaSpec("r", 1, "vllm", model="m")
+    assert vllm.command(spec, "127.0.0.1", 9)[-2:] == ["--engine", "vllm"]
+    real = default_config(demo=True, llama_server="/opt/llama-server")
+    assert real.engines["llamacpp"].program == ("/opt/llama-server",)
+
+
+def test_demo_keeps_a_config_files_engines() -> None:
+    """--demo with a config adds stand-ins only for engines the file does not name."""
+    base = parse_config(yaml.safe_load("engines: {vllm: {executable: /opt/vllm}}"))
+    config = default_config(demo=True, base=base)
+    assert config.engines["vllm"].program == ("/opt/vllm",)
+    assert config.engines["sglang"].module == "fleet_svc.standin"
+
+
+def test_llama_server_is_found_from_the_environment_then_path(tmp_path: Path) -> None:
+    """$LLMGW_LLAMA_SERVER naming an executable wins over PATH; otherwise PATH's."""
+    exe = tmp_path / "llama-server"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    env = {"LLMGW_LLAMA_SERVER": str(exe)}
+    assert find_llama_server(env, which=no_path) == str(exe)
+    assert find_llama_server({}, which=lambda n: "/usr/bin/" + n) == "/usr/bin/llama-server"
+    assert find_llama_server({"LLMGW_LLAMA_SERVER": "/nope"}, which=no_path) is None
