@@ -214,7 +214,7 @@ def profile_need(
     """What a profile needs served with `args` for `tokens` per request and `slots`."""
     if profile.on_cpu:
         pool = tokens * slots if engine.slots_flags else tokens
-        return ProfileNeed(ram_bytes=ram_need_bytes(shape, pool))
+        return ProfileNeed(ram_bytes=ram_need_bytes(shape, pool, sequences=max(slots, 1)))
     fit = measure(
         engine,
         profile,
