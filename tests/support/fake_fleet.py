@@ -68,15 +68,21 @@ class FakeFleet(agent_pb2_grpc.AgentServiceServicer):
     """An AgentService that welcomes every agent and does what the test says.
 
     Args:
-        heartbeat_interval_s: what the Welcome tells agents.
-        send_heartbeats: whether it sends its own heartbeats on that interval.
+        heartbeat_interval_s, grace_heartbeats: what the Welcome tells agents.
+        send_heartbeats: whether it sends its own heartbeats on that interval (a test may
+            turn them off on a live stream: a fleet gone silent).
         welcome: whether it answers Hello with Welcome at all.
     """
 
     def __init__(
-        self, heartbeat_interval_s: int = 1, send_heartbeats: bool = True, welcome: bool = True
+        self,
+        heartbeat_interval_s: int = 1,
+        grace_heartbeats: int = 3,
+        send_heartbeats: bool = True,
+        welcome: bool = True,
     ) -> None:
         self.heartbeat_interval_s = heartbeat_interval_s
+        self.grace_heartbeats = grace_heartbeats
         self.send_heartbeats = send_heartbeats
         self.welcome = welcome
         self.streams: list[Stream] = []
@@ -137,12 +143,13 @@ class FakeFleet(agent_pb2_grpc.AgentServiceServicer):
         self.hellos.append(first.hello)
         self.streams.append(stream)
         reader = asyncio.create_task(self._read(request_iterator))
-        beats = asyncio.create_task(self._beat(stream)) if self.send_heartbeats else None
+        beats = asyncio.create_task(self._beat(stream))
         try:
             if self.welcome:
                 yield agent_pb2.ConnectResponse(
                     welcome=agent_pb2.Welcome(
-                        heartbeat_interval_s=self.heartbeat_interval_s, grace_heartbeats=3
+                        heartbeat_interval_s=self.heartbeat_interval_s,
+                        grace_heartbeats=self.grace_heartbeats,
                     )
                 )
             while True:
@@ -174,17 +181,19 @@ class FakeFleet(agent_pb2_grpc.AgentServiceServicer):
         seq = 0
         while True:
             await asyncio.sleep(self.heartbeat_interval_s)
+            if not self.send_heartbeats:
+                continue
             seq += 1
             stream.send(agent_pb2.ConnectResponse(heartbeat=agent_pb2.Heartbeat(seq=seq)))
 
 
 @asynccontextmanager
-async def running_fake_fleet(**kwargs: Any) -> AsyncIterator[tuple[FakeFleet, int]]:
-    """Serve a FakeFleet on a free loopback port; yield it and the port."""
+async def running_fake_fleet(port: int = 0, **kwargs: Any) -> AsyncIterator[tuple[FakeFleet, int]]:
+    """Serve a FakeFleet on a loopback port (0: a free one); yield it and the port."""
     fleet = FakeFleet(**kwargs)
     server = grpc.aio.server()
     agent_pb2_grpc.add_AgentServiceServicer_to_server(fleet, server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     try:
         yield fleet, port
