@@ -1,0 +1,319 @@
+"""`llmgw ctl` as operators run it: the real command, as a child process, against a real fleet
+in-process with a scripted agent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fleet_svc.domain.nodes import Liveness
+from llmgw.fleet.v1 import fleet_pb2
+from tests.support.fleet import assert_eventually
+from tests.support.fleet import running_fleet as _running_fleet
+from tests.support.scripted_agent import ScriptedAgent
+
+# Heartbeats every 0.5 s, NOT_READY after 5 s of silence: each `llmgw ctl` run starts a Python
+# process on the tests' 2 shared cores, which must not make the scripted node look silent.
+PATIENT = Liveness(interval_s=0.5, grace_heartbeats=10, lost_after_s=30.0)
+
+
+def running_fleet(data: Path) -> Any:
+    """A real fleet in-process, patient with heartbeats."""
+    return _running_fleet(data, liveness=PATIENT)
+
+
+EXIT_REFUSED = 2
+EXIT_UNREACHABLE = 3
+EXIT_USAGE = 64
+
+
+@dataclass(frozen=True)
+class Run:
+    """What one `llmgw ctl` run printed and returned."""
+
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> object:
+        """Its stdout parsed as JSON."""
+        return json.loads(self.out)
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "LLMGW_FLEET"}
+    env["USER"] = "tester"
+    return env
+
+
+async def ctl(port: int, *args: str) -> Run:
+    """Run `llmgw ctl --fleet 127.0.0.1:PORT ARGS...` and wait for it."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "llmgw.cli.main",
+        "ctl",
+        "--fleet",
+        f"127.0.0.1:{port}",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=_env(),
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return Run(proc.returncode, out.decode(), err.decode())
+
+
+def write_model(path: Path, name: str = "qwen", replicas: int = 1, gpus: int = 1) -> Path:
+    """A catalog model file in YAML, as an operator writes one."""
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "source": "hf://Qwen/Qwen3-8B",
+                "context_length": 8192,
+                "profiles": [
+                    {
+                        "name": "gpu",
+                        "engine": "vllm",
+                        "args": ["--max-model-len", "8192", "-tp", str(gpus)],
+                        "gpu_class": "H100-80GB",
+                        "gpus_per_node": gpus,
+                        "replicas": replicas,
+                    }
+                ],
+            }
+        )
+    )
+    return path
+
+
+async def test_model_create_list_show_and_history(tmp_path: Path) -> None:
+    """A model created from YAML is listed with its profile, shown with its args, etag and
+    author, and its history names who made each revision."""
+    async with running_fleet(tmp_path) as (fleet, _stub):
+        created = await ctl(
+            fleet.port, "--as", "alice", "model", "create", str(write_model(tmp_path / "m.yaml"))
+        )
+        assert created.code == 0, created.err
+        assert "created model qwen (revision 1)" in created.out
+
+        listed = await ctl(fleet.port, "model", "list")
+        assert listed.code == 0, listed.err
+        header, row = listed.out.splitlines()
+        assert header.split() == ["NAME", "SOURCE", "CONTEXT", "PROFILES", "REVISION", "DECLARED"]
+        assert row.split() == ["qwen", "hf://Qwen/Qwen3-8B", "8192", "gpu=vllm×1", "1", "no"]
+
+        shown = await ctl(fleet.port, "model", "show", "qwen")
+        assert shown.code == 0, shown.err
+        assert "revision:    1 (etag 1)" in shown.out
+        assert "by alice" in shown.out
+        assert "args: --max-model-len 8192 -tp 1" in shown.out
+        assert "gpu: vllm, 1 replica(s) on 1×H100-80GB" in shown.out
+
+        as_json = await ctl(fleet.port, "model", "list", "--json")
+        data = as_json.json()
+        assert isinstance(data, dict)
+        assert [m["model"]["name"] for m in data["models"]] == ["qwen"]
+        assert data["models"][0]["updated_by"] == "alice"
+
+        history = await ctl(fleet.port, "model", "history", "qwen")
+        assert history.code == 0, history.err
+        assert history.out.splitlines()[1].split()[:3][0] == "1"
+        assert "alice" in history.out
+
+
+async def test_caller_defaults_to_the_user(tmp_path: Path) -> None:
+    """Without --as, the revision is written by $USER."""
+    async with running_fleet(tmp_path) as (fleet, stub):
+        run = await ctl(fleet.port, "model", "create", str(write_model(tmp_path / "m.yaml")))
+        assert run.code == 0, run.err
+        got = await stub.GetModel(fleet_pb2.GetModelRequest(name="qwen"))
+        assert got.model.updated_by == "tester"
+
+
+async def test_refusals_exit_2_with_reason_and_metadata(tmp_path: Path) -> None:
+    """A missing model and a stale etag are refused with exit code 2, the reason and its
+    metadata, on stderr for people and as JSON for scripts; nothing is deleted."""
+    async with running_fleet(tmp_path) as (fleet, stub):
+        missing = await ctl(fleet.port, "model", "show", "nope")
+        assert missing.code == EXIT_REFUSED
+        assert missing.err.startswith("refused (MODEL_NOT_FOUND): no model 'nope'")
+
+        await ctl(fleet.port, "model", "create", str(write_model(tmp_path / "m.yaml")))
+        stale = await ctl(fleet.port, "model", "delete", "qwen", "--etag", "7")
+        assert stale.code == EXIT_REFUSED
+        assert "refused (STALE_REVISION)" in stale.err
+        assert "read it again and retry" in stale.err
+        assert "etag: 7" in stale.err
+
+        stale_json = await ctl(fleet.port, "--json", "model", "delete", "qwen", "--etag", "7")
+        assert stale_json.code == EXIT_REFUSED
+        error = stale_json.json()
+        assert isinstance(error, dict)
+        assert error["error"]["reason"] == "STALE_REVISION"
+        assert error["error"]["code"] == "ABORTED"
+        assert error["error"]["metadata"]["etag"] == "7"
+        assert (await stub.GetModel(fleet_pb2.GetModelRequest(name="qwen"))).model.revision == 1
+
+        again = await ctl(fleet.port, "model", "create", str(write_model(tmp_path / "m.yaml")))
+        assert again.code == EXIT_REFUSED
+        assert "MODEL_EXISTS" in again.err
+
+
+async def test_delete_with_current_etag_removes_the_model(tmp_path: Path) -> None:
+    """Deleting at the current etag removes the model from the list; its history keeps the
+    deletion's revision."""
+    async with running_fleet(tmp_path) as (fleet, _stub):
+        await ctl(fleet.port, "model", "create", str(write_model(tmp_path / "m.yaml")))
+        deleted = await ctl(fleet.port, "model", "delete", "qwen", "--etag", "1")
+        assert deleted.code == 0, deleted.err
+        assert "deleted model qwen (revision 2)" in deleted.out
+        listed = await ctl(fleet.port, "model", "list", "--json")
+        assert listed.json() == {}
+        history = await ctl(fleet.port, "model", "history", "qwen", "--json")
+        data = history.json()
+        assert isinstance(data, dict)
+        assert [r["revision"] for r in data["revisions"]] == ["1", "2"]
+
+
+async def test_nodes_and_replicas_ready_and_pending_with_reason(tmp_path: Path) -> None:
+    """With one 4-card node, two 2-card replicas are READY and a third PENDING one's reason
+    says why, in the table and in JSON; the node shows its free cards."""
+    async with running_fleet(tmp_path) as (fleet, stub):
+        agent = ScriptedAgent(f"127.0.0.1:{fleet.port}", "node-a", gpus=4)
+        agent.start()
+        try:
+            run = await ctl(
+                fleet.port,
+                "model",
+                "create",
+                str(write_model(tmp_path / "m.yaml", replicas=3, gpus=2)),
+            )
+            assert run.code == 0, run.err
+
+            async def settled() -> bool:
+                rs = (await stub.ListReplicas(fleet_pb2.ListReplicasRequest())).replicas
+                phases = sorted(r.phase for r in rs)
+                return phases == [
+                    fleet_pb2.REPLICA_PHASE_PENDING,
+                    fleet_pb2.REPLICA_PHASE_READY,
+                    fleet_pb2.REPLICA_PHASE_READY,
+                ]
+
+            await assert_eventually(settled, what="two READY replicas and one PENDING")
+
+            table = await ctl(fleet.port, "replica", "list")
+            assert table.code == 0, table.err
+            lines = table.out.splitlines()
+            assert lines[0].split()[:9] == [
+                "ID",
+                "MODEL",
+                "PROFILE",
+                "NODE",
+                "CARDS",
+                "PHASE",
+                "ADDRESS",
+                "RESTARTS",
+                "AGE",
+            ]
+            phases = [line.split()[5] for line in lines[1:]]
+            assert sorted(phases) == ["PENDING", "READY", "READY"]
+            pending = [line for line in lines[1:] if line.split()[5] == "PENDING"]
+            assert "node-a: 0 free" in pending[0]
+
+            as_json = await ctl(fleet.port, "replica", "list", "--model", "qwen", "--json")
+            data = as_json.json()
+            assert isinstance(data, dict)
+            by_phase = {r["phase"]: r for r in data["replicas"]}
+            assert by_phase["REPLICA_PHASE_READY"]["address"].startswith("127.0.0.1:")
+            assert "node-a: 0 free" in by_phase["REPLICA_PHASE_PENDING"]["reason"]
+
+            nodes = await ctl(fleet.port, "node", "list")
+            assert nodes.code == 0, nodes.err
+            header, row = nodes.out.splitlines()
+            assert header.split()[:5] == ["NAME", "PHASE", "CLASS", "CARDS", "FREE"]
+            assert row.split()[:4] == ["node-a", "READY", "H100-80GB", "0/4"]
+            nodes_json = (await ctl(fleet.port, "node", "list", "--json")).json()
+            assert isinstance(nodes_json, dict)
+            assert nodes_json["nodes"][0]["phase"] == "NODE_PHASE_READY"
+            assert len(nodes_json["nodes"][0]["cards"]) == 4
+
+            shown = await ctl(fleet.port, "model", "show", "qwen")
+            assert "PENDING" in shown.out and "READY" in shown.out
+        finally:
+            await agent.stop()
+
+
+async def test_replica_watch_streams_one_json_object_per_line(tmp_path: Path) -> None:
+    """`replica watch --json` prints the ready endpoints, then SYNCED, one object a line."""
+    async with running_fleet(tmp_path) as (fleet, stub):
+        agent = ScriptedAgent(f"127.0.0.1:{fleet.port}", "node-a", gpus=4)
+        agent.start()
+        try:
+            await ctl(fleet.port, "model", "create", str(write_model(tmp_path / "m.yaml")))
+
+            async def ready() -> bool:
+                rs = (await stub.ListReplicas(fleet_pb2.ListReplicasRequest())).replicas
+                return len(rs) == 1 and rs[0].phase == fleet_pb2.REPLICA_PHASE_READY
+
+            await assert_eventually(ready, what="a READY replica")
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "llmgw.cli.main",
+                "ctl",
+                "--fleet",
+                f"127.0.0.1:{fleet.port}",
+                "replica",
+                "watch",
+                "--json",
+                stdout=asyncio.subprocess.PIPE,
+                env=_env(),
+            )
+            assert proc.stdout is not None
+            events = []
+            try:
+                while True:
+                    line = await asyncio.wait_for(proc.stdout.readline(), 30)
+                    assert line, "the watch ended before SYNCED"
+                    events.append(json.loads(line))
+                    if events[-1]["kind"] == "KIND_SYNCED":
+                        break
+            finally:
+                proc.terminate()
+                await proc.wait()
+            assert [e["kind"] for e in events] == ["KIND_ADDED", "KIND_SYNCED"]
+            assert events[0]["endpoint"]["model"] == "qwen"
+            assert events[0]["endpoint"]["node"] == "node-a"
+        finally:
+            await agent.stop()
+
+
+async def test_unreachable_fleet_exits_3(tmp_path: Path) -> None:
+    """A fleet that does not answer is exit code 3 with a line saying what to do."""
+    async with running_fleet(tmp_path) as (fleet, _stub):
+        port = fleet.port
+    run = await ctl(port, "model", "list")
+    assert run.code == EXIT_UNREACHABLE
+    assert f"the fleet at 127.0.0.1:{port} did not answer" in run.err
+    assert "LLMGW_FLEET" in run.err
+
+
+async def test_unreadable_model_file_is_usage_error(tmp_path: Path) -> None:
+    """A model file that is not one mapping is refused before any call, exit code 64."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- just\n- a list\n")
+    async with running_fleet(tmp_path) as (fleet, stub):
+        run = await ctl(fleet.port, "model", "create", str(bad))
+        assert run.code == EXIT_USAGE
+        assert "a model file holds one mapping" in run.err
+        assert not (await stub.ListModels(fleet_pb2.ListModelsRequest())).models
