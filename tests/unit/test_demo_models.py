@@ -1,0 +1,103 @@
+"""The demo's models: the tiny GGUF loads and runs in the real llama.cpp and reads as the
+shape it was written with; the example catalog is one the fleet accepts."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleet_svc.catalog import validate
+from llmgw.demo.catalog import GGUF_MODEL, HF_MODEL, example_models
+from llmgw.demo.hf_repo import REPO
+from llmgw.demo.tiny_gguf import TinyLlama, vocabulary, write_tiny_gguf
+from planner_svc.sources.resolver import ShapeResolver
+
+# The child imports llama.cpp's ctypes bindings without the package's __init__ (which needs
+# diskcache and jinja2), as tests/oracle does; loads the model, tokenizes, decodes a prompt
+# and greedily picks the next token.
+_CHILD = r"""
+import ctypes, importlib.util, json, sys, types
+spec = importlib.util.find_spec("llama_cpp")
+pkg = types.ModuleType("llama_cpp")
+pkg.__path__ = list(spec.submodule_search_locations)
+sys.modules["llama_cpp"] = pkg
+import llama_cpp.llama_cpp as lib
+
+@lib.llama_log_callback
+def quiet(level, text, user):
+    pass
+
+lib.llama_log_set(quiet, ctypes.c_void_p(0))
+lib.llama_backend_init()
+model = lib.llama_model_load_from_file(sys.argv[1].encode(), lib.llama_model_default_params())
+assert model, "the model did not load"
+vocab = lib.llama_model_get_vocab(model)
+text = b"hello the gateway"
+tokens = (lib.llama_token * 64)()
+n = lib.llama_tokenize(vocab, text, len(text), tokens, 64, True, False)
+params = lib.llama_context_default_params()
+params.n_ctx = 256
+ctx = lib.llama_init_from_model(model, params)
+rc = lib.llama_decode(ctx, lib.llama_batch_get_one(tokens, n))
+logits = lib.llama_get_logits_ith(ctx, -1)
+n_vocab = lib.llama_vocab_n_tokens(vocab)
+best = max(range(n_vocab), key=lambda i: logits[i])
+print(json.dumps({"tokens": list(tokens[:n]), "decode": rc, "n_vocab": n_vocab, "next": best}))
+"""
+
+
+def test_tiny_gguf_is_written_the_same_every_time(tmp_path: Path) -> None:
+    """The model's bytes are seeded: two writes give the same file."""
+    a = write_tiny_gguf(tmp_path / "a.gguf").read_bytes()
+    b = write_tiny_gguf(tmp_path / "b.gguf").read_bytes()
+    assert a == b
+    assert len(a) < 1 << 20
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="no llama.cpp build")
+def test_tiny_gguf_runs_in_llama_cpp(tmp_path: Path) -> None:
+    """llama.cpp loads the tiny model, tokenizes text with its vocabulary (BOS first, byte
+    fallback for the rest) and decodes it to a next token."""
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    tokens, _scores, _types = vocabulary()
+    assert out["n_vocab"] == len(tokens)
+    assert out["tokens"][0] == 1 and len(out["tokens"]) > 3
+    assert out["decode"] == 0
+    assert 0 <= out["next"] < len(tokens)
+
+
+async def test_tiny_gguf_reads_as_its_geometry(tmp_path: Path) -> None:
+    """The planner reads the file as the geometry it was written with."""
+    g = TinyLlama()
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    shape = await ShapeResolver().resolve(str(path))
+    assert (shape.architecture, len(shape.layers)) == ("llama", g.layers)
+    assert (shape.attention_heads, shape.kv_heads) == (g.heads, g.kv_heads)
+    assert shape.trained_context == g.context_tokens
+
+
+def test_example_catalog_is_accepted_by_the_fleet() -> None:
+    """Both example models pass the fleet's checks, one llama.cpp and one vLLM profile with
+    one replica each on the agent's card class."""
+    models = example_models(gguf_source="http://127.0.0.1:1/files/x.gguf", gpu_class="L4-24GB")
+    for model in models:
+        validate(model)
+    by_name = {m.name: m for m in models}
+    assert by_name[GGUF_MODEL].profiles[0].engine == "llamacpp"
+    assert by_name[HF_MODEL].profiles[0].engine == "vllm"
+    assert by_name[HF_MODEL].source == f"hf://{REPO}"
+    assert {(p.gpu_class, p.replicas) for m in models for p in m.profiles} == {("L4-24GB", 1)}
