@@ -135,6 +135,34 @@ _NO_MEMORY_ARCHS = frozenset(
 _EXTRA_CACHE_ARCHS = frozenset(
     {"minimax-m3", "glm-dsa", "deepseek32", "glm5-next", "hy_v4", "dots3note", "deepseek4"}
 )
+# src/llama-arch.cpp:1071-1109 (llm_arch_is_recurrent / llm_arch_is_hybrid): their KV cache
+# holds only the attention layers (src/llama-model.cpp:2652-2700, filter_attn).
+_RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+_HYBRID_ARCHS = frozenset(
+    {
+        "jamba",
+        "falcon-h1",
+        "plamo2",
+        "granitehybrid",
+        "lfm2",
+        "lfm2moe",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "qwen3next",
+        "kimi-linear",
+        "bailingmoe3",
+        "kimi-k3",
+        "glm5-next",
+        "qwen35",
+        "qwen35moe",
+        "qwen4exp",
+        "deepseek4",
+        "minimax-01",
+    }
+)
+# src/llama-hparams.cpp:321-332 (has_kv) with n_layer_kv_from_start: their trailing layers
+# reuse earlier layers' KV and are not in the cache.
+_SHARED_KV_ARCHS = frozenset({"gemma3n", "gemma4"})
 # src/llama-context.cpp:3816-3819: flash attention is forced off for Grok.
 _NO_FLASH_ATTN_ARCHS = frozenset({"grok"})
 # src/llama-context.cpp:3835-3838: these refuse different K and V cache types.
@@ -333,8 +361,9 @@ def llamacpp_cache(shape: ModelShape, settings: LlamaCppSettings) -> LlamaCppCac
             "KV cache that is not counted here"
         )
 
-    sliding = [la for la in shape.layers if la.has_kv and la.kind is LayerKind.SLIDING]
-    full = [la for la in shape.layers if la.has_kv and la.kind is not LayerKind.SLIDING]
+    cached = _cache_layers(shape)
+    sliding = [la for la in cached if la.kind is LayerKind.SLIDING]
+    full = [la for la in cached if la.kind is not LayerKind.SLIDING]
     # src/llama-kv-cache.cpp:186-188 ([TAG_V_CACHE_VARIABLE]): without flash attention V is
     # stored transposed and every layer's V row is the widest of all layers.
     v_max = max((_v_width(la) for la in shape.layers if la.has_kv), default=0)
@@ -475,6 +504,24 @@ def _resolve_fa(
     if fa is not FlashAttn.OFF and type_v.quantized:
         _check_blocks(shape, type_v, "V", "--cache-type-v", _v_head)
     return fa is not FlashAttn.OFF
+
+
+def _cache_layers(shape: ModelShape) -> list[Layer]:
+    """The layers llama.cpp gives a row in its KV cache.
+
+    src/llama-kv-cache.cpp:156-230: every layer for which has_kv(il) holds (all of them,
+    except the shared-KV tail of gemma3n/gemma4) and that the memory's filter keeps (the
+    attention layers of a hybrid; none in a recurrent model) gets K and V tensors, even a
+    layer with no KV heads (deci's attention-free layers): its K row is 0 wide, its V row is
+    the widest V row when V is stored transposed.
+    """
+    arch = shape.architecture
+    if arch in _RECURRENT_ARCHS:
+        return []
+    keep_empty = arch not in _HYBRID_ARCHS and arch not in _SHARED_KV_ARCHS
+    return [
+        la for la in shape.layers if la.has_kv or (keep_empty and la.kind is LayerKind.NO_CACHE)
+    ]
 
 
 def _check_blocks(
