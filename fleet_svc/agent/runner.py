@@ -126,6 +126,34 @@ def signal_group(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group is left."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# How long to wait, after SIGKILL, for the engine's whole process group to be gone: its worker
+# processes hold card memory until they exit. Past it the agent goes on (and logs it) rather
+# than hang on a process stuck in the kernel.
+GROUP_EXIT_WAIT_S = 5.0
+
+
+async def wait_group_gone(pgid: int, timeout_s: float = GROUP_EXIT_WAIT_S) -> bool:
+    """Wait until no process of the group is left; whether that happened in time."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while group_alive(pgid):
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """What the agent writes down about a running replica, so that an agent started again
@@ -403,6 +431,7 @@ class ReplicaRunner:
         if proc is not None:
             # Workers the engine left behind in its group would hold the cards.
             signal_group(proc.pid, signal.SIGKILL)
+            await self._group_gone(proc.pid)
             ctx.cards.release(proc.pid)
         self._proc = None
         with contextlib.suppress(FileNotFoundError):
@@ -500,6 +529,11 @@ class ReplicaRunner:
         if not done:
             self._log.note("still running after the grace: SIGKILL")
         await exited
+        await self._group_gone(proc.pid)
+
+    async def _group_gone(self, pgid: int) -> None:
+        if not await wait_group_gone(pgid):
+            self._bound.warning("replica_group_lingers", pgid=pgid)
 
 
 def read_records(records_dir: Path) -> list[RunRecord]:

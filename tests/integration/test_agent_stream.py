@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sys
 from pathlib import Path
 
 import grpc
 import httpx
 
 from fleet_svc.agent import claims
+from fleet_svc.agent.admission import ArgRules
+from fleet_svc.agent.config import EngineConfig
 from fleet_svc.agent.replica import Phase
 from llmgw.agent.v1 import agent_pb2
-from tests.support.fake_fleet import assert_eventually, running_agent, running_fake_fleet, spec
+from tests.support.fake_fleet import (
+    assert_eventually,
+    fast_config,
+    running_agent,
+    running_fake_fleet,
+    spec,
+)
 
 HEALTHY = agent_pb2.PROCESS_PHASE_HEALTHY
 STOPPED = agent_pb2.PROCESS_PHASE_STOPPED
@@ -164,3 +173,43 @@ async def test_new_revision_replaces_the_process(tmp_path: Path) -> None:
         order = [(u.revision, u.phase) for u in fleet.updates_of("r1")]
         assert order.index((1, STOPPED)) < order.index((2, agent_pb2.PROCESS_PHASE_STARTING))
         assert [o.phase for o in agent.replicas.observed()] == [Phase.HEALTHY]
+
+
+# An engine that starts a worker which ignores SIGTERM (as engines' workers may); the worker
+# writes its pid next to it once deaf to SIGTERM. The engine never becomes healthy.
+FORKING_ENGINE = """
+import os, subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", WORKER, os.environ["LLMGW_REPLICA_ID"] + ".worker"])
+time.sleep(60)
+""".replace(
+    "WORKER",
+    repr(
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+        "time.sleep(60)\n"
+    ),
+)
+
+
+async def test_stopping_kills_the_engines_whole_process_group(tmp_path: Path) -> None:
+    """A worker the engine started, deaf to SIGTERM, is killed with the engine before the
+    replica is reported STOPPED."""
+    forking = EngineConfig(
+        name="forking",
+        program=(sys.executable, "-c", FORKING_ENGINE),
+        template=("{args}",),
+        rules=ArgRules("standin"),
+        stop_grace_s=1.0,
+    )
+    config = fast_config(engines={"forking": forking})
+    async with running_fake_fleet() as (fleet, port), running_agent(port, tmp_path, config=config):
+        await assert_eventually(lambda: fleet.streams)
+        fleet.desire(spec("r1", engine="forking", args=[]))
+        pid_file = tmp_path / "r1.worker"
+        await assert_eventually(lambda: pid_file.exists() and pid_file.read_text())
+        worker = int(pid_file.read_text())
+        assert claims.process_alive(worker)
+        fleet.desire()
+        await assert_eventually(lambda: STOPPED in fleet.phases_of("r1"))
+        assert not claims.process_alive(worker)
