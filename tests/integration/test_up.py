@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -14,13 +16,22 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
 import pytest
 
-from llmgw.cli.up import CALLER, ensure_example_catalog, gpu_class_of, port_taken
+from llmgw.cli.up import (
+    CALLER,
+    LLAMA_SERVER_CACHE,
+    LLAMA_SERVER_ENV,
+    ensure_example_catalog,
+    gpu_class_of,
+    port_taken,
+)
 from llmgw.common.v1 import common_pb2
 from llmgw.demo.catalog import GGUF_MODEL, HF_MODEL, example_models
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
@@ -98,12 +109,32 @@ def lines_of(proc: subprocess.Popen[str]) -> Iterator[queue.Queue[str | None]]:
     thread.join(timeout=5)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_up_runs_the_examples_ready_and_stops_every_child(tmp_path: Path) -> None:
-    """`llmgw up` brings both example replicas to READY (shown by `llmgw ctl`), the vLLM
-    example's stand-in answers a completion, the planner reads the demo's hf:// repo, and
-    SIGTERM stops every process it started, engines included."""
+@dataclass
+class RunningUp:
+    """A `llmgw up` that said it is ready."""
+
+    data: Path
+    planner: str
+    fleet: str
+    banner: list[str]
+
+    def replicas(self) -> list[dict[str, Any]]:
+        """`llmgw ctl replica list --json`'s replicas."""
+        listed = llmgw("ctl", "--fleet", self.fleet, "replica", "list", "--json")
+        assert listed.returncode == 0, listed.stderr
+        return list(json.loads(listed.stdout)["replicas"])
+
+    def model(self, name: str) -> dict[str, Any]:
+        """`llmgw ctl model show NAME --json`'s model."""
+        shown = llmgw("ctl", "--fleet", self.fleet, "model", "show", name, "--json")
+        assert shown.returncode == 0, shown.stderr
+        return dict(json.loads(shown.stdout)["model"]["model"])
+
+
+@contextlib.contextmanager
+def running_up(tmp_path: Path, env: dict[str, str] | None = None) -> Iterator[RunningUp]:
+    """Start `llmgw up` on free ports and wait for its ready line; after, SIGTERM it and check
+    that it stopped its children in order and that no process it started is left."""
     planner_port, fleet_port, files_port = free_ports(3)
     data = tmp_path / "data"
     proc = subprocess.Popen(
@@ -126,6 +157,7 @@ def test_up_runs_the_examples_ready_and_stops_every_child(tmp_path: Path) -> Non
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env=env,
     )
     seen: list[str] = []
     try:
@@ -137,34 +169,10 @@ def test_up_runs_the_examples_ready_and_stops_every_child(tmp_path: Path) -> Non
                 seen.append(line)
                 if line == "llmgw up: ready":
                     break
-            fleet = f"127.0.0.1:{fleet_port}"
-            listed = llmgw("ctl", "--fleet", fleet, "replica", "list", "--json")
-            assert listed.returncode == 0, listed.stderr
-            replicas = json.loads(listed.stdout)["replicas"]
-            assert sorted((r["model"], r["phase"]) for r in replicas) == [
-                (GGUF_MODEL, "REPLICA_PHASE_READY"),
-                (HF_MODEL, "REPLICA_PHASE_READY"),
-            ]
-            vllm = next(r for r in replicas if r["model"] == HF_MODEL)
-            answer = httpx.post(
-                f"http://{vllm['address']}/v1/completions",
-                json={"model": HF_MODEL, "prompt": "hello", "max_tokens": 4},
-                timeout=10,
-            )
-            assert answer.status_code == 200
-            assert answer.json()["choices"][0]["text"]
-
-            described = llmgw(
-                "plan",
-                "--planner",
-                f"127.0.0.1:{planner_port}",
-                "--json",
-                "describe",
-                "hf://llmgw-demo/tiny-llama",
-            )
-            assert described.returncode == 0, described.stderr
-            assert json.loads(described.stdout)["shape"]["kvHeads"] == 8
-
+            while (line := lines.get(timeout=5)) != "Ctrl-C stops everything.":
+                assert line is not None
+                seen.append(line)
+            yield RunningUp(data, f"127.0.0.1:{planner_port}", f"127.0.0.1:{fleet_port}", seen)
             started = descendants(proc.pid)
             # files, planner, fleet, agent and the two engines.
             assert len(started) >= 6, started
@@ -185,11 +193,102 @@ def test_up_runs_the_examples_ready_and_stops_every_child(tmp_path: Path) -> Non
         assert not [p for p in started if alive(p)]
         for name in ("files", "planner", "fleet", "agent"):
             assert (data / "logs" / f"{name}.log").stat().st_size > 0
-        assert (data / "fleet.db").is_file()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _env_without_llama_server(tmp_path: Path) -> dict[str, str]:
+    """The environment with no llama-server to find (none named, none on PATH, no build
+    cache under HOME)."""
+    env = {k: v for k, v in os.environ.items() if k != LLAMA_SERVER_ENV}
+    env["HOME"] = str(tmp_path / "home")
+    env["PATH"] = os.pathsep.join(
+        d
+        for d in env.get("PATH", "").split(os.pathsep)
+        if d and not Path(d, "llama-server").exists()
+    )
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_up_runs_the_examples_ready_and_stops_every_child(tmp_path: Path) -> None:
+    """`llmgw up` brings both example replicas to READY (shown by `llmgw ctl`), the vLLM
+    example's stand-in answers a completion, the planner reads the demo's hf:// repo, and
+    SIGTERM stops every process it started, engines included."""
+    with running_up(tmp_path, _env_without_llama_server(tmp_path)) as up:
+        replicas = up.replicas()
+        assert sorted((r["model"], r["phase"]) for r in replicas) == [
+            (GGUF_MODEL, "REPLICA_PHASE_READY"),
+            (HF_MODEL, "REPLICA_PHASE_READY"),
+        ]
+        vllm = next(r for r in replicas if r["model"] == HF_MODEL)
+        answer = httpx.post(
+            f"http://{vllm['address']}/v1/completions",
+            json={"model": HF_MODEL, "prompt": "hello", "max_tokens": 4},
+            timeout=10,
+        )
+        assert answer.status_code == 200
+        assert answer.json()["choices"][0]["text"]
+        # Without a llama-server, the GGUF is read from the file server.
+        assert up.model(GGUF_MODEL)["source"].startswith("http://127.0.0.1:")
+
+        described = llmgw(
+            "plan", "--planner", up.planner, "--json", "describe", "hf://llmgw-demo/tiny-llama"
+        )
+        assert described.returncode == 0, described.stderr
+        assert json.loads(described.stdout)["shape"]["kvHeads"] == 8
+        assert (up.data / "fleet.db").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_up_runs_the_gguf_example_on_the_llama_server_it_is_told(tmp_path: Path) -> None:
+    """With $LLMGW_LLAMA_SERVER naming an executable, the agent runs the llama.cpp example on
+    it, given the GGUF's local path (llama-server's -m takes a path). The executable here
+    stands the stand-in in for llama-server, so only the wiring is checked."""
+    fake = tmp_path / "llama-server"
+    fake.write_text(f'#!/bin/sh\nexec {sys.executable} -m fleet_svc.standin "$@"\n')
+    fake.chmod(0o755)
+    env = _env_without_llama_server(tmp_path) | {LLAMA_SERVER_ENV: str(fake)}
+    with running_up(tmp_path, env) as up:
+        assert any(f"llama.cpp on {fake}" in line for line in up.banner)
+        source = up.model(GGUF_MODEL)["source"]
+        assert source == str(up.data / "models" / "tiny-llama.gguf")
+        gguf = next(r for r in up.replicas() if r["model"] == GGUF_MODEL)
+        assert gguf["phase"] == "REPLICA_PHASE_READY"
+        logs = "".join(p.read_text() for p in (up.data / "agent" / "logs").glob("*.log"))
+        assert f'"{fake}"' in logs and f'"-m", "{source}"' in logs
+
+
+def _real_llama_server() -> str | None:
+    for candidate in (os.environ.get(LLAMA_SERVER_ENV, ""), str(LLAMA_SERVER_CACHE)):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return shutil.which("llama-server")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(_real_llama_server() is None, reason="no llama-server built (make target)")
+def test_up_answers_a_real_completion_from_llama_cpp(tmp_path: Path) -> None:
+    """Where a real llama-server is built, the llama.cpp example runs the tiny GGUF on it and
+    answers a completion (llama-server's own /props names the model file)."""
+    env = dict(os.environ) | {LLAMA_SERVER_ENV: str(_real_llama_server())}
+    with running_up(tmp_path, env) as up:
+        gguf = next(r for r in up.replicas() if r["model"] == GGUF_MODEL)
+        props = httpx.get(f"http://{gguf['address']}/props", timeout=10)
+        assert props.status_code == 200
+        assert props.json()["model_path"].endswith("tiny-llama.gguf")
+        answer = httpx.post(
+            f"http://{gguf['address']}/v1/completions",
+            json={"model": GGUF_MODEL, "prompt": "hello the", "max_tokens": 4},
+            timeout=30,
+        )
+        assert answer.status_code == 200
+        assert answer.json()["usage"]["completion_tokens"] >= 1
 
 
 def test_a_taken_port_is_named_and_nothing_starts(tmp_path: Path) -> None:
