@@ -4,19 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmgw.refusal import Refusal
+
 
 @dataclass
-class FleetError(Exception):
-    """Root of every refusal the fleet makes; `message` is one sentence a person can act on."""
-
-    message: str
-
-    def __post_init__(self) -> None:
-        super().__init__(self.message)
-
-    def metadata(self) -> dict[str, str]:
-        """The refusal's facts as strings, for `google.rpc.ErrorInfo`."""
-        return {}
+class FleetError(Refusal):
+    """Root of every refusal the fleet makes."""
 
 
 @dataclass
