@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -209,7 +211,11 @@ async def test_stopping_kills_the_engines_whole_process_group(tmp_path: Path) ->
         pid_file = tmp_path / "r1.worker"
         await assert_eventually(lambda: pid_file.exists() and pid_file.read_text())
         worker = int(pid_file.read_text())
-        assert claims.process_alive(worker)
-        fleet.desire()
-        await assert_eventually(lambda: STOPPED in fleet.phases_of("r1"))
-        assert not claims.process_alive(worker)
+        try:
+            assert claims.process_alive(worker)
+            fleet.desire()
+            await assert_eventually(lambda: STOPPED in fleet.phases_of("r1"))
+            assert not claims.process_alive(worker)
+        finally:
+            if claims.process_alive(worker):
+                os.kill(worker, signal.SIGKILL)

@@ -149,3 +149,11 @@ def test_claims_memory_on_its_cards_and_releases_it(tmp_path: Path) -> None:
         assert claims.claimed_by(cards, proc.pid) == [0, 1], "a killed process cannot clean up"
         assert claims.used_bytes(cards, 1) == 0
         assert claims.claimed_by(cards, proc.pid) == [0], "reading card 1 removed its claim"
+
+
+def test_fail_after_crashes_a_ready_engine() -> None:
+    """--fail-after-s makes a ready engine exit non-zero later, as an engine that dies does."""
+    with standin(["--load-s", "0", "--fail-after-s", "0.3"], standin_env("")) as (proc, url):
+        wait_status(f"{url}/health", 200)
+        out, _ = proc.communicate(timeout=10)
+    assert proc.returncode == 1 and "engine core died" in out
