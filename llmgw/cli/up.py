@@ -409,6 +409,9 @@ class Up:
             10.0,
         )
         planner.start(env)
+        # The fleet asks the planner to size context and card changes: it starts once the
+        # planner's address is known (a port of 0 is only known once it listens).
+        planner_address = wait_listening(planner, 60, self.stop)
         fleet = self._child(
             "fleet",
             [
@@ -419,13 +422,14 @@ class Up:
                 f"{p.host}:{p.fleet_port}",
                 "--store",
                 str(p.data / "fleet.db"),
+                "--planner",
+                planner_address,
                 "--log-format",
                 "json",
             ],
             10.0,
         )
         fleet.start(env)
-        wait_listening(planner, 60, self.stop)
         fleet_address = wait_listening(fleet, 60, self.stop)
         # Every child starts before this process opens a gRPC channel: gRPC's threads and a
         # fork do not mix (the children's pre-exec hook runs between them).
@@ -482,7 +486,7 @@ class Up:
                 ready = got or []
         if self.stop.is_set():
             return 0
-        self.banner(files_url, planner.address, fleet_address, ready, llama_server)
+        self.banner(files_url, planner_address, fleet_address, ready, llama_server)
         return self.serve()
 
     def banner(

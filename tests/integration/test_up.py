@@ -242,6 +242,21 @@ def test_up_runs_the_examples_ready_and_stops_every_child(tmp_path: Path) -> Non
         assert json.loads(described.stdout)["shape"]["kvHeads"] == 8
         assert (up.data / "fleet.db").is_file()
 
+        # The fleet reaches the planner, which reads both examples' files from the file server:
+        # a change is sized (dry run: nothing changes).
+        with grpc.insecure_channel(up.fleet) as channel:
+            stub = fleet_pb2_grpc.FleetServiceStub(channel)
+            gpus = stub.SetGPUs(
+                fleet_pb2.SetGPUsRequest(name=HF_MODEL, gpus=2, dry_run=True), timeout=30
+            )
+            assert gpus.change.profiles[0].memory.cards == 2
+            context = stub.SetContext(
+                fleet_pb2.SetContextRequest(name=GGUF_MODEL, tokens=16384, dry_run=True),
+                timeout=30,
+            )
+            assert (context.change.before, context.change.after) == (4096, 16384)
+            assert not context.change.note, context.change.note
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
