@@ -27,8 +27,10 @@ STANDIN_MODULE = "fleet_svc.standin"
 LLAMA_SERVER_ENV = "LLMGW_LLAMA_SERVER"
 
 PLACEHOLDERS = frozenset(
-    {"model", "port", "host", "args", "source", "engine", "replica_id", "profile"}
+    {"model", "port", "host", "args", "source", "source_args", "engine", "replica_id", "profile"}
 )
+# How a replica's source is written: a local path, an http(s) URL, or hf://ORG/NAME[@REV].
+SOURCE_KINDS = ("path", "url", "hf")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 
 # Stand-in engines: one argument template for every engine they stand in for. `{engine}` lets
@@ -44,18 +46,34 @@ STANDIN_TEMPLATE = (
     "{engine}",
     "{args}",
 )
-# llama-server: the model file from the replica's source, served under the catalog's name.
+# llama-server: the model from the replica's source, served under the catalog's name.
 LLAMACPP_TEMPLATE = (
     "--host",
     "{host}",
     "--port",
     "{port}",
-    "-m",
-    "{source}",
+    "{source_args}",
     "--alias",
     "{model}",
     "{args}",
 )
+# llama-server takes a file with -m, a URL with -mu (downloaded to its cache) and a Hugging
+# Face repo with -hf (common/arg.cpp).
+LLAMACPP_SOURCE_ARGS: dict[str, tuple[str, ...]] = {
+    "path": ("-m", "{value}"),
+    "url": ("-mu", "{value}"),
+    "hf": ("-hf", "{value}"),
+}
+
+
+def source_parts(source: str) -> tuple[str, str]:
+    """A source's kind (one of SOURCE_KINDS) and the value an engine is given for it:
+    `hf://ORG/NAME[@REV]` -> ("hf", "ORG/NAME"), a URL as it is, anything else a path."""
+    if source.startswith("hf://"):
+        return "hf", source[len("hf://") :].split("@", 1)[0]
+    if source.startswith(("http://", "https://")):
+        return "url", source
+    return "path", source
 
 
 class ConfigError(ValueError):
@@ -80,12 +98,15 @@ class EngineConfig:
     stop_grace_s: float = 30.0
     env: Mapping[str, str] = field(default_factory=dict)
     module: str = ""
+    source_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def command(self, spec: ReplicaSpec, host: str, port: int) -> list[str]:
         """The argv that runs `spec` on `host:port`: program, then the filled template.
 
         Profile arguments are inserted as they are, each one argument: nothing in them is
-        expanded (a `{port}` inside a profile argument stays literal).
+        expanded (a `{port}` inside a profile argument stays literal). `{source_args}` becomes
+        the items `source_args` gives for the source's kind, `{value}` filled (the bare value
+        for a kind it does not name).
         """
         values = {
             "model": spec.model or spec.replica_id,
@@ -100,6 +121,10 @@ class EngineConfig:
         for part in self.template:
             if part == "{args}":
                 argv.extend(spec.args)
+            elif part == "{source_args}":
+                kind, value = source_parts(spec.source)
+                items = self.source_args.get(kind, ("{value}",))
+                argv.extend(item.replace("{value}", value) for item in items)
             else:
                 argv.append(_PLACEHOLDER.sub(lambda m: values[m.group(1)], part))
         return argv
@@ -137,8 +162,9 @@ def _check_template(name: str, template: tuple[str, ...]) -> tuple[str, ...]:
                 raise ConfigError(
                     f"engine {name}: unknown placeholder {{{placeholder}}} (known: {known})"
                 )
-        if "{args}" in part and part != "{args}":
-            raise ConfigError(f"engine {name}: {{args}} must be a template item of its own")
+        for whole in ("{args}", "{source_args}"):
+            if whole in part and part != whole:
+                raise ConfigError(f"engine {name}: {whole} must be a template item of its own")
     if template.count("{args}") > 1:
         raise ConfigError(f"engine {name}: {{args}} may appear once")
     if "{args}" not in template:
@@ -197,6 +223,7 @@ def parse_engine(
         "env",
         "allow_flags",
         "refuse_flags",
+        "source_args",
     }
     unknown = sorted(set(data) - known)
     if unknown:
@@ -235,6 +262,15 @@ def parse_engine(
     refuse = data.get("refuse_flags", {}) or {}
     if not isinstance(refuse, dict) or not all(isinstance(v, str) for v in refuse.values()):
         raise ConfigError(f"{where}: refuse_flags maps each flag to why it is refused")
+    source_args_data = data.get("source_args", {}) or {}
+    if not isinstance(source_args_data, dict) or not set(source_args_data) <= set(SOURCE_KINDS):
+        raise ConfigError(f"{where}: source_args maps {list(SOURCE_KINDS)} to argument lists")
+    source_args = {
+        str(kind): _str_list(items, f"source_args.{kind}", where)
+        for kind, items in source_args_data.items()
+    }
+    if family == "llamacpp" and not source_args:
+        source_args = dict(LLAMACPP_SOURCE_ARGS)
     template = _str_list(data.get("args"), "args", where) or STANDIN_TEMPLATE
     return EngineConfig(
         name=name,
@@ -250,6 +286,7 @@ def parse_engine(
         stop_grace_s=_number(data, "stop_grace_s", 30.0, where),
         env={str(k): str(v) for k, v in env.items()},
         module=module,
+        source_args=source_args,
     )
 
 
@@ -374,6 +411,7 @@ def default_config(
                 program=(llama_server,),
                 template=_check_template("llamacpp", LLAMACPP_TEMPLATE),
                 rules=ArgRules("llamacpp"),
+                source_args=LLAMACPP_SOURCE_ARGS,
                 start_timeout_s=300.0,
                 stop_grace_s=10.0,
             )

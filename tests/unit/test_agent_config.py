@@ -165,3 +165,25 @@ def test_llama_server_is_found_from_the_environment_then_path(tmp_path: Path) ->
     assert find_llama_server(env, which=no_path) == str(exe)
     assert find_llama_server({}, which=lambda n: "/usr/bin/" + n) == "/usr/bin/llama-server"
     assert find_llama_server({"LLMGW_LLAMA_SERVER": "/nope"}, which=no_path) is None
+
+
+@pytest.mark.parametrize(
+    ("source", "items"),
+    [
+        ("/models/tiny.gguf", ["-m", "/models/tiny.gguf"]),
+        ("http://127.0.0.1:8000/tiny.gguf", ["-mu", "http://127.0.0.1:8000/tiny.gguf"]),
+        ("hf://ggml-org/tiny-GGUF@main", ["-hf", "ggml-org/tiny-GGUF"]),
+    ],
+)
+def test_llama_server_gets_the_source_in_the_form_it_takes(source: str, items: list[str]) -> None:
+    """llama-server is given a file with -m, a URL with -mu and a Hugging Face repo with -hf."""
+    engine = default_config(llama_server="/opt/llama-server").engines["llamacpp"]
+    argv = engine.command(ReplicaSpec("r", 1, "llamacpp", model="tiny", source=source), "h", 5)
+    assert argv == ["/opt/llama-server", "--host", "h", "--port", "5", *items, "--alias", "tiny"]
+
+
+def test_example_vllm_takes_a_hub_repo_as_its_model_id() -> None:
+    """A kind the engine maps nowhere is given bare: vLLM serves ORG/NAME for hf://ORG/NAME."""
+    engine = load_config(ROOT / "deploy" / "agent.example.yaml").engines["vllm"]
+    argv = engine.command(ReplicaSpec("r", 1, "vllm", source="hf://Qwen/Qwen3-8B"), "h", 5)
+    assert argv[1:3] == ["serve", "Qwen/Qwen3-8B"]
