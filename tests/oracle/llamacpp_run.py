@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 BUILD_HINT = (
     "llama.cpp is not built into this venv: run `CMAKE_ARGS='-DGGML_NATIVE=OFF "
     "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF' .venv/bin/pip install --no-deps "
@@ -113,6 +115,13 @@ class Printed:
     decoded: bool | None = None
     """With `decode`: whether decoding 8 tokens succeeded with finite logits."""
     log: str = ""
+
+
+def printed_mib(n_bytes: int) -> str:
+    """Bytes as llama.cpp prints them: float32 MiB with two decimals
+    (src/llama-kv-cache.cpp:301, `(float) bytes / (1024.0f * 1024.0f)` printed "%7.2f")."""
+    value = np.float32(n_bytes) / np.float32(1024.0 * 1024.0)
+    return f"{float(value):.2f}"
 
 
 def llama_cpp_missing() -> str | None:

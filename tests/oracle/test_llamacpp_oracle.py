@@ -23,14 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
-import numpy as np
 import pytest
 
 from planner_svc.domain.errors import EngineRefuses
 from planner_svc.domain.llamacpp import (
+    MIB,
     LlamaCppCache,
     LlamaCppSettings,
     llamacpp_cache,
+    llamacpp_overhead_bytes,
     settings_from_args,
 )
 from planner_svc.domain.shape import ModelShape
@@ -39,6 +40,7 @@ from tests.oracle.llamacpp_run import (
     ContextParams,
     Printed,
     llama_cpp_missing,
+    printed_mib,
     run_contexts,
 )
 from tests.oracle.models import GEOMETRIES, Geometry, geometry, inline_shape, write_model
@@ -190,13 +192,6 @@ def planner(
         return settings, refusal
 
 
-def mib(n_bytes: int) -> str:
-    """Bytes as llama.cpp prints them: float32 MiB with two decimals
-    (src/llama-kv-cache.cpp:301, `(float) bytes / (1024.0f * 1024.0f)`, "%7.2f")."""
-    value = np.float32(n_bytes) / np.float32(1024.0 * 1024.0)
-    return f"{float(value):.2f}"
-
-
 def gguf_shape_reader() -> Callable[[Path], ModelShape] | None:
     """`shape_from_gguf` over a written file's header, when that module is in the tree."""
     if importlib.util.find_spec("planner_svc.domain.gguf_shape") is None:
@@ -276,7 +271,8 @@ def test_grid_covers_every_geometry() -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("case", list(_params()))
 def test_planner_matches_llamacpp(oracle: Oracle, case: Case | None) -> None:
-    """The planner's cells and bytes (or refusal) equal what llama.cpp printed for the case."""
+    """The planner's cells and bytes (or refusal) equal what llama.cpp printed for the case,
+    and its compute-buffer estimate is at least what llama.cpp reserved."""
     if case is None:
         if SKIP:
             pytest.skip(f"LLMGW_SKIP_ORACLE=1: {BUILD_HINT}")
@@ -284,6 +280,11 @@ def test_planner_matches_llamacpp(oracle: Oracle, case: Case | None) -> None:
     printed = oracle.printed[case]
     for source, shape in oracle.shapes[case.model]:
         _check(case, source, *planner(shape, case), printed)
+        if printed.ok and printed.compute_mib:
+            overhead = llamacpp_overhead_bytes(shape, case.args(), 1)
+            assert overhead >= max(printed.compute_mib.values()) * MIB, (
+                f"{case.id}: compute buffers {printed.compute_mib} MiB exceed the estimate"
+            )
 
 
 def _check(
@@ -311,7 +312,7 @@ def _check(
         assert got.recurrent is not None, where
         assert (got.recurrent.cells, got.recurrent.size_mib) == (
             max(1, slots),
-            mib(want.recurrent_bytes),
+            printed_mib(want.recurrent_bytes),
         ), where
         return
     lines = {line.role: line for line in got.kv}
@@ -325,6 +326,8 @@ def _check(
             f"{where}: {role} cells/seqs/streams"
         )
         assert (line.type_k, line.type_v) == (case.type_k, case.type_v), where
-        assert (line.k_mib, line.v_mib, line.size_mib) == (mib(k), mib(v), mib(k + v)), (
-            f"{where}: {role} K/V/total MiB"
-        )
+        assert (line.k_mib, line.v_mib, line.size_mib) == (
+            printed_mib(k),
+            printed_mib(v),
+            printed_mib(k + v),
+        ), f"{where}: {role} K/V/total MiB"
