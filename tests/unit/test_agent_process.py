@@ -8,9 +8,9 @@ from pathlib import Path
 from fleet_svc.agent import claims
 from fleet_svc.agent.cards import StandinCards, parse_gpu_spec
 from fleet_svc.agent.config import AgentConfig, standin_engine
+from fleet_svc.agent.process import RunRecord, process_start_ticks, read_records
 from fleet_svc.agent.replica import ReplicaSpec
 from fleet_svc.agent.replicas import ReplicaSet
-from fleet_svc.agent.runner import RunRecord, process_start_ticks, read_records
 
 
 def test_run_record_round_trips() -> None:
