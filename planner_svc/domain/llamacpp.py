@@ -202,14 +202,20 @@ def settings_from_args(args: Sequence[str]) -> LlamaCppSettings:
     `--parallel N` with a per-slot (non-unified) cache unless `--kv-unified`, f16 caches, flash
     attention auto, ubatch 512, batch 2048, no `--swa-full`, `--fit on`.
 
+    llama-server also takes `--ctx_size` for `--ctx-size` (common/arg.cpp:823-825 turns `_`
+    into `-` in long flags), read here too; it does not take `--flag=value` (no `=` split in
+    common_params_parse_ex), which is read here as the project's argument convention.
+
     Args:
         args: llama-server's arguments; `--flag value` and `--flag=value`, short aliases.
     Returns:
         The settings.
     Raises:
         EngineRefuses: a value llama-server itself rejects (unknown cache type, `--parallel 0`,
-            a flash-attention word it does not know, a non-number where it wants one).
+            a flash-attention word it does not know), or a number that is not a whole number
+            (llama-server's std::stoi would read "4k" as 4).
     """
+    args = [_long_flag(arg) for arg in args]
     parallel = _int_arg(args, PARALLEL, -1)
     if parallel == 0 or parallel < -1:
         # common/arg.cpp:2547-2549 rejects 0; any other negative is auto like -1.
@@ -497,6 +503,11 @@ def _resolve_fa(
             _refuse("--split-mode tensor needs flash attention: drop --flash-attn off")
         fa = FlashAttn.ON
     if type_v.quantized:
+        if shape.architecture in _NO_FLASH_ATTN_ARCHS:
+            _refuse(
+                f"{shape.architecture} runs without flash attention, which a quantized V cache "
+                f"({type_v.name}) needs: give --cache-type-v f16"
+            )
         if fa is FlashAttn.OFF:
             _refuse(
                 f"a quantized V cache ({type_v.name}) needs flash attention: give --flash-attn "
@@ -660,6 +671,14 @@ def _on_off(args: Sequence[str], names: Sequence[str], default: bool) -> bool:
     if word is FlashAttn.AUTO or word is None:
         _refuse(f"{names[0]} {value!r} is not on or off")
     return word is FlashAttn.ON
+
+
+def _long_flag(arg: str) -> str:
+    """A long flag with `_` written as `-`, as llama-server reads it; anything else as is."""
+    if not arg.startswith("--"):
+        return arg
+    name, sep, value = arg.partition("=")
+    return name.replace("_", "-") + sep + value
 
 
 def _kv_unified_flag(args: Sequence[str]) -> bool:
