@@ -60,6 +60,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--memory-bytes", type=int, default=GIB, help="memory it claims on each of its cards"
     )
+    parser.add_argument(
+        "--kv-capacity-tokens",
+        type=int,
+        default=None,
+        help="tokens its KV cache 'holds': a longer context is refused as vLLM refuses it",
+    )
     for flag in TP_FLAGS:
         parser.add_argument(flag, dest=f"tp{TP_FLAGS.index(flag)}", default=None)
     for flag in CONTEXT_FLAGS:
@@ -108,6 +114,17 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         raise OptionsError(
             f"ValueError: tensor parallel size {tp} does not match the {len(gpus)} GPUs "
             f"available (CUDA_VISIBLE_DEVICES={visible!r})"
+        )
+    if (
+        ns.kv_capacity_tokens is not None
+        and context is not None
+        and context > ns.kv_capacity_tokens
+    ):
+        # vLLM's refusal when the context does not fit the KV cache it could allocate
+        # (the ground truth's gt-024 row quotes it).
+        raise OptionsError(
+            f"ValueError: The model's max seq len ({context}) is larger than the maximum number "
+            f"of tokens that can be stored in KV cache ({ns.kv_capacity_tokens})."
         )
     if ns.memory_bytes < 0:
         raise OptionsError("argument --memory-bytes: must not be negative")

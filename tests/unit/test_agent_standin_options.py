@@ -86,3 +86,15 @@ def test_completion_is_deterministic_in_the_prompt() -> None:
     assert completion_text("hi", 5) == completion_text("hi", 5)
     assert len(completion_text("hi", 5).split()) == 5
     assert len(completion_text("hi", 10_000).split()) == 256
+
+
+def test_context_past_the_kv_capacity_is_refused_as_vllm_refuses_it() -> None:
+    """A context longer than --kv-capacity-tokens is refused with vLLM's error line."""
+    with pytest.raises(OptionsError, match="larger than the maximum number of tokens"):
+        parse_options(
+            ["--port", "1", "--max-model-len", "16384", "--kv-capacity-tokens", "12000"], {}
+        )
+    opts = parse_options(
+        ["--port", "1", "--max-model-len", "12000", "--kv-capacity-tokens", "12000"], {}
+    )
+    assert opts.context_tokens == 12000
