@@ -25,7 +25,7 @@ _ENGINE = "llamacpp"
 
 MIB = 1 << 20
 
-# src/llama-context.cpp:290 and src/llama-kv-cache-iswa.cpp:63 pad cache sizes to 256 cells.
+# src/llama-context.cpp:290 and src/llama-kv-cache-iswa.cpp:73 pad cache sizes to 256 cells.
 CELL_PAD = 256
 # src/llama-cparams.h:8: LLAMA_MAX_SEQ; src/llama-context.cpp:101 refuses more sequences.
 MAX_SEQUENCES = 256
@@ -35,7 +35,7 @@ AUTO_SLOTS = 4
 # common/common.h:453-454: logical and physical batch defaults.
 DEFAULT_BATCH_TOKENS = 2048
 DEFAULT_UBATCH_TOKENS = 512
-# Recurrent state (r and s) is allocated in f32 (src/llama-model.cpp:2658-2660, create_memory).
+# Recurrent state (r and s) is allocated in f32 (src/llama-model.cpp:2669-2678, create_memory).
 STATE_DTYPE_BYTES = 4
 
 
@@ -85,7 +85,7 @@ class FlashAttn(enum.Enum):
     OFF = "off"
     """Written off/disabled/false/0: never used."""
     AUTO = "auto"
-    """Written auto/-1, or absent: used where the device supports it (see `resolve`)."""
+    """Written auto/-1, or absent: used where the device supports it (see `_resolve_fa`)."""
 
 
 # common/arg.cpp:1334-1344: is_truthy / is_falsey / is_autoy.
@@ -136,7 +136,7 @@ _EXTRA_CACHE_ARCHS = frozenset(
     {"minimax-m3", "glm-dsa", "deepseek32", "glm5-next", "hy_v4", "dots3note", "deepseek4"}
 )
 # src/llama-arch.cpp:1071-1109 (llm_arch_is_recurrent / llm_arch_is_hybrid): their KV cache
-# holds only the attention layers (src/llama-model.cpp:2652-2700, filter_attn).
+# holds only the attention layers (src/llama-model.cpp:2679-2776, filter_attn).
 _RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
 _HYBRID_ARCHS = frozenset(
     {
@@ -370,7 +370,7 @@ def llamacpp_cache(shape: ModelShape, settings: LlamaCppSettings) -> LlamaCppCac
     cached = _cache_layers(shape)
     sliding = [la for la in cached if la.kind is LayerKind.SLIDING]
     full = [la for la in cached if la.kind is not LayerKind.SLIDING]
-    # src/llama-kv-cache.cpp:186-188 ([TAG_V_CACHE_VARIABLE]): without flash attention V is
+    # src/llama-kv-cache.cpp:158 and 210 ([TAG_V_CACHE_VARIABLE]): without flash attention V is
     # stored transposed and every layer's V row is the widest of all layers.
     v_max = max((_v_width(la) for la in shape.layers if la.has_kv), default=0)
     v_row = None if flash else v_max
@@ -381,7 +381,7 @@ def llamacpp_cache(shape: ModelShape, settings: LlamaCppSettings) -> LlamaCppCac
     swa_k = swa_v = 0
     if sliding:
         window = max(la.window_tokens for la in sliding)
-        # src/llama-kv-cache-iswa.cpp:61-71: the SWA cache holds the window of every sequence
+        # src/llama-kv-cache-iswa.cpp:71-81: the SWA cache holds the window of every sequence
         # sharing a stream plus one ubatch, padded to 256, never more than the full cache.
         per_stream = seqs if settings.kv_unified else 1
         swa_cells = (
@@ -390,7 +390,7 @@ def llamacpp_cache(shape: ModelShape, settings: LlamaCppSettings) -> LlamaCppCac
             else _pad(min(n_ctx_seq, window * per_stream + ubatch), CELL_PAD)
         )
         swa_k, swa_v = _layer_bytes(sliding, swa_cells * streams, type_k, type_v, v_row)
-    # src/llama-model.cpp:2655-2664: the recurrent memory has max(1, n_seq_max) rows of
+    # src/llama-model.cpp:2669-2678: the recurrent memory has max(1, n_seq_max) rows of
     # f32 state (n_rs_seq extra rows only for speculative rollback, not modelled).
     recurrent = shape.state_bytes_per_sequence() * max(1, seqs)
     return LlamaCppCache(
@@ -527,7 +527,7 @@ def _resolve_fa(
 def _cache_layers(shape: ModelShape) -> list[Layer]:
     """The layers llama.cpp gives a row in its KV cache.
 
-    src/llama-kv-cache.cpp:156-230: every layer for which has_kv(il) holds (all of them,
+    src/llama-kv-cache.cpp:164-244: every layer for which has_kv(il) holds (all of them,
     except the shared-KV tail of gemma3n/gemma4) and that the memory's filter keeps (the
     attention layers of a hybrid; none in a recurrent model) gets K and V tensors, even a
     layer with no KV heads (deci's attention-free layers): its K row is 0 wide, its V row is
@@ -570,7 +570,7 @@ def _layer_bytes(
 ) -> tuple[int, int]:
     """K and V bytes of `layers` with `rows` cells (cells x streams) each.
 
-    src/llama-kv-cache.cpp:193-230: K is [kv_heads x head_dim_k, cells, streams] of type_k,
+    src/llama-kv-cache.cpp:208-234: K is [kv_heads x head_dim_k, cells, streams] of type_k,
     V likewise (or the widest V row when `v_row` is given); MLA layers have no V (has_v =
     !is_mla). Sizes are ggml_nbytes, i.e. row bytes x rows.
     """
