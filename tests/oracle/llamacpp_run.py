@@ -272,8 +272,8 @@ chunks = []
 
 @lib.llama_log_callback
 def _log(level, text, user_data):
-    # 4 = GGML_LOG_LEVEL_DEBUG: the per-tensor graph dumps, not needed.
-    if level != 4:
+    # 1 = GGML_LOG_LEVEL_DEBUG (ggml/include/ggml.h): per-layer and per-tensor dumps.
+    if level != 1:
         chunks.append(text.decode("utf-8", "replace"))
 
 lib.llama_log_set(_log, ctypes.c_void_p(0))

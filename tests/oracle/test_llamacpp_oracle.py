@@ -139,6 +139,16 @@ class Case:
         return out
 
 
+# The planner's refusal (a phrase of its detail) -> the reason llama.cpp prints for it
+# (src/llama-context.cpp:3835-3862, llama_init_from_model).
+REFUSAL_REASONS = {
+    "K head size": "K cache type",
+    "V head size": "V cache type",
+    "a quantized V cache": "quantized V cache requires flash_attn",
+    "refuses different cache types": "does not support different K",
+}
+
+
 def generate_cases() -> list[Case]:
     """Every combination of the grid, per model; sliding-window models add ubatch/swa_full."""
     cases: list[Case] = []
@@ -309,6 +319,12 @@ def _check(
             f"{where}: the planner refuses ({want.message}) but llama.cpp created the context "
             "and decoded finite logits"
         )
+        if not got.ok and not got.crashed:
+            reason = next((ll for ours, ll in REFUSAL_REASONS.items() if ours in want.detail), "")
+            assert reason and reason in got.error, (
+                f"{where}: refused for other reasons: planner {want.detail!r}, "
+                f"llama.cpp {got.error!r}"
+            )
         return
     assert got.ok, f"{where}: llama.cpp refused: {got.error or 'crashed'}"
     assert (got.n_ctx, got.n_ctx_seq) == (want.n_ctx_tokens, want.n_ctx_seq_tokens), where
