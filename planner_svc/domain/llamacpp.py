@@ -515,9 +515,11 @@ def _resolve_fa(
             )
         fa = FlashAttn.ON
     if type_k.quantized:
-        # With flash attention on llama.cpp refuses the context (src/llama-context.cpp:
-        # 3851-3860); with it off the K rows are views of whole blocks per head and a head
-        # size off the block breaks them, so the planner refuses both.
+        # With flash attention on (or auto) llama.cpp refuses the context
+        # (src/llama-context.cpp:3851-3860). With it off it does not check, but each head is a
+        # view of whole blocks: the oracle shows it aborting in ggml when the K row is not
+        # whole blocks (one KV head of 80) and decoding NaN logits when only the heads are
+        # not (two of 80), so the planner refuses both.
         _check_blocks(shape, type_k, "K", "--cache-type-k", lambda la: la.head_dim_k)
     if fa is not FlashAttn.OFF and type_v.quantized:
         _check_blocks(shape, type_v, "V", "--cache-type-v", _v_head)
@@ -556,7 +558,8 @@ def _check_blocks(
 
 
 def _v_head(la: Layer) -> int:
-    """The V head size llama.cpp checks: an MLA layer's is its latent width (kv_lora_rank)."""
+    """The V head size checked against a quantized V type. llama.cpp checks an MLA layer's
+    value_length (kv_lora_rank, 512 in released models); the shape keeps no V for it (0)."""
     return la.head_dim_v
 
 
