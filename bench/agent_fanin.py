@@ -1,0 +1,456 @@
+"""Bench: agent fan-in: N simulated agents on one fleet, its CPU and memory per agent, and the
+time from a catalog change to every agent's acknowledgement.
+
+The fleet runs as a child process (`python -m fleet_svc --listen 127.0.0.1:0 ...`) so its CPU
+time (user + system, /proc/PID/stat; psutil is not installed) and resident memory (VmRSS,
+/proc/PID/status) are its own. The agents are lean simulated agents in this process: real
+`AgentService.Connect` streams (Hello with one card, heartbeats on the Welcome's interval, an
+Ack for every Desired, HEALTHY for every replica at once, STOPPED when one goes), spread over
+several channels of at most STREAMS_PER_CHANNEL streams, each channel its own connection
+(an HTTP/2 peer caps concurrent streams per connection, commonly at 100).
+
+For each N, on a fresh fleet:
+- idle: the fleet's CPU over a window with no agents, and its RSS (the baseline);
+- connected: all N agents joined and beating; CPU over the same window, RSS; per agent:
+  (RSS_N - RSS_0) / N and (CPU_N - CPU_0) / N;
+- change: CreateModel of a model with N one-card replicas (one lands on every node, each node
+  having one card); per-agent latency from the call to that agent's Ack of the desired set
+  holding its replica (p50/p99), and to all N replicas routable (a WatchReplicas stream).
+  The model is deleted and the next round creates it again.
+
+Ratios compare each N with the smallest N of the same run (the baseline).
+
+Run: `.venv/bin/python -m bench.agent_fanin [--full] [--sizes 10,100,...]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import math
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from bench.planner_throughput import ChildServer, start_child
+from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
+from llmgw.common.v1 import common_pb2
+from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+
+STREAMS_PER_CHANNEL = 50
+"""Agents per channel (one TCP connection each); below the usual 100-stream cap."""
+WAIT_S = 120.0
+"""Bound on any wait for the fleet or the agents (a run that hangs fails instead)."""
+CARD_BYTES = 81559 << 20
+PROFILE_REPLICAS = 200
+"""Replicas per profile of the fan-out model (fleet_svc.catalog caps a profile at 256)."""
+KINDS = fleet_pb2.WatchReplicasResponse
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The `q`-th percentile (0..100) of `values`, linearly interpolated between ranks."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+async def start_fleet_child(
+    folder: Path,
+    *,
+    heartbeat_s: float = 2.0,
+    drain_s: float = 0.1,
+    planner: str = "127.0.0.1:1",
+    start_timeout_s: float = 60.0,
+) -> ChildServer:
+    """`python -m fleet_svc` on 127.0.0.1:0 with its SQLite store and log in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return await start_child(
+        "fleet_svc",
+        [
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            str(folder / "fleet.db"),
+            "--heartbeat-s",
+            str(heartbeat_s),
+            "--drain-s",
+            str(drain_s),
+            "--planner",
+            planner,
+            "--start-timeout-s",
+            str(start_timeout_s),
+            "--log-format",
+            "json",
+        ],
+        folder / "fleet.log",
+    )
+
+
+def agent_channels(address: str, agents: int) -> list[grpc.aio.Channel]:
+    """Enough channels for `agents` streams, each with its own connection."""
+    # A local subchannel pool: channels to one target would otherwise share one connection.
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    count = max(1, math.ceil(agents / STREAMS_PER_CHANNEL))
+    return [grpc.aio.insecure_channel(address, options=options) for _ in range(count)]
+
+
+@dataclass
+class LeanAgent:
+    """One simulated node agent on a shared channel: one card, everything HEALTHY at once."""
+
+    node: str
+    stub: agent_pb2_grpc.AgentServiceAsyncStub
+    watch_model: str = ""
+    """Record when a desired set first holds a replica of this model."""
+    changed_at: float = 0.0
+    """When the catalog change was made (perf_counter), for `latency_s`."""
+    latency_s: float | None = None
+    """From `changed_at` to this agent's Ack of the desired set holding its replica."""
+    acks: int = 0
+    running: dict[str, agent_pb2.ReplicaSpec] = field(default_factory=dict)
+    joined: asyncio.Event = field(default_factory=asyncio.Event)
+    _call: grpc.aio.StreamStreamCall[agent_pb2.ConnectRequest, agent_pb2.ConnectResponse] | None = (
+        None
+    )
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def _send(self, msg: agent_pb2.ConnectRequest) -> None:
+        assert self._call is not None
+        async with self._lock:  # one write in flight per stream
+            await self._call.write(msg)
+
+    def _observed(self, spec: agent_pb2.ReplicaSpec, phase: int) -> agent_pb2.ConnectRequest:
+        return agent_pb2.ConnectRequest(
+            update=agent_pb2.ReplicaUpdate(
+                replica=agent_pb2.ObservedReplica(
+                    replica_id=spec.replica_id,
+                    revision=spec.revision,
+                    phase=phase,  # type: ignore[arg-type]
+                    address=f"127.0.0.1:{20000 + hash(self.node) % 20000}",
+                    gpus=list(spec.gpus),
+                    model=spec.model,
+                )
+            )
+        )
+
+    async def run(self) -> None:
+        """Hello, then answer until the stream ends; heartbeats on the Welcome's interval."""
+        call = self._call = self.stub.Connect()
+        card = agent_pb2.Card(
+            index=0, uuid=f"{self.node}-gpu0", model="H100-80GB", memory_total_bytes=CARD_BYTES
+        )
+        await self._send(
+            agent_pb2.ConnectRequest(
+                hello=agent_pb2.Hello(
+                    node_name=self.node,
+                    cards=[card],
+                    engines=["vllm"],
+                    memory_bytes=64 << 30,
+                    memory_free_bytes=64 << 30,
+                )
+            )
+        )
+        beater: asyncio.Task[None] | None = None
+        try:
+            while True:
+                msg = await call.read()
+                if not isinstance(msg, agent_pb2.ConnectResponse):
+                    return  # grpc.aio.EOF: the fleet ended the stream
+                kind = msg.WhichOneof("msg")
+                if kind == "welcome" and beater is None:
+                    beater = asyncio.create_task(self._beat(msg.welcome.heartbeat_interval_s))
+                elif kind == "desired":
+                    await self._apply(msg.desired)
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass
+        finally:
+            if beater is not None:
+                beater.cancel()
+
+    async def _apply(self, desired: agent_pb2.Desired) -> None:
+        wanted = {s.replica_id: s for s in desired.replicas}
+        await self._send(agent_pb2.ConnectRequest(ack=agent_pb2.Ack(version=desired.version)))
+        self.acks += 1
+        self.joined.set()
+        if (
+            self.latency_s is None
+            and self.watch_model
+            and any(s.model == self.watch_model for s in desired.replicas)
+        ):
+            self.latency_s = time.perf_counter() - self.changed_at
+        for rid, spec in list(self.running.items()):
+            if rid not in wanted:
+                del self.running[rid]
+                await self._send(self._observed(spec, agent_pb2.PROCESS_PHASE_STOPPED))
+        for rid, spec in wanted.items():
+            if rid not in self.running:
+                self.running[rid] = spec
+                await self._send(self._observed(spec, agent_pb2.PROCESS_PHASE_HEALTHY))
+
+    async def _beat(self, interval_s: float) -> None:
+        # Start at a random point of the interval so N agents do not beat in step.
+        await asyncio.sleep(interval_s * (hash(self.node) % 1000) / 1000)
+        for seq in itertools.count(1):
+            await self._send(agent_pb2.ConnectRequest(heartbeat=agent_pb2.Heartbeat(seq=seq)))
+            await asyncio.sleep(interval_s)
+
+    def cancel(self) -> None:
+        """Drop the stream."""
+        if self._call is not None:
+            self._call.cancel()
+
+
+def fan_model(replicas: int) -> common_pb2.Model:
+    """A model of `replicas` one-card vLLM replicas (one per one-card node), split over
+    profiles of at most PROFILE_REPLICAS (the catalog caps replicas per profile)."""
+    counts = [PROFILE_REPLICAS] * (replicas // PROFILE_REPLICAS)
+    if replicas % PROFILE_REPLICAS:
+        counts.append(replicas % PROFILE_REPLICAS)
+    return common_pb2.Model(
+        name="fan",
+        source="hf://org/fan",
+        context_length=8192,
+        profiles=[
+            common_pb2.Profile(
+                name=f"gpu-{i}",
+                engine="vllm",
+                args=["--max-model-len", "8192"],
+                gpu_class="H100-80GB",
+                gpus_per_node=1,
+                replicas=count,
+            )
+            for i, count in enumerate(counts)
+        ],
+    )
+
+
+async def wait_for(
+    check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = WAIT_S
+) -> None:
+    """Poll an async predicate every 50 ms until it holds.
+
+    Raises:
+        RuntimeError: it did not hold within `timeout_s`.
+    """
+    deadline = time.perf_counter() + timeout_s
+    while not await check():
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"{what} did not happen within {timeout_s:.0f} s")
+        await asyncio.sleep(0.05)
+
+
+async def cpu_over(fleet: ChildServer, window_s: float) -> float:
+    """The fleet's CPU use over `window_s` as a fraction of one core."""
+    before, start = fleet.cpu_s(), time.perf_counter()
+    await asyncio.sleep(window_s)
+    return (fleet.cpu_s() - before) / (time.perf_counter() - start)
+
+
+async def change_round(
+    stub: fleet_pb2_grpc.FleetServiceAsyncStub, agents: list[LeanAgent]
+) -> tuple[list[float], float]:
+    """Create the model, wait for every agent's Ack and every endpoint; delete it again.
+
+    Returns:
+        Per-agent latencies to the Ack, and the time to all N endpoints routable.
+    """
+    n = len(agents)
+    routable: set[str] = set()
+    all_routable = asyncio.Event()
+    synced = asyncio.Event()
+
+    async def watch() -> None:
+        async for ev in stub.WatchReplicas(fleet_pb2.WatchReplicasRequest(model="fan")):
+            if ev.kind == KINDS.KIND_SYNCED:
+                synced.set()
+            elif ev.kind == KINDS.KIND_ADDED:
+                routable.add(ev.endpoint.replica_id)
+                if len(routable) >= n:
+                    all_routable.set()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await asyncio.wait_for(synced.wait(), WAIT_S)
+        start = time.perf_counter()
+        for a in agents:
+            a.latency_s, a.changed_at, a.watch_model = None, start, "fan"
+        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=fan_model(n)))
+
+        async def all_acked() -> bool:
+            return all(a.latency_s is not None for a in agents)
+
+        await wait_for(all_acked, f"all {n} agents acknowledging the change")
+        await asyncio.wait_for(all_routable.wait(), WAIT_S)
+        ready_s = time.perf_counter() - start
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+            await watcher
+    latencies = [a.latency_s for a in agents if a.latency_s is not None]
+    for a in agents:
+        a.watch_model = ""
+    await stub.DeleteModel(fleet_pb2.DeleteModelRequest(name="fan"))
+
+    async def all_gone() -> bool:
+        listed = await stub.ListReplicas(fleet_pb2.ListReplicasRequest())
+        return not listed.replicas and not any(a.running for a in agents)
+
+    await wait_for(all_gone, "the model's replicas gone after its deletion")
+    return latencies, ready_s
+
+
+async def measure_n(
+    n: int, folder: Path, *, window_s: float, rounds: int, heartbeat_s: float
+) -> dict[str, float]:
+    """One fresh fleet with `n` agents: its idle and connected CPU and RSS, and the change
+    rounds' latencies."""
+    fleet = await start_fleet_child(folder, heartbeat_s=heartbeat_s)
+    channels = agent_channels(fleet.address, n)
+    admin = grpc.aio.insecure_channel(fleet.address)
+    stub = fleet_pb2_grpc.FleetServiceStub(admin)
+    agents: list[LeanAgent] = []
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        await asyncio.sleep(1.0)  # the fleet's first ticks and lazy imports
+        cpu_idle = await cpu_over(fleet, window_s)
+        rss_idle = fleet.rss_bytes()
+        start = time.perf_counter()
+        for i in range(n):
+            stubs = agent_pb2_grpc.AgentServiceStub(channels[i % len(channels)])
+            agents.append(LeanAgent(f"node-{i:04d}", stubs))
+        tasks = [asyncio.create_task(a.run()) for a in agents]
+        await asyncio.wait_for(asyncio.gather(*(a.joined.wait() for a in agents)), WAIT_S)
+        join_s = time.perf_counter() - start
+        await asyncio.sleep(heartbeat_s)  # every agent has beaten at least once
+        cpu_n = await cpu_over(fleet, window_s)
+        rss_n = fleet.rss_bytes()
+        nodes = await stub.ListNodes(fleet_pb2.ListNodesRequest())
+        ready_nodes = sum(1 for x in nodes.nodes if x.phase == fleet_pb2.NODE_PHASE_READY)
+        latencies: list[float] = []
+        ready_times: list[float] = []
+        for _ in range(rounds):
+            lat, ready_s = await change_round(stub, agents)
+            latencies += lat
+            ready_times.append(ready_s)
+    finally:
+        for a in agents:
+            a.cancel()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for ch in [*channels, admin]:
+            await ch.close()
+        await fleet.stop()
+    return {
+        "agents": n,
+        "ready_nodes": ready_nodes,
+        "join_s": join_s,
+        "cpu_idle_pct": cpu_idle * 100,
+        "cpu_pct": cpu_n * 100,
+        "cpu_ms_per_agent_s": (cpu_n - cpu_idle) * 1e3 / max(n, 1),
+        "rss_idle_mb": rss_idle / 1e6,
+        "rss_mb": rss_n / 1e6,
+        "rss_kb_per_agent": (rss_n - rss_idle) / 1e3 / max(n, 1),
+        "ack_p50_ms": percentile(latencies, 50) * 1e3,
+        "ack_p99_ms": percentile(latencies, 99) * 1e3,
+        "ack_max_ms": max(latencies) * 1e3,
+        "all_ready_ms": statistics.median(ready_times) * 1e3,
+    }
+
+
+async def measure(
+    sizes: Sequence[int], folder: Path, *, window_s: float, rounds: int, heartbeat_s: float = 2.0
+) -> dict[str, float]:
+    """Every size in turn, each on a fresh fleet, printing a line as each ends.
+
+    Returns:
+        The figures keyed `{name}@{n}`, and each size's ratios to the first size's
+        (`ack_p50_ratio@{n}`, `all_ready_ratio@{n}`).
+    """
+    print_header(window_s, rounds, heartbeat_s)
+    figures: dict[str, float] = {}
+    base: dict[str, float] = {}
+    for n in sizes:
+        row = await measure_n(
+            n, folder / f"n{n}", window_s=window_s, rounds=rounds, heartbeat_s=heartbeat_s
+        )
+        base = base or row
+        row["ack_p50_ratio"] = row["ack_p50_ms"] / base["ack_p50_ms"]
+        row["all_ready_ratio"] = row["all_ready_ms"] / base["all_ready_ms"]
+        print_row(row)
+        figures |= {f"{key}@{n}": value for key, value in row.items() if key != "agents"}
+    return figures
+
+
+def print_header(window_s: float, rounds: int, heartbeat_s: float) -> None:
+    """Say how the figures are taken, and the table's columns."""
+    print(
+        f"fleet as a child process (CPU: /proc user+system over {window_s:g} s windows; RSS: "
+        f"VmRSS); heartbeats every {heartbeat_s:g} s each way; {rounds} catalog change "
+        "round(s) per N (CreateModel, one one-card replica per node)"
+    )
+    print(
+        f"{'N':>5} {'ready':>5} {'join s':>7} {'CPU% idle':>9} {'CPU% N':>7} "
+        f"{'CPU ms/s/agent':>14} {'RSS MB 0':>8} {'RSS MB N':>8} {'KB/agent':>8} "
+        f"{'ack p50 ms':>10} {'ack p99 ms':>10} {'all ready ms':>12} {'p50/base':>8}",
+        flush=True,
+    )
+
+
+def print_row(r: dict[str, float]) -> None:
+    """One N's line."""
+    print(
+        f"{r['agents']:>5.0f} {r['ready_nodes']:>5.0f} {r['join_s']:>7.2f} "
+        f"{r['cpu_idle_pct']:>9.1f} {r['cpu_pct']:>7.1f} {r['cpu_ms_per_agent_s']:>14.3f} "
+        f"{r['rss_idle_mb']:>8.1f} {r['rss_mb']:>8.1f} {r['rss_kb_per_agent']:>8.1f} "
+        f"{r['ack_p50_ms']:>10.1f} {r['ack_p99_ms']:>10.1f} {r['all_ready_ms']:>12.1f} "
+        f"{r['ack_p50_ratio']:>8.2f}",
+        flush=True,
+    )
+
+
+@dataclass(frozen=True)
+class Size:
+    """How big a run is."""
+
+    sizes: tuple[int, ...]
+    window_s: float
+    rounds: int
+
+
+QUICK = Size(sizes=(10, 100, 300), window_s=6.0, rounds=1)
+FULL = Size(sizes=(10, 100, 500, 1000), window_s=10.0, rounds=3)
+
+
+def run(full: bool, sizes: Sequence[int] = ()) -> dict[str, float]:
+    """The benchmark at its quick or full size (or the `sizes` given); returns its figures."""
+    conf = FULL if full else QUICK
+    with tempfile.TemporaryDirectory(prefix="bench-fanin-") as tmp:
+        return asyncio.run(
+            measure(
+                tuple(sizes) or conf.sizes, Path(tmp), window_s=conf.window_s, rounds=conf.rounds
+            )
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse `--full` / `--sizes`, run, print."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--full", action="store_true", help="N = 10, 100, 500, 1000")
+    parser.add_argument("--sizes", default="", help="comma-separated N (the first is the base)")
+    opts = parser.parse_args(argv)
+    run(opts.full, [int(s) for s in opts.sizes.split(",") if s.strip()])
+
+
+if __name__ == "__main__":
+    main()
