@@ -31,6 +31,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 import grpc
+import httpx
 from google.protobuf import json_format
 
 from llmgw.common.v1 import common_pb2
@@ -63,6 +64,8 @@ class Child:
     proc: subprocess.Popen[bytes] | None = None
     address: str = ""
     log_file: TextIO | None = field(default=None, repr=False)
+    log_offset: int = 0
+    """Where this run's part of the log starts (logs are appended to across runs)."""
 
     def start(self, env: dict[str, str]) -> None:
         """Start it in its own session (a Ctrl-C at the terminal reaches `llmgw up` only, which
@@ -70,6 +73,7 @@ class Child:
         self.log_file = self.log_path.open("a")
         self.log_file.write(f"--- llmgw up: {' '.join(self.argv)}\n")
         self.log_file.flush()
+        self.log_offset = self.log_file.tell()
         self.proc = subprocess.Popen(
             self.argv,
             stdin=subprocess.DEVNULL,
@@ -101,13 +105,18 @@ class Child:
             self.log_file.close()
         return self.proc.returncode
 
+    def log_lines(self) -> list[str]:
+        """The lines this run of it has logged so far."""
+        try:
+            with self.log_path.open("rb") as handle:
+                handle.seek(self.log_offset)
+                return handle.read().decode(errors="replace").splitlines()
+        except OSError:
+            return []
+
     def tail(self, lines: int = 8) -> str:
         """The last lines of its log, indented, for an error message."""
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(f"    {line}" for line in text[-lines:])
+        return "\n".join(f"    {line}" for line in self.log_lines()[-lines:])
 
 
 def _resolve_prctl() -> Any:
@@ -152,6 +161,21 @@ def find_llama_server(env: dict[str, str]) -> str | None:
     return shutil.which("llama-server")
 
 
+def command_name(argv0: str | None = None) -> str:
+    """How to call `llmgw` again, as it was called: `llmgw` when that is on PATH, else the
+    path it was run by (e.g. `.venv/bin/llmgw`), else through Python."""
+    called = argv0 if argv0 is not None else sys.argv[0]
+    on_path = shutil.which("llmgw")
+    if Path(called).name == "llmgw":
+        if on_path and Path(on_path).resolve() == Path(called).resolve():
+            return "llmgw"
+        relative = os.path.relpath(called)
+        if relative.startswith(".."):
+            return os.path.abspath(called)
+        return relative if "/" in relative else f"./{relative}"
+    return "llmgw" if on_path else f"{sys.executable} -m llmgw.cli.main"
+
+
 def port_taken(host: str, port: int) -> bool:
     """Whether something listens on (or holds) host:port. gRPC servers bind with
     SO_REUSEPORT, so a second fleet could otherwise share the first one's port unnoticed."""
@@ -172,12 +196,10 @@ def wait_listening(child: Child, timeout_s: float, stop: threading.Event) -> str
     """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not stop.is_set():
-        with contextlib.suppress(OSError):
-            for line in child.log_path.read_text(errors="replace").splitlines():
-                match = _LISTENING.search(line)
-                if match and not line.startswith("{"):
-                    child.address = f"{match.group('host')}:{match.group('port')}"
-            if child.address:
+        for line in child.log_lines():
+            match = _LISTENING.search(line)
+            if match and not line.startswith("{"):
+                child.address = f"{match.group('host')}:{match.group('port')}"
                 return child.address
         if not child.running():
             code = child.proc.returncode if child.proc else None
@@ -189,6 +211,26 @@ def wait_listening(child: Child, timeout_s: float, stop: threading.Event) -> str
     if stop.is_set():
         raise UpError("stopped while starting")
     raise UpError(f"the {child.name} did not listen within {timeout_s:.0f} s; see {child.log_path}")
+
+
+def wait_channel(channel: grpc.Channel, timeout_s: float, stop: threading.Event) -> None:
+    """Wait until `channel` connects, in slices so a signal is not held up.
+
+    Raises:
+        UpError: it did not connect within `timeout_s`, or a signal came.
+    """
+    ready = grpc.channel_ready_future(channel)
+    deadline = time.monotonic() + timeout_s
+    while not stop.is_set():
+        try:
+            ready.result(timeout=0.25)
+            return
+        except grpc.FutureTimeoutError:
+            if time.monotonic() > deadline:
+                ready.cancel()
+                raise UpError(f"could not connect within {timeout_s:.0f} s") from None
+    ready.cancel()
+    raise UpError("stopped while starting")
 
 
 @dataclass
@@ -260,6 +302,29 @@ def _phase(r: fleet_pb2.Replica) -> str:
     return str(fleet_pb2.ReplicaPhase.Name(r.phase)).removeprefix("REPLICA_PHASE_")
 
 
+def answers_health(address: str) -> bool:
+    """Whether the engine at HOST:PORT answers GET /health with 200 now."""
+    try:
+        return httpx.get(f"http://{address}/health", timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def serving(
+    stub: fleet_pb2_grpc.FleetServiceStub, replicas: Sequence[fleet_pb2.Replica]
+) -> list[fleet_pb2.Replica]:
+    """The replicas that serve now: READY, on a node whose agent is connected, and answering
+    their health check. A fleet started again on an old store still shows the replicas of its
+    last run as READY until their agent has said hello, so READY alone is not enough."""
+    nodes = stub.ListNodes(fleet_pb2.ListNodesRequest(), timeout=5).nodes
+    up_nodes = {n.name for n in nodes if n.phase == fleet_pb2.NODE_PHASE_READY}
+    return [
+        r
+        for r in replicas
+        if _phase(r) == "READY" and r.node in up_nodes and answers_health(r.address)
+    ]
+
+
 def wait_ready(
     stub: fleet_pb2_grpc.FleetServiceStub,
     models: Sequence[common_pb2.Model],
@@ -267,31 +332,31 @@ def wait_ready(
     stop: threading.Event,
     out: TextIO,
 ) -> list[fleet_pb2.Replica] | None:
-    """Wait until every wanted replica of `models` is READY, printing a line whenever one
-    changes phase. The ready replicas, or None after `timeout_s` (or when stopped)."""
+    """Wait until every wanted replica of `models` serves (see `serving`), printing a line
+    whenever one changes phase. The serving replicas, or None after `timeout_s` (or when
+    stopped)."""
     names = {m.name for m in models}
     wanted = sum(p.replicas for m in models for p in m.profiles)
     seen: dict[str, tuple[str, str, str]] = {}
     deadline = time.monotonic() + timeout_s
-    replicas: list[fleet_pb2.Replica] = []
     while not stop.is_set():
         try:
             answer = stub.ListReplicas(fleet_pb2.ListReplicasRequest(), timeout=5)
             replicas = [r for r in answer.replicas if r.model in names]
+            for r in replicas:
+                key = (_phase(r), r.address, r.reason)
+                if seen.get(r.id) != key:
+                    seen[r.id] = key
+                    where = f" on {r.node} card(s) {','.join(map(str, r.gpus))}" if r.node else ""
+                    at = f" at {r.address}" if r.address and _phase(r) == "READY" else ""
+                    why = f": {r.reason}" if r.reason and _phase(r) != "READY" else ""
+                    print(f"  {r.model}/{r.profile} {r.id}: {_phase(r)}{where}{at}{why}", file=out)
+                    out.flush()
+            ready = serving(stub, replicas)
+            if len(ready) >= wanted:
+                return ready
         except grpc.RpcError:
-            replicas = []
-        for r in replicas:
-            key = (_phase(r), r.address, r.reason)
-            if seen.get(r.id) != key:
-                seen[r.id] = key
-                where = f" on {r.node} card(s) {','.join(map(str, r.gpus))}" if r.node else ""
-                at = f" at {r.address}" if r.address and _phase(r) == "READY" else ""
-                why = f": {r.reason}" if r.reason and _phase(r) != "READY" else ""
-                print(f"  {r.model}/{r.profile} {r.id}: {_phase(r)}{where}{at}{why}", file=out)
-                out.flush()
-        ready = [r for r in replicas if _phase(r) == "READY"]
-        if len(ready) >= wanted:
-            return ready
+            pass
         if time.monotonic() > deadline:
             return None
         stop.wait(0.25)
@@ -330,6 +395,8 @@ class Up:
         self.out = out
         self.stop = threading.Event()
         self.children: list[Child] = []
+        self.complete = True
+        """Whether every example replica served before the banner."""
 
     def say(self, text: str) -> None:
         """A line for the person running it."""
@@ -465,10 +532,12 @@ class Up:
         with grpc.insecure_channel(fleet_address) as channel:
             stub = fleet_pb2_grpc.FleetServiceStub(channel)
             try:
-                grpc.channel_ready_future(channel).result(timeout=30)
+                wait_channel(channel, 30, self.stop)
                 for line in ensure_example_catalog(stub, models):
                     self.say(f"catalog: {line}")
-            except (grpc.RpcError, grpc.FutureTimeoutError) as exc:
+            except (grpc.RpcError, UpError) as exc:
+                if self.stop.is_set():
+                    return 0
                 raise UpError(
                     f"the fleet at {fleet_address} did not take the example catalog ({exc}); "
                     f"see {fleet.log_path}"
@@ -484,6 +553,7 @@ class Up:
                         "The control plane keeps running."
                     )
                 ready = got or []
+                self.complete = got is not None
         if self.stop.is_set():
             return 0
         self.banner(files_url, planner_address, fleet_address, ready, llama_server)
@@ -499,10 +569,11 @@ class Up:
     ) -> None:
         """Where everything listens and how to use it."""
         p = self.plan
+        prog = command_name()
         fleet_flag = "" if fleet == "127.0.0.1:50052" else f" --fleet {fleet}"
         planner_flag = "" if planner == "127.0.0.1:50051" else f" --planner {planner}"
         lines = [
-            "llmgw up: ready",
+            "llmgw up: ready" if self.complete else "llmgw up: running (see above)",
             f"  planner  {planner}",
             f"  fleet    {fleet}   (store {p.data / 'fleet.db'})",
             f"  files    {files_url}   (HF_ENDPOINT of the children: the demo's hf:// repo)",
@@ -518,12 +589,12 @@ class Up:
         lines += [
             "",
             "Try:",
-            f"  llmgw ctl{fleet_flag} model list",
-            f"  llmgw ctl{fleet_flag} replica list",
-            f"  llmgw ctl{fleet_flag} model show tiny-llama-hf",
-            f"  llmgw ctl{fleet_flag} node list",
-            f"  llmgw ctl{fleet_flag} replica watch",
-            f"  llmgw plan{planner_flag} describe hf://llmgw-demo/tiny-llama",
+            f"  {prog} ctl{fleet_flag} model list",
+            f"  {prog} ctl{fleet_flag} replica list",
+            f"  {prog} ctl{fleet_flag} model show tiny-llama-hf",
+            f"  {prog} ctl{fleet_flag} node list",
+            f"  {prog} ctl{fleet_flag} replica watch",
+            f"  {prog} plan{planner_flag} describe hf://llmgw-demo/tiny-llama",
         ]
         for r in ready:
             if r.model == "tiny-llama-gguf":
@@ -574,6 +645,9 @@ def run(opts: argparse.Namespace) -> int:
     try:
         return up.run()
     except UpError as exc:
+        if up.stop.is_set():
+            # Ctrl-C or SIGTERM while starting: not a failure.
+            return 0
         print(f"llmgw up: {exc}", file=sys.stderr)
         return EXIT_FAILED
     finally:

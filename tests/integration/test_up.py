@@ -259,6 +259,29 @@ def test_up_runs_the_examples_ready_and_stops_every_child(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_up_again_on_the_same_data_keeps_the_catalog(tmp_path: Path) -> None:
+    """A second `llmgw up` on the same data folder (on other ports) keeps the catalog, brings
+    the GGUF example's URL up to date with the new file server, and is ready again."""
+    env = _env_without_llama_server(tmp_path)
+    with running_up(tmp_path, env) as first:
+        assert "catalog: created tiny-llama-gguf" in first.banner
+    with running_up(tmp_path, env) as second:
+        assert "catalog: updated tiny-llama-gguf (its example settings changed)" in second.banner
+        assert "catalog: kept tiny-llama-hf (revision 1, by llmgw-up)" in second.banner
+        files = next(line for line in second.banner if line.startswith("  files "))
+        assert second.model(GGUF_MODEL)["source"].startswith(files.split()[1])
+        replicas = second.replicas()
+        assert {(r["model"], r["phase"]) for r in replicas} == {
+            (GGUF_MODEL, "REPLICA_PHASE_READY"),
+            (HF_MODEL, "REPLICA_PHASE_READY"),
+        }
+        # Ready means serving: not the last run's replicas remembered by the store.
+        for r in replicas:
+            assert httpx.get(f"http://{r['address']}/health", timeout=5).status_code == 200
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_up_runs_the_gguf_example_on_the_llama_server_it_is_told(tmp_path: Path) -> None:
     """With $LLMGW_LLAMA_SERVER naming an executable, the agent runs the llama.cpp example on
