@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 import yaml
@@ -42,6 +42,16 @@ _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 class UsageError(Exception):
     """The command line cannot be turned into a request."""
+
+
+class UsageParser(argparse.ArgumentParser):
+    """An argument parser whose errors exit with 64 (EX_USAGE), not argparse's 2, which
+    `llmgw` keeps for refusals."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print the usage and the error; exit 64."""
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 class Ctl:
@@ -483,10 +493,14 @@ def add_parser(sub: Any) -> CtlGroups:
     ctl.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for an answer")
     ctl.add_argument("--json", action="store_true", help="print the answer as JSON")
     ctl.set_defaults(run=run)
-    groups = ctl.add_subparsers(dest="ctl_group", required=True)
+    # Bad usage exits 64 (argparse's own code, 2, means "refused" here).
+    setattr(ctl, "error", UsageParser.error.__get__(ctl))  # noqa: B010
+    groups = ctl.add_subparsers(
+        dest="ctl_group", metavar="GROUP", required=True, parser_class=UsageParser
+    )
 
     model = groups.add_parser("model", help="the catalog's models")
-    msub = model.add_subparsers(dest="ctl_cmd", required=True)
+    msub = model.add_subparsers(dest="ctl_cmd", metavar="COMMAND", required=True)
     add_command(msub, "list", "every model of the catalog", model_list)
     show = add_command(
         msub, "show", "one model: profiles, revision, who and when, replicas", model_show
@@ -503,11 +517,11 @@ def add_parser(sub: Any) -> CtlGroups:
     history.add_argument("name")
 
     node = groups.add_parser("node", help="the nodes and their cards")
-    nsub = node.add_subparsers(dest="ctl_cmd", required=True)
+    nsub = node.add_subparsers(dest="ctl_cmd", metavar="COMMAND", required=True)
     add_command(nsub, "list", "every node: phase, cards, memory, heartbeat", node_list)
 
     replica = groups.add_parser("replica", help="the replicas")
-    rsub = replica.add_subparsers(dest="ctl_cmd", required=True)
+    rsub = replica.add_subparsers(dest="ctl_cmd", metavar="COMMAND", required=True)
     rlist = add_command(rsub, "list", "replicas, their phase and why", replica_list)
     rlist.add_argument("--model", help="only this model's")
     watch = add_command(rsub, "watch", "follow ready endpoints (the gateway's view)", replica_watch)

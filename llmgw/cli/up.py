@@ -34,6 +34,7 @@ import grpc
 import httpx
 from google.protobuf import json_format
 
+from llmgw.cli.ctl import UsageParser
 from llmgw.common.v1 import common_pb2
 from llmgw.demo.catalog import GGUF_FILE, example_models
 from llmgw.demo.tiny_gguf import write_tiny_gguf
@@ -679,4 +680,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="seconds to wait for the example replicas to be READY",
     )
     up.set_defaults(run=run)
+    # Bad usage exits 64, as every llmgw command's does.
+    setattr(up, "error", UsageParser.error.__get__(up))  # noqa: B010
     return up

@@ -317,3 +317,11 @@ async def test_unreadable_model_file_is_usage_error(tmp_path: Path) -> None:
         assert run.code == EXIT_USAGE
         assert "a model file holds one mapping" in run.err
         assert not (await stub.ListModels(fleet_pb2.ListModelsRequest())).models
+
+
+async def test_bad_usage_exits_64(tmp_path: Path) -> None:
+    """A missing command or argument is a usage error (64), never a refusal's 2."""
+    for args in (("model",), ("model", "show"), ("--timeout", "soon", "model", "list")):
+        run = await ctl(1, *args)
+        assert run.code == EXIT_USAGE, (args, run.err)
+        assert "error:" in run.err
