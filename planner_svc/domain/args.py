@@ -63,10 +63,16 @@ def get_float(args: Sequence[str], names: Sequence[str], default: float) -> floa
         return default
 
 
-def set_arg(args: Sequence[str], names: Sequence[str], value: str) -> list[str]:
+def set_arg(
+    args: Sequence[str], names: Sequence[str], value: str, *, joined_ok: bool = True
+) -> list[str]:
     """Arguments with a flag set to `value`: its first occurrence (under any alias) is
     replaced in the form it was written, later ones are dropped, and an absent flag is
     appended under its first name.
+
+    Args:
+        joined_ok: whether the engine parses `--flag=value`; when not (llama-server's parser
+            has no `=` split), the flag is always written `--flag value`.
     """
     out: list[str] = []
     done = False
@@ -80,7 +86,8 @@ def set_arg(args: Sequence[str], names: Sequence[str], value: str) -> list[str]:
         takes_next = inline is None and i + 1 < len(args) and not _is_flag(args[i + 1])
         if not done:
             flag = args[i].split("=", 1)[0]
-            out.extend([f"{flag}={value}"] if inline is not None else [flag, value])
+            joined = inline is not None and joined_ok
+            out.extend([f"{flag}={value}"] if joined else [flag, value])
             done = True
         i += 2 if takes_next else 1
     if not done:

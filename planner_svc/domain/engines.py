@@ -32,6 +32,9 @@ class Engine:
     card_flags: tuple[str, ...] = ()
     drop_flags: tuple[tuple[str, ...], ...] = ()
     slots_flags: tuple[str, ...] = ()
+    joined_ok: bool = True
+    """Whether the engine's parser takes `--flag=value` (llama-server's does not: it has no
+    `=` split in common_params_parse_ex, so `--ctx-size=4096` stops it at start)."""
 
 
 # Flags as each engine's own CLI spells them: vLLM `vllm serve --help` (engine args),
@@ -62,6 +65,7 @@ LLAMACPP = Engine(
     card_flags=("--split-mode", "-sm"),
     drop_flags=(("--tensor-split", "-ts"),),
     slots_flags=("--parallel", "-np"),
+    joined_ok=False,
 )
 # One-card servers seen in llmgw catalogs: Hugging Face text-embeddings-inference and
 # infinity serve embeddings and rerankers on a single card.

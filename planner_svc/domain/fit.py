@@ -39,12 +39,12 @@ def args_for_cards(engine: Engine, args: Sequence[str], cards: int) -> list[str]
     """
     out = list(args)
     if engine.split is CardSplit.TENSOR_PARALLEL:
-        return argv.set_arg(out, engine.card_flags, str(cards))
+        return argv.set_arg(out, engine.card_flags, str(cards), joined_ok=engine.joined_ok)
     if engine.split is CardSplit.LAYER_SPLIT:
         for names in engine.drop_flags:
             out = argv.drop_arg(out, names)
         if cards > 1:
-            out = argv.set_arg(out, engine.card_flags, "layer")
+            out = argv.set_arg(out, engine.card_flags, "layer", joined_ok=engine.joined_ok)
         return out
     return out
 
@@ -52,10 +52,11 @@ def args_for_cards(engine: Engine, args: Sequence[str], cards: int) -> list[str]
 def args_for_context(engine: Engine, args: Sequence[str], tokens: int, slots: int) -> list[str]:
     """An engine's arguments for a context of `tokens` per request (llama.cpp: a pool of
     tokens × slots cells shared by `slots` requests)."""
+    ok = engine.joined_ok
     if engine.slots_flags:
-        out = argv.set_arg(args, engine.context_flags, str(tokens * slots))
-        return argv.set_arg(out, engine.slots_flags, str(slots))
-    return argv.set_arg(args, engine.context_flags, str(tokens))
+        out = argv.set_arg(args, engine.context_flags, str(tokens * slots), joined_ok=ok)
+        return argv.set_arg(out, engine.slots_flags, str(slots), joined_ok=ok)
+    return argv.set_arg(args, engine.context_flags, str(tokens), joined_ok=ok)
 
 
 def measure(

@@ -78,6 +78,13 @@ def test_context_over_trained_is_refused_with_the_trained_length() -> None:
         (TRTLLM, 32_768, 0, ("--max_seq_len", "32768")),
         (LLAMACPP, 4096, 0, ("-c", "8192", "-np", "2", "-ngl", "99")),
         (LLAMACPP, 4096, 3, ("-c", "12288", "-np", "3", "-ngl", "99")),
+        # llama-server does not parse `--flag=value`: the planner writes it apart.
+        (
+            replace(LLAMACPP, args=("--ctx-size=8192", "--parallel=1")),
+            4096,
+            2,
+            ("--ctx-size", "8192", "--parallel", "2"),
+        ),
     ],
 )
 def test_engine_arguments_follow_the_context(
