@@ -1,0 +1,85 @@
+"""Each benchmark's core at a tiny size: it runs to the end and its figures are sane.
+
+No timing thresholds: the machine is shared; these only pin that the benchmarks still work
+against the services as they are (figures present, finite, latencies and ratios positive).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from bench import __main__ as bench_main
+from bench import agent_fanin, planner_throughput, rollout_overhead, watch_replicas
+
+
+def assert_sane(figures: dict[str, float], positive: tuple[str, ...]) -> None:
+    """Every figure is a finite number; those whose names start with `positive` are > 0."""
+    assert figures, "the benchmark returned no figures"
+    for key, value in figures.items():
+        assert isinstance(value, float | int) and math.isfinite(value), (key, value)
+        if key.startswith(positive):
+            assert value > 0, (key, value)
+
+
+async def test_planner_throughput_reports_rates_and_ratios(tmp_path: Path) -> None:
+    """SizeContext (inline and cached GGUF) and health rates come back with their ratios."""
+    figures = await planner_throughput.measure(rounds=2, calls=20, concurrency=4, folder=tmp_path)
+    assert {"health_per_s", "inline_ratio", "gguf_ratio", "gguf_cpu_us"} <= set(figures)
+    assert_sane(figures, ("health_", "inline_", "gguf_"))
+
+
+async def test_agent_fanin_reports_cpu_memory_and_ack_latency(tmp_path: Path) -> None:
+    """Agents join a child fleet, every node is READY, and every agent's ack is timed."""
+    figures = await agent_fanin.measure([1, 3], tmp_path, window_s=0.2, rounds=1, heartbeat_s=1.0)
+    assert figures["ready_nodes@3"] == 3
+    for n in (1, 3):
+        assert {f"rss_kb_per_agent@{n}", f"cpu_ms_per_agent_s@{n}"} <= set(figures)
+    assert_sane(figures, ("ack_", "all_ready_", "rss_mb", "join_s"))
+
+
+async def test_watch_replicas_reports_the_time_to_every_watcher(tmp_path: Path) -> None:
+    """Replicas turned healthy reach one watcher, then three; both lines and their ratio."""
+    figures = await watch_replicas.measure(replicas=2, watchers=3, folder=tmp_path)
+    assert {"last_p50_ms@1", "last_p99_ms@3", "each_p50_ms@3"} <= set(figures)
+    assert_sane(figures, ("last_", "each_"))
+
+
+async def test_rollout_overhead_reports_both_variants_and_the_parallel_pair(
+    tmp_path: Path,
+) -> None:
+    """Rollouts with scripted and real agents succeed and report their time beyond the floor."""
+    size = rollout_overhead.Size(
+        sizes=(1, 2), real_sizes=(1,), repeats=1, floor_s=0.05, load_s=0.05, parallel_replicas=1
+    )
+    figures = await rollout_overhead.measure(size, tmp_path, real=True)
+    for key in ("scripted_overhead_s@2", "real_rollout_s@1", "real_floor_s", "parallel_ratio"):
+        assert key in figures
+    # Overheads are differences (a fast rollout may beat R x floor); only their sign is free.
+    assert_sane(figures, ("scripted_rollout", "real_rollout", "real_floor", "parallel_"))
+
+
+def test_the_runner_knows_every_benchmark_and_refuses_unknown_names() -> None:
+    """`python -m bench` lists all six benchmarks and refuses a name it does not know."""
+    assert set(bench_main.BENCHES) == {
+        "planner_throughput",
+        "gguf_header",
+        "shape_resolution",
+        "agent_fanin",
+        "watch_replicas",
+        "rollout_overhead",
+    }
+    with pytest.raises(SystemExit) as refused:
+        bench_main.main(["no_such_bench"])
+    assert refused.value.code == 2
+
+
+def test_figures_are_read_from_other_benchmarks_output() -> None:
+    """The summary reads the script benchmarks' printed figures (thousands separators too)."""
+    out = "cold / warm = 8,241x   disk / warm = 926x\n50 concurrent: fetches=1 misses=50\n"
+    figures = bench_main.script_figures(
+        out, [("cold_over_warm", r"cold / warm = ([\d,]+)x"), ("fetches", r"fetches=(\d+)")]
+    )
+    assert figures == {"cold_over_warm": 8241.0, "fetches": 1.0}
