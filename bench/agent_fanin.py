@@ -116,7 +116,6 @@ class LeanAgent:
     """When the catalog change was made (perf_counter), for `latency_s`."""
     latency_s: float | None = None
     """From `changed_at` to this agent's Ack of the desired set holding its replica."""
-    acks: int = 0
     running: dict[str, agent_pb2.ReplicaSpec] = field(default_factory=dict)
     joined: asyncio.Event = field(default_factory=asyncio.Event)
     _call: grpc.aio.StreamStreamCall[agent_pb2.ConnectRequest, agent_pb2.ConnectResponse] | None = (
@@ -127,15 +126,18 @@ class LeanAgent:
     async def _send(self, msg: agent_pb2.ConnectRequest) -> None:
         assert self._call is not None
         async with self._lock:  # one write in flight per stream
-            await self._call.write(msg)
+            if not self._call.done():  # a stream the fleet ended takes no more
+                await self._call.write(msg)
 
-    def _observed(self, spec: agent_pb2.ReplicaSpec, phase: int) -> agent_pb2.ConnectRequest:
+    def _observed(
+        self, spec: agent_pb2.ReplicaSpec, phase: agent_pb2.ProcessPhase.ValueType
+    ) -> agent_pb2.ConnectRequest:
         return agent_pb2.ConnectRequest(
             update=agent_pb2.ReplicaUpdate(
                 replica=agent_pb2.ObservedReplica(
                     replica_id=spec.replica_id,
                     revision=spec.revision,
-                    phase=phase,  # type: ignore[arg-type]
+                    phase=phase,
                     address=f"127.0.0.1:{20000 + hash(self.node) % 20000}",
                     gpus=list(spec.gpus),
                     model=spec.model,
@@ -180,7 +182,6 @@ class LeanAgent:
     async def _apply(self, desired: agent_pb2.Desired) -> None:
         wanted = {s.replica_id: s for s in desired.replicas}
         await self._send(agent_pb2.ConnectRequest(ack=agent_pb2.Ack(version=desired.version)))
-        self.acks += 1
         self.joined.set()
         if (
             self.latency_s is None
@@ -200,9 +201,10 @@ class LeanAgent:
     async def _beat(self, interval_s: float) -> None:
         # Start at a random point of the interval so N agents do not beat in step.
         await asyncio.sleep(interval_s * (hash(self.node) % 1000) / 1000)
-        for seq in itertools.count(1):
-            await self._send(agent_pb2.ConnectRequest(heartbeat=agent_pb2.Heartbeat(seq=seq)))
-            await asyncio.sleep(interval_s)
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            for seq in itertools.count(1):
+                await self._send(agent_pb2.ConnectRequest(heartbeat=agent_pb2.Heartbeat(seq=seq)))
+                await asyncio.sleep(interval_s)
 
     def cancel(self) -> None:
         """Drop the stream."""
