@@ -2,8 +2,9 @@
 
 The weights are random (seeded, so the file is the same on every machine) and the vocabulary
 is a minimal SentencePiece one: the control tokens, the 256 byte tokens SentencePiece falls
-back to (so any text tokenizes) and a few letters and words. It answers nonsense, quickly: it
-proves the path from the catalog to a real engine, not a model's quality.
+back to (so any text tokenizes) and a few letters and words, which are all it answers with.
+It answers nonsense, quickly: it proves the path from the catalog to a real engine, not a
+model's quality.
 """
 
 from __future__ import annotations
@@ -93,7 +94,15 @@ def write_tiny_gguf(path: str | os.PathLike[str], geometry: TinyLlama | None = N
     # numpy shapes are (rows, row length): the reverse of ggml's order.
     writer.add_tensor("token_embd.weight", weight(n_vocab, g.n_embd))
     writer.add_tensor("output_norm.weight", np.ones(g.n_embd, dtype=np.float32))
-    writer.add_tensor("output.weight", weight(n_vocab, g.n_embd))
+    # The output layer knows only the letter and word pieces (control and byte tokens get a
+    # logit of 0, the pieces' largest is above it), so the model answers in readable words
+    # rather than stray bytes that are not UTF-8.
+    output = np.zeros((n_vocab, g.n_embd), dtype=np.float32)
+    first_piece = tokens.index("▁")
+    output[first_piece:] = (rng.standard_normal((n_vocab - first_piece, g.n_embd)) * 0.5).astype(
+        np.float32
+    )
+    writer.add_tensor("output.weight", output)
     kv = g.kv_heads * g.head_dim
     for i in range(g.layers):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(g.n_embd, dtype=np.float32))

@@ -19,7 +19,7 @@ from planner_svc.sources.resolver import ShapeResolver
 
 # The child imports llama.cpp's ctypes bindings without the package's __init__ (which needs
 # diskcache and jinja2), as tests/oracle does; loads the model, tokenizes, decodes a prompt
-# and greedily picks the next token.
+# and greedily generates eight tokens.
 _CHILD = r"""
 import ctypes, importlib.util, json, sys, types
 spec = importlib.util.find_spec("llama_cpp")
@@ -44,10 +44,19 @@ params = lib.llama_context_default_params()
 params.n_ctx = 256
 ctx = lib.llama_init_from_model(model, params)
 rc = lib.llama_decode(ctx, lib.llama_batch_get_one(tokens, n))
-logits = lib.llama_get_logits_ith(ctx, -1)
 n_vocab = lib.llama_vocab_n_tokens(vocab)
-best = max(range(n_vocab), key=lambda i: logits[i])
-print(json.dumps({"tokens": list(tokens[:n]), "decode": rc, "n_vocab": n_vocab, "next": best}))
+picked, text = [], b""
+piece = ctypes.create_string_buffer(64)
+for _ in range(8):
+    logits = lib.llama_get_logits_ith(ctx, -1)
+    best = max(range(n_vocab), key=lambda i: logits[i])
+    picked.append(best)
+    size = lib.llama_token_to_piece(vocab, best, piece, 64, 0, True)
+    text += piece.raw[:size]
+    one = (lib.llama_token * 1)(best)
+    lib.llama_decode(ctx, lib.llama_batch_get_one(one, 1))
+print(json.dumps({"tokens": list(tokens[:n]), "decode": rc, "n_vocab": n_vocab,
+                  "picked": picked, "text": text.decode()}))
 """
 
 
@@ -62,7 +71,7 @@ def test_tiny_gguf_is_written_the_same_every_time(tmp_path: Path) -> None:
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="no llama.cpp build")
 def test_tiny_gguf_runs_in_llama_cpp(tmp_path: Path) -> None:
     """llama.cpp loads the tiny model, tokenizes text with its vocabulary (BOS first, byte
-    fallback for the rest) and decodes it to a next token."""
+    fallback for the rest) and answers with its letter and word pieces: readable text."""
     path = write_tiny_gguf(tmp_path / "tiny.gguf")
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, str(path)],
@@ -77,7 +86,9 @@ def test_tiny_gguf_runs_in_llama_cpp(tmp_path: Path) -> None:
     assert out["n_vocab"] == len(tokens)
     assert out["tokens"][0] == 1 and len(out["tokens"]) > 3
     assert out["decode"] == 0
-    assert 0 <= out["next"] < len(tokens)
+    first_piece = tokens.index("▁")
+    assert all(first_piece <= t < len(tokens) for t in out["picked"])
+    assert out["text"].strip() and out["text"].isprintable()
 
 
 async def test_tiny_gguf_reads_as_its_geometry(tmp_path: Path) -> None:
