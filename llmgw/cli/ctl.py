@@ -526,6 +526,13 @@ def add_parser(sub: Any) -> CtlGroups:
     rlist.add_argument("--model", help="only this model's")
     watch = add_command(rsub, "watch", "follow ready endpoints (the gateway's view)", replica_watch)
     watch.add_argument("--model", help="only this model's")
+
+    # Applying plans (`model gpus|context`, `rollout ...`) lives in its own module; its
+    # commands set `func(opts)` rather than `ctl_run`.
+    from llmgw.cli import apply
+
+    apply.add_change_commands(msub, _COMMON)
+    apply.add_rollout_commands(groups, _COMMON)
     return CtlGroups(ctl=ctl, groups=groups, model=msub, node=nsub, replica=rsub)
 
 
@@ -540,6 +547,10 @@ def run(opts: argparse.Namespace) -> int:
     """Run one `llmgw ctl` command; its exit code."""
     from llmgw.cli.main import refusal_text
 
+    # The caller's name for modules that read `opts.caller` (llmgw.cli.apply).
+    opts.caller = caller_name(opts.as_name)
+    if getattr(opts, "ctl_run", None) is None:
+        return int(opts.func(opts))
     try:
         with fleet_stub(opts.fleet) as stub:
             return int(opts.ctl_run(Ctl(opts, stub)))

@@ -325,3 +325,15 @@ async def test_bad_usage_exits_64(tmp_path: Path) -> None:
         run = await ctl(1, *args)
         assert run.code == EXIT_USAGE, (args, run.err)
         assert "error:" in run.err
+
+
+async def test_apply_commands_are_under_ctl(tmp_path: Path) -> None:
+    """`model gpus|context` and `rollout ...` (llmgw.cli.apply) run under `llmgw ctl` with its
+    --fleet, and their refusals exit 2 with the reason."""
+    async with running_fleet(tmp_path) as (fleet, _stub):
+        rollouts = await ctl(fleet.port, "rollout", "list", "--json")
+        assert rollouts.code == 0, rollouts.err
+        assert rollouts.json() == []
+        missing = await ctl(fleet.port, "model", "context", "nope", "8192", "--dry-run")
+        assert missing.code == EXIT_REFUSED, missing.err
+        assert "MODEL_NOT_FOUND" in missing.err
