@@ -595,6 +595,8 @@ class Up:
             f"  {prog} ctl{fleet_flag} model show tiny-llama-hf",
             f"  {prog} ctl{fleet_flag} node list",
             f"  {prog} ctl{fleet_flag} replica watch",
+            f"  {prog} ctl{fleet_flag} model gpus tiny-llama-hf 2",
+            f"  {prog} ctl{fleet_flag} model context tiny-llama-gguf 16384",
             f"  {prog} plan{planner_flag} describe hf://llmgw-demo/tiny-llama",
         ]
         for r in ready:
