@@ -154,12 +154,18 @@ def gpu_class_of(gpus: str) -> str:
 
 
 def find_llama_server(env: dict[str, str]) -> str | None:
-    """A llama-server to run the llama.cpp example on: $LLMGW_LLAMA_SERVER, else the project's
-    build cache, else PATH's; None when there is none."""
-    for candidate in (env.get(LLAMA_SERVER_ENV, ""), str(LLAMA_SERVER_CACHE)):
-        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return shutil.which("llama-server")
+    """A llama-server to run the llama.cpp example on, looked for as the agent does:
+    $LLMGW_LLAMA_SERVER when set (only that one: a build an operator named is not replaced by
+    another), else PATH's, else the project's build cache (`make llama-server`); None when
+    there is none."""
+    told = env.get(LLAMA_SERVER_ENV, "")
+    if told:
+        return told if os.path.isfile(told) and os.access(told, os.X_OK) else None
+    on_path = shutil.which("llama-server", path=env.get("PATH"))
+    if on_path:
+        return on_path
+    built = Path(env.get("HOME") or Path.home()) / LLAMA_SERVER_CACHE.relative_to(Path.home())
+    return str(built) if built.is_file() and os.access(built, os.X_OK) else None
 
 
 def command_name(argv0: str | None = None) -> str:
