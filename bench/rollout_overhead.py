@@ -232,6 +232,8 @@ class Fleet:
         answer = await self.stub.SetContext(
             fleet_pb2.SetContextRequest(name=model, tokens=tokens, surge=1)
         )
+        if not answer.rollout_id:
+            raise RuntimeError(f"SetContext of {model} to {tokens} tokens started no rollout")
         events = []
         async for ev in self.stub.WatchRollout(
             fleet_pb2.WatchRolloutRequest(id=answer.rollout_id)
@@ -312,14 +314,13 @@ async def parallel_rows(fleet: Fleet, replicas: int, repeats: int) -> dict[str, 
     await fleet.create("pa", replicas)
     await fleet.create("pb", replicas)
     ratios, alone_s, both_s = [], [], []
-    for i in range(repeats):
-        tokens = context_tokens(i)
-        a = await fleet.rollout_s("pa", tokens)
-        b = await fleet.rollout_s("pb", tokens)
+    for _ in range(repeats):
+        # Alone to one context, together back to the other: each rollout is a change.
+        a = await fleet.rollout_s("pa", context_tokens(0))
+        b = await fleet.rollout_s("pb", context_tokens(0))
         start = time.perf_counter()
         await asyncio.gather(
-            fleet.rollout_s("pa", context_tokens(i + 1)),
-            fleet.rollout_s("pb", context_tokens(i + 1)),
+            fleet.rollout_s("pa", context_tokens(1)), fleet.rollout_s("pb", context_tokens(1))
         )
         both = time.perf_counter() - start
         ratios.append(both / max(a, b))
