@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+
 from bench import agent_fanin, planner_throughput, rollout_overhead, watch_replicas
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,6 +138,14 @@ BENCHES: dict[str, Bench] = {
 }
 
 
+def failure(exc: Exception) -> str:
+    """One line saying why a benchmark failed (a gRPC error by its code and details)."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
 def summary(results: dict[str, tuple[Figures | str, float]], full: bool) -> None:
     """Print the headline figures of every benchmark run, with goals where the issues set one."""
     print()
@@ -179,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             figures: Figures | str = BENCHES[name].run(opts.full)
         except Exception as exc:  # one benchmark failing must not hide the others' figures
             traceback.print_exc()
-            figures = f"{type(exc).__name__}: {exc}"
+            figures = failure(exc)
         results[name] = (figures, time.perf_counter() - start)
         sys.stdout.flush()
     summary(results, opts.full)

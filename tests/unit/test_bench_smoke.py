@@ -83,3 +83,10 @@ def test_figures_are_read_from_other_benchmarks_output() -> None:
         out, [("cold_over_warm", r"cold / warm = ([\d,]+)x"), ("fetches", r"fetches=(\d+)")]
     )
     assert figures == {"cold_over_warm": 8241.0, "fetches": 1.0}
+
+
+def test_a_failure_is_summarised_in_one_line() -> None:
+    """A benchmark that raised shows in the summary as one line naming the error."""
+    assert bench_main.failure(RuntimeError("the fleet did not start\nsee its log")) == (
+        "RuntimeError: the fleet did not start"
+    )
