@@ -31,20 +31,14 @@ from types import FrameType
 from typing import Any, TextIO
 
 import grpc
-import httpx
-from google.protobuf import json_format
 
 from llmgw.cli.ctl import UsageParser
-from llmgw.common.v1 import common_pb2
-from llmgw.demo.catalog import GGUF_FILE, example_models
+from llmgw.demo.catalog import GGUF_FILE, ensure_example_catalog, example_models, wait_ready
 from llmgw.demo.tiny_gguf import write_tiny_gguf
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 
 EXIT_FAILED = 1
 EXIT_USAGE = 64
-CALLER = "llmgw-up"
-"""Who the example catalog's revisions are written by: a model last written by someone else
-is left as it is."""
 LLAMA_SERVER_ENV = "LLMGW_LLAMA_SERVER"
 LLAMA_SERVER_CACHE = Path.home() / ".cache" / "llmgw" / "llama.cpp" / "bin" / "llama-server"
 """Where the project's make target builds llama-server."""
@@ -264,110 +258,6 @@ class Plan:
     def models(self) -> Path:
         """The folder the file server serves."""
         return self.data / "models"
-
-
-def ensure_example_catalog(
-    stub: fleet_pb2_grpc.FleetServiceStub, models: Sequence[common_pb2.Model]
-) -> list[str]:
-    """Create the example models that are not in the catalog. One that is there is left as it
-    is, unless `llmgw up` wrote it last and it differs (e.g. the file server's port changed):
-    then it is updated, guarded by its etag. Returns a line per model saying what was done."""
-    metadata = (("x-llmgw-caller", CALLER),)
-    said = []
-    for model in models:
-        try:
-            got = stub.GetModel(
-                fleet_pb2.GetModelRequest(name=model.name), timeout=10, metadata=metadata
-            ).model
-        except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.NOT_FOUND:
-                raise
-            stub.CreateModel(
-                fleet_pb2.CreateModelRequest(model=model, request_id=f"llmgw-up-{model.name}-1"),
-                timeout=10,
-                metadata=metadata,
-            )
-            said.append(f"created {model.name}")
-            continue
-        if got.updated_by == CALLER and not got.declared and _differs(got.model, model):
-            stub.UpdateModel(
-                fleet_pb2.UpdateModelRequest(model=model, etag=got.etag),
-                timeout=10,
-                metadata=metadata,
-            )
-            said.append(f"updated {model.name} (its example settings changed)")
-        else:
-            said.append(f"kept {model.name} (revision {got.revision}, by {got.updated_by})")
-    return said
-
-
-def _differs(a: common_pb2.Model, b: common_pb2.Model) -> bool:
-    return json_format.MessageToDict(a) != json_format.MessageToDict(b)
-
-
-def _phase(r: fleet_pb2.Replica) -> str:
-    return str(fleet_pb2.ReplicaPhase.Name(r.phase)).removeprefix("REPLICA_PHASE_")
-
-
-def answers_health(address: str) -> bool:
-    """Whether the engine at HOST:PORT answers GET /health with 200 now."""
-    try:
-        return httpx.get(f"http://{address}/health", timeout=1.0).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def serving(
-    stub: fleet_pb2_grpc.FleetServiceStub, replicas: Sequence[fleet_pb2.Replica]
-) -> list[fleet_pb2.Replica]:
-    """The replicas that serve now: READY, on a node whose agent is connected, and answering
-    their health check. A fleet started again on an old store still shows the replicas of its
-    last run as READY until their agent has said hello, so READY alone is not enough."""
-    nodes = stub.ListNodes(fleet_pb2.ListNodesRequest(), timeout=5).nodes
-    up_nodes = {n.name for n in nodes if n.phase == fleet_pb2.NODE_PHASE_READY}
-    return [
-        r
-        for r in replicas
-        if _phase(r) == "READY" and r.node in up_nodes and answers_health(r.address)
-    ]
-
-
-def wait_ready(
-    stub: fleet_pb2_grpc.FleetServiceStub,
-    models: Sequence[common_pb2.Model],
-    timeout_s: float,
-    stop: threading.Event,
-    out: TextIO,
-) -> list[fleet_pb2.Replica] | None:
-    """Wait until every wanted replica of `models` serves (see `serving`), printing a line
-    whenever one changes phase. The serving replicas, or None after `timeout_s` (or when
-    stopped)."""
-    names = {m.name for m in models}
-    wanted = sum(p.replicas for m in models for p in m.profiles)
-    seen: dict[str, tuple[str, str, str]] = {}
-    deadline = time.monotonic() + timeout_s
-    while not stop.is_set():
-        try:
-            answer = stub.ListReplicas(fleet_pb2.ListReplicasRequest(), timeout=5)
-            replicas = [r for r in answer.replicas if r.model in names]
-            for r in replicas:
-                key = (_phase(r), r.address, r.reason)
-                if seen.get(r.id) != key:
-                    seen[r.id] = key
-                    where = f" on {r.node} card(s) {','.join(map(str, r.gpus))}" if r.node else ""
-                    at = f" at {r.address}" if r.address and _phase(r) == "READY" else ""
-                    why = f": {r.reason}" if r.reason and _phase(r) != "READY" else ""
-                    print(f"  {r.model}/{r.profile} {r.id}: {_phase(r)}{where}{at}{why}", file=out)
-                    out.flush()
-            ready = serving(stub, replicas)
-            if len(ready) >= wanted:
-                return ready
-        except grpc.RpcError:
-            pass
-        if time.monotonic() > deadline:
-            return None
-        stop.wait(0.25)
-    return None
 
 
 def build_plan(opts: argparse.Namespace) -> Plan:

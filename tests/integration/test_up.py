@@ -24,16 +24,15 @@ import grpc
 import httpx
 import pytest
 
-from llmgw.cli.up import (
-    CALLER,
-    LLAMA_SERVER_CACHE,
-    LLAMA_SERVER_ENV,
-    ensure_example_catalog,
-    gpu_class_of,
-    port_taken,
-)
+from llmgw.cli.up import LLAMA_SERVER_CACHE, LLAMA_SERVER_ENV, gpu_class_of, port_taken
 from llmgw.common.v1 import common_pb2
-from llmgw.demo.catalog import GGUF_MODEL, HF_MODEL, example_models
+from llmgw.demo.catalog import (
+    CALLER,
+    GGUF_MODEL,
+    HF_MODEL,
+    ensure_example_catalog,
+    example_models,
+)
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from tests.support.fleet import running_fleet
 
