@@ -1,0 +1,88 @@
+"""Nothing the fleet accepted is lost when it is killed with SIGKILL and started again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+
+from llmgw.common.v1 import common_pb2
+from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+
+
+@contextmanager
+def fleet_process(data: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """`python -m fleet_svc` on a free port with its store in `data`; its process and port."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fleet_svc",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            str(data / "fleet.db"),
+            "--log-format",
+            "json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("fleet listening on"), line
+        yield proc, int(line.rsplit(":", 1)[1])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+def model(i: int) -> common_pb2.Model:
+    """A small catalog model."""
+    return common_pb2.Model(
+        name=f"m{i}",
+        source=f"hf://org/m{i}",
+        profiles=[common_pb2.Profile(name="p", engine="vllm", gpu_class="H100-80GB", replicas=0)],
+    )
+
+
+def test_kill_9_loses_nothing_accepted(tmp_path: Path) -> None:
+    """Models created and answered before a SIGKILL are all there after a restart, and a retry
+    of an answered request id returns its first answer."""
+    answers = {}
+    with fleet_process(tmp_path) as (proc, port):
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = fleet_pb2_grpc.FleetServiceStub(channel)
+            for i in range(20):
+                answer = stub.CreateModel(
+                    fleet_pb2.CreateModelRequest(model=model(i), request_id=f"req-{i}"),
+                    timeout=10,
+                )
+                answers[f"req-{i}"] = answer
+            stub.UpdateModel(
+                fleet_pb2.UpdateModelRequest(model=model(0), etag="1", request_id="upd"),
+                timeout=10,
+            )
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    with fleet_process(tmp_path) as (_proc, port):  # noqa: SIM117 (the port comes from it)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = fleet_pb2_grpc.FleetServiceStub(channel)
+            listed = stub.ListModels(fleet_pb2.ListModelsRequest(), timeout=10).models
+            assert sorted(m.model.name for m in listed) == sorted(f"m{i}" for i in range(20))
+            m0 = stub.GetModel(fleet_pb2.GetModelRequest(name="m0"), timeout=10).model
+            assert m0.revision == 2
+            again = stub.CreateModel(
+                fleet_pb2.CreateModelRequest(model=model(7), request_id="req-7"), timeout=10
+            )
+            assert again == answers["req-7"]
