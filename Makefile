@@ -54,3 +54,10 @@ test: venv proto-check buf-lint lint
 
 bench: venv
 	$(PY) -m bench
+
+# llama.cpp's llama-server (CPU, portable), built from the llama.cpp that the pinned
+# llama-cpp-python sdist vendors into ~/.cache/llmgw/llama.cpp/bin, where the agent and
+# `llmgw up` find it. Minutes once on 2 cores; a stamp makes it instant until the pin changes.
+.PHONY: llama-server
+llama-server: venv
+	PYTHON=$(abspath $(PY)) scripts/build_llama_server.sh

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Build llama.cpp's llama-server, CPU only, from the llama.cpp that the llama-cpp-python source
+# distribution vendors (the same llama.cpp the planner's rules and the tests' oracle are read
+# from), into a cache folder outside the repo: ~/.cache/llmgw/llama.cpp/bin/llama-server, where
+# the agent's find_llama_server and `llmgw up` look for it.
+#
+# Idempotent: a stamp records the llama-cpp-python version and the CMake flags the binary was
+# built with; when both match and the binary runs, nothing is done. Change either and it
+# rebuilds. An interrupted build resumes where it stopped (the work folder is kept until the
+# binary is installed). Needs cmake, a C++17 compiler and PyPI (pip download) the first time.
+#
+# Environment:
+#   LLAMA_CPP_PYTHON_VERSION  the sdist to build from (default: the pin in pyproject.toml)
+#   PYTHON                    the interpreter whose pip downloads the sdist (default .venv's)
+#   CMAKE_BUILD_PARALLEL_LEVEL  compile jobs (default 2)
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+log() { printf '[llama-server] %s\n' "$*" >&2; }
+
+version="${LLAMA_CPP_PYTHON_VERSION:-}"
+if [[ -z "$version" ]]; then
+    version="$(grep -oE 'llama-cpp-python==[0-9][0-9A-Za-z.]*' "$repo_root/pyproject.toml" \
+        | head -n1 | cut -d= -f3)"
+fi
+if [[ -z "$version" ]]; then
+    log "cannot find the llama-cpp-python pin in pyproject.toml; set LLAMA_CPP_PYTHON_VERSION"
+    exit 1
+fi
+
+cache="$HOME/.cache/llmgw/llama.cpp"
+bin="$cache/bin/llama-server"
+stamp="$cache/stamp"
+python="${PYTHON:-$repo_root/.venv/bin/python}"
+[[ -x "$python" ]] || python="$(command -v python3)"
+jobs="${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
+
+# Portable CPU build of llama-server alone. Why each flag:
+# - GGML_NATIVE=OFF: no -march=native, so the binary runs on any x86-64 with AVX2 (ggml's
+#   default instruction set when not native), not only on the machine that built it.
+# - BUILD_SHARED_LIBS=OFF: one self-contained executable (libggml/libllama linked in), so the
+#   cache holds a single file and nothing needs LD_LIBRARY_PATH.
+# - LLAMA_OPENSSL=OFF: the agent serves local files and plain-HTTP URLs; no libssl needed.
+#   (LLAMA_CURL is gone from this llama.cpp: it only warns, so it is not passed.)
+# - LLAMA_BUILD_UI=OFF, LLAMA_USE_PREBUILT_UI=OFF: the web UI would be built with npm or
+#   downloaded from Hugging Face at build time; the server works without it.
+# - no tests, examples or the unified app; only the llama-server target is built.
+cmake_flags=(
+    -DCMAKE_BUILD_TYPE=Release
+    -DGGML_NATIVE=OFF
+    -DGGML_CUDA=OFF
+    -DBUILD_SHARED_LIBS=OFF
+    -DLLAMA_BUILD_TESTS=OFF
+    -DLLAMA_BUILD_EXAMPLES=OFF
+    -DLLAMA_BUILD_APP=OFF
+    -DLLAMA_BUILD_TOOLS=ON
+    -DLLAMA_BUILD_SERVER=ON
+    -DLLAMA_BUILD_UI=OFF
+    -DLLAMA_USE_PREBUILT_UI=OFF
+    -DLLAMA_OPENSSL=OFF
+)
+want_stamp="llama-cpp-python==$version cmake ${cmake_flags[*]}"
+
+up_to_date() {
+    [[ -x "$bin" && -f "$stamp" && "$(cat "$stamp")" == "$want_stamp" ]] \
+        && "$bin" --version >/dev/null 2>&1
+}
+
+if up_to_date; then
+    log "up to date: $bin (llama-cpp-python $version)"
+    exit 0
+fi
+
+mkdir -p "$cache"
+# One build at a time: a second `make llama-server` waits, then finds the binary built.
+exec 9>"$cache/.lock"
+if ! flock -n 9; then
+    log "another build holds $cache/.lock; waiting for it"
+    flock 9
+fi
+if up_to_date; then
+    log "up to date: $bin (llama-cpp-python $version)"
+    exit 0
+fi
+
+command -v cmake >/dev/null || { log "cmake is not installed (apt-get install cmake)"; exit 1; }
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+
+started=$SECONDS
+# The work folder is per version: what an interrupted build of this version left is reused.
+work="$cache/work"
+if [[ "$(cat "$work/version" 2>/dev/null)" != "$version" ]]; then
+    rm -rf "$work"
+    mkdir -p "$work"
+    printf '%s\n' "$version" >"$work/version"
+fi
+
+sdist="$work/llama_cpp_python-$version.tar.gz"
+if [[ ! -f "$sdist" ]]; then
+    log "downloading the llama-cpp-python $version source distribution"
+    "$python" -m pip download --quiet --no-deps --no-binary :all: \
+        "llama-cpp-python==$version" -d "$work"
+fi
+src="$work/llama_cpp_python-$version/vendor/llama.cpp"
+if [[ ! -f "$work/unpacked" ]]; then
+    log "unpacking $(basename "$sdist")"
+    rm -rf "$work/llama_cpp_python-$version"
+    tar -xzf "$sdist" -C "$work"
+    touch "$work/unpacked"
+fi
+[[ -f "$src/CMakeLists.txt" ]] || { log "no vendor/llama.cpp in $sdist"; exit 1; }
+
+log "configuring (${cmake_flags[*]})"
+cmake -S "$src" -B "$work/build" "${generator[@]}" "${cmake_flags[@]}" >"$work/configure.log" 2>&1 \
+    || { tail -n 40 "$work/configure.log" >&2; log "configure failed: $work/configure.log"; exit 1; }
+
+log "compiling llama-server with $jobs jobs (about ten minutes on 2 cores)"
+cmake --build "$work/build" --target llama-server -j "$jobs"
+
+built="$work/build/bin/llama-server"
+"$built" --version >/dev/null 2>&1 || { log "the built $built does not run"; exit 1; }
+mkdir -p "$cache/bin"
+# Replace atomically so an agent never finds half a binary.
+cp "$built" "$bin.tmp"
+mv -f "$bin.tmp" "$bin"
+printf '%s\n' "$want_stamp" >"$stamp"
+rm -rf "$work"
+
+log "built $bin in $((SECONDS - started)) s"
+"$bin" --version 2>&1 | sed 's/^/[llama-server]   /' >&2
