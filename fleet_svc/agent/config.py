@@ -368,13 +368,29 @@ def missing_executables(config: AgentConfig) -> dict[str, str]:
 
 
 def find_llama_server(
-    env: Mapping[str, str] = os.environ, which: Callable[[str], str | None] = shutil.which
+    env: Mapping[str, str] = os.environ,
+    which: Callable[[str], str | None] = shutil.which,
+    cache: Path | None = None,
 ) -> str | None:
-    """llama-server's path: $LLMGW_LLAMA_SERVER when it names an executable, else PATH's."""
+    """llama-server's path: $LLMGW_LLAMA_SERVER when set, else PATH's, else the build cache's.
+
+    Args:
+        env: the environment to read $LLMGW_LLAMA_SERVER from.
+        which: how PATH is searched.
+        cache: where `make llama-server` (scripts/build_llama_server.sh) puts its build;
+            default ~/.cache/llmgw/llama.cpp/bin/llama-server.
+    Returns:
+        An executable's path, or None. A $LLMGW_LLAMA_SERVER that names no executable finds
+        none: the build an operator named is not silently replaced by another one.
+    """
     told = env.get(LLAMA_SERVER_ENV, "")
-    if told and os.path.isfile(told) and os.access(told, os.X_OK):
-        return told
-    return which("llama-server")
+    if told:
+        return told if os.path.isfile(told) and os.access(told, os.X_OK) else None
+    on_path = which("llama-server")
+    if on_path:
+        return on_path
+    built = cache or Path.home() / ".cache" / "llmgw" / "llama.cpp" / "bin" / "llama-server"
+    return str(built) if built.is_file() and os.access(built, os.X_OK) else None
 
 
 def standin_engine(name: str, family: str | None = None) -> EngineConfig:
