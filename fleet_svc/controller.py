@@ -187,17 +187,19 @@ class Controller:
     # -- the one place replicas change -----------------------------------------------------
 
     def _put(self, r: ReplicaState) -> None:
-        old = self.state.replicas.get(r.id)
         self.state.replicas[r.id] = r
         self._save(r)
-        was_ready = old is not None and old.phase is P.READY
+        self._publish(r)
+
+    def _publish(self, r: ReplicaState) -> None:
+        """Tell WatchReplicas: a READY replica with an address is routable, any other is not."""
         if r.phase is P.READY and r.address:
             self.hub.add(
                 EndpointEvent(
                     True, r.id, r.model, r.profile, r.address, r.revision, r.node, r.phase.value
                 )
             )
-        elif was_ready or r.phase is not P.READY:
+        else:
             self.hub.remove(r.id)
 
     def transition(
@@ -315,6 +317,10 @@ class Controller:
             phase = P.CRASHED
         reason = o.message or r.reason
         self.transition(r.id, phase, reason, address=o.address or r.address, restarts=o.restarts)
+        now = self.state.replicas.get(r.id)
+        if now is not None and now.phase is P.READY and now.id not in self.hub.ready:
+            # READY since before a fleet restart: routable again only once its agent says so.
+            self._publish(now)
         self.wake()
 
     def acknowledged(self, node: str, version: int, rejected: Sequence[Rejection]) -> None:

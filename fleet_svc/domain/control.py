@@ -177,6 +177,10 @@ def plan_actions(
         for r in failed:
             if not (give_up and r.revision == w.revision):
                 actions.append(_retire(r, now_s, f"failed ({r.reason}); placed again"))
+        if give_up:
+            for r in failed_now:
+                if not r.reason.startswith("gave up"):
+                    actions.append(Hold(r.id, f"gave up after {MAX_ATTEMPTS} attempts: {r.reason}"))
         missing = w.replicas - len(active) - (len(failed_now) if give_up else 0)
         for _ in range(max(missing, 0)):
             actions.append(

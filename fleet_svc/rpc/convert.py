@@ -32,6 +32,7 @@ def catalog_model(record: ModelRecord) -> fleet_pb2.CatalogModel:
         updated_at=timestamp(record.updated_at),
         declared=bool(record.declared_in),
         declared_in=record.declared_in,
+        deleted=record.deleted,
     )
 
 

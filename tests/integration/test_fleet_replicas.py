@@ -163,7 +163,11 @@ async def test_rejected_replica_is_failed_with_the_agents_reason(tmp_path: Path)
 
         async def gave_up() -> bool:
             rs = await replicas(stub)
-            return len(rs) == 1 and rs[0].phase == fleet_pb2.REPLICA_PHASE_FAILED
+            return (
+                len(rs) == 1
+                and rs[0].phase == fleet_pb2.REPLICA_PHASE_FAILED
+                and rs[0].reason.startswith("gave up after 3 attempts")
+            )
 
         await assert_eventually(gave_up, what="a FAILED replica after bounded retries")
         assert "ENGINE_NOT_ALLOWED" in (await replicas(stub))[0].reason
@@ -188,7 +192,8 @@ async def test_second_connection_replaces_the_first(tmp_path: Path) -> None:
 
 
 async def test_fleet_restart_keeps_catalog_and_replicas(tmp_path: Path) -> None:
-    """A fleet stopped and started on the same store keeps its models and replica ids."""
+    """A fleet stopped and started on the same store keeps its models and replica ids, and
+    routes to them again only once their agent reports them healthy."""
     async with running_fleet(tmp_path) as (fleet, stub):
         agent = ScriptedAgent(f"127.0.0.1:{fleet.port}", "node-a", gpus=4)
         agent.start()
@@ -201,11 +206,15 @@ async def test_fleet_restart_keeps_catalog_and_replicas(tmp_path: Path) -> None:
             m.model.name for m in (await stub.ListModels(fleet_pb2.ListModelsRequest())).models
         ] == ["qwen"]
         assert {r.id for r in await replicas(stub)} == ids
+        assert fleet.controller.hub.ready == {}, "not routable until its agent reports it"
         agent.address = f"127.0.0.1:{fleet.port}"
         agent.desired.clear()
         agent.start()
         await assert_eventually(lambda: all_ready(stub, 2), what="READY again from the agent")
         assert {r.id for r in await replicas(stub)} == ids
+        await assert_eventually(
+            lambda: set(fleet.controller.hub.ready) == ids, what="routable again"
+        )
         await agent.stop()
 
 

@@ -732,6 +732,7 @@ class CatalogModel(_message.Message):
     UPDATED_AT_FIELD_NUMBER: _builtins.int
     DECLARED_FIELD_NUMBER: _builtins.int
     DECLARED_IN_FIELD_NUMBER: _builtins.int
+    DELETED_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
     etag: _builtins.str
     """The revision, to send back on a write: a stale one is refused."""
@@ -741,6 +742,8 @@ class CatalogModel(_message.Message):
     """Declared in the cluster settings file: read-only through the API."""
     declared_in: _builtins.str
     """The settings file that declares it."""
+    deleted: _builtins.bool
+    """This revision deleted the model (history only)."""
     @_builtins.property
     def model(self) -> _common_pb2.Model: ...
     @_builtins.property
@@ -755,10 +758,11 @@ class CatalogModel(_message.Message):
         updated_at: _timestamp_pb2.Timestamp | None = ...,
         declared: _builtins.bool = ...,
         declared_in: _builtins.str = ...,
+        deleted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["model", b"model", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["declared", b"declared", "declared_in", b"declared_in", "etag", b"etag", "model", b"model", "revision", b"revision", "updated_at", b"updated_at", "updated_by", b"updated_by"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["declared", b"declared", "declared_in", b"declared_in", "deleted", b"deleted", "etag", b"etag", "model", b"model", "revision", b"revision", "updated_at", b"updated_at", "updated_by", b"updated_by"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
