@@ -4,10 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TOOLS ?= $(HOME)/.cache/llmgw/tools
 BUF := $(TOOLS)/node_modules/.bin/buf
-PROTOS := $(shell find protos -name '*.proto' | sort)
 
-
-.PHONY: venv run test lint proto proto-check buf-lint unit bench
+.PHONY: venv run test lint proto proto-check buf-lint bench
 
 # llama-cpp-python builds llama.cpp from its source distribution (a few minutes on 2 cores,
 # once: pip's wheel cache keeps the build). Portable flags, no tests or examples.
@@ -22,9 +20,11 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-# Run the control plane on this machine with its embedded defaults.
-run: venv
-	$(PY) -m planner_svc --listen 127.0.0.1:50051
+# Run the whole control plane on this machine (llmgw up): planner, fleet, a demo agent with
+# stand-in cards, an example catalog. llama-server is built first (once) so the llama.cpp
+# example answers for real.
+run: venv llama-server
+	$(VENV)/bin/llmgw up $(UP_ARGS)
 
 # Regenerate the Python code of the protos (committed).
 proto: venv
@@ -47,7 +47,7 @@ lint: venv
 	$(VENV)/bin/mypy
 
 # Run every check and test, as CI does.
-test: venv proto-check buf-lint lint
+test: venv llama-server proto-check buf-lint lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here" >&2; exit 1; fi; \
 	exit $$rc
