@@ -93,9 +93,13 @@ async def cluster(
     tmp_path: Path, gpus_per_node: int = 4, nodes: int = 2, **agent_kw: object
 ) -> AsyncIterator[tuple[FleetServer, fleet_pb2_grpc.FleetServiceAsyncStub, list[ScriptedAgent]]]:
     """A planner, a fleet and `nodes` scripted agents of `gpus_per_node` H100s."""
-    async with running_planner() as (planner, _p, _c), running_fleet(
-        tmp_path, planner=f"127.0.0.1:{planner.port}", start_timeout_s=3.0
-    ) as (fleet, stub):
+    async with (
+        running_planner() as (planner, _p, _c),
+        running_fleet(tmp_path, planner=f"127.0.0.1:{planner.port}", start_timeout_s=3.0) as (
+            fleet,
+            stub,
+        ),
+    ):
         agents = [
             ScriptedAgent(
                 f"127.0.0.1:{fleet.port}",

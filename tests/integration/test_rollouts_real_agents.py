@@ -79,9 +79,13 @@ async def real_cluster(
     tmp_path: Path, nodes: int, gpus: str
 ) -> AsyncIterator[tuple[FleetServer, fleet_pb2_grpc.FleetServiceAsyncStub]]:
     """A planner, a fleet, and real agents."""
-    async with running_planner() as (planner, _p, _c), running_fleet(
-        tmp_path, planner=f"127.0.0.1:{planner.port}", start_timeout_s=20.0
-    ) as (fleet, stub):
+    async with (
+        running_planner() as (planner, _p, _c),
+        running_fleet(tmp_path, planner=f"127.0.0.1:{planner.port}", start_timeout_s=20.0) as (
+            fleet,
+            stub,
+        ),
+    ):
         with agents(fleet.port, tmp_path, nodes, gpus):
             await assert_eventually(
                 lambda: _nodes_ready(stub, nodes), timeout_s=30, what="agents connected"
