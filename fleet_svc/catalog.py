@@ -72,6 +72,7 @@ class Catalog:
         self.declared: dict[str, str] = {}
         """Declared model name -> the settings file that declares it."""
         self.on_change: Callable[[], None] = lambda: None
+        self._wants: list[ProfileWant] | None = None
 
     def get(self, name: str) -> ModelRecord:
         """The model's latest revision.
@@ -152,6 +153,7 @@ class Catalog:
         log.info(
             "model_written", model=model.name, revision=stored.revision, by=by, deleted=deleted
         )
+        self._wants = None
         self.on_change()
         return stored
 
@@ -225,7 +227,13 @@ class Catalog:
             self.declared[model.name] = path
 
     def wants(self) -> list[ProfileWant]:
-        """Every profile's wanted replicas, for the controller."""
+        """Every profile's wanted replicas, for the controller (kept until the catalog changes:
+        the controller asks every tick)."""
+        if self._wants is None:
+            self._wants = self._read_wants()
+        return list(self._wants)
+
+    def _read_wants(self) -> list[ProfileWant]:
         out = []
         for record in self._store.list_models():
             model = model_of(record)

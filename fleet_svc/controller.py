@@ -38,6 +38,9 @@ P = ReplicaPhase
 RESEND_S = 5.0
 """A desired set not acknowledged within this long is sent again (it is idempotent)."""
 
+MAX_BURST = 20
+"""Ticks in a row a controller runs without waiting while each changes something."""
+
 
 @dataclass(frozen=True)
 class Observed:
@@ -121,6 +124,8 @@ class Controller:
         self._clock = clock
         self._new_id = new_id or (lambda: "r-" + uuid.uuid4().hex[:10])
         self.state = FleetState()
+        self._changes = 0
+        """Counts writes of fleet state; a tick that moved it is followed by another."""
         self._wake = asyncio.Event()
         self._started_s = clock()
         self._version = itertools.count(int(store.get_value("desired_version") or 0) + 1)
@@ -187,6 +192,7 @@ class Controller:
     # -- the one place replicas change -----------------------------------------------------
 
     def _put(self, r: ReplicaState) -> None:
+        self._changes += 1
         self.state.replicas[r.id] = r
         self._save(r)
         self._publish(r)
@@ -235,6 +241,7 @@ class Controller:
         return moved or new != r
 
     def _forget(self, replica_id: str) -> None:
+        self._changes += 1
         r = self.state.replicas.pop(replica_id, None)
         if r is not None:
             self.hub.remove(replica_id)
@@ -342,15 +349,36 @@ class Controller:
         self._wake.set()
 
     async def run(self) -> None:
-        """Tick until cancelled; a tick that raises is logged and the loop goes on."""
+        """Tick until cancelled; a tick that raises is logged and the loop goes on.
+
+        A tick that changed something is followed at once by another (a stop leads to a
+        forget, a forget to the next rollout step), up to MAX_BURST in a row; otherwise the
+        loop sleeps until woken, the next drain deadline, or the tick interval.
+        """
+        burst = 0
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self._tick_s)
+            if not self._wake.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=self._next_wait_s())
             self._wake.clear()
+            before = self._changes
             try:
                 self.tick()
             except Exception:
                 log.exception("tick_failed")
+            burst = burst + 1 if self._changes != before else 0
+            if 0 < burst < MAX_BURST:
+                self._wake.set()
+            await asyncio.sleep(0)  # let the streams and RPCs run between ticks
+
+    def _next_wait_s(self) -> float:
+        """Until the next tick: the interval, or sooner when a drain delay ends."""
+        now = self._clock()
+        wait = self._tick_s
+        for r in self.state.replicas.values():
+            if r.phase is P.DRAINING:
+                wait = min(wait, max(r.since_s + self._drain_s - now, 0.0) + 0.001)
+        return wait
 
     @property
     def managed(self) -> frozenset[tuple[str, str]]:
@@ -387,6 +415,7 @@ class Controller:
         return ended
 
     def _save_rollout(self, ro: Rollout, events: list[Event]) -> None:
+        self._changes += 1
         now = self._clock()
         self._store.put_rollout(rollout_record(ro))
         for e in events:
@@ -520,15 +549,24 @@ class Controller:
 
     def desired_for(self, node: str) -> list[ReplicaState]:
         """The replicas a node is told to run."""
-        return sorted(
-            (r for r in self.state.replicas.values() if r.node == node and r.phase in RUNNING),
-            key=lambda r: r.id,
-        )
+        return self._desired_by_node().get(node, [])
+
+    def _desired_by_node(self) -> dict[str, list[ReplicaState]]:
+        """Every node's desired replicas, in one pass over the replicas."""
+        out: dict[str, list[ReplicaState]] = {}
+        for r in self.state.replicas.values():
+            if r.node and r.phase in RUNNING:
+                out.setdefault(r.node, []).append(r)
+        for group in out.values():
+            group.sort(key=lambda r: r.id)
+        return out
 
     def _dispatch(self, now: float) -> None:
         """Send each connected node its desired set when it changed (or was not acked)."""
+        desired = self._desired_by_node()
+        newest = 0
         for node, link in self.state.links.items():
-            want = self.desired_for(node)
+            want = desired.get(node, [])
             key = tuple((r.id, r.revision) for r in want)
             pushed = self.state.pushed.setdefault(node, _Pushed())
             if (
@@ -540,10 +578,13 @@ class Controller:
             version = (
                 pushed.version if key == pushed.key and pushed.version else next(self._version)
             )
-            self._store.put_value("desired_version", str(version))
+            newest = max(newest, version)
             link.send_desired(version, want)
             self.state.pushed[node] = _Pushed(version=version, key=key, sent_s=now, acked=False)
             log.info("desired_sent", node=node, version=version, replicas=len(want))
+        if newest:
+            # Versions only grow, across restarts too: keep the newest handed out this tick.
+            self._store.put_value("desired_version", str(newest))
         # A stopping replica whose node is gone for good is stopped as far as anyone can tell.
         for r in list(self.state.replicas.values()):
             view = self.state.nodes.get(r.node)

@@ -234,6 +234,7 @@ def _placements(
     pending = [r for r in replicas.values() if r.phase is P.PENDING and r.id not in stopped]
     pending += [a.replica for a in planned if isinstance(a, Create)]
     out: list[Action] = []
+    by_name = sorted(nodes.values(), key=lambda n: n.name) if pending else []
     for r in sorted(pending, key=lambda r: (r.since_s, r.id)):
         want = want_of.get((r.model, r.profile))
         if want is None or r.retire:
@@ -241,7 +242,7 @@ def _placements(
         prefer = r.spec.get("prefer_node")
         if isinstance(prefer, str) and prefer:
             want = replace(want, prefer=prefer)
-        where = place(want, nodes.values(), used_cards, used_ram)
+        where = place(want, by_name, used_cards, used_ram, presorted=True)
         if isinstance(where, str):
             out.append(Hold(r.id, where))
             continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -34,9 +35,14 @@ class Placement:
     gpus: tuple[int, ...] = ()
 
 
+@functools.lru_cache(maxsize=1024)
+def _card_key(name: str) -> str:
+    return name.strip().lower().replace(" ", "")
+
+
 def same_class(a: str, b: str) -> bool:
     """Whether two card classes name the same card (case and spacing aside)."""
-    return a.strip().lower().replace(" ", "") == b.strip().lower().replace(" ", "")
+    return _card_key(a) == _card_key(b)
 
 
 def free_cards(node: NodeView, used: Iterable[int]) -> list[int]:
@@ -64,6 +70,8 @@ def place(
     nodes: Iterable[NodeView],
     used_cards: Mapping[str, Iterable[int]],
     used_ram: Mapping[str, int],
+    *,
+    presorted: bool = False,
 ) -> Placement | str:
     """The node a replica goes on, or a reason a person can read why none can take it.
 
@@ -73,7 +81,7 @@ def place(
     """
     candidates: list[tuple[bool, bool, int, str, tuple[int, ...]]] = []
     seen: list[str] = []
-    for node in sorted(nodes, key=lambda n: n.name):
+    for node in nodes if presorted else sorted(nodes, key=lambda n: n.name):
         if node.phase is not NodePhase.READY:
             seen.append(f"{node.name} is {node.phase.value}")
             continue

@@ -200,6 +200,8 @@ def advance(
                 break
         elif step.stage is Stage.RETIRING:
             steps[i] = _retiring(ro, step, want, replicas, now_s, new_id, out)
+        if step.stage in (Stage.STARTING, Stage.RETIRING) and steps[i].stage is Stage.DONE:
+            busy -= 1  # a step that finished frees its place for a waiting one this pass
     ro = replace(ro, steps=tuple(steps), updated_s=now_s)
     if failure is not None:
         step, why = failure

@@ -125,11 +125,16 @@ def layer_bytes_on_card(
     shape: ModelShape, pool: CachePool, *, tp: int, dtype: Fraction
 ) -> list[int]:
     """Each layer's KV and recurrent state on one card (state split by tp like its heads)."""
+    # Models repeat a few layer geometries many times: size each distinct layer once (the
+    # Fraction arithmetic is most of a SizeContext's time otherwise).
+    sized: dict[Layer, int] = {}
     out = []
     for layer in shape.layers:
-        kv = math.ceil(pool.held(layer) * _token_bytes(layer, tp, dtype)) if layer.has_kv else 0
-        state = pool.sequences * -(-layer.state_bytes // tp)
-        out.append(kv + state)
+        bytes_ = sized.get(layer)
+        if bytes_ is None:
+            kv = math.ceil(pool.held(layer) * _token_bytes(layer, tp, dtype)) if layer.has_kv else 0
+            bytes_ = sized[layer] = kv + pool.sequences * -(-layer.state_bytes // tp)
+        out.append(bytes_)
     return out
 
 

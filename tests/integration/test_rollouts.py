@@ -95,7 +95,7 @@ async def cluster(
     """A planner, a fleet and `nodes` scripted agents of `gpus_per_node` H100s."""
     async with (
         running_planner() as (planner, _p, _c),
-        running_fleet(tmp_path, planner=f"127.0.0.1:{planner.port}", start_timeout_s=3.0) as (
+        running_fleet(tmp_path, planner=f"127.0.0.1:{planner.port}", start_timeout_s=20.0) as (
             fleet,
             stub,
         ),

@@ -63,7 +63,12 @@ async def assert_eventually(
     while True:
         result = check()
         if inspect.isawaitable(result):
-            result = await result
+            # A check that hangs (an RPC with no answer) fails here, not at the test timeout.
+            left = max(deadline - loop.time(), 0.5)
+            try:
+                result = await asyncio.wait_for(result, left)
+            except TimeoutError:
+                raise AssertionError(f"checking {what} hung for {left:.1f} s") from None
         if result:
             return
         if loop.time() > deadline:

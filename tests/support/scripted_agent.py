@@ -38,6 +38,7 @@ class ScriptedAgent:
     acked: asyncio.Event = field(default_factory=asyncio.Event)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     close_code: grpc.StatusCode | None = None
+    error: Exception | None = None
     _out: asyncio.Queue[agent_pb2.ConnectRequest | None] = field(default_factory=asyncio.Queue)
     _task: asyncio.Task[None] | None = None
 
@@ -156,6 +157,9 @@ class ScriptedAgent:
                     self._apply(msg.desired)
         except grpc.aio.AioRpcError as err:
             self.close_code = err.code()
+        except Exception as exc:
+            self.error = exc  # kept for the test to see: a scripted agent must not fail
+            raise
         finally:
             if beater is not None:
                 beater.cancel()
