@@ -461,7 +461,7 @@ class Controller:
                     new_id=self._new_id,
                     logs=self.state.observed_logs,
                 )
-            if ended != ro or events:
+            if events or replace(ended, updated_s=ro.updated_s) != ro:
                 self._save_rollout(ended, events)
             for action in actions:
                 self._apply(action)
