@@ -127,13 +127,13 @@ def layer_bytes_on_card(
     """Each layer's KV and recurrent state on one card (state split by tp like its heads)."""
     # Models repeat a few layer geometries many times: size each distinct layer once (the
     # Fraction arithmetic is most of a SizeContext's time otherwise).
-    sized: dict[Layer, int] = {}
+    sized: dict[int, int] = {}  # by id: ModelShape shares one object per distinct layer
     out = []
     for layer in shape.layers:
-        bytes_ = sized.get(layer)
+        bytes_ = sized.get(id(layer))
         if bytes_ is None:
             kv = math.ceil(pool.held(layer) * _token_bytes(layer, tp, dtype)) if layer.has_kv else 0
-            bytes_ = sized[layer] = kv + pool.sequences * -(-layer.state_bytes // tp)
+            bytes_ = sized[id(layer)] = kv + pool.sequences * -(-layer.state_bytes // tp)
         out.append(bytes_)
     return out
 

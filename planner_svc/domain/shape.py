@@ -38,10 +38,12 @@ class Layer:
     window_tokens: int = 0
     state_bytes: int = 0
 
-    @property
-    def has_kv(self) -> bool:
-        """Whether the layer keeps per-token KV."""
-        return self.kind in (LayerKind.FULL, LayerKind.SLIDING, LayerKind.MLA) and self.kv_heads > 0
+    has_kv: bool = field(init=False, compare=False, repr=False)
+    """Whether the layer keeps per-token KV (worked out once: sizing asks it per layer)."""
+
+    def __post_init__(self) -> None:
+        kv = self.kind in (LayerKind.FULL, LayerKind.SLIDING, LayerKind.MLA) and self.kv_heads > 0
+        object.__setattr__(self, "has_kv", kv)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,19 @@ class ModelShape:
     mla_expanded: tuple[int, int] | None = None
     """For an MLA model: the (key, value) head dims of its decompressed heads, for engines that
     expand it (e.g. an old-format llama.cpp file)."""
+
+    def __post_init__(self) -> None:
+        # Models repeat a few layer geometries many times: share one object per geometry, so
+        # per-layer sizing can remember each by identity instead of hashing every layer.
+        shared: dict[Layer, Layer] = {}
+        by_id: dict[int, Layer] = {}
+        layers = []
+        for la in self.layers:
+            one = by_id.get(id(la))
+            if one is None:
+                one = by_id[id(la)] = shared.setdefault(la, la)
+            layers.append(one)
+        object.__setattr__(self, "layers", tuple(layers))
 
     @property
     def block_count(self) -> int:

@@ -159,16 +159,17 @@ def shape_from_proto(msg: common_pb2.ModelShape) -> ModelShape:
                 source="inline",
             )
         window = bounded(msg.sliding_window, "sliding_window", 1 << 40)
-        layers = tuple(
-            Layer(
+        of_kind = {
+            kind: Layer(
                 kind=kind,
                 kv_heads=kv_heads if kind is not LayerKind.RECURRENT else 0,
                 head_dim_k=dk,
                 head_dim_v=dv,
                 window_tokens=window if kind is LayerKind.SLIDING else 0,
             )
-            for kind in kinds
-        )
+            for kind in set(kinds)
+        }
+        layers = tuple(of_kind[kind] for kind in kinds)
     heads = bounded(msg.attention_heads, "attention_heads", MAX_HEADS)
     kv = max((la.kv_heads for la in layers if la.has_kv), default=0)
     return ModelShape(
