@@ -33,7 +33,8 @@ engine's memory claims show as memory in use); otherwise it asks NVML (nvidia-ml
 finding no driver or no devices, reports none (a CPU node).
 
 engines: only those in --config run (see deploy/agent.example.yaml); without one, the stand-in
-and, where llama-server is on PATH or in $LLMGW_LLAMA_SERVER, llama.cpp. --demo stands the
+and, where llama-server is found ($LLMGW_LLAMA_SERVER, else PATH, else the build cache
+~/.cache/llmgw/llama.cpp/bin that `make llama-server` fills), llama.cpp. --demo stands the
 stand-in in for the engines that cannot run here (vllm, sglang, trtllm, llamacpp without a
 llama-server), each refusing the arguments its engine would be refused.
 
