@@ -8,7 +8,7 @@ import os
 import sys
 
 from fleet_svc.domain.nodes import Liveness
-from planner_svc.__main__ import configure_logging
+from llmgw.logs import configure_logging
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,31 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 
-import structlog
+from llmgw.logs import configure_logging
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
-
-
-def configure_logging(json_logs: bool) -> None:
-    """structlog, once: JSON lines in production, readable lines at a terminal."""
-    renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer()
-    )
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso"),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-    )
 
 
 def main(argv: list[str] | None = None) -> int:

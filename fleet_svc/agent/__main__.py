@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import os
 import signal
 import socket
@@ -26,6 +25,7 @@ from fleet_svc.agent.config import (
     missing_executables,
 )
 from fleet_svc.agent.replicas import ReplicaSet
+from llmgw.logs import configure_logging
 
 EPILOG = """\
 cards: with --gpus or --gpus-file the agent is told its cards (stand-in cards: a stand-in
@@ -44,24 +44,6 @@ replicas again, so nothing is lost but the engines' warm state. With --leave-rep
 them running; an agent started again with the same --state-dir adopts them instead of starting
 them twice.
 """
-
-
-def configure_logging(json_logs: bool) -> None:
-    """structlog, once: JSON lines in production, readable lines at a terminal."""
-    renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer()
-    )
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso"),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-    )
 
 
 def _label(text: str) -> tuple[str, str]:

@@ -13,27 +13,11 @@ from typing import Any, Protocol
 import yaml
 
 from fleet_svc.agent import claims
+from llmgw.cardclass import class_memory_bytes
 
 MIB = 1 << 20
 GIB = 1 << 30
 
-# What NVML reports as memory.total for these cards, in MiB (nvidia-smi
-# --query-gpu=memory.total): the marketing "80GB" is close to GiB, not 10^9 bytes. The
-# planner's card table (planner_svc/domain/cards.py) holds the same figures; the agent keeps its
-# own so a node needs nothing of the planner.
-KNOWN_CARD_MIB: dict[str, int] = {
-    "h100-80gb": 81559,
-    "h100-94gb": 95830,
-    "h200-141gb": 143771,
-    "a100-80gb": 81920,
-    "a100-40gb": 40960,
-    "l40s-48gb": 46068,
-    "l4-24gb": 23034,
-    "a10g-24gb": 23028,
-    "rtx4090-24gb": 24564,
-}
-
-_GB_IN_NAME = re.compile(r"(\d+(?:\.\d+)?)\s*gi?b\b", re.IGNORECASE)
 _SPEC_PART = re.compile(r"^\s*(?:(\d+)\s*[x×*]\s*)?([A-Za-z0-9][A-Za-z0-9_.\-]*)\s*$")
 # A node has at most this many cards; a spec past it is a typo, not a machine.
 MAX_CARDS = 64
@@ -56,20 +40,17 @@ class Card:
 
 def card_class_bytes(model: str) -> int:
     """Memory of a card of class `model`: a known card's NVML total, else the "NNGB" in the
-    name read as GiB.
+    name read as GiB (the table is shared with the planner: llmgw/cardclass.py).
 
     Raises:
         CardSpecError: the class is unknown and names no memory size.
     """
-    key = model.strip().lower()
-    if key in KNOWN_CARD_MIB:
-        return KNOWN_CARD_MIB[key] * MIB
-    match = _GB_IN_NAME.search(key)
-    if match and float(match.group(1)) > 0:
-        return int(float(match.group(1)) * GIB)
-    raise CardSpecError(
-        f"card class {model!r} names no memory size: write it like H100-80GB or L4-24GB"
-    )
+    size = class_memory_bytes(model)
+    if size <= 0:
+        raise CardSpecError(
+            f"card class {model!r} names no memory size: write it like H100-80GB or L4-24GB"
+        )
+    return size
 
 
 def _standin_uuid(index: int, model: str) -> str:

@@ -19,7 +19,7 @@ from llmgw.demo.catalog import GGUF_FILE
 from llmgw.demo.files import DemoFileServer
 from llmgw.demo.hf_repo import REPO, demo_repo
 from llmgw.demo.tiny_gguf import write_tiny_gguf
-from planner_svc.__main__ import configure_logging
+from llmgw.logs import configure_logging
 
 
 def main(argv: list[str] | None = None) -> int:
