@@ -179,7 +179,8 @@ def run_change(opts: argparse.Namespace) -> int:
             if opts.dry_run:
                 print("dry run: nothing changed")
             elif answer.rollout_id:
-                print(f"rollout {answer.rollout_id} started ({answer.change.restarted} replicas)")
+                n = answer.change.restarted
+                print(f"rollout {answer.rollout_id} started ({n} replica{'s' if n != 1 else ''})")
             else:
                 print("no replica needs starting again")
         if opts.dry_run or not answer.rollout_id or opts.no_wait:

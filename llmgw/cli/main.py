@@ -140,7 +140,7 @@ def print_change(change: common_pb2.ContextChange | common_pb2.GPUsChange) -> No
             print(
                 f"    per card: {_gib(m.per_card_bytes)} of {_gib(m.budget_bytes)} budget "
                 f"(weights {_gib(m.weights_bytes)}, KV {_gib(m.kv_bytes)} a replica, "
-                f"{m.cards} cards)"
+                f"{m.cards} card{'s' if m.cards != 1 else ''})"
             )
         print(f"    args: {' '.join(p.args_before) or '(none)'}")
         print(f"       -> {' '.join(p.args) or '(none)'}")
