@@ -187,3 +187,31 @@ def test_example_vllm_takes_a_hub_repo_as_its_model_id() -> None:
     engine = load_config(ROOT / "deploy" / "agent.example.yaml").engines["vllm"]
     argv = engine.command(ReplicaSpec("r", 1, "vllm", source="hf://Qwen/Qwen3-8B"), "h", 5)
     assert argv[1:3] == ["serve", "Qwen/Qwen3-8B"]
+
+
+@pytest.mark.parametrize(
+    ("env_set", "on_path", "built", "want"),
+    [
+        (True, True, True, "told"),  # an operator's choice wins
+        (False, True, True, "path"),  # then PATH
+        (False, False, True, "built"),  # then `make llama-server`'s build cache
+        (False, False, False, None),  # else no llama.cpp on this node
+    ],
+)
+def test_llama_server_is_found_where_it_was_put(
+    tmp_path: Path, env_set: bool, on_path: bool, built: bool, want: str | None
+) -> None:
+    """llama-server comes from $LLMGW_LLAMA_SERVER, else PATH, else the build cache."""
+    paths = {}
+    for name in ("told", "path", "built"):
+        exe = tmp_path / name / "llama-server"
+        exe.parent.mkdir()
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(0o755)
+        paths[name] = str(exe)
+    found = find_llama_server(
+        env={"LLMGW_LLAMA_SERVER": paths["told"]} if env_set else {},
+        which=lambda _name: paths["path"] if on_path else None,
+        cache=Path(paths["built"]) if built else tmp_path / "absent" / "llama-server",
+    )
+    assert found == (paths[want] if want else None)
