@@ -126,6 +126,8 @@ class Controller:
         self.state = FleetState()
         self._changes = 0
         """Counts writes of fleet state; a tick that moved it is followed by another."""
+        self._unsaved: dict[str, ReplicaState | None] = {}
+        """Replicas changed (None: forgotten) since the last flush to the store."""
         self._wake = asyncio.Event()
         self._started_s = clock()
         self._version = itertools.count(int(store.get_value("desired_version") or 0) + 1)
@@ -170,23 +172,40 @@ class Controller:
         )
 
     def _save(self, r: ReplicaState) -> None:
+        """Mark a replica to be written at the next flush."""
+        self._unsaved[r.id] = r
+
+    def flush(self) -> None:
+        """Write every replica changed since the last flush, in one transaction.
+
+        Called at the end of each tick before any desired set is sent (so an agent never runs
+        a replica the store does not hold), and when a rollout starts or is cancelled. An
+        observation not yet flushed when the fleet dies is lost, and told again by its agent.
+        """
+        if not self._unsaved:
+            return
+        puts = [self._record(r) for r in self._unsaved.values() if r is not None]
+        deletes = [rid for rid, r in self._unsaved.items() if r is None]
+        self._unsaved = {}
+        self._store.write_replicas(puts, deletes)
+
+    @staticmethod
+    def _record(r: ReplicaState) -> ReplicaRecord:
         spec = dict(r.spec)
         spec["_fleet"] = {"attempt": r.attempt, "ram_bytes": r.ram_bytes, "retire": r.retire}
-        self._store.put_replica(
-            ReplicaRecord(
-                id=r.id,
-                model=r.model,
-                profile=r.profile,
-                revision=r.revision,
-                node=r.node,
-                gpus=r.gpus,
-                phase=r.phase.value,
-                reason=r.reason,
-                address=r.address,
-                restarts=r.restarts,
-                since=r.since_s,
-                spec=spec,
-            )
+        return ReplicaRecord(
+            id=r.id,
+            model=r.model,
+            profile=r.profile,
+            revision=r.revision,
+            node=r.node,
+            gpus=r.gpus,
+            phase=r.phase.value,
+            reason=r.reason,
+            address=r.address,
+            restarts=r.restarts,
+            since=r.since_s,
+            spec=spec,
         )
 
     # -- the one place replicas change -----------------------------------------------------
@@ -245,7 +264,7 @@ class Controller:
         r = self.state.replicas.pop(replica_id, None)
         if r is not None:
             self.hub.remove(replica_id)
-            self._store.delete_replica(replica_id)
+            self._unsaved[replica_id] = None
             log.info("replica_forgotten", replica=replica_id, model=r.model, phase=r.phase.value)
 
     # -- events from agents (facts; applied at once, the loop is woken) -------------------
@@ -395,6 +414,7 @@ class Controller:
             ro, [Event("rollout_started", message=f"{ro.kind}: {ro.strategy.value}")]
         )
         self.rollouts[ro.id] = ro
+        self.flush()
         log.info("rollout_started", rollout_id=ro.id, model=ro.model, steps=len(ro.steps))
         self.wake()
 
@@ -410,6 +430,7 @@ class Controller:
         del self.rollouts[rollout_id]
         for action in actions:
             self._apply(action)
+        self.flush()
         log.info("rollout_cancelled", rollout_id=rollout_id, reason=reason)
         self.wake()
         return ended
@@ -500,6 +521,7 @@ class Controller:
         )
         for action in actions:
             self._apply(action)
+        self.flush()
         self._dispatch(now)
 
     def _apply(self, action: Any) -> None:

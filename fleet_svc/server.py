@@ -81,6 +81,7 @@ class FleetServer:
         self.loop_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.loop_task
+        self.controller.flush()
         self.store.close()
         await self.planner.close()
         log.info("fleet_stopped", port=self.port)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -119,6 +120,9 @@ class Store(Protocol):
 
     def delete_replica(self, replica_id: str) -> None:
         """Forget a replica (it is stopped and gone)."""
+
+    def write_replicas(self, puts: Sequence[ReplicaRecord], deletes: Sequence[str]) -> None:
+        """Insert or replace `puts` and forget `deletes`, all in one transaction."""
 
     # Rollouts and their events.
     def put_rollout(self, record: RolloutRecord) -> None:

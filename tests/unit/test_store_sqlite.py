@@ -504,3 +504,17 @@ def test_open_store_refuses_what_it_cannot_open(url: str, message: str) -> None:
     """URLs naming another database or no file are refused with a message saying what works."""
     with pytest.raises(ValueError, match=message):
         open_store(url)
+
+
+def test_write_replicas_puts_and_forgets_in_one_transaction(store: SQLiteStore) -> None:
+    """A tick's replica changes are written together: puts replace, deletes forget, and a
+    failing batch writes nothing."""
+    a = ReplicaRecord(id="r-a", model="m", profile="p", revision=1)
+    b = ReplicaRecord(id="r-b", model="m", profile="p", revision=1)
+    store.write_replicas([a, b], [])
+    store.write_replicas([replace(a, phase="READY")], ["r-b"])
+    assert [(r.id, r.phase) for r in store.list_replicas()] == [("r-a", "READY")]
+    bad = replace(b, spec={"x": float("nan")})
+    with pytest.raises(ValueError):
+        store.write_replicas([replace(a, phase="STOPPING"), bad], [])
+    assert [(r.id, r.phase) for r in store.list_replicas()] == [("r-a", "READY")]
