@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import HOLDS_CARDS, ReplicaPhase
-from fleet_svc.domain.placement import Placement, Want, place
+from fleet_svc.domain.placement import Placement, Want, card_key, free_cards, place
 
 P = ReplicaPhase
 
@@ -235,6 +235,7 @@ def _placements(
     pending += [a.replica for a in planned if isinstance(a, Create)]
     out: list[Action] = []
     by_name = sorted(nodes.values(), key=lambda n: n.name) if pending else []
+    free = _FreeCards(by_name, used_cards)
     for r in sorted(pending, key=lambda r: (r.since_s, r.id)):
         want = want_of.get((r.model, r.profile))
         if want is None or r.retire:
@@ -242,11 +243,53 @@ def _placements(
         prefer = r.spec.get("prefer_node")
         if isinstance(prefer, str) and prefer:
             want = replace(want, prefer=prefer)
-        where = place(want, by_name, used_cards, used_ram, presorted=True)
-        if isinstance(where, str):
-            out.append(Hold(r.id, where))
-            continue
+        where = free.take(want) if not want.on_cpu else None
+        if where is None:
+            # Nothing fits (or a CPU replica): the full scan also says why.
+            found = place(want, by_name, used_cards, used_ram, presorted=True)
+            if isinstance(found, str):
+                out.append(Hold(r.id, found))
+                continue
+            where = found
         used_cards.setdefault(where.node, set()).update(where.gpus)
         used_ram[where.node] = used_ram.get(where.node, 0) + want.ram_bytes
         out.append(Assign(r.id, where))
     return out
+
+
+class _FreeCards:
+    """Free cards of READY nodes by card class, kept as placements take them, so placing R
+    replicas costs about R node look-ups rather than R scans of every node (the same choice
+    as `place`: not avoided, then preferred, then fewest cards left, then the name)."""
+
+    def __init__(self, by_name: list[NodeView], used: Mapping[str, set[int]]) -> None:
+        self._by_class: dict[str, dict[str, list[int]]] = {}
+        for node in by_name:
+            if node.phase is not NodePhase.READY or not node.cards:
+                continue
+            idx = free_cards(node, used.get(node.name, ()))
+            if idx:
+                self._by_class.setdefault(card_key(node.gpu_class), {})[node.name] = idx
+
+    def take(self, want: Want) -> Placement | None:
+        """The placement `place` would choose, with its cards taken; None when none fits."""
+        nodes = self._by_class.get(card_key(want.gpu_class), {})
+        best: tuple[bool, bool, int, str] | None = None
+        for name, idx in nodes.items():
+            if len(idx) < want.gpus:
+                continue
+            key = (name in want.avoid, name != want.prefer, len(idx) - want.gpus, name)
+            if best is None or key < best:
+                best = key
+                if not key[0] and key[2] == 0 and (not want.prefer or not key[1]):
+                    break  # nothing can beat an exact fit on a node it may use (names ascend)
+        if best is None:
+            return None
+        name = best[3]
+        gpus = tuple(nodes[name][: want.gpus])
+        rest = nodes[name][want.gpus :]
+        if rest:
+            nodes[name] = rest
+        else:
+            del nodes[name]
+        return Placement(node=name, gpus=gpus)

@@ -36,13 +36,14 @@ class Placement:
 
 
 @functools.lru_cache(maxsize=1024)
-def _card_key(name: str) -> str:
+def card_key(name: str) -> str:
+    """A card class as compared: case and spacing aside."""
     return name.strip().lower().replace(" ", "")
 
 
 def same_class(a: str, b: str) -> bool:
     """Whether two card classes name the same card (case and spacing aside)."""
-    return _card_key(a) == _card_key(b)
+    return card_key(a) == card_key(b)
 
 
 def free_cards(node: NodeView, used: Iterable[int]) -> list[int]:
