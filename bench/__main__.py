@@ -103,8 +103,9 @@ class Bench:
 BENCHES: dict[str, Bench] = {
     "planner_throughput": Bench(
         planner_throughput.run,
-        r"^(health_per_s|inline_per_s|gguf_per_s|inline_ratio|gguf_ratio|\w+_cpu_ratio)$",
-        (Goal(r"^(inline|gguf)_ratio$", ">= 0.8 of health", lambda v: v >= 0.8),),
+        r"^(health_per_s|inline_per_s|gguf_per_s|distinct_per_s|inline_ratio|gguf_ratio|"
+        r"distinct_ratio|\w+_cpu_ratio)$",
+        (Goal(r"^(inline|gguf|distinct)_ratio$", ">= 0.8 of health", lambda v: v >= 0.8),),
     ),
     "gguf_header": Bench(
         gguf_header,

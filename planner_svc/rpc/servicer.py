@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import replace
 from typing import Any, Protocol, TypeAlias
 
 import grpc
 import structlog
+from google.protobuf.message import Message
 
+from llmgw.common.v1 import common_pb2
 from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
 from planner_svc.domain import errors
 from planner_svc.domain.context import check_context_request, size_context
@@ -35,29 +38,38 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
 
     def __init__(self, resolver: Resolver) -> None:
         self._resolver = resolver
+        self._answers = _Answers()
 
-    async def _shape_of(self, model: Model) -> tuple[ModelShape | None, str]:
+    async def _resolve(self, msg: common_pb2.Model) -> ModelShape | errors.SourceUnreachable | None:
+        """The shape of a model's source (None for an inline shape or no source); a source
+        that cannot be reached is returned, not raised: the change goes ahead with a note."""
+        if msg.HasField("shape") or not msg.source:
+            return None
+        files = tuple((f.path, f.bytes) for f in msg.origin.files)
+        try:
+            return await self._resolver.resolve(msg.source, files)
+        except errors.SourceUnreachable as exc:
+            log.info("shape_unreadable", model=msg.name, source=msg.source, error=exc.message)
+            return exc
+
+    @staticmethod
+    def _shape_of(
+        model: Model, resolved: ModelShape | errors.SourceUnreachable | None
+    ) -> tuple[ModelShape | None, str]:
         """A model's shape and, when it could not be read, a note saying so.
 
         A source that cannot be reached leaves the change to go ahead unchecked (as the
-        reference does); a malformed header or config is refused (InvalidShape), since the
-        engine would not load it either.
+        reference does); a malformed header or config is refused (InvalidShape, raised by the
+        resolver), since the engine would not load it either.
         """
-        if model.shape is not None:
-            shape = model.shape
-        elif not model.source:
+        if isinstance(resolved, errors.SourceUnreachable):
+            return None, (
+                f"its shape could not be read ({resolved.message}), so the memory it needs is "
+                "not checked"
+            )
+        shape = model.shape if model.shape is not None else resolved
+        if shape is None:
             return None, "where it came from is not known, so the memory it needs is not checked"
-        else:
-            try:
-                shape = await self._resolver.resolve(model.source, model.files)
-            except errors.SourceUnreachable as exc:
-                log.info(
-                    "shape_unreadable", model=model.name, source=model.source, error=exc.message
-                )
-                return None, (
-                    f"its shape could not be read ({exc.message}), so the memory it needs is not "
-                    "checked"
-                )
         if shape.weights_bytes <= 0 and model.files_bytes > 0:
             shape = replace(shape, weights_bytes=model.files_bytes)
         return shape, ""
@@ -67,28 +79,40 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         self, request: planner_pb2.SizeContextRequest, context: Context
     ) -> planner_pb2.SizeContextResponse:
         """A new context for a model: each profile's engine arguments and memory."""
+        resolved = await self._resolve(request.model)
+        key = _memo_key(request, resolved)
+        hit = self._answers.get(key)
+        if isinstance(hit, planner_pb2.SizeContextResponse):
+            return hit
         model = convert.model_from_proto(request.model)
         check_context_request(request.tokens, request.slots)
         inventory = convert.inventory_from_proto(request.inventory)
-        shape, note = await self._shape_of(model)
+        shape, note = self._shape_of(model, resolved)
         change = size_context(
             model, shape, tokens=request.tokens, slots=request.slots, inventory=inventory, note=note
         )
         log.info("context_sized", model=model.name, before=change.before, after=change.after)
-        return planner_pb2.SizeContextResponse(
+        answer = planner_pb2.SizeContextResponse(
             change=convert.context_change_to_proto(change),
             profiles=[convert.profile_to_proto(p) for p in change.updated],
             llamacpp_version=LLAMACPP_VERSION,
         )
+        self._answers.put(key, answer, resolved)
+        return answer
 
     @refusals_as_status
     async def PlanGPUs(
         self, request: planner_pb2.PlanGPUsRequest, context: Context
     ) -> planner_pb2.PlanGPUsResponse:
         """N cards of one node per replica for one profile or every GPU profile."""
+        resolved = await self._resolve(request.model)
+        key = _memo_key(request, resolved)
+        hit = self._answers.get(key)
+        if isinstance(hit, planner_pb2.PlanGPUsResponse):
+            return hit
         model = convert.model_from_proto(request.model)
         inventory = convert.inventory_from_proto(request.inventory)
-        shape, note = await self._shape_of(model)
+        shape, note = self._shape_of(model, resolved)
         change = plan_gpus(
             model,
             shape,
@@ -98,11 +122,13 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             note=note,
         )
         log.info("gpus_planned", model=model.name, gpus=change.gpus)
-        return planner_pb2.PlanGPUsResponse(
+        answer = planner_pb2.PlanGPUsResponse(
             change=convert.gpus_change_to_proto(change),
             profiles=[convert.profile_to_proto(p) for p in change.updated],
             llamacpp_version=LLAMACPP_VERSION,
         )
+        self._answers.put(key, answer, resolved)
+        return answer
 
     @refusals_as_status
     async def DescribeModel(
@@ -122,3 +148,45 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         return planner_pb2.DescribeModelResponse(
             shape=convert.shape_to_proto(shape), llamacpp_version=LLAMACPP_VERSION
         )
+
+
+ANSWERS_KEPT = 1024
+"""Answers remembered for requests asked again (a gateway asks the same plan many times)."""
+
+
+def _memo_key(request: Message, resolved: object) -> tuple[str, bytes, int] | None:
+    """What an answer depends on: the request, and which cached shape its source resolved to
+    (None when the source could not be read: such answers are not remembered)."""
+    if isinstance(resolved, errors.SourceUnreachable):
+        return None
+    return (type(request).__name__, request.SerializeToString(deterministic=True), id(resolved))
+
+
+class _Answers:
+    """A bounded memory of answers: the planner is a pure function of the request and the
+    shape, so a request asked again against the same cached shape gets the same answer. An
+    entry holds its shape, so the shape's identity in the key cannot be reused while it lives;
+    when the shape cache refetches a source, the new shape makes new keys."""
+
+    def __init__(self, limit: int = ANSWERS_KEPT) -> None:
+        self._limit = limit
+        self._kept: OrderedDict[tuple[str, bytes, int], tuple[Message, object]] = OrderedDict()
+
+    def get(self, key: tuple[str, bytes, int] | None) -> Message | None:
+        """The answer remembered for `key`, if any."""
+        if key is None:
+            return None
+        hit = self._kept.get(key)
+        if hit is None:
+            return None
+        self._kept.move_to_end(key)
+        return hit[0]
+
+    def put(self, key: tuple[str, bytes, int] | None, answer: Message, shape: object) -> None:
+        """Remember an answer (the least recently used beyond the limit is forgotten)."""
+        if key is None:
+            return
+        self._kept[key] = (answer, shape)
+        self._kept.move_to_end(key)
+        while len(self._kept) > self._limit:
+            self._kept.popitem(last=False)

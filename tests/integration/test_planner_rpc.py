@@ -209,3 +209,28 @@ def test_sigterm_stops_the_planner_gracefully() -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+async def test_a_request_asked_again_gets_the_remembered_answer() -> None:
+    """The same SizeContext asked twice is sized once and answered alike; another context is
+    sized anew."""
+    async with running_planner() as (_, stub, _ch):
+        with capture_logs() as logs:
+            first = await stub.SizeContext(
+                planner_pb2.SizeContextRequest(
+                    model=llama_model(), tokens=32_768, inventory=INVENTORY
+                )
+            )
+            again = await stub.SizeContext(
+                planner_pb2.SizeContextRequest(
+                    model=llama_model(), tokens=32_768, inventory=INVENTORY
+                )
+            )
+            other = await stub.SizeContext(
+                planner_pb2.SizeContextRequest(
+                    model=llama_model(), tokens=16_384, inventory=INVENTORY
+                )
+            )
+    assert again == first
+    assert other.change.after == 16_384
+    assert [e["after"] for e in logs if e["event"] == "context_sized"] == [32_768, 16_384]
