@@ -4,7 +4,7 @@ rollout; UndoRollout rolls a model back to the revision before a rollout."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -161,6 +161,20 @@ class Changes:
             )
         return record
 
+    def _ask_for(
+        self,
+        request: planner_pb2.SizeContextRequest | planner_pb2.PlanGPUsRequest,
+        etag: str,
+        supersede: bool,
+    ) -> tuple[ModelRecord, common_pb2.Model]:
+        """Read the model to change and fill the planner's request with it and the live
+        inventory."""
+        record = self._read(request.model.name, etag, supersede)
+        model = model_of(record)
+        request.model.CopyFrom(model)
+        request.inventory.CopyFrom(self.inventory())
+        return record, model
+
     async def set_context(
         self,
         request: planner_pb2.SizeContextRequest,
@@ -178,18 +192,11 @@ class Changes:
             ModelNotFound, ModelDeclared, StaleRevision, RolloutInProgress, NoRoomBeside,
             PlannerRefused, PlannerUnavailable.
         """
-        name = request.model.name
-        record = self._read(name, etag, supersede)
-        model = model_of(record)
-        request.model.CopyFrom(model)
-        request.inventory.CopyFrom(self.inventory())
+        record, model = self._ask_for(request, etag, supersede)
         answer = await self.planner.size_context(request)
         # The planner took time: the model may have changed meanwhile.
-        record = self._read(name, str(record.revision), supersede)
-        new = common_pb2.Model()
-        new.CopyFrom(model)
-        del new.profiles[:]
-        new.profiles.extend(answer.profiles)
+        record = self._read(model.name, str(record.revision), supersede)
+        new = _with_profiles(model, answer.profiles)
         new.context_length = answer.change.after
         new.max_output = answer.change.max_output
         applied = self._apply(
@@ -221,17 +228,10 @@ class Changes:
         Raises:
             as set_context.
         """
-        name = request.model.name
-        record = self._read(name, etag, supersede)
-        model = model_of(record)
-        request.model.CopyFrom(model)
-        request.inventory.CopyFrom(self.inventory())
+        record, model = self._ask_for(request, etag, supersede)
         answer = await self.planner.plan_gpus(request)
-        record = self._read(name, str(record.revision), supersede)
-        new = common_pb2.Model()
-        new.CopyFrom(model)
-        del new.profiles[:]
-        new.profiles.extend(answer.profiles)
+        record = self._read(model.name, str(record.revision), supersede)
+        new = _with_profiles(model, answer.profiles)
         applied = self._apply(
             record,
             new,
@@ -378,3 +378,14 @@ class Changes:
         self._controller.start_rollout(ro)
         log.info("change_applied", model=old.name, kind=kind, rollout_id=ro.id, steps=len(steps))
         return Applied(committed, ro.id, restarted)
+
+
+def _with_profiles(
+    model: common_pb2.Model, profiles: Iterable[common_pb2.Profile]
+) -> common_pb2.Model:
+    """A copy of `model` whose profiles are the planner's."""
+    new = common_pb2.Model()
+    new.CopyFrom(model)
+    del new.profiles[:]
+    new.profiles.extend(profiles)
+    return new
