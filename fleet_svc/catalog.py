@@ -15,8 +15,9 @@ from fleet_svc.domain.control import ProfileWant
 from fleet_svc.domain.placement import Want
 from fleet_svc.store.base import ModelRecord, StaleRevision, Store
 from llmgw.common.v1 import common_pb2
-from planner_svc.domain.errors import PlannerError
-from planner_svc.rpc.convert import model_from_proto
+from llmgw.model import InvalidValue
+from llmgw.rpc.common import model_from_proto
+from llmgw.shape import InvalidShape
 
 log = structlog.get_logger(__name__)
 
@@ -49,7 +50,7 @@ def validate(model: common_pb2.Model) -> None:
         )
     try:
         model_from_proto(model)
-    except PlannerError as exc:
+    except (InvalidValue, InvalidShape) as exc:
         raise errors.InvalidModel(exc.message, field=getattr(exc, "field", "model")) from exc
     for i, p in enumerate(model.profiles):
         if not p.engine:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llmgw.cardclass import GIB, class_memory_bytes
-from planner_svc.domain.model import Inventory
+from llmgw.model import Inventory
 
 __all__ = ["GIB", "card_memory_bytes"]
 

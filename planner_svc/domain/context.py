@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from llmgw.model import Inventory, Model, Profile
+from llmgw.shape import ModelShape
 from planner_svc.domain import args as argv
 from planner_svc.domain import errors
 from planner_svc.domain.engines import Engine, engine_named
@@ -18,8 +20,6 @@ from planner_svc.domain.fit import (
     ram_gb,
 )
 from planner_svc.domain.memory import CardNeed, ram_need_bytes
-from planner_svc.domain.model import Inventory, Model, Profile
-from planner_svc.domain.shape import ModelShape
 
 MAX_SLOTS = 64
 """llama.cpp slots a profile may ask for (the reference's SetContext rule)."""
@@ -273,7 +273,7 @@ def _resize_profile(
                 tokens=old_tokens,
                 slots=current_slots(engine, profile.args),
             )
-        except errors.PlannerError:
+        except (errors.PlannerError, errors.InvalidShape):
             before = ProfileNeed()  # the old settings need not be valid for the new ones to be
     after = profile_need(
         engine, profile, shape, inventory, args=args, tokens=tokens, slots=use_slots

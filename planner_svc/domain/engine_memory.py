@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from llmgw.shape import ModelShape
 from planner_svc.domain import args as argv
 from planner_svc.domain import errors
 from planner_svc.domain.engines import ENGINES, CardSplit, Engine, engine_named
-from planner_svc.domain.shape import ModelShape
 
 MIB = 1 << 20
 GIB = 1 << 30

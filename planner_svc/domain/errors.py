@@ -4,22 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmgw.model import InvalidValue as InvalidValue
 from llmgw.refusal import Refusal
+
+# The shape refusal is the contract's (llmgw.shape), raised by the planner's readers too.
+from llmgw.shape import InvalidShape as InvalidShape
 
 
 @dataclass
 class PlannerError(Refusal):
     """Root of every refusal the planner makes."""
-
-
-@dataclass
-class InvalidShape(PlannerError):
-    """A header or config could not be read as a model's shape (malformed, hostile, absurd)."""
-
-    source: str = ""
-
-    def metadata(self) -> dict[str, str]:
-        return {"source": self.source} if self.source else {}
 
 
 @dataclass
@@ -33,11 +27,8 @@ class SourceUnreachable(PlannerError):
 
 
 @dataclass
-class InvalidRequest(PlannerError):
-    """A request field is out of range; `field` names it for `BadRequest`."""
-
-    field: str = ""
-    reason: str = "INVALID_REQUEST"
+class InvalidRequest(PlannerError, InvalidValue):
+    """A planner request field is out of range; `field` names it for `BadRequest`."""
 
 
 @dataclass

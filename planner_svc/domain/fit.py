@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from llmgw.model import Inventory, Profile
+from llmgw.shape import ModelShape
 from planner_svc.domain import args as argv
 from planner_svc.domain.cards import GIB, card_memory_bytes
 from planner_svc.domain.engines import CardSplit, Engine
 from planner_svc.domain.heads import splits_heads
 from planner_svc.domain.memory import CardNeed, card_need
-from planner_svc.domain.model import Inventory, Profile
-from planner_svc.domain.shape import ModelShape
 
 MIN_CONTEXT_TOKENS = 256
 """The shortest context the planner accepts (the reference's SetContext rule)."""

@@ -13,8 +13,8 @@ from typing import NoReturn
 
 from gguf import Keys
 
+from llmgw.shape import Layer, LayerKind, ModelShape
 from planner_svc.domain.errors import InvalidShape
-from planner_svc.domain.shape import Layer, LayerKind, ModelShape
 
 # src/llama-hparams.h: LLAMA_MAX_LAYERS; llama.cpp refuses a block_count above it.
 MAX_LAYERS = 512

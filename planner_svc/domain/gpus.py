@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from llmgw.model import Inventory, Model, Profile
+from llmgw.shape import ModelShape
 from planner_svc.domain import errors
 from planner_svc.domain.context import (
     ProfileChange,
@@ -22,8 +24,6 @@ from planner_svc.domain.fit import (
     longest_context,
 )
 from planner_svc.domain.heads import splits_heads
-from planner_svc.domain.model import Inventory, Model, Profile
-from planner_svc.domain.shape import ModelShape
 
 MAX_GPUS = 1024
 """A ceiling on cards per replica: past it a number is a typo, not a plan."""

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from llmgw.shape import Layer, LayerKind, ModelShape
 from planner_svc.domain.errors import InvalidShape
-from planner_svc.domain.shape import Layer, LayerKind, ModelShape
 
 # Generous ceilings for "absurd": far past any released model, far below overflow.
 _MAX_LAYERS = 1024

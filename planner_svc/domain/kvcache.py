@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from llmgw.shape import Layer, LayerKind, ModelShape
 from planner_svc.domain import args as argv
 from planner_svc.domain import errors
 from planner_svc.domain.engine_memory import (
@@ -28,7 +29,6 @@ from planner_svc.domain.engine_memory import (
 )
 from planner_svc.domain.engines import LLAMACPP, CardSplit
 from planner_svc.domain.llamacpp import llamacpp_kv_bytes
-from planner_svc.domain.shape import Layer, LayerKind, ModelShape
 
 # --- KV per layer -----------------------------------------------------------------------
 

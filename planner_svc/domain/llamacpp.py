@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn
 
+from llmgw.shape import Layer, LayerKind, ModelShape
 from planner_svc.domain.args import get_arg, has_flag
 from planner_svc.domain.errors import EngineRefuses
-from planner_svc.domain.shape import Layer, LayerKind, ModelShape
 
 LLAMACPP_VERSION = "llama.cpp 0c1e570 (llama-cpp-python 0.3.36)"
 """The llama.cpp whose rules this module models."""

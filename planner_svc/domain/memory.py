@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from llmgw.shape import LayerKind, ModelShape
 from planner_svc.domain import args as argv
 from planner_svc.domain import errors
 from planner_svc.domain.engine_memory import (
@@ -44,7 +45,6 @@ from planner_svc.domain.kvcache import (
     vllm_token_capacity,
 )
 from planner_svc.domain.llamacpp import llamacpp_kv_bytes, llamacpp_overhead_bytes
-from planner_svc.domain.shape import LayerKind, ModelShape
 
 __all__ = [
     "CardNeed",

@@ -11,13 +11,14 @@ import structlog
 from google.protobuf.message import Message
 
 from llmgw.common.v1 import common_pb2
+from llmgw.model import Model
 from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
+from llmgw.rpc import common
+from llmgw.shape import ModelShape
 from planner_svc.domain import errors
 from planner_svc.domain.context import check_context_request, size_context
 from planner_svc.domain.gpus import plan_gpus
 from planner_svc.domain.llamacpp import LLAMACPP_VERSION
-from planner_svc.domain.model import Model
-from planner_svc.domain.shape import ModelShape
 from planner_svc.rpc import convert
 from planner_svc.rpc.status import refusals_as_status
 
@@ -84,9 +85,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         hit = self._answers.get(key)
         if isinstance(hit, planner_pb2.SizeContextResponse):
             return hit
-        model = convert.model_from_proto(request.model)
+        model = common.model_from_proto(request.model)
         check_context_request(request.tokens, request.slots)
-        inventory = convert.inventory_from_proto(request.inventory)
+        inventory = common.inventory_from_proto(request.inventory)
         shape, note = self._shape_of(model, resolved)
         change = size_context(
             model, shape, tokens=request.tokens, slots=request.slots, inventory=inventory, note=note
@@ -94,7 +95,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         log.info("context_sized", model=model.name, before=change.before, after=change.after)
         answer = planner_pb2.SizeContextResponse(
             change=convert.context_change_to_proto(change),
-            profiles=[convert.profile_to_proto(p) for p in change.updated],
+            profiles=[common.profile_to_proto(p) for p in change.updated],
             llamacpp_version=LLAMACPP_VERSION,
         )
         self._answers.put(key, answer, resolved)
@@ -110,8 +111,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         hit = self._answers.get(key)
         if isinstance(hit, planner_pb2.PlanGPUsResponse):
             return hit
-        model = convert.model_from_proto(request.model)
-        inventory = convert.inventory_from_proto(request.inventory)
+        model = common.model_from_proto(request.model)
+        inventory = common.inventory_from_proto(request.inventory)
         shape, note = self._shape_of(model, resolved)
         change = plan_gpus(
             model,
@@ -124,7 +125,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         log.info("gpus_planned", model=model.name, gpus=change.gpus)
         answer = planner_pb2.PlanGPUsResponse(
             change=convert.gpus_change_to_proto(change),
-            profiles=[convert.profile_to_proto(p) for p in change.updated],
+            profiles=[common.profile_to_proto(p) for p in change.updated],
             llamacpp_version=LLAMACPP_VERSION,
         )
         self._answers.put(key, answer, resolved)
@@ -146,7 +147,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         if shape.weights_bytes <= 0 and files_bytes > 0:
             shape = replace(shape, weights_bytes=files_bytes)
         return planner_pb2.DescribeModelResponse(
-            shape=convert.shape_to_proto(shape), llamacpp_version=LLAMACPP_VERSION
+            shape=common.shape_to_proto(shape), llamacpp_version=LLAMACPP_VERSION
         )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import grpc
 from google.rpc import status_pb2
 
+from llmgw.refusal import Refusal
 from llmgw.rpcstatus import build_status, guarded
 from planner_svc.domain import errors
 
@@ -14,10 +15,12 @@ DOMAIN = "planner.llmgw.dev"
 
 # class -> (code, reason). Subclasses come before their bases: the first match wins.
 # Refusals are never UNAVAILABLE: meshes retry that code.
-_TABLE: tuple[tuple[type[errors.PlannerError], grpc.StatusCode, str | None], ...] = (
+# The shared refusals of llmgw.model and llmgw.shape (bad values, bad inline shapes) are here
+# too: the planner raises them while converting a request.
+_TABLE: tuple[tuple[type[Refusal], grpc.StatusCode, str | None], ...] = (
     (errors.ContextTooShort, grpc.StatusCode.INVALID_ARGUMENT, "CONTEXT_TOO_SHORT"),
     (errors.SlotsOutOfRange, grpc.StatusCode.INVALID_ARGUMENT, "SLOTS_OUT_OF_RANGE"),
-    (errors.InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT, None),  # reason from the error
+    (errors.InvalidValue, grpc.StatusCode.INVALID_ARGUMENT, None),  # reason from the error
     (errors.ContextOverTrained, grpc.StatusCode.INVALID_ARGUMENT, "CONTEXT_OVER_TRAINED"),
     (errors.HeadsNotDivisible, grpc.StatusCode.INVALID_ARGUMENT, "HEADS_NOT_DIVISIBLE"),
     (errors.UnknownEngine, grpc.StatusCode.INVALID_ARGUMENT, "UNKNOWN_ENGINE"),
@@ -33,7 +36,7 @@ _TABLE: tuple[tuple[type[errors.PlannerError], grpc.StatusCode, str | None], ...
 )
 
 # The request field each refusal is about, for google.rpc.BadRequest.
-_FIELDS: dict[type[errors.PlannerError], str] = {
+_FIELDS: dict[type[Refusal], str] = {
     errors.ContextOverTrained: "tokens",
     errors.HeadsNotDivisible: "gpus",
     errors.UnknownEngine: "model.profiles.engine",
@@ -41,21 +44,21 @@ _FIELDS: dict[type[errors.PlannerError], str] = {
 }
 
 
-def code_and_reason(exc: errors.PlannerError) -> tuple[grpc.StatusCode, str]:
+def code_and_reason(exc: Refusal) -> tuple[grpc.StatusCode, str]:
     """The status code and ErrorInfo reason of a planner exception."""
     for cls, code, reason in _TABLE:
         if isinstance(exc, cls):
-            if reason is None and isinstance(exc, errors.InvalidRequest):
+            if reason is None and isinstance(exc, errors.InvalidValue):
                 return code, exc.reason
             return code, reason or "REFUSED"
     return grpc.StatusCode.INTERNAL, "INTERNAL"
 
 
-def to_status(exc: errors.PlannerError) -> status_pb2.Status:
+def to_status(exc: Refusal) -> status_pb2.Status:
     """A google.rpc.Status with ErrorInfo and, where they fit, BadRequest,
     PreconditionFailure or ResourceInfo."""
     code, reason = code_and_reason(exc)
-    field = exc.field if isinstance(exc, errors.InvalidRequest) else _FIELDS.get(type(exc), "")
+    field = exc.field if isinstance(exc, errors.InvalidValue) else _FIELDS.get(type(exc), "")
     resource = (
         ("llmgw.common.v1.Profile", exc.profile)
         if isinstance(exc, errors.ProfileNotFound)
@@ -73,7 +76,7 @@ def to_status(exc: errors.PlannerError) -> status_pb2.Status:
     )
 
 
-def _subject(exc: errors.PlannerError) -> str:
+def _subject(exc: Refusal) -> str:
     """What a precondition failure is about: the profile, or the source."""
     for attr in ("profile", "source"):
         value = getattr(exc, attr, "")
@@ -83,7 +86,8 @@ def _subject(exc: errors.PlannerError) -> str:
 
 
 def _status_of(exc: Exception) -> status_pb2.Status | None:
-    return to_status(exc) if isinstance(exc, errors.PlannerError) else None
+    planner = (errors.PlannerError, errors.InvalidValue, errors.InvalidShape)
+    return to_status(exc) if isinstance(exc, planner) else None
 
 
 refusals_as_status = guarded(_status_of)

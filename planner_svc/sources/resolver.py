@@ -18,10 +18,10 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from llmgw.shape import ModelShape
 from planner_svc.domain.errors import InvalidShape
 from planner_svc.domain.gguf_shape import shape_from_gguf
 from planner_svc.domain.hf_shape import shape_from_hf_config
-from planner_svc.domain.shape import ModelShape
 from planner_svc.sources.gguf_http import read_gguf_header
 from planner_svc.sources.hf_hub import fetch_hf_model, weight_bytes_from_files
 

@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 
 from llmgw.common.v1 import common_pb2
 from llmgw.planner.v1 import planner_pb2
-from planner_svc.domain.shape import ModelShape
+from llmgw.shape import ModelShape
 from tests.support.planner import running_planner
 
 SERVICE = "llmgw.planner.v1.PlannerService"

@@ -17,7 +17,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from planner_svc.domain.shape import Layer, LayerKind, ModelShape
+from llmgw.shape import Layer, LayerKind, ModelShape
 
 VOCAB = 32
 """Dummy vocabulary size: the cache does not depend on it."""

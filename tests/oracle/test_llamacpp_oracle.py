@@ -25,6 +25,7 @@ from pathlib import Path
 import gguf
 import pytest
 
+from llmgw.shape import ModelShape
 from planner_svc.domain.errors import EngineRefuses
 from planner_svc.domain.llamacpp import (
     MIB,
@@ -34,7 +35,6 @@ from planner_svc.domain.llamacpp import (
     llamacpp_overhead_bytes,
     settings_from_args,
 )
-from planner_svc.domain.shape import ModelShape
 from tests.oracle.llamacpp_run import (
     BUILD_HINT,
     ContextParams,

@@ -3,7 +3,7 @@ PROVENANCE.md), for tests that need a shape without reading a source."""
 
 from __future__ import annotations
 
-from planner_svc.domain.shape import Layer, LayerKind, ModelShape
+from llmgw.shape import Layer, LayerKind, ModelShape
 
 
 def dense(

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
+from llmgw.model import Inventory, Model, Node, Profile
 from planner_svc.domain import errors
 from planner_svc.domain.context import default_max_output, size_context
-from planner_svc.domain.model import Inventory, Model, Node, Profile
 from tests.support.shapes import LLAMA_31_8B, LLAMA_31_70B, QWEN25_7B
 
 H100 = Inventory(

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from llmgw.shape import LayerKind, ModelShape
 from planner_svc.domain.errors import InvalidShape
 from planner_svc.domain.gguf_shape import shape_from_gguf
-from planner_svc.domain.shape import LayerKind, ModelShape
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
 FULL, SLIDING, MLA = LayerKind.FULL, LayerKind.SLIDING, LayerKind.MLA

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from llmgw.model import Inventory, Model, Node, Profile
 from planner_svc.domain import errors
 from planner_svc.domain.gpus import plan_gpus
-from planner_svc.domain.model import Inventory, Model, Node, Profile
 from tests.support.shapes import LLAMA_31_8B, LLAMA_31_70B, QWEN25_7B
 
 NODES = Inventory(
@@ -67,7 +67,7 @@ def test_heads_not_divisible_names_the_counts_that_work(
     shape: object, gpus: int, valid: tuple[int, ...]
 ) -> None:
     """A count that does not split the heads is refused with the counts that do (≤ the node)."""
-    from planner_svc.domain.shape import ModelShape
+    from llmgw.shape import ModelShape
 
     assert isinstance(shape, ModelShape)
     with pytest.raises(errors.HeadsNotDivisible) as caught:

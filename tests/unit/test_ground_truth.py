@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from llmgw.shape import Layer, LayerKind, ModelShape
 from planner_svc.domain.heads import splits_heads, valid_tp_counts
 from planner_svc.domain.hf_shape import shape_from_hf_config
 from planner_svc.domain.memory import (
@@ -21,7 +22,6 @@ from planner_svc.domain.memory import (
     vllm_overhead_bytes,
     vllm_token_capacity,
 )
-from planner_svc.domain.shape import Layer, LayerKind, ModelShape
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ground_truth" / "observations.jsonl"
 GIB = 1 << 30

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from llmgw.shape import Layer, LayerKind, ModelShape
 from planner_svc.domain.llamacpp import (
     MIB,
     llamacpp_cache,
@@ -23,7 +24,6 @@ from planner_svc.domain.llamacpp import (
     llamacpp_overhead_bytes,
     settings_from_args,
 )
-from planner_svc.domain.shape import Layer, LayerKind, ModelShape
 from tests.oracle.llamacpp_run import printed_mib
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ground_truth" / "observations.jsonl"

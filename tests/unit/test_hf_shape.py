@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from llmgw.shape import LayerKind, ModelShape
 from planner_svc.domain.errors import InvalidShape
 from planner_svc.domain.hf_shape import shape_from_hf_config
-from planner_svc.domain.shape import LayerKind, ModelShape
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "hf"
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from llmgw.shape import Layer, LayerKind, ModelShape
 from planner_svc.domain.errors import EngineRefuses
 from planner_svc.domain.llamacpp import (
     LLAMACPP_VERSION,
@@ -18,7 +19,6 @@ from planner_svc.domain.llamacpp import (
     llamacpp_overhead_bytes,
     settings_from_args,
 )
-from planner_svc.domain.shape import Layer, LayerKind, ModelShape
 from tests.oracle.models import geometry, inline_shape
 from tests.support.shapes import LLAMA_31_8B
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from llmgw.shape import ModelShape
 from planner_svc.domain import errors
 from planner_svc.domain.fit import ram_gb
 from planner_svc.domain.llamacpp import llamacpp_kv_bytes
@@ -34,7 +35,6 @@ from planner_svc.domain.memory import (
     vllm_overhead_bytes,
     vllm_token_capacity,
 )
-from planner_svc.domain.shape import ModelShape
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 MIB = 1 << 20

@@ -6,10 +6,11 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
+from llmgw.refusal import Refusal
 from planner_svc.domain import errors
 from planner_svc.rpc.status import code_and_reason, to_status
 
-CASES: list[tuple[errors.PlannerError, grpc.StatusCode, str]] = [
+CASES: list[tuple[Refusal, grpc.StatusCode, str]] = [
     (errors.ContextTooShort("m", tokens=3), grpc.StatusCode.INVALID_ARGUMENT, "CONTEXT_TOO_SHORT"),
     (errors.SlotsOutOfRange("m", slots=99), grpc.StatusCode.INVALID_ARGUMENT, "SLOTS_OUT_OF_RANGE"),
     (
@@ -40,7 +41,7 @@ CASES: list[tuple[errors.PlannerError, grpc.StatusCode, str]] = [
 
 @pytest.mark.parametrize(("exc", "code", "reason"), CASES)
 def test_each_refusal_has_its_code_and_reason(
-    exc: errors.PlannerError, code: grpc.StatusCode, reason: str
+    exc: Refusal, code: grpc.StatusCode, reason: str
 ) -> None:
     """Each refusal maps to its canonical code and stable reason, never UNAVAILABLE."""
     assert code_and_reason(exc) == (code, reason)

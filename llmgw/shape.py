@@ -5,6 +5,19 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from llmgw.refusal import Refusal
+
+
+@dataclass
+class InvalidShape(Refusal):
+    """A header, a config or an inline shape could not be read as a model's shape (malformed,
+    hostile, absurd); `source` names where it came from."""
+
+    source: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"source": self.source} if self.source else {}
+
 
 class LayerKind(enum.Enum):
     """What a layer keeps in the cache."""

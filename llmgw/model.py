@@ -1,10 +1,35 @@
-"""A model as the planner sees it: its catalog entry, profiles and the hardware inventory."""
+"""The contract's values as typed data, shared by the planner, the fleet and the CLI: a catalog
+entry (`Model`) with its `Profile`s, the hardware `Inventory`, and the checks that keep their
+numbers sane. Pure: no grpc, no I/O; the proto mappings live in `llmgw.rpc.common`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner_svc.domain.shape import ModelShape
+from llmgw.refusal import Refusal
+from llmgw.shape import ModelShape
+
+MAX_COUNT = 1 << 20
+"""A ceiling on cards, nodes and replicas in a request."""
+
+
+@dataclass
+class InvalidValue(Refusal):
+    """A value of the contract is missing or out of range; `field` names it (for BadRequest)."""
+
+    field: str = ""
+    reason: str = "INVALID_REQUEST"
+
+
+def checked_count(value: int, field: str, maximum: int = MAX_COUNT) -> int:
+    """`value`, refused when negative or above `maximum`.
+
+    Raises:
+        InvalidValue: out of range, naming `field`.
+    """
+    if value < 0 or value > maximum:
+        raise InvalidValue(f"{field} is {value}: it must be between 0 and {maximum}", field=field)
+    return value
 
 
 @dataclass(frozen=True)
