@@ -7,14 +7,16 @@ BUF := $(TOOLS)/node_modules/.bin/buf
 
 .PHONY: venv run test lint proto proto-check buf-lint bench
 
-# llama-cpp-python builds llama.cpp from its source distribution (a few minutes on 2 cores,
-# once: pip's wheel cache keeps the build). Portable flags, no tests or examples.
-export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-$(VENV)/.installed: pyproject.toml
+# `make run` needs the runtime packages only; `make test` adds the tools that check the code.
+$(VENV)/.runtime: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.runtime
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
@@ -22,8 +24,8 @@ venv: $(VENV)/.installed
 
 # Run the whole control plane on this machine (llmgw up): planner, fleet, a demo agent with
 # stand-in cards, an example catalog. llama-server is built first (once) so the llama.cpp
-# example answers for real.
-run: venv llama-server
+# example answers for real. Only the runtime packages are installed.
+run: $(VENV)/.runtime llama-server
 	$(VENV)/bin/llmgw up $(UP_ARGS)
 
 # Regenerate the Python code of the protos (committed).
@@ -55,9 +57,9 @@ test: venv llama-server proto-check buf-lint lint
 bench: venv
 	$(PY) -m bench
 
-# llama.cpp's llama-server (CPU, portable), built from the llama.cpp that the pinned
-# llama-cpp-python sdist vendors into ~/.cache/llmgw/llama.cpp/bin, where the agent and
-# `llmgw up` find it. Minutes once on 2 cores; a stamp makes it instant until the pin changes.
+# llama.cpp, built once from the llama.cpp that the pinned llama-cpp-python sdist vendors, into
+# ~/.cache/llmgw/llama.cpp: bin/llama-server (where the agent and `llmgw up` find it) and the
+# libllama the tests' oracle loads. Minutes once on 2 cores; a stamp makes it instant after.
 .PHONY: llama-server
-llama-server: venv
+llama-server: $(VENV)/.runtime
 	PYTHON=$(abspath $(PY)) scripts/build_llama_server.sh

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-server, CPU only, from the llama.cpp that the llama-cpp-python source
-# distribution vendors (the same llama.cpp the planner's rules and the tests' oracle are read
-# from), into a cache folder outside the repo: ~/.cache/llmgw/llama.cpp/bin/llama-server, where
-# the agent's find_llama_server and `llmgw up` look for it.
+# Build llama.cpp once, CPU only, from the llama.cpp that the llama-cpp-python source
+# distribution vendors (the llama.cpp the planner's rules are read from), into a cache folder
+# outside the repo, ~/.cache/llmgw/llama.cpp:
+#   bin/llama-server   the server the agent runs (its find_llama_server and `llmgw up` look here)
+#   lib/lib*.so        libllama and libggml*, which llama-server links and the tests' oracle
+#                      loads through ctypes: one build serves both
+#   python/llama_cpp/  the sdist's ctypes bindings (Python files only, nothing compiled), which
+#                      the oracle imports with LLAMA_CPP_LIB_PATH pointing at lib/
+# llama-cpp-python itself is never pip-installed, so its own copy of llama.cpp is never built.
 #
 # Idempotent: a stamp records the llama-cpp-python version and the CMake flags the binary was
 # built with; when both match and the binary runs, nothing is done. Change either and it
@@ -10,7 +15,7 @@
 # binary is installed). Needs cmake, a C++17 compiler and PyPI (pip download) the first time.
 #
 # Environment:
-#   LLAMA_CPP_PYTHON_VERSION  the sdist to build from (default: the pin in pyproject.toml)
+#   LLAMA_CPP_PYTHON_VERSION  the sdist to build from (default: the pin below)
 #   PYTHON                    the interpreter whose pip downloads the sdist (default .venv's)
 #   CMAKE_BUILD_PARALLEL_LEVEL  compile jobs (default 2)
 set -euo pipefail
@@ -18,15 +23,8 @@ set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 log() { printf '[llama-server] %s\n' "$*" >&2; }
 
-version="${LLAMA_CPP_PYTHON_VERSION:-}"
-if [[ -z "$version" ]]; then
-    version="$(grep -oE 'llama-cpp-python==[0-9][0-9A-Za-z.]*' "$repo_root/pyproject.toml" \
-        | head -n1 | cut -d= -f3)"
-fi
-if [[ -z "$version" ]]; then
-    log "cannot find the llama-cpp-python pin in pyproject.toml; set LLAMA_CPP_PYTHON_VERSION"
-    exit 1
-fi
+# The pin: the llama.cpp whose rules planner_svc models (LLAMACPP_VERSION says which commit).
+version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 
 cache="$HOME/.cache/llmgw/llama.cpp"
 bin="$cache/bin/llama-server"
@@ -35,21 +33,25 @@ python="${PYTHON:-$repo_root/.venv/bin/python}"
 [[ -x "$python" ]] || python="$(command -v python3)"
 jobs="${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
 
-# Portable CPU build of llama-server alone. Why each flag:
+# Portable CPU build of llama-server and the shared libraries. Why each flag:
 # - GGML_NATIVE=OFF: no -march=native, so the binary runs on any x86-64 with AVX2 (ggml's
 #   default instruction set when not native), not only on the machine that built it.
-# - BUILD_SHARED_LIBS=OFF: one self-contained executable (libggml/libllama linked in), so the
-#   cache holds a single file and nothing needs LD_LIBRARY_PATH.
+# - BUILD_SHARED_LIBS=ON: libllama.so and libggml*.so, shared by llama-server and the oracle;
+#   the RPATH ($ORIGIN and $ORIGIN/../lib) lets llama-server find them in the build folder and
+#   in the cache without LD_LIBRARY_PATH.
 # - LLAMA_OPENSSL=OFF: the agent serves local files and plain-HTTP URLs; no libssl needed.
 #   (LLAMA_CURL is gone from this llama.cpp: it only warns, so it is not passed.)
 # - LLAMA_BUILD_UI=OFF, LLAMA_USE_PREBUILT_UI=OFF: the web UI would be built with npm or
 #   downloaded from Hugging Face at build time; the server works without it.
-# - no tests, examples or the unified app; only the llama-server target is built.
+# - no tests, examples or the unified app; only the llama-server target (and the libraries
+#   it links) is built.
 cmake_flags=(
     -DCMAKE_BUILD_TYPE=Release
     -DGGML_NATIVE=OFF
     -DGGML_CUDA=OFF
-    -DBUILD_SHARED_LIBS=OFF
+    -DBUILD_SHARED_LIBS=ON
+    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON
+    "-DCMAKE_INSTALL_RPATH=\$ORIGIN:\$ORIGIN/../lib"
     -DLLAMA_BUILD_TESTS=OFF
     -DLLAMA_BUILD_EXAMPLES=OFF
     -DLLAMA_BUILD_APP=OFF
@@ -63,6 +65,7 @@ want_stamp="llama-cpp-python==$version cmake ${cmake_flags[*]}"
 
 up_to_date() {
     [[ -x "$bin" && -f "$stamp" && "$(cat "$stamp")" == "$want_stamp" ]] \
+        && [[ -f "$cache/lib/libllama.so" && -f "$cache/python/llama_cpp/llama_cpp.py" ]] \
         && "$bin" --version >/dev/null 2>&1
 }
 
@@ -115,15 +118,26 @@ log "configuring (${cmake_flags[*]})"
 cmake -S "$src" -B "$work/build" "${generator[@]}" "${cmake_flags[@]}" >"$work/configure.log" 2>&1 \
     || { tail -n 40 "$work/configure.log" >&2; log "configure failed: $work/configure.log"; exit 1; }
 
-log "compiling llama-server with $jobs jobs (about ten minutes on 2 cores)"
+log "compiling llama-server and libllama with $jobs jobs (about ten minutes on 2 cores)"
 cmake --build "$work/build" --target llama-server -j "$jobs"
 
 built="$work/build/bin/llama-server"
 "$built" --version >/dev/null 2>&1 || { log "the built $built does not run"; exit 1; }
-mkdir -p "$cache/bin"
-# Replace atomically so an agent never finds half a binary.
-cp "$built" "$bin.tmp"
-mv -f "$bin.tmp" "$bin"
+# Stage the whole install beside the cache, then swap it in, so an agent or a test never
+# finds half of it: bin/, lib/ (every shared library the build made) and python/llama_cpp/.
+stage="$cache/stage"
+rm -rf "$stage"
+mkdir -p "$stage/bin" "$stage/lib" "$stage/python"
+cp "$built" "$stage/bin/"
+find "$work/build" -name 'lib*.so*' -exec cp -P {} "$stage/lib/" \;
+[[ -f "$stage/lib/libllama.so" ]] || { log "the build made no libllama.so"; exit 1; }
+cp -r "$work/llama_cpp_python-$version/llama_cpp" "$stage/python/llama_cpp"
+find "$stage/python" -name '*.so' -delete
+"$stage/bin/llama-server" --version >/dev/null 2>&1 \
+    || { log "the staged llama-server does not find its libraries"; exit 1; }
+rm -rf "$cache/bin" "$cache/lib" "$cache/python"
+mv "$stage/bin" "$stage/lib" "$stage/python" "$cache/"
+rmdir "$stage"
 printf '%s\n' "$want_stamp" >"$stamp"
 rm -rf "$work"
 

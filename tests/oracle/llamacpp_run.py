@@ -1,4 +1,5 @@
-"""Run the real llama.cpp (llama-cpp-python's build) on a GGUF and read back what it prints.
+"""Run the real llama.cpp (the libllama that `make llama-server` builds beside llama-server) on a
+GGUF and read back what it prints.
 
 Each model runs in a child process (`python -c`), which loads it once and creates one
 llama.cpp context per setting through the library's C API, capturing llama.cpp's log through
@@ -10,15 +11,12 @@ The C API sets every field llama-server sets (`common_context_params_to_llama`,
 common/common.cpp:1629-1666): n_ctx, n_seq_max, kv_unified, type_k/type_v, flash_attn_type,
 n_batch/n_ubatch, swa_full, so the library runs exactly llama-server's context. The high-level
 `llama_cpp.Llama` class exposes neither n_seq_max nor kv_unified and is not used; the child
-imports only the ctypes module (`llama_cpp.llama_cpp`), not the package, so the package's
-Python dependencies (diskcache, jinja2) are not needed.
+imports only llama-cpp-python's ctypes module over that libllama (tests/oracle/libllama.py).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
@@ -28,11 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-BUILD_HINT = (
-    "llama.cpp is not built into this venv: run `CMAKE_ARGS='-DGGML_NATIVE=OFF "
-    "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF' .venv/bin/pip install --no-deps "
-    "llama-cpp-python==0.3.36` (or set LLMGW_SKIP_ORACLE=1 to skip the oracle)"
-)
+from tests.oracle import libllama
 
 # ggml.h enum ggml_type values of the cache types llama-server accepts.
 GGML_TYPES = {
@@ -126,18 +120,7 @@ def printed_mib(n_bytes: int) -> str:
 
 def llama_cpp_missing() -> str | None:
     """Why llama.cpp cannot be run here (None when its library loads)."""
-    if importlib.util.find_spec("llama_cpp") is None:
-        return BUILD_HINT
-    probe = subprocess.run(
-        [sys.executable, "-c", _IMPORT + "print(lib.llama_max_devices())"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    if probe.returncode != 0:
-        return f"{BUILD_HINT}; loading it failed: {probe.stderr.strip()[-400:]}"
-    return None
+    return libllama.missing()
 
 
 def run_contexts(
@@ -161,8 +144,9 @@ def run_contexts(
         proc = subprocess.run(
             [sys.executable, "-c", _CHILD],
             input=json.dumps(job),
-            # ggml's abort handler would otherwise attach gdb for a backtrace (ggml/src/ggml.c).
-            env={**os.environ, "GGML_NO_BACKTRACE": "1"},
+            # GGML_NO_BACKTRACE: ggml's abort handler would otherwise attach gdb for a
+            # backtrace (ggml/src/ggml.c).
+            env=libllama.child_env(),
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -249,20 +233,10 @@ def parse_log(ok: bool, log: str, decoded: bool | None = None) -> Printed:
     )
 
 
-# Import the ctypes bindings without the package's __init__ (which needs diskcache, jinja2).
-_IMPORT = """
-import importlib.util, sys, types
-_spec = importlib.util.find_spec("llama_cpp")
-_pkg = types.ModuleType("llama_cpp")
-_pkg.__path__ = list(_spec.submodule_search_locations)
-sys.modules["llama_cpp"] = _pkg
-import llama_cpp.llama_cpp as lib
-"""
-
 # The child: load the model once, create and free one context per run, print one JSON line
 # per run as soon as it is done (so a crash loses only the run that crashed).
 _CHILD = (
-    _IMPORT
+    libllama.import_code()
     + f"""
 import ctypes, json, math
 GGML_TYPES = {GGML_TYPES!r}

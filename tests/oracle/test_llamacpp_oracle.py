@@ -7,8 +7,8 @@ of how llama-server turns them into a llama.cpp context (`library_params`); llam
 creates that context on a small GGUF of the geometry and its printed cache lines must equal
 the planner's numbers, and what one refuses the other must refuse.
 
-Needs llama-cpp-python 0.3.36 built into the venv; without it every run fails with how to build
-it, unless LLMGW_SKIP_ORACLE=1 (then it is skipped).
+Needs the libllama that `make llama-server` builds (tests/oracle/libllama.py); without it every
+run fails with how to build it, unless LLMGW_SKIP_ORACLE=1 (then it is skipped).
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from planner_svc.domain.llamacpp import (
     llamacpp_overhead_bytes,
     settings_from_args,
 )
+from tests.oracle import libllama
+from tests.oracle.libllama import BUILD_HINT
 from tests.oracle.llamacpp_run import (
-    BUILD_HINT,
     ContextParams,
     Printed,
     llama_cpp_missing,
@@ -218,7 +219,7 @@ def gguf_shape_reader() -> Callable[[Path], ModelShape] | None:
 
 
 CASES = generate_cases()
-_AVAILABLE = importlib.util.find_spec("llama_cpp") is not None
+_AVAILABLE = libllama.built()
 
 
 @dataclass

@@ -3,8 +3,8 @@ shape it was written with; the example catalog is one the fleet accepts."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,17 +16,15 @@ from llmgw.demo.catalog import GGUF_MODEL, HF_MODEL, example_models
 from llmgw.demo.hf_repo import REPO
 from llmgw.demo.tiny_gguf import TinyLlama, vocabulary, write_tiny_gguf
 from planner_svc.sources.resolver import ShapeResolver
+from tests.oracle import libllama
 
-# The child imports llama.cpp's ctypes bindings without the package's __init__ (which needs
-# diskcache and jinja2), as tests/oracle does; loads the model, tokenizes, decodes a prompt
-# and greedily generates eight tokens.
-_CHILD = r"""
-import ctypes, importlib.util, json, sys, types
-spec = importlib.util.find_spec("llama_cpp")
-pkg = types.ModuleType("llama_cpp")
-pkg.__path__ = list(spec.submodule_search_locations)
-sys.modules["llama_cpp"] = pkg
-import llama_cpp.llama_cpp as lib
+# The child imports llama.cpp's ctypes bindings over the libllama `make llama-server` builds,
+# as tests/oracle does; loads the model, tokenizes, decodes a prompt and greedily generates
+# eight tokens.
+_CHILD = (
+    libllama.import_code()
+    + r"""
+import ctypes, json
 
 @lib.llama_log_callback
 def quiet(level, text, user):
@@ -58,6 +56,7 @@ for _ in range(8):
 print(json.dumps({"tokens": list(tokens[:n]), "decode": rc, "n_vocab": n_vocab,
                   "picked": picked, "text": text.decode()}))
 """
+)
 
 
 def test_tiny_gguf_is_written_the_same_every_time(tmp_path: Path) -> None:
@@ -68,10 +67,11 @@ def test_tiny_gguf_is_written_the_same_every_time(tmp_path: Path) -> None:
     assert len(a) < 1 << 20
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="no llama.cpp build")
+@pytest.mark.skipif(os.environ.get("LLMGW_SKIP_ORACLE") == "1", reason="LLMGW_SKIP_ORACLE=1")
 def test_tiny_gguf_runs_in_llama_cpp(tmp_path: Path) -> None:
     """llama.cpp loads the tiny model, tokenizes text with its vocabulary (BOS first, byte
     fallback for the rest) and answers with its letter and word pieces: readable text."""
+    assert libllama.built(), libllama.BUILD_HINT
     path = write_tiny_gguf(tmp_path / "tiny.gguf")
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, str(path)],
@@ -79,6 +79,7 @@ def test_tiny_gguf_runs_in_llama_cpp(tmp_path: Path) -> None:
         text=True,
         timeout=60,
         check=False,
+        env=libllama.child_env(),
     )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
