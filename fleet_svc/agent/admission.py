@@ -114,7 +114,10 @@ def refused_arg(args: Sequence[str], rules: ArgRules) -> str | None:
         if bad or "$(" in arg:
             shown = ", ".join(repr(c) for c in bad)
             return f"argument {arg[:60]!r} holds shell syntax ({shown}); engines run with no shell"
+    engine = registry.find(rules.family)
     table = REFUSAL_TABLES.get(rules.family, STANDIN_REFUSED)
+    if engine is not None and engine.refused_flags is not None:
+        table = engine.refused_flags
     refused: dict[str, tuple[str, bool]] = {}
     for entry in table:
         for name in entry.names:
@@ -124,7 +127,6 @@ def refused_arg(args: Sequence[str], rules: ArgRules) -> str | None:
     allowed = {_norm(a) for a in rules.allow}
     for key in allowed:
         refused.pop(key, None)
-    engine = registry.find(rules.family)
     abbreviating = engine is not None and engine.grammar.abbreviates
     for i, arg in enumerate(args):
         if not arg.startswith("-"):
