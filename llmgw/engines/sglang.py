@@ -160,7 +160,6 @@ class Sglang(TensorParallelEngine):
     context_flag = CONTEXT_LENGTH
     tp_flag = TP_SIZE
     pp_flag = PP_SIZE
-    utilisation_flag = MEM_FRACTION_STATIC
     cache_dtype_flag = KV_CACHE_DTYPE
     cache_dtypes: ClassVar[Mapping[str, Fraction | None]] = SGLANG_CACHE_DTYPES
 

@@ -35,8 +35,6 @@ class TensorParallelEngine:
     """The flag that sets the tensor parallel size (the card count is written here)."""
     pp_flag: Flag = ()
     """The flag that sets the pipeline parallel size."""
-    utilisation_flag: Flag = ()
-    """The flag that sets the share of a card the engine budgets."""
     cache_dtype_flag: Flag = ()
     """The flag that sets the KV cache's element type (empty: the model's dtype)."""
     cache_dtypes: ClassVar[Mapping[str, Fraction | None]] = {}

@@ -78,7 +78,6 @@ class TrtLlm(TensorParallelEngine):
     context_flag = MAX_SEQ_LEN
     tp_flag = TP_SIZE
     pp_flag = PP_SIZE
-    utilisation_flag = FREE_GPU_MEMORY_FRACTION
 
     def pool(
         self, args: Sequence[str], *, tokens: int, sequences: int, card_memory_bytes: int

@@ -150,7 +150,6 @@ class Vllm(TensorParallelEngine):
     context_flag = MAX_MODEL_LEN
     tp_flag = TENSOR_PARALLEL_SIZE
     pp_flag = PIPELINE_PARALLEL_SIZE
-    utilisation_flag = GPU_MEMORY_UTILIZATION
     cache_dtype_flag = KV_CACHE_DTYPE
     cache_dtypes: ClassVar[Mapping[str, Fraction | None]] = VLLM_CACHE_DTYPES
 

@@ -11,7 +11,6 @@ from llmgw.shape import ModelShape
 from planner_svc.domain import errors
 from planner_svc.domain.fit import (
     MIN_CONTEXT_TOKENS,
-    args_for_context,
     describe_need,
     describe_ram,
     fewest_cards,
@@ -186,11 +185,6 @@ def engine_of(profile: Profile) -> Engine:
     return engine
 
 
-def current_slots(engine: Engine, args: tuple[str, ...]) -> int:
-    """The profile's current slots (llama.cpp's `--parallel`; 1 when not set or elsewhere)."""
-    return engine.slots(args)
-
-
 def current_tokens(engine: Engine, profile: Profile, model: Model) -> int:
     """The context one request of this profile may use now (from its args, else the model's)."""
     tokens = engine.context_tokens(profile.args)
@@ -243,8 +237,8 @@ def _resize_profile(
             profile=profile.name,
             engine=profile.engine,
         )
-    use_slots = slots or current_slots(engine, profile.args)
-    args = tuple(args_for_context(engine, profile.args, tokens, use_slots))
+    use_slots = slots or engine.slots(profile.args)
+    args = tuple(engine.with_context(profile.args, tokens, use_slots))
     new_profile = replace(profile, args=args)
     change = ProfileChange(
         profile=profile.name,
@@ -267,7 +261,7 @@ def _resize_profile(
                 inventory,
                 args=profile.args,
                 tokens=old_tokens,
-                slots=current_slots(engine, profile.args),
+                slots=engine.slots(profile.args),
             )
         except (errors.PlannerError, errors.EngineError, errors.InvalidShape):
             before = ProfileNeed()  # the old settings need not be valid for the new ones to be

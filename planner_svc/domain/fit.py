@@ -31,17 +31,6 @@ class Fit:
         return self.need.budget_bytes <= 0 or self.need.per_card_bytes <= self.need.budget_bytes
 
 
-def args_for_cards(engine: Engine, args: Sequence[str], cards: int) -> list[str]:
-    """An engine's arguments for `cards` cards a replica (`Engine.with_cards`)."""
-    return engine.with_cards(args, cards)
-
-
-def args_for_context(engine: Engine, args: Sequence[str], tokens: int, slots: int) -> list[str]:
-    """An engine's arguments for a context of `tokens` per request and `slots` requests
-    (`Engine.with_context`; llama.cpp: a pool of tokens × slots cells)."""
-    return engine.with_context(args, tokens, slots)
-
-
 def measure(
     engine: Engine,
     profile: Profile,
@@ -83,7 +72,7 @@ def longest_context(
     """
 
     def fits(tokens: int) -> bool:
-        trial = args_for_context(engine, args, tokens, slots)
+        trial = engine.with_context(args, tokens, slots)
         fit = measure(
             engine, profile, shape, inventory, args=trial, tokens=tokens, slots=slots, cards=cards
         )
@@ -125,7 +114,7 @@ def fewest_cards(
     0 when no count there does."""
     largest = inventory.largest_count(profile.gpu_class)
     for n in card_counts(engine, shape, largest):
-        trial = args_for_cards(engine, args, n)
+        trial = engine.with_cards(args, n)
         if measure(
             engine, profile, shape, inventory, args=trial, tokens=tokens, slots=slots, cards=n
         ).fits:

@@ -10,14 +10,12 @@ from planner_svc.domain import errors
 from planner_svc.domain.context import (
     ProfileChange,
     ProfileNeed,
-    current_slots,
     current_tokens,
     engine_of,
     profile_need,
 )
 from planner_svc.domain.fit import (
     DEFAULT_MAX_CARDS,
-    args_for_cards,
     card_counts,
     fewest_cards,
     longest_context,
@@ -165,7 +163,7 @@ def _replan_profile(
             )
     elif engine.splits_by_heads:
         notes.append("its heads are not known, so tensor parallel is not checked against them")
-    args = tuple(args_for_cards(engine, profile.args, gpus))
+    args = tuple(engine.with_cards(profile.args, gpus))
     tp = engine.replica_tp(gpus, profile.tp)
     new_profile = replace(profile, args=args, gpus_per_node=gpus, tp=tp)
     change = ProfileChange(
@@ -179,7 +177,7 @@ def _replan_profile(
     if sized is None:
         return new_profile, change
     tokens = current_tokens(engine, profile, model)
-    slots = current_slots(engine, profile.args)
+    slots = engine.slots(profile.args)
     if tokens <= 0:
         notes.append("its context is not known, so the memory it needs is not checked")
         return new_profile, change
