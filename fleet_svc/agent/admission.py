@@ -4,8 +4,8 @@ The fleet sends an engine name, profile arguments and cards, never a command lin
 holds the line between the two: an engine the agent's config does not name is refused, and so
 are arguments that would make an allowed engine run something else — shell syntax (defence in
 depth: no shell is ever used, but an argument that carries one is an attack or a mistake
-either way) and the engine flags, listed below with why, that load code or files named by the
-caller or expose the node.
+either way) and the engine flags, listed with why in each engine's module (llmgw.engines), that
+load code or files named by the caller or expose the node.
 """
 
 from __future__ import annotations
@@ -13,6 +13,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from llmgw.engines import registry
+from llmgw.engines.args import fold, split_flag
+from llmgw.engines.grammar import ADDRESS_FLAGS, RefusedFlag
 
 # More than this many arguments, or one longer than this, is not a profile but a payload.
 MAX_ARGS = 256
@@ -48,142 +52,27 @@ class Rejection:
     message: str
 
 
-@dataclass(frozen=True)
-class RefusedFlag:
-    """A flag an engine must not be given, and why.
-
-    `only_paths`: refused only when its value names a file (contains a path separator), the
-    flag being harmless with an inline value.
-    """
-
-    names: tuple[str, ...]
-    why: str
-    only_paths: bool = False
-
-
-# Flags every engine is refused: the agent chooses the address an engine listens on (it health
-# checks it there and reports it to the fleet); a profile that moves it makes the replica
-# unreachable, or binds it to every interface.
-_ADDRESS = RefusedFlag(
-    ("--host", "--port", "--uds"),
-    "the agent chooses the address the engine listens on",
-)
-
-# vLLM (`vllm serve --help`, vllm/engine/arg_utils.py, vllm/entrypoints/openai/cli_args.py).
-# Its FlexibleArgumentParser reads `--a_b` as `--a-b`, so names are matched with "_" as "-".
-VLLM_REFUSED: tuple[RefusedFlag, ...] = (
-    _ADDRESS,
-    RefusedFlag(
-        ("--worker-cls", "--worker-extension-cls"),
-        "it makes vLLM import and run a Python class the caller names",
-    ),
-    RefusedFlag(
-        ("--trust-remote-code",),
-        "it runs Python code shipped with the model repo; allow it in the agent config "
-        "(allow_flags) for models you trust",
-    ),
-    RefusedFlag(
-        (
-            "--logits-processors",
-            "--middleware",
-            "--tool-parser-plugin",
-            "--reasoning-parser-plugin",
-        ),
-        "it makes vLLM import Python code from a module or file the caller names",
-    ),
-    RefusedFlag(
-        ("--config",),
-        "it reads more arguments from a file, past this refusal table",
-    ),
-    RefusedFlag(
-        ("--allowed-local-media-path",),
-        "it lets API callers read files of the node",
-    ),
-    RefusedFlag(
-        ("--chat-template",),
-        "a chat template is read from a path the caller names; give the template inline or "
-        "ship it with the model",
-        only_paths=True,
-    ),
-)
-
-# SGLang (`python -m sglang.launch_server --help`, sglang/srt/server_args.py).
-SGLANG_REFUSED: tuple[RefusedFlag, ...] = (
-    _ADDRESS,
-    RefusedFlag(
-        ("--trust-remote-code",),
-        "it runs Python code shipped with the model repo; allow it in the agent config "
-        "(allow_flags) for models you trust",
-    ),
-    RefusedFlag(
-        ("--enable-custom-logit-processor",),
-        "it lets API callers send serialized Python to run inside the engine",
-    ),
-    RefusedFlag(
-        ("--config",),
-        "it reads more arguments from a file, past this refusal table",
-    ),
-    RefusedFlag(
-        ("--chat-template",),
-        "a chat template is read from a path the caller names; ship it with the model",
-        only_paths=True,
-    ),
-)
-
-# TensorRT-LLM (`trtllm-serve --help`, tensorrt_llm/commands/serve.py).
-TRTLLM_REFUSED: tuple[RefusedFlag, ...] = (
-    _ADDRESS,
-    RefusedFlag(
-        ("--trust-remote-code",),
-        "it runs Python code shipped with the model repo; allow it in the agent config "
-        "(allow_flags) for models you trust",
-    ),
-    RefusedFlag(
-        ("--extra-llm-api-options", "--config"),
-        "it reads engine options from a YAML file the caller names, past this refusal table",
-    ),
-)
-
-# llama.cpp's llama-server (`llama-server --help`, common/arg.cpp). It parses flags exactly
-# (no abbreviations), so the table needs the exact spellings and their short forms.
-LLAMACPP_REFUSED: tuple[RefusedFlag, ...] = (
-    _ADDRESS,
-    RefusedFlag(
-        ("--rpc",),
-        "it sends the model's tensors to, and runs layers on, servers the caller names",
-    ),
-    RefusedFlag(
-        ("--path",),
-        "it serves a folder of the node over HTTP",
-    ),
-    RefusedFlag(
-        ("--slot-save-path", "--log-file"),
-        "it makes the engine write files where the caller says",
-    ),
-    RefusedFlag(
-        ("--chat-template-file",),
-        "it reads a file the caller names; give the template inline (--chat-template)",
-    ),
-    RefusedFlag(
-        ("-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file"),
-        "the agent passes the model from the replica's source",
-    ),
-)
+# The flags each engine is refused are its module's (llmgw.engines.<engine>.REFUSED), read
+# with its grammar (llmgw.engines.grammar): the aliases it lists, `--flag=value`, and the
+# prefixes an argparse engine takes for the flag.
 
 # The stand-in engine runs nothing; only the address is the agent's.
-STANDIN_REFUSED: tuple[RefusedFlag, ...] = (_ADDRESS,)
+STANDIN_REFUSED: tuple[RefusedFlag, ...] = (ADDRESS_FLAGS,)
 
-REFUSAL_TABLES: dict[str, tuple[RefusedFlag, ...]] = {
-    "vllm": VLLM_REFUSED,
-    "sglang": SGLANG_REFUSED,
-    "trtllm": TRTLLM_REFUSED,
-    "llamacpp": LLAMACPP_REFUSED,
-    "standin": STANDIN_REFUSED,
-}
 
-# Engines whose parser (Python argparse) accepts an unambiguous prefix of a long flag as the
-# flag itself: `--worker-ext` would be `--worker-extension-cls`.
-ABBREVIATING = frozenset({"vllm", "sglang"})
+def _refusal_tables() -> dict[str, tuple[RefusedFlag, ...]]:
+    """The refusal table of every registered engine the agent may run, and the stand-in's."""
+    tables: dict[str, tuple[RefusedFlag, ...]] = {}
+    for name in registry.names():
+        refused = registry.get(name).refused_flags
+        if refused is not None:
+            tables[name] = refused
+    tables["standin"] = STANDIN_REFUSED
+    return tables
+
+
+REFUSAL_TABLES: dict[str, tuple[RefusedFlag, ...]] = _refusal_tables()
+"""Refused flags by engine family (the names an agent config's `family` may take)."""
 
 
 @dataclass(frozen=True)
@@ -197,16 +86,10 @@ class ArgRules:
 
 
 def _norm(flag: str) -> str:
-    # vLLM and TensorRT-LLM accept either spelling; comparing dashed lower-case catches both.
-    return flag.lower().replace("_", "-") if flag.startswith("--") else flag
-
-
-def _flag_of(arg: str) -> tuple[str, str | None]:
-    """The flag an argument names and its inline value (`--a=b` -> ("--a", "b"))."""
-    if arg.startswith("-") and "=" in arg:
-        name, value = arg.split("=", 1)
-        return name, value
-    return arg, None
+    """A long flag compared as the engines that fold spellings read it (`_` as `-`), and in
+    lower case, for every engine: refusing a spelling an engine would reject anyway costs
+    nothing. Short flags are compared exactly."""
+    return fold(flag.lower()) if flag.startswith("--") else flag
 
 
 def _looks_like_path(value: str) -> bool:
@@ -231,7 +114,10 @@ def refused_arg(args: Sequence[str], rules: ArgRules) -> str | None:
         if bad or "$(" in arg:
             shown = ", ".join(repr(c) for c in bad)
             return f"argument {arg[:60]!r} holds shell syntax ({shown}); engines run with no shell"
+    engine = registry.find(rules.family)
     table = REFUSAL_TABLES.get(rules.family, STANDIN_REFUSED)
+    if engine is not None and engine.refused_flags is not None:
+        table = engine.refused_flags
     refused: dict[str, tuple[str, bool]] = {}
     for entry in table:
         for name in entry.names:
@@ -241,11 +127,11 @@ def refused_arg(args: Sequence[str], rules: ArgRules) -> str | None:
     allowed = {_norm(a) for a in rules.allow}
     for key in allowed:
         refused.pop(key, None)
-    abbreviating = rules.family in ABBREVIATING
+    abbreviating = engine is not None and engine.grammar.abbreviates
     for i, arg in enumerate(args):
         if not arg.startswith("-"):
             continue
-        name, inline = _flag_of(arg)
+        name, inline = split_flag(arg)
         key = _norm(name)
         hit = refused.get(key)
         full = key

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from llmgw.engines import registry
+from llmgw.engines.base import Engine
 from llmgw.model import Inventory, Model, Profile
 from llmgw.shape import ModelShape
-from planner_svc.domain import args as argv
 from planner_svc.domain import errors
-from planner_svc.domain.engines import Engine, engine_named
 from planner_svc.domain.fit import (
     MIN_CONTEXT_TOKENS,
-    args_for_context,
     describe_need,
     describe_ram,
     fewest_cards,
@@ -170,12 +169,12 @@ def size_context(
 
 
 def engine_of(profile: Profile) -> Engine:
-    """The profile's engine.
+    """The profile's engine, from the registry.
 
     Raises:
         UnknownEngine: the planner does not know it.
     """
-    engine = engine_named(profile.engine)
+    engine = registry.find(profile.engine)
     if engine is None:
         raise errors.UnknownEngine(
             f"the {profile.name} profile names an engine the planner does not know "
@@ -186,19 +185,10 @@ def engine_of(profile: Profile) -> Engine:
     return engine
 
 
-def current_slots(engine: Engine, args: tuple[str, ...]) -> int:
-    """The profile's current llama.cpp slots (1 when not set)."""
-    if not engine.slots_flags:
-        return 1
-    return max(argv.get_int(args, engine.slots_flags), 1)
-
-
 def current_tokens(engine: Engine, profile: Profile, model: Model) -> int:
     """The context one request of this profile may use now (from its args, else the model's)."""
-    pool = argv.get_int(profile.args, engine.context_flags) if engine.context_flags else 0
-    if pool <= 0:
-        return model.context_length
-    return pool // current_slots(engine, profile.args) if engine.slots_flags else pool
+    tokens = engine.context_tokens(profile.args)
+    return tokens if tokens > 0 else model.context_length
 
 
 def profile_need(
@@ -213,7 +203,7 @@ def profile_need(
 ) -> ProfileNeed:
     """What a profile needs served with `args` for `tokens` per request and `slots`."""
     if profile.on_cpu:
-        pool = tokens * slots if engine.slots_flags else tokens
+        pool = engine.pool_tokens(tokens, slots)
         return ProfileNeed(ram_bytes=ram_need_bytes(shape, pool, sequences=max(slots, 1)))
     fit = measure(
         engine,
@@ -240,15 +230,15 @@ def _resize_profile(
 ) -> tuple[Profile, ProfileChange]:
     """One profile for the new context, refused where its cards would not hold it."""
     engine = engine_of(profile)
-    if not engine.context_flags:
+    if not engine.takes_context:
         raise errors.EngineNoContext(
             f"a {profile.engine} profile ({profile.name}) does not take a context this way: "
             "change that profile's arguments, or remove it first",
             profile=profile.name,
             engine=profile.engine,
         )
-    use_slots = slots or current_slots(engine, profile.args)
-    args = tuple(args_for_context(engine, profile.args, tokens, use_slots))
+    use_slots = slots or engine.slots(profile.args)
+    args = tuple(engine.with_context(profile.args, tokens, use_slots))
     new_profile = replace(profile, args=args)
     change = ProfileChange(
         profile=profile.name,
@@ -271,9 +261,9 @@ def _resize_profile(
                 inventory,
                 args=profile.args,
                 tokens=old_tokens,
-                slots=current_slots(engine, profile.args),
+                slots=engine.slots(profile.args),
             )
-        except (errors.PlannerError, errors.InvalidShape):
+        except (errors.PlannerError, errors.EngineError, errors.InvalidShape):
             before = ProfileNeed()  # the old settings need not be valid for the new ones to be
     after = profile_need(
         engine, profile, shape, inventory, args=args, tokens=tokens, slots=use_slots

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmgw.engines.errors import EngineError as EngineError
+from llmgw.engines.errors import EngineRefuses as EngineRefuses
+from llmgw.engines.errors import EngineSingleCard as EngineSingleCard
+from llmgw.engines.errors import UnknownEngine as UnknownEngine
 from llmgw.model import InvalidValue as InvalidValue
 from llmgw.refusal import Refusal
 
+# The engines' refusals (unknown engine, settings an engine refuses, one card only) are
+# llmgw.engines'; the planner raises them as its own.
 # The shape refusal is the contract's (llmgw.shape), raised by the planner's readers too.
 from llmgw.shape import InvalidShape as InvalidShape
 
@@ -78,17 +84,6 @@ class EngineNoContext(PlannerError):
 
 
 @dataclass
-class UnknownEngine(PlannerError):
-    """A profile names an engine the planner does not know."""
-
-    profile: str = ""
-    engine: str = ""
-
-    def metadata(self) -> dict[str, str]:
-        return {"profile": self.profile, "engine": self.engine}
-
-
-@dataclass
 class CardsTooSmall(PlannerError):
     """Weights + context exceed what the profile's cards hold."""
 
@@ -147,17 +142,6 @@ class HeadsNotDivisible(PlannerError):
 
 
 @dataclass
-class EngineSingleCard(PlannerError):
-    """The engine runs on one card only."""
-
-    profile: str = ""
-    engine: str = ""
-
-    def metadata(self) -> dict[str, str]:
-        return {"profile": self.profile, "engine": self.engine}
-
-
-@dataclass
 class ProfileNotFound(PlannerError):
     """The request names a profile the model does not have."""
 
@@ -165,15 +149,3 @@ class ProfileNotFound(PlannerError):
 
     def metadata(self) -> dict[str, str]:
         return {"profile": self.profile}
-
-
-@dataclass
-class EngineRefuses(PlannerError):
-    """The engine itself would refuse these settings (e.g. a quantized llama.cpp cache
-    whose head size is not a multiple of the type's block)."""
-
-    engine: str = ""
-    detail: str = ""
-
-    def metadata(self) -> dict[str, str]:
-        return {"engine": self.engine, "detail": self.detail}

@@ -6,13 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from llmgw.engines.base import CardNeed, Engine
 from llmgw.model import Inventory, Profile
 from llmgw.shape import ModelShape
-from planner_svc.domain import args as argv
 from planner_svc.domain.cards import GIB, card_memory_bytes
-from planner_svc.domain.engines import CardSplit, Engine
-from planner_svc.domain.heads import splits_heads
-from planner_svc.domain.memory import CardNeed, card_need
+from planner_svc.domain.memory import card_need
 
 MIN_CONTEXT_TOKENS = 256
 """The shortest context the planner accepts (the reference's SetContext rule)."""
@@ -31,32 +29,6 @@ class Fit:
     def fits(self) -> bool:
         """Whether the fullest card holds it (an unknown budget is taken as room)."""
         return self.need.budget_bytes <= 0 or self.need.per_card_bytes <= self.need.budget_bytes
-
-
-def args_for_cards(engine: Engine, args: Sequence[str], cards: int) -> list[str]:
-    """An engine's arguments for `cards` cards a replica: tensor parallel set to the count,
-    or llama.cpp's layer split with its old `--tensor-split` dropped.
-    """
-    out = list(args)
-    if engine.split is CardSplit.TENSOR_PARALLEL:
-        return argv.set_arg(out, engine.card_flags, str(cards), joined_ok=engine.joined_ok)
-    if engine.split is CardSplit.LAYER_SPLIT:
-        for names in engine.drop_flags:
-            out = argv.drop_arg(out, names)
-        if cards > 1:
-            out = argv.set_arg(out, engine.card_flags, "layer", joined_ok=engine.joined_ok)
-        return out
-    return out
-
-
-def args_for_context(engine: Engine, args: Sequence[str], tokens: int, slots: int) -> list[str]:
-    """An engine's arguments for a context of `tokens` per request (llama.cpp: a pool of
-    tokens × slots cells shared by `slots` requests)."""
-    ok = engine.joined_ok
-    if engine.slots_flags:
-        out = argv.set_arg(args, engine.context_flags, str(tokens * slots), joined_ok=ok)
-        return argv.set_arg(out, engine.slots_flags, str(slots), joined_ok=ok)
-    return argv.set_arg(args, engine.context_flags, str(tokens), joined_ok=ok)
 
 
 def measure(
@@ -100,7 +72,7 @@ def longest_context(
     """
 
     def fits(tokens: int) -> bool:
-        trial = args_for_context(engine, args, tokens, slots)
+        trial = engine.with_context(args, tokens, slots)
         fit = measure(
             engine, profile, shape, inventory, args=trial, tokens=tokens, slots=slots, cards=cards
         )
@@ -123,15 +95,9 @@ def longest_context(
 
 
 def card_counts(engine: Engine, shape: ModelShape | None, largest: int) -> list[int]:
-    """The card counts a replica of this engine may use on a node of `largest` cards."""
-    top = largest if largest > 0 else DEFAULT_MAX_CARDS
-    if engine.split is CardSplit.SINGLE_CARD:
-        return [1]
-    if engine.split is CardSplit.TENSOR_PARALLEL and shape is not None:
-        return [
-            n for n in range(1, top + 1) if splits_heads(n, shape.attention_heads, shape.kv_heads)
-        ]
-    return list(range(1, top + 1))
+    """The card counts a replica of this engine may use on a node of `largest` cards
+    (`DEFAULT_MAX_CARDS` when no node of the class is known)."""
+    return engine.card_counts(shape, largest if largest > 0 else DEFAULT_MAX_CARDS)
 
 
 def fewest_cards(
@@ -148,7 +114,7 @@ def fewest_cards(
     0 when no count there does."""
     largest = inventory.largest_count(profile.gpu_class)
     for n in card_counts(engine, shape, largest):
-        trial = args_for_cards(engine, args, n)
+        trial = engine.with_cards(args, n)
         if measure(
             engine, profile, shape, inventory, args=trial, tokens=tokens, slots=slots, cards=n
         ).fits:

@@ -10,20 +10,16 @@ from planner_svc.domain import errors
 from planner_svc.domain.context import (
     ProfileChange,
     ProfileNeed,
-    current_slots,
     current_tokens,
     engine_of,
     profile_need,
 )
-from planner_svc.domain.engines import CardSplit
 from planner_svc.domain.fit import (
     DEFAULT_MAX_CARDS,
-    args_for_cards,
     card_counts,
     fewest_cards,
     longest_context,
 )
-from planner_svc.domain.heads import splits_heads
 
 MAX_GPUS = 1024
 """A ceiling on cards per replica: past it a number is a typo, not a plan."""
@@ -132,7 +128,7 @@ def _replan_profile(
 ) -> tuple[Profile, ProfileChange]:
     """One profile on `gpus` cards, refused where the engine, nodes, heads or cards say no."""
     engine = engine_of(profile)
-    if engine.split is CardSplit.SINGLE_CARD and gpus != 1:
+    if engine.single_card and gpus != 1:
         raise errors.EngineSingleCard(
             f"the {profile.name} profile's engine ({profile.engine}) runs on one card only: "
             "serve more replicas instead",
@@ -153,8 +149,8 @@ def _replan_profile(
             gpus=gpus,
             largest=largest,
         )
-    if engine.split is CardSplit.TENSOR_PARALLEL and shape is not None:
-        if not splits_heads(gpus, shape.attention_heads, shape.kv_heads):
+    if engine.splits_by_heads and shape is not None:
+        if not engine.splits_heads(gpus, shape):
             valid = tuple(card_counts(engine, shape, largest or max(DEFAULT_MAX_CARDS, gpus)))
             raise errors.HeadsNotDivisible(
                 f"tensor parallel {gpus} does not split {model.name}'s {shape.attention_heads} "
@@ -165,10 +161,10 @@ def _replan_profile(
                 kv_heads=shape.kv_heads,
                 valid_counts=valid,
             )
-    elif engine.split is CardSplit.TENSOR_PARALLEL:
+    elif engine.splits_by_heads:
         notes.append("its heads are not known, so tensor parallel is not checked against them")
-    args = tuple(args_for_cards(engine, profile.args, gpus))
-    tp = gpus if engine.split is CardSplit.TENSOR_PARALLEL else profile.tp
+    args = tuple(engine.with_cards(profile.args, gpus))
+    tp = engine.replica_tp(gpus, profile.tp)
     new_profile = replace(profile, args=args, gpus_per_node=gpus, tp=tp)
     change = ProfileChange(
         profile=profile.name,
@@ -181,7 +177,7 @@ def _replan_profile(
     if sized is None:
         return new_profile, change
     tokens = current_tokens(engine, profile, model)
-    slots = current_slots(engine, profile.args)
+    slots = engine.slots(profile.args)
     if tokens <= 0:
         notes.append("its context is not known, so the memory it needs is not checked")
         return new_profile, change

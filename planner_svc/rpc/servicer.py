@@ -11,6 +11,7 @@ import structlog
 from google.protobuf.message import Message
 
 from llmgw.common.v1 import common_pb2
+from llmgw.engines.llamacpp import LLAMACPP_VERSION
 from llmgw.model import Model
 from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
 from llmgw.rpc import common
@@ -18,7 +19,6 @@ from llmgw.shape import ModelShape
 from planner_svc.domain import errors
 from planner_svc.domain.context import check_context_request, size_context
 from planner_svc.domain.gpus import plan_gpus
-from planner_svc.domain.llamacpp import LLAMACPP_VERSION
 from planner_svc.rpc import convert
 from planner_svc.rpc.status import refusals_as_status
 

@@ -15,6 +15,8 @@ DOMAIN = "planner.llmgw.dev"
 
 # class -> (code, reason). Subclasses come before their bases: the first match wins.
 # Refusals are never UNAVAILABLE: meshes retry that code.
+# The engines' refusals (llmgw.engines.errors: UnknownEngine, EngineSingleCard, EngineRefuses)
+# are raised through the planner's domain and mapped here like its own.
 # The shared refusals of llmgw.model and llmgw.shape (bad values, bad inline shapes) are here
 # too: the planner raises them while converting a request.
 _TABLE: tuple[tuple[type[Refusal], grpc.StatusCode, str | None], ...] = (
@@ -33,6 +35,7 @@ _TABLE: tuple[tuple[type[Refusal], grpc.StatusCode, str | None], ...] = (
     (errors.SourceUnreachable, grpc.StatusCode.FAILED_PRECONDITION, "SOURCE_UNREACHABLE"),
     (errors.ProfileNotFound, grpc.StatusCode.NOT_FOUND, "PROFILE_NOT_FOUND"),
     (errors.PlannerError, grpc.StatusCode.FAILED_PRECONDITION, "REFUSED"),
+    (errors.EngineError, grpc.StatusCode.FAILED_PRECONDITION, "REFUSED"),
 )
 
 # The request field each refusal is about, for google.rpc.BadRequest.
@@ -86,7 +89,7 @@ def _subject(exc: Refusal) -> str:
 
 
 def _status_of(exc: Exception) -> status_pb2.Status | None:
-    planner = (errors.PlannerError, errors.InvalidValue, errors.InvalidShape)
+    planner = (errors.PlannerError, errors.EngineError, errors.InvalidValue, errors.InvalidShape)
     return to_status(exc) if isinstance(exc, planner) else None
 
 

@@ -32,14 +32,14 @@ from fleet_svc.agent.claims import process_alive
 from fleet_svc.agent.config import LLAMA_SERVER_ENV, find_llama_server
 from fleet_svc.agent.process import RunRecord
 from llmgw.common.v1 import common_pb2
-from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
-from planner_svc.domain.gguf_shape import shape_from_gguf
-from planner_svc.domain.llamacpp import (
+from llmgw.engines.llamacpp import (
     LLAMACPP_VERSION,
     llamacpp_cache,
     llamacpp_kv_bytes,
     settings_from_args,
 )
+from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+from planner_svc.domain.gguf_shape import shape_from_gguf
 from planner_svc.sources.gguf_http import read_gguf_header
 from tests.oracle.llamacpp_run import parse_log, printed_mib
 from tests.support.fleet import assert_eventually, running_fleet

@@ -25,9 +25,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from llmgw.shape import ModelShape
-from planner_svc.domain.errors import EngineRefuses
-from planner_svc.domain.llamacpp import (
+from llmgw.engines.errors import EngineRefuses
+from llmgw.engines.llamacpp import (
     MIB,
     LlamaCppCache,
     LlamaCppSettings,
@@ -35,6 +34,7 @@ from planner_svc.domain.llamacpp import (
     llamacpp_overhead_bytes,
     settings_from_args,
 )
+from llmgw.shape import ModelShape
 from tests.oracle import libllama
 from tests.oracle.libllama import BUILD_HINT
 from tests.oracle.llamacpp_run import (

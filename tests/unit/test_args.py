@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner_svc.domain.args import drop_arg, get_arg, get_int, set_arg
+from llmgw.engines.args import drop_arg, get_arg, get_int, set_arg
 
 CTX = ("--ctx-size", "-c")
 TS = ("--tensor-split", "-ts")

@@ -10,18 +10,13 @@ from typing import Any
 
 import pytest
 
+from llmgw.engines.heads import splits_heads, valid_tp_counts
+from llmgw.engines.sglang import sglang_available_kv_bytes, sglang_token_capacity
+from llmgw.engines.trtllm import trtllm_token_capacity
+from llmgw.engines.vllm import vllm_overhead_bytes, vllm_token_capacity
 from llmgw.shape import Layer, LayerKind, ModelShape
-from planner_svc.domain.heads import splits_heads, valid_tp_counts
 from planner_svc.domain.hf_shape import shape_from_hf_config
-from planner_svc.domain.memory import (
-    kv_bytes_per_token_per_card,
-    kv_cache_bytes,
-    sglang_available_kv_bytes,
-    sglang_token_capacity,
-    trtllm_token_capacity,
-    vllm_overhead_bytes,
-    vllm_token_capacity,
-)
+from planner_svc.domain.memory import kv_bytes_per_token_per_card, kv_cache_bytes
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ground_truth" / "observations.jsonl"
 GIB = 1 << 30

@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from llmgw.shape import Layer, LayerKind, ModelShape
-from planner_svc.domain.llamacpp import (
+from llmgw.engines.llamacpp import (
     MIB,
     llamacpp_cache,
     llamacpp_kv_bytes,
     llamacpp_overhead_bytes,
     settings_from_args,
 )
+from llmgw.shape import Layer, LayerKind, ModelShape
 from tests.oracle.llamacpp_run import printed_mib
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ground_truth" / "observations.jsonl"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner_svc.domain.heads import splits_heads, valid_tp_counts
+from llmgw.engines.heads import splits_heads, valid_tp_counts
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""llama-server's settings and llama.cpp's cache rules (planner_svc/domain/llamacpp.py), on
+"""llama-server's settings and llama.cpp's cache rules (llmgw/engines/llamacpp/), on
 real model shapes. The same rules are checked against the real llama.cpp in tests/oracle."""
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from llmgw.shape import Layer, LayerKind, ModelShape
-from planner_svc.domain.errors import EngineRefuses
-from planner_svc.domain.llamacpp import (
+from llmgw.engines.errors import EngineRefuses
+from llmgw.engines.llamacpp import (
     LLAMACPP_VERSION,
     FlashAttn,
     LlamaCppSettings,
@@ -19,6 +18,7 @@ from planner_svc.domain.llamacpp import (
     llamacpp_overhead_bytes,
     settings_from_args,
 )
+from llmgw.shape import Layer, LayerKind, ModelShape
 from tests.oracle.models import geometry, inline_shape
 from tests.support.shapes import LLAMA_31_8B
 

@@ -12,28 +12,26 @@ from pathlib import Path
 
 import pytest
 
+from llmgw.engines import registry
+from llmgw.engines.llamacpp import LLAMACPP_RESERVE_BYTES, llamacpp_kv_bytes
+from llmgw.engines.sglang import (
+    SGLANG_PRELOAD_BYTES,
+    sglang_mem_fraction_static,
+    sglang_token_capacity,
+)
+from llmgw.engines.torch_overhead import CUDA_GRAPH_BYTES_PER_LAYER, NON_TORCH_BYTES, SAMPLER_BYTES
+from llmgw.engines.trtllm import trtllm_overhead_bytes
+from llmgw.engines.vllm import vllm_overhead_bytes, vllm_token_capacity
 from llmgw.shape import ModelShape
 from planner_svc.domain import errors
 from planner_svc.domain.fit import ram_gb
-from planner_svc.domain.llamacpp import llamacpp_kv_bytes
 from planner_svc.domain.memory import (
-    CUDA_GRAPH_BYTES_PER_LAYER,
-    LLAMACPP_RESERVE_BYTES,
-    NON_TORCH_BYTES,
-    SAMPLER_BYTES,
-    SGLANG_PRELOAD_BYTES,
     cache_dtype_bytes,
     card_need,
-    engine_memory,
     kv_bytes_per_token_per_card,
     kv_cache_bytes,
     ram_need_bytes,
-    sglang_mem_fraction_static,
-    sglang_token_capacity,
     tensor_parallel,
-    trtllm_overhead_bytes,
-    vllm_overhead_bytes,
-    vllm_token_capacity,
 )
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
@@ -582,11 +580,12 @@ def test_unknown_card_memory_gives_no_budget() -> None:
 
 def test_engine_table_covers_every_engine() -> None:
     """Every engine has memory rules: context flags and one-card engines as the engine table."""
-    assert engine_memory("vllm").default_utilisation == 0.9
-    assert engine_memory("trtllm-serve").default_utilisation == 0.9
-    assert engine_memory("sglang").default_utilisation is None  # derived from the card
-    assert engine_memory("llama.cpp").takes_context and not engine_memory("llamacpp").single_card
-    assert engine_memory("tei").single_card and not engine_memory("tei").takes_context
+    get = registry.get
+    assert get("vllm").default_utilisation == 0.9
+    assert get("trtllm-serve").default_utilisation == 0.9
+    assert get("sglang").default_utilisation is None  # derived from the card
+    assert get("llama.cpp").takes_context and not get("llamacpp").single_card
+    assert get("tei").single_card and not get("tei").takes_context
 
 
 def test_capacities_turn_memory_into_whole_pages() -> None:

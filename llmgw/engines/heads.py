@@ -1,4 +1,5 @@
-"""Heads and tensor parallel: which card counts split a model's attention and KV heads."""
+"""Heads and tensor parallel: which card counts split a model's attention and KV heads (the
+rule vLLM, SGLang and TensorRT-LLM share)."""
 
 from __future__ import annotations
 

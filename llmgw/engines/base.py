@@ -1,0 +1,154 @@
+"""The engine protocol: what the planner and the node agent ask of an engine, whatever it is."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Protocol
+
+from llmgw.engines.grammar import Grammar, RefusedFlag
+from llmgw.shape import ModelShape
+
+
+class CardSplit(enum.Enum):
+    """How an engine spreads one replica over several cards."""
+
+    TENSOR_PARALLEL = "tensor_parallel"
+    """Every layer split across the cards by heads (vLLM, SGLang, TensorRT-LLM)."""
+    LAYER_SPLIT = "layer_split"
+    """Whole layers placed on each card in turn (llama.cpp `--split-mode layer`)."""
+    SINGLE_CARD = "single_card"
+    """The engine runs on one card only (embedding servers)."""
+
+
+@dataclass(frozen=True)
+class CardNeed:
+    """What one replica needs on its cards and what the fullest card may use.
+
+    `weights_bytes` and `kv_bytes` are the whole replica's; `per_card_bytes` is the fullest
+    card's share of weights and KV plus `overhead_bytes` (activations, CUDA graphs, runtime),
+    to compare with `budget_bytes` (0 when the card's memory is not known).
+    """
+
+    weights_bytes: int
+    kv_bytes: int
+    per_card_bytes: int
+    overhead_bytes: int
+    budget_bytes: int
+    cards: int
+    weights_per_card_bytes: int = 0
+    kv_per_card_bytes: int = 0
+
+    @property
+    def fits(self) -> bool:
+        """Whether the fullest card holds it (an unknown budget is taken as room)."""
+        return self.budget_bytes <= 0 or self.per_card_bytes <= self.budget_bytes
+
+
+class Engine(Protocol):
+    """One engine: its flags, how a context and a card count are written into its arguments,
+    its KV cache, overheads and budget on a card, and how it splits a model over cards.
+
+    Arguments are the profile's, as the catalog holds them; numbers are validated by the
+    caller (no negative tokens, slots or cards reach an engine). Methods raise
+    `EngineRefuses` for arguments the engine itself would refuse.
+    """
+
+    @property
+    def name(self) -> str:
+        """The registry name (lower case)."""
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """Other names the engine is known by (lower case), e.g. "llama.cpp"."""
+
+    @property
+    def grammar(self) -> Grammar:
+        """How the engine's parser reads its arguments."""
+
+    @property
+    def split(self) -> CardSplit:
+        """How a replica spreads over cards."""
+
+    @property
+    def default_utilisation(self) -> float | None:
+        """The share of a card the engine budgets when no flag sets it; None when it derives
+        it from the card (SGLang) or budgets none (llama.cpp, one-card engines)."""
+
+    @property
+    def refused_flags(self) -> tuple[RefusedFlag, ...] | None:
+        """Flags the node agent refuses to pass (None: the agent does not run this engine)."""
+
+    @property
+    def takes_context(self) -> bool:
+        """Whether a context is set through the arguments."""
+
+    @property
+    def single_card(self) -> bool:
+        """Whether a replica runs on one card only."""
+
+    @property
+    def splits_by_heads(self) -> bool:
+        """Whether the card count must split the model's heads (tensor parallel)."""
+
+    def context_tokens(self, args: Sequence[str]) -> int:
+        """The context one request may use under `args`; 0 when they do not say."""
+
+    def slots(self, args: Sequence[str]) -> int:
+        """Requests served at full length at once under `args` (1 unless the engine has
+        slots)."""
+
+    def pool_tokens(self, tokens: int, slots: int) -> int:
+        """The tokens one cache pool holds for `slots` requests of `tokens` each."""
+
+    def with_context(self, args: Sequence[str], tokens: int, slots: int) -> list[str]:
+        """`args` set for a context of `tokens` per request and `slots` requests, each flag
+        rewritten where it stood, in the spelling it was written."""
+
+    def with_cards(self, args: Sequence[str], cards: int) -> list[str]:
+        """`args` set for a replica on `cards` cards, each flag rewritten where it stood."""
+
+    def card_counts(self, shape: ModelShape | None, largest: int) -> list[int]:
+        """The card counts from 1 to `largest` a replica may use (heads permitting)."""
+
+    def splits_heads(self, cards: int, shape: ModelShape) -> bool:
+        """Whether `cards` cards split `shape`'s heads as the engine requires (always true
+        for engines that do not split by heads)."""
+
+    def replica_tp(self, cards: int, current: int) -> int:
+        """The tensor parallel size a profile records for `cards` cards (`current` now)."""
+
+    def tensor_parallel(self, args: Sequence[str], cards: int) -> tuple[int, int]:
+        """The (tensor, pipeline) parallel sizes a replica on `cards` cards runs with
+        (`cards` 0: the arguments decide)."""
+
+    def cache_dtype_bytes(self, args: Sequence[str], shape: ModelShape) -> Fraction:
+        """Bytes of one cached K or V element."""
+
+    def kv_cache_bytes(
+        self, shape: ModelShape, *, tokens: int, sequences: int, tp: int, args: Sequence[str]
+    ) -> int:
+        """The KV cache (and recurrent state) of a whole replica holding a pool of `tokens`
+        shared by `sequences` requests, over `tp` cards."""
+
+    def card_need(
+        self,
+        shape: ModelShape,
+        *,
+        args: Sequence[str],
+        tokens: int,
+        slots: int,
+        cards: int,
+        card_memory_bytes: int,
+    ) -> CardNeed:
+        """What a replica needs on each of its cards, and the fullest card's budget.
+
+        Args:
+            tokens: one request's context; slots: requests held at full length at once;
+            cards: cards of one replica (0: from the arguments); card_memory_bytes: one
+            card's memory (0: not known, budget 0).
+        Raises:
+            EngineRefuses, EngineSingleCard.
+        """

@@ -1,0 +1,192 @@
+"""llama.cpp's llama-server as an engine: its context is a pool of `--ctx-size` cells shared
+by `--parallel` slots, and `--split-mode layer` places whole layers on each card."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fractions import Fraction
+
+from llmgw.engines.base import CardNeed, CardSplit
+from llmgw.engines.grammar import ADDRESS_FLAGS, RefusedFlag
+from llmgw.engines.kvcache import CachePool, fullest_stage, layer_bytes_on_card
+from llmgw.engines.llamacpp.cache import llamacpp_kv_bytes
+from llmgw.engines.llamacpp.grammar import (
+    CTX_SIZE,
+    GRAMMAR,
+    LAYER_SPLIT,
+    N_GPU_LAYERS,
+    PARALLEL,
+    SPLIT_MODE,
+    TENSOR_SPLIT,
+)
+from llmgw.engines.llamacpp.overhead import LLAMACPP_RESERVE_BYTES, llamacpp_overhead_bytes
+from llmgw.shape import ModelShape
+
+# What the node agent refuses to pass (`llama-server --help`, common/arg.cpp). It parses flags
+# exactly (no abbreviations), so the table needs the exact spellings and their short forms.
+REFUSED: tuple[RefusedFlag, ...] = (
+    ADDRESS_FLAGS,
+    RefusedFlag(
+        ("--rpc",),
+        "it sends the model's tensors to, and runs layers on, servers the caller names",
+    ),
+    RefusedFlag(
+        ("--path",),
+        "it serves a folder of the node over HTTP",
+    ),
+    RefusedFlag(
+        ("--slot-save-path", "--log-file"),
+        "it makes the engine write files where the caller says",
+    ),
+    RefusedFlag(
+        ("--chat-template-file",),
+        "it reads a file the caller names; give the template inline (--chat-template)",
+    ),
+    RefusedFlag(
+        ("-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file"),
+        "the agent passes the model from the replica's source",
+    ),
+)
+
+
+def llamacpp_args(args: Sequence[str], *, tokens: int, sequences: int) -> list[str]:
+    """llama-server's arguments with its pool set: `--ctx-size` tokens, `--parallel` slots."""
+    out = GRAMMAR.set(args, CTX_SIZE, str(tokens))
+    return GRAMMAR.set(out, PARALLEL, str(sequences))
+
+
+def gpu_layers(shape: ModelShape, args: Sequence[str]) -> int:
+    """Layers llama-server offloads: `--n-gpu-layers`, all when absent, "all"/"auto" or
+    more than the model has."""
+    raw = GRAMMAR.get(args, N_GPU_LAYERS)
+    try:
+        n = int(raw) if raw is not None else -1
+    except ValueError:
+        n = -1
+    return shape.block_count if n < 0 or n > shape.block_count else n
+
+
+class LlamaCpp:
+    """llama-server: slots over one pool of cells, whole layers on each card."""
+
+    name = "llamacpp"
+    aliases = ("llama.cpp", "llama-server")
+    grammar = GRAMMAR
+    split = CardSplit.LAYER_SPLIT
+    default_utilisation: float | None = None
+    refused_flags: tuple[RefusedFlag, ...] | None = REFUSED
+
+    @property
+    def takes_context(self) -> bool:
+        """Always: `--ctx-size`."""
+        return True
+
+    @property
+    def single_card(self) -> bool:
+        """Never: layers split over any count of cards."""
+        return False
+
+    @property
+    def splits_by_heads(self) -> bool:
+        """Never: whole layers go to each card."""
+        return False
+
+    def slots(self, args: Sequence[str]) -> int:
+        """`--parallel` (1 when not set)."""
+        return max(GRAMMAR.get_int(args, PARALLEL), 1)
+
+    def context_tokens(self, args: Sequence[str]) -> int:
+        """One slot's share of `--ctx-size`; 0 when not set."""
+        pool = GRAMMAR.get_int(args, CTX_SIZE)
+        return pool // self.slots(args) if pool > 0 else 0
+
+    def pool_tokens(self, tokens: int, slots: int) -> int:
+        """`slots` × `tokens` cells: every slot at full length."""
+        return tokens * slots
+
+    def with_context(self, args: Sequence[str], tokens: int, slots: int) -> list[str]:
+        """`--ctx-size` tokens × slots and `--parallel` slots, written apart."""
+        out = GRAMMAR.set(args, CTX_SIZE, str(tokens * slots))
+        return GRAMMAR.set(out, PARALLEL, str(slots))
+
+    def with_cards(self, args: Sequence[str], cards: int) -> list[str]:
+        """The old `--tensor-split` dropped (it no longer matches the cards) and, on more than
+        one card, `--split-mode layer`."""
+        out = GRAMMAR.drop(args, TENSOR_SPLIT)
+        if cards > 1:
+            out = GRAMMAR.set(out, SPLIT_MODE, LAYER_SPLIT)
+        return out
+
+    def card_counts(self, shape: ModelShape | None, largest: int) -> list[int]:
+        """Any count up to `largest`: layers split over any."""
+        return list(range(1, largest + 1))
+
+    def splits_heads(self, cards: int, shape: ModelShape) -> bool:
+        """Always: heads are not split."""
+        return True
+
+    def replica_tp(self, cards: int, current: int) -> int:
+        """The profile's own: a layer split is not tensor parallel."""
+        return current
+
+    def tensor_parallel(self, args: Sequence[str], cards: int) -> tuple[int, int]:
+        """No tensor parallel flag: every card its own rank of one stage."""
+        return cards or 1, 1
+
+    def cache_dtype_bytes(self, args: Sequence[str], shape: ModelShape) -> Fraction:
+        """The model's dtype (the K and V types are sized by `llamacpp_cache`)."""
+        return Fraction(shape.kv_dtype_bytes)
+
+    def kv_cache_bytes(
+        self, shape: ModelShape, *, tokens: int, sequences: int, tp: int, args: Sequence[str]
+    ) -> int:
+        """`llamacpp_kv_bytes` for `--ctx-size tokens --parallel sequences`."""
+        return llamacpp_kv_bytes(shape, llamacpp_args(args, tokens=tokens, sequences=sequences))
+
+    def card_need(
+        self,
+        shape: ModelShape,
+        *,
+        args: Sequence[str],
+        tokens: int,
+        slots: int,
+        cards: int,
+        card_memory_bytes: int,
+    ) -> CardNeed:
+        """llama.cpp's layer split: the last `--n-gpu-layers` layers over `cards` cards, the
+        fullest holding ceil(offloaded / cards) layers' weights and KV (llama.cpp offloads the
+        last layers first). The whole cache is `llamacpp_kv_bytes`; a card's share of it is
+        its layers' share of the cache by the per-layer rule of `kvcache`. The budget is the
+        card less `LLAMACPP_RESERVE_BYTES`."""
+        sequences = max(slots, 1)
+        n = max(cards, 1)
+        full_args = llamacpp_args(args, tokens=tokens * sequences, sequences=sequences)
+        kv_total = llamacpp_kv_bytes(shape, full_args)
+        layers = shape.block_count
+        offloaded = gpu_layers(shape, args)
+        per_layer = layer_bytes_on_card(
+            shape,
+            CachePool(tokens * sequences, sequences),
+            tp=1,
+            dtype=Fraction(shape.kv_dtype_bytes),
+        )
+        fullest = fullest_stage(per_layer[layers - offloaded :], n)
+        total = sum(per_layer)
+        layers_card = -(-offloaded // n)
+        kv_card = -(-kv_total * fullest // total) if total else 0
+        weights_card = -(-shape.weights_bytes * layers_card // layers) if layers else 0
+        overhead = llamacpp_overhead_bytes(shape, full_args, n)
+        card = card_memory_bytes
+        return CardNeed(
+            weights_bytes=shape.weights_bytes,
+            kv_bytes=kv_total,
+            per_card_bytes=weights_card + kv_card + overhead,
+            overhead_bytes=overhead,
+            budget_bytes=max(card - LLAMACPP_RESERVE_BYTES, 1) if card > 0 else 0,
+            cards=n,
+            weights_per_card_bytes=weights_card,
+            kv_per_card_bytes=kv_card,
+        )
+
+
+LLAMACPP = LlamaCpp()

@@ -1,0 +1,229 @@
+"""SGLang (`python -m sglang.launch_server`): its flags, token pool (sliding layers a share of
+it), and `--mem-fraction-static` budget, derived from the card when not given.
+
+Flags as `python -m sglang.launch_server --help` spells them (sglang/srt/server_args.py):
+`--tensor-parallel-size` and `--tp-size` are one flag, and `--tp` reaches it as an argparse
+abbreviation; argparse takes `--flag=value` and does not read `_` as `-`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import ClassVar
+
+from llmgw.cardclass import GIB, MIB
+from llmgw.engines.grammar import ADDRESS_FLAGS, Grammar, RefusedFlag
+from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
+from llmgw.engines.tensor_parallel import TensorParallelEngine
+from llmgw.shape import Layer, LayerKind, ModelShape
+
+GRAMMAR = Grammar("sglang", folds_underscores=False, joined_ok=True, abbreviates=True)
+
+CONTEXT_LENGTH = ("--context-length",)
+TP_SIZE = ("--tp-size", "--tp", "--tensor-parallel-size")
+PP_SIZE = ("--pp-size", "--pp", "--pipeline-parallel-size")
+MEM_FRACTION_STATIC = ("--mem-fraction-static",)
+KV_CACHE_DTYPE = ("--kv-cache-dtype",)
+PAGE_SIZE = ("--page-size",)
+SWA_FULL_TOKENS_RATIO = ("--swa-full-tokens-ratio",)
+DISABLE_HYBRID_SWA_MEMORY = ("--disable-hybrid-swa-memory",)
+CHUNKED_PREFILL_SIZE = ("--chunked-prefill-size",)
+CUDA_GRAPH_MAX_BS = ("--cuda-graph-max-bs",)
+MAX_PREFILL_TOKENS = ("--max-prefill-tokens",)
+SPECULATIVE_ALGORITHM = ("--speculative-algorithm",)
+
+SGLANG_CACHE_DTYPES: dict[str, Fraction | None] = {
+    "auto": None,
+    "bf16": Fraction(2),
+    "bfloat16": Fraction(2),
+    "fp8_e4m3": Fraction(1),
+    "fp8_e5m2": Fraction(1),
+    "fp4_e2m1": Fraction(9, 16),
+}
+"""`--kv-cache-dtype` choices of SGLang (docs/advanced_features/server_arguments.md).
+fp4_e2m1 packs two elements a byte plus a 1-byte scale per 16 elements (cell // 2 +
+cell / 16, model_runner_kv_cache_mixin.py get_cell_size_per_token)."""
+
+SGLANG_SWA_FULL_TOKENS_RATIO = 0.8
+"""`--swa-full-tokens-ratio` default: a sliding layer's pool holds this share of a full
+layer's tokens (server_args.py; model_runner_kv_cache_mixin.py set_num_tokens_hybrid_swa)."""
+
+SGLANG_PRELOAD_BYTES = GIB
+"""Memory in use before SGLang measures the free memory its fraction applies to (CUDA
+context, NCCL): gt-049 saw 21.63 GiB free of an L4's 22.49 (23034 MiB), 0.86 GiB; rounded up."""
+
+# SGLang's default --mem-fraction-static (server_args.py, _handle_gpu_memory_settings): card
+# memory in MiB less a reserve of 512 MiB of metadata + 1.5 MiB per chunked-prefill token
+# + 2 MiB per CUDA-graph batch size + 1024 MiB per 8 ranks, at least 10240 MiB on cards
+# over 60 GiB, plus 2048 MiB for EAGLE drafts (6144 for a standalone draft).
+SGLANG_RESERVE_BASE_MIB = 512
+SGLANG_RESERVE_PER_CHUNK_TOKEN_MIB = 1.5
+SGLANG_RESERVE_PER_GRAPH_BS_MIB = 2
+SGLANG_RESERVE_PER_8_RANKS_MIB = 1024
+SGLANG_RESERVE_FLOOR_MIB = 10240
+SGLANG_RESERVE_FLOOR_ABOVE_MIB = 60 * 1024
+SGLANG_RESERVE_EAGLE_MIB = 2048
+SGLANG_RESERVE_STANDALONE_MIB = 6144
+SGLANG_MAX_PREFILL_TOKENS = 16384
+"""`--max-prefill-tokens` default, used in the reserve when chunked prefill is off."""
+
+# (cards up to this many MiB, chunked-prefill size, CUDA-graph max bs below tp 4, at tp >= 4)
+SGLANG_GPU_BUCKETS: tuple[tuple[float, int, int, int], ...] = (
+    (20 * 1024, 2048, 8, 8),
+    (35 * 1024, 2048, 24, 80),
+    (60 * 1024, 4096, 32, 160),
+    (90 * 1024, 8192, 256, 512),
+    (160 * 1024, 8192, 256, 512),
+    (math.inf, 16384, 512, 512),
+)
+
+# What the node agent refuses to pass (sglang/srt/server_args.py).
+REFUSED: tuple[RefusedFlag, ...] = (
+    ADDRESS_FLAGS,
+    RefusedFlag(
+        ("--trust-remote-code",),
+        "it runs Python code shipped with the model repo; allow it in the agent config "
+        "(allow_flags) for models you trust",
+    ),
+    RefusedFlag(
+        ("--enable-custom-logit-processor",),
+        "it lets API callers send serialized Python to run inside the engine",
+    ),
+    RefusedFlag(
+        ("--config",),
+        "it reads more arguments from a file, past this refusal table",
+    ),
+    RefusedFlag(
+        ("--chat-template",),
+        "a chat template is read from a path the caller names; ship it with the model",
+        only_paths=True,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class SglangPool(CachePool):
+    """SGLang's token pool: a sliding layer's pool is `swa_ratio` of the full pool (hybrid
+    SWA), or all of it with `--disable-hybrid-swa-memory` (None)."""
+
+    swa_ratio: float | None = SGLANG_SWA_FULL_TOKENS_RATIO
+
+    def sliding(self, layer: Layer) -> int:
+        ratio = 1.0 if self.swa_ratio is None else self.swa_ratio
+        return ceil_to(math.ceil(self.tokens * ratio), self.block)
+
+
+def sglang_mem_fraction_static(
+    card_memory_bytes: int, args: Sequence[str], *, tp: int, pp: int
+) -> float:
+    """SGLang's `--mem-fraction-static`: the flag, else the default SGLang derives from the
+    card's memory (server_args.py _handle_gpu_memory_settings): (card − reserve) / card,
+    rounded to 3 places; 0.88 when the card's memory is not known.
+    """
+    given = GRAMMAR.fraction(args, MEM_FRACTION_STATIC)
+    if given is not None:
+        return given
+    if card_memory_bytes <= 0:
+        return 0.88
+    gpu_mib = card_memory_bytes / MIB
+    _, chunk_default, graphs_small, graphs_large = next(
+        b for b in SGLANG_GPU_BUCKETS if gpu_mib < b[0]
+    )
+    chunk = GRAMMAR.count(args, CHUNKED_PREFILL_SIZE, minimum=-1) or chunk_default
+    graphs = GRAMMAR.count(args, CUDA_GRAPH_MAX_BS) or (graphs_small if tp < 4 else graphs_large)
+    prefill = GRAMMAR.count(args, MAX_PREFILL_TOKENS) or SGLANG_MAX_PREFILL_TOKENS
+    reserved = SGLANG_RESERVE_BASE_MIB + SGLANG_RESERVE_PER_CHUNK_TOKEN_MIB * max(
+        chunk if chunk > 0 else prefill, 2048
+    )
+    reserved += graphs * SGLANG_RESERVE_PER_GRAPH_BS_MIB
+    reserved += tp * pp / 8 * SGLANG_RESERVE_PER_8_RANKS_MIB
+    if gpu_mib > SGLANG_RESERVE_FLOOR_ABOVE_MIB:
+        reserved = max(reserved, SGLANG_RESERVE_FLOOR_MIB)
+    draft = (GRAMMAR.get(args, SPECULATIVE_ALGORITHM) or "").upper()
+    if draft == "STANDALONE":
+        reserved += SGLANG_RESERVE_STANDALONE_MIB
+    elif draft and draft != "NGRAM":
+        reserved += SGLANG_RESERVE_EAGLE_MIB
+    return round((gpu_mib - reserved) / gpu_mib, 3)
+
+
+class Sglang(TensorParallelEngine):
+    """SGLang: a token pool, a budget of `--mem-fraction-static` of the card."""
+
+    name = "sglang"
+    grammar = GRAMMAR
+    default_utilisation = None  # derived from the card: sglang_mem_fraction_static
+    refused_flags = REFUSED
+    context_flag = CONTEXT_LENGTH
+    tp_flag = TP_SIZE
+    pp_flag = PP_SIZE
+    cache_dtype_flag = KV_CACHE_DTYPE
+    cache_dtypes: ClassVar[Mapping[str, Fraction | None]] = SGLANG_CACHE_DTYPES
+
+    def pool(
+        self, args: Sequence[str], *, tokens: int, sequences: int, card_memory_bytes: int
+    ) -> SglangPool:
+        """Pages of `--page-size` (1); sliding layers `--swa-full-tokens-ratio` of the pool."""
+        ratio = GRAMMAR.fraction(args, SWA_FULL_TOKENS_RATIO)
+        hybrid = not GRAMMAR.has(args, DISABLE_HYBRID_SWA_MEMORY)
+        return SglangPool(
+            tokens,
+            sequences,
+            block=GRAMMAR.count(args, PAGE_SIZE) or 1,
+            swa_ratio=(ratio or SGLANG_SWA_FULL_TOKENS_RATIO) if hybrid else None,
+        )
+
+    def overhead_and_budget(
+        self,
+        shape: ModelShape,
+        args: Sequence[str],
+        *,
+        tokens: int,
+        tp: int,
+        pp: int,
+        weights_card_bytes: int,
+        card_memory_bytes: int,
+    ) -> tuple[int, int]:
+        """The card × `--mem-fraction-static`, whose activations and graphs live outside it;
+        the fraction applies to the memory free before loading, the preload already gone."""
+        mfs = sglang_mem_fraction_static(card_memory_bytes, args, tp=tp, pp=pp)
+        return math.ceil(mfs * SGLANG_PRELOAD_BYTES), int(card_memory_bytes * mfs)
+
+
+SGLANG = Sglang()
+
+
+def sglang_available_kv_bytes(
+    free_before_load_bytes: int, free_after_weights_bytes: int, mem_fraction_static: float
+) -> int:
+    """The memory SGLang gives its KV pool: what is free after the weights less the share of
+    the memory free before loading that `--mem-fraction-static` leaves out
+    (model_runner_kv_cache_mixin.py profile_max_num_token)."""
+    return int(free_after_weights_bytes - free_before_load_bytes * (1 - mem_fraction_static))
+
+
+def sglang_token_capacity(
+    shape: ModelShape, *, available_kv_bytes: int, tp: int, args: Sequence[str]
+) -> int:
+    """SGLang's max_total_num_tokens for `available_kv_bytes` on each card.
+
+    available // cell size (every KV layer at full width), in whole pages; with sliding
+    layers and the hybrid SWA pool, the full layers' share: tokens × layers ÷ (ratio × sliding
+    + full) (set_num_tokens_hybrid_swa). 0 when nothing is available.
+    """
+    if available_kv_bytes <= 0:
+        return 0
+    cell = token_bytes_on_card(shape, tp, SGLANG.cache_dtype_bytes(args, shape))
+    if cell == 0:
+        return 0
+    pool = SGLANG.pool(args, tokens=0, sequences=1, card_memory_bytes=0)
+    tokens = available_kv_bytes // cell
+    kv_layers = [la for la in shape.layers if la.has_kv]
+    sliding = sum(1 for la in kv_layers if la.kind is LayerKind.SLIDING)
+    if sliding and pool.swa_ratio is not None:
+        full = len(kv_layers) - sliding
+        tokens = int(tokens * len(kv_layers) / (pool.swa_ratio * sliding + full))
+    return tokens // pool.block * pool.block

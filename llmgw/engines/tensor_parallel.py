@@ -1,0 +1,211 @@
+"""Engines that split every layer over their cards by heads (vLLM, SGLang, TensorRT-LLM):
+the rules they share. Each engine's module names its flags, cache pool, overhead and budget.
+
+A card holds ceil(weights / (tp × pp)), its heads' share of its pipeline stage's KV, and the
+engine's overhead; the count of cards must split the model's heads (`heads.splits_heads`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import ClassVar
+
+from llmgw.engines.base import CardNeed, CardSplit
+from llmgw.engines.grammar import Flag, Grammar, RefusedFlag
+from llmgw.engines.heads import splits_heads
+from llmgw.engines.kvcache import CachePool, fullest_stage, layer_bytes_on_card
+from llmgw.shape import ModelShape
+
+
+class TensorParallelEngine:
+    """The shared half of a tensor-parallel engine; a subclass sets the class attributes
+    and writes `pool` and `overhead_and_budget`."""
+
+    name: str = ""
+    aliases: tuple[str, ...] = ()
+    grammar: Grammar = Grammar("")
+    split: CardSplit = CardSplit.TENSOR_PARALLEL
+    default_utilisation: float | None = None
+    refused_flags: tuple[RefusedFlag, ...] | None = None
+
+    context_flag: Flag = ()
+    """The flag that sets one request's context."""
+    tp_flag: Flag = ()
+    """The flag that sets the tensor parallel size (the card count is written here)."""
+    pp_flag: Flag = ()
+    """The flag that sets the pipeline parallel size."""
+    cache_dtype_flag: Flag = ()
+    """The flag that sets the KV cache's element type (empty: the model's dtype)."""
+    cache_dtypes: ClassVar[Mapping[str, Fraction | None]] = {}
+    """Bytes per element of each cache type the flag takes; None: the model's dtype."""
+
+    # --- the protocol, shared ---------------------------------------------------------------
+
+    @property
+    def takes_context(self) -> bool:
+        """Whether a context is set through the arguments."""
+        return bool(self.context_flag)
+
+    @property
+    def single_card(self) -> bool:
+        """Never: tensor parallel runs on any count that splits the heads."""
+        return False
+
+    @property
+    def splits_by_heads(self) -> bool:
+        """Always: the card count must split the heads."""
+        return True
+
+    def context_tokens(self, args: Sequence[str]) -> int:
+        """The context flag's value; 0 when absent."""
+        return self.grammar.get_int(args, self.context_flag) if self.context_flag else 0
+
+    def slots(self, args: Sequence[str]) -> int:
+        """One: these engines' pools are not split into slots."""
+        return 1
+
+    def pool_tokens(self, tokens: int, slots: int) -> int:
+        """One request's context: the pool is shared, not sized per slot."""
+        return tokens
+
+    def with_context(self, args: Sequence[str], tokens: int, slots: int) -> list[str]:
+        """The context flag set to `tokens`, where it stood."""
+        return self.grammar.set(args, self.context_flag, str(tokens))
+
+    def with_cards(self, args: Sequence[str], cards: int) -> list[str]:
+        """The tensor parallel flag set to `cards`, under whichever alias and spelling the
+        arguments already use."""
+        return self.grammar.set(args, self.tp_flag, str(cards))
+
+    def card_counts(self, shape: ModelShape | None, largest: int) -> list[int]:
+        """The counts up to `largest` that split the heads (all of them when unknown)."""
+        counts = range(1, largest + 1)
+        if shape is None:
+            return list(counts)
+        return [n for n in counts if self.splits_heads(n, shape)]
+
+    def splits_heads(self, cards: int, shape: ModelShape) -> bool:
+        """Whether tensor parallel over `cards` splits the heads (`heads.splits_heads`)."""
+        return splits_heads(cards, shape.attention_heads, shape.kv_heads)
+
+    def replica_tp(self, cards: int, current: int) -> int:
+        """The card count: every card is a tensor parallel rank."""
+        return cards
+
+    def tensor_parallel(self, args: Sequence[str], cards: int) -> tuple[int, int]:
+        """The (tensor, pipeline) parallel sizes a replica on `cards` cards runs with.
+
+        The arguments decide when their tp × pp is `cards` (or `cards` is 0), and a tp alone
+        that divides the cards leaves the rest to pipeline stages (vLLM across nodes);
+        otherwise the cards do: tp = cards / pp when pp divides them, else tp = cards, pp = 1.
+
+        Raises:
+            EngineRefuses: a tp or pp flag that is not a positive whole number.
+        """
+        tp_arg = self.grammar.count(args, self.tp_flag)
+        pp_arg = self.grammar.count(args, self.pp_flag)
+        pp = pp_arg or 1
+        if cards == 0:
+            return tp_arg or 1, pp
+        if tp_arg is not None and tp_arg * pp == cards:
+            return tp_arg, pp
+        if tp_arg is not None and pp_arg is None and cards % tp_arg == 0:
+            return tp_arg, cards // tp_arg
+        if cards % pp == 0:
+            return cards // pp, pp
+        return cards, 1
+
+    def cache_dtype_bytes(self, args: Sequence[str], shape: ModelShape) -> Fraction:
+        """The cache type flag's element bytes ("auto" and absent: the model's dtype).
+
+        Raises:
+            EngineRefuses: a type the engine does not take, or one the planner does not size.
+        """
+        raw = self.grammar.get(args, self.cache_dtype_flag) if self.cache_dtype_flag else None
+        if raw is None:
+            return Fraction(shape.kv_dtype_bytes)
+        key = raw.strip().lower()
+        if key not in self.cache_dtypes:
+            raise self.grammar.refuse(
+                f"{self.name} {self.cache_dtype_flag[0]} {raw!r} is not a cache type the "
+                f"planner can size: use one of {', '.join(self.cache_dtypes)}",
+                f"{self.cache_dtype_flag[0]}={raw}",
+            )
+        size = self.cache_dtypes[key]
+        return Fraction(shape.kv_dtype_bytes) if size is None else size
+
+    def kv_cache_bytes(
+        self, shape: ModelShape, *, tokens: int, sequences: int, tp: int, args: Sequence[str]
+    ) -> int:
+        """Each card's layers as `pool` keeps them, × tp cards."""
+        dtype = self.cache_dtype_bytes(args, shape)
+        pool = self.pool(args, tokens=tokens, sequences=sequences, card_memory_bytes=0)
+        return sum(layer_bytes_on_card(shape, pool, tp=tp, dtype=dtype)) * tp
+
+    def card_need(
+        self,
+        shape: ModelShape,
+        *,
+        args: Sequence[str],
+        tokens: int,
+        slots: int,
+        cards: int,
+        card_memory_bytes: int,
+    ) -> CardNeed:
+        """A card's share of the weights and of its pipeline stage's KV, plus the engine's
+        overhead, against its budget (`overhead_and_budget`)."""
+        sequences = max(slots, 1)
+        tp, pp = self.tensor_parallel(args, cards)
+        dtype = self.cache_dtype_bytes(args, shape)
+        pool = self.pool(
+            args,
+            tokens=tokens * sequences,
+            sequences=sequences,
+            card_memory_bytes=card_memory_bytes,
+        )
+        per_layer = layer_bytes_on_card(shape, pool, tp=tp, dtype=dtype)
+        kv_card = fullest_stage(per_layer, pp)
+        weights_card = -(-shape.weights_bytes // (tp * pp))
+        overhead, budget = self.overhead_and_budget(
+            shape,
+            args,
+            tokens=tokens,
+            tp=tp,
+            pp=pp,
+            weights_card_bytes=weights_card,
+            card_memory_bytes=card_memory_bytes,
+        )
+        return CardNeed(
+            weights_bytes=shape.weights_bytes,
+            kv_bytes=sum(per_layer) * tp,
+            per_card_bytes=weights_card + kv_card + overhead,
+            overhead_bytes=overhead,
+            budget_bytes=budget if card_memory_bytes > 0 else 0,
+            cards=tp * pp,
+            weights_per_card_bytes=weights_card,
+            kv_per_card_bytes=kv_card,
+        )
+
+    # --- what each engine writes ------------------------------------------------------------
+
+    def pool(
+        self, args: Sequence[str], *, tokens: int, sequences: int, card_memory_bytes: int
+    ) -> CachePool:
+        """The engine's cache pool for `tokens` over `sequences` (`card_memory_bytes` for
+        defaults that depend on the card; 0 takes the larger card's)."""
+        raise NotImplementedError
+
+    def overhead_and_budget(
+        self,
+        shape: ModelShape,
+        args: Sequence[str],
+        *,
+        tokens: int,
+        tp: int,
+        pp: int,
+        weights_card_bytes: int,
+        card_memory_bytes: int,
+    ) -> tuple[int, int]:
+        """What a card needs beside weights and KV, and what it may use of the card."""
+        raise NotImplementedError

@@ -1,0 +1,203 @@
+"""vLLM (`vllm serve`): its flags, paged KV blocks, profiling overhead and utilisation budget.
+
+Flags as `vllm serve --help` spells them (vllm/engine/arg_utils.py); its FlexibleArgumentParser
+reads `--a_b` as `--a-b` and, being argparse, takes `--flag=value` and unambiguous prefixes.
+Constants name their source: vLLM's source file or documented default, or a ground-truth row
+(tests/fixtures/ground_truth/observations.jsonl, "gt-NNN").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import ClassVar
+
+from llmgw.cardclass import GIB
+from llmgw.engines.grammar import ADDRESS_FLAGS, Grammar, RefusedFlag
+from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
+from llmgw.engines.tensor_parallel import TensorParallelEngine
+from llmgw.engines.torch_overhead import layers_per_stage, torch_overhead_bytes
+from llmgw.shape import Layer, ModelShape
+
+GRAMMAR = Grammar("vllm", folds_underscores=True, joined_ok=True, abbreviates=True)
+
+MAX_MODEL_LEN = ("--max-model-len",)
+TENSOR_PARALLEL_SIZE = ("--tensor-parallel-size", "-tp")
+PIPELINE_PARALLEL_SIZE = ("--pipeline-parallel-size", "-pp")
+GPU_MEMORY_UTILIZATION = ("--gpu-memory-utilization",)
+KV_CACHE_DTYPE = ("--kv-cache-dtype",)
+BLOCK_SIZE = ("--block-size",)
+MAX_NUM_BATCHED_TOKENS = ("--max-num-batched-tokens",)
+NO_CHUNKED_PREFILL = ("--no-enable-chunked-prefill",)
+ENFORCE_EAGER = ("--enforce-eager",)
+
+VLLM_BLOCK_TOKENS = 16
+"""Tokens per KV page: `--block-size` default on CUDA (vllm/config/cache.py); a page per layer
+is block × kv_heads_per_rank × (head_dim_k + head_dim_v) × dtype (kv_cache_interface.py)."""
+
+VLLM_UTILISATION = 0.90
+"""`--gpu-memory-utilization` default (DESIGN §5; vllm/config/cache.py up to v0.20, whose later
+docs say 0.92 with CUDA graphs subtracted; 0.90 with graphs subtracted is the safer reading)."""
+
+VLLM_BATCHED_TOKENS_LARGE_CARD = 8192
+VLLM_BATCHED_TOKENS_SMALL_CARD = 2048
+VLLM_LARGE_CARD_BYTES = 70 * GIB
+"""`--max-num-batched-tokens` defaults of `vllm serve`: 8192 on cards of 70 GiB or more, else
+2048 (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults, OPENAI_API_SERVER). The
+profile run that measures the activation peak uses this many tokens."""
+
+VLLM_CACHE_DTYPES: dict[str, Fraction | None] = {
+    "auto": None,
+    "float16": Fraction(2),
+    "bfloat16": Fraction(2),
+    "fp8": Fraction(1),
+    "fp8_e4m3": Fraction(1),
+    "fp8_e5m2": Fraction(1),
+    "fp8_inc": Fraction(1),
+    "int8": Fraction(1),
+}
+"""`--kv-cache-dtype` values vLLM accepts (vllm/config/cache.py CacheDType) and their element
+bytes; None is the model's dtype. fp8_ds_mla and the per-token-head/nvfp4 formats carry scales
+the planner does not size: refused as unmodelled."""
+
+# What the node agent refuses to pass (vllm/engine/arg_utils.py,
+# vllm/entrypoints/openai/cli_args.py).
+REFUSED: tuple[RefusedFlag, ...] = (
+    ADDRESS_FLAGS,
+    RefusedFlag(
+        ("--worker-cls", "--worker-extension-cls"),
+        "it makes vLLM import and run a Python class the caller names",
+    ),
+    RefusedFlag(
+        ("--trust-remote-code",),
+        "it runs Python code shipped with the model repo; allow it in the agent config "
+        "(allow_flags) for models you trust",
+    ),
+    RefusedFlag(
+        (
+            "--logits-processors",
+            "--middleware",
+            "--tool-parser-plugin",
+            "--reasoning-parser-plugin",
+        ),
+        "it makes vLLM import Python code from a module or file the caller names",
+    ),
+    RefusedFlag(
+        ("--config",),
+        "it reads more arguments from a file, past this refusal table",
+    ),
+    RefusedFlag(
+        ("--allowed-local-media-path",),
+        "it lets API callers read files of the node",
+    ),
+    RefusedFlag(
+        ("--chat-template",),
+        "a chat template is read from a path the caller names; give the template inline or "
+        "ship it with the model",
+        only_paths=True,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class VllmPool(CachePool):
+    """vLLM's paged pool: whole blocks; a sliding layer holds, per sequence, the window plus
+    a batch of scheduled tokens in blocks, plus one (SlidingWindowSpec.max_memory_usage_bytes)."""
+
+    batched_tokens: int = VLLM_BATCHED_TOKENS_LARGE_CARD
+
+    def sliding(self, layer: Layer) -> int:
+        span = min(layer.window_tokens - 1 + self.batched_tokens, self.per_sequence)
+        return self.sequences * (ceil_to(span, self.block) + self.block)
+
+
+def vllm_batched_tokens(args: Sequence[str], card_memory_bytes: int) -> int:
+    """vLLM's tokens per batch: `--max-num-batched-tokens`, else its default for the card."""
+    given = GRAMMAR.count(args, MAX_NUM_BATCHED_TOKENS)
+    if given is not None:
+        return given
+    if 0 < card_memory_bytes < VLLM_LARGE_CARD_BYTES:
+        return VLLM_BATCHED_TOKENS_SMALL_CARD
+    return VLLM_BATCHED_TOKENS_LARGE_CARD
+
+
+def vllm_overhead_bytes(
+    shape: ModelShape, args: Sequence[str], *, tokens: int, pp: int, card_memory_bytes: int
+) -> int:
+    """What a vLLM card needs beside weights and KV, inside its utilisation budget.
+
+    The profile run's activation peak over `--max-num-batched-tokens` (with chunked prefill,
+    V1's default; without it, over max(batched tokens, the context), as gt-023/024 show),
+    non-torch memory, and CUDA graphs (none with `--enforce-eager`). Monotonic in `tokens`.
+    """
+    batched = vllm_batched_tokens(args, card_memory_bytes)
+    if GRAMMAR.has(args, NO_CHUNKED_PREFILL):
+        batched = max(batched, tokens)
+    eager = GRAMMAR.has(args, ENFORCE_EAGER)
+    return torch_overhead_bytes(
+        shape, batch_tokens=batched, layers=layers_per_stage(shape, pp), eager=eager
+    )
+
+
+class Vllm(TensorParallelEngine):
+    """vLLM: paged KV blocks, a budget of `--gpu-memory-utilization` of the card."""
+
+    name = "vllm"
+    grammar = GRAMMAR
+    default_utilisation = VLLM_UTILISATION
+    refused_flags = REFUSED
+    context_flag = MAX_MODEL_LEN
+    tp_flag = TENSOR_PARALLEL_SIZE
+    pp_flag = PIPELINE_PARALLEL_SIZE
+    cache_dtype_flag = KV_CACHE_DTYPE
+    cache_dtypes: ClassVar[Mapping[str, Fraction | None]] = VLLM_CACHE_DTYPES
+
+    def pool(
+        self, args: Sequence[str], *, tokens: int, sequences: int, card_memory_bytes: int
+    ) -> VllmPool:
+        """Blocks of `--block-size` (16), sliding layers capped by its batch."""
+        return VllmPool(
+            tokens,
+            sequences,
+            block=GRAMMAR.count(args, BLOCK_SIZE) or VLLM_BLOCK_TOKENS,
+            batched_tokens=vllm_batched_tokens(args, card_memory_bytes),
+        )
+
+    def overhead_and_budget(
+        self,
+        shape: ModelShape,
+        args: Sequence[str],
+        *,
+        tokens: int,
+        tp: int,
+        pp: int,
+        weights_card_bytes: int,
+        card_memory_bytes: int,
+    ) -> tuple[int, int]:
+        """The profiling overhead, inside the card × `--gpu-memory-utilization`."""
+        overhead = vllm_overhead_bytes(
+            shape, args, tokens=tokens, pp=pp, card_memory_bytes=card_memory_bytes
+        )
+        util = GRAMMAR.fraction(args, GPU_MEMORY_UTILIZATION) or VLLM_UTILISATION
+        return overhead, int(card_memory_bytes * util)
+
+
+VLLM = Vllm()
+
+
+def vllm_token_capacity(
+    shape: ModelShape, *, available_kv_bytes: int, tp: int, args: Sequence[str]
+) -> int:
+    """The "GPU KV cache size: N tokens" vLLM prints for `available_kv_bytes` on each card.
+
+    Whole blocks: available // (page bytes of every KV layer) × block size
+    (vllm/v1/core/kv_cache_utils.py); 0 when nothing is available.
+    """
+    if available_kv_bytes <= 0:
+        return 0
+    per_token = token_bytes_on_card(shape, tp, VLLM.cache_dtype_bytes(args, shape))
+    block = VLLM.pool(args, tokens=0, sequences=1, card_memory_bytes=0).block
+    if per_token == 0:
+        return 0
+    return available_kv_bytes // (per_token * block) * block
