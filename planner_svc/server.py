@@ -12,13 +12,10 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
-from planner_svc.rpc.servicer import PlannerServicer, Resolver
+from planner_svc.rpc.servicer import SERVICE_NAME, Resolver, add_planner_service
 from planner_svc.sources.resolver import ShapeResolver
 
 log = structlog.get_logger(__name__)
-
-SERVICE_NAME = planner_pb2.DESCRIPTOR.services_by_name["PlannerService"].full_name
 
 # Keepalive fit for meshes and long streams: ping idle connections every 30 s, and accept
 # clients' pings as often as every 10 s without calling them abusive.
@@ -56,9 +53,7 @@ async def start_planner(listen: str, resolver: Resolver | None = None) -> Planne
         RuntimeError: the address could not be bound.
     """
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    planner_pb2_grpc.add_PlannerServiceServicer_to_server(
-        PlannerServicer(resolver or ShapeResolver()), server
-    )
+    add_planner_service(server, resolver or ShapeResolver())
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (

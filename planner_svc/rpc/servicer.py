@@ -191,3 +191,12 @@ class _Answers:
         self._kept.move_to_end(key)
         while len(self._kept) > self._limit:
             self._kept.popitem(last=False)
+
+
+SERVICE_NAME = planner_pb2.DESCRIPTOR.services_by_name["PlannerService"].full_name
+"""The planner's full service name, for health and reflection."""
+
+
+def add_planner_service(server: grpc.aio.Server, resolver: Resolver) -> None:
+    """Serve the planner's RPCs on `server`, resolving shapes with `resolver`."""
+    planner_pb2_grpc.add_PlannerServiceServicer_to_server(PlannerServicer(resolver), server)
