@@ -12,7 +12,8 @@ from pathlib import Path
 
 from fleet_svc.agent import claims
 from llmgw.agent.v1 import agent_pb2
-from tests.support.fake_fleet import FakeFleet, assert_eventually, running_fake_fleet, spec
+from llmgw.testing.eventually import assert_eventually
+from llmgw.testing.fake_fleet import FakeFleet, running_fake_fleet, spec
 
 ROOT = Path(__file__).resolve().parents[2]
 HEALTHY = agent_pb2.PROCESS_PHASE_HEALTHY

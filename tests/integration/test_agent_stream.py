@@ -17,13 +17,9 @@ from fleet_svc.agent.admission import ArgRules
 from fleet_svc.agent.config import EngineConfig
 from fleet_svc.agent.replica import Phase
 from llmgw.agent.v1 import agent_pb2
-from tests.support.fake_fleet import (
-    assert_eventually,
-    fast_config,
-    running_agent,
-    running_fake_fleet,
-    spec,
-)
+from llmgw.testing.eventually import assert_eventually
+from llmgw.testing.fake_fleet import running_fake_fleet, spec
+from tests.support.agents import fast_config, running_agent
 
 HEALTHY = agent_pb2.PROCESS_PHASE_HEALTHY
 STOPPED = agent_pb2.PROCESS_PHASE_STOPPED

@@ -14,6 +14,7 @@ import httpx
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
+from llmgw.testing.range_server import RangeServer
 from planner_svc.domain.errors import InvalidShape, SourceUnreachable
 from planner_svc.domain.gguf_shape import shape_from_gguf
 from planner_svc.sources.gguf_http import ArraySummary, GGUFHeader, read_gguf_header
@@ -26,7 +27,6 @@ from tests.support.gguf_files import (
     tokenizer_kv,
     write_gguf,
 )
-from tests.support.range_server import RangeServer
 
 GB = 10**9
 # The bound DESIGN.md §4 asks for: bytes fetched stay within a small factor of the header.
