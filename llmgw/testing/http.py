@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -223,6 +224,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         """Quiet: a listener reports its requests through `on_served`."""
+
+    def handle(self) -> None:
+        """Answer requests until the connection closes; a client that hangs up, mid-answer
+        or between kept-alive requests, ends it quietly."""
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            super().handle()
 
     def do_HEAD(self) -> None:
         self.listener.handle(self)
