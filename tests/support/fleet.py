@@ -45,4 +45,3 @@ async def running_fleet(
     finally:
         await channel.close()
         await server.stop(grace_s=0.5)
-
