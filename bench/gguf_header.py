@@ -25,6 +25,7 @@ from gguf import GGMLQuantizationType
 # Run as a script from the repository: make the test helpers (tests.support) importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from llmgw.testing.range_server import RangeServer
 from planner_svc.sources.gguf_http import read_gguf_header
 from tests.support.gguf_files import (
     WrittenGGUF,
@@ -32,7 +33,6 @@ from tests.support.gguf_files import (
     tokenizer_kv,
     write_gguf,
 )
-from tests.support.range_server import RangeServer
 
 GB = 10**9
 

@@ -9,7 +9,7 @@ it is a policy wait (a production drain of D s adds D per replica), not overhead
 
 Two variants:
 - scripted: the fleet and the planner as child processes; scripted agents in this process
-  (tests.support.scripted_agent, real AgentService clients) report each new replica STARTING,
+  (llmgw.testing.scripted_agent, real AgentService clients) report each new replica STARTING,
   then HEALTHY after exactly the floor (0.2 s);
 - real: the same fleet and planner, real node agents (`python -m fleet_svc.agent`, one
   process per node, health checks every 50 ms) running the stand-in engine
@@ -48,7 +48,7 @@ from bench.planner_throughput import LLAMA_8B, ROOT, ChildServer, start_child
 from llmgw.agent.v1 import agent_pb2
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
-from tests.support.scripted_agent import ScriptedAgent
+from llmgw.testing.scripted_agent import ScriptedAgent
 
 NODES, CARDS = 3, 8
 """Nodes of 8 cards: room for 16 replicas and their surge, or two models of 4."""

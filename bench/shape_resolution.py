@@ -1,6 +1,6 @@
 """Shape resolution of an hf:// source: cold cache vs warm cache, as ratios in one run.
 
-The source is served by the local Hugging Face-shaped server (tests/support/hf_server.py), so
+The source is served by the local Hugging Face-shaped server (llmgw/testing/hub.py), so
 the numbers measure the planner's own path (huggingface_hub's HEAD/GET, the safetensors header
 by range, the config reader, the resolver's cache), not the internet. Three states:
 
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
+from llmgw.testing.hub import HFServer
 from planner_svc.sources.resolver import ShapeResolver
 from tests.support.hf_fixtures import point_hub_at
 from tests.support.hf_repos import LLAMA_1B, default_repos
-from tests.support.hf_server import HFServer
 
 SOURCE = f"hf://{LLAMA_1B}"
 

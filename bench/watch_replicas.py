@@ -1,7 +1,7 @@
 """Bench: WatchReplicas fan-out: from an engine turning healthy to every watcher seeing it.
 
 The fleet runs as a child process (so its event loop is not the watchers'); one scripted agent
-(tests.support.scripted_agent, a real AgentService client) runs K one-card replicas of a model,
+(llmgw.testing.scripted_agent, a real AgentService client) runs K one-card replicas of a model,
 all reported STARTING. Then, one replica at a time, the agent reports it HEALTHY, and the bench
 times how long until every watcher has seen its ADDED event (the slowest watcher decides), and
 each watcher's own delay. First with 1 watcher (the baseline), then with W watchers (W - 1
@@ -31,7 +31,7 @@ from bench.agent_fanin import WAIT_S, agent_channels, percentile, start_fleet_ch
 from llmgw.agent.v1 import agent_pb2
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
-from tests.support.scripted_agent import ScriptedAgent
+from llmgw.testing.scripted_agent import ScriptedAgent
 
 KINDS = fleet_pb2.WatchReplicasResponse
 MODEL = "watched"

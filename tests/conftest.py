@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.range_server import RangeServer
+from llmgw.testing.range_server import RangeServer
 
 
 @pytest.fixture

@@ -1,78 +1,21 @@
 """The demo's Hugging Face-shaped repo: a small Llama's config.json and one safetensors file
 with a real header over sparse (zero) tensor data.
 
-The file is never written: `SparseFile` makes its bytes on demand, so a repo of a
-billion-parameter model costs a few kilobytes. The planner reads the config through
+The file is never written: a `SparseFile` (llmgw.testing.content) makes its bytes on demand,
+so a repo of a billion-parameter model costs a few kilobytes. The planner reads the config through
 `huggingface_hub` and the weights' size from the safetensors header, as it would from the Hub.
 """
 
 from __future__ import annotations
 
 import json
-import struct
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llmgw.testing.content import Content, safetensors_file
+
 REPO = "llmgw-demo/tiny-llama"
 WEIGHTS_FILE = "model.safetensors"
-
-# Bytes of one element of each safetensors dtype the demo uses (the format's own table).
-DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4}
-
-
-@dataclass(frozen=True)
-class SparseFile:
-    """A file made of `head` followed by zeros up to `size` bytes, generated when read."""
-
-    head: bytes
-    size: int
-
-    def read(self, start: int, end: int) -> bytes:
-        """Bytes [start, end) of the file (clamped to its size)."""
-        end = min(end, self.size)
-        if start >= end:
-            return b""
-        head = self.head[start:end]
-        return head + bytes(end - start - len(head))
-
-
-Content = bytes | SparseFile
-
-
-def content_size(content: Content) -> int:
-    """A file's size in bytes."""
-    return content.size if isinstance(content, SparseFile) else len(content)
-
-
-def read_content(content: Content, start: int, end: int) -> bytes:
-    """Bytes [start, end) of a file."""
-    if isinstance(content, SparseFile):
-        return content.read(start, end)
-    return content[start:end]
-
-
-def safetensors_file(tensors: Mapping[str, tuple[str, Sequence[int]]]) -> SparseFile:
-    """A safetensors file for `tensors` ({name: (dtype, shape)}): the 8-byte little-endian
-    header length, the JSON header padded with spaces to 8 bytes (as the format's writer
-    pads it), then each tensor's bytes at its `data_offsets`, all zeros."""
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for name, (dtype, shape) in tensors.items():
-        count = 1
-        for dim in shape:
-            count *= dim
-        size = count * DTYPE_BYTES[dtype]
-        header[name] = {
-            "dtype": dtype,
-            "shape": list(shape),
-            "data_offsets": [offset, offset + size],
-        }
-        offset += size
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    head = struct.pack("<Q", len(text)) + text
-    return SparseFile(head=head, size=len(head) + offset)
 
 
 @dataclass(frozen=True)
@@ -140,5 +83,5 @@ def demo_repo(config: LlamaConfig | None = None) -> dict[str, Content]:
     return {
         "config.json": json.dumps(c.config_json(), indent=2).encode(),
         "generation_config.json": json.dumps({"bos_token_id": 1, "eos_token_id": 2}).encode(),
-        WEIGHTS_FILE: safetensors_file(c.tensors()),
+        WEIGHTS_FILE: safetensors_file(c.tensors(), metadata={"format": "pt"}),
     }

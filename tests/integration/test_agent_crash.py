@@ -10,13 +10,9 @@ from pathlib import Path
 from fleet_svc.agent.backoff import RestartLimit
 from fleet_svc.agent.config import standin_engine
 from llmgw.agent.v1 import agent_pb2
-from tests.support.fake_fleet import (
-    assert_eventually,
-    fast_config,
-    running_agent,
-    running_fake_fleet,
-    spec,
-)
+from llmgw.testing.eventually import assert_eventually
+from llmgw.testing.fake_fleet import running_fake_fleet, spec
+from tests.support.agents import fast_config, running_agent
 
 STARTING = agent_pb2.PROCESS_PHASE_STARTING
 HEALTHY = agent_pb2.PROCESS_PHASE_HEALTHY

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from fleet_svc.agent import claims
 from llmgw.agent.v1 import agent_pb2
-from tests.support.fake_fleet import FakeFleet, assert_eventually, running_fake_fleet, spec
+from llmgw.testing.eventually import assert_eventually
+from llmgw.testing.fake_fleet import FakeFleet, running_fake_fleet, spec
 
 ROOT = Path(__file__).resolve().parents[2]
 HEALTHY = agent_pb2.PROCESS_PHASE_HEALTHY
@@ -123,7 +124,13 @@ async def test_left_replicas_are_adopted_by_the_next_agent(tmp_path: Path) -> No
                 assert replica.replica_id == "r1" and replica.pid == up.pid
                 version = fleet.desire(spec("r1"))
                 await assert_eventually(lambda: fleet.ack(version), timeout_s=10)
-                await asyncio.sleep(0.5)
+                # The agent decides what to start and stop before it acks a desired set, and
+                # a Hello lists every replica it has, stopping ones too: the Hello after a
+                # reconnect shows whether it started or stopped anything for this set.
+                fleet.drop()
+                await assert_eventually(lambda: len(fleet.hellos) == 3, timeout_s=20)
+                listed = [(r.replica_id, r.pid) for r in fleet.hellos[2].replicas]
+                assert listed == [("r1", up.pid)], "no second process"
                 later = fleet.updates[updates_before:]
                 assert all(u.pid in (0, up.pid) for u in later), "no second process"
                 code, _ = await stop_agent(proc)

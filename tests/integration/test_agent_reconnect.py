@@ -11,7 +11,9 @@ from structlog.testing import capture_logs
 
 from fleet_svc.agent import claims
 from llmgw.agent.v1 import agent_pb2
-from tests.support.fake_fleet import assert_eventually, running_agent, running_fake_fleet, spec
+from llmgw.testing.eventually import assert_eventually
+from llmgw.testing.fake_fleet import running_fake_fleet, spec
+from tests.support.agents import running_agent
 
 HEALTHY = agent_pb2.PROCESS_PHASE_HEALTHY
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import signal
@@ -17,13 +16,9 @@ from fleet_svc.agent.admission import ArgRules
 from fleet_svc.agent.config import EngineConfig
 from fleet_svc.agent.replica import Phase
 from llmgw.agent.v1 import agent_pb2
-from tests.support.fake_fleet import (
-    assert_eventually,
-    fast_config,
-    running_agent,
-    running_fake_fleet,
-    spec,
-)
+from llmgw.testing.eventually import assert_eventually
+from llmgw.testing.fake_fleet import running_fake_fleet, spec
+from tests.support.agents import fast_config, running_agent
 
 HEALTHY = agent_pb2.PROCESS_PHASE_HEALTHY
 STOPPED = agent_pb2.PROCESS_PHASE_STOPPED
@@ -62,7 +57,7 @@ async def test_desired_replica_runs_healthy_and_answers(tmp_path: Path) -> None:
 
 async def test_same_desired_again_starts_nothing_twice(tmp_path: Path) -> None:
     """Sending the same (replica, revision) again leaves the running process alone."""
-    async with running_fake_fleet() as (fleet, port), running_agent(port, tmp_path):
+    async with running_fake_fleet() as (fleet, port), running_agent(port, tmp_path) as agent:
         await assert_eventually(lambda: fleet.streams)
         fleet.desire(spec("r1"))
         first = await assert_eventually(
@@ -71,8 +66,11 @@ async def test_same_desired_again_starts_nothing_twice(tmp_path: Path) -> None:
         seen = len(fleet.updates)
         again = fleet.desire(spec("r1"))
         await assert_eventually(lambda: fleet.ack(again))
-        await asyncio.sleep(0.5)
-        assert len(fleet.updates) == seen, "no replica changed"
+        # The agent decides what to start and stop before it acks a desired set, and its
+        # replica set lists stopping replicas too: a restart would show here already.
+        observed = [(o.spec.replica_id, o.pid, o.phase) for o in agent.replicas.observed()]
+        assert observed == [("r1", first.pid, Phase.HEALTHY)], "no replica changed"
+        assert len(fleet.updates) == seen
         assert claims.process_alive(first.pid)
 
 

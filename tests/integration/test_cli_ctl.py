@@ -15,9 +15,9 @@ import yaml
 
 from fleet_svc.domain.nodes import Liveness
 from llmgw.fleet.v1 import fleet_pb2
-from tests.support.fleet import assert_eventually
+from llmgw.testing.eventually import assert_eventually
+from llmgw.testing.scripted_agent import ScriptedAgent
 from tests.support.fleet import running_fleet as _running_fleet
-from tests.support.scripted_agent import ScriptedAgent
 
 # Heartbeats every 0.5 s, NOT_READY after 5 s of silence: each `llmgw ctl` run starts a Python
 # process on the tests' 2 shared cores, which must not make the scripted node look silent.

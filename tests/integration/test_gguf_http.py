@@ -14,19 +14,19 @@ import httpx
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
+from llmgw.testing.range_server import RangeServer
 from planner_svc.domain.errors import InvalidShape, SourceUnreachable
 from planner_svc.domain.gguf_shape import shape_from_gguf
-from planner_svc.sources.gguf_http import ArraySummary, GGUFHeader, read_gguf_header
+from planner_svc.sources.gguf_header import ArraySummary, GGUFHeader
+from planner_svc.sources.gguf_http import read_gguf_header
 from tests.support.gguf_files import (
     TensorSpec,
     WrittenGGUF,
     llama_tensors,
-    raw_prefix,
-    raw_string,
     tokenizer_kv,
     write_gguf,
 )
-from tests.support.range_server import RangeServer
+from tests.support.gguf_hostile import HOSTILE_HEADERS
 
 GB = 10**9
 # The bound DESIGN.md §4 asks for: bytes fetched stay within a small factor of the header.
@@ -225,114 +225,6 @@ def valid_small(path: Path) -> WrittenGGUF:
     )
 
 
-def kv(key: str, vtype: GGUFValueType, payload: bytes) -> bytes:
-    """One raw KV pair."""
-    return raw_string(key) + struct.pack("<I", vtype) + payload
-
-
-ARCH_KV = kv("general.architecture", GGUFValueType.STRING, raw_string("llama"))
-U32 = GGUFValueType.UINT32
-
-
-def tensor_info(name: str, dims: list[int], ggml_type: int, offset: int = 0) -> bytes:
-    """One raw tensor info."""
-    packed_dims = b"".join(struct.pack("<Q", d) for d in dims)
-    return (
-        raw_string(name)
-        + struct.pack("<I", len(dims))
-        + packed_dims
-        + struct.pack("<IQ", ggml_type, offset)
-    )
-
-
-HOSTILE: list[tuple[str, bytes, str]] = [
-    ("empty", b"", "truncated"),
-    ("garbage", bytes(range(256)) * 64, "not a GGUF file"),
-    ("bad-magic", b"GGML" + bytes(60), "not a GGUF file"),
-    ("html", b"<!DOCTYPE html><html>" + bytes(100), "web page"),
-    ("version-1", raw_prefix(version=1), "v1"),
-    ("version-4", raw_prefix(version=4), "version 4"),
-    ("big-endian", raw_prefix(version=3 << 24), "big-endian"),
-    ("key-length-2^60", raw_prefix(kv_count=1) + struct.pack("<Q", 2**60), "string of"),
-    (
-        "value-length-2^60",
-        raw_prefix(kv_count=1) + kv("general.name", GGUFValueType.STRING, struct.pack("<Q", 2**60)),
-        "string of",
-    ),
-    (
-        "array-count-2^62",
-        raw_prefix(kv_count=1)
-        + kv("llama.attention.head_count_kv", GGUFValueType.ARRAY, struct.pack("<IQ", U32, 2**62)),
-        "items in",
-    ),
-    (
-        "string-array-count-2^61",
-        raw_prefix(kv_count=1)
-        + kv(
-            "tokenizer.ggml.tokens",
-            GGUFValueType.ARRAY,
-            struct.pack("<IQ", GGUFValueType.STRING, 2**61),
-        ),
-        "strings in",
-    ),
-    ("tensor-count-2^40", raw_prefix(tensor_count=2**40), "tensors"),
-    # Within every bound, but the file ends long before 2^19 tensor infos.
-    ("tensor-count-past-eof", raw_prefix(tensor_count=2**19), "truncated"),
-    ("kv-count-2^40", raw_prefix(kv_count=2**40), "key/value pairs"),
-    (
-        "unknown-value-type",
-        raw_prefix(kv_count=1) + raw_string("general.x") + struct.pack("<I", 99),
-        "unknown type 99",
-    ),
-    (
-        "nested-array",
-        raw_prefix(kv_count=1)
-        + kv("general.x", GGUFValueType.ARRAY, struct.pack("<IQ", GGUFValueType.ARRAY, 1)),
-        "nests arrays",
-    ),
-    ("duplicate-key", raw_prefix(kv_count=2) + ARCH_KV + ARCH_KV, "repeats key"),
-    (
-        "alignment-not-power-of-2",
-        raw_prefix(kv_count=1) + kv("general.alignment", U32, struct.pack("<I", 48)),
-        "power of two",
-    ),
-    (
-        "alignment-wrong-type",
-        raw_prefix(kv_count=1)
-        + kv("general.alignment", GGUFValueType.UINT64, struct.pack("<Q", 32)),
-        "not UINT32",
-    ),
-    (
-        "five-dimensions",
-        raw_prefix(tensor_count=1, kv_count=1) + ARCH_KV + tensor_info("t", [1] * 5, 0),
-        "5 dimensions",
-    ),
-    (
-        "unknown-tensor-type",
-        raw_prefix(tensor_count=1, kv_count=1) + ARCH_KV + tensor_info("t", [32], 77),
-        "ggml type 77",
-    ),
-    (
-        "row-not-whole-blocks",
-        raw_prefix(tensor_count=1, kv_count=1) + ARCH_KV + tensor_info("t", [33], 8),
-        "not a multiple",
-    ),
-    (
-        "overflowing-shape",
-        raw_prefix(tensor_count=1, kv_count=1) + ARCH_KV + tensor_info("t", [2**62, 2**62], 0),
-        "impossible shape",
-    ),
-    (
-        "gapped-offsets",
-        raw_prefix(tensor_count=2, kv_count=1)
-        + ARCH_KV
-        + tensor_info("a", [32], 0, 0)
-        + tensor_info("b", [32], 0, 4096),
-        "starts at data offset",
-    ),
-]
-
-
 @pytest.fixture(params=["path", "http"])
 def via(request: pytest.FixtureRequest) -> str:
     """Read from disk or over HTTP."""
@@ -345,7 +237,7 @@ async def read(via: str, path: Path, server: RangeServer) -> GGUFHeader:
 
 
 @pytest.mark.parametrize(
-    ("content", "fragment"), [h[1:] for h in HOSTILE], ids=[h[0] for h in HOSTILE]
+    ("content", "fragment"), [h[1:] for h in HOSTILE_HEADERS], ids=[h[0] for h in HOSTILE_HEADERS]
 )
 async def test_hostile_headers_are_refused_cheaply(
     via: str, tmp_path: Path, range_server: RangeServer, content: bytes, fragment: str

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 from huggingface_hub.utils import _http as hf_http
 
+from llmgw.testing.hub import HFServer
 from planner_svc.domain.errors import InvalidShape, SourceUnreachable
 from planner_svc.sources.hf_hub import fetch_hf_model, weight_bytes_from_files
 from tests.support.hf_repos import (
@@ -28,7 +29,6 @@ from tests.support.hf_repos import (
     QWEN_7B,
     QWEN_7B_WEIGHTS_BYTES,
 )
-from tests.support.hf_server import HFServer
 
 pytest_plugins = ("tests.support.hf_fixtures",)
 

@@ -39,10 +39,11 @@ from llmgw.engines.llamacpp import (
     settings_from_args,
 )
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+from llmgw.testing.eventually import assert_eventually
 from planner_svc.domain.gguf_shape import shape_from_gguf
 from planner_svc.sources.gguf_http import read_gguf_header
 from tests.oracle.llamacpp_run import parse_log, printed_mib
-from tests.support.fleet import assert_eventually, running_fleet
+from tests.support.fleet import running_fleet
 from tests.support.gguf_files import (
     TensorSpec,
     llama_tensors,

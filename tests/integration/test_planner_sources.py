@@ -12,11 +12,11 @@ from grpc_status import rpc_status
 
 from llmgw.common.v1 import common_pb2
 from llmgw.planner.v1 import planner_pb2
+from llmgw.testing.hub import HFServer
+from llmgw.testing.range_server import RangeServer
 from tests.support.gguf_files import llama_tensors, tokenizer_kv, write_gguf
 from tests.support.hf_repos import LLAMA_1B
-from tests.support.hf_server import HFServer
 from tests.support.planner import running_planner
-from tests.support.range_server import RangeServer
 
 pytest_plugins = ("tests.support.hf_fixtures",)
 

@@ -16,10 +16,10 @@ import grpc
 
 from llmgw.agent.v1 import agent_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+from llmgw.testing.eventually import assert_eventually
+from llmgw.testing.scripted_agent import ScriptedAgent
 from tests.integration.test_rollouts import vllm_model
-from tests.support.fleet import assert_eventually
 from tests.support.planner import running_planner
-from tests.support.scripted_agent import ScriptedAgent
 
 
 @contextmanager

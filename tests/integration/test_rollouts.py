@@ -17,9 +17,10 @@ from fleet_svc.server import FleetServer
 from llmgw.agent.v1 import agent_pb2
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
-from tests.support.fleet import assert_eventually, running_fleet
+from llmgw.testing.eventually import assert_eventually
+from llmgw.testing.scripted_agent import ScriptedAgent
+from tests.support.fleet import running_fleet
 from tests.support.planner import running_planner
-from tests.support.scripted_agent import ScriptedAgent
 
 READY = fleet_pb2.REPLICA_PHASE_READY
 H100 = 81559 << 20

@@ -20,8 +20,9 @@ import pytest
 from fleet_svc.server import FleetServer
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+from llmgw.testing.eventually import assert_eventually
 from tests.integration.test_rollouts import LLAMA_8B, Prober, reason_and_meta, wait_rollout
-from tests.support.fleet import assert_eventually, running_fleet
+from tests.support.fleet import running_fleet
 from tests.support.planner import running_planner
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,8 @@ import pytest
 from fleet_svc.server import FleetServer
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
-from tests.support.fleet import assert_eventually, running_fleet
+from llmgw.testing.eventually import assert_eventually
+from tests.support.fleet import running_fleet
 
 Opener = Callable[[grpc.aio.Channel, float | None], AsyncIterator[object]]
 

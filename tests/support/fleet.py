@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -45,32 +45,3 @@ async def running_fleet(
     finally:
         await channel.close()
         await server.stop(grace_s=0.5)
-
-
-async def assert_eventually(
-    check: Callable[[], Awaitable[bool]] | Callable[[], bool],
-    *,
-    timeout_s: float = 10.0,
-    every_s: float = 0.05,
-    what: str = "the condition",
-) -> None:
-    """Poll `check` until it holds, failing with `what` after `timeout_s`."""
-    import asyncio
-    import inspect
-
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        result = check()
-        if inspect.isawaitable(result):
-            # A check that hangs (an RPC with no answer) fails here, not at the test timeout.
-            left = max(deadline - loop.time(), 0.5)
-            try:
-                result = await asyncio.wait_for(result, left)
-            except TimeoutError:
-                raise AssertionError(f"checking {what} hung for {left:.1f} s") from None
-        if result:
-            return
-        if loop.time() > deadline:
-            raise AssertionError(f"{what} did not hold within {timeout_s} s")
-        await asyncio.sleep(every_s)

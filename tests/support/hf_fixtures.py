@@ -1,4 +1,4 @@
-"""pytest fixtures for the Hugging Face-shaped server (tests/support/hf_server.py).
+"""pytest fixtures for the Hugging Face-shaped server (llmgw/testing/hub.py).
 
 `hf_server_factory(repos, gated=...)` starts a server and points the process at it;
 `hf_server` is one with tests/support/hf_repos.py's `default_repos()` and its gated repo
@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants
 
+from llmgw.testing.content import Content
+from llmgw.testing.hub import HFServer
 from tests.support.hf_repos import GATED, GATED_TOKEN, default_repos
-from tests.support.hf_server import Content, HFServer
 
 
 def point_hub_at(monkeypatch: pytest.MonkeyPatch, endpoint: str, home: Path) -> None:

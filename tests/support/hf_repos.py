@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.support.hf_server import Content, SparseFile, safetensors_file
+from llmgw.testing.content import Content, SparseFile, safetensors_file
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "hf"
 

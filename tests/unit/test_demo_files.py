@@ -11,8 +11,10 @@ import httpx
 import pytest
 from huggingface_hub import HfApi, hf_hub_download
 
-from llmgw.demo.files import DemoFileServer, parse_range
+from llmgw.demo.files import DemoFileServer
 from llmgw.demo.hf_repo import REPO, WEIGHTS_FILE, LlamaConfig, demo_repo
+from llmgw.testing.content import content_size
+from llmgw.testing.http import UNSATISFIABLE, parse_range
 
 
 @pytest.fixture
@@ -32,16 +34,20 @@ def server(tmp_path: Path) -> Iterator[DemoFileServer]:
         ("bytes=0-99", 1000, (0, 100)),
         ("bytes=900-", 1000, (900, 1000)),
         ("bytes=-10", 1000, (990, 1000)),
+        ("bytes=-5000", 1000, (0, 1000)),
         ("bytes=990-5000", 1000, (990, 1000)),
-        ("bytes=1000-", 1000, None),
+        ("bytes=1000-", 1000, UNSATISFIABLE),
+        ("bytes=-0", 1000, UNSATISFIABLE),
+        ("bytes=0-", 0, UNSATISFIABLE),
         ("bytes=5-4", 1000, None),
         ("bytes=-", 1000, None),
         ("bytes=0-1,5-6", 1000, None),
         ("items=0-1", 1000, None),
     ],
 )
-def test_parse_range(header: str, size: int, want: tuple[int, int] | None) -> None:
-    """A single byte range is clamped to the file; an unsatisfiable one is None."""
+def test_parse_range(header: str, size: int, want: object) -> None:
+    """A single byte range is clamped to the file; one past its end is unsatisfiable; a header
+    that is not one valid byte range is None (a server may ignore it)."""
     assert parse_range(header, size) == want
 
 
@@ -60,6 +66,18 @@ def test_file_served_whole_and_by_ranges(server: DemoFileServer) -> None:
     assert past.headers["content-range"] == "bytes */1000"
     head = httpx.head(url)
     assert (head.status_code, head.headers["content-length"], head.content) == (200, "1000", b"")
+
+
+def test_malformed_ranges(server: DemoFileServer) -> None:
+    """A Range header that is not one byte range gets the whole file from the folder (as a CDN
+    may answer) and 416 from the Hub, as the Hub stand-in has always answered it."""
+    data = bytes(range(250)) * 4
+    whole = httpx.get(server.file_url("m.gguf"), headers={"Range": "bytes=5-4"})
+    assert (whole.status_code, whole.content) == (200, data)
+    config = f"{server.url}/{REPO}/resolve/main/config.json"
+    size = content_size(demo_repo()["config.json"])
+    hub = httpx.get(config, headers={"Range": "bytes=5-4"})
+    assert (hub.status_code, hub.headers["content-range"]) == (416, f"bytes */{size}")
 
 
 def test_files_outside_the_folder_are_not_served(server: DemoFileServer) -> None:

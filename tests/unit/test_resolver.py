@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from llmgw.testing.hub import HFServer
 from planner_svc.domain.errors import InvalidShape, SourceUnreachable
 from planner_svc.sources.resolver import ShapeResolver
 from tests.support.hf_repos import FIXTURES, LLAMA_1B, LLAMA_1B_WEIGHTS_BYTES
-from tests.support.hf_server import HFServer
 
 pytest_plugins = ("tests.support.hf_fixtures",)
 

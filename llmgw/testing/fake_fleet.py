@@ -1,7 +1,7 @@
 """A scriptable fleet for agent tests: a real grpc.aio AgentService on 127.0.0.1:0.
 
 It records what agents send (Hellos, Acks, replica updates, heartbeats) and lets a test push
-desired sets and drop streams; and `running_agent` runs a real node agent in-process against it.
+desired sets and drop streams; the agent under test is a real one, in-process or its own process.
 """
 
 from __future__ import annotations
@@ -9,36 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
-from fleet_svc.agent.backoff import Backoff, RestartLimit
-from fleet_svc.agent.cards import StandinCards, parse_gpu_spec
-from fleet_svc.agent.client import AgentClient, NodeIdentity
-from fleet_svc.agent.config import AgentConfig, standin_engine
-from fleet_svc.agent.replicas import ReplicaSet
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
-
-T = TypeVar("T")
-
-
-async def assert_eventually(
-    check: Callable[[], T | None], timeout_s: float = 10.0, what: str = "the condition"
-) -> T:
-    """Poll `check` until it returns something truthy; that value. Fails after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not hold within {timeout_s} s")
-        await asyncio.sleep(0.05)
 
 
 @dataclass
@@ -199,61 +177,6 @@ async def running_fake_fleet(port: int = 0, **kwargs: Any) -> AsyncIterator[tupl
         yield fleet, port
     finally:
         await server.stop(grace=0)
-
-
-def fast_config(**overrides: Any) -> AgentConfig:
-    """An agent config for tests: the stand-in as `standin` and as `vllm` (with vLLM's
-    argument refusals), checked every 0.1 s, restarted after 0.2, 0.4, 0.8 … s."""
-    settings: dict[str, Any] = {
-        "engines": {"standin": standin_engine("standin"), "vllm": standin_engine("vllm")},
-        "health_interval_s": 0.1,
-        "health_timeout_s": 1.0,
-        "unhealthy_after": 2,
-        "restart_backoff": Backoff(base_s=0.2, factor=2.0, cap_s=1.0, jitter=0.0),
-        "restart_limit": RestartLimit(max_crashes=3, window_s=60.0),
-    }
-    settings.update(overrides)
-    return AgentConfig(**settings)
-
-
-# Reconnect quickly in tests: 0.1 s, 0.2 s, then every 0.4 s.
-FAST_RECONNECT = Backoff(base_s=0.1, factor=2.0, cap_s=0.4, jitter=0.0)
-
-
-@dataclass
-class Agent:
-    """A node agent running in-process."""
-
-    client: AgentClient
-    replicas: ReplicaSet
-    state_dir: Path
-    task: asyncio.Task[None]
-
-
-@asynccontextmanager
-async def running_agent(
-    port: int,
-    state_dir: Path,
-    gpus: str = "2xH100-80GB",
-    config: AgentConfig | None = None,
-    node: str = "node-1",
-    reconnect: Backoff = FAST_RECONNECT,
-) -> AsyncIterator[Agent]:
-    """Run a real agent (stand-in cards, the stream client, real engine processes) against
-    the fleet on `port`; on exit stop its replicas and wait until they are gone."""
-    cards = StandinCards(parse_gpu_spec(gpus), state_dir)
-    replicas = ReplicaSet(config or fast_config(), cards, state_dir)
-    client = AgentClient(
-        f"127.0.0.1:{port}", NodeIdentity(node, {"zone": "test"}), replicas, backoff=reconnect
-    )
-    task = asyncio.create_task(client.run())
-    try:
-        yield Agent(client, replicas, state_dir, task)
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await replicas.aclose(stop_replicas=True)
 
 
 def spec(
