@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from google.protobuf import json_format
-from google.protobuf.message import Message
+from google.protobuf.message import Message as Message  # any answer, for code printing it
 
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2
@@ -20,6 +20,7 @@ from llmgw.planner.v1 import planner_pb2
 
 # The messages callers hold (answers of the clients, values they send).
 Model = common_pb2.Model
+Profile = common_pb2.Profile
 Inventory = common_pb2.Inventory
 ContextChange = common_pb2.ContextChange
 GPUsChange = common_pb2.GPUsChange
@@ -33,6 +34,8 @@ ReplicaEvent = fleet_pb2.WatchReplicasResponse
 DescribeModelAnswer = planner_pb2.DescribeModelResponse
 SizeContextAnswer = planner_pb2.SizeContextResponse
 PlanGPUsAnswer = planner_pb2.PlanGPUsResponse
+SetGPUsAnswer = fleet_pb2.SetGPUsResponse
+SetContextAnswer = fleet_pb2.SetContextResponse
 
 
 class InvalidValue(ValueError):
@@ -101,6 +104,8 @@ MessageT = TypeVar("MessageT", bound=Message)
 
 
 def _parse(data: Mapping[str, Any], into: MessageT) -> MessageT:
+    if not isinstance(data, Mapping):
+        raise InvalidValue(f"a {into.DESCRIPTOR.name} is a mapping, not {type(data).__name__}")
     try:
         return json_format.ParseDict(dict(data), into)
     except json_format.ParseError as exc:

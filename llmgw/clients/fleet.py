@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from types import TracebackType
 from typing import TypeVar
 
@@ -149,7 +149,7 @@ class FleetClient:
             lambda: self._stub.ListReplicas(request, timeout=self.timeout_s, metadata=self.metadata)
         )
 
-    def watch_replicas(self, model: str = "") -> Iterator[ReplicaEvent]:
+    def watch_replicas(self, model: str = "") -> Generator[ReplicaEvent, None, None]:
         """The ready endpoints, then SYNCED, then each change, until the stream ends or the
         iterator is closed (which cancels the stream). Not resumed when it drops."""
         stream = self._stub.WatchReplicas(
@@ -268,7 +268,9 @@ class FleetClient:
             lambda: self._stub.UndoRollout(request, timeout=self.timeout_s, metadata=self.metadata)
         )
 
-    def watch_rollout(self, rollout_id: str, after_seq: int = 0) -> Iterator[RolloutEvent]:
+    def watch_rollout(
+        self, rollout_id: str, after_seq: int = 0
+    ) -> Generator[RolloutEvent, None, None]:
         """A rollout's events after `after_seq`, until it ends.
 
         A stream that drops with UNAVAILABLE is opened again after RECONNECT_S, resuming
