@@ -39,6 +39,7 @@ UNREACHABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEAD
 """Codes that mean no answer came."""
 RETRIED_CODES = frozenset({grpc.StatusCode.UNAVAILABLE})
 """Codes a unary call is tried again on (see the module's docstring for why only this one)."""
+_RETRIED_NAMES = frozenset(c.name for c in RETRIED_CODES)
 RETRY_ATTEMPTS = 3
 """Attempts of a unary call in all, the first included."""
 RETRY_BACKOFF_S = (0.1, 0.3)
@@ -121,9 +122,11 @@ def decode(err: grpc.RpcError, service: str, address: str) -> Unreachable | Refu
     return Refused(reason=reason, message=details, metadata=metadata, code=code.name, status=status)
 
 
-def retried(err: grpc.RpcError) -> bool:
-    """Whether a unary call that failed with `err` is tried again."""
-    return _code(err) in RETRIED_CODES
+def retried(failure: grpc.RpcError | ClientError) -> bool:
+    """Whether a call that failed so is tried again: UNAVAILABLE only."""
+    if isinstance(failure, ClientError):
+        return isinstance(failure, Unreachable) and failure.code in _RETRIED_NAMES
+    return _code(failure) in RETRIED_CODES
 
 
 def _code(err: grpc.RpcError) -> grpc.StatusCode:

@@ -19,7 +19,7 @@ from typing import TypeVar
 import grpc
 
 from llmgw.clients.convert import Model, ReplicaEvent, Rollout, RolloutEvent
-from llmgw.clients.errors import Unreachable, call, decode, retried, translated
+from llmgw.clients.errors import Unreachable, call, retried, translated
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 
 SERVICE = "fleet"
@@ -289,16 +289,17 @@ class FleetClient:
                 metadata=self.metadata,
             )
             try:
-                for event in stream:
-                    seq = event.seq
-                    failing_since = None
-                    yield event
+                with translated(SERVICE, self.address):
+                    for event in stream:
+                        seq = event.seq
+                        failing_since = None
+                        yield event
                 return
-            except grpc.RpcError as err:
+            except Unreachable as failure:
                 now = self._monotonic()
                 failing_since = now if failing_since is None else failing_since
-                if not retried(err) or now - failing_since >= RESUME_FOR_S:
-                    raise decode(err, SERVICE, self.address) from err
+                if not retried(failure) or now - failing_since >= RESUME_FOR_S:
+                    raise
             finally:
                 stream.cancel()
             self._sleep(RECONNECT_S)
