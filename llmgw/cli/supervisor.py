@@ -36,6 +36,8 @@ class Child:
     argv: list[str]
     log_path: Path
     stop_grace_s: float
+    parent: str = "llmgw up"
+    """Who started it, named in the line its log starts with."""
     proc: subprocess.Popen[bytes] | None = None
     address: str = ""
     log_file: TextIO | None = field(default=None, repr=False)
@@ -46,7 +48,7 @@ class Child:
         """Start it in its own session (a Ctrl-C at the terminal reaches the parent only, which
         stops the children in order), its stdout and stderr appended to its log."""
         self.log_file = self.log_path.open("a")
-        self.log_file.write(f"--- llmgw up: {' '.join(self.argv)}\n")
+        self.log_file.write(f"--- {self.parent}: {' '.join(self.argv)}\n")
         self.log_file.flush()
         self.log_offset = self.log_file.tell()
         self.proc = subprocess.Popen(
@@ -156,13 +158,14 @@ def wait_listening(child: Child, timeout_s: float, stop: threading.Event) -> str
 class Supervisor:
     """The children of one parent, each logging to LOGS/NAME.log."""
 
-    def __init__(self, logs: Path) -> None:
+    def __init__(self, logs: Path, parent: str = "llmgw up") -> None:
         self.logs = logs
+        self.parent = parent
         self.children: list[Child] = []
 
     def start(self, name: str, argv: list[str], env: dict[str, str], grace_s: float) -> Child:
         """Start a child named `name` (its log: LOGS/NAME.log)."""
-        child = Child(name, argv, self.logs / f"{name}.log", grace_s)
+        child = Child(name, argv, self.logs / f"{name}.log", grace_s, self.parent)
         self.children.append(child)
         child.start(env)
         return child
