@@ -126,8 +126,12 @@ def run_command(opts: argparse.Namespace) -> int:
         print(f"llmgw: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except Unreachable as exc:
-        hint = _HINTS.get(exc.service)
-        print(f"llmgw: {exc}" + (f": {hint}" if hint else ""), file=sys.stderr)
+        if exc.reason is not None:
+            # The service answered: what it depends on did not; its message says which.
+            print(f"llmgw: the {exc.service} says ({exc.reason}): {exc.detail}", file=sys.stderr)
+        else:
+            hint = _HINTS.get(exc.service)
+            print(f"llmgw: {exc}" + (f": {hint}" if hint else ""), file=sys.stderr)
         return EXIT_UNREACHABLE
     except Refused as exc:
         text, info = refusal_text(exc)

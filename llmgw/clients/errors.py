@@ -7,7 +7,8 @@ decoding the `google.rpc.Status` and its `ErrorInfo` (written by `llmgw.rpcstatu
 
 Which codes mean what:
 - UNAVAILABLE and DEADLINE_EXCEEDED are `Unreachable`: no answer came (nothing listens, the
-  connection dropped, or the server took longer than the caller would wait).
+  connection dropped, or the server took longer than the caller would wait), or the server
+  says with a reason that a service behind it did not answer (the fleet's planner).
 - Every other code is `Refused`, INTERNAL included: a server answered. INTERNAL is a server's
   bug reported as such (`llmgw.rpcstatus.INTERNAL`); asking again asks the same bug.
 
@@ -55,19 +56,24 @@ class ClientError(Exception):
 
 @dataclass
 class Unreachable(ClientError):
-    """No answer came from the service at `address`; nothing is known to have changed.
+    """No answer came from the service at `address`, or it answered that what it depends on
+    did not (then `reason` is set); nothing is known to have changed.
 
     Attributes:
         address: HOST:PORT that was called.
-        detail: gRPC's own words for what happened (connection refused, deadline, ...).
+        detail: gRPC's own words for what happened (connection refused, deadline, ...), or
+            the service's message when it gave a reason.
         service: which service it is ("planner", "fleet"), for messages.
         code: UNAVAILABLE or DEADLINE_EXCEEDED.
+        reason: the ErrorInfo reason of a service that answered UNAVAILABLE itself (the fleet's
+            PLANNER_UNAVAILABLE: the planner behind it did not answer); None when nobody did.
     """
 
     address: str
     detail: str
     service: str = "service"
     code: str = "UNAVAILABLE"
+    reason: str | None = None
 
     def __post_init__(self) -> None:
         super().__init__(f"the {self.service} at {self.address} did not answer ({self.code})")
@@ -106,20 +112,25 @@ def decode(err: grpc.RpcError, service: str, address: str) -> Unreachable | Refu
     """
     code = _code(err)
     details = _details(err)
-    if code in UNREACHABLE_CODES:
-        return Unreachable(address=address, detail=details, service=service, code=code.name)
     status = _rich_status(err)
     if status is None:
         status = status_pb2.Status(code=code.value[0], message=details)
-    reason: str | None = None
-    metadata: dict[str, str] | None = None
+    reason, metadata = _error_info(status)
+    if code in UNREACHABLE_CODES:
+        return Unreachable(
+            address=address, detail=details, service=service, code=code.name, reason=reason
+        )
+    return Refused(reason=reason, message=details, metadata=metadata, code=code.name, status=status)
+
+
+def _error_info(status: status_pb2.Status) -> tuple[str | None, dict[str, str] | None]:
+    """The reason and metadata of the status's first ErrorInfo; (None, None) without one."""
     for detail in status.details:
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()
             detail.Unpack(info)
-            reason, metadata = info.reason, dict(info.metadata)
-            break
-    return Refused(reason=reason, message=details, metadata=metadata, code=code.name, status=status)
+            return info.reason, dict(info.metadata)
+    return None, None
 
 
 def retried(failure: grpc.RpcError | ClientError) -> bool:

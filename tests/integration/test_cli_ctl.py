@@ -401,3 +401,14 @@ async def test_model_gpus_is_followed_to_the_end_of_its_rollout(tmp_path: Path) 
             assert [e["seq"] for e in events[:-1]] == sorted(e["seq"] for e in events[:-1])
         finally:
             await agent.stop()
+
+
+async def test_a_change_while_the_planner_is_down_says_so(tmp_path: Path) -> None:
+    """With the fleet up and its planner not answering, `model gpus` exits 3 and names the
+    planner, not the fleet, as what did not answer."""
+    async with running_fleet(tmp_path) as (fleet, _stub):
+        await ctl(fleet.port, "model", "create", str(write_model(tmp_path / "m.yaml")))
+        run = await ctl(fleet.port, "model", "gpus", "qwen", "2", "--dry-run")
+    assert run.code == EXIT_UNREACHABLE, run.err
+    assert run.err.startswith("llmgw: the fleet says (PLANNER_UNAVAILABLE): the planner at")
+    assert "did not answer" in run.err

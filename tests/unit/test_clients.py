@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_status import rpc_status
 
 from llmgw.clients import AsyncPlannerClient, FleetClient, Refused, Unreachable
 from llmgw.clients.convert import model_from_data
@@ -20,6 +21,7 @@ from llmgw.clients.fleet import RECONNECT_S, RESUME_FOR_S
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
+from llmgw.rpcstatus import build_status
 from tests.support.planner import running_planner
 
 LLAMA_8B = model_from_data(
@@ -105,9 +107,10 @@ async def test_a_planner_that_is_not_there_is_unreachable() -> None:
 class FlakyPlanner(planner_pb2_grpc.PlannerServiceServicer):
     """A planner whose DescribeModel fails with `code` for its first `failures` calls."""
 
-    def __init__(self, code: grpc.StatusCode, failures: int) -> None:
+    def __init__(self, code: grpc.StatusCode, failures: int, reason: str = "") -> None:
         self.code = code
         self.failures = failures
+        self.reason = reason
         self.calls = 0
         self.port = 0
 
@@ -116,16 +119,21 @@ class FlakyPlanner(planner_pb2_grpc.PlannerServiceServicer):
     ) -> planner_pb2.DescribeModelResponse:
         """Fail on cue, then answer a fixed version."""
         self.calls += 1
+        if self.calls <= self.failures and self.reason:
+            status = build_status(self.code, self.reason, "test", f"failure {self.calls}", {})
+            await context.abort_with_status(rpc_status.to_status(status))
         if self.calls <= self.failures:
             await context.abort(self.code, f"failure {self.calls}")
         return planner_pb2.DescribeModelResponse(llamacpp_version="b1")
 
 
 @contextlib.asynccontextmanager
-async def flaky_planner(code: grpc.StatusCode, failures: int) -> AsyncIterator[FlakyPlanner]:
+async def flaky_planner(
+    code: grpc.StatusCode, failures: int, reason: str = ""
+) -> AsyncIterator[FlakyPlanner]:
     """A FlakyPlanner served on 127.0.0.1:PORT (its `port` attribute)."""
     # The RPCs it does not script answer UNIMPLEMENTED (the generated base class's).
-    servicer = FlakyPlanner(code, failures)  # type: ignore[abstract]
+    servicer = FlakyPlanner(code, failures, reason)  # type: ignore[abstract]
     server = grpc.aio.server()
     planner_pb2_grpc.add_PlannerServiceServicer_to_server(servicer, server)
     servicer.port = server.add_insecure_port("127.0.0.1:0")
@@ -167,6 +175,20 @@ async def test_only_unavailable_is_tried_again_and_only_so_often(
                     # A bare abort carries no ErrorInfo: no reason, not an empty one.
                     assert failure.reason is None and failure.metadata is None
         assert servicer.calls == calls
+
+
+async def test_unavailable_with_a_reason_is_the_dependency_behind_the_server() -> None:
+    """UNAVAILABLE sent with an ErrorInfo (a server whose own dependency did not answer) is
+    `Unreachable` carrying that reason and message, and retried like any UNAVAILABLE."""
+    async with (
+        flaky_planner(grpc.StatusCode.UNAVAILABLE, 9, "PLANNER_UNAVAILABLE") as servicer,
+        AsyncPlannerClient(f"127.0.0.1:{servicer.port}") as planner,
+    ):
+        with pytest.raises(Unreachable) as caught:
+            await planner.describe_model(planner_pb2.DescribeModelRequest(source="x"))
+    assert caught.value.reason == "PLANNER_UNAVAILABLE"
+    assert caught.value.detail == f"failure {RETRY_ATTEMPTS}"
+    assert servicer.calls == RETRY_ATTEMPTS
 
 
 class ScriptedFleet(fleet_pb2_grpc.FleetServiceServicer):
