@@ -19,7 +19,6 @@ from typing import Any, NoReturn
 
 from llmgw.clients import FleetClient, Refused, Unreachable
 
-EXIT_OK = 0
 EXIT_ERROR = 1
 """`llmgw up` could not go on, or a child of it exited."""
 EXIT_REFUSED = 2

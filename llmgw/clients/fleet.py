@@ -312,14 +312,14 @@ class FleetClient:
             Unreachable: it did not connect within `timeout_s`.
         """
         ready = grpc.channel_ready_future(self._channel)
-        deadline = time.monotonic() + timeout_s
+        deadline = self._monotonic() + timeout_s
         try:
             while not stop.is_set():
                 try:
                     ready.result(timeout=0.25)
                     return True
                 except grpc.FutureTimeoutError:
-                    if time.monotonic() > deadline:
+                    if self._monotonic() > deadline:
                         raise Unreachable(
                             address=self.address,
                             detail=f"could not connect within {timeout_s:.0f} s",
