@@ -1,5 +1,6 @@
 """The Google error model for every llmgw server: a status with ErrorInfo and the details
-that fit, and the decorator that turns a service's exceptions into it."""
+that fit, and the decorator that turns a service's exceptions into it. Callers read it back
+in one place, llmgw.clients.errors."""
 
 from __future__ import annotations
 

@@ -30,6 +30,7 @@ from fleet_svc.agent.convert import (
 from fleet_svc.agent.replica import Observation
 from fleet_svc.agent.replicas import ReplicaSet
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
+from llmgw.clients.errors import Refused, Unreachable, translated_async
 
 log = structlog.get_logger("fleet_svc.agent.client")
 
@@ -139,13 +140,21 @@ class AgentClient:
         attempt = 0
         while True:
             try:
-                await self._session()
+                async with translated_async("fleet", self.fleet):
+                    await self._session()
                 self._log.info("stream_ended", welcomed=self._welcomed_last)
-            except grpc.aio.AioRpcError as exc:
+            except Unreachable as exc:
+                self._log.info(
+                    "stream_lost", code=exc.code, detail=exc.detail, welcomed=self._welcomed_last
+                )
+            except Refused as exc:
+                # The fleet ended the stream with a status (a Hello it cannot read, a
+                # session replaced by a newer one): its code and message say which.
                 self._log.info(
                     "stream_lost",
-                    code=exc.code().name,
-                    detail=exc.details(),
+                    code=exc.code,
+                    detail=exc.message,
+                    reason=exc.reason,
                     welcomed=self._welcomed_last,
                 )
             except TimeoutError:

@@ -22,9 +22,12 @@ from fleet_svc.agent.admission import REFUSAL_TABLES, ArgRules
 from fleet_svc.agent.backoff import Backoff, RestartLimit
 from fleet_svc.agent.replica import ReplicaSpec
 
+# How llama-server is found (the operator's $LLMGW_LLAMA_SERVER, PATH, the build cache) is
+# shared with `llmgw up`; the agent's callers import it from here.
+from llmgw.llama_server import LLAMA_SERVER_ENV as LLAMA_SERVER_ENV
+from llmgw.llama_server import find_llama_server as find_llama_server
+
 STANDIN_MODULE = "fleet_svc.standin"
-# Where an operator may point the agent at a llama-server build without a config file.
-LLAMA_SERVER_ENV = "LLMGW_LLAMA_SERVER"
 
 PLACEHOLDERS = frozenset(
     {"model", "port", "host", "args", "source", "source_args", "engine", "replica_id", "profile"}
@@ -365,32 +368,6 @@ def missing_executables(config: AgentConfig) -> dict[str, str]:
         for name, e in config.engines.items()
         if not (os.path.isfile(e.program[0]) and os.access(e.program[0], os.X_OK))
     }
-
-
-def find_llama_server(
-    env: Mapping[str, str] = os.environ,
-    which: Callable[[str], str | None] = shutil.which,
-    cache: Path | None = None,
-) -> str | None:
-    """llama-server's path: $LLMGW_LLAMA_SERVER when set, else PATH's, else the build cache's.
-
-    Args:
-        env: the environment to read $LLMGW_LLAMA_SERVER from.
-        which: how PATH is searched.
-        cache: where `make llama-server` (scripts/build_llama_server.sh) puts its build;
-            default ~/.cache/llmgw/llama.cpp/bin/llama-server.
-    Returns:
-        An executable's path, or None. A $LLMGW_LLAMA_SERVER that names no executable finds
-        none: the build an operator named is not silently replaced by another one.
-    """
-    told = env.get(LLAMA_SERVER_ENV, "")
-    if told:
-        return told if os.path.isfile(told) and os.access(told, os.X_OK) else None
-    on_path = which("llama-server")
-    if on_path:
-        return on_path
-    built = cache or Path.home() / ".cache" / "llmgw" / "llama.cpp" / "bin" / "llama-server"
-    return str(built) if built.is_file() and os.access(built, os.X_OK) else None
 
 
 def standin_engine(name: str, family: str | None = None) -> EngineConfig:

@@ -18,6 +18,7 @@ from llmgw.fleet.v1 import fleet_pb2
 from llmgw.testing.eventually import assert_eventually
 from llmgw.testing.scripted_agent import ScriptedAgent
 from tests.support.fleet import running_fleet as _running_fleet
+from tests.support.planner import running_planner
 
 # Heartbeats every 0.5 s, NOT_READY after 5 s of silence: each `llmgw ctl` run starts a Python
 # process on the tests' 2 shared cores, which must not make the scripted node look silent.
@@ -328,8 +329,8 @@ async def test_bad_usage_exits_64(tmp_path: Path) -> None:
 
 
 async def test_apply_commands_are_under_ctl(tmp_path: Path) -> None:
-    """`model gpus|context` and `rollout ...` (llmgw.cli.apply) run under `llmgw ctl` with its
-    --fleet, and their refusals exit 2 with the reason."""
+    """`model gpus|context` and `rollout ...` (llmgw.cli.ctl_model, llmgw.cli.ctl_rollout) run
+    under `llmgw ctl` with its --fleet, and their refusals exit 2 with the reason."""
     async with running_fleet(tmp_path) as (fleet, _stub):
         rollouts = await ctl(fleet.port, "rollout", "list", "--json")
         assert rollouts.code == 0, rollouts.err
@@ -337,3 +338,77 @@ async def test_apply_commands_are_under_ctl(tmp_path: Path) -> None:
         missing = await ctl(fleet.port, "model", "context", "nope", "8192", "--dry-run")
         assert missing.code == EXIT_REFUSED, missing.err
         assert "MODEL_NOT_FOUND" in missing.err
+
+
+# Llama-3.1-8B's shape (32 heads, 8 KV heads of 128; tests/fixtures/hf), given inline so the
+# planner reads no source.
+LLAMA_8B_SHAPE = {
+    "architecture": "llama",
+    "layers": 32,
+    "attention_heads": 32,
+    "kv_heads": 8,
+    "head_dim_k": 128,
+    "head_dim_v": 128,
+    "trained_context": 131072,
+    "weights_bytes": 16060522496,
+}
+
+
+async def test_model_gpus_is_followed_to_the_end_of_its_rollout(tmp_path: Path) -> None:
+    """`model gpus` prints the planner's change, follows the rollout it started to its end
+    (exit 0, the last line its state), and `rollout list|status|watch` show that rollout."""
+    path = write_model(tmp_path / "m.yaml")
+    data = yaml.safe_load(path.read_text())
+    data["shape"] = LLAMA_8B_SHAPE
+    path.write_text(yaml.safe_dump(data))
+    async with (
+        running_planner() as (planner, _p, _c),
+        _running_fleet(tmp_path, liveness=PATIENT, planner=f"127.0.0.1:{planner.port}") as (
+            fleet,
+            stub,
+        ),
+    ):
+        agent = ScriptedAgent(f"127.0.0.1:{fleet.port}", "node-a", gpus=4)
+        agent.start()
+        try:
+            assert (await ctl(fleet.port, "model", "create", str(path))).code == 0
+
+            async def ready() -> bool:
+                rs = (await stub.ListReplicas(fleet_pb2.ListReplicasRequest())).replicas
+                return len(rs) == 1 and rs[0].phase == fleet_pb2.REPLICA_PHASE_READY
+
+            await assert_eventually(ready, timeout_s=30, what="a READY replica")
+            run = await ctl(fleet.port, "model", "gpus", "qwen", "2")
+            assert run.code == 0, run.err
+            lines = run.out.splitlines()
+            assert lines[0] == "qwen: 2 cards a replica"
+            started = next(line for line in lines if line.startswith("rollout ro"))
+            rollout_id = started.split()[1]
+            assert started.endswith("started (1 replica)")
+            assert f"rollout {rollout_id} of qwen (gpus, beside): succeeded" in run.out
+
+            listed = (await ctl(fleet.port, "rollout", "list", "--json")).json()
+            assert isinstance(listed, list)
+            assert [(r["id"], r["state"]) for r in listed] == [
+                (rollout_id, "ROLLOUT_STATE_SUCCEEDED")
+            ]
+            status = await ctl(fleet.port, "rollout", "status", rollout_id)
+            assert status.code == 0 and "succeeded" in status.out.splitlines()[0]
+            watched = await ctl(fleet.port, "rollout", "watch", rollout_id, "--json")
+            assert watched.code == 0, watched.err
+            events = [json.loads(line) for line in watched.out.splitlines()]
+            assert events[-1]["state"] == "ROLLOUT_STATE_SUCCEEDED"
+            assert [e["seq"] for e in events[:-1]] == sorted(e["seq"] for e in events[:-1])
+        finally:
+            await agent.stop()
+
+
+async def test_a_change_while_the_planner_is_down_says_so(tmp_path: Path) -> None:
+    """With the fleet up and its planner not answering, `model gpus` exits 3 and names the
+    planner, not the fleet, as what did not answer."""
+    async with running_fleet(tmp_path) as (fleet, _stub):
+        await ctl(fleet.port, "model", "create", str(write_model(tmp_path / "m.yaml")))
+        run = await ctl(fleet.port, "model", "gpus", "qwen", "2", "--dry-run")
+    assert run.code == EXIT_UNREACHABLE, run.err
+    assert run.err.startswith("llmgw: the fleet says (PLANNER_UNAVAILABLE): the planner at")
+    assert "did not answer" in run.err

@@ -24,8 +24,10 @@ import grpc
 import httpx
 import pytest
 
-from llmgw.cli.up import LLAMA_SERVER_CACHE, LLAMA_SERVER_ENV, gpu_class_of, port_taken
-from llmgw.common.v1 import common_pb2
+from llmgw.cli.supervisor import port_taken
+from llmgw.cli.up import gpu_class_of
+from llmgw.clients import FleetClient
+from llmgw.clients.convert import Model
 from llmgw.demo.catalog import (
     CALLER,
     GGUF_MODEL,
@@ -34,6 +36,7 @@ from llmgw.demo.catalog import (
     example_models,
 )
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+from llmgw.llama_server import LLAMA_SERVER_CACHE, LLAMA_SERVER_ENV
 from tests.support.fleet import running_fleet
 
 
@@ -367,12 +370,11 @@ async def test_example_catalog_is_created_once_and_left_to_its_editors(tmp_path:
     """Loading the example catalog twice creates it once; a model `llmgw up` wrote last is
     brought up to date (a new file server port); one someone else changed is kept."""
     models = example_models(gguf_source="http://127.0.0.1:1/files/x.gguf", gpu_class="H100-80GB")
-    async with running_fleet(tmp_path) as (fleet, _stub):
-        with grpc.insecure_channel(f"127.0.0.1:{fleet.port}") as channel:
-            stub = fleet_pb2_grpc.FleetServiceStub(channel)
+    async with running_fleet(tmp_path) as (fleet, stub):
+        with FleetClient(f"127.0.0.1:{fleet.port}", caller=CALLER) as client:
 
-            def load(ms: list[common_pb2.Model]) -> list[str]:
-                return ensure_example_catalog(stub, ms)
+            def load(ms: list[Model]) -> list[str]:
+                return ensure_example_catalog(client, ms)
 
             assert await asyncio.to_thread(load, models) == [
                 f"created {GGUF_MODEL}",
@@ -388,10 +390,10 @@ async def test_example_catalog_is_created_once_and_left_to_its_editors(tmp_path:
             )
             edited = fleet_pb2.UpdateModelRequest(model=moved[1], etag="1")
             edited.model.context_length = 4096
-            await asyncio.to_thread(stub.UpdateModel, edited, metadata=(("x-llmgw-caller", "ops"),))
+            await stub.UpdateModel(edited, metadata=(("x-llmgw-caller", "ops"),))
             assert await asyncio.to_thread(load, moved) == [
                 f"updated {GGUF_MODEL} (its example settings changed)",
                 f"kept {HF_MODEL} (revision 2, by ops)",
             ]
-            got = await asyncio.to_thread(stub.GetModel, fleet_pb2.GetModelRequest(name=GGUF_MODEL))
+            got = await stub.GetModel(fleet_pb2.GetModelRequest(name=GGUF_MODEL))
             assert got.model.model.source == "http://127.0.0.1:2/files/x.gguf"

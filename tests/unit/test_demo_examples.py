@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fleet_svc.catalog import validate
 from fleet_svc.settings import read_settings
-from llmgw.cli.ctl import read_model_file
+from llmgw.cli.inputs import read_model_file
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 

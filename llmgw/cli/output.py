@@ -1,0 +1,219 @@
+"""How `llmgw` prints the services' answers for people: tables, ages, changes, shapes and
+rollouts. JSON for scripts is the answers' own (llmgw.clients.convert)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from llmgw.cli.common import GIB
+from llmgw.clients.convert import (
+    ContextChange,
+    GPUsChange,
+    Model,
+    ModelShape,
+    Profile,
+    Replica,
+    Rollout,
+    RolloutEvent,
+    enum_name,
+    enum_names,
+)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Rows in left-aligned columns under upper-case headers; the last column is not padded."""
+    cells = [[str(h).upper() for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        parts = [c.ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)]
+        lines.append("  ".join([*parts, row[-1]]).rstrip())
+    return "\n".join(lines)
+
+
+def short_name(message: Any, field: str, prefix: str) -> str:
+    """An enum field's value without its prefix: REPLICA_PHASE_READY -> READY."""
+    return enum_name(message, field).removeprefix(prefix)
+
+
+def age(ts: Any, now_s: float | None = None) -> str:
+    """How long ago a protobuf Timestamp was, for people: 42s, 3m, 5h, 2d; '-' when unset."""
+    seconds = ts.seconds + ts.nanos / 1e9
+    if seconds <= 0:
+        return "-"
+    delta = max(0.0, (time.time() if now_s is None else now_s) - seconds)
+    if delta < 120:
+        return f"{delta:.0f}s"
+    if delta < 7200:
+        return f"{delta / 60:.0f}m"
+    if delta < 172800:
+        return f"{delta / 3600:.0f}h"
+    return f"{delta / 86400:.0f}d"
+
+
+def when(ts: Any) -> str:
+    """A protobuf Timestamp as local ISO time to the second; '-' when unset."""
+    seconds = ts.seconds + ts.nanos / 1e9
+    if seconds <= 0:
+        return "-"
+    return dt.datetime.fromtimestamp(seconds).astimezone().isoformat(timespec="seconds")
+
+
+def gib(n: int) -> str:
+    """Bytes as GiB with one decimal."""
+    return f"{n / GIB:.1f}"
+
+
+def profiles_summary(model: Model) -> str:
+    """Each profile as name=engine×replicas."""
+    return ", ".join(f"{p.name}={p.engine}×{p.replicas}" for p in model.profiles) or "-"
+
+
+def cards_of(p: Profile) -> str:
+    """A profile's cards for people: `2×H100-80GB (tp 2)` or `CPU, 16 GB RAM`."""
+    if p.cpu_only or not p.gpu_class:
+        return f"CPU, {p.min_memory_gb} GB RAM" if p.min_memory_gb else "CPU"
+    count = max(p.gpus_per_node, p.tp, 1)
+    extra = [f"tp {p.tp}"] if p.tp else []
+    extra += [f"pp {p.pp}"] if p.pp else []
+    extra += [f"{p.nodes} nodes"] if p.nodes > 1 else []
+    return f"{count}×{p.gpu_class}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+REPLICA_HEADERS = (
+    "id",
+    "model",
+    "profile",
+    "node",
+    "cards",
+    "phase",
+    "address",
+    "restarts",
+    "age",
+    "reason",
+)
+
+
+def replica_rows(replicas: Sequence[Replica]) -> list[list[object]]:
+    """Replica table rows, in REPLICA_HEADERS' order."""
+    return [
+        [
+            r.id,
+            r.model,
+            r.profile,
+            r.node or "-",
+            ",".join(str(g) for g in r.gpus) or "-",
+            short_name(r, "phase", "REPLICA_PHASE_"),
+            r.address or "-",
+            r.restarts,
+            age(r.since),
+            r.reason or "",
+        ]
+        for r in replicas
+    ]
+
+
+def print_context_change(change: ContextChange) -> None:
+    """A context change for people: the new context, then each profile's change."""
+    print(f"{change.model}: context {change.before} -> {change.after} tokens", end="")
+    print(f" (max output {change.max_output}", end="")
+    print(f", trained {change.trained})" if change.trained else ")")
+    _print_profiles(change)
+
+
+def print_gpus_change(change: GPUsChange) -> None:
+    """A card-count change for people: the cards a replica, then each profile's change."""
+    print(f"{change.model}: {change.gpus} cards a replica")
+    _print_profiles(change)
+
+
+def _gib_text(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def _print_profiles(change: ContextChange | GPUsChange) -> None:
+    """Per profile, args before -> after and memory per card; then the change's note."""
+    for p in change.profiles:
+        print(f"  profile {p.profile} ({p.engine})")
+        if p.before or p.after:
+            print(f"    memory: {p.before or '?'} -> {p.after or '?'}")
+        if p.HasField("memory") and p.memory.cards:
+            m = p.memory
+            print(
+                f"    per card: {_gib_text(m.per_card_bytes)} of {_gib_text(m.budget_bytes)} "
+                f"budget (weights {_gib_text(m.weights_bytes)}, KV {_gib_text(m.kv_bytes)} a "
+                f"replica, {m.cards} card{'s' if m.cards != 1 else ''})"
+            )
+        print(f"    args: {' '.join(p.args_before) or '(none)'}")
+        print(f"       -> {' '.join(p.args) or '(none)'}")
+    if change.note:
+        print(f"  note: {change.note}")
+
+
+def print_shape(shape: ModelShape, version: str) -> None:
+    """A resolved shape for people."""
+    kinds: dict[str, int] = {}
+    for k in enum_names(shape, "layer_kinds"):
+        name = k.removeprefix("LAYER_KIND_").lower()
+        kinds[name] = kinds.get(name, 0) + 1
+    rows = [
+        ("architecture", shape.architecture),
+        ("format", shape.format),
+        ("layers", f"{shape.layers} ({', '.join(f'{v} {k}' for k, v in kinds.items())})"),
+        ("attention heads", shape.attention_heads),
+        ("KV heads", shape.kv_heads),
+        ("head dims (K/V)", f"{shape.head_dim_k}/{shape.head_dim_v}"),
+        ("sliding window", shape.sliding_window or "-"),
+        ("trained context", shape.trained_context or "unknown"),
+        ("weights", f"{shape.weights_bytes} B ({_gib_text(shape.weights_bytes)})"),
+        ("KV per token", f"{shape.kv_bytes_per_token} B"),
+        ("KV fixed (windows)", f"{shape.kv_bytes_fixed} B"),
+        ("state per sequence", f"{shape.state_bytes_per_sequence} B"),
+        ("llama.cpp modelled", version),
+    ]
+    for key, value in rows:
+        print(f"{key:>20}: {value}")
+    for note in shape.notes:
+        print(f"{'note':>20}: {note}")
+
+
+def rollout_state(ro: Rollout) -> str:
+    """A rollout's state for people: running, succeeded, failed, ..."""
+    return short_name(ro, "state", "ROLLOUT_STATE_").lower()
+
+
+def print_rollout(ro: Rollout) -> None:
+    """A rollout for people: state, revisions, a line per step, why it ended."""
+    strategy = short_name(ro, "strategy", "STRATEGY_").lower()
+    print(
+        f"rollout {ro.id} of {ro.model} ({ro.kind}, {strategy}): {rollout_state(ro)}, "
+        f"revision {ro.from_revision} -> {ro.to_revision}"
+    )
+    for s in ro.steps:
+        where = f" on {s.node} cards {','.join(map(str, s.gpus))}" if s.node else ""
+        print(
+            f"  [{s.profile}] {s.old_replica or '(new)'} -> {s.new_replica or '?'}"
+            f"{where}: {s.stage}{' ' + s.mode if s.mode else ''}"
+        )
+    if ro.reason:
+        print(f"  reason: {ro.reason}")
+    for line in ro.log_tail:
+        print(f"  | {line}")
+
+
+def event_line(ev: RolloutEvent) -> str:
+    """One rollout event for people: when, what, which replica on which node and cards."""
+    at = time.strftime("%H:%M:%S", time.localtime(ev.at.seconds))
+    where = ""
+    if ev.node:
+        where = f" on {ev.node}"
+        if ev.gpus:
+            where += f" cards {','.join(map(str, ev.gpus))}"
+    who = f" {ev.replica_id}" if ev.replica_id else ""
+    how = f" ({ev.mode})" if ev.mode else ""
+    profile = f" [{ev.profile}]" if ev.profile else ""
+    msg = f": {ev.message}" if ev.message else ""
+    return f"{at} {ev.kind.replace('_', ' ')}{profile}{who}{where}{how}{msg}"

@@ -1,0 +1,103 @@
+"""`llmgw plan describe|context|gpus`: ask a running planner; nothing changes.
+
+The planner's address comes from --planner or $LLMGW_PLANNER. Human output by default,
+`--json` for scripts. Exit codes: 0 done, 2 refused by the planner (the reason is printed),
+3 the planner could not be reached, 64 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from llmgw.cli.common import DEFAULT_PLANNER
+from llmgw.cli.inputs import inventory_from_args, model_from_args
+from llmgw.cli.output import print_context_change, print_gpus_change, print_shape
+from llmgw.clients import PlannerClient
+from llmgw.clients.convert import as_json
+
+
+def _planner(opts: argparse.Namespace) -> PlannerClient:
+    return PlannerClient(opts.planner, timeout_s=opts.timeout)
+
+
+def describe(opts: argparse.Namespace) -> int:
+    """`plan describe SOURCE`: a model's resolved shape."""
+    with _planner(opts) as planner:
+        answer = planner.describe_model(opts.source)
+    if opts.json:
+        print(as_json(answer))
+    else:
+        print_shape(answer.shape, answer.llamacpp_version)
+    return 0
+
+
+def context(opts: argparse.Namespace) -> int:
+    """`plan context MODEL TOKENS`: the change a new context would make."""
+    model, inventory = model_from_args(opts), inventory_from_args(opts)
+    with _planner(opts) as planner:
+        answer = planner.size_context(model, opts.tokens, slots=opts.slots, inventory=inventory)
+    if opts.json:
+        print(as_json(answer))
+    else:
+        print_context_change(answer.change)
+    return 0
+
+
+def gpus(opts: argparse.Namespace) -> int:
+    """`plan gpus MODEL N`: the change N cards a replica would make."""
+    model, inventory = model_from_args(opts), inventory_from_args(opts)
+    with _planner(opts) as planner:
+        answer = planner.plan_gpus(
+            model, opts.gpus, profile=opts.profile or "", inventory=inventory
+        )
+    if opts.json:
+        print(as_json(answer))
+    else:
+        print_gpus_change(answer.change)
+    return 0
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "model",
+        help="a model file (YAML/JSON, the catalog's shape) or a source (GGUF URL/path, hf://)",
+    )
+    p.add_argument("--name", help="the model's name (default: from the source)")
+    p.add_argument("--engine", default="vllm", help="engine of the one profile (with a source)")
+    p.add_argument("--gpu-class", default="H100-80GB", help="card class of the profile")
+    p.add_argument("--cards", type=int, default=1, help="cards a replica uses now")
+    p.add_argument("--cpu", action="store_true", help="the profile runs on CPUs")
+    p.add_argument("--arg", action="append", help="an engine argument (repeat)")
+    p.add_argument("--context", type=int, help="the context served now, in tokens")
+    p.add_argument("--node", action="append", help="inventory node COUNTxCLASS[:MEMGiB]")
+    p.add_argument("--inventory", help="inventory file (YAML/JSON: {nodes: [...]})")
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add `plan` and its commands to the `llmgw` parser's subcommands."""
+    plan: argparse.ArgumentParser = sub.add_parser("plan", help="ask the planner (nothing changes)")
+    plan.add_argument(
+        "--planner",
+        default=os.environ.get("LLMGW_PLANNER", DEFAULT_PLANNER),
+        help="planner address HOST:PORT (env LLMGW_PLANNER; default %(default)s)",
+    )
+    plan.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for an answer")
+    plan.add_argument("--json", action="store_true", help="print the answer as JSON")
+    psub = plan.add_subparsers(dest="plan_cmd", required=True)
+    cmd = psub.add_parser("describe", help="a model's resolved shape")
+    cmd.add_argument("source", help="GGUF URL or path, or hf://ORG/NAME[@REVISION]")
+    cmd.set_defaults(run=describe)
+    cmd = psub.add_parser("context", help="size a new context")
+    _model_flags(cmd)
+    cmd.add_argument("tokens", type=int, help="tokens one request may use")
+    cmd.add_argument("--slots", type=int, default=0, help="llama.cpp slots (0 keeps)")
+    cmd.add_argument("--profile", help="name of the profile made from the flags")
+    cmd.set_defaults(run=context)
+    cmd = psub.add_parser("gpus", help="plan N cards a replica")
+    _model_flags(cmd)
+    cmd.add_argument("gpus", type=int, help="cards of one node each replica uses")
+    cmd.add_argument("--profile", help="only this profile (default: every GPU profile)")
+    cmd.set_defaults(run=gpus)
+    return plan

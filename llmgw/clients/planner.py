@@ -1,0 +1,164 @@
+"""The planner's clients: `PlannerClient` (blocking, for the command line) and
+`AsyncPlannerClient` (grpc.aio, for the fleet). Both fail with `Unreachable` or `Refused`
+(llmgw.clients.errors), retrying UNAVAILABLE only; every planner call is a read."""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+import grpc
+
+from llmgw.clients.convert import (
+    DescribeModelAnswer,
+    Inventory,
+    Model,
+    PlanGPUsAnswer,
+    SizeContextAnswer,
+)
+from llmgw.clients.errors import call, call_async
+from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
+
+SERVICE = "planner"
+DEFAULT_TIMEOUT_S = 60.0
+"""How long a call waits for its answer: a cold Hugging Face fetch behind DescribeModel can be
+slow."""
+
+
+class PlannerClient:
+    """The planner at `address`, called from blocking code. Close it (or use `with`).
+
+    Args:
+        address: HOST:PORT.
+        timeout_s: how long each call waits for its answer.
+    """
+
+    def __init__(self, address: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(address)
+        self._stub = planner_pb2_grpc.PlannerServiceStub(self._channel)
+
+    def describe_model(self, source: str) -> DescribeModelAnswer:
+        """A model's resolved shape, from its source (GGUF URL or path, hf://ORG/NAME)."""
+        request = planner_pb2.DescribeModelRequest(source=source)
+        return call(
+            lambda: self._stub.DescribeModel(request, timeout=self.timeout_s),
+            SERVICE,
+            self.address,
+        )
+
+    def size_context(
+        self, model: Model, tokens: int, *, slots: int = 0, inventory: Inventory | None = None
+    ) -> SizeContextAnswer:
+        """The change serving `tokens` a request would make to `model`'s profiles."""
+        request = planner_pb2.SizeContextRequest(
+            model=model, tokens=tokens, slots=slots, inventory=inventory
+        )
+        return call(
+            lambda: self._stub.SizeContext(request, timeout=self.timeout_s),
+            SERVICE,
+            self.address,
+        )
+
+    def plan_gpus(
+        self, model: Model, gpus: int, *, profile: str = "", inventory: Inventory | None = None
+    ) -> PlanGPUsAnswer:
+        """The change `gpus` cards a replica would make to `model`'s GPU profiles (or to
+        `profile` alone)."""
+        request = planner_pb2.PlanGPUsRequest(
+            model=model, gpus=gpus, profile=profile, inventory=inventory
+        )
+        return call(
+            lambda: self._stub.PlanGPUs(request, timeout=self.timeout_s),
+            SERVICE,
+            self.address,
+        )
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def __enter__(self) -> PlannerClient:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class AsyncPlannerClient:
+    """The planner at `address`, called from asyncio code (the fleet's SetContext and
+    SetGPUs). It takes the requests whole: the fleet fills them from its catalog and inventory.
+
+    Args:
+        address: HOST:PORT.
+        timeout_s: how long each call waits for its answer.
+    """
+
+    def __init__(self, address: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = planner_pb2_grpc.PlannerServiceStub(self._channel)
+
+    async def size_context(
+        self, request: planner_pb2.SizeContextRequest
+    ) -> planner_pb2.SizeContextResponse:
+        """SizeContext.
+
+        Raises:
+            Unreachable, Refused: as llmgw.clients.errors says.
+        """
+        answer = await call_async(
+            lambda: self._stub.SizeContext(request, timeout=self.timeout_s),
+            SERVICE,
+            self.address,
+        )
+        return answer
+
+    async def plan_gpus(self, request: planner_pb2.PlanGPUsRequest) -> planner_pb2.PlanGPUsResponse:
+        """PlanGPUs.
+
+        Raises:
+            Unreachable, Refused: as llmgw.clients.errors says.
+        """
+        answer = await call_async(
+            lambda: self._stub.PlanGPUs(request, timeout=self.timeout_s),
+            SERVICE,
+            self.address,
+        )
+        return answer
+
+    async def describe_model(
+        self, request: planner_pb2.DescribeModelRequest
+    ) -> planner_pb2.DescribeModelResponse:
+        """DescribeModel.
+
+        Raises:
+            Unreachable, Refused: as llmgw.clients.errors says.
+        """
+        answer = await call_async(
+            lambda: self._stub.DescribeModel(request, timeout=self.timeout_s),
+            SERVICE,
+            self.address,
+        )
+        return answer
+
+    async def close(self) -> None:
+        """Close the channel."""
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncPlannerClient:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
