@@ -12,24 +12,24 @@ from typing import Any, Protocol
 
 import structlog
 
+from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.control import (
     Assign,
     Create,
     Forget,
     Hold,
     Move,
-    ProfileWant,
-    ReplicaState,
     Retire,
     plan_actions,
 )
 from fleet_svc.domain.nodes import Card, Liveness, NodePhase, NodeView, node_phase
 from fleet_svc.domain.phases import RUNNING, IllegalTransition, ReplicaPhase, check_transition
+from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.rollout import Event, Rollout
 from fleet_svc.domain.rollout import advance as advance_rollout
 from fleet_svc.domain.rollout import cancel as cancel_rollout
-from fleet_svc.rollouts import load_rollout, rollout_record
-from fleet_svc.store.base import ReplicaRecord, Store
+from fleet_svc.store.base import Store
+from fleet_svc.store.rows import load_rollout, replica_of, replica_record, rollout_record
 from fleet_svc.watch import EndpointEvent, EndpointHub
 
 log = structlog.get_logger(__name__)
@@ -143,25 +143,7 @@ class Controller:
         """Replicas the fleet accepted before a restart; their nodes are unknown until their
         agents say hello (and are lost if they never do)."""
         for rec in self._store.list_replicas():
-            meta = rec.spec.get("_fleet", {}) if isinstance(rec.spec.get("_fleet"), dict) else {}
-            spec = {k: v for k, v in rec.spec.items() if k != "_fleet"}
-            self.state.replicas[rec.id] = ReplicaState(
-                id=rec.id,
-                model=rec.model,
-                profile=rec.profile,
-                revision=rec.revision,
-                phase=P(rec.phase) if rec.phase in P.__members__ else P.PENDING,
-                node=rec.node,
-                gpus=tuple(rec.gpus),
-                reason=rec.reason,
-                address=rec.address,
-                restarts=rec.restarts,
-                since_s=rec.since,
-                attempt=int(meta.get("attempt", 1)),
-                ram_bytes=int(meta.get("ram_bytes", 0)),
-                retire=bool(meta.get("retire", False)),
-                spec=spec,
-            )
+            self.state.replicas[rec.id] = replica_of(rec)
             if rec.node and rec.node not in self.state.nodes:
                 self.state.nodes[rec.node] = NodeView(name=rec.node, last_heard_s=self._started_s)
         for stored in self._store.list_rollouts():
@@ -184,29 +166,10 @@ class Controller:
         """
         if not self._unsaved:
             return
-        puts = [self._record(r) for r in self._unsaved.values() if r is not None]
+        puts = [replica_record(r) for r in self._unsaved.values() if r is not None]
         deletes = [rid for rid, r in self._unsaved.items() if r is None]
         self._unsaved = {}
         self._store.write_replicas(puts, deletes)
-
-    @staticmethod
-    def _record(r: ReplicaState) -> ReplicaRecord:
-        spec = dict(r.spec)
-        spec["_fleet"] = {"attempt": r.attempt, "ram_bytes": r.ram_bytes, "retire": r.retire}
-        return ReplicaRecord(
-            id=r.id,
-            model=r.model,
-            profile=r.profile,
-            revision=r.revision,
-            node=r.node,
-            gpus=r.gpus,
-            phase=r.phase.value,
-            reason=r.reason,
-            address=r.address,
-            restarts=r.restarts,
-            since=r.since_s,
-            spec=spec,
-        )
 
     # -- the one place replicas change -----------------------------------------------------
 

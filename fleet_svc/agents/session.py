@@ -13,9 +13,9 @@ import structlog
 from google.protobuf import timestamp_pb2
 
 from fleet_svc.controller import Controller, Observed, Rejection
-from fleet_svc.domain.control import ReplicaState
 from fleet_svc.domain.nodes import Card, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
+from fleet_svc.domain.replicas import ReplicaState
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
 
 log = structlog.get_logger(__name__)
@@ -64,16 +64,15 @@ def observed_of(msg: agent_pb2.ObservedReplica) -> Observed | None:
 
 def spec_of(r: ReplicaState) -> agent_pb2.ReplicaSpec:
     """What the agent is told of a replica: an engine by name, its args and cards."""
-    args = r.spec.get("args", [])
     return agent_pb2.ReplicaSpec(
         replica_id=r.id,
         revision=r.revision,
         model=r.model,
         profile=r.profile,
-        engine=str(r.spec.get("engine", "")),
-        args=[str(a) for a in args] if isinstance(args, list) else [],
+        engine=r.spec.engine,
+        args=list(r.spec.args),
         gpus=list(r.gpus),
-        source=str(r.spec.get("source", "")),
+        source=r.spec.source,
     )
 
 

@@ -3,51 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
+from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import HOLDS_CARDS, ReplicaPhase
 from fleet_svc.domain.placement import Placement, Want, card_key, free_cards, place
+from fleet_svc.domain.replicas import ReplicaState
 
 P = ReplicaPhase
 
 MAX_ATTEMPTS = 3
 """Times a profile's replica is placed again after it FAILED before the fleet stops trying
 (until the model changes)."""
-
-
-@dataclass(frozen=True)
-class ProfileWant:
-    """A model's profile as the controller needs it: how many replicas, on what, run how."""
-
-    model: str
-    profile: str
-    revision: int
-    replicas: int
-    want: Want
-    spec: Mapping[str, object] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ReplicaState:
-    """A replica the fleet keeps: where it runs, its phase and why."""
-
-    id: str
-    model: str
-    profile: str
-    revision: int
-    phase: ReplicaPhase = P.PENDING
-    node: str = ""
-    gpus: tuple[int, ...] = ()
-    reason: str = ""
-    address: str = ""
-    restarts: int = 0
-    since_s: float = 0.0
-    attempt: int = 1
-    ram_bytes: int = 0
-    spec: Mapping[str, object] = field(default_factory=dict)
-    retire: bool = False
-    """Wanted gone: drained (if it was ready), then stopped."""
 
 
 @dataclass(frozen=True)
@@ -191,9 +159,8 @@ def plan_actions(
                         profile=w.profile,
                         revision=w.revision,
                         since_s=now_s,
-                        attempt=attempts + 1,
                         ram_bytes=w.want.ram_bytes,
-                        spec=w.spec,
+                        spec=replace(w.spec, attempt=attempts + 1),
                         reason="waiting for a node",
                     )
                 )
@@ -240,9 +207,8 @@ def _placements(
         want = want_of.get((r.model, r.profile))
         if want is None or r.retire:
             continue
-        prefer = r.spec.get("prefer_node")
-        if isinstance(prefer, str) and prefer:
-            want = replace(want, prefer=prefer)
+        if r.spec.prefer_node:
+            want = replace(want, prefer=r.spec.prefer_node)
         where = free.take(want) if not want.on_cpu else None
         if where is None:
             # Nothing fits (or a CPU replica): the full scan also says why.

@@ -6,12 +6,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
-from fleet_svc.domain.control import Action, Create, ProfileWant, ReplicaState, Retire, cards_in_use
+from fleet_svc.domain.catalog import ProfileWant
+from fleet_svc.domain.control import Action, Create, Retire, cards_in_use
 from fleet_svc.domain.nodes import NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Placement, Want, most_free, place
+from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
 
 P = ReplicaPhase
 
@@ -97,7 +98,7 @@ class Rollout:
     by: str = ""
     undo_of: str = ""
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
-    old_specs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    old_specs: Mapping[str, ReplicaSpec] = field(default_factory=dict)
     """Per profile, the spec of the revision rolled from: an in-place step that fails starts
     the old replica again with it."""
 
@@ -233,10 +234,7 @@ def cancel(
 def _new_replica(
     ro: Rollout, step: Step, want: ProfileWant, rid: str, now_s: float, prefer: str = ""
 ) -> ReplicaState:
-    spec = dict(want.spec)
-    spec["rollout"] = ro.id
-    if prefer:
-        spec["prefer_node"] = prefer
+    spec = replace(want.spec, rollout=ro.id, prefer_node=prefer)
     return ReplicaState(
         id=rid,
         model=ro.model,
@@ -402,8 +400,7 @@ def _end(
             spec = ro.old_specs.get(step.profile)
             if spec is not None:
                 rid = new_id()
-                restored = dict(spec)
-                restored["prefer_node"] = step.old_node
+                restored = replace(spec, prefer_node=step.old_node)
                 out.actions.append(
                     Create(
                         ReplicaState(
