@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -18,6 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from fleet_svc.agents.session import AgentServicer
 from fleet_svc.app import FleetApp
 from fleet_svc.catalog import Catalog
+from fleet_svc.clock import Clock, SystemClock
 from fleet_svc.controller import Controller
 from fleet_svc.domain.nodes import Liveness
 from fleet_svc.planner import Planner
@@ -89,7 +88,7 @@ class FleetServer:
         log.info("fleet_stopped", port=self.port)
 
 
-async def start_fleet(opts: FleetOptions, clock: Callable[[], float] = time.time) -> FleetServer:
+async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetServer:
     """Start a fleet: health NOT_SERVING until the store is open and the settings loaded."""
     server = grpc.aio.server(options=SERVER_OPTIONS)
     health_servicer = health.aio.HealthServicer()
@@ -101,7 +100,8 @@ async def start_fleet(opts: FleetOptions, clock: Callable[[], float] = time.time
         (FLEET_SERVICE, AGENT_SERVICE, "grpc.health.v1.Health", reflection.SERVICE_NAME), server
     )
     store = open_store(opts.store_url)
-    catalog = Catalog(store, clock)
+    clock = clock or SystemClock()
+    catalog = Catalog(store, clock.wall)
     if opts.settings_path:
         catalog.declare(declared_entries(opts.settings_path), opts.settings_path)
     controller = Controller(
@@ -115,7 +115,7 @@ async def start_fleet(opts: FleetOptions, clock: Callable[[], float] = time.time
     )
     catalog.on_change = controller.wake
     planner = GrpcPlanner(opts.planner)
-    app = FleetApp(catalog, controller, store, planner, clock)
+    app = FleetApp(catalog, controller, store, planner, clock.wall)
     fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetServicer(app, store, controller), server)
     agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(controller), server)
     port = server.add_insecure_port(opts.listen)

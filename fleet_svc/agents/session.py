@@ -12,10 +12,11 @@ import grpc
 import structlog
 from google.protobuf import timestamp_pb2
 
-from fleet_svc.controller import Controller, Observed, Rejection
+from fleet_svc.controller import Controller
 from fleet_svc.domain.nodes import Card, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState
+from fleet_svc.domain.reports import Observed, Rejection
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
 
 log = structlog.get_logger(__name__)

@@ -41,7 +41,11 @@ class ReplicaState:
     address: str = ""
     restarts: int = 0
     since_s: float = 0.0
-    """When it entered its phase, on the wall clock (shown to people, kept across restarts)."""
+    """When it entered its phase, on the wall clock (shown to people, kept across restarts);
+    the controller stamps it."""
+    entered_s: float = 0.0
+    """When it entered its phase, on the controller's monotonic clock: what durations (the
+    drain delay) and the order of replicas are measured by."""
     ram_bytes: int = 0
     retire: bool = False
     """Wanted gone: drained (if it was ready), then stopped."""

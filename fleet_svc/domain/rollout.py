@@ -75,6 +75,8 @@ class Step:
     gpus: tuple[int, ...] = ()
     old_node: str = ""
     started_s: float = 0.0
+    """When the step started, on the controller's monotonic clock (the start timeout counts
+    from it; a restarted fleet starts it again)."""
     message: str = ""
 
 
@@ -95,6 +97,7 @@ class Rollout:
     log_tail: tuple[str, ...] = ()
     created_s: float = 0.0
     updated_s: float = 0.0
+    """Wall-clock times, stamped by whoever stores the rollout (advance and cancel leave them)."""
     by: str = ""
     undo_of: str = ""
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
@@ -139,7 +142,7 @@ def plan_steps(
                 and not r.retire
                 and r.phase in (P.PENDING, P.STARTING, P.READY, P.CRASHED)
             ),
-            key=lambda r: (r.phase is not P.PENDING, r.since_s, r.id),
+            key=lambda r: (r.phase is not P.PENDING, r.entered_s, r.id),
         )
         steps.extend(Step(profile=w.profile, old_id=r.id, old_node=r.node) for r in old)
         steps.extend(Step(profile=w.profile) for _ in range(max(w.replicas - len(old), 0)))
@@ -203,7 +206,7 @@ def advance(
             steps[i] = _retiring(ro, step, want, replicas, now_s, new_id, out)
         if step.stage in (Stage.STARTING, Stage.RETIRING) and steps[i].stage is Stage.DONE:
             busy -= 1  # a step that finished frees its place for a waiting one this pass
-    ro = replace(ro, steps=tuple(steps), updated_s=now_s)
+    ro = replace(ro, steps=tuple(steps))
     if failure is not None:
         step, why = failure
         return _end(
@@ -240,7 +243,7 @@ def _new_replica(
         model=ro.model,
         profile=step.profile,
         revision=ro.to_revision,
-        since_s=now_s,
+        entered_s=now_s,
         ram_bytes=want.want.ram_bytes,
         spec=spec,
         reason=f"started by rollout {ro.id}",
@@ -408,7 +411,7 @@ def _end(
                             model=ro.model,
                             profile=step.profile,
                             revision=ro.from_revision,
-                            since_s=now_s,
+                            entered_s=now_s,
                             spec=restored,
                             reason=f"the old revision started again after rollout {ro.id}",
                         )
@@ -433,7 +436,5 @@ def _end(
         steps.append(replace(step, stage=stage))
     kind = "rollout_failed" if state is RolloutState.FAILED else "rollout_cancelled"
     out.events.append(Event(kind, message=reason))
-    ended = replace(
-        ro, steps=tuple(steps), state=state, reason=reason, log_tail=log_tail, updated_s=now_s
-    )
+    ended = replace(ro, steps=tuple(steps), state=state, reason=reason, log_tail=log_tail)
     return ended, out.actions, out.events

@@ -159,7 +159,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         replicas = list(state.replicas.values())
         return fleet_pb2.ListNodesResponse(
             nodes=[
-                convert.node(v, replicas, v.last_heard_s)
+                convert.node(v, replicas, self._controller.wall_of(v.last_heard_s))
                 for v in sorted(state.nodes.values(), key=lambda v: v.name)
             ]
         )
