@@ -87,5 +87,6 @@ def test_a_running_replica_holds_its_cards() -> None:
     """Every phase a node is told to run a replica in keeps its cards taken, and so does
     STOPPING (its process may not be gone); pending, stopped, failed and lost ones hold none."""
     assert RUNNING <= HOLDS_CARDS
-    assert (HOLDS_CARDS - RUNNING) == frozenset({P.STOPPING})
+    only_holding = HOLDS_CARDS - RUNNING
+    assert only_holding == {P.STOPPING}
     assert not HOLDS_CARDS & {P.PENDING, P.STOPPED, P.FAILED, P.LOST}
