@@ -1,4 +1,6 @@
-"""The fleet side of an agent's Connect stream: Hello in, desired sets and heartbeats out."""
+"""The fleet side of an agent's Connect stream: Hello in, desired sets and heartbeats out.
+The stream's edge: agent messages are converted here, and its refusals go through the fleet's
+one error table (fleet_svc.rpc.status)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,12 @@ import structlog
 from google.protobuf import timestamp_pb2
 
 from fleet_svc.controller import Controller
+from fleet_svc.domain import errors
 from fleet_svc.domain.nodes import Card, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.reports import Observed, Rejection
+from fleet_svc.rpc.status import stream_refusals_as_status
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
 
 log = structlog.get_logger(__name__)
@@ -106,6 +110,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     def __init__(self, controller: Controller) -> None:
         self._controller = controller
 
+    @stream_refusals_as_status
     async def Connect(
         self,
         request_iterator: AsyncIterator[agent_pb2.ConnectRequest],
@@ -115,17 +120,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         try:
             first = await asyncio.wait_for(anext(request_iterator), HELLO_TIMEOUT_S)
         except (TimeoutError, StopAsyncIteration):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "an agent's stream opens with Hello (node name, cards, replicas)",
-            )
-            return
+            raise errors.NoHello(
+                "an agent's stream opens with Hello (node name, cards, replicas)"
+            ) from None
         if first.WhichOneof("msg") != "hello" or not first.hello.node_name:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "an agent's stream opens with Hello naming its node",
-            )
-            return
+            raise errors.NoHello("an agent's stream opens with Hello naming its node")
         hello = first.hello
         node = hello.node_name
         link = StreamLink(node)
@@ -162,7 +161,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     await task
             self._controller.agent_disconnected(node, link)
         if link.closed_reason and not context.done():
-            await context.abort(grpc.StatusCode.ABORTED, link.closed_reason)
+            raise errors.StreamReplaced(link.closed_reason, node=node)
 
     async def _read(
         self, node: str, requests: AsyncIterator[agent_pb2.ConnectRequest], link: StreamLink

@@ -31,6 +31,8 @@ _TABLE: tuple[tuple[type[errors.FleetError], grpc.StatusCode, str], ...] = (
     (errors.NoRoomBeside, grpc.StatusCode.FAILED_PRECONDITION, "NO_ROOM_BESIDE"),
     (errors.RolloutNotFound, grpc.StatusCode.NOT_FOUND, "ROLLOUT_NOT_FOUND"),
     (errors.CannotUndo, grpc.StatusCode.FAILED_PRECONDITION, "CANNOT_UNDO"),
+    (errors.NoHello, grpc.StatusCode.INVALID_ARGUMENT, "NO_HELLO"),
+    (errors.StreamReplaced, grpc.StatusCode.ABORTED, "STREAM_REPLACED"),
     # The planner being down is not a refusal: nothing changed and a retry may succeed.
     (errors.PlannerUnavailable, grpc.StatusCode.UNAVAILABLE, "PLANNER_UNAVAILABLE"),
     (errors.FleetError, grpc.StatusCode.FAILED_PRECONDITION, "REFUSED"),
