@@ -13,14 +13,13 @@ from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import HOLDS_CARDS, ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.rollout import Rollout, Strategy
-from fleet_svc.rpc.planner import model_to_proto
 from fleet_svc.store.base import EventRecord
 from fleet_svc.watch import EndpointEvent
 from llmgw.agent.v1 import agent_pb2
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2
-from llmgw.model import InvalidValue
-from llmgw.rpc.common import model_from_proto
+from llmgw.model import InvalidValue, Inventory
+from llmgw.rpc.common import model_from_proto, profile_to_proto
 from llmgw.shape import InvalidShape
 
 
@@ -53,6 +52,50 @@ def entry_in(msg: common_pb2.Model) -> Entry:
         origin_repo=msg.origin.repo,
         origin_revision=msg.origin.revision,
         shape=shape,
+    )
+
+
+def model_to_proto(entry: Entry) -> common_pb2.Model:
+    """A catalog entry as the contract carries it (its shape as the caller wrote it)."""
+    m = entry.model
+    msg = common_pb2.Model(
+        name=m.name,
+        source=m.source,
+        context_length=m.context_length,
+        max_output=m.max_output,
+        profiles=[profile_to_proto(p) for p in m.profiles],
+    )
+    if entry.origin_repo or entry.origin_revision or m.files:
+        msg.origin.CopyFrom(
+            common_pb2.Origin(
+                repo=entry.origin_repo,
+                revision=entry.origin_revision,
+                files=[common_pb2.OriginFile(path=p, bytes=b) for p, b in m.files],
+            )
+        )
+    if entry.shape is not None:
+        msg.shape.CopyFrom(
+            json_format.ParseDict(
+                dict(entry.shape), common_pb2.ModelShape(), ignore_unknown_fields=True
+            )
+        )
+    return msg
+
+
+def inventory_to_proto(inventory: Inventory) -> common_pb2.Inventory:
+    """An inventory as the contract carries it."""
+    return common_pb2.Inventory(
+        nodes=[
+            common_pb2.InventoryNode(
+                name=n.name,
+                gpu_class=n.gpu_class,
+                gpus=n.gpus,
+                free_gpus=n.free_gpus,
+                gpu_memory_bytes=n.gpu_memory_bytes,
+                memory_bytes=n.memory_bytes,
+            )
+            for n in inventory.nodes
+        ]
     )
 
 

@@ -4,65 +4,20 @@ into them, and the one place a planner call's transport error is decided on."""
 from __future__ import annotations
 
 import grpc
-from google.protobuf import json_format
 from google.rpc import status_pb2
 from grpc_status import rpc_status
 
 from fleet_svc.domain import errors
 from fleet_svc.domain.catalog import Entry
 from fleet_svc.planner import Planned
+from fleet_svc.rpc.convert import inventory_to_proto, model_to_proto
 from fleet_svc.rpc.status import PlannerRefused
-from llmgw.common.v1 import common_pb2
 from llmgw.model import Inventory
 from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
-from llmgw.rpc.common import profile_from_proto, profile_to_proto
+from llmgw.rpc.common import profile_from_proto
 
 PLANNER_TIMEOUT_S = 60.0
 """How long the fleet waits for the planner (a cold Hugging Face fetch can be slow)."""
-
-
-def model_to_proto(entry: Entry) -> common_pb2.Model:
-    """A catalog entry as the contract carries it (its shape as the caller wrote it)."""
-    m = entry.model
-    msg = common_pb2.Model(
-        name=m.name,
-        source=m.source,
-        context_length=m.context_length,
-        max_output=m.max_output,
-        profiles=[profile_to_proto(p) for p in m.profiles],
-    )
-    if entry.origin_repo or entry.origin_revision or m.files:
-        msg.origin.CopyFrom(
-            common_pb2.Origin(
-                repo=entry.origin_repo,
-                revision=entry.origin_revision,
-                files=[common_pb2.OriginFile(path=p, bytes=b) for p, b in m.files],
-            )
-        )
-    if entry.shape is not None:
-        msg.shape.CopyFrom(
-            json_format.ParseDict(
-                dict(entry.shape), common_pb2.ModelShape(), ignore_unknown_fields=True
-            )
-        )
-    return msg
-
-
-def inventory_to_proto(inventory: Inventory) -> common_pb2.Inventory:
-    """An inventory as the contract carries it."""
-    return common_pb2.Inventory(
-        nodes=[
-            common_pb2.InventoryNode(
-                name=n.name,
-                gpu_class=n.gpu_class,
-                gpus=n.gpus,
-                free_gpus=n.free_gpus,
-                gpu_memory_bytes=n.gpu_memory_bytes,
-                memory_bytes=n.memory_bytes,
-            )
-            for n in inventory.nodes
-        ]
-    )
 
 
 class GrpcPlanner:

@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 from google.protobuf import json_format
 
-from fleet_svc.rpc.convert import entry_in
-from fleet_svc.rpc.planner import model_to_proto
+from fleet_svc.rpc.convert import entry_in, model_to_proto
 from fleet_svc.store.catalog_rows import entry_doc, entry_of_doc
 from llmgw.common.v1 import common_pb2
 
