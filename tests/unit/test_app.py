@@ -73,6 +73,8 @@ class ScriptedPlanner:
 
 
 class Link:
+    """A fake agent stream that drops what it is sent."""
+
     def send_desired(self, version: int, replicas: Sequence[ReplicaState]) -> None:
         pass
 
@@ -114,6 +116,7 @@ class Fleet:
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    """A fleet serving model m on one READY replica (revision 1)."""
     f = Fleet(tmp_path)
     f.app.create_model(ENTRY, "alice")
     f.serve()
@@ -122,6 +125,7 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
 
 
 def by(name: str = "bob", **options: object) -> ChangeOptions:
+    """Change options for a change `name` asks for."""
     return ChangeOptions(by=name, **options)  # type: ignore[arg-type]
 
 

@@ -78,6 +78,7 @@ class Fleet:
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    """A controller wanting one replica of m/gpu, no agent connected yet."""
     f = Fleet(tmp_path)
     yield f
     f.store.close()
