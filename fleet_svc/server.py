@@ -117,7 +117,7 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
     planner = GrpcPlanner(opts.planner)
     app = FleetApp(catalog, controller, store, planner, clock.wall)
     fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetServicer(app, store, controller), server)
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(controller), server)
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(controller, clock), server)
     port = server.add_insecure_port(opts.listen)
     await server.start()
     loop_task = asyncio.create_task(controller.run())

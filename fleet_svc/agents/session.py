@@ -14,6 +14,7 @@ import grpc
 import structlog
 from google.protobuf import timestamp_pb2
 
+from fleet_svc.clock import Clock
 from fleet_svc.controller import Controller
 from fleet_svc.domain import errors
 from fleet_svc.domain.nodes import Card, NodeView
@@ -107,8 +108,9 @@ class StreamLink:
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     """Serves Connect: one stream per node agent."""
 
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: Controller, clock: Clock) -> None:
         self._controller = controller
+        self._clock = clock
 
     @stream_refusals_as_status
     async def Connect(
@@ -200,7 +202,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         for seq in itertools.count(1):
             await asyncio.sleep(interval_s)
             now = timestamp_pb2.Timestamp()
-            now.GetCurrentTime()
+            now.FromNanoseconds(int(self._clock.wall() * 1e9))
             link.queue.put_nowait(
                 agent_pb2.ConnectResponse(heartbeat=agent_pb2.Heartbeat(seq=seq, sent_at=now))
             )
