@@ -1,67 +1,19 @@
-"""The catalog: models as revisions in the store, read-only where the settings file declares
-them, and the profiles' wanted replicas for the controller."""
+"""The catalog in the store: models as revisions, the ones the settings file declares, and
+the profiles' wanted replicas for the controller. It reads and writes; whether a change is
+allowed is the application layer's business (fleet_svc.app)."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import structlog
-from google.protobuf import json_format
 
 from fleet_svc.domain import errors
-from fleet_svc.domain.control import ProfileWant
-from fleet_svc.domain.placement import Want
-from fleet_svc.store.base import ModelRecord, StaleRevision, Store
-from llmgw.common.v1 import common_pb2
-from llmgw.model import InvalidValue
-from llmgw.rpc.common import model_from_proto
-from llmgw.shape import InvalidShape
+from fleet_svc.domain.catalog import Entry, ProfileWant, Revision, wants_of
+from fleet_svc.store.base import StaleRevision, Store
+from fleet_svc.store.catalog_rows import record_of, revision_of
 
 log = structlog.get_logger(__name__)
-
-NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
-"""Model names: DNS-label-like, so they are safe in URLs, metrics and file names."""
-MAX_REPLICAS = 256
-
-
-def spec_of(model: common_pb2.Model) -> dict[str, Any]:
-    """A model as JSON-able data, as the store keeps it."""
-    return json_format.MessageToDict(model, preserving_proto_field_name=True)
-
-
-def model_of(record: ModelRecord) -> common_pb2.Model:
-    """The model message of a stored revision."""
-    return json_format.ParseDict(record.spec, common_pb2.Model(), ignore_unknown_fields=True)
-
-
-def validate(model: common_pb2.Model) -> None:
-    """Refuse a model the fleet could not run.
-
-    Raises:
-        InvalidModel: a bad name, profile or number.
-    """
-    if not NAME.match(model.name):
-        raise errors.InvalidModel(
-            f"model name {model.name!r} is not allowed: use 1-63 lower-case letters, digits, "
-            "'.', '_' or '-', starting with a letter or digit",
-            field="model.name",
-        )
-    try:
-        model_from_proto(model)
-    except (InvalidValue, InvalidShape) as exc:
-        raise errors.InvalidModel(exc.message, field=getattr(exc, "field", "model")) from exc
-    for i, p in enumerate(model.profiles):
-        if not p.engine:
-            raise errors.InvalidModel(
-                f"profile {p.name!r} names no engine", field=f"model.profiles[{i}].engine"
-            )
-        if p.replicas > MAX_REPLICAS:
-            raise errors.InvalidModel(
-                f"profile {p.name!r} wants {p.replicas} replicas, more than {MAX_REPLICAS}",
-                field=f"model.profiles[{i}].replicas",
-            )
 
 
 class Catalog:
@@ -75,22 +27,27 @@ class Catalog:
         self.on_change: Callable[[], None] = lambda: None
         self._wants: list[ProfileWant] | None = None
 
-    def get(self, name: str) -> ModelRecord:
+    def find(self, name: str) -> Revision | None:
+        """The model's latest revision, None when absent or deleted."""
+        record = self._store.get_model(name)
+        return None if record is None else revision_of(record)
+
+    def get(self, name: str) -> Revision:
         """The model's latest revision.
 
         Raises:
             ModelNotFound: absent or deleted.
         """
-        record = self._store.get_model(name)
-        if record is None:
+        found = self.find(name)
+        if found is None:
             raise errors.ModelNotFound(f"no model {name!r} in the catalog", name=name)
-        return record
+        return found
 
-    def all(self) -> list[ModelRecord]:
+    def all(self) -> list[Revision]:
         """Every current model."""
-        return self._store.list_models()
+        return [revision_of(r) for r in self._store.list_models()]
 
-    def history(self, name: str) -> list[ModelRecord]:
+    def history(self, name: str) -> list[Revision]:
         """Every revision of a model.
 
         Raises:
@@ -99,166 +56,71 @@ class Catalog:
         records = self._store.model_history(name)
         if not records:
             raise errors.ModelNotFound(f"no model {name!r} in the catalog", name=name)
-        return records
+        return [revision_of(r) for r in records]
 
-    @staticmethod
-    def spec(model: common_pb2.Model) -> dict[str, Any]:
-        """A model as the store keeps it."""
-        return spec_of(model)
+    def last_revision(self, name: str) -> int:
+        """The model's last revision, a deletion's included (0 when it never existed)."""
+        history = self._store.model_history(name)
+        return history[-1].revision if history else 0
 
-    def check_writable(self, name: str) -> None:
-        """Refuse a change of a declared model.
+    def preview(self, entry: Entry, after: int, by: str) -> Revision:
+        """The revision `entry` would be written as after revision `after` (a dry run)."""
+        return Revision(entry, after + 1, by, self._clock())
 
-        Raises:
-            ModelDeclared: the settings file declares it.
-        """
-        self._writable(name)
-
-    def _writable(self, name: str) -> None:
-        if name in self.declared:
-            raise errors.ModelDeclared(
-                f"model {name!r} is declared in the cluster settings ({self.declared[name]}): "
-                "change it there",
-                name=name,
-                path=self.declared[name],
-            )
-
-    def _write(
+    def write(
         self,
-        model: common_pb2.Model,
+        entry: Entry,
         by: str,
         expect: int,
         *,
         deleted: bool = False,
         declared_in: str = "",
-    ) -> ModelRecord:
-        record = ModelRecord(
-            name=model.name,
+    ) -> Revision:
+        """Write `entry` as the revision after `expect`, atomically.
+
+        Raises:
+            StaleRevision: another write came first.
+        """
+        rev = Revision(
+            entry=entry,
             revision=expect + 1,
-            spec=spec_of(model),
             updated_by=by,
             updated_at=self._clock(),
             deleted=deleted,
             declared_in=declared_in,
         )
         try:
-            stored = self._store.put_model(record, expect_revision=expect)
+            stored = self._store.put_model(record_of(rev), expect_revision=expect)
         except StaleRevision as exc:
             raise errors.StaleRevision(
-                f"model {model.name!r} changed since it was read (now revision {exc.current}): "
+                f"model {entry.name!r} changed since it was read (now revision {exc.current}): "
                 "read it again and retry",
-                name=model.name,
+                name=entry.name,
                 expected=str(expect),
                 current=exc.current,
             ) from exc
         log.info(
-            "model_written", model=model.name, revision=stored.revision, by=by, deleted=deleted
+            "model_written", model=entry.name, revision=stored.revision, by=by, deleted=deleted
         )
         self._wants = None
         self.on_change()
-        return stored
+        return revision_of(stored)
 
-    @staticmethod
-    def _expect(record: ModelRecord, etag: str) -> int:
-        if etag and etag != str(record.revision):
-            raise errors.StaleRevision(
-                f"model {record.name!r} is at revision {record.revision}, not {etag}: read it "
-                "again and retry",
-                name=record.name,
-                expected=etag,
-                current=record.revision,
-            )
-        return record.revision
-
-    def create(self, model: common_pb2.Model, by: str) -> ModelRecord:
-        """Add a model.
-
-        Raises:
-            InvalidModel, ModelExists, ModelDeclared.
-        """
-        validate(model)
-        self._writable(model.name)
-        if self._store.get_model(model.name) is not None:
-            raise errors.ModelExists(
-                f"model {model.name!r} is in the catalog already: update it instead",
-                name=model.name,
-            )
-        history = self._store.model_history(model.name)
-        return self._write(model, by, history[-1].revision if history else 0)
-
-    def update(self, model: common_pb2.Model, etag: str, by: str) -> ModelRecord:
-        """Replace a model, guarded by its etag (empty: unguarded).
-
-        Raises:
-            InvalidModel, ModelNotFound, ModelDeclared, StaleRevision.
-        """
-        validate(model)
-        self._writable(model.name)
-        current = self.get(model.name)
-        return self._write(model, by, self._expect(current, etag))
-
-    def delete(self, name: str, etag: str, by: str) -> ModelRecord:
-        """Remove a model (its replicas are stopped).
-
-        Raises:
-            ModelNotFound, ModelDeclared, StaleRevision.
-        """
-        self._writable(name)
-        current = self.get(name)
-        return self._write(model_of(current), by, self._expect(current, etag), deleted=True)
-
-    def declare(self, models: list[common_pb2.Model], path: str) -> None:
+    def declare(self, entries: Sequence[Entry], path: str) -> None:
         """Load the models the settings file declares: written as a new revision when they
-        differ from what is stored, and read-only through the API from now on.
-
-        Raises:
-            InvalidModel: a declared model is malformed (the fleet does not start).
-        """
-        for model in models:
-            validate(model)
-            current = self._store.get_model(model.name)
-            if current is None or current.spec != spec_of(model) or current.declared_in != path:
-                history = self._store.model_history(model.name)
-                self._write(
-                    model,
-                    f"settings:{path}",
-                    history[-1].revision if history else 0,
-                    declared_in=path,
+        differ from what is stored, and read-only through the API from now on (the entries
+        were checked when the file was read)."""
+        for entry in entries:
+            current = self.find(entry.name)
+            if current is None or current.entry != entry or current.declared_in != path:
+                self.write(
+                    entry, f"settings:{path}", self.last_revision(entry.name), declared_in=path
                 )
-            self.declared[model.name] = path
+            self.declared[entry.name] = path
 
     def wants(self) -> list[ProfileWant]:
         """Every profile's wanted replicas, for the controller (kept until the catalog changes:
         the controller asks every tick)."""
         if self._wants is None:
-            self._wants = self._read_wants()
+            self._wants = wants_of(self.all())
         return list(self._wants)
-
-    def _read_wants(self) -> list[ProfileWant]:
-        out = []
-        for record in self._store.list_models():
-            model = model_of(record)
-            for p in model.profiles:
-                cards = max(p.gpus_per_node, p.tp, 1)
-                on_cpu = p.cpu_only or not p.gpu_class
-                out.append(
-                    ProfileWant(
-                        model=model.name,
-                        profile=p.name,
-                        revision=record.revision,
-                        replicas=p.replicas,
-                        want=Want(
-                            gpu_class="" if on_cpu else p.gpu_class,
-                            gpus=0 if on_cpu else cards,
-                            ram_bytes=p.min_memory_gb * 1_000_000_000 if on_cpu else 0,
-                        ),
-                        spec={
-                            "model": model.name,
-                            "profile": p.name,
-                            "engine": p.engine,
-                            "args": list(p.args),
-                            "source": model.source,
-                        },
-                    )
-                )
-        return out

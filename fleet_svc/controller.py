@@ -1,69 +1,58 @@
-"""The fleet's controller: the one writer of fleet state, ticking snapshot -> plan -> dispatch."""
+"""The fleet's controller: the one writer of fleet state, ticking snapshot -> plan -> dispatch.
+
+What to do is decided by pure functions (domain.control.plan_actions, domain.rollout,
+domain.reports); this module keeps the state they read, applies the actions they return
+through the transition table, persists, and tells the agents (agents.desired)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
 
+from fleet_svc.agents.desired import DesiredSets, desired_by_node
+from fleet_svc.clock import Clock
+from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.control import (
+    Action,
     Assign,
     Create,
     Forget,
     Hold,
+    MarkRetiring,
     Move,
-    ProfileWant,
-    ReplicaState,
+    Report,
     Retire,
     plan_actions,
+    retirement,
 )
 from fleet_svc.domain.nodes import Card, Liveness, NodePhase, NodeView, node_phase
-from fleet_svc.domain.phases import RUNNING, IllegalTransition, ReplicaPhase, check_transition
-from fleet_svc.domain.rollout import Event, Rollout
-from fleet_svc.domain.rollout import advance as advance_rollout
-from fleet_svc.domain.rollout import cancel as cancel_rollout
-from fleet_svc.rollouts import load_rollout, rollout_record
-from fleet_svc.store.base import ReplicaRecord, Store
+from fleet_svc.domain.phases import IllegalTransition, ReplicaPhase, check_transition
+from fleet_svc.domain.replicas import ReplicaState
+from fleet_svc.domain.reports import (
+    Observed,
+    Rejection,
+    missing_from_hello,
+    refused,
+    reported,
+    stopped_with_their_node,
+)
+from fleet_svc.domain.rollout import Rollout
+from fleet_svc.rollouts import Rollouts
+from fleet_svc.store.base import Store
+from fleet_svc.store.rows import replica_of, replica_record
 from fleet_svc.watch import EndpointEvent, EndpointHub
 
 log = structlog.get_logger(__name__)
 P = ReplicaPhase
 
-RESEND_S = 5.0
-"""A desired set not acknowledged within this long is sent again (it is idempotent)."""
-
 MAX_BURST = 20
 """Ticks in a row a controller runs without waiting while each changes something."""
-
-
-@dataclass(frozen=True)
-class Observed:
-    """A replica as an agent reports it."""
-
-    replica_id: str
-    revision: int
-    phase: ReplicaPhase
-    address: str = ""
-    restarts: int = 0
-    message: str = ""
-    log_tail: tuple[str, ...] = ()
-    gpus: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """A replica an agent refused to run."""
-
-    replica_id: str
-    revision: int
-    reason: str
-    message: str
 
 
 class AgentLink(Protocol):
@@ -77,39 +66,32 @@ class AgentLink(Protocol):
 
 
 @dataclass
-class _Pushed:
-    """The last desired set sent to a node and whether it was acknowledged."""
-
-    version: int = 0
-    key: tuple[tuple[str, int], ...] = ()
-    sent_s: float = 0.0
-    acked: bool = True
-
-
-@dataclass
 class FleetState:
     """What the controller holds: replicas, nodes, the agents' links."""
 
     replicas: dict[str, ReplicaState] = field(default_factory=dict)
     nodes: dict[str, NodeView] = field(default_factory=dict)
     links: dict[str, AgentLink] = field(default_factory=dict)
-    pushed: dict[str, _Pushed] = field(default_factory=dict)
     observed_logs: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 class Controller:
-    """Runs the fleet toward what the catalog wants, from what the agents report."""
+    """Runs the fleet toward what the catalog wants, from what the agents report.
+
+    Durations (heartbeats, drains, start timeouts, resends) are measured on `clock.monotonic`;
+    `clock.wall` only stamps what people read and what the store keeps.
+    """
 
     def __init__(
         self,
         store: Store,
         wants: Callable[[], list[ProfileWant]],
         *,
+        clock: Clock,
         hub: EndpointHub | None = None,
         liveness: Liveness | None = None,
         drain_s: float = 2.0,
         tick_s: float = 0.5,
-        clock: Callable[[], float],
         new_id: Callable[[], str] | None = None,
         start_timeout_s: float = 600.0,
     ) -> None:
@@ -124,56 +106,36 @@ class Controller:
         self._clock = clock
         self._new_id = new_id or (lambda: "r-" + uuid.uuid4().hex[:10])
         self.state = FleetState()
+        self.desired = DesiredSets(store)
         self._changes = 0
         """Counts writes of fleet state; a tick that moved it is followed by another."""
         self._unsaved: dict[str, ReplicaState | None] = {}
         """Replicas changed (None: forgotten) since the last flush to the store."""
         self._wake = asyncio.Event()
-        self._started_s = clock()
-        self._version = itertools.count(int(store.get_value("desired_version") or 0) + 1)
-        self.rollouts: dict[str, Rollout] = {}
-        """Running rollouts by id."""
-        self.rollout_signal = asyncio.Event()
-        """Set (and replaced) whenever a rollout records events."""
+        self._rollouts = Rollouts(store, clock, self._new_id)
         self._load()
+
+    def wall_of(self, monotonic_s: float) -> float:
+        """A monotonic reading as wall-clock time (for a timestamp people read)."""
+        return self._clock.wall() - (self._clock.monotonic() - monotonic_s)
 
     # -- persistence ---------------------------------------------------------------------
 
     def _load(self) -> None:
         """Replicas the fleet accepted before a restart; their nodes are unknown until their
-        agents say hello (and are lost if they never do)."""
+        agents say hello (and are lost if they never do). Durations go on from the stored
+        wall-clock times."""
+        now, wall = self._clock.monotonic(), self._clock.wall()
         for rec in self._store.list_replicas():
-            meta = rec.spec.get("_fleet", {}) if isinstance(rec.spec.get("_fleet"), dict) else {}
-            spec = {k: v for k, v in rec.spec.items() if k != "_fleet"}
-            self.state.replicas[rec.id] = ReplicaState(
-                id=rec.id,
-                model=rec.model,
-                profile=rec.profile,
-                revision=rec.revision,
-                phase=P(rec.phase) if rec.phase in P.__members__ else P.PENDING,
-                node=rec.node,
-                gpus=tuple(rec.gpus),
-                reason=rec.reason,
-                address=rec.address,
-                restarts=rec.restarts,
-                since_s=rec.since,
-                attempt=int(meta.get("attempt", 1)),
-                ram_bytes=int(meta.get("ram_bytes", 0)),
-                retire=bool(meta.get("retire", False)),
-                spec=spec,
-            )
-            if rec.node and rec.node not in self.state.nodes:
-                self.state.nodes[rec.node] = NodeView(name=rec.node, last_heard_s=self._started_s)
-        for stored in self._store.list_rollouts():
-            if stored.state == "RUNNING":
-                self.rollouts[stored.id] = load_rollout(stored)
+            r = replica_of(rec)
+            r = replace(r, entered_s=now - max(wall - r.since_s, 0.0))
+            self.state.replicas[r.id] = r
+            if r.node and r.node not in self.state.nodes:
+                self.state.nodes[r.node] = NodeView(name=r.node, last_heard_s=now)
+        self._rollouts.load()
         log.info(
             "fleet_state_loaded", replicas=len(self.state.replicas), rollouts=len(self.rollouts)
         )
-
-    def _save(self, r: ReplicaState) -> None:
-        """Mark a replica to be written at the next flush."""
-        self._unsaved[r.id] = r
 
     def flush(self) -> None:
         """Write every replica changed since the last flush, in one transaction.
@@ -184,36 +146,17 @@ class Controller:
         """
         if not self._unsaved:
             return
-        puts = [self._record(r) for r in self._unsaved.values() if r is not None]
+        puts = [replica_record(r) for r in self._unsaved.values() if r is not None]
         deletes = [rid for rid, r in self._unsaved.items() if r is None]
         self._unsaved = {}
         self._store.write_replicas(puts, deletes)
-
-    @staticmethod
-    def _record(r: ReplicaState) -> ReplicaRecord:
-        spec = dict(r.spec)
-        spec["_fleet"] = {"attempt": r.attempt, "ram_bytes": r.ram_bytes, "retire": r.retire}
-        return ReplicaRecord(
-            id=r.id,
-            model=r.model,
-            profile=r.profile,
-            revision=r.revision,
-            node=r.node,
-            gpus=r.gpus,
-            phase=r.phase.value,
-            reason=r.reason,
-            address=r.address,
-            restarts=r.restarts,
-            since=r.since_s,
-            spec=spec,
-        )
 
     # -- the one place replicas change -----------------------------------------------------
 
     def _put(self, r: ReplicaState) -> None:
         self._changes += 1
         self.state.replicas[r.id] = r
-        self._save(r)
+        self._unsaved[r.id] = r
         self._publish(r)
 
     def _publish(self, r: ReplicaState) -> None:
@@ -228,9 +171,18 @@ class Controller:
             self.hub.remove(r.id)
 
     def transition(
-        self, replica_id: str, phase: ReplicaPhase, reason: str = "", **changes: Any
+        self,
+        replica_id: str,
+        phase: ReplicaPhase,
+        reason: str = "",
+        *,
+        node: str | None = None,
+        gpus: tuple[int, ...] | None = None,
+        address: str | None = None,
+        restarts: int | None = None,
     ) -> bool:
-        """Move a replica to `phase` through the transition table, saving and logging it.
+        """Move a replica to `phase` through the transition table, saving and logging it
+        (with the placement or the report that came with the move).
 
         Returns:
             Whether anything changed.
@@ -243,9 +195,17 @@ class Controller:
         except IllegalTransition as exc:
             log.warning("transition_refused", replica=replica_id, error=str(exc))
             return False
-        new = replace(r, phase=phase, reason=reason if moved else r.reason, **changes)
+        new = replace(
+            r,
+            phase=phase,
+            reason=reason if moved else r.reason,
+            node=r.node if node is None else node,
+            gpus=r.gpus if gpus is None else gpus,
+            address=r.address if address is None else address,
+            restarts=r.restarts if restarts is None else restarts,
+        )
         if moved:
-            new = replace(new, since_s=self._clock())
+            new = replace(new, since_s=self._clock.wall(), entered_s=self._clock.monotonic())
             log.info(
                 "replica_moved",
                 replica=r.id,
@@ -267,7 +227,60 @@ class Controller:
             self._unsaved[replica_id] = None
             log.info("replica_forgotten", replica=replica_id, model=r.model, phase=r.phase.value)
 
+    def _apply(self, action: Action) -> None:
+        """Carry out one action a planning function returned."""
+        if isinstance(action, Create):
+            new = replace(action.replica, since_s=self._clock.wall())
+            self._put(new)
+            log.info("replica_created", replica=new.id, model=new.model, profile=new.profile)
+        elif isinstance(action, Assign):
+            self.transition(
+                action.replica_id,
+                P.STARTING,
+                f"placed on {action.placement.node}",
+                node=action.placement.node,
+                gpus=action.placement.gpus,
+            )
+        elif isinstance(action, Hold):
+            r = self.state.replicas.get(action.replica_id)
+            if r is not None and r.reason != action.reason:
+                self._put(replace(r, reason=action.reason))
+        elif isinstance(action, Move):
+            self.transition(action.replica_id, action.phase, action.reason)
+        elif isinstance(action, Report):
+            self.transition(
+                action.replica_id,
+                action.phase,
+                action.reason,
+                address=action.address,
+                restarts=action.restarts,
+            )
+        elif isinstance(action, MarkRetiring):
+            r = self.state.replicas.get(action.replica_id)
+            if r is not None and not r.retire:
+                self._put(replace(r, retire=True))
+        elif isinstance(action, Retire):
+            self.retire(action.replica_id, action.reason)
+        elif isinstance(action, Forget):
+            self._forget(action.replica_id)
+
+    def _apply_all(self, actions: Iterable[Action]) -> None:
+        for action in actions:
+            self._apply(action)
+
+    def retire(self, replica_id: str, reason: str) -> None:
+        """Take a replica out: drain a READY one first, drop a PENDING one, stop the rest."""
+        r = self.state.replicas.get(replica_id)
+        if r is not None:
+            self._apply_all(retirement(r, reason))
+
     # -- events from agents (facts; applied at once, the loop is woken) -------------------
+
+    def _heard(self, node: str) -> NodeView | None:
+        view = self.state.nodes.get(node)
+        if view is not None:
+            view.last_heard_s = self._clock.monotonic()
+        return view
 
     def agent_connected(
         self, view: NodeView, observed: Iterable[Observed], link: AgentLink
@@ -276,28 +289,23 @@ class Controller:
 
         One connection per node: a newer one replaces the older, which is closed.
         """
-        now = self._clock()
         old_link = self.state.links.get(view.name)
         if old_link is not None and old_link is not link:
             old_link.close("replaced by a newer connection from the same node")
             log.warning("agent_replaced", node=view.name)
         self.state.links[view.name] = link
         view.connected = True
-        view.last_heard_s = now
+        view.last_heard_s = self._clock.monotonic()
         view.phase = NodePhase.READY
         self.state.nodes[view.name] = view
-        self.state.pushed[view.name] = _Pushed()  # resend the desired set in full
+        self.desired.reconnected(view.name)
         seen = set()
         for o in observed:
             seen.add(o.replica_id)
             self.observe(view.name, o)
-        # Replicas the fleet placed there that the agent does not run: started by Desired.
-        for r in list(self.state.replicas.values()):
-            if r.node == view.name and r.id not in seen:
-                if r.phase in (P.STOPPING, P.STOPPED):
-                    self.transition(r.id, P.STOPPED, "gone from its node")
-                elif r.phase in (P.READY, P.CRASHED, P.LOST):
-                    self.transition(r.id, P.STARTING, "its node does not run it: starting it again")
+        self._apply_all(
+            missing_from_hello(list(self.state.replicas.values()), view.name, frozenset(seen))
+        )
         log.info("agent_connected", node=view.name, cards=len(view.cards), replicas=len(seen))
         self.wake()
 
@@ -314,36 +322,24 @@ class Controller:
 
     def heartbeat(self, node: str, cards: Sequence[Card], memory_free_bytes: int) -> None:
         """An agent's heartbeat: its node is alive, its cards' use as reported."""
-        view = self.state.nodes.get(node)
+        view = self._heard(node)
         if view is None:
             return
-        view.last_heard_s = self._clock()
         if cards:
             view.cards = tuple(cards)
         view.memory_free_bytes = memory_free_bytes
 
     def observe(self, node: str, o: Observed) -> None:
         """An agent's report of one replica."""
-        view = self.state.nodes.get(node)
-        if view is not None:
-            view.last_heard_s = self._clock()
+        self._heard(node)
         r = self.state.replicas.get(o.replica_id)
-        if r is None or r.node != node:
-            return  # unknown here: not in the node's desired set, so its agent stops it
-        if o.log_tail:
+        if r is not None and r.node == node and o.log_tail:
             self.state.observed_logs[r.id] = o.log_tail
-        if o.revision != r.revision and o.phase is not P.STOPPED:
-            return  # an older run of this replica; the desired set replaces it
-        if r.phase in (P.DRAINING, P.STOPPING) and o.phase not in (P.STOPPED, P.FAILED):
-            return  # going away: only its end is news
-        phase = o.phase
-        if r.phase is P.PENDING:
+        change = reported(r, node, o)
+        if change is None:
             return
-        if phase is P.STOPPED and r.phase not in (P.STOPPING, P.DRAINING):
-            phase = P.CRASHED
-        reason = o.message or r.reason
-        self.transition(r.id, phase, reason, address=o.address or r.address, restarts=o.restarts)
-        now = self.state.replicas.get(r.id)
+        self._apply(change)
+        now = self.state.replicas.get(change.replica_id)
         if now is not None and now.phase is P.READY and now.id not in self.hub.ready:
             # READY since before a fleet restart: routable again only once its agent says so.
             self._publish(now)
@@ -351,15 +347,47 @@ class Controller:
 
     def acknowledged(self, node: str, version: int, rejected: Sequence[Rejection]) -> None:
         """An agent acknowledged a desired version, refusing some replicas."""
-        pushed = self.state.pushed.get(node)
-        if pushed is not None and pushed.version == version:
-            pushed.acked = True
-        for rej in rejected:
-            r = self.state.replicas.get(rej.replica_id)
-            if r is not None and r.revision == rej.revision:
-                self.transition(r.id, P.FAILED, f"{node} refused it ({rej.reason}): {rej.message}")
+        self.desired.acknowledged(node, version)
+        self._apply_all(refused(self.state.replicas, node, rejected))
         if rejected:
             self.wake()
+
+    # -- rollouts ------------------------------------------------------------------------
+
+    @property
+    def rollouts(self) -> dict[str, Rollout]:
+        """Running rollouts by id."""
+        return self._rollouts.running
+
+    @property
+    def rollout_signal(self) -> asyncio.Event:
+        """Set (and replaced) whenever a rollout records events."""
+        return self._rollouts.signal
+
+    @property
+    def managed(self) -> frozenset[tuple[str, str]]:
+        """(model, profile) pairs a running rollout is changing: their counts are its own."""
+        return self._rollouts.managed
+
+    def running_rollout(self, model: str) -> Rollout | None:
+        """The rollout changing `model` now, if any."""
+        return self._rollouts.of_model(model)
+
+    def start_rollout(self, ro: Rollout) -> None:
+        """Persist a new rollout and start it on the next tick."""
+        self._rollouts.start(ro)
+        self.flush()
+        self.wake()
+
+    def cancel(self, rollout_id: str, reason: str) -> Rollout | None:
+        """End a running rollout now (its in-flight replica is stopped); None when not running."""
+        ended, actions = self._rollouts.cancel(rollout_id, reason, self.state.replicas)
+        if ended is None:
+            return None
+        self._apply_all(actions)
+        self.flush()
+        self.wake()
+        return ended
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -380,123 +408,28 @@ class Controller:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=self._next_wait_s())
             self._wake.clear()
-            before = self._changes
+            before = self._changes + self._rollouts.saves
             try:
                 self.tick()
             except Exception:
                 log.exception("tick_failed")
-            burst = burst + 1 if self._changes != before else 0
+            burst = burst + 1 if self._changes + self._rollouts.saves != before else 0
             if 0 < burst < MAX_BURST:
                 self._wake.set()
             await asyncio.sleep(0)  # let the streams and RPCs run between ticks
 
     def _next_wait_s(self) -> float:
         """Until the next tick: the interval, or sooner when a drain delay ends."""
-        now = self._clock()
+        now = self._clock.monotonic()
         wait = self._tick_s
         for r in self.state.replicas.values():
             if r.phase is P.DRAINING:
-                wait = min(wait, max(r.since_s + self._drain_s - now, 0.0) + 0.001)
+                wait = min(wait, max(r.entered_s + self._drain_s - now, 0.0) + 0.001)
         return wait
-
-    @property
-    def managed(self) -> frozenset[tuple[str, str]]:
-        """(model, profile) pairs a running rollout is changing: their counts are its own."""
-        return frozenset((ro.model, s.profile) for ro in self.rollouts.values() for s in ro.steps)
-
-    def running_rollout(self, model: str) -> Rollout | None:
-        """The rollout changing `model` now, if any."""
-        return next((ro for ro in self.rollouts.values() if ro.model == model), None)
-
-    def start_rollout(self, ro: Rollout) -> None:
-        """Persist a new rollout and start it on the next tick."""
-        self._save_rollout(
-            ro, [Event("rollout_started", message=f"{ro.kind}: {ro.strategy.value}")]
-        )
-        self.rollouts[ro.id] = ro
-        self.flush()
-        log.info("rollout_started", rollout_id=ro.id, model=ro.model, steps=len(ro.steps))
-        self.wake()
-
-    def cancel(self, rollout_id: str, reason: str) -> Rollout | None:
-        """End a running rollout now (its in-flight replica is stopped); None when not running."""
-        ro = self.rollouts.get(rollout_id)
-        if ro is None:
-            return None
-        ended, actions, events = cancel_rollout(
-            ro, reason, self.state.replicas, self._clock(), new_id=self._new_id
-        )
-        self._save_rollout(ended, events)
-        del self.rollouts[rollout_id]
-        for action in actions:
-            self._apply(action)
-        self.flush()
-        log.info("rollout_cancelled", rollout_id=rollout_id, reason=reason)
-        self.wake()
-        return ended
-
-    def _save_rollout(self, ro: Rollout, events: list[Event]) -> None:
-        self._changes += 1
-        now = self._clock()
-        self._store.put_rollout(rollout_record(ro))
-        for e in events:
-            self._store.append_event(
-                ro.id,
-                now,
-                {
-                    "kind": e.kind,
-                    "profile": e.profile,
-                    "replica_id": e.replica_id,
-                    "node": e.node,
-                    "gpus": list(e.gpus),
-                    "mode": e.mode,
-                    "message": e.message,
-                    "state": ro.state.value,
-                },
-            )
-        if events:
-            signal, self.rollout_signal = self.rollout_signal, asyncio.Event()
-            signal.set()
-
-    def _advance_rollouts(self, now: float, wants: list[ProfileWant]) -> None:
-        by_key = {(w.model, w.profile): w for w in wants}
-        for ro in list(self.rollouts.values()):
-            current = next((w.revision for w in wants if w.model == ro.model), 0)
-            if current != ro.to_revision:
-                # The catalog does not hold the revision this rollout carries out (the fleet
-                # died between the two writes, or the model was deleted): end it, say so.
-                ended, actions, events = cancel_rollout(
-                    ro,
-                    f"the catalog holds revision {current} of {ro.model}, not {ro.to_revision}",
-                    self.state.replicas,
-                    now,
-                    new_id=self._new_id,
-                )
-            else:
-                ended, actions, events = advance_rollout(
-                    ro,
-                    self.state.replicas,
-                    by_key,
-                    self.state.nodes,
-                    now,
-                    new_id=self._new_id,
-                    logs=self.state.observed_logs,
-                )
-            if events or replace(ended, updated_s=ro.updated_s) != ro:
-                self._save_rollout(ended, events)
-            for action in actions:
-                self._apply(action)
-            if ended.done:
-                del self.rollouts[ro.id]
-                log.info(
-                    "rollout_ended", rollout_id=ro.id, state=ended.state.value, reason=ended.reason
-                )
-            else:
-                self.rollouts[ro.id] = ended
 
     def tick(self) -> None:
         """Snapshot -> plan -> dispatch."""
-        now = self._clock()
+        now = self._clock.monotonic()
         for view in self.state.nodes.values():
             phase, why = node_phase(view, now, self.liveness)
             if phase is not view.phase:
@@ -509,106 +442,37 @@ class Controller:
                 )
                 view.phase, view.reason = phase, why
         wants = self._wants()
-        self._advance_rollouts(now, wants)
-        actions = plan_actions(
-            wants,
-            self.state.replicas,
-            self.state.nodes,
-            now,
-            drain_s=self._drain_s,
-            new_id=self._new_id,
-            managed=self.managed,
+        self._apply_all(
+            self._rollouts.advance(
+                now, wants, self.state.replicas, self.state.nodes, self.state.observed_logs
+            )
         )
-        for action in actions:
-            self._apply(action)
+        self._apply_all(
+            plan_actions(
+                wants,
+                self.state.replicas,
+                self.state.nodes,
+                now,
+                drain_s=self._drain_s,
+                new_id=self._new_id,
+                managed=self.managed,
+            )
+        )
         self.flush()
         self._dispatch(now)
 
-    def _apply(self, action: Any) -> None:
-        if isinstance(action, Create):
-            self._put(action.replica)
-            log.info(
-                "replica_created",
-                replica=action.replica.id,
-                model=action.replica.model,
-                profile=action.replica.profile,
-            )
-        elif isinstance(action, Assign):
-            self.transition(
-                action.replica_id,
-                P.STARTING,
-                f"placed on {action.placement.node}",
-                node=action.placement.node,
-                gpus=action.placement.gpus,
-            )
-        elif isinstance(action, Hold):
-            r = self.state.replicas.get(action.replica_id)
-            if r is not None and r.reason != action.reason:
-                self._put(replace(r, reason=action.reason))
-        elif isinstance(action, Move):
-            self.transition(action.replica_id, action.phase, action.reason)
-        elif isinstance(action, Retire):
-            self.retire(action.replica_id, action.reason)
-        elif isinstance(action, Forget):
-            self._forget(action.replica_id)
-
-    def retire(self, replica_id: str, reason: str) -> None:
-        """Take a replica out: drain a READY one first, drop a PENDING one, stop the rest."""
-        r = self.state.replicas.get(replica_id)
-        if r is None:
-            return
-        if not r.retire:
-            r = replace(r, retire=True)
-            self._put(r)
-        if r.phase is P.READY:
-            self.transition(r.id, P.DRAINING, reason)
-        elif r.phase is P.PENDING:
-            self.transition(r.id, P.STOPPED, reason)
-        elif r.phase in (P.STARTING, P.CRASHED, P.LOST):
-            self.transition(r.id, P.STOPPING, reason)
-        elif r.phase is P.FAILED:
-            self.transition(r.id, P.STOPPED, reason)
-
     def desired_for(self, node: str) -> list[ReplicaState]:
         """The replicas a node is told to run."""
-        return self._desired_by_node().get(node, [])
-
-    def _desired_by_node(self) -> dict[str, list[ReplicaState]]:
-        """Every node's desired replicas, in one pass over the replicas."""
-        out: dict[str, list[ReplicaState]] = {}
-        for r in self.state.replicas.values():
-            if r.node and r.phase in RUNNING:
-                out.setdefault(r.node, []).append(r)
-        for group in out.values():
-            group.sort(key=lambda r: r.id)
-        return out
+        return desired_by_node(self.state.replicas.values()).get(node, [])
 
     def _dispatch(self, now: float) -> None:
         """Send each connected node its desired set when it changed (or was not acked)."""
-        desired = self._desired_by_node()
-        newest = 0
-        for node, link in self.state.links.items():
-            want = desired.get(node, [])
-            key = tuple((r.id, r.revision) for r in want)
-            pushed = self.state.pushed.setdefault(node, _Pushed())
-            if (
-                pushed.version
-                and key == pushed.key
-                and (pushed.acked or now - pushed.sent_s < RESEND_S)
-            ):
-                continue
-            version = (
-                pushed.version if key == pushed.key and pushed.version else next(self._version)
+        desired = desired_by_node(self.state.replicas.values())
+        for send in self.desired.due(desired, list(self.state.links), now):
+            self.state.links[send.node].send_desired(send.version, send.replicas)
+            log.info(
+                "desired_sent", node=send.node, version=send.version, replicas=len(send.replicas)
             )
-            newest = max(newest, version)
-            link.send_desired(version, want)
-            self.state.pushed[node] = _Pushed(version=version, key=key, sent_s=now, acked=False)
-            log.info("desired_sent", node=node, version=version, replicas=len(want))
-        if newest:
-            # Versions only grow, across restarts too: keep the newest handed out this tick.
-            self._store.put_value("desired_version", str(newest))
-        # A stopping replica whose node is gone for good is stopped as far as anyone can tell.
-        for r in list(self.state.replicas.values()):
-            view = self.state.nodes.get(r.node)
-            if r.phase is P.STOPPING and (view is None or view.phase is NodePhase.LOST):
-                self.transition(r.id, P.STOPPED, "its node is gone")
+        self._apply_all(
+            stopped_with_their_node(list(self.state.replicas.values()), self.state.nodes)
+        )

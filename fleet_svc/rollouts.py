@@ -1,86 +1,143 @@
-"""Rollouts as the store keeps them: their whole state as one JSON document."""
+"""The running rollouts: advanced and cancelled by the pure functions of domain.rollout,
+stored with their events, and a signal for those who watch them."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 
-from fleet_svc.domain.rollout import Rollout, RolloutState, Stage, Step, Strategy
-from fleet_svc.store.base import RolloutRecord
+import structlog
 
+from fleet_svc.clock import Clock
+from fleet_svc.domain.catalog import ProfileWant
+from fleet_svc.domain.control import Action
+from fleet_svc.domain.nodes import NodeView
+from fleet_svc.domain.replicas import ReplicaState
+from fleet_svc.domain.rollout import Event, Rollout, Stage
+from fleet_svc.domain.rollout import advance as advance_rollout
+from fleet_svc.domain.rollout import cancel as cancel_rollout
+from fleet_svc.store.base import Store
+from fleet_svc.store.rows import load_rollout, rollout_record
 
-def rollout_record(ro: Rollout) -> RolloutRecord:
-    """A rollout as a store record."""
-    spec: dict[str, Any] = {
-        "kind": ro.kind,
-        "strategy": ro.strategy.value,
-        "from_revision": ro.from_revision,
-        "to_revision": ro.to_revision,
-        "surge": ro.surge,
-        "reason": ro.reason,
-        "log_tail": list(ro.log_tail),
-        "by": ro.by,
-        "undo_of": ro.undo_of,
-        "start_timeout_s": ro.start_timeout_s,
-        "old_specs": {k: dict(v) for k, v in ro.old_specs.items()},
-        "steps": [
-            {
-                "profile": s.profile,
-                "old_id": s.old_id,
-                "new_id": s.new_id,
-                "mode": s.mode,
-                "stage": s.stage.value,
-                "node": s.node,
-                "gpus": list(s.gpus),
-                "old_node": s.old_node,
-                "started_s": s.started_s,
-                "message": s.message,
-            }
-            for s in ro.steps
-        ],
-    }
-    return RolloutRecord(
-        id=ro.id,
-        model=ro.model,
-        state=ro.state.value,
-        spec=spec,
-        created_at=ro.created_s,
-        updated_at=ro.updated_s or ro.created_s,
-    )
+log = structlog.get_logger(__name__)
 
 
-def load_rollout(rec: RolloutRecord) -> Rollout:
-    """A rollout from its store record."""
-    s = rec.spec
-    return Rollout(
-        id=rec.id,
-        model=rec.model,
-        kind=str(s.get("kind", "")),
-        strategy=Strategy(s.get("strategy", "beside")),
-        from_revision=int(s.get("from_revision", 0)),
-        to_revision=int(s.get("to_revision", 0)),
-        steps=tuple(
-            Step(
-                profile=str(st["profile"]),
-                old_id=str(st.get("old_id", "")),
-                new_id=str(st.get("new_id", "")),
-                mode=str(st.get("mode", "")),
-                stage=Stage(st.get("stage", "waiting")),
-                node=str(st.get("node", "")),
-                gpus=tuple(int(g) for g in st.get("gpus", [])),
-                old_node=str(st.get("old_node", "")),
-                started_s=float(st.get("started_s", 0.0)),
-                message=str(st.get("message", "")),
+class Rollouts:
+    """Running rollouts by id, and the store of every rollout's state and events."""
+
+    def __init__(self, store: Store, clock: Clock, new_id: Callable[[], str]) -> None:
+        self._store = store
+        self._clock = clock
+        self._new_id = new_id
+        self.running: dict[str, Rollout] = {}
+        self.signal = asyncio.Event()
+        """Set (and replaced) whenever a rollout records events."""
+        self.saves = 0
+        """Counts rollout writes (the controller ticks again after one)."""
+
+    def load(self) -> None:
+        """The rollouts running when the fleet stopped; a starting step gets its whole start
+        timeout again (the monotonic time it started at is gone with the old process)."""
+        now = self._clock.monotonic()
+        for stored in self._store.list_rollouts():
+            if stored.state == "RUNNING":
+                ro = load_rollout(stored)
+                steps = tuple(
+                    replace(s, started_s=now) if s.stage is Stage.STARTING else s for s in ro.steps
+                )
+                self.running[stored.id] = replace(ro, steps=steps)
+
+    @property
+    def managed(self) -> frozenset[tuple[str, str]]:
+        """(model, profile) pairs a running rollout is changing: their counts are its own."""
+        return frozenset((ro.model, s.profile) for ro in self.running.values() for s in ro.steps)
+
+    def of_model(self, model: str) -> Rollout | None:
+        """The rollout changing `model` now, if any."""
+        return next((ro for ro in self.running.values() if ro.model == model), None)
+
+    def start(self, ro: Rollout) -> None:
+        """Store a new rollout as running."""
+        ro = self.save(ro, [Event("rollout_started", message=f"{ro.kind}: {ro.strategy.value}")])
+        self.running[ro.id] = ro
+        log.info("rollout_started", rollout_id=ro.id, model=ro.model, steps=len(ro.steps))
+
+    def cancel(
+        self, rollout_id: str, reason: str, replicas: Mapping[str, ReplicaState]
+    ) -> tuple[Rollout | None, list[Action]]:
+        """End a running rollout; it as it ended (None when not running) and the actions that
+        stop its in-flight replica."""
+        ro = self.running.pop(rollout_id, None)
+        if ro is None:
+            return None, []
+        ended, actions, events = cancel_rollout(
+            ro, reason, replicas, self._clock.monotonic(), new_id=self._new_id
+        )
+        log.info("rollout_cancelled", rollout_id=rollout_id, reason=reason)
+        return self.save(ended, events), actions
+
+    def save(self, ro: Rollout, events: list[Event]) -> Rollout:
+        """Store a rollout (stamped with the wall time) and its new events; wake its watchers."""
+        self.saves += 1
+        wall = self._clock.wall()
+        ro = replace(ro, updated_s=wall)
+        self._store.put_rollout(rollout_record(ro))
+        for e in events:
+            self._store.append_event(
+                ro.id,
+                wall,
+                {
+                    "kind": e.kind,
+                    "profile": e.profile,
+                    "replica_id": e.replica_id,
+                    "node": e.node,
+                    "gpus": list(e.gpus),
+                    "mode": e.mode,
+                    "message": e.message,
+                    "state": ro.state.value,
+                },
             )
-            for st in s.get("steps", [])
-        ),
-        state=RolloutState(rec.state),
-        surge=int(s.get("surge", 1)),
-        reason=str(s.get("reason", "")),
-        log_tail=tuple(str(x) for x in s.get("log_tail", [])),
-        created_s=rec.created_at,
-        updated_s=rec.updated_at,
-        by=str(s.get("by", "")),
-        undo_of=str(s.get("undo_of", "")),
-        start_timeout_s=float(s.get("start_timeout_s", 600.0)),
-        old_specs={str(k): dict(v) for k, v in s.get("old_specs", {}).items()},
-    )
+        if events:
+            signal, self.signal = self.signal, asyncio.Event()
+            signal.set()
+        return ro
+
+    def advance(
+        self,
+        now_s: float,
+        wants: list[ProfileWant],
+        replicas: Mapping[str, ReplicaState],
+        nodes: Mapping[str, NodeView],
+        logs: Mapping[str, tuple[str, ...]],
+    ) -> list[Action]:
+        """Move every running rollout on; the actions they take, in order."""
+        by_key = {(w.model, w.profile): w for w in wants}
+        out: list[Action] = []
+        for ro in list(self.running.values()):
+            current = next((w.revision for w in wants if w.model == ro.model), 0)
+            if current != ro.to_revision:
+                # The catalog does not hold the revision this rollout carries out (the fleet
+                # died between the two writes, or the model was deleted): end it, say so.
+                ended, actions, events = cancel_rollout(
+                    ro,
+                    f"the catalog holds revision {current} of {ro.model}, not {ro.to_revision}",
+                    replicas,
+                    now_s,
+                    new_id=self._new_id,
+                )
+            else:
+                ended, actions, events = advance_rollout(
+                    ro, replicas, by_key, nodes, now_s, new_id=self._new_id, logs=logs
+                )
+            if events or ended != ro:
+                ended = self.save(ended, events)
+            out.extend(actions)
+            if ended.done:
+                del self.running[ro.id]
+                log.info(
+                    "rollout_ended", rollout_id=ro.id, state=ended.state.value, reason=ended.reason
+                )
+            else:
+                self.running[ro.id] = ended
+        return out

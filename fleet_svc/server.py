@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -16,12 +14,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from fleet_svc.agents.session import AgentServicer
+from fleet_svc.app import FleetApp
 from fleet_svc.catalog import Catalog
-from fleet_svc.changes import Changes, PlannerClient
+from fleet_svc.clock import Clock, SystemClock
 from fleet_svc.controller import Controller
 from fleet_svc.domain.nodes import Liveness
+from fleet_svc.planner import Planner
+from fleet_svc.rpc.planner import GrpcPlanner
 from fleet_svc.rpc.servicer import FleetServicer
-from fleet_svc.settings import read_settings
+from fleet_svc.rpc.settings import declared_entries
 from fleet_svc.store.base import Store
 from fleet_svc.store.sqlite import open_store
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
@@ -70,7 +71,7 @@ class FleetServer:
     catalog: Catalog
     store: Store
     loop_task: asyncio.Task[None]
-    planner: PlannerClient
+    planner: Planner
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """NOT_SERVING, close the streams, stop the loop, close the store."""
@@ -87,7 +88,7 @@ class FleetServer:
         log.info("fleet_stopped", port=self.port)
 
 
-async def start_fleet(opts: FleetOptions, clock: Callable[[], float] = time.time) -> FleetServer:
+async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetServer:
     """Start a fleet: health NOT_SERVING until the store is open and the settings loaded."""
     server = grpc.aio.server(options=SERVER_OPTIONS)
     health_servicer = health.aio.HealthServicer()
@@ -99,9 +100,10 @@ async def start_fleet(opts: FleetOptions, clock: Callable[[], float] = time.time
         (FLEET_SERVICE, AGENT_SERVICE, "grpc.health.v1.Health", reflection.SERVICE_NAME), server
     )
     store = open_store(opts.store_url)
-    catalog = Catalog(store, clock)
+    clock = clock or SystemClock()
+    catalog = Catalog(store, clock.wall)
     if opts.settings_path:
-        catalog.declare(read_settings(opts.settings_path), opts.settings_path)
+        catalog.declare(declared_entries(opts.settings_path), opts.settings_path)
     controller = Controller(
         store,
         catalog.wants,
@@ -112,12 +114,10 @@ async def start_fleet(opts: FleetOptions, clock: Callable[[], float] = time.time
         start_timeout_s=opts.start_timeout_s,
     )
     catalog.on_change = controller.wake
-    planner = PlannerClient(opts.planner)
-    changes = Changes(catalog, controller, store, planner, clock)
-    fleet_pb2_grpc.add_FleetServiceServicer_to_server(
-        FleetServicer(catalog, store, controller, changes, clock), server
-    )
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(controller), server)
+    planner = GrpcPlanner(opts.planner)
+    app = FleetApp(catalog, controller, store, planner, clock.wall)
+    fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetServicer(app, store, controller), server)
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(controller, clock), server)
     port = server.add_insecure_port(opts.listen)
     await server.start()
     loop_task = asyncio.create_task(controller.run())

@@ -1,4 +1,6 @@
-"""The fleet side of an agent's Connect stream: Hello in, desired sets and heartbeats out."""
+"""The fleet side of an agent's Connect stream: Hello in, desired sets and heartbeats out.
+The stream's edge: agent messages are converted here, and its refusals go through the fleet's
+one error table (fleet_svc.rpc.status)."""
 
 from __future__ import annotations
 
@@ -12,10 +14,14 @@ import grpc
 import structlog
 from google.protobuf import timestamp_pb2
 
-from fleet_svc.controller import Controller, Observed, Rejection
-from fleet_svc.domain.control import ReplicaState
+from fleet_svc.clock import Clock
+from fleet_svc.controller import Controller
+from fleet_svc.domain import errors
 from fleet_svc.domain.nodes import Card, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
+from fleet_svc.domain.replicas import ReplicaState
+from fleet_svc.domain.reports import Observed, Rejection
+from fleet_svc.rpc.status import stream_refusals_as_status
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
 
 log = structlog.get_logger(__name__)
@@ -64,16 +70,15 @@ def observed_of(msg: agent_pb2.ObservedReplica) -> Observed | None:
 
 def spec_of(r: ReplicaState) -> agent_pb2.ReplicaSpec:
     """What the agent is told of a replica: an engine by name, its args and cards."""
-    args = r.spec.get("args", [])
     return agent_pb2.ReplicaSpec(
         replica_id=r.id,
         revision=r.revision,
         model=r.model,
         profile=r.profile,
-        engine=str(r.spec.get("engine", "")),
-        args=[str(a) for a in args] if isinstance(args, list) else [],
+        engine=r.spec.engine,
+        args=list(r.spec.args),
         gpus=list(r.gpus),
-        source=str(r.spec.get("source", "")),
+        source=r.spec.source,
     )
 
 
@@ -103,9 +108,11 @@ class StreamLink:
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     """Serves Connect: one stream per node agent."""
 
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: Controller, clock: Clock) -> None:
         self._controller = controller
+        self._clock = clock
 
+    @stream_refusals_as_status
     async def Connect(
         self,
         request_iterator: AsyncIterator[agent_pb2.ConnectRequest],
@@ -115,17 +122,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         try:
             first = await asyncio.wait_for(anext(request_iterator), HELLO_TIMEOUT_S)
         except (TimeoutError, StopAsyncIteration):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "an agent's stream opens with Hello (node name, cards, replicas)",
-            )
-            return
+            raise errors.NoHello(
+                "an agent's stream opens with Hello (node name, cards, replicas)"
+            ) from None
         if first.WhichOneof("msg") != "hello" or not first.hello.node_name:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "an agent's stream opens with Hello naming its node",
-            )
-            return
+            raise errors.NoHello("an agent's stream opens with Hello naming its node")
         hello = first.hello
         node = hello.node_name
         link = StreamLink(node)
@@ -162,7 +163,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     await task
             self._controller.agent_disconnected(node, link)
         if link.closed_reason and not context.done():
-            await context.abort(grpc.StatusCode.ABORTED, link.closed_reason)
+            raise errors.StreamReplaced(link.closed_reason, node=node)
 
     async def _read(
         self, node: str, requests: AsyncIterator[agent_pb2.ConnectRequest], link: StreamLink
@@ -201,7 +202,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         for seq in itertools.count(1):
             await asyncio.sleep(interval_s)
             now = timestamp_pb2.Timestamp()
-            now.GetCurrentTime()
+            now.FromNanoseconds(int(self._clock.wall() * 1e9))
             link.queue.put_nowait(
                 agent_pb2.ConnectResponse(heartbeat=agent_pb2.Heartbeat(seq=seq, sent_at=now))
             )

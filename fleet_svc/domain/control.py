@@ -3,51 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
+from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import HOLDS_CARDS, ReplicaPhase
 from fleet_svc.domain.placement import Placement, Want, card_key, free_cards, place
+from fleet_svc.domain.replicas import ReplicaState
 
 P = ReplicaPhase
 
 MAX_ATTEMPTS = 3
 """Times a profile's replica is placed again after it FAILED before the fleet stops trying
 (until the model changes)."""
-
-
-@dataclass(frozen=True)
-class ProfileWant:
-    """A model's profile as the controller needs it: how many replicas, on what, run how."""
-
-    model: str
-    profile: str
-    revision: int
-    replicas: int
-    want: Want
-    spec: Mapping[str, object] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ReplicaState:
-    """A replica the fleet keeps: where it runs, its phase and why."""
-
-    id: str
-    model: str
-    profile: str
-    revision: int
-    phase: ReplicaPhase = P.PENDING
-    node: str = ""
-    gpus: tuple[int, ...] = ()
-    reason: str = ""
-    address: str = ""
-    restarts: int = 0
-    since_s: float = 0.0
-    attempt: int = 1
-    ram_bytes: int = 0
-    spec: Mapping[str, object] = field(default_factory=dict)
-    retire: bool = False
-    """Wanted gone: drained (if it was ready), then stopped."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +66,48 @@ class Forget:
     replica_id: str
 
 
-Action = Create | Assign | Hold | Move | Retire | Forget
+@dataclass(frozen=True)
+class MarkRetiring:
+    """Record that a replica is wanted gone (it is not counted, and is stopped when it can be)."""
+
+    replica_id: str
+
+
+@dataclass(frozen=True)
+class Report:
+    """Record what an agent reports of a replica: its phase (through the transition table),
+    why, its address and restarts."""
+
+    replica_id: str
+    phase: ReplicaPhase
+    reason: str
+    address: str
+    restarts: int
+
+
+Action = Create | Assign | Hold | Move | Retire | Forget | MarkRetiring | Report
+
+_RETIRED_TO = {
+    P.READY: P.DRAINING,
+    P.PENDING: P.STOPPED,
+    P.STARTING: P.STOPPING,
+    P.CRASHED: P.STOPPING,
+    P.LOST: P.STOPPING,
+    P.FAILED: P.STOPPED,
+}
+"""Where retiring takes a replica: a READY one is drained first, a PENDING or FAILED one runs
+nowhere and is stopped at once, the rest are asked to stop (DRAINING and STOPPING are on the
+way already)."""
+
+
+def retirement(r: ReplicaState, reason: str) -> list[Action]:
+    """What taking `r` out does: mark it wanted gone, and move it toward STOPPED."""
+    out: list[Action] = [] if r.retire else [MarkRetiring(r.id)]
+    phase = _RETIRED_TO.get(r.phase)
+    if phase is not None:
+        out.append(Move(r.id, phase, reason))
+    return out
+
 
 ACTIVE = frozenset({P.PENDING, P.STARTING, P.READY, P.CRASHED})
 """Phases that count toward the replicas a profile wants."""
@@ -134,7 +143,7 @@ def plan_actions(
         wants: every profile of every model in the catalog.
         replicas: the replicas the fleet keeps.
         nodes: the nodes, their phases already computed for `now_s`.
-        now_s: the time of the tick.
+        now_s: the time of the tick, on the monotonic clock `ReplicaState.entered_s` is on.
         drain_s: how long a drained replica keeps running before it is stopped.
         new_id: makes a fresh replica id.
         managed: (model, profile) pairs a rollout is changing; their counts are its business.
@@ -190,10 +199,9 @@ def plan_actions(
                         model=w.model,
                         profile=w.profile,
                         revision=w.revision,
-                        since_s=now_s,
-                        attempt=attempts + 1,
+                        entered_s=now_s,
                         ram_bytes=w.want.ram_bytes,
-                        spec=w.spec,
+                        spec=replace(w.spec, attempt=attempts + 1),
                         reason="waiting for a node",
                     )
                 )
@@ -201,12 +209,12 @@ def plan_actions(
         if missing < 0:
             # Fewest losses first: pending, then starting or crashed, then the newest ready.
             order = {P.PENDING: 0, P.CRASHED: 1, P.STARTING: 2, P.READY: 3}
-            surplus = sorted(active, key=lambda r: (order[r.phase], -r.since_s))[:-missing]
+            surplus = sorted(active, key=lambda r: (order[r.phase], -r.entered_s))[:-missing]
             actions.extend(_retire(r, now_s) for r in surplus)
 
     # Draining replicas stop once the drain delay has passed.
     for r in replicas.values():
-        if r.phase is P.DRAINING and now_s - r.since_s >= drain_s and r.id not in lost:
+        if r.phase is P.DRAINING and now_s - r.entered_s >= drain_s and r.id not in lost:
             actions.append(Move(r.id, P.STOPPING, "drained"))
         if r.phase is P.STOPPED:
             actions.append(Forget(r.id))
@@ -236,13 +244,12 @@ def _placements(
     out: list[Action] = []
     by_name = sorted(nodes.values(), key=lambda n: n.name) if pending else []
     free = _FreeCards(by_name, used_cards)
-    for r in sorted(pending, key=lambda r: (r.since_s, r.id)):
+    for r in sorted(pending, key=lambda r: (r.entered_s, r.id)):
         want = want_of.get((r.model, r.profile))
         if want is None or r.retire:
             continue
-        prefer = r.spec.get("prefer_node")
-        if isinstance(prefer, str) and prefer:
-            want = replace(want, prefer=prefer)
+        if r.spec.prefer_node:
+            want = replace(want, prefer=r.spec.prefer_node)
         where = free.take(want) if not want.on_cpu else None
         if where is None:
             # Nothing fits (or a CPU replica): the full scan also says why.

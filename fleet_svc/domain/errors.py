@@ -130,3 +130,18 @@ class CannotUndo(FleetError):
 @dataclass
 class PlannerUnavailable(FleetError):
     """The planner did not answer; nothing changed, the call may be retried."""
+
+
+@dataclass
+class NoHello(FleetError):
+    """An agent's stream did not open with a Hello naming its node."""
+
+
+@dataclass
+class StreamReplaced(FleetError):
+    """An agent's stream was ended by the fleet: a newer one from the same node replaced it."""
+
+    node: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"node": self.node}

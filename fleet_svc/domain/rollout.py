@@ -6,12 +6,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
-from fleet_svc.domain.control import Action, Create, ProfileWant, ReplicaState, Retire, cards_in_use
+from fleet_svc.domain.catalog import ProfileWant
+from fleet_svc.domain.control import Action, Create, Retire, cards_in_use
 from fleet_svc.domain.nodes import NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Placement, Want, most_free, place
+from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
 
 P = ReplicaPhase
 
@@ -74,6 +75,8 @@ class Step:
     gpus: tuple[int, ...] = ()
     old_node: str = ""
     started_s: float = 0.0
+    """When the step started, on the controller's monotonic clock (the start timeout counts
+    from it; a restarted fleet starts it again)."""
     message: str = ""
 
 
@@ -94,10 +97,11 @@ class Rollout:
     log_tail: tuple[str, ...] = ()
     created_s: float = 0.0
     updated_s: float = 0.0
+    """Wall-clock times, stamped by whoever stores the rollout (advance and cancel leave them)."""
     by: str = ""
     undo_of: str = ""
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
-    old_specs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    old_specs: Mapping[str, ReplicaSpec] = field(default_factory=dict)
     """Per profile, the spec of the revision rolled from: an in-place step that fails starts
     the old replica again with it."""
 
@@ -138,7 +142,7 @@ def plan_steps(
                 and not r.retire
                 and r.phase in (P.PENDING, P.STARTING, P.READY, P.CRASHED)
             ),
-            key=lambda r: (r.phase is not P.PENDING, r.since_s, r.id),
+            key=lambda r: (r.phase is not P.PENDING, r.entered_s, r.id),
         )
         steps.extend(Step(profile=w.profile, old_id=r.id, old_node=r.node) for r in old)
         steps.extend(Step(profile=w.profile) for _ in range(max(w.replicas - len(old), 0)))
@@ -202,7 +206,7 @@ def advance(
             steps[i] = _retiring(ro, step, want, replicas, now_s, new_id, out)
         if step.stage in (Stage.STARTING, Stage.RETIRING) and steps[i].stage is Stage.DONE:
             busy -= 1  # a step that finished frees its place for a waiting one this pass
-    ro = replace(ro, steps=tuple(steps), updated_s=now_s)
+    ro = replace(ro, steps=tuple(steps))
     if failure is not None:
         step, why = failure
         return _end(
@@ -233,16 +237,13 @@ def cancel(
 def _new_replica(
     ro: Rollout, step: Step, want: ProfileWant, rid: str, now_s: float, prefer: str = ""
 ) -> ReplicaState:
-    spec = dict(want.spec)
-    spec["rollout"] = ro.id
-    if prefer:
-        spec["prefer_node"] = prefer
+    spec = replace(want.spec, rollout=ro.id, prefer_node=prefer)
     return ReplicaState(
         id=rid,
         model=ro.model,
         profile=step.profile,
         revision=ro.to_revision,
-        since_s=now_s,
+        entered_s=now_s,
         ram_bytes=want.want.ram_bytes,
         spec=spec,
         reason=f"started by rollout {ro.id}",
@@ -402,8 +403,7 @@ def _end(
             spec = ro.old_specs.get(step.profile)
             if spec is not None:
                 rid = new_id()
-                restored = dict(spec)
-                restored["prefer_node"] = step.old_node
+                restored = replace(spec, prefer_node=step.old_node)
                 out.actions.append(
                     Create(
                         ReplicaState(
@@ -411,7 +411,7 @@ def _end(
                             model=ro.model,
                             profile=step.profile,
                             revision=ro.from_revision,
-                            since_s=now_s,
+                            entered_s=now_s,
                             spec=restored,
                             reason=f"the old revision started again after rollout {ro.id}",
                         )
@@ -436,7 +436,5 @@ def _end(
         steps.append(replace(step, stage=stage))
     kind = "rollout_failed" if state is RolloutState.FAILED else "rollout_cancelled"
     out.events.append(Event(kind, message=reason))
-    ended = replace(
-        ro, steps=tuple(steps), state=state, reason=reason, log_tail=log_tail, updated_s=now_s
-    )
+    ended = replace(ro, steps=tuple(steps), state=state, reason=reason, log_tail=log_tail)
     return ended, out.actions, out.events

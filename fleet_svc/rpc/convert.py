@@ -1,18 +1,26 @@
-"""Conversion between the fleet's state and its messages."""
+"""Conversion between the fleet's values and its messages: the one place a catalog model
+crosses the API, checked on the way in."""
 
 from __future__ import annotations
 
-from google.protobuf import timestamp_pb2
+from dataclasses import replace
 
-from fleet_svc.catalog import model_of
-from fleet_svc.domain.control import ReplicaState
+from google.protobuf import json_format, timestamp_pb2
+
+from fleet_svc.domain import errors
+from fleet_svc.domain.catalog import Entry, Revision, check_name, check_profiles
 from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import HOLDS_CARDS, ReplicaPhase
+from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.rollout import Rollout, Strategy
-from fleet_svc.store.base import EventRecord, ModelRecord
+from fleet_svc.store.base import EventRecord
 from fleet_svc.watch import EndpointEvent
 from llmgw.agent.v1 import agent_pb2
+from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2
+from llmgw.model import InvalidValue, Inventory
+from llmgw.rpc.common import model_from_proto, profile_to_proto
+from llmgw.shape import InvalidShape
 
 
 def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
@@ -22,23 +30,91 @@ def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
     return ts
 
 
-def catalog_model(record: ModelRecord) -> fleet_pb2.CatalogModel:
-    """A stored revision as the API shows it; the revision is the etag."""
+def entry_in(msg: common_pb2.Model) -> Entry:
+    """A catalog model from the API, refused when the fleet could not run it.
+
+    Raises:
+        InvalidModel: a bad name, profile or number, or an inline shape that sizes nothing.
+    """
+    check_name(msg.name)
+    try:
+        model = model_from_proto(msg)
+    except (InvalidValue, InvalidShape) as exc:
+        raise errors.InvalidModel(exc.message, field=getattr(exc, "field", "model")) from exc
+    check_profiles(model)
+    shape = (
+        json_format.MessageToDict(msg.shape, preserving_proto_field_name=True)
+        if msg.HasField("shape")
+        else None
+    )
+    return Entry(
+        model=replace(model, shape=None),
+        origin_repo=msg.origin.repo,
+        origin_revision=msg.origin.revision,
+        shape=shape,
+    )
+
+
+def model_to_proto(entry: Entry) -> common_pb2.Model:
+    """A catalog entry as the contract carries it (its shape as the caller wrote it)."""
+    m = entry.model
+    msg = common_pb2.Model(
+        name=m.name,
+        source=m.source,
+        context_length=m.context_length,
+        max_output=m.max_output,
+        profiles=[profile_to_proto(p) for p in m.profiles],
+    )
+    if entry.origin_repo or entry.origin_revision or m.files:
+        msg.origin.CopyFrom(
+            common_pb2.Origin(
+                repo=entry.origin_repo,
+                revision=entry.origin_revision,
+                files=[common_pb2.OriginFile(path=p, bytes=b) for p, b in m.files],
+            )
+        )
+    if entry.shape is not None:
+        msg.shape.CopyFrom(
+            json_format.ParseDict(
+                dict(entry.shape), common_pb2.ModelShape(), ignore_unknown_fields=True
+            )
+        )
+    return msg
+
+
+def inventory_to_proto(inventory: Inventory) -> common_pb2.Inventory:
+    """An inventory as the contract carries it."""
+    return common_pb2.Inventory(
+        nodes=[
+            common_pb2.InventoryNode(
+                name=n.name,
+                gpu_class=n.gpu_class,
+                gpus=n.gpus,
+                free_gpus=n.free_gpus,
+                gpu_memory_bytes=n.gpu_memory_bytes,
+                memory_bytes=n.memory_bytes,
+            )
+            for n in inventory.nodes
+        ]
+    )
+
+
+def catalog_model(rev: Revision) -> fleet_pb2.CatalogModel:
+    """A revision as the API shows it; the revision is the etag."""
     return fleet_pb2.CatalogModel(
-        model=model_of(record),
-        revision=record.revision,
-        etag=str(record.revision),
-        updated_by=record.updated_by,
-        updated_at=timestamp(record.updated_at),
-        declared=bool(record.declared_in),
-        declared_in=record.declared_in,
-        deleted=record.deleted,
+        model=model_to_proto(rev.entry),
+        revision=rev.revision,
+        etag=str(rev.revision),
+        updated_by=rev.updated_by,
+        updated_at=timestamp(rev.updated_at),
+        declared=bool(rev.declared_in),
+        declared_in=rev.declared_in,
+        deleted=rev.deleted,
     )
 
 
 def replica(r: ReplicaState) -> fleet_pb2.Replica:
     """A replica as the API shows it."""
-    args = r.spec.get("args", [])
     return fleet_pb2.Replica(
         id=r.id,
         model=r.model,
@@ -51,8 +127,8 @@ def replica(r: ReplicaState) -> fleet_pb2.Replica:
         address=r.address,
         restarts=r.restarts,
         since=timestamp(r.since_s),
-        engine=str(r.spec.get("engine", "")),
-        args=[str(a) for a in args] if isinstance(args, list) else [],
+        engine=r.spec.engine,
+        args=list(r.spec.args),
     )
 
 

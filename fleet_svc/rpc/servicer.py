@@ -1,4 +1,6 @@
-"""The FleetService servicer: catalog RPCs, nodes, replicas and the endpoint stream."""
+"""The FleetService servicer: each RPC converts its request, calls the application layer
+(fleet_svc.app) and converts the answer; refusals become statuses through one table, for the
+streams as for the unary calls."""
 
 from __future__ import annotations
 
@@ -9,19 +11,14 @@ import grpc
 import structlog
 from google.protobuf.message import Message
 
-from fleet_svc.catalog import Catalog
-from fleet_svc.changes import Changes
+from fleet_svc.app import ChangeOptions, FleetApp
 from fleet_svc.controller import Controller
-from fleet_svc.domain import errors
-from fleet_svc.domain.rollout import Rollout, RolloutState
-from fleet_svc.rollouts import load_rollout
 from fleet_svc.rpc import convert
-from fleet_svc.rpc.status import refusals_as_status
+from fleet_svc.rpc.status import refusals_as_status, stream_refusals_as_status
 from fleet_svc.store.base import Store
 from fleet_svc.watch import SYNCED, WatcherTooSlow
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
-from llmgw.planner.v1 import planner_pb2
 
 log = structlog.get_logger(__name__)
 
@@ -46,53 +43,39 @@ def caller_of(context: Context) -> str:
     return f"anonymous@{context.peer()}"
 
 
-class CatalogServicer(fleet_pb2_grpc.FleetServiceServicer):
-    """The catalog, node and replica RPCs."""
+def _change(report: object, restarted: int, kind: type[M]) -> M:
+    """The planner's account of a change, with the replicas the fleet restarts for it."""
+    assert isinstance(report, kind), f"the planner's report is a {type(report).__name__}"
+    change = kind()
+    change.CopyFrom(report)
+    change.restarted = restarted  # type: ignore[attr-defined]
+    return change
 
-    def __init__(
-        self,
-        catalog: Catalog,
-        store: Store,
-        controller: Controller,
-        changes: Changes,
-        clock: Callable[[], float],
-    ) -> None:
-        self._catalog = catalog
+
+class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
+    """Serves the fleet's whole API: the catalog, nodes and replicas, SetContext, SetGPUs and
+    rollouts."""
+
+    def __init__(self, app: FleetApp, store: Store, controller: Controller) -> None:
+        self._app = app
         self._store = store
         self._controller = controller
-        self._changes = changes
-        self._clock = clock
-
-    def _not_rolling_out(self, name: str) -> None:
-        """Refuse a catalog write while the model rolls out."""
-        running = self._controller.running_rollout(name)
-        if running is not None:
-            raise errors.RolloutInProgress(
-                f"model {name!r} is rolling out {running.id}: wait for it or cancel it first",
-                name=name,
-                rollout_id=running.id,
-            )
 
     async def _once(
-        self, request_id: str, method: str, response: type[M], make: Callable[[], Awaitable[M]]
+        self,
+        request_id: str,
+        method: str,
+        response: type[M],
+        make: Callable[[], Awaitable[M]],
     ) -> M:
-        """Answer a mutation once per request id: a retry gets the first answer."""
-        if request_id:
-            stored = self._store.get_answer(request_id)
-            if stored is not None:
-                first_method, blob = stored
-                if first_method != method:
-                    raise errors.RequestIdReused(
-                        f"request id {request_id!r} was used for {first_method}: use a new id",
-                        request_id=request_id,
-                        method=first_method,
-                    )
-                log.info("request_replayed", method=method, request_id=request_id)
-                return response.FromString(blob)
-        answer = await make()
-        if request_id:
-            self._store.put_answer(request_id, method, answer.SerializeToString())
-        return answer
+        """`make`'s answer, or the first answer given to `request_id`."""
+
+        async def encoded() -> bytes:
+            return (await make()).SerializeToString()
+
+        return response.FromString(await self._app.once(request_id, method, encoded))
+
+    # -- the catalog -----------------------------------------------------------------------------
 
     @refusals_as_status
     async def CreateModel(
@@ -101,8 +84,8 @@ class CatalogServicer(fleet_pb2_grpc.FleetServiceServicer):
         """Add a model."""
 
         async def make() -> fleet_pb2.CreateModelResponse:
-            record = self._catalog.create(request.model, caller_of(context))
-            return fleet_pb2.CreateModelResponse(model=convert.catalog_model(record))
+            rev = self._app.create_model(convert.entry_in(request.model), caller_of(context))
+            return fleet_pb2.CreateModelResponse(model=convert.catalog_model(rev))
 
         return await self._once(
             request.request_id, "CreateModel", fleet_pb2.CreateModelResponse, make
@@ -114,7 +97,7 @@ class CatalogServicer(fleet_pb2_grpc.FleetServiceServicer):
     ) -> fleet_pb2.GetModelResponse:
         """One model with its etag."""
         return fleet_pb2.GetModelResponse(
-            model=convert.catalog_model(self._catalog.get(request.name))
+            model=convert.catalog_model(self._app.model(request.name))
         )
 
     @refusals_as_status
@@ -123,7 +106,7 @@ class CatalogServicer(fleet_pb2_grpc.FleetServiceServicer):
     ) -> fleet_pb2.ListModelsResponse:
         """The catalog."""
         return fleet_pb2.ListModelsResponse(
-            models=[convert.catalog_model(r) for r in self._catalog.all()]
+            models=[convert.catalog_model(r) for r in self._app.models()]
         )
 
     @refusals_as_status
@@ -133,9 +116,10 @@ class CatalogServicer(fleet_pb2_grpc.FleetServiceServicer):
         """Replace a model, guarded by its etag."""
 
         async def make() -> fleet_pb2.UpdateModelResponse:
-            self._not_rolling_out(request.model.name)
-            record = self._catalog.update(request.model, request.etag, caller_of(context))
-            return fleet_pb2.UpdateModelResponse(model=convert.catalog_model(record))
+            rev = self._app.update_model(
+                convert.entry_in(request.model), request.etag, caller_of(context)
+            )
+            return fleet_pb2.UpdateModelResponse(model=convert.catalog_model(rev))
 
         return await self._once(
             request.request_id, "UpdateModel", fleet_pb2.UpdateModelResponse, make
@@ -148,9 +132,8 @@ class CatalogServicer(fleet_pb2_grpc.FleetServiceServicer):
         """Remove a model; its replicas are drained and stopped."""
 
         async def make() -> fleet_pb2.DeleteModelResponse:
-            self._not_rolling_out(request.name)
-            record = self._catalog.delete(request.name, request.etag, caller_of(context))
-            return fleet_pb2.DeleteModelResponse(model=convert.catalog_model(record))
+            rev = self._app.delete_model(request.name, request.etag, caller_of(context))
+            return fleet_pb2.DeleteModelResponse(model=convert.catalog_model(rev))
 
         return await self._once(
             request.request_id, "DeleteModel", fleet_pb2.DeleteModelResponse, make
@@ -162,8 +145,10 @@ class CatalogServicer(fleet_pb2_grpc.FleetServiceServicer):
     ) -> fleet_pb2.ListModelRevisionsResponse:
         """A model's history."""
         return fleet_pb2.ListModelRevisionsResponse(
-            revisions=[convert.catalog_model(r) for r in self._catalog.history(request.name)]
+            revisions=[convert.catalog_model(r) for r in self._app.history(request.name)]
         )
+
+    # -- nodes and replicas ----------------------------------------------------------------------
 
     @refusals_as_status
     async def ListNodes(
@@ -174,7 +159,7 @@ class CatalogServicer(fleet_pb2_grpc.FleetServiceServicer):
         replicas = list(state.replicas.values())
         return fleet_pb2.ListNodesResponse(
             nodes=[
-                convert.node(v, replicas, v.last_heard_s)
+                convert.node(v, replicas, self._controller.wall_of(v.last_heard_s))
                 for v in sorted(state.nodes.values(), key=lambda v: v.name)
             ]
         )
@@ -185,7 +170,7 @@ class CatalogServicer(fleet_pb2_grpc.FleetServiceServicer):
     ) -> fleet_pb2.ListReplicasResponse:
         """The replicas, their phases and why."""
         if request.model:
-            self._catalog.get(request.model)
+            self._app.model(request.model)
         replicas = sorted(
             (
                 r
@@ -196,6 +181,7 @@ class CatalogServicer(fleet_pb2_grpc.FleetServiceServicer):
         )
         return fleet_pb2.ListReplicasResponse(replicas=[convert.replica(r) for r in replicas])
 
+    @stream_refusals_as_status
     async def WatchReplicas(
         self, request: fleet_pb2.WatchReplicasRequest, context: Context
     ) -> AsyncIterator[fleet_pb2.WatchReplicasResponse]:
@@ -206,26 +192,7 @@ class CatalogServicer(fleet_pb2_grpc.FleetServiceServicer):
         except WatcherTooSlow as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
 
-
-class FleetServicer(CatalogServicer):
-    """Serves the fleet's whole API: the catalog, SetContext, SetGPUs and rollouts."""
-
-    def _rollout(self, rollout_id: str) -> Rollout:
-        running = self._controller.rollouts.get(rollout_id)
-        if running is not None:
-            return running
-        rec = self._store.get_rollout(rollout_id)
-        if rec is None:
-            raise errors.RolloutNotFound(f"no rollout {rollout_id!r}", rollout_id=rollout_id)
-        return load_rollout(rec)
-
-    def _undo_available(self, ro: Rollout) -> bool:
-        if not ro.done or (ro.state is RolloutState.SUCCEEDED and ro.kind == "undo"):
-            return False
-        try:
-            return self._catalog.get(ro.model).revision == ro.to_revision
-        except errors.ModelNotFound:
-            return False
+    # -- planned changes and rollouts ------------------------------------------------------------
 
     @refusals_as_status
     async def SetContext(
@@ -234,23 +201,23 @@ class FleetServicer(CatalogServicer):
         """A new context: planner, catalog, rollout."""
 
         async def make() -> fleet_pb2.SetContextResponse:
-            answer, applied = await self._changes.set_context(
-                planner_pb2.SizeContextRequest(
-                    model=common_pb2.Model(name=request.name),
-                    tokens=request.tokens,
-                    slots=request.slots,
-                ),
+            planned, applied = await self._app.set_context(
+                request.name,
+                tokens=request.tokens,
+                slots=request.slots,
                 etag=request.etag,
-                by=caller_of(context),
-                dry_run=request.dry_run,
-                strategy=convert.strategy_of(request.strategy),
-                supersede=request.supersede,
-                surge=request.surge,
+                options=ChangeOptions(
+                    by=caller_of(context),
+                    dry_run=request.dry_run,
+                    strategy=convert.strategy_of(request.strategy),
+                    supersede=request.supersede,
+                    surge=request.surge,
+                ),
             )
             return fleet_pb2.SetContextResponse(
-                change=answer.change,
+                change=_change(planned.report, applied.restarted, common_pb2.ContextChange),
                 rollout_id=applied.rollout_id,
-                model=convert.catalog_model(applied.record),
+                model=convert.catalog_model(applied.revision),
             )
 
         if request.dry_run:
@@ -266,23 +233,23 @@ class FleetServicer(CatalogServicer):
         """N cards a replica: planner, catalog, rollout."""
 
         async def make() -> fleet_pb2.SetGPUsResponse:
-            answer, applied = await self._changes.set_gpus(
-                planner_pb2.PlanGPUsRequest(
-                    model=common_pb2.Model(name=request.name),
-                    gpus=request.gpus,
-                    profile=request.profile,
-                ),
+            planned, applied = await self._app.set_gpus(
+                request.name,
+                gpus=request.gpus,
+                profile=request.profile,
                 etag=request.etag,
-                by=caller_of(context),
-                dry_run=request.dry_run,
-                strategy=convert.strategy_of(request.strategy, request.in_place),
-                supersede=request.supersede,
-                surge=request.surge,
+                options=ChangeOptions(
+                    by=caller_of(context),
+                    dry_run=request.dry_run,
+                    strategy=convert.strategy_of(request.strategy, request.in_place),
+                    supersede=request.supersede,
+                    surge=request.surge,
+                ),
             )
             return fleet_pb2.SetGPUsResponse(
-                change=answer.change,
+                change=_change(planned.report, applied.restarted, common_pb2.GPUsChange),
                 rollout_id=applied.rollout_id,
-                model=convert.catalog_model(applied.record),
+                model=convert.catalog_model(applied.revision),
             )
 
         if request.dry_run:
@@ -294,27 +261,29 @@ class FleetServicer(CatalogServicer):
         self, request: fleet_pb2.GetRolloutRequest, context: Context
     ) -> fleet_pb2.GetRolloutResponse:
         """One rollout."""
-        ro = self._rollout(request.id)
-        return fleet_pb2.GetRolloutResponse(rollout=convert.rollout(ro, self._undo_available(ro)))
+        ro = self._app.rollout(request.id)
+        return fleet_pb2.GetRolloutResponse(
+            rollout=convert.rollout(ro, self._app.undo_available(ro))
+        )
 
     @refusals_as_status
     async def ListRollouts(
         self, request: fleet_pb2.ListRolloutsRequest, context: Context
     ) -> fleet_pb2.ListRolloutsResponse:
         """Rollouts, newest first."""
-        out = []
-        for rec in self._store.list_rollouts(request.model):
-            ro = self._controller.rollouts.get(rec.id) or load_rollout(rec)
-            out.append(convert.rollout(ro, self._undo_available(ro)))
-        return fleet_pb2.ListRolloutsResponse(rollouts=out)
+        return fleet_pb2.ListRolloutsResponse(
+            rollouts=[
+                convert.rollout(ro, self._app.undo_available(ro))
+                for ro in self._app.rollouts(request.model)
+            ]
+        )
 
+    @stream_refusals_as_status
     async def WatchRollout(
         self, request: fleet_pb2.WatchRolloutRequest, context: Context
     ) -> AsyncIterator[fleet_pb2.WatchRolloutResponse]:
         """A rollout's events after `after_seq`, then live ones until it ends."""
-        if self._store.get_rollout(request.id) is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no rollout {request.id!r}")
-            return
+        self._app.rollout(request.id)
         seq = max(request.after_seq, 0)
         while True:
             signal = self._controller.rollout_signal
@@ -336,12 +305,9 @@ class FleetServicer(CatalogServicer):
         """Stop a running rollout; old replicas keep serving."""
 
         async def make() -> fleet_pb2.CancelRolloutResponse:
-            ro = self._rollout(request.id)
-            if not ro.done:
-                ended = self._controller.cancel(ro.id, f"cancelled by {caller_of(context)}")
-                ro = ended or ro
+            ro = self._app.cancel_rollout(request.id, caller_of(context))
             return fleet_pb2.CancelRolloutResponse(
-                rollout=convert.rollout(ro, self._undo_available(ro))
+                rollout=convert.rollout(ro, self._app.undo_available(ro))
             )
 
         return await self._once(
@@ -355,10 +321,8 @@ class FleetServicer(CatalogServicer):
         """Roll back to the revision before a rollout, as a new rollout."""
 
         async def make() -> fleet_pb2.UndoRolloutResponse:
-            ro, applied = self._changes.undo(
-                request.id, by=caller_of(context), dry_run=request.dry_run
-            )
-            answer = fleet_pb2.UndoRolloutResponse(model=convert.catalog_model(applied.record))
+            ro, applied = self._app.undo(request.id, by=caller_of(context), dry_run=request.dry_run)
+            answer = fleet_pb2.UndoRolloutResponse(model=convert.catalog_model(applied.revision))
             if ro is not None:
                 answer.rollout.CopyFrom(convert.rollout(ro))
             return answer

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
 import grpc
+import structlog
 from google.rpc import status_pb2
+from grpc_status import rpc_status
 
 from fleet_svc.domain import errors
-from llmgw.rpcstatus import build_status, guarded
+from llmgw.rpcstatus import INTERNAL, build_status, guarded
+
+log = structlog.get_logger(__name__)
 
 DOMAIN = "fleet.llmgw.dev"
 """`ErrorInfo.domain` of every fleet error."""
@@ -23,6 +31,8 @@ _TABLE: tuple[tuple[type[errors.FleetError], grpc.StatusCode, str], ...] = (
     (errors.NoRoomBeside, grpc.StatusCode.FAILED_PRECONDITION, "NO_ROOM_BESIDE"),
     (errors.RolloutNotFound, grpc.StatusCode.NOT_FOUND, "ROLLOUT_NOT_FOUND"),
     (errors.CannotUndo, grpc.StatusCode.FAILED_PRECONDITION, "CANNOT_UNDO"),
+    (errors.NoHello, grpc.StatusCode.INVALID_ARGUMENT, "NO_HELLO"),
+    (errors.StreamReplaced, grpc.StatusCode.ABORTED, "STREAM_REPLACED"),
     # The planner being down is not a refusal: nothing changed and a retry may succeed.
     (errors.PlannerUnavailable, grpc.StatusCode.UNAVAILABLE, "PLANNER_UNAVAILABLE"),
     (errors.FleetError, grpc.StatusCode.FAILED_PRECONDITION, "REFUSED"),
@@ -71,3 +81,36 @@ def _status_of(exc: Exception) -> status_pb2.Status | None:
 
 refusals_as_status = guarded(_status_of)
 """Applies the table to a unary servicer method."""
+
+
+S = TypeVar("S")
+Q = TypeVar("Q")
+R = TypeVar("R")
+StreamMethod = Callable[[S, Q, "grpc.aio.ServicerContext[Any, Any]"], AsyncIterator[R]]
+
+
+def stream_refusals_as_status(method: StreamMethod[S, Q, R]) -> StreamMethod[S, Q, R]:
+    """Applies the table to a server-streaming method: a refusal raised before or between
+    messages ends the stream with its status, as a unary method's would; an unknown exception
+    is logged and ends it INTERNAL. A status the method set itself (context.abort) stands."""
+
+    @functools.wraps(method)
+    async def wrapper(
+        self: S, request: Q, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[R]:
+        try:
+            async for message in method(self, request, context):
+                yield message
+            return
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            status = _status_of(exc)
+            if status is None:
+                log.exception("request_failed", method=method.__name__)
+                status = INTERNAL
+            else:
+                log.info("request_refused", method=method.__name__, message=status.message)
+        await context.abort_with_status(rpc_status.to_status(status))
+
+    return wrapper

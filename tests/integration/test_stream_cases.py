@@ -9,6 +9,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from fleet_svc.server import FleetServer
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
@@ -141,4 +143,33 @@ async def test_first_message_must_be_hello(tmp_path: Path) -> None:
             async for _ in call:
                 pass
         assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert reason_of(caught.value) == "NO_HELLO"
         await channel.close()
+
+
+def reason_of(err: grpc.aio.AioRpcError) -> str:
+    """The ErrorInfo reason a refusal carries ("" when it carries none)."""
+    status = rpc_status.from_call(err)
+    for detail in status.details if status is not None else ():
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return str(info.reason)
+    return ""
+
+
+async def test_streams_refuse_through_the_error_table(tmp_path: Path) -> None:
+    """A stream's refusal carries the code, message and ErrorInfo a unary call's would:
+    watching an unknown rollout is NOT_FOUND / ROLLOUT_NOT_FOUND."""
+    async with running_fleet(tmp_path) as (_fleet, stub):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            async for _ in stub.WatchRollout(fleet_pb2.WatchRolloutRequest(id="ro-nope")):
+                pass
+        assert caught.value.code() is grpc.StatusCode.NOT_FOUND
+        assert caught.value.details() == "no rollout 'ro-nope'"
+        assert reason_of(caught.value) == "ROLLOUT_NOT_FOUND"
+        with pytest.raises(grpc.aio.AioRpcError) as unary:
+            await stub.GetRollout(fleet_pb2.GetRolloutRequest(id="ro-nope"))
+        assert (unary.value.code(), reason_of(unary.value)) == (
+            caught.value.code(),
+            reason_of(caught.value),
+        )

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fleet_svc.catalog import validate
-from fleet_svc.settings import read_settings
+from fleet_svc.rpc.convert import entry_in as validate
+from fleet_svc.rpc.settings import read_settings
 from llmgw.cli.inputs import read_model_file
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet_svc.catalog import validate
+from fleet_svc.rpc.convert import entry_in as validate
 from llmgw.demo.catalog import GGUF_MODEL, HF_MODEL, example_models
 from llmgw.demo.hf_repo import REPO
 from llmgw.demo.tiny_gguf import TinyLlama, vocabulary, write_tiny_gguf

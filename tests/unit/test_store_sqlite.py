@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -455,11 +456,38 @@ def test_shipped_migrations_are_numbered_in_order() -> None:
     assert [m.version for m in MIGRATIONS] == list(range(1, len(MIGRATIONS) + 1))
 
 
-def test_the_store_meets_the_store_interface(tmp_path: Path) -> None:
-    """SQLiteStore is usable wherever the fleet expects a Store (checked by mypy too)."""
+def _interface_methods() -> list[str]:
+    """The methods the Store protocol declares."""
+    return sorted(
+        name for name, value in vars(Store).items() if callable(value) and not name.startswith("_")
+    )
+
+
+def test_the_store_protocol_declares_what_the_fleet_calls() -> None:
+    """The protocol the check below walks is the fleet's whole use of a store, not an empty list."""
+    assert {"get_model", "put_model", "write_replicas", "append_event", "put_value"} <= set(
+        _interface_methods()
+    )
+
+
+@pytest.mark.parametrize("name", _interface_methods())
+def test_the_store_meets_the_store_interface(name: str) -> None:
+    """SQLiteStore has every method of the Store protocol, taking the same parameters (names,
+    kinds, defaults), so the fleet can call it through the interface (mypy checks the types)."""
+    declared = inspect.signature(getattr(Store, name))
+    implemented = inspect.signature(getattr(SQLiteStore, name))
+    shape = [(p.name, p.kind, p.default) for p in declared.parameters.values()]
+    assert [(p.name, p.kind, p.default) for p in implemented.parameters.values()] == shape
+
+
+def test_a_closed_store_can_be_closed_again(tmp_path: Path) -> None:
+    """close() through the interface releases the file, and a second close does nothing."""
     store: Store = SQLiteStore(tmp_path / "fleet.db")
+    store.put_value("k", "v")
     store.close()
     store.close()
+    with pytest.raises(sqlite3.ProgrammingError):
+        store.get_value("k")
 
 
 # open_store -------------------------------------------------------------------------------------

@@ -1,4 +1,7 @@
-"""The cluster settings file: models declared there are loaded and read-only via the API."""
+"""The cluster settings file: models declared there are loaded and read-only via the API.
+
+Its `models:` are catalog models in the contract's JSON form, so they are read (and checked)
+as the API reads them."""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ import yaml
 from google.protobuf import json_format
 
 from fleet_svc.domain import errors
+from fleet_svc.domain.catalog import Entry
+from fleet_svc.rpc.convert import entry_in
 from llmgw.common.v1 import common_pb2
 
 
@@ -35,3 +40,12 @@ def read_settings(path: str | Path) -> list[common_pb2.Model]:
         except json_format.ParseError as exc:
             raise errors.InvalidModel(f"{path}: models[{i}]: {exc}", field=f"models[{i}]") from exc
     return out
+
+
+def declared_entries(path: str | Path) -> list[Entry]:
+    """The models a settings file declares, checked as the API checks a new model.
+
+    Raises:
+        InvalidModel: the file cannot be read or a model in it is malformed.
+    """
+    return [entry_in(m) for m in read_settings(path)]

@@ -1,0 +1,424 @@
+"""The fleet's application layer: every change of the catalog and of what runs, each guarded
+in one place (the model is there, not declared, at the caller's etag and not rolling out;
+a request id is answered once). Servicers convert messages and call it; it sees no protos."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+
+import structlog
+
+from fleet_svc.catalog import Catalog
+from fleet_svc.controller import Controller
+from fleet_svc.domain import errors
+from fleet_svc.domain.catalog import (
+    Entry,
+    Revision,
+    changed_profiles,
+    check_profiles,
+    want_of,
+)
+from fleet_svc.domain.phases import HOLDS_CARDS
+from fleet_svc.domain.rollout import Rollout, RolloutState, Strategy, plan_steps, room_beside
+from fleet_svc.planner import Planned, Planner
+from fleet_svc.store.base import Store
+from fleet_svc.store.rows import load_rollout
+from llmgw.model import Inventory, Model, Node
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class ChangeOptions:
+    """How a change is carried out: who asks, whether only to check, and how to roll it out."""
+
+    by: str
+    dry_run: bool = False
+    strategy: Strategy = Strategy.BESIDE
+    supersede: bool = False
+    """Cancel a rollout of the model in progress instead of being refused by it."""
+    surge: int = 0
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What a change did: the revision (as committed, or as it would be for a dry run) and the
+    rollout carrying it out ("" for a dry run or when no replica needs replacing)."""
+
+    revision: Revision
+    rollout_id: str
+    restarted: int
+
+
+class FleetApp:
+    """The catalog's changes, SetContext, SetGPUs and the rollouts' controls."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        controller: Controller,
+        store: Store,
+        planner: Planner,
+        clock: Callable[[], float],
+    ) -> None:
+        self._catalog = catalog
+        self._controller = controller
+        self._store = store
+        self.planner = planner
+        self._clock = clock
+
+    # -- the guards --------------------------------------------------------------------------
+
+    async def once(
+        self, request_id: str, method: str, make: Callable[[], Awaitable[bytes]]
+    ) -> bytes:
+        """The answer to a mutation, made once per request id: a retry gets the first answer
+        (as bytes: the servicer's encoded message).
+
+        Raises:
+            RequestIdReused: the id was used for another method.
+        """
+        if request_id:
+            stored = self._store.get_answer(request_id)
+            if stored is not None:
+                first_method, blob = stored
+                if first_method != method:
+                    raise errors.RequestIdReused(
+                        f"request id {request_id!r} was used for {first_method}: use a new id",
+                        request_id=request_id,
+                        method=first_method,
+                    )
+                log.info("request_replayed", method=method, request_id=request_id)
+                return blob
+        answer = await make()
+        if request_id:
+            self._store.put_answer(request_id, method, answer)
+        return answer
+
+    def _changeable(self, name: str, etag: str, *, supersede: bool | None = None) -> Revision:
+        """The model about to change, refused when absent, declared, changed since the caller
+        read it (a non-empty `etag`), or rolling out (unless `supersede`; None: the change
+        cannot supersede a rollout).
+
+        Raises:
+            ModelNotFound, ModelDeclared, StaleRevision, RolloutInProgress.
+        """
+        rev = self._catalog.get(name)
+        self._not_declared(name)
+        if etag and etag != str(rev.revision):
+            raise errors.StaleRevision(
+                f"model {name!r} is at revision {rev.revision}, not {etag}: read it again and "
+                "retry",
+                name=name,
+                expected=etag,
+                current=rev.revision,
+            )
+        running = self._controller.running_rollout(name)
+        if running is not None and not supersede:
+            how = (
+                "wait for it or cancel it first"
+                if supersede is None
+                else ("wait for it, cancel it, or supersede it")
+            )
+            raise errors.RolloutInProgress(
+                f"model {name!r} is rolling out {running.id}: {how}",
+                name=name,
+                rollout_id=running.id,
+            )
+        return rev
+
+    def _not_declared(self, name: str) -> None:
+        """Refuse a change of a model the settings file declares.
+
+        Raises:
+            ModelDeclared.
+        """
+        path = self._catalog.declared.get(name)
+        if path is not None:
+            raise errors.ModelDeclared(
+                f"model {name!r} is declared in the cluster settings ({path}): change it there",
+                name=name,
+                path=path,
+            )
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def model(self, name: str) -> Revision:
+        """A model's latest revision.
+
+        Raises:
+            ModelNotFound.
+        """
+        return self._catalog.get(name)
+
+    def models(self) -> list[Revision]:
+        """Every current model."""
+        return self._catalog.all()
+
+    def history(self, name: str) -> list[Revision]:
+        """Every revision of a model.
+
+        Raises:
+            ModelNotFound.
+        """
+        return self._catalog.history(name)
+
+    def rollout(self, rollout_id: str) -> Rollout:
+        """A rollout, running or ended.
+
+        Raises:
+            RolloutNotFound.
+        """
+        running = self._controller.rollouts.get(rollout_id)
+        if running is not None:
+            return running
+        rec = self._store.get_rollout(rollout_id)
+        if rec is None:
+            raise errors.RolloutNotFound(f"no rollout {rollout_id!r}", rollout_id=rollout_id)
+        return load_rollout(rec)
+
+    def rollouts(self, model: str = "") -> list[Rollout]:
+        """Rollouts of a model (every model when ""), newest first."""
+        return [
+            self._controller.rollouts.get(rec.id) or load_rollout(rec)
+            for rec in self._store.list_rollouts(model)
+        ]
+
+    def undo_available(self, ro: Rollout) -> bool:
+        """Whether UndoRollout would take the model back before `ro` now."""
+        if not ro.done or (ro.state is RolloutState.SUCCEEDED and ro.kind == "undo"):
+            return False
+        found = self._catalog.find(ro.model)
+        return found is not None and found.revision == ro.to_revision
+
+    def inventory(self) -> Inventory:
+        """The live inventory: every READY node's cards, as its agent reports them."""
+        state = self._controller.state
+        nodes = []
+        for view in sorted(state.nodes.values(), key=lambda v: v.name):
+            if view.phase.value != "READY":
+                continue
+            used = {
+                g
+                for r in state.replicas.values()
+                if r.node == view.name and r.phase in HOLDS_CARDS
+                for g in r.gpus
+            }
+            memory = [c.memory_total_bytes for c in view.cards if c.memory_total_bytes > 0]
+            nodes.append(
+                Node(
+                    name=view.name,
+                    gpu_class=view.gpu_class,
+                    gpus=len(view.cards),
+                    free_gpus=sum(1 for c in view.cards if c.index not in used),
+                    gpu_memory_bytes=min(memory) if memory else 0,
+                    memory_bytes=view.memory_bytes,
+                )
+            )
+        return Inventory(nodes=tuple(nodes))
+
+    # -- catalog changes -------------------------------------------------------------------------
+
+    def create_model(self, entry: Entry, by: str) -> Revision:
+        """Add a model (checked at the API's edge).
+
+        Raises:
+            ModelDeclared, ModelExists.
+        """
+        self._not_declared(entry.name)
+        if self._catalog.find(entry.name) is not None:
+            raise errors.ModelExists(
+                f"model {entry.name!r} is in the catalog already: update it instead",
+                name=entry.name,
+            )
+        return self._catalog.write(entry, by, self._catalog.last_revision(entry.name))
+
+    def update_model(self, entry: Entry, etag: str, by: str) -> Revision:
+        """Replace a model, guarded by its etag (empty: unguarded).
+
+        Raises:
+            ModelNotFound, ModelDeclared, StaleRevision, RolloutInProgress.
+        """
+        current = self._changeable(entry.name, etag)
+        return self._catalog.write(entry, by, current.revision)
+
+    def delete_model(self, name: str, etag: str, by: str) -> Revision:
+        """Remove a model (its replicas are drained and stopped).
+
+        Raises:
+            ModelNotFound, ModelDeclared, StaleRevision, RolloutInProgress.
+        """
+        current = self._changeable(name, etag)
+        return self._catalog.write(current.entry, by, current.revision, deleted=True)
+
+    # -- planned changes -------------------------------------------------------------------------
+
+    async def set_context(
+        self, name: str, *, tokens: int, slots: int, etag: str, options: ChangeOptions
+    ) -> tuple[Planned, Applied]:
+        """Size a new context with the planner and roll it out.
+
+        Raises:
+            ModelNotFound, ModelDeclared, StaleRevision, RolloutInProgress, NoRoomBeside,
+            PlannerUnavailable, and the planner's refusals.
+        """
+        rev = self._changeable(name, etag, supersede=options.supersede)
+        planned = await self.planner.size_context(
+            rev.entry, self.inventory(), tokens=tokens, slots=slots
+        )
+        new = replace(
+            rev.model,
+            profiles=planned.profiles,
+            context_length=planned.context_length,
+            max_output=planned.max_output,
+        )
+        return planned, self._after_planning(rev, new, "context", options)
+
+    async def set_gpus(
+        self, name: str, *, gpus: int, profile: str, etag: str, options: ChangeOptions
+    ) -> tuple[Planned, Applied]:
+        """Plan `gpus` cards a replica with the planner and roll it out.
+
+        Raises:
+            as set_context.
+        """
+        rev = self._changeable(name, etag, supersede=options.supersede)
+        planned = await self.planner.plan_gpus(
+            rev.entry, self.inventory(), gpus=gpus, profile=profile
+        )
+        new = replace(rev.model, profiles=planned.profiles)
+        return planned, self._after_planning(rev, new, "gpus", options)
+
+    def _after_planning(
+        self, read: Revision, new: Model, kind: str, options: ChangeOptions
+    ) -> Applied:
+        """Apply a planned model, unless the model changed while the planner was asked.
+
+        Raises:
+            InvalidModel: the planner's profiles are not ones the fleet can run.
+        """
+        check_profiles(new)
+        rev = self._changeable(read.name, str(read.revision), supersede=options.supersede)
+        return self._apply(rev, rev.entry.with_model(new), kind, options)
+
+    def undo(self, rollout_id: str, *, by: str, dry_run: bool) -> tuple[Rollout | None, Applied]:
+        """Roll a model back to the revision before `rollout_id`, as a new rollout.
+
+        Raises:
+            RolloutNotFound, CannotUndo, ModelDeclared, RolloutInProgress, NoRoomBeside.
+        """
+        rec = self._store.get_rollout(rollout_id)
+        if rec is None:
+            raise errors.RolloutNotFound(f"no rollout {rollout_id!r}", rollout_id=rollout_id)
+        ro = load_rollout(rec)
+        if not ro.done:
+            raise errors.CannotUndo(
+                f"rollout {rollout_id} is still running: cancel it first", rollout_id=rollout_id
+            )
+        current = self._catalog.get(ro.model)
+        if current.revision != ro.to_revision:
+            raise errors.CannotUndo(
+                f"{ro.model} changed after rollout {rollout_id} (now revision {current.revision}):"
+                " undo the later change first",
+                rollout_id=rollout_id,
+            )
+        previous = next(
+            (r for r in self._catalog.history(ro.model) if r.revision == ro.from_revision), None
+        )
+        if previous is None or previous.deleted:
+            raise errors.CannotUndo(
+                f"revision {ro.from_revision} of {ro.model} is not there to go back to",
+                rollout_id=rollout_id,
+            )
+        rev = self._changeable(ro.model, "", supersede=False)
+        options = ChangeOptions(by=by, dry_run=dry_run, strategy=ro.strategy, surge=ro.surge)
+        applied = self._apply(rev, previous.entry, "undo", options, undo_of=rollout_id)
+        if not applied.rollout_id:
+            return None, applied
+        return self._controller.rollouts.get(applied.rollout_id), applied
+
+    def cancel_rollout(self, rollout_id: str, by: str) -> Rollout:
+        """Stop a rollout if it runs (old replicas keep serving); the rollout as it ends.
+
+        Raises:
+            RolloutNotFound.
+        """
+        ro = self.rollout(rollout_id)
+        if ro.done:
+            return ro
+        return self._controller.cancel(ro.id, f"cancelled by {by}") or ro
+
+    def _apply(
+        self,
+        rev: Revision,
+        new: Entry,
+        kind: str,
+        options: ChangeOptions,
+        *,
+        undo_of: str = "",
+    ) -> Applied:
+        """Check room, commit the new revision and start the rollout (or, dry, only check)."""
+        old = rev.model
+        changed = changed_profiles(old, new.model)
+        state = self._controller.state
+        if options.strategy is Strategy.BESIDE:
+            for p in new.model.profiles:
+                if p.name not in changed or p.on_cpu:
+                    continue
+                serving = [
+                    r
+                    for r in state.replicas.values()
+                    if r.model == old.name and r.profile == p.name and not r.retire
+                ]
+                if not serving:
+                    continue
+                want = want_of(p)
+                room, most = room_beside(want, state.nodes, state.replicas)
+                if not room:
+                    raise errors.NoRoomBeside(
+                        f"no node has {want.gpus} free {p.gpu_class} card"
+                        f"{'s' if want.gpus != 1 else ''} to start a new {p.name} replica beside "
+                        f"an old one (the most free on a node is {most}): --in-place stops each "
+                        "replica first",
+                        name=old.name,
+                        profile=p.name,
+                        gpu_class=p.gpu_class,
+                        need_gpus=want.gpus,
+                        most_free=most,
+                    )
+        wanted_old = {w.profile: w for w in self._catalog.wants() if w.model == old.name}
+        restarted = sum(
+            1
+            for r in state.replicas.values()
+            if r.model == old.name and r.profile in changed and not r.retire
+        )
+        if options.dry_run:
+            return Applied(self._catalog.preview(new, rev.revision, options.by), "", restarted)
+        running = self._controller.running_rollout(old.name)
+        if running is not None and options.supersede:
+            self._controller.cancel(running.id, "superseded by a newer change of the model")
+        committed = self._catalog.write(new, options.by, rev.revision)
+        wants = [w for w in self._catalog.wants() if w.model == old.name]
+        steps = plan_steps(old.name, changed, state.replicas, wants)
+        if not steps:
+            return Applied(committed, "", 0)
+        ro = Rollout(
+            id="ro-" + uuid.uuid4().hex[:10],
+            model=old.name,
+            kind=kind,
+            strategy=options.strategy,
+            from_revision=rev.revision,
+            to_revision=committed.revision,
+            steps=steps,
+            surge=max(options.surge, 1),
+            created_s=self._clock(),
+            by=options.by,
+            undo_of=undo_of,
+            start_timeout_s=self._controller.start_timeout_s,
+            old_specs={name: w.spec for name, w in wanted_old.items()},
+        )
+        self._controller.start_rollout(ro)
+        log.info("change_applied", model=old.name, kind=kind, rollout_id=ro.id, steps=len(steps))
+        return Applied(committed, ro.id, restarted)

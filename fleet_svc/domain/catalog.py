@@ -1,0 +1,158 @@
+"""Catalog entries as the fleet keeps them, the checks a model passes, and the replicas its
+profiles want."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fleet_svc.domain import errors
+from fleet_svc.domain.placement import Want
+from fleet_svc.domain.replicas import ReplicaSpec
+from llmgw.model import Model, Profile
+
+NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+"""Model names: DNS-label-like, so they are safe in URLs, metrics and file names."""
+MAX_REPLICAS = 256
+
+GB = 1_000_000_000
+"""`Profile.min_memory_gb` counts decimal gigabytes."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A catalog model: the contract's typed value the fleet acts on, and what the fleet keeps
+    of the caller's text without reading it, to give it back as written (the origin's repo and
+    revision, an inline shape in its JSON form: only the planner reads a shape).
+
+    `model.shape` is always None here: the shape travels as `shape`.
+    """
+
+    model: Model
+    origin_repo: str = ""
+    origin_revision: str = ""
+    shape: Mapping[str, Any] | None = field(default=None, hash=False)
+
+    @property
+    def name(self) -> str:
+        """The model's name."""
+        return self.model.name
+
+    def with_model(self, model: Model) -> Entry:
+        """The same entry carrying `model` (its profiles or context changed)."""
+        return replace(self, model=model)
+
+
+@dataclass(frozen=True)
+class Revision:
+    """One revision of a catalog model: what it was, who wrote it when; a deletion is a
+    revision too. The revision number is the model's etag."""
+
+    entry: Entry
+    revision: int
+    updated_by: str
+    updated_at: float
+    deleted: bool = False
+    declared_in: str = ""
+
+    @property
+    def name(self) -> str:
+        """The model's name."""
+        return self.entry.name
+
+    @property
+    def model(self) -> Model:
+        """The model of this revision."""
+        return self.entry.model
+
+
+@dataclass(frozen=True)
+class ProfileWant:
+    """A model's profile as the controller needs it: how many replicas, on what, run how."""
+
+    model: str
+    profile: str
+    revision: int
+    replicas: int
+    want: Want
+    spec: ReplicaSpec
+
+
+def check_name(name: str) -> None:
+    """Refuse a model name the fleet cannot use.
+
+    Raises:
+        InvalidModel: not 1-63 lower-case letters, digits, '.', '_' or '-'.
+    """
+    if not NAME.match(name):
+        raise errors.InvalidModel(
+            f"model name {name!r} is not allowed: use 1-63 lower-case letters, digits, "
+            "'.', '_' or '-', starting with a letter or digit",
+            field="model.name",
+        )
+
+
+def check_profiles(model: Model) -> None:
+    """Refuse profiles the fleet could not run (the contract's own checks already passed).
+
+    Raises:
+        InvalidModel: a profile names no engine or wants too many replicas.
+    """
+    for i, p in enumerate(model.profiles):
+        if not p.engine:
+            raise errors.InvalidModel(
+                f"profile {p.name!r} names no engine", field=f"model.profiles[{i}].engine"
+            )
+        if p.replicas > MAX_REPLICAS:
+            raise errors.InvalidModel(
+                f"profile {p.name!r} wants {p.replicas} replicas, more than {MAX_REPLICAS}",
+                field=f"model.profiles[{i}].replicas",
+            )
+
+
+def node_cards(profile: Profile) -> int:
+    """The cards one replica of a GPU profile takes on its node.
+
+    A replica runs on one node, so this is the per-node count (cards per node, or the tensor
+    parallel size); `Profile.cards` also multiplies by the nodes a replica would span.
+    """
+    return max(profile.gpus_per_node, profile.tp, 1)
+
+
+def want_of(profile: Profile) -> Want:
+    """What one replica of `profile` needs of a node: cards of its class, or RAM."""
+    if profile.on_cpu:
+        return Want(ram_bytes=profile.min_memory_gb * GB)
+    return Want(gpu_class=profile.gpu_class, gpus=node_cards(profile))
+
+
+def wants_of(revisions: Iterable[Revision]) -> list[ProfileWant]:
+    """Every profile's wanted replicas, of the current revisions of the catalog."""
+    out = []
+    for rev in revisions:
+        model = rev.model
+        for p in model.profiles:
+            out.append(
+                ProfileWant(
+                    model=model.name,
+                    profile=p.name,
+                    revision=rev.revision,
+                    replicas=p.replicas,
+                    want=want_of(p),
+                    spec=ReplicaSpec(engine=p.engine, args=p.args, source=model.source),
+                )
+            )
+    return out
+
+
+def changed_profiles(old: Model, new: Model) -> set[str]:
+    """The profiles of `new` whose replicas must be replaced to serve it: new or changed
+    profiles, and every profile when the weights' source changed."""
+    before = {p.name: p for p in old.profiles}
+    return {
+        p.name
+        for p in new.profiles
+        if p.name not in before or before[p.name] != p or old.source != new.source
+    }

@@ -1,0 +1,168 @@
+"""Replicas and rollouts to and from the store's rows (JSON-able data).
+
+A replica row's `spec` keeps what its agent is told (`model`, `profile`, `engine`, `args`,
+`source`), the fleet's hints (`rollout`, `prefer_node`) and, under `_fleet`, what only the fleet
+reads (`attempt`, `ram_bytes`, `retire`); a rollout row keeps its whole state. The layouts are
+those earlier fleets wrote, so their databases load unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fleet_svc.domain.phases import ReplicaPhase
+from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
+from fleet_svc.domain.rollout import Rollout, RolloutState, Stage, Step, Strategy
+from fleet_svc.store.base import ReplicaRecord, RolloutRecord
+
+P = ReplicaPhase
+
+
+def spec_doc(model: str, profile: str, spec: ReplicaSpec) -> dict[str, Any]:
+    """A replica spec as a row keeps it."""
+    doc: dict[str, Any] = {
+        "model": model,
+        "profile": profile,
+        "engine": spec.engine,
+        "args": list(spec.args),
+        "source": spec.source,
+    }
+    if spec.rollout:
+        doc["rollout"] = spec.rollout
+    if spec.prefer_node:
+        doc["prefer_node"] = spec.prefer_node
+    return doc
+
+
+def spec_of_doc(doc: Mapping[str, Any], attempt: int = 1) -> ReplicaSpec:
+    """A replica spec from a row's JSON (unknown keys ignored)."""
+    args = doc.get("args", [])
+    return ReplicaSpec(
+        engine=str(doc.get("engine", "")),
+        args=tuple(str(a) for a in args) if isinstance(args, list) else (),
+        source=str(doc.get("source", "")),
+        prefer_node=str(doc.get("prefer_node", "") or ""),
+        rollout=str(doc.get("rollout", "") or ""),
+        attempt=attempt,
+    )
+
+
+def replica_record(r: ReplicaState) -> ReplicaRecord:
+    """A replica as a row to store."""
+    spec = spec_doc(r.model, r.profile, r.spec)
+    spec["_fleet"] = {"attempt": r.spec.attempt, "ram_bytes": r.ram_bytes, "retire": r.retire}
+    return ReplicaRecord(
+        id=r.id,
+        model=r.model,
+        profile=r.profile,
+        revision=r.revision,
+        node=r.node,
+        gpus=r.gpus,
+        phase=r.phase.value,
+        reason=r.reason,
+        address=r.address,
+        restarts=r.restarts,
+        since=r.since_s,
+        spec=spec,
+    )
+
+
+def replica_of(rec: ReplicaRecord) -> ReplicaState:
+    """A stored row as a replica (an unknown phase reads as PENDING)."""
+    meta = rec.spec.get("_fleet")
+    fleet = meta if isinstance(meta, dict) else {}
+    return ReplicaState(
+        id=rec.id,
+        model=rec.model,
+        profile=rec.profile,
+        revision=rec.revision,
+        spec=spec_of_doc(rec.spec, attempt=int(fleet.get("attempt", 1))),
+        phase=P(rec.phase) if rec.phase in P.__members__ else P.PENDING,
+        node=rec.node,
+        gpus=tuple(rec.gpus),
+        reason=rec.reason,
+        address=rec.address,
+        restarts=rec.restarts,
+        since_s=rec.since,
+        ram_bytes=int(fleet.get("ram_bytes", 0)),
+        retire=bool(fleet.get("retire", False)),
+    )
+
+
+def rollout_record(ro: Rollout) -> RolloutRecord:
+    """A rollout as a store record."""
+    spec: dict[str, Any] = {
+        "kind": ro.kind,
+        "strategy": ro.strategy.value,
+        "from_revision": ro.from_revision,
+        "to_revision": ro.to_revision,
+        "surge": ro.surge,
+        "reason": ro.reason,
+        "log_tail": list(ro.log_tail),
+        "by": ro.by,
+        "undo_of": ro.undo_of,
+        "start_timeout_s": ro.start_timeout_s,
+        "old_specs": {k: spec_doc(ro.model, k, v) for k, v in ro.old_specs.items()},
+        "steps": [
+            {
+                "profile": s.profile,
+                "old_id": s.old_id,
+                "new_id": s.new_id,
+                "mode": s.mode,
+                "stage": s.stage.value,
+                "node": s.node,
+                "gpus": list(s.gpus),
+                "old_node": s.old_node,
+                "started_s": s.started_s,
+                "message": s.message,
+            }
+            for s in ro.steps
+        ],
+    }
+    return RolloutRecord(
+        id=ro.id,
+        model=ro.model,
+        state=ro.state.value,
+        spec=spec,
+        created_at=ro.created_s,
+        updated_at=ro.updated_s or ro.created_s,
+    )
+
+
+def load_rollout(rec: RolloutRecord) -> Rollout:
+    """A rollout from its store record."""
+    s = rec.spec
+    return Rollout(
+        id=rec.id,
+        model=rec.model,
+        kind=str(s.get("kind", "")),
+        strategy=Strategy(s.get("strategy", "beside")),
+        from_revision=int(s.get("from_revision", 0)),
+        to_revision=int(s.get("to_revision", 0)),
+        steps=tuple(
+            Step(
+                profile=str(st["profile"]),
+                old_id=str(st.get("old_id", "")),
+                new_id=str(st.get("new_id", "")),
+                mode=str(st.get("mode", "")),
+                stage=Stage(st.get("stage", "waiting")),
+                node=str(st.get("node", "")),
+                gpus=tuple(int(g) for g in st.get("gpus", [])),
+                old_node=str(st.get("old_node", "")),
+                started_s=float(st.get("started_s", 0.0)),
+                message=str(st.get("message", "")),
+            )
+            for st in s.get("steps", [])
+        ),
+        state=RolloutState(rec.state),
+        surge=int(s.get("surge", 1)),
+        reason=str(s.get("reason", "")),
+        log_tail=tuple(str(x) for x in s.get("log_tail", [])),
+        created_s=rec.created_at,
+        updated_s=rec.updated_at,
+        by=str(s.get("by", "")),
+        undo_of=str(s.get("undo_of", "")),
+        start_timeout_s=float(s.get("start_timeout_s", 600.0)),
+        old_specs={str(k): spec_of_doc(v) for k, v in s.get("old_specs", {}).items()},
+    )

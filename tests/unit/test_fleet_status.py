@@ -1,0 +1,96 @@
+"""The fleet's error table applied to streams: a refusal raised inside a stream ends it with
+the status a unary call would get; anything else ends it INTERNAL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+
+from fleet_svc.domain import errors
+from fleet_svc.rpc.status import code_and_reason, stream_refusals_as_status
+
+
+class Aborted(Exception):
+    """What the fake context raises to end the stream, as grpc's does."""
+
+
+class Context:
+    """A fake servicer context that keeps the status a stream ended with."""
+
+    def __init__(self) -> None:
+        self.status: Any = None
+
+    async def abort_with_status(self, status: Any) -> None:
+        self.status = status
+        raise Aborted
+
+
+class Streams:
+    """Stream methods that yield one message, then fail as told."""
+
+    def __init__(self, failure: Exception) -> None:
+        self.failure = failure
+
+    @stream_refusals_as_status
+    async def Watch(self, request: int, context: Any) -> AsyncIterator[int]:
+        yield request
+        raise self.failure
+
+
+async def run(failure: Exception) -> tuple[list[int], Context]:
+    """The messages a stream sent before it ended, and its context."""
+    context = Context()
+    got = []
+    with pytest.raises(Aborted):
+        async for msg in Streams(failure).Watch(7, cast(Any, context)):
+            got.append(msg)
+    return got, context
+
+
+def reason_of(status: Any) -> str:
+    """The ErrorInfo reason of an ended stream's status."""
+    message = status_pb2.Status.FromString(
+        dict(status.trailing_metadata)["grpc-status-details-bin"]
+    )
+    for detail in message.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return str(info.reason)
+    return ""
+
+
+async def test_a_refusal_in_a_stream_gets_the_table_s_status() -> None:
+    """A rollout refused mid-stream ends the stream NOT_FOUND with its reason, after the
+    messages already sent."""
+    got, context = await run(errors.RolloutNotFound("no rollout 'ro-x'", rollout_id="ro-x"))
+    assert got == [7]
+    assert context.status.code is grpc.StatusCode.NOT_FOUND
+    assert context.status.details == "no rollout 'ro-x'"
+    assert reason_of(context.status) == "ROLLOUT_NOT_FOUND"
+
+
+async def test_an_unknown_failure_in_a_stream_is_internal_with_a_generic_message() -> None:
+    """A bug inside a stream is not shown to the caller: INTERNAL, a generic message."""
+    _, context = await run(KeyError("secret detail"))
+    assert context.status.code is grpc.StatusCode.INTERNAL
+    assert "secret" not in context.status.details
+
+
+@pytest.mark.parametrize(
+    ("exc", "code", "reason"),
+    [
+        (errors.NoHello("x"), grpc.StatusCode.INVALID_ARGUMENT, "NO_HELLO"),
+        (errors.StreamReplaced("x"), grpc.StatusCode.ABORTED, "STREAM_REPLACED"),
+        (errors.RolloutInProgress("x"), grpc.StatusCode.ABORTED, "ROLLOUT_IN_PROGRESS"),
+        (errors.PlannerUnavailable("x"), grpc.StatusCode.UNAVAILABLE, "PLANNER_UNAVAILABLE"),
+    ],
+)
+def test_the_stream_refusals_are_in_the_table(
+    exc: errors.FleetError, code: grpc.StatusCode, reason: str
+) -> None:
+    """The agent stream's refusals have their own code and reason in the one table."""
+    assert code_and_reason(exc) == (code, reason)

@@ -1,0 +1,116 @@
+"""Replica and rollout rows: the layouts earlier fleets wrote load into typed values and are
+written back unchanged, so a database survives the upgrade."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleet_svc.domain.phases import ReplicaPhase
+from fleet_svc.domain.replicas import ReplicaSpec
+from fleet_svc.domain.rollout import RolloutState, Stage, Strategy
+from fleet_svc.store.base import ReplicaRecord, RolloutRecord
+from fleet_svc.store.rows import load_rollout, replica_of, replica_record, rollout_record
+
+# A replica row as the fleet wrote it before its spec was typed: what the agent is told, the
+# rollout's hints, and the fleet's own bookkeeping under "_fleet".
+OLD_REPLICA_SPEC: dict[str, Any] = {
+    "model": "qwen",
+    "profile": "gpu",
+    "engine": "vllm",
+    "args": ["--max-model-len", "8192"],
+    "source": "hf://Qwen/Qwen2.5-0.5B-Instruct",
+    "rollout": "ro-1a2b3c4d5e",
+    "prefer_node": "node-b",
+    "_fleet": {"attempt": 2, "ram_bytes": 0, "retire": True},
+}
+
+
+def test_an_old_replica_row_loads_typed_and_writes_back_the_same() -> None:
+    """Every key of an earlier row lands in a typed field and the row written back is equal."""
+    record = ReplicaRecord(
+        id="r-1",
+        model="qwen",
+        profile="gpu",
+        revision=3,
+        node="node-b",
+        gpus=(0, 1),
+        phase="DRAINING",
+        reason="replaced beside by rollout ro-1a2b3c4d5e",
+        address="10.0.0.2:8000",
+        restarts=1,
+        since=1_764_000_000.5,
+        spec=OLD_REPLICA_SPEC,
+    )
+    r = replica_of(record)
+    assert r.spec == ReplicaSpec(
+        engine="vllm",
+        args=("--max-model-len", "8192"),
+        source="hf://Qwen/Qwen2.5-0.5B-Instruct",
+        prefer_node="node-b",
+        rollout="ro-1a2b3c4d5e",
+        attempt=2,
+    )
+    assert (r.phase, r.retire, r.gpus, r.since_s) == (
+        ReplicaPhase.DRAINING,
+        True,
+        (0, 1),
+        1_764_000_000.5,
+    )
+    assert replica_record(r) == record
+
+
+def test_a_row_without_hints_or_bookkeeping_reads_with_defaults() -> None:
+    """A bare row (no rollout, no preferred node, no _fleet) is a first attempt, wanted, and
+    an unknown phase reads as PENDING."""
+    r = replica_of(ReplicaRecord(id="r-2", model="m", profile="p", revision=1, phase="?", spec={}))
+    assert r.spec == ReplicaSpec(engine="")
+    assert (r.phase, r.retire, r.attempt) == (ReplicaPhase.PENDING, False, 1)
+
+
+def test_a_rollout_row_round_trips() -> None:
+    """A stored rollout loads with its steps and the old revision's specs, and is written
+    back as it was read."""
+    spec: dict[str, Any] = {
+        "kind": "gpus",
+        "strategy": "in_place",
+        "from_revision": 2,
+        "to_revision": 3,
+        "surge": 1,
+        "reason": "",
+        "log_tail": [],
+        "by": "alice",
+        "undo_of": "",
+        "start_timeout_s": 600.0,
+        "old_specs": {
+            "gpu": {
+                "model": "qwen",
+                "profile": "gpu",
+                "engine": "vllm",
+                "args": ["--tensor-parallel-size", "1"],
+                "source": "hf://Qwen/Qwen2.5-0.5B-Instruct",
+            }
+        },
+        "steps": [
+            {
+                "profile": "gpu",
+                "old_id": "r-1",
+                "new_id": "",
+                "mode": "in_place",
+                "stage": "retiring",
+                "node": "",
+                "gpus": [],
+                "old_node": "node-b",
+                "started_s": 12.5,
+                "message": "",
+            }
+        ],
+    }
+    record = RolloutRecord("ro-1", "qwen", "RUNNING", spec, 1_764_000_000.0, 1_764_000_100.0)
+    ro = load_rollout(record)
+    assert (ro.strategy, ro.state, ro.steps[0].stage) == (
+        Strategy.IN_PLACE,
+        RolloutState.RUNNING,
+        Stage.RETIRING,
+    )
+    assert ro.old_specs["gpu"].args == ("--tensor-parallel-size", "1")
+    assert rollout_record(ro) == record
