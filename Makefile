@@ -47,6 +47,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-logo
 
 # Run every check and test, as CI does.
 test: venv llama-server proto-check buf-lint lint

@@ -13,25 +13,22 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from fleet_svc.agents.session import AgentServicer
 from fleet_svc.app import FleetApp
 from fleet_svc.catalog import Catalog
 from fleet_svc.clock import Clock, SystemClock
 from fleet_svc.controller import Controller
 from fleet_svc.domain.nodes import Liveness
 from fleet_svc.planner import Planner
+from fleet_svc.rpc.agent_stream import SERVICE_NAME as AGENT_SERVICE
+from fleet_svc.rpc.agent_stream import add_agent_service
 from fleet_svc.rpc.planner import GrpcPlanner
-from fleet_svc.rpc.servicer import FleetServicer
+from fleet_svc.rpc.servicer import SERVICE_NAME as FLEET_SERVICE
+from fleet_svc.rpc.servicer import add_fleet_service
 from fleet_svc.rpc.settings import declared_entries
 from fleet_svc.store.base import Store
 from fleet_svc.store.sqlite import open_store
-from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
-from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 
 log = structlog.get_logger(__name__)
-
-FLEET_SERVICE = fleet_pb2.DESCRIPTOR.services_by_name["FleetService"].full_name
-AGENT_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
 
 # Keepalive fit for long agent streams behind meshes: ping idle connections every 20 s and
 # accept clients' pings as often as every 5 s.
@@ -116,8 +113,8 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
     catalog.on_change = controller.wake
     planner = GrpcPlanner(opts.planner)
     app = FleetApp(catalog, controller, store, planner, clock.wall)
-    fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetServicer(app, store, controller), server)
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(controller, clock), server)
+    add_fleet_service(server, app, store, controller)
+    add_agent_service(server, controller, clock)
     port = server.add_insecure_port(opts.listen)
     await server.start()
     loop_task = asyncio.create_task(controller.run())

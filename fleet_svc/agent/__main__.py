@@ -15,7 +15,6 @@ import grpc
 import structlog
 
 from fleet_svc.agent.cards import CardSpecError, discover_cards
-from fleet_svc.agent.client import AgentClient, NodeIdentity
 from fleet_svc.agent.config import (
     AgentConfig,
     ConfigError,
@@ -25,6 +24,7 @@ from fleet_svc.agent.config import (
     missing_executables,
 )
 from fleet_svc.agent.replicas import ReplicaSet
+from fleet_svc.agent.rpc.client import AgentClient, NodeIdentity
 from llmgw.logs import configure_logging
 
 EPILOG = """\

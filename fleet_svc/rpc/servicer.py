@@ -332,3 +332,14 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         return await self._once(
             request.request_id, "UndoRollout", fleet_pb2.UndoRolloutResponse, make
         )
+
+
+SERVICE_NAME = fleet_pb2.DESCRIPTOR.services_by_name["FleetService"].full_name
+"""The fleet API's full service name, for health and reflection."""
+
+
+def add_fleet_service(
+    server: grpc.aio.Server, app: FleetApp, store: Store, controller: Controller
+) -> None:
+    """Serve the fleet API on `server`."""
+    fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetServicer(app, store, controller), server)

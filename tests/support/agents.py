@@ -14,9 +14,9 @@ from typing import Any
 
 from fleet_svc.agent.backoff import Backoff, RestartLimit
 from fleet_svc.agent.cards import StandinCards, parse_gpu_spec
-from fleet_svc.agent.client import AgentClient, NodeIdentity
 from fleet_svc.agent.config import AgentConfig, standin_engine
 from fleet_svc.agent.replicas import ReplicaSet
+from fleet_svc.agent.rpc.client import AgentClient, NodeIdentity
 
 
 def fast_config(**overrides: Any) -> AgentConfig:

@@ -206,3 +206,12 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             link.queue.put_nowait(
                 agent_pb2.ConnectResponse(heartbeat=agent_pb2.Heartbeat(seq=seq, sent_at=now))
             )
+
+
+SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
+"""The agents' stream service's full name, for health and reflection."""
+
+
+def add_agent_service(server: grpc.aio.Server, controller: Controller, clock: Clock) -> None:
+    """Serve the agents' Connect stream on `server`."""
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(controller, clock), server)

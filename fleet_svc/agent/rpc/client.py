@@ -20,19 +20,19 @@ import structlog
 from fleet_svc.agent import host
 from fleet_svc.agent.backoff import Backoff
 from fleet_svc.agent.clock import Clock, SystemClock
-from fleet_svc.agent.convert import (
+from fleet_svc.agent.replica import Observation
+from fleet_svc.agent.replicas import ReplicaSet
+from fleet_svc.agent.rpc.convert import (
     ack_to_proto,
     card_to_proto,
     observation_to_proto,
     spec_from_proto,
     timestamp,
 )
-from fleet_svc.agent.replica import Observation
-from fleet_svc.agent.replicas import ReplicaSet
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
 from llmgw.clients.errors import Refused, Unreachable, translated_async
 
-log = structlog.get_logger("fleet_svc.agent.client")
+log = structlog.get_logger("fleet_svc.agent.rpc.client")
 
 AGENT_VERSION = "0.1.0"
 

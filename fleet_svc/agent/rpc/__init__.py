@@ -1,0 +1,1 @@
+"""The node agent's proto edge: the agent protocol's messages to and from the agent's own values."""
