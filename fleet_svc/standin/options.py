@@ -6,12 +6,18 @@ import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from llmgw.engines import registry
+from llmgw.engines.errors import EngineRefuses
+
 GIB = 1 << 30
 
-# Tensor-parallel flags as each engine spells them (vLLM, SGLang, TensorRT-LLM): the cards a
-# replica is given must match, as a real engine refuses to start otherwise.
+# Standing in for an engine the registry knows (`--engine vllm`), the stand-in reads that
+# engine's tensor-parallel and context flags through the engine's own grammar
+# (llmgw.engines), the one the planner writes them with. Under any other name it takes every
+# engine's spelling, below: tensor-parallel flags (vLLM, SGLang, TensorRT-LLM), whose size must
+# match the cards given, as a real engine refuses to start otherwise; context flags (vLLM,
+# SGLang, llama.cpp, TensorRT-LLM), positive whole numbers.
 TP_FLAGS = ("--tensor-parallel-size", "-tp", "--tp-size", "--tp", "--tp_size")
-# Context flags (vLLM, SGLang, llama.cpp, TensorRT-LLM): positive whole numbers.
 CONTEXT_FLAGS = ("--max-model-len", "--context-length", "--ctx-size", "-c", "--max_seq_len")
 # Environment switch that makes the stand-in fail on start whatever its arguments, so a test
 # can break one engine without changing the arguments the fleet sends.
@@ -83,6 +89,27 @@ def _positive(flag: str, value: str) -> int:
     return number
 
 
+def _as_engine_reads(name: str, argv: Sequence[str]) -> tuple[int | None, int | None] | None:
+    """(tensor parallel, context) as the registered engine `name` reads them from `argv`
+    (None for either flag absent); None when no registered engine has such flags.
+
+    Raises:
+        OptionsError: a value the engine refuses.
+    """
+    engine = registry.find(name)
+    tp_flag = getattr(engine, "tp_flag", ())
+    context_flag = getattr(engine, "context_flag", ())
+    if engine is None or not (tp_flag and context_flag):
+        return None
+    try:
+        return (
+            engine.grammar.count(argv, tp_flag),
+            engine.grammar.count(argv, context_flag),
+        )
+    except EngineRefuses as exc:
+        raise OptionsError(f"error: {exc.message}") from exc
+
+
 def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
     """The stand-in's options from its arguments and environment.
 
@@ -93,16 +120,17 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
     """
     parser = _parser()
     ns, _ignored = parser.parse_known_args(list(argv))
-    tp_given = [(f, getattr(ns, f"tp{i}")) for i, f in enumerate(TP_FLAGS)]
-    ctx_given = [(f, getattr(ns, f"ctx{i}")) for i, f in enumerate(CONTEXT_FLAGS)]
-    tp = None
-    for flag, value in tp_given:
-        if value is not None:
-            tp = _positive(flag, value)
-    context = None
-    for flag, value in ctx_given:
-        if value is not None:
-            context = _positive(flag, value)
+    read = _as_engine_reads(ns.engine, argv)
+    if read is not None:
+        tp, context = read
+    else:
+        tp = context = None
+        for i, flag in enumerate(TP_FLAGS):
+            if getattr(ns, f"tp{i}") is not None:
+                tp = _positive(flag, getattr(ns, f"tp{i}"))
+        for i, flag in enumerate(CONTEXT_FLAGS):
+            if getattr(ns, f"ctx{i}") is not None:
+                context = _positive(flag, getattr(ns, f"ctx{i}"))
     visible = env.get("CUDA_VISIBLE_DEVICES", "")
     try:
         gpus = tuple(int(g) for g in visible.split(",") if g.strip())

@@ -98,3 +98,34 @@ def test_context_past_the_kv_capacity_is_refused_as_vllm_refuses_it() -> None:
         ["--port", "1", "--max-model-len", "12000", "--kv-capacity-tokens", "12000"], {}
     )
     assert opts.context_tokens == 12000
+
+
+@pytest.mark.parametrize(
+    ("engine", "args", "tp", "context"),
+    [
+        ("vllm", ["--tensor_parallel_size=2", "--max_model_len", "8192"], 2, 8192),
+        ("vllm", ["-tp", "2", "--max-model-len=4096"], 2, 4096),
+        ("sglang", ["--tp-size", "2", "--context-length", "32768"], 2, 32768),
+        ("sglang", ["--tensor-parallel-size=2"], 2, None),
+    ],
+)
+def test_standing_in_for_an_engine_reads_its_flags_with_its_grammar(
+    engine: str, args: list[str], tp: int, context: int | None
+) -> None:
+    """As a registered engine the stand-in reads that engine's spellings of the tensor-parallel
+    and context flags, as the planner writes them."""
+    opts = parse_options(
+        ["--port", "1", "--engine", engine, *args], {"CUDA_VISIBLE_DEVICES": "0,1"}
+    )
+    assert (opts.tensor_parallel, opts.context_tokens) == (tp, context)
+
+
+def test_standing_in_for_vllm_refuses_what_vllm_refuses() -> None:
+    """As vLLM, a tensor-parallel size other than the visible cards, in any spelling, stops it."""
+    with pytest.raises(OptionsError, match="tensor parallel size 4"):
+        parse_options(
+            ["--port", "1", "--engine", "vllm", "--tensor_parallel_size=4"],
+            {"CUDA_VISIBLE_DEVICES": "0,1"},
+        )
+    with pytest.raises(OptionsError, match="whole number"):
+        parse_options(["--port", "1", "--engine", "vllm", "-tp", "two"], {})
