@@ -16,7 +16,6 @@ from typing import Protocol
 import structlog
 
 from fleet_svc.agents.desired import DesiredSets, desired_by_node
-from fleet_svc.clock import Clock
 from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.control import (
     Action,
@@ -47,6 +46,7 @@ from fleet_svc.rollouts import Rollouts
 from fleet_svc.store.base import Store
 from fleet_svc.store.rows import replica_of, replica_record
 from fleet_svc.watch import EndpointEvent, EndpointHub
+from llmgw.clock import Clock
 
 log = structlog.get_logger(__name__)
 P = ReplicaPhase

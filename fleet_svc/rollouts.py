@@ -9,7 +9,6 @@ from dataclasses import replace
 
 import structlog
 
-from fleet_svc.clock import Clock
 from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.control import Action
 from fleet_svc.domain.nodes import NodeView
@@ -19,6 +18,7 @@ from fleet_svc.domain.rollout import advance as advance_rollout
 from fleet_svc.domain.rollout import cancel as cancel_rollout
 from fleet_svc.store.base import Store
 from fleet_svc.store.rows import load_rollout, rollout_record
+from llmgw.clock import Clock
 
 log = structlog.get_logger(__name__)
 

@@ -15,7 +15,6 @@ from grpc_reflection.v1alpha import reflection
 
 from fleet_svc.app import FleetApp
 from fleet_svc.catalog import Catalog
-from fleet_svc.clock import Clock, SystemClock
 from fleet_svc.controller import Controller
 from fleet_svc.domain.nodes import Liveness
 from fleet_svc.planner import Planner
@@ -27,6 +26,7 @@ from fleet_svc.rpc.servicer import add_fleet_service
 from fleet_svc.rpc.settings import declared_entries
 from fleet_svc.store.base import Store
 from fleet_svc.store.sqlite import open_store
+from llmgw.clock import Clock, SystemClock
 
 log = structlog.get_logger(__name__)
 

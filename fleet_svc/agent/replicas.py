@@ -13,12 +13,12 @@ import structlog
 
 from fleet_svc.agent.admission import Rejection
 from fleet_svc.agent.cards import CardBackend
-from fleet_svc.agent.clock import Clock, SystemClock
 from fleet_svc.agent.config import AgentConfig
 from fleet_svc.agent.process import AdoptedProcess, read_records
 from fleet_svc.agent.reconcile import plan_changes
 from fleet_svc.agent.replica import Observation, ReplicaSpec
 from fleet_svc.agent.runner import ReplicaRunner, RunnerContext
+from llmgw.clock import Clock, SystemClock
 
 log = structlog.get_logger("fleet_svc.agent.replicas")
 

@@ -24,7 +24,6 @@ import structlog
 
 from fleet_svc.agent.backoff import recent_crashes
 from fleet_svc.agent.cards import CardBackend
-from fleet_svc.agent.clock import Clock
 from fleet_svc.agent.config import AgentConfig, EngineConfig
 from fleet_svc.agent.host import free_port
 from fleet_svc.agent.logs import ReplicaLog
@@ -38,6 +37,7 @@ from fleet_svc.agent.process import (
     wait_group_gone,
 )
 from fleet_svc.agent.replica import Observation, Phase, ReplicaSpec
+from llmgw.clock import Clock
 
 log = structlog.get_logger("fleet_svc.agent.runner")
 

@@ -14,7 +14,6 @@ import grpc
 import structlog
 from google.protobuf import timestamp_pb2
 
-from fleet_svc.clock import Clock
 from fleet_svc.controller import Controller
 from fleet_svc.domain import errors
 from fleet_svc.domain.nodes import Card, NodeView
@@ -23,6 +22,7 @@ from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.reports import Observed, Rejection
 from fleet_svc.rpc.status import stream_refusals_as_status
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
+from llmgw.clock import Clock
 
 log = structlog.get_logger(__name__)
 

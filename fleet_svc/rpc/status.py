@@ -12,7 +12,7 @@ from google.rpc import status_pb2
 from grpc_status import rpc_status
 
 from fleet_svc.domain import errors
-from llmgw.rpcstatus import INTERNAL, build_status, guarded
+from llmgw.rpc.status import INTERNAL, build_status, guarded
 
 log = structlog.get_logger(__name__)
 

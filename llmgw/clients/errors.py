@@ -3,14 +3,14 @@ or `Refused` (a server answered no, with its reason and facts).
 
 This is the one place a gRPC transport error is looked at. Every client in `llmgw.clients`
 (and the node agent's stream to the fleet) turns a `grpc.RpcError` into one of these two here,
-decoding the `google.rpc.Status` and its `ErrorInfo` (written by `llmgw.rpcstatus`) once.
+decoding the `google.rpc.Status` and its `ErrorInfo` (written by `llmgw.rpc.status`) once.
 
 Which codes mean what:
 - UNAVAILABLE and DEADLINE_EXCEEDED are `Unreachable`: no answer came (nothing listens, the
   connection dropped, or the server took longer than the caller would wait), or the server
   says with a reason that a service behind it did not answer (the fleet's planner).
 - Every other code is `Refused`, INTERNAL included: a server answered. INTERNAL is a server's
-  bug reported as such (`llmgw.rpcstatus.INTERNAL`); asking again asks the same bug.
+  bug reported as such (`llmgw.rpc.status.INTERNAL`); asking again asks the same bug.
 
 Which are retried: UNAVAILABLE only, at most RETRY_ATTEMPTS times in all, RETRY_BACKOFF_S
 apart. gRPC documents UNAVAILABLE as "most likely a transient condition, which can be

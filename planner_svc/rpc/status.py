@@ -7,7 +7,7 @@ import grpc
 from google.rpc import status_pb2
 
 from llmgw.refusal import Refusal
-from llmgw.rpcstatus import build_status, guarded
+from llmgw.rpc.status import build_status, guarded
 from planner_svc.domain import errors
 
 DOMAIN = "planner.llmgw.dev"

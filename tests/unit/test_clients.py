@@ -21,7 +21,7 @@ from llmgw.clients.fleet import RECONNECT_S, RESUME_FOR_S
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
-from llmgw.rpcstatus import build_status
+from llmgw.rpc.status import build_status
 from tests.support.planner import running_planner
 
 LLAMA_8B = model_from_data(

@@ -19,7 +19,6 @@ import structlog
 
 from fleet_svc.agent import host
 from fleet_svc.agent.backoff import Backoff
-from fleet_svc.agent.clock import Clock, SystemClock
 from fleet_svc.agent.replica import Observation
 from fleet_svc.agent.replicas import ReplicaSet
 from fleet_svc.agent.rpc.convert import (
@@ -31,6 +30,7 @@ from fleet_svc.agent.rpc.convert import (
 )
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
 from llmgw.clients.errors import Refused, Unreachable, translated_async
+from llmgw.clock import Clock, SystemClock
 
 log = structlog.get_logger("fleet_svc.agent.rpc.client")
 

@@ -1,4 +1,6 @@
-"""The agent's clock: time and sleeping, injected so supervision logic can be driven by a test."""
+"""The clock every process injects: monotonic time for durations (drains, heartbeats, timeouts),
+wall time for what people read and what outlives the process, and sleeping; a test drives the
+code under it with llmgw.testing.clock.FakeClock."""
 
 from __future__ import annotations
 
