@@ -63,6 +63,11 @@ class Authority:
         """The CA certificate, PEM (what clients and servers trust)."""
         return self.cert.public_bytes(serialization.Encoding.PEM)
 
+    @property
+    def key_pem(self) -> bytes:
+        """The CA's private key, PEM (PKCS#8, unencrypted: guard it)."""
+        return _key_pem(self.key)
+
 
 def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
@@ -247,7 +252,7 @@ def init_ca(ca_dir: Path, common_name: str = "llmgw local CA") -> Authority:
     ca_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(ca_dir, 0o700)
     ca = new_authority(common_name)
-    _write(ca_dir / CA_KEY, _key_pem(ca.key), private=True)
+    _write(ca_dir / CA_KEY, ca.key_pem, private=True)
     _write(ca_dir / CA_CERT, ca.cert_pem, private=False)
     return ca
 

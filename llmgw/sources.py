@@ -104,13 +104,13 @@ def revision_problem(revision: str) -> str:
         return f"the revision is longer than {MAX_REVISION_CHARS} characters"
     if revision.startswith("-"):
         return "a revision cannot start with '-'"
+    if ".." in revision:
+        return "a revision cannot contain '..'"
     if not _REVISION.match(revision):
         return (
             "a revision is a branch, tag or commit: letters, digits, '.', '_', '-' and '/', "
             "starting with a letter or digit"
         )
-    if ".." in revision:
-        return "a revision cannot contain '..'"
     if "//" in revision or revision.endswith(("/", ".")):
         return "a revision cannot hold '//' or end with '/' or '.'"
     if any(part.startswith(".") or part.endswith(".lock") for part in revision.split("/")):
