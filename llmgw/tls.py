@@ -299,50 +299,47 @@ def _check_pair(cert_pem: bytes, key_pem: bytes, tls: ServerTLS) -> None:
         raise TLSConfigError(f"{tls.key} is not the private key of {tls.cert}")
 
 
-def _stamp(paths: Sequence[Path]) -> tuple[tuple[int, int, int, int], ...]:
-    """What tells that a file changed: inode, device, size and mtime (ns) of each."""
-    out = []
-    for path in paths:
-        st = os.stat(path)
-        out.append((st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns))
-    return tuple(out)
-
-
 class CertificateReloader:
     """grpc's certificate-configuration fetcher for one ServerTLS: grpc calls it at each new
-    connection; it answers a new configuration when a file changed and the new pair is whole
-    (a key that does not match its certificate, as mid-way through a copy, keeps the old one
-    until the next connection), None (keep the current) otherwise."""
+    connection; it answers a new configuration when a file's contents changed and the new
+    pair is whole (a key that does not match its certificate, as mid-way through a copy,
+    keeps the old one until the next connection), None (keep the current) otherwise.
+
+    Contents, not mtimes, are compared: two rotations within the file system's timestamp
+    granularity, with files of equal size (P-256 keys always are), would look unchanged.
+    Reading three small files per new connection costs tens of microseconds; gRPC
+    connections are long-lived."""
 
     def __init__(self, tls: ServerTLS) -> None:
         self.tls = tls
         self._lock = threading.Lock()
         self.reloads = 0
         """How many times new files were taken (for tests and logs)."""
-        self._stamp, self.initial = self._load()
+        self._files = self._read_all()
+        self.initial = self._configuration(self._files)
 
-    def _paths(self) -> list[Path]:
-        return [self.tls.cert, self.tls.key, *([self.tls.ca] if self.tls.ca else [])]
+    def _read_all(self) -> tuple[bytes, bytes, bytes | None]:
+        return (
+            _read(self.tls.cert, "certificate"),
+            _read(self.tls.key, "private key"),
+            _read(self.tls.ca, "CA") if self.tls.ca else None,
+        )
 
-    def _load(self) -> tuple[tuple[tuple[int, int, int, int], ...], Any]:
-        try:
-            stamp = _stamp(self._paths())
-        except OSError as exc:
-            raise TLSConfigError(f"a TLS file cannot be read: {exc}") from exc
-        cert = _read(self.tls.cert, "certificate")
-        key = _read(self.tls.key, "private key")
+    def _configuration(self, files: tuple[bytes, bytes, bytes | None]) -> Any:
+        cert, key, ca = files
         _check_pair(cert, key, self.tls)
-        ca = _read(self.tls.ca, "CA") if self.tls.ca else None
-        return stamp, grpc.ssl_server_certificate_configuration([(key, cert)], ca)
+        return grpc.ssl_server_certificate_configuration([(key, cert)], ca)
 
     def __call__(self) -> Any:
         try:
             with self._lock:
-                if _stamp(self._paths()) == self._stamp:
+                files = self._read_all()
+                if files == self._files:
                     return None
-                self._stamp, config = self._load()
+                config = self._configuration(files)
+                self._files = files
                 self.reloads += 1
-        except (OSError, TLSConfigError) as exc:
+        except TLSConfigError as exc:
             log.warning("tls_reload_deferred", cert=str(self.tls.cert), error=str(exc))
             return None
         log.info("tls_certificates_reloaded", cert=str(self.tls.cert), reloads=self.reloads)
