@@ -324,16 +324,19 @@ def make_local_tls(
     (a restart keeps the certificates clients were given)."""
     ca = init_ca(folder)
 
-    def kept_or(stem: str, make: Callable[[], Pair]) -> tuple[Path, Path]:
+    def kept_or(stem: str, name: str, make: Callable[[Authority, str], Pair]) -> tuple[Path, Path]:
         cert_path, key_path = folder / f"{stem}.crt", folder / f"{stem}.key"
         if cert_path.exists() and key_path.exists():
             return cert_path, key_path
-        return write_pair(folder, stem, make())
+        return write_pair(folder, stem, make(ca, name))
+
+    def server(authority: Authority, name: str) -> Pair:
+        return issue_server(authority, name, hosts=hosts)
 
     return LocalTLS(
         folder=folder,
         ca_cert=folder / CA_CERT,
-        servers={n: kept_or(n, lambda n=n: issue_server(ca, n, hosts=hosts)) for n in servers},
-        nodes={n: kept_or(f"node-{n}", lambda n=n: issue_node(ca, n)) for n in nodes},
-        clients={n: kept_or(n, lambda n=n: issue_client(ca, n)) for n in clients},
+        servers={n: kept_or(n, n, server) for n in servers},
+        nodes={n: kept_or(f"node-{n}", n, issue_node) for n in nodes},
+        clients={n: kept_or(n, n, issue_client) for n in clients},
     )

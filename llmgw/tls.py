@@ -168,11 +168,12 @@ def peer_identity(
     Only a server started with `--tls-ca` asks for and verifies client certificates; grpc
     puts the verified leaf in the call's auth context (`x509_pem_cert`)."""
     auth = context.auth_context()
-    pems = auth.get("x509_pem_cert") or []
-    if not pems:
+    value = auth.get("x509_pem_cert")
+    pem = value if isinstance(value, bytes) else next(iter(value or ()), b"")
+    if not pem:
         return None
     try:
-        return identity_of_certificate(bytes(pems[0]))
+        return identity_of_certificate(pem)
     except IdentityError as exc:
         log.info("peer_identity_refused", error=str(exc))
         return None
