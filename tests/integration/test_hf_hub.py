@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from huggingface_hub.utils import _http as hf_http
@@ -276,10 +277,10 @@ async def test_a_download_outside_the_cache_is_refused(
     outside = tmp_path / "outside" / "config.json"
     outside.parent.mkdir()
     outside.write_text("{}")
-    real = hf_hub.hf_hub_download
+    real: Any = getattr(hf_hub, "hf_hub_download")  # noqa: B009 - patched below
 
-    def escaping(*args: object, **kwargs: object) -> object:
-        answer = real(*args, **kwargs)  # type: ignore[arg-type]
+    def escaping(*args: Any, **kwargs: Any) -> Any:
+        answer = real(*args, **kwargs)
         if kwargs.get("dry_run"):
             return answer
         return str(outside)
