@@ -286,6 +286,15 @@ def load_ca(ca_dir: Path) -> Authority:
     return Authority(cert=cert, key=key)
 
 
+def issue_server_files(
+    name: str, ca_dir: Path, out_dir: Path | None = None, *, hosts: Sequence[str] = ()
+) -> tuple[Path, Path]:
+    """A new server pair `NAME.crt/.key` (to `out_dir`, default the CA folder), written key
+    first and each file atomically: how a running server's certificate is rotated."""
+    ca = load_ca(ca_dir)
+    return write_pair(out_dir or ca_dir, name, issue_server(ca, name, hosts=hosts))
+
+
 def issue_node_files(node: str, ca_dir: Path, out_dir: Path | None = None) -> tuple[Path, Path]:
     """`llmgw certs node NAME --ca-dir DIR`: write `node-NAME.crt/.key` (to `out_dir`, default
     the CA folder) and return their paths. Raises CertError (bad CA) or ValueError (bad name)."""

@@ -130,3 +130,18 @@ def test_the_cli_functions_issue_from_an_existing_ca(tmp_path: Path) -> None:
     (tmp_path / "ca.key").write_bytes(certs.new_authority().key_pem)
     with pytest.raises(certs.CertError, match="not the key"):
         certs.load_ca(tmp_path)
+
+
+def test_a_server_pair_is_rotated_in_place(tmp_path: Path) -> None:
+    """issue_server_files rewrites NAME.crt/.key with a new key signed by the same CA."""
+    made = certs.make_local_tls(tmp_path, servers=("planner",))
+    cert_path, key_path = made.servers["planner"]
+    old_cert, old_key = cert_path.read_bytes(), key_path.read_bytes()
+    assert certs.issue_server_files("planner", tmp_path, hosts=["p.internal"]) == (
+        cert_path,
+        key_path,
+    )
+    new = load(cert_path.read_bytes())
+    assert cert_path.read_bytes() != old_cert and key_path.read_bytes() != old_key
+    assert "p.internal" in sans(new) and mode(key_path) == 0o600
+    new.verify_directly_issued_by(certs.load_ca(tmp_path).cert)
