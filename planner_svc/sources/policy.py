@@ -40,8 +40,15 @@ ANY_PORT = -1
 
 
 @dataclass
-class SourceNotAllowed(SourceRefused):
-    """A source (or a redirect) the planner's policy does not allow."""
+class SourceNotAllowed(SourceRefused, SourceUnreachable):
+    """A source (or a redirect) the planner's policy does not allow.
+
+    A refusal of the request's field (INVALID_ARGUMENT, reason SOURCE_NOT_ALLOWED: the status
+    table matches InvalidValue first) where the source is the question (DescribeModel), and a
+    source the planner cannot read where sizing goes ahead without it (SizeContext, PlanGPUs
+    note that memory was not checked, as for an unreachable one: a local path may name a file
+    on the GPU nodes that the planner has no business reading).
+    """
 
     reason: str = "SOURCE_NOT_ALLOWED"
     field: str = "model.source"

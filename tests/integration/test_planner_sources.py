@@ -381,3 +381,25 @@ async def test_an_hf_revision_that_climbs_is_refused_and_writes_nothing(
     assert not target.exists()
     assert set(os.listdir(tmp_path)) - before <= {"hf-home"}
     assert hf_server.count(path=LLAMA_1B) == 0
+
+
+async def test_sizing_a_model_whose_source_is_not_allowed_goes_ahead_unchecked(
+    tmp_path: Path,
+) -> None:
+    """SizeContext of a model whose source the planner may not read (a path on the GPU
+    nodes) changes the args without reading it, and its note says why memory was not
+    checked; DescribeModel of the same source is refused."""
+    path = tmp_path / "on-the-nodes.gguf"
+    llama_gguf(path)
+    model = common_pb2.Model(
+        name="local",
+        source=str(path),
+        profiles=[common_pb2.Profile(name="p", engine="vllm", gpu_class="H100-80GB")],
+    )
+    async with running_planner() as (_, stub, _ch):
+        sized = await stub.SizeContext(planner_pb2.SizeContextRequest(model=model, tokens=4096))
+    assert list(sized.profiles[0].args) == ["--max-model-len", "4096"]
+    assert "not checked" in sized.change.note
+    assert "--allow-root" in sized.change.note
+    error = await describe_refusal(str(path))
+    assert reason_of(error) == "SOURCE_NOT_ALLOWED"
