@@ -245,6 +245,11 @@ class ShapeResolver:
         if not isinstance(source, str):
             raise InvalidShape(f"a source must be text: {ACCEPTED_FORMS}.")
         text = source.strip()
+        if text.startswith("-"):
+            # llmgw.sources' rule: a source never starts with '-' (it reads as a flag).
+            raise InvalidShape(
+                f"source {text[:200]!r} starts with '-': {ACCEPTED_FORMS}.", source=text[:200]
+            )
         if text.startswith("hf://"):
             parse_hf_source(text)
             return self._fetch_hf

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from planner_svc.domain.errors import InvalidShape
 from planner_svc.sources.policy import (
     ANY_PORT,
     ENV_HOSTS,
@@ -14,6 +15,7 @@ from planner_svc.sources.policy import (
     network_failure,
     parse_host_rule,
 )
+from planner_svc.sources.resolver import ShapeResolver
 
 
 @pytest.mark.parametrize(
@@ -148,3 +150,26 @@ def test_the_network_failure_names_only_the_url() -> None:
     two = network_failure("http://10.0.0.1:80/x.gguf").message
     assert one.replace(":22", ":80") == two
     assert "no HTTP answer" in one
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["--trust-remote-code.gguf", "-x.gguf", "hf://org/name@main/../../x", "hf://a/b@-x"],
+)
+async def test_the_resolver_refuses_flags_and_climbing_revisions_unfetched(source: str) -> None:
+    """Whatever the policy, a source starting with '-' or an hf:// revision that climbs is
+    InvalidShape before any reader is called."""
+    calls: list[object] = []
+
+    async def reader(source: str) -> object:
+        calls.append(source)
+        raise AssertionError("read")
+
+    async def hub(*args: object, **kwargs: object) -> tuple[dict[str, object], int]:
+        calls.append(args)
+        raise AssertionError("fetched")
+
+    resolver = ShapeResolver(gguf_reader=reader, hf_fetcher=hub)  # type: ignore[arg-type]
+    with pytest.raises(InvalidShape, match=r"refused|starts with '-'"):
+        await resolver.resolve(source)
+    assert calls == []
