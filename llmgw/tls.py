@@ -404,6 +404,13 @@ class ClientTLS:
     ca: Path | None = None
     cert: Path | None = None
     key: Path | None = None
+    server_name: str | None = None
+    """The name to check the server's certificate against when it is not the host dialled
+    (a node dialling the fleet by an address its certificate does not list)."""
+
+    def options(self) -> list[tuple[str, Any]]:
+        """Channel options these settings need."""
+        return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
 
     def credentials(self) -> grpc.ChannelCredentials:
         """Channel credentials from the files (read now).
@@ -479,7 +486,7 @@ def aio_channel(
     """A grpc.aio channel to `target`: TLS with `tls`, plaintext when None."""
     if tls is None:
         return grpc.aio.insecure_channel(target, options=list(options))
-    return grpc.aio.secure_channel(target, tls.credentials(), options=list(options))
+    return grpc.aio.secure_channel(target, tls.credentials(), options=[*options, *tls.options()])
 
 
 def sync_channel(
@@ -488,4 +495,4 @@ def sync_channel(
     """A blocking grpc channel to `target`: TLS with `tls`, plaintext when None."""
     if tls is None:
         return grpc.insecure_channel(target, options=list(options))
-    return grpc.secure_channel(target, tls.credentials(), options=list(options))
+    return grpc.secure_channel(target, tls.credentials(), options=[*options, *tls.options()])

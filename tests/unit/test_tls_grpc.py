@@ -115,3 +115,22 @@ def test_the_reloader_takes_only_whole_changed_pairs(local: certs.LocalTLS) -> N
         CertificateReloader(ServerTLS(node_cert, key))
     with pytest.raises(TLSConfigError, match="cannot be read"):
         CertificateReloader(ServerTLS(cert.with_name("missing.crt"), key))
+
+
+async def test_a_server_name_override_checks_the_certificate_against_that_name(
+    tmp_path: Path,
+) -> None:
+    """A server whose certificate names only `fleet.internal` is refused when dialled as
+    127.0.0.1, and accepted with server_name="fleet.internal"."""
+    ca = certs.init_ca(tmp_path)
+    cert, key = certs.write_pair(
+        tmp_path, "named", certs.issue(ca, "fleet", dns_or_ips=["fleet.internal"], server=True)
+    )
+    server, port, who = await serve(ServerTLS(cert, key))
+    try:
+        with pytest.raises(grpc.aio.AioRpcError):
+            await ask(port, ClientTLS(ca=tmp_path / "ca.crt"))
+        await ask(port, ClientTLS(ca=tmp_path / "ca.crt", server_name="fleet.internal"))
+    finally:
+        await server.stop(0)
+    assert who.seen == [None]
