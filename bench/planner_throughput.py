@@ -205,7 +205,10 @@ async def measure(rounds: int, calls: int, concurrency: int, folder: Path) -> di
         `{kind}_cpu_ratio` (server CPU per call over health's).
     """
     planner = await start_child(
-        "planner_svc", ["--listen", "127.0.0.1:0", "--log-format", "json"], folder / "planner.log"
+        "planner_svc",
+        # The GGUF is a local file: the planner reads local sources only under --allow-root.
+        ["--listen", "127.0.0.1:0", "--log-format", "json", "--allow-root", str(folder)],
+        folder / "planner.log",
     )
     channel = grpc.aio.insecure_channel(planner.address)
     try:

@@ -1,4 +1,5 @@
-"""Run the planner: `python -m planner_svc --listen HOST:PORT`."""
+"""Run the planner: `python -m planner_svc --listen HOST:PORT [--tls-cert F --tls-key F
+[--tls-ca F]] [--allow-host H ...] [--allow-root DIR ...]`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import sys
 
 from llmgw.logs import configure_logging
+from llmgw.tls import TLSConfigError, add_server_tls_arguments, server_tls_from_args
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
 
@@ -26,13 +28,39 @@ def main(argv: list[str] | None = None) -> int:
         default="json" if not sys.stderr.isatty() else "console",
         help="log lines as JSON (production) or for people",
     )
+    add_server_tls_arguments(parser)
+    sources = parser.add_argument_group("what the planner may fetch")
+    sources.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT|:*]",
+        help="a host GGUF URLs may be read from (repeat; *.DOMAIN for a domain); default "
+        "huggingface.co and its CDNs, or $LLMGW_PLANNER_ALLOW_HOSTS (comma-separated); the "
+        "Hub endpoint ($HF_ENDPOINT) is always allowed",
+    )
+    sources.add_argument(
+        "--allow-root",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder local .gguf sources may be read from (repeat); default none, or "
+        "$LLMGW_PLANNER_ALLOW_ROOTS (':'-separated)",
+    )
     opts = parser.parse_args(argv)
     configure_logging(opts.log_format == "json")
     from planner_svc.server import serve
+    from planner_svc.sources.policy import SourcePolicy
 
     try:
-        asyncio.run(serve(opts.listen))
-    except RuntimeError as exc:
+        tls = server_tls_from_args(opts)
+        policy = SourcePolicy.from_env(
+            os.environ,
+            allow_hosts=opts.allow_host,
+            allow_roots=opts.allow_root,
+        )
+        asyncio.run(serve(opts.listen, tls=tls, insecure=opts.insecure, policy=policy))
+    except (RuntimeError, TLSConfigError, ValueError) as exc:
         print(f"planner: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -1,8 +1,10 @@
-"""Wiring of the planner's gRPC server: servicer, health, reflection, keepalive, shutdown."""
+"""Wiring of the planner's gRPC server: servicer, health, reflection, keepalive, transport
+security (llmgw.tls), the source policy, shutdown."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from dataclasses import dataclass
 
@@ -12,7 +14,9 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from llmgw.tls import ServerTLS, bind
 from planner_svc.rpc.servicer import SERVICE_NAME, Resolver, add_planner_service
+from planner_svc.sources.policy import SourcePolicy
 from planner_svc.sources.resolver import ShapeResolver
 
 log = structlog.get_logger(__name__)
@@ -46,14 +50,33 @@ class PlannerServer:
         log.info("planner_stopped", port=self.port)
 
 
-async def start_planner(listen: str, resolver: Resolver | None = None) -> PlannerServer:
+async def start_planner(
+    listen: str,
+    resolver: Resolver | None = None,
+    *,
+    tls: ServerTLS | None = None,
+    insecure: bool = False,
+    policy: SourcePolicy | None = None,
+) -> PlannerServer:
     """Start a planner listening on `listen` (HOST:PORT; port 0 picks one).
 
+    Args:
+        listen: where to listen.
+        resolver: how sources become shapes (default: a ShapeResolver under `policy`).
+        tls: the server's certificate files; None serves plaintext, on loopback only unless
+            `insecure`.
+        insecure: allow plaintext off loopback.
+        policy: what the default resolver may fetch (default: from the environment,
+            `SourcePolicy.from_env`).
+
     Raises:
+        TLSConfigError: plaintext off loopback without `insecure`, or unusable TLS files.
         RuntimeError: the address could not be bound.
     """
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    add_planner_service(server, resolver or ShapeResolver())
+    if resolver is None:
+        resolver = ShapeResolver(policy=policy or SourcePolicy.from_env(os.environ))
+    add_planner_service(server, resolver)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (
@@ -66,21 +89,31 @@ async def start_planner(listen: str, resolver: Resolver | None = None) -> Planne
     reflection.enable_server_reflection(names, server)
     for service in ("", SERVICE_NAME):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-    try:
-        port = server.add_insecure_port(listen)
-    except RuntimeError as exc:
-        raise RuntimeError(f"cannot listen on {listen}: {exc}") from exc
+    port = bind(server, listen, tls, insecure=insecure, service="planner")
     await server.start()
     for service in ("", SERVICE_NAME):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-    log.info("planner_started", listen=listen, port=port)
+    log.info(
+        "planner_started",
+        listen=listen,
+        port=port,
+        tls="mutual" if tls and tls.mutual else "server" if tls else "none",
+    )
     return PlannerServer(server=server, port=port, health=health_servicer)
 
 
-async def serve(listen: str) -> None:
+async def serve(
+    listen: str,
+    *,
+    tls: ServerTLS | None = None,
+    insecure: bool = False,
+    policy: SourcePolicy | None = None,
+) -> None:
     """Run a planner until SIGTERM or SIGINT, then shut it down gracefully."""
-    running = await start_planner(listen)
+    running = await start_planner(listen, tls=tls, insecure=insecure, policy=policy)
     host = listen.rsplit(":", 1)[0]
+    # The first line stays `planner listening on HOST:PORT` (llmgw up and scripts read it);
+    # how it listens is said by the log line bind() wrote.
     print(f"planner listening on {host}:{running.port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

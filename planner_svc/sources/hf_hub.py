@@ -13,6 +13,7 @@ import asyncio
 import importlib
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
+from llmgw.sources import revision_problem
 from planner_svc.domain.errors import InvalidShape, SourceUnreachable
 
 log = structlog.get_logger(__name__)
@@ -44,6 +46,9 @@ _SAFETENSORS = (".safetensors",)
 _PYTORCH = (".bin", ".pt", ".pth")
 _GGUF = (".gguf",)
 _MAX_FILE_BYTES = 1 << 50
+# What the Hub's X-Repo-Commit must be before it names a snapshot folder (huggingface_hub's
+# REGEX_COMMIT_HASH): anything else could climb out of the cache.
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:
@@ -112,6 +117,10 @@ async def fetch_hf_model(
             JSON object.
     """
     source = f"hf://{repo}" + (f"@{revision}" if revision else "")
+    why = revision_problem(revision) if revision is not None else ""
+    if why:
+        # Checked here too (the resolver does first): refs/REVISION is a path in the cache.
+        raise InvalidShape(f"{source[:200]} is refused: {why}.", source=source[:200])
     hub = _hub_settings()
     path = await asyncio.to_thread(_download_config, repo, revision, hub, source)
     config = _read_config(path, source)
@@ -141,18 +150,19 @@ def _download_config(repo: str, revision: str | None, hub: _Hub, source: str) ->
                 f"{MAX_CONFIG_BYTES} a config can be.",
                 source=source,
             )
+        _check_in_cache(info.local_path, info.commit_hash, hub, source)
         if not info.will_download:
             return Path(info.local_path)
-        return Path(
-            hf_hub_download(
-                repo,
-                CONFIG_FILE,
-                revision=revision,
-                cache_dir=hub.cache_dir,
-                endpoint=hub.endpoint,
-                local_files_only=hub.offline,
-            )
+        path = hf_hub_download(
+            repo,
+            CONFIG_FILE,
+            revision=revision,
+            cache_dir=hub.cache_dir,
+            endpoint=hub.endpoint,
+            local_files_only=hub.offline,
         )
+        _check_in_cache(path, None, hub, source)
+        return Path(path)
     except HFValidationError as error:
         raise InvalidShape(
             f"{repo!r} is not a Hugging Face repo id (ORG/NAME): {_first_line(error)}",
@@ -173,11 +183,9 @@ def _download_config(repo: str, revision: str | None, hub: _Hub, source: str) ->
             f"{source}: revision {revision!r} was not found on {hub.endpoint}.", source=source
         ) from error
     except LocalEntryNotFoundError as error:
-        where = (
-            "HF_HUB_OFFLINE is set"
-            if hub.offline
-            else f"{hub.endpoint} could not be reached ({_first_line(error.__cause__ or error)})"
-        )
+        # One text for every transport failure: refused, reset, timed out and not-HTTP ports
+        # read the same (policy.network_failure's rule).
+        where = "HF_HUB_OFFLINE is set" if hub.offline else f"{hub.endpoint} could not be reached"
         raise SourceUnreachable(
             f"{source}'s config.json is not in the local cache and {where}.", source=source
         ) from error
@@ -189,11 +197,28 @@ def _download_config(repo: str, revision: str | None, hub: _Hub, source: str) ->
             f"{hub.endpoint} answered HTTP {status} for {source}'s config.json.", source=source
         ) from error
     except _FETCH_ERRORS as error:
+        log.info("hf_fetch_failed", source=source, error=_first_line(error))
         raise SourceUnreachable(
-            f"{source}'s config.json could not be fetched from {hub.endpoint}: "
-            f"{_first_line(error)}",
+            f"{source}'s config.json could not be fetched: {hub.endpoint} could not be reached "
+            "(no HTTP answer came back).",
             source=source,
         ) from error
+
+
+def _check_in_cache(path: str, commit: str | None, hub: _Hub, source: str) -> None:
+    """SourceUnreachable unless `path` lies inside the cache folder and `commit` (the Hub's
+    answer, which names a snapshot folder) is a commit hash: a hostile endpoint cannot make
+    the planner write elsewhere."""
+    cache = os.path.realpath(hub.cache_dir)
+    real = os.path.realpath(path)
+    if (commit is not None and not _COMMIT.match(commit)) or os.path.commonpath(
+        [cache, real]
+    ) != cache:
+        raise SourceUnreachable(
+            f"{hub.endpoint} answered {source} with a commit or path outside the cache "
+            f"({cache}); nothing was written.",
+            source=source,
+        )
 
 
 def _read_config(path: Path, source: str) -> dict[str, object]:

@@ -5,11 +5,17 @@ Hugging Face repo (`hf://ORG/NAME` or `hf://ORG/NAME@REVISION`). Shapes are kept
 least-recently-used cache whose entries expire after `ttl_s` (by an injected clock), and
 concurrent requests for one source share one fetch. Failures are not cached: the next request
 tries again.
+
+With a `SourcePolicy` (the planner server always gives one) a source is checked before it is
+fetched: URLs only from allowed origins, every redirect hop checked, local paths only under
+allowed roots (symlinks resolved first). Every transport failure reads as one error
+(`policy.network_failure`), whatever the port did.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
 from collections import OrderedDict
@@ -18,19 +24,22 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 from urllib.parse import urlsplit
 
+import httpx
+
 from llmgw.shape import ModelShape
-from planner_svc.domain.errors import InvalidShape
+from llmgw.sources import revision_problem
+from planner_svc.domain.errors import InvalidShape, SourceUnreachable
 from planner_svc.domain.gguf_shape import shape_from_gguf
 from planner_svc.domain.hf_shape import shape_from_hf_config
-from planner_svc.sources.gguf_http import read_gguf_header
+from planner_svc.sources.gguf_http import DEFAULT_TIMEOUT_S, read_gguf_header
 from planner_svc.sources.hf_hub import fetch_hf_model, weight_bytes_from_files
+from planner_svc.sources.policy import SourcePolicy, network_failure
 
 ACCEPTED_FORMS = "a GGUF URL (https://…/model.gguf), a local .gguf path or hf://ORG/NAME[@REVISION]"
 
 # Hugging Face repo ids: letters, digits, '-', '_', '.', at most 96 characters per part (the
 # Hub's own rule, as huggingface_hub's validate_repo_id checks it).
 _REPO_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
-_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$")
 
 
 class GGUFHeaderLike(Protocol):
@@ -87,12 +96,20 @@ def parse_hf_source(source: str) -> HFSource:
         len(parts) != 2
         or not all(_REPO_PART.match(part) for part in parts)
         or any(".." in part or "--" in part for part in parts)
-        or (at and not _REVISION.match(revision))
     ):
         raise InvalidShape(
-            f"source {source!r} is not a Hugging Face repo: write hf://ORG/NAME or "
+            f"source {source[:200]!r} is not a Hugging Face repo: write hf://ORG/NAME or "
             "hf://ORG/NAME@REVISION.",
-            source=source,
+            source=source[:200],
+        )
+    # The revision is joined into cache paths (refs/REVISION) and URLs: one that climbs
+    # (main/../../x) would write outside the cache (llmgw.sources.revision_problem).
+    why = revision_problem(revision) if at else ""
+    if why:
+        raise InvalidShape(
+            f"source {source[:200]!r} is refused: {why}; write hf://ORG/NAME or "
+            "hf://ORG/NAME@REVISION (a branch, tag or commit).",
+            source=source[:200],
         )
     return HFSource(repo=name, revision=revision or None)
 
@@ -138,22 +155,32 @@ class ShapeResolver:
         ttl_s: float = 600,
         max_entries: int = 256,
         clock: Callable[[], float] = time.monotonic,
-        gguf_reader: GGUFReader = read_gguf_header,
+        gguf_reader: GGUFReader | None = None,
         hf_fetcher: HFFetcher = fetch_hf_model,
+        policy: SourcePolicy | None = None,
     ) -> None:
         """Args:
         ttl_s: how long a resolved shape is served from the cache.
         max_entries: how many shapes the cache keeps (least recently used go first).
         clock: seconds, monotonic (injected for tests).
-        gguf_reader: reads a GGUF header from a URL or path.
+        gguf_reader: reads a GGUF header from a URL or path (default: `read_gguf_header`,
+            its every request and redirect checked against `policy`).
         hf_fetcher: fetches a Hugging Face repo's config and weights' bytes.
+        policy: what may be fetched; None checks nothing (library use and tests with fake
+            readers: the planner server always passes one).
         """
         if ttl_s < 0 or max_entries < 1:
             raise ValueError("ttl_s must be >= 0 and max_entries >= 1")
         self._ttl_s = ttl_s
         self._max_entries = max_entries
         self._clock = clock
-        self._gguf_reader = gguf_reader
+        # Roots as real paths: a source's path is compared after its symlinks are resolved.
+        self._policy = (
+            replace(policy, roots=tuple(os.path.realpath(root) for root in policy.roots))
+            if policy is not None
+            else None
+        )
+        self._gguf_reader = gguf_reader or _guarded_reader(self._policy)
         self._hf_fetcher = hf_fetcher
         self._cache: OrderedDict[tuple[str, tuple[tuple[str, int], ...]], _Entry] = OrderedDict()
         self._in_flight: dict[
@@ -202,6 +229,7 @@ class ShapeResolver:
         self.stats.misses += 1
         task = self._in_flight.get(key)
         if task is None:
+            self._check_policy(source)
             self.stats.fetches += 1
             task = asyncio.create_task(self._fetch_and_store(key, fetch(source, files)))
             # A fetch whose every caller gave up still has its error retrieved (no warning).
@@ -217,6 +245,11 @@ class ShapeResolver:
         if not isinstance(source, str):
             raise InvalidShape(f"a source must be text: {ACCEPTED_FORMS}.")
         text = source.strip()
+        if text.startswith("-"):
+            # llmgw.sources' rule: a source never starts with '-' (it reads as a flag).
+            raise InvalidShape(
+                f"source {text[:200]!r} starts with '-': {ACCEPTED_FORMS}.", source=text[:200]
+            )
         if text.startswith("hf://"):
             parse_hf_source(text)
             return self._fetch_hf
@@ -224,6 +257,17 @@ class ShapeResolver:
             return self._fetch_gguf
         shown = text[:200]
         raise InvalidShape(f"source {shown!r} is not {ACCEPTED_FORMS}.", source=shown)
+
+    def _check_policy(self, source: str) -> None:
+        """SourceNotAllowed when the policy does not allow fetching `source` (checked on
+        every fetch: a cached shape is answered without touching the source)."""
+        if self._policy is None or source.startswith("hf://"):
+            return  # the Hub endpoint is the policy's own
+        if urlsplit(source).scheme in ("http", "https"):
+            self._policy.check_url(source)
+        else:
+            real = os.path.realpath(os.path.abspath(source))
+            self._policy.check_path(real, source)
 
     async def _fetch_and_store(
         self, key: tuple[str, tuple[tuple[str, int], ...]], fetch: Awaitable[ModelShape]
@@ -250,7 +294,12 @@ class ShapeResolver:
             raise InvalidShape(f"{source}: {error.message}", source=source) from error
 
     async def _fetch_gguf(self, source: str, files: Sequence[tuple[str, int]]) -> ModelShape:
-        header = await self._gguf_reader(source)
+        try:
+            header = await self._gguf_reader(source)
+        except SourceUnreachable as error:
+            if _is_http(source) and _transport_failure(error):
+                raise network_failure(source) from None
+            raise
         shape = shape_from_gguf(
             header.metadata,
             file_bytes=header.file_bytes,
@@ -260,3 +309,45 @@ class ShapeResolver:
         if shape.weights_bytes == 0 and files:
             shape = replace(shape, weights_bytes=weight_bytes_from_files(files, source=source))
         return shape
+
+
+def _is_http(source: str) -> bool:
+    return urlsplit(source).scheme.lower() in ("http", "https")
+
+
+def _transport_failure(error: BaseException) -> bool:
+    """Whether `error` came of a transport failure (no HTTP answer: refused, reset, timed
+    out, not HTTP), as opposed to an HTTP answer or a malformed file."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, httpx.TransportError | TimeoutError | ConnectionError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def _guarded_reader(policy: SourcePolicy | None) -> GGUFReader:
+    """`read_gguf_header`, its http(s) requests made by a client that checks every request
+    and every redirect against `policy` before it is sent or followed."""
+    if policy is None:
+        return read_gguf_header
+
+    async def check_request(request: httpx.Request) -> None:
+        policy.check_url(str(request.url))
+
+    async def check_response(response: httpx.Response) -> None:
+        if response.has_redirect_location:
+            policy.check_redirect(str(response.request.url), response.headers["Location"])
+
+    async def read(source: str) -> GGUFHeaderLike:
+        if not _is_http(source):
+            return await read_gguf_header(source)
+        async with httpx.AsyncClient(
+            timeout=httpx.Timeout(DEFAULT_TIMEOUT_S),
+            event_hooks={"request": [check_request], "response": [check_response]},
+        ) as client:
+            return await read_gguf_header(source, client=client)
+
+    return read

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from huggingface_hub.utils import _http as hf_http
@@ -241,3 +243,48 @@ def test_weight_bytes_from_bad_files_are_refused(files: list[tuple[object, objec
     InvalidShape."""
     with pytest.raises(InvalidShape):
         weight_bytes_from_files(files)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "revision",
+    ["main/../../../../tmp/x", "..", "-x", "main//x", "%2e%2e", "a" * 256, "refs/.hidden"],
+)
+async def test_a_revision_that_could_climb_is_refused_before_the_hub_is_asked(
+    hf_server: HFServer, revision: str
+) -> None:
+    """A revision that is not a plain branch, tag or commit is InvalidShape at the Hub edge
+    itself (refs/REVISION is a path in the cache), with no request made."""
+    with pytest.raises(InvalidShape, match="refused"):
+        await fetch_hf_model(LLAMA_1B, revision)
+    assert hf_server.count(path=LLAMA_1B) == 0
+
+
+async def test_a_refs_revision_is_still_a_revision(hf_server: HFServer) -> None:
+    """A nested ref such as refs/pr/1 passes the rule and reaches the Hub (which knows none
+    here, so: revision not found)."""
+    with pytest.raises(SourceUnreachable, match="revision"):
+        await fetch_hf_model(LLAMA_1B, "refs/pr/1")
+    assert hf_server.count(path=LLAMA_1B) >= 1
+
+
+async def test_a_download_outside_the_cache_is_refused(
+    hf_server: HFServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Should huggingface_hub ever place a file outside the cache (a hostile commit id from
+    the endpoint), the fetch is SourceUnreachable and the file is not read."""
+    from planner_svc.sources import hf_hub
+
+    outside = tmp_path / "outside" / "config.json"
+    outside.parent.mkdir()
+    outside.write_text("{}")
+    real: Any = getattr(hf_hub, "hf_hub_download")  # noqa: B009 - patched below
+
+    def escaping(*args: Any, **kwargs: Any) -> Any:
+        answer = real(*args, **kwargs)
+        if kwargs.get("dry_run"):
+            return answer
+        return str(outside)
+
+    monkeypatch.setattr(hf_hub, "hf_hub_download", escaping)
+    with pytest.raises(SourceUnreachable, match="outside the cache"):
+        await fetch_hf_model(FALCON_MAMBA, None)
