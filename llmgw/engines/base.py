@@ -63,7 +63,8 @@ class Overhead:
 
     `activation_bytes`, `non_torch_bytes`, `cuda_graph_bytes` and `other_bytes` are inside the
     budget; `outside_bytes` is what the engine also needs on the card but outside its budget
-    (vLLM before 0.21 captures CUDA graphs there), against `outside_room_bytes`.
+    (vLLM captures its CUDA graphs there), against `outside_room_bytes`, uncertain by
+    `outside_margin_bytes`.
     `margin_bytes` is how far these figures may be off (they rest on fitted constants).
     """
 
@@ -77,6 +78,7 @@ class Overhead:
     margin_bytes: int = 0
     rules: str = ""
     card_total_bytes: int = 0
+    outside_margin_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -124,6 +126,7 @@ class CardNeed:
     outside_bytes: int = 0
     outside_room_bytes: int = 0
     weights_known: bool = True
+    outside_margin_bytes: int = 0
 
     @property
     def fits(self) -> bool:
@@ -140,7 +143,7 @@ class CardNeed:
         if self.budget_bytes <= 0:
             return True
         outside_ok = self.outside_room_bytes <= 0 or (
-            self.outside_bytes + self.margin_bytes <= self.outside_room_bytes
+            self.outside_bytes + self.outside_margin_bytes <= self.outside_room_bytes
         )
         return self.per_card_bytes + self.margin_bytes <= self.budget_bytes and outside_ok
 

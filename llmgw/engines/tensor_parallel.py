@@ -211,6 +211,7 @@ class TensorParallelEngine:
             card_total_bytes=over.card_total_bytes,
             outside_bytes=over.outside_bytes if known else 0,
             outside_room_bytes=over.outside_room_bytes if known else 0,
+            outside_margin_bytes=over.outside_margin_bytes,
             weights_known=shape.weights_bytes > 0,
         )
 

@@ -67,8 +67,10 @@ CUDA_CONTEXT_BYTES = 544 * MIB
 """What the card holds before vLLM's snapshot (CUDA context, NCCL): H100 79.19 − 78.66 = 0.53
 GiB (vLLM 0.10.2 log), gt-039 44.42 − 43.93 = 0.49, A100 79.25 − 78.84 = 0.41 (v0.31.0)."""
 
-SAMPLER_MARGIN = 0.45
-"""The sampler's per-logit bytes differ by version and sampler backend (28 and 47 B seen)."""
+SAMPLER_MARGIN = 0.25
+"""How far the sampler's peak may stray from its line: a log of a later build (0.93 GiB of
+weights on a 15.55 GiB card, 256 requests of a 152k vocabulary) peaked at 29 B a logit where
+the line for its version says 38 (sampler backends differ)."""
 
 GRAPH_ESTIMATE_BYTES_PER_LAYER = 16 * MIB
 GRAPH_ESTIMATE_BYTES_PER_MOE_LAYER = 32 * MIB
@@ -80,6 +82,10 @@ Llama-3.1-8B's 32 layers (7.4 MiB a layer). The same logs show the KV pool not r
 (v0.31.0: 72.91 − 15.26 − 1.44 = 56.21 GiB, as printed; "0.92, 73.6 GiB … 51.66 … 2.4 …
 kv cache memory in use is 19.54 GiB"): the planner does not subtract it, and carries it as
 margin (a build that applies it gives that much less)."""
+
+GRAPH_SPREAD = 0.25
+"""How far captured CUDA graphs stray from their per-layer figure (17.6 to 21.4 MiB a dense
+layer seen, torch_overhead.CUDA_GRAPH_BYTES_PER_LAYER)."""
 
 NON_TORCH_NCCL_BYTES = 160 * MIB
 """What tensor parallel adds to non-torch memory (NCCL's and the custom all-reduce's buffers):
@@ -94,6 +100,8 @@ class VllmRules(Ranged):
     """`--gpu-memory-utilization` default (vllm/config/cache.py)."""
     sampler_bytes_per_logit: int = 28
     """Bytes the dummy sampler run holds per request × vocabulary entry."""
+    sampler_fixed_bytes: int = 0
+    """What the sampler's peak holds besides (workspaces that do not follow its logits)."""
     non_torch_bytes: int = 0
     """Non-torch memory on one card (tensor parallel adds NON_TORCH_NCCL_BYTES)."""
     graph_estimate: bool = False
@@ -103,10 +111,10 @@ class VllmRules(Ranged):
 
 
 VLLM_RULES: tuple[VllmRules, ...] = (
-    VllmRules((0, 0, 0), (0, 8, 0), "vLLM V0 (before 0.8)", 0.90, 28, 352 * MIB, v0=True),
-    VllmRules((0, 8, 0), (0, 11, 0), "vLLM V1 0.8 to 0.10", 0.90, 28, 96 * MIB),
-    VllmRules((0, 11, 0), (0, 21, 0), "vLLM V1 0.11 to 0.20", 0.90, 47, 96 * MIB),
-    VllmRules((0, 21, 0), None, "vLLM V1 0.21 and later", 0.92, 47, 272 * MIB, True),
+    VllmRules((0, 0, 0), (0, 8, 0), "vLLM V0 (before 0.8)", 0.90, 28, 0, 352 * MIB, v0=True),
+    VllmRules((0, 8, 0), (0, 11, 0), "vLLM V1 0.8 to 0.10", 0.90, 28, 0, 96 * MIB),
+    VllmRules((0, 11, 0), (0, 21, 0), "vLLM V1 0.11 to 0.20", 0.90, 38, 224 * MIB, 96 * MIB),
+    VllmRules((0, 21, 0), None, "vLLM V1 0.21 and later", 0.92, 38, 224 * MIB, 272 * MIB, True),
 )
 """By version.
 
@@ -115,10 +123,13 @@ Utilisation: 0.90 up to 0.20 (cache.py; DESIGN §5), 0.92 since (cache.py
 
 Sampler bytes per logit (the dummy sampler run over min(max_num_seqs, batch) requests × the
 vocabulary: fp32 logits, the top-k/top-p sort's values and int64 indices, softmax, the
-scattered result; vllm/v1/sample/ops/topk_topp_sampler.py): 28 B before 0.11 (gt-038: 1.04
-GiB over 256 × 152064 logits, the forward pass 0.26 GiB; gt-039 with the tensor-parallel
-gather below), 47 B from 0.11 (gt-036, v0.11.0: 35.34 GiB left needs 1.12 GiB over 256 ×
-100352; v0.31.0 on an A100: 1.44 GiB over 256 × 128256 for Llama-3.1-8B).
+scattered result; vllm/v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p, alive at once:
+bf16 logits 2 + fp32 4 + sorted 4 + int64 indices 8 + two masks 2 + softmax 4 + scatter 4 = 28
+B): 28 B before 0.11 (gt-038: 1.04 GiB over 256 × 152064 logits, 28.7 B; gt-039 with the
+tensor-parallel gather below). From 0.11, 38 B and 224 MiB besides, the line through gt-036
+(v0.11.0: 35.34 GiB left needs 1.12 GiB over 256 × 100352 logits) and gt-030 (0.11, gpt-oss-120b
+at 0.95 on an H100: 1.71 GiB left needs 7.45 GiB over 1024 × 201088); v0.31.0 on an A100 (1.44
+GiB over 256 × 128256 for Llama-3.1-8B) lies 0.08 GiB above it.
 
 Non-torch memory: V0 0.35 GiB (gt-023); V1 0.06-0.07 (gt-038; 0.10.2 on an H100), so 96 MiB;
 from 0.21 vLLM counts every persistent allocation from the device's free memory ("consumed
@@ -189,7 +200,7 @@ def vllm_overhead(
     hidden_bytes = batched * activation_width(shape) * ACTIVATION_BYTES
     rows = min(profile.max_num_seqs, batched)
     per_logit = rules.sampler_bytes_per_logit + (TP_GATHER_BYTES_PER_LOGIT if tp > 1 else 0)
-    sampler_bytes = rows * vocab_size(shape) * per_logit + hidden_bytes
+    sampler_bytes = rows * vocab_size(shape) * per_logit + rules.sampler_fixed_bytes + hidden_bytes
     retained = hidden_bytes if shape.compute is not None and shape.compute.vision else 0
     if forward_bytes >= sampler_bytes:
         activation = forward_bytes + retained
@@ -230,6 +241,7 @@ def vllm_overhead(
         non_torch_bytes=non_torch,
         outside_bytes=CUDA_CONTEXT_BYTES + graphs_out,
         outside_room_bytes=total - budget if total else 0,
+        outside_margin_bytes=int(graphs_out * GRAPH_SPREAD),
         margin_bytes=margin,
         rules=f"{said}; utilisation {util:g} of the CUDA total ({card.cuda_source or 'not known'})",
         card_total_bytes=total,

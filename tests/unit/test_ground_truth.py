@@ -323,6 +323,134 @@ def test_vllm_refuses_where_the_pool_cannot_hold_the_context() -> None:
     assert within(need.kv_token_capacity, ROWS["gt-024"]["printed"]["error_kv_tokens"])
 
 
+# (row, shape, args, version, card class, CUDA total GiB, weights a card GiB, tp, started)
+VLLM_OUTCOMES: list[
+    tuple[str, Callable[[], ModelShape], list[str], str, str, float, float, int, bool]
+] = [
+    # "Available KV cache memory: -2.14 GiB": the weights alone pass the 0.9 budget
+    (
+        "gt-029",
+        lambda: hf_shape("openai__gpt-oss-120b"),
+        ["--max-model-len", "131072"],
+        "0.10.1",
+        "H100-80GB",
+        79.19,
+        65.9651,
+        1,
+        False,
+    ),
+    # 1.71 GiB cannot hold one 131072-token request: "EngineCore failed to start"
+    (
+        "gt-030",
+        lambda: hf_shape("openai__gpt-oss-120b"),
+        [
+            "--max-model-len",
+            "131072",
+            "--gpu-memory-utilization",
+            "0.95",
+            "--max-num-batched-tokens",
+            "1024",
+        ],
+        "0.11.0",
+        "H100-80GB",
+        79.19,
+        65.9651,
+        1,
+        False,
+    ),
+    (
+        "gt-024",
+        lambda: hf_shape(LLAMA),
+        ["--max-model-len", "29000"],
+        "V0",
+        "RTX3090-24GB",
+        23.58,
+        14.9888,
+        1,
+        False,
+    ),
+    (
+        "gt-023",
+        lambda: hf_shape(LLAMA),
+        ["--max-model-len", "20000"],
+        "V0",
+        "RTX3090-24GB",
+        23.58,
+        14.9888,
+        1,
+        True,
+    ),
+    (
+        "gt-036",
+        granite_micro,
+        ["--max-model-len", "131072"],
+        "0.11.0",
+        "L40S-48GB",
+        44.42,
+        3.4244,
+        1,
+        True,
+    ),
+    (
+        "gt-038",
+        lambda: hf_shape("Qwen__Qwen2.5-7B-Instruct"),
+        ["--max-model-len", "32768"],
+        "0.10",
+        "16GB",
+        15.99,
+        5.29,
+        1,
+        True,
+    ),
+    (
+        "gt-039",
+        lambda: hf_shape("Qwen__Qwen3-235B-A22B"),
+        ["--max-model-len", "32768", "-tp", "4", "--enable-expert-parallel"],
+        "0.10.2",
+        "L40S-48GB",
+        44.42,
+        27.72,
+        4,
+        True,
+    ),
+]
+"""Rows whose engine started or refused to, with every input printed."""
+
+
+@pytest.mark.parametrize(
+    ("case", "shape_of", "args", "version", "gpu", "total_gib", "weights_gib", "tp", "started"),
+    VLLM_OUTCOMES,
+)
+def test_vllm_verdict_is_what_the_engine_did(
+    case: str,
+    shape_of: Callable[[], ModelShape],
+    args: list[str],
+    version: str,
+    gpu: str,
+    total_gib: float,
+    weights_gib: float,
+    tp: int,
+    started: bool,
+) -> None:
+    """Where vLLM started the planner says it fits (perhaps only within the margin); where it
+    refused or failed at start, "does not fit"."""
+    total = int(total_gib * GIB)
+    shape = replace(shape_of(), weights_bytes=int(weights_gib * GIB) * tp)
+    need = card_need(
+        "vllm",
+        shape,
+        args=args,
+        tokens=int(args[1]),
+        slots=1,
+        cards=tp,
+        card_memory_bytes=total,
+        card=Card(gpu, total, total, "printed"),
+        engine_version=version,
+    )
+    assert need.fits is started, (case, need.verdict)
+    assert (need.verdict is Verdict.DOES_NOT_FIT) is not started
+
+
 # --- tensor parallel refusals -----------------------------------------------------------
 
 

@@ -434,9 +434,9 @@ def test_vllm_need_adds_weights_share_kv_share_and_overhead() -> None:
     )
     weights_card = -(-shape.weights_bytes // 2)
     kv_card = 32_768 * 65_536
-    # 1024 rows × 128256 logits × (47 B + 10 B of tensor-parallel gather) + the kept hidden
-    # states of 8192 tokens; non-torch 272 MiB + 160 MiB for NCCL
-    activation = 1024 * 128_256 * 57 + 8192 * 4096 * 2
+    # 1024 rows × 128256 logits × (38 B + 10 B of tensor-parallel gather) + 224 MiB + the kept
+    # hidden states of 8192 tokens; non-torch 272 MiB + 160 MiB for NCCL
+    activation = 1024 * 128_256 * 48 + 224 * MIB + 8192 * 4096 * 2
     assert need.activation_bytes == activation
     assert need.non_torch_bytes == 432 * MIB
     assert need.cuda_graph_bytes == 0  # captured outside the budget
@@ -497,7 +497,7 @@ def test_vllm_defaults_to_the_small_batch_on_an_a100() -> None:
         card=Card.of("A100-80GB", 81920 * MIB),
     )
     assert a100.card_total_bytes == 81152 * MIB  # 79.25 GiB, as vLLM v0.31.0 printed
-    assert a100.activation_bytes == 256 * 128_256 * 47 + 2048 * 4096 * 2
+    assert a100.activation_bytes == 256 * 128_256 * 38 + 224 * MIB + 2048 * 4096 * 2
 
 
 @pytest.mark.parametrize(
