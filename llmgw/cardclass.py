@@ -43,7 +43,12 @@ KNOWN_CARDS: dict[str, CardMemory] = {
         "'Free memory on device cuda:0 (…/79.19 GiB)')",
     ),
     "h100-94gb": CardMemory(95830),
-    "h200-141gb": CardMemory(143771),
+    "h200-141gb": CardMemory(
+        143771,
+        143165,
+        "139.81 GiB: vLLM 0.10.2 on H200s, 'Free memory on device (139.21/139.81 GiB)' "
+        "(Qwen3-Next-80B-A3B at tp 2); NVML's 143,771 MiB beside it in nvidia-smi",
+    ),
     "a100-80gb": CardMemory(
         81920,
         81152,

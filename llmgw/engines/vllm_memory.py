@@ -41,7 +41,7 @@ from llmgw.engines.torch_overhead import (
     vocab_size,
 )
 from llmgw.engines.versions import Ranged, pick
-from llmgw.shape import ModelShape
+from llmgw.shape import LayerKind, ModelShape
 
 MAX_NUM_BATCHED_TOKENS = ("--max-num-batched-tokens",)
 MAX_NUM_SEQS = ("--max-num-seqs",)
@@ -82,6 +82,14 @@ Llama-3.1-8B's 32 layers (7.4 MiB a layer). The same logs show the KV pool not r
 (v0.31.0: 72.91 − 15.26 − 1.44 = 56.21 GiB, as printed; "0.92, 73.6 GiB … 51.66 … 2.4 …
 kv cache memory in use is 19.54 GiB"): the planner does not subtract it, and carries it as
 margin (a build that applies it gives that much less)."""
+
+HYBRID_NON_TORCH_BYTES = 1152 * MIB
+"""What a hybrid model's recurrent layers (Gated DeltaNet, Mamba) add to non-torch memory (their
+Triton kernels' workspaces): vLLM 0.10.2 serving Qwen3-Next-80B-A3B at tp 2 on H200s printed
+1.38 GiB of non-torch memory (attention-only models at tp > 1: 0.21-0.25)."""
+
+HYBRID_NON_TORCH_MARGIN_BYTES = 512 * MIB
+"""The hybrid surcharge rests on one log: half a GiB either way."""
 
 GRAPH_SPREAD = 0.25
 """How far captured CUDA graphs stray from their per-layer figure (17.6 to 21.4 MiB a dense
@@ -219,6 +227,9 @@ def vllm_overhead(
             estimate = GRAPH_ESTIMATE_BYTES_PER_MOE_LAYER if moe else GRAPH_ESTIMATE_BYTES_PER_LAYER
             graph_margin = layers * estimate
     non_torch = rules.non_torch_bytes + (NON_TORCH_NCCL_BYTES if tp > 1 else 0)
+    hybrid = any(la.kind is LayerKind.RECURRENT for la in shape.layers)
+    if hybrid:
+        non_torch += HYBRID_NON_TORCH_BYTES
     util = grammar.fraction(args, GPU_MEMORY_UTILIZATION) or (
         default_utilisation if default_utilisation is not None else rules.utilisation
     )
@@ -227,6 +238,7 @@ def vllm_overhead(
     margin = (
         activation_margin
         + NON_TORCH_MARGIN_BYTES
+        + (HYBRID_NON_TORCH_MARGIN_BYTES if hybrid else 0)
         + graph_margin
         + int(card.cuda_margin_bytes * util)
     )

@@ -247,6 +247,20 @@ VLLM_AVAILABLE: list[
         1,
         55.15,
     ),
+    # vLLM 0.10.2 serving Qwen3-Next-80B-A3B at tp 2 on H200s (8192 tokens, 1024 requests):
+    # "Free memory on device (139.21/139.81 GiB)", 74.28 GiB of weights a card, "Available KV
+    # cache memory: 44.59 GiB" (peak 5.58, non-torch 1.38)
+    (
+        "log-0.10.2-h200-qwen3-next",
+        lambda: hf_shape("Qwen__Qwen3-Next-80B-A3B-Thinking"),
+        ["--max-model-len", "262144", "-tp", "2"],
+        "0.10.2",
+        "H200-141GB",
+        139.81,
+        74.2812,
+        2,
+        44.59,
+    ),
     # vLLM v0.31.0 serving Llama-3.1-8B on an A100 80GB with its defaults: "Available KV cache
     # memory: 56.21 GiB" (0.92 of 79.25 GiB less 15.26 consumed and 1.44 of peak)
     (
