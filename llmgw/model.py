@@ -47,6 +47,9 @@ class Profile:
     min_memory_gb: int = 0
     cpu_only: bool = False
     replicas: int = 0
+    engine_version: str = ""
+    """The engine's version (e.g. "0.10.2"); empty: the planner applies the newest rules it
+    knows."""
 
     @property
     def on_cpu(self) -> bool:
@@ -87,6 +90,8 @@ class Node:
     free_gpus: int = 0
     gpu_memory_bytes: int = 0
     memory_bytes: int = 0
+    gpu_cuda_memory_bytes: int = 0
+    """One card's memory as CUDA reports it (below NVML's `gpu_memory_bytes`); 0: not known."""
 
 
 @dataclass(frozen=True)

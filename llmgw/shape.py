@@ -60,6 +60,23 @@ class Layer:
 
 
 @dataclass(frozen=True)
+class Compute:
+    """What a forward pass of the model holds per token, for the engines' activation peaks
+    (0: not known). `experts` > 0 marks a mixture of experts; `vision` a multimodal model
+    whose engine also profiles its encoder."""
+
+    hidden_size: int = 0
+    intermediate_size: int = 0
+    vocab_size: int = 0
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    shared_intermediate_size: int = 0
+    dense_layers: int = 0
+    vision: bool = False
+
+
+@dataclass(frozen=True)
 class ModelShape:
     """What sizes a model's memory and decides its tensor parallel.
 
@@ -81,6 +98,8 @@ class ModelShape:
     mla_expanded: tuple[int, int] | None = None
     """For an MLA model: the (key, value) head dims of its decompressed heads, for engines that
     expand it (e.g. an old-format llama.cpp file)."""
+    compute: Compute | None = None
+    """Widths the engines' activation peaks follow (None: not read)."""
 
     def __post_init__(self) -> None:
         # Models repeat a few layer geometries many times: share one object per geometry, so

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Protocol
 
+from llmgw.cardclass import cuda_total
 from llmgw.engines.grammar import Grammar, RefusedFlag
 from llmgw.shape import ModelShape
 
@@ -23,6 +24,70 @@ class CardSplit(enum.Enum):
     """The engine runs on one card only (embedding servers)."""
 
 
+class Verdict(enum.Enum):
+    """Whether a replica fits its cards, given the figures' margin."""
+
+    FITS = "fits"
+    """It fits even if every fitted figure is at the far end of its margin."""
+    WITHIN_MARGIN = "fits only within the margin"
+    """The central figures fit, their margin would not: it could go either way."""
+    DOES_NOT_FIT = "does not fit"
+    """The central figures do not fit."""
+    NOT_CHECKED = "not checked"
+    """The card's memory (or the weights) is not known."""
+
+
+@dataclass(frozen=True)
+class Card:
+    """One card as the engines read it: NVML's total, CUDA's total (what torch sees) with its
+    source and margin, and the class name (vLLM's defaults look at it). 0: not known."""
+
+    name: str = ""
+    nvml_bytes: int = 0
+    cuda_bytes: int = 0
+    cuda_source: str = ""
+    cuda_margin_bytes: int = 0
+
+    @staticmethod
+    def of(name: str, nvml_bytes: int, reported_cuda_bytes: int = 0) -> Card:
+        """A card of class `name` with NVML total `nvml_bytes`; its CUDA total as reported,
+        logged for the class, or derived (`llmgw.cardclass.cuda_total`)."""
+        total = cuda_total(name, nvml_bytes, reported_cuda_bytes)
+        return Card(name, nvml_bytes, total.bytes, total.source, total.margin_bytes)
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """What an engine keeps on a card beside weights and KV, the budget it sizes against, and
+    the rules it applied.
+
+    `activation_bytes`, `non_torch_bytes`, `cuda_graph_bytes` and `other_bytes` are inside the
+    budget; `outside_bytes` is what the engine also needs on the card but outside its budget
+    (vLLM captures its CUDA graphs there), against `outside_room_bytes`, uncertain by
+    `outside_margin_bytes`.
+    `margin_bytes` is how far these figures may be off (they rest on fitted constants).
+    """
+
+    budget_bytes: int
+    activation_bytes: int = 0
+    non_torch_bytes: int = 0
+    cuda_graph_bytes: int = 0
+    other_bytes: int = 0
+    outside_bytes: int = 0
+    outside_room_bytes: int = 0
+    margin_bytes: int = 0
+    rules: str = ""
+    card_total_bytes: int = 0
+    outside_margin_bytes: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        """Everything inside the budget that is not weights or KV."""
+        return (
+            self.activation_bytes + self.non_torch_bytes + self.cuda_graph_bytes + self.other_bytes
+        )
+
+
 @dataclass(frozen=True)
 class CardNeed:
     """What one replica needs on its cards and what the fullest card may use.
@@ -30,6 +95,14 @@ class CardNeed:
     `weights_bytes` and `kv_bytes` are the whole replica's; `per_card_bytes` is the fullest
     card's share of weights and KV plus `overhead_bytes` (activations, CUDA graphs, runtime),
     to compare with `budget_bytes` (0 when the card's memory is not known).
+
+    The breakdown on the fullest card: `weights_per_card_bytes`, `kv_per_card_bytes` (what the
+    asked context needs), `activation_bytes`, `non_torch_bytes`, `cuda_graph_bytes`,
+    `other_bytes`; `kv_pool_bytes` is the KV pool the engine allocates there (all of the
+    budget left after the rest, for engines that size it so; else the need), holding
+    `kv_token_capacity` tokens, `max_concurrency` requests of the asked context.
+    `margin_bytes` is the uncertainty of the fitted figures; `rules` names the engine
+    version's rules applied; `card_total_bytes` is the card total the budget starts from.
     """
 
     weights_bytes: int
@@ -40,11 +113,50 @@ class CardNeed:
     cards: int
     weights_per_card_bytes: int = 0
     kv_per_card_bytes: int = 0
+    activation_bytes: int = 0
+    non_torch_bytes: int = 0
+    cuda_graph_bytes: int = 0
+    other_bytes: int = 0
+    kv_pool_bytes: int = 0
+    kv_token_capacity: int = 0
+    max_concurrency: float = 0.0
+    margin_bytes: int = 0
+    rules: str = ""
+    card_total_bytes: int = 0
+    outside_bytes: int = 0
+    outside_room_bytes: int = 0
+    weights_known: bool = True
+    outside_margin_bytes: int = 0
 
     @property
     def fits(self) -> bool:
-        """Whether the fullest card holds it (an unknown budget is taken as room)."""
-        return self.budget_bytes <= 0 or self.per_card_bytes <= self.budget_bytes
+        """Whether the fullest card holds it at the central figures (an unknown budget is
+        taken as room)."""
+        return self.budget_bytes <= 0 or (
+            self.per_card_bytes <= self.budget_bytes
+            and (self.outside_room_bytes <= 0 or self.outside_bytes <= self.outside_room_bytes)
+        )
+
+    @property
+    def fits_with_margin(self) -> bool:
+        """Whether it fits with every fitted figure at the far end of its margin."""
+        if self.budget_bytes <= 0:
+            return True
+        outside_ok = self.outside_room_bytes <= 0 or (
+            self.outside_bytes + self.outside_margin_bytes <= self.outside_room_bytes
+        )
+        return self.per_card_bytes + self.margin_bytes <= self.budget_bytes and outside_ok
+
+    @property
+    def verdict(self) -> Verdict:
+        """Fits, fits only within the margin, does not fit, or not checked."""
+        if self.budget_bytes <= 0 or not self.weights_known:
+            return Verdict.NOT_CHECKED
+        if not self.fits:
+            return Verdict.DOES_NOT_FIT
+        if not self.fits_with_margin:
+            return Verdict.WITHIN_MARGIN
+        return Verdict.FITS
 
 
 class Engine(Protocol):
@@ -142,13 +254,17 @@ class Engine(Protocol):
         slots: int,
         cards: int,
         card_memory_bytes: int,
+        card: Card | None = None,
+        engine_version: str = "",
     ) -> CardNeed:
         """What a replica needs on each of its cards, and the fullest card's budget.
 
         Args:
             tokens: one request's context; slots: requests held at full length at once;
             cards: cards of one replica (0: from the arguments); card_memory_bytes: one
-            card's memory (0: not known, budget 0).
+            card's memory as NVML reports it (0: not known, budget 0); card: the card with
+            both totals (None: derived from `card_memory_bytes`); engine_version: the
+            engine's version the profile names ("" : the newest rules known).
         Raises:
             EngineRefuses, EngineSingleCard.
         """

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from llmgw.cardclass import GIB
-from llmgw.engines.base import CardNeed, CardSplit
+from llmgw.engines.base import Card, CardNeed, CardSplit
 from llmgw.engines.errors import EngineSingleCard
 from llmgw.engines.grammar import Grammar, RefusedFlag
 from llmgw.shape import ModelShape
@@ -101,6 +101,8 @@ class OneCardEngine:
         slots: int,
         cards: int,
         card_memory_bytes: int,
+        card: Card | None = None,
+        engine_version: str = "",
     ) -> CardNeed:
         """Its weights on one card, against the card less `SINGLE_CARD_RESERVE_BYTES`.
 
@@ -112,10 +114,21 @@ class OneCardEngine:
                 f"{self.name} runs on one card only, not {cards}: serve it on one",
                 engine=self.name,
             )
-        card = card_memory_bytes
-        budget = max(card - SINGLE_CARD_RESERVE_BYTES, 1) if card else 0
+        total = card_memory_bytes
+        budget = max(total - SINGLE_CARD_RESERVE_BYTES, 1) if total else 0
         w = shape.weights_bytes
-        return CardNeed(w, 0, w, 0, budget, 1, weights_per_card_bytes=w)
+        return CardNeed(
+            w,
+            0,
+            w,
+            0,
+            budget,
+            1,
+            weights_per_card_bytes=w,
+            weights_known=w > 0,
+            card_total_bytes=total,
+            rules=f"{self.name}: the card less {SINGLE_CARD_RESERVE_BYTES >> 20} MiB",
+        )
 
 
 TEI = OneCardEngine("tei")

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import ClassVar
 
-from llmgw.cardclass import GIB, MIB
+from llmgw.cardclass import MIB
+from llmgw.engines.base import Card, Overhead
 from llmgw.engines.grammar import ADDRESS_FLAGS, Grammar, RefusedFlag
 from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
 from llmgw.engines.tensor_parallel import TensorParallelEngine
@@ -51,9 +52,14 @@ SGLANG_SWA_FULL_TOKENS_RATIO = 0.8
 """`--swa-full-tokens-ratio` default: a sliding layer's pool holds this share of a full
 layer's tokens (server_args.py; model_runner_kv_cache_mixin.py set_num_tokens_hybrid_swa)."""
 
-SGLANG_PRELOAD_BYTES = GIB
+SGLANG_PRELOAD_BYTES = 512 * MIB
 """Memory in use before SGLang measures the free memory its fraction applies to (CUDA
-context, NCCL): gt-049 saw 21.63 GiB free of an L4's 22.49 (23034 MiB), 0.86 GiB; rounded up."""
+context, NCCL), below CUDA's total: gt-049 saw 21.63 GiB free on an L4 (NVML 22.49 GiB, CUDA's
+total some 0.4 to 0.75 GiB less); vLLM's logs show 0.41 to 0.53 GiB in use at its snapshot
+(vllm_memory.CUDA_CONTEXT_BYTES)."""
+
+SGLANG_PRELOAD_MARGIN_BYTES = 384 * MIB
+"""How far the preload may be off (tensor parallel adds NCCL buffers)."""
 
 # SGLang's default --mem-fraction-static (server_args.py, _handle_gpu_memory_settings): card
 # memory in MiB less a reserve of 512 MiB of metadata + 1.5 MiB per chunked-prefill token
@@ -185,12 +191,32 @@ class Sglang(TensorParallelEngine):
         tp: int,
         pp: int,
         weights_card_bytes: int,
-        card_memory_bytes: int,
-    ) -> tuple[int, int]:
-        """The card × `--mem-fraction-static`, whose activations and graphs live outside it;
-        the fraction applies to the memory free before loading, the preload already gone."""
-        mfs = sglang_mem_fraction_static(card_memory_bytes, args, tp=tp, pp=pp)
-        return math.ceil(mfs * SGLANG_PRELOAD_BYTES), int(card_memory_bytes * mfs)
+        card: Card,
+        engine_version: str,
+    ) -> Overhead:
+        """Weights and KV take `--mem-fraction-static` of the memory free before loading
+        (CUDA's total less what the CUDA context and NCCL hold, `SGLANG_PRELOAD_BYTES`);
+        activations and CUDA graphs live outside it, in what SGLang's own reserve leaves
+        (the default fraction is derived from NVML's total, as SGLang reads it)."""
+        mfs = sglang_mem_fraction_static(card.nvml_bytes, args, tp=tp, pp=pp)
+        free_before = max(card.cuda_bytes - SGLANG_PRELOAD_BYTES, 0)
+        margin = int(mfs * (SGLANG_PRELOAD_MARGIN_BYTES + card.cuda_margin_bytes))
+        return Overhead(
+            budget_bytes=int(free_before * mfs),
+            margin_bytes=margin,
+            rules=(
+                f"SGLang: mem_fraction_static {mfs:g} of the memory free before loading "
+                f"(CUDA total {card.cuda_source or 'not known'}, less "
+                f"{SGLANG_PRELOAD_BYTES // MIB} MiB in use)"
+            ),
+            card_total_bytes=card.cuda_bytes,
+        )
+
+    def token_capacity(
+        self, shape: ModelShape, *, available_kv_bytes: int, tp: int, args: Sequence[str]
+    ) -> int:
+        """SGLang's max_total_num_tokens (`sglang_token_capacity`)."""
+        return sglang_token_capacity(shape, available_kv_bytes=available_kv_bytes, tp=tp, args=args)
 
 
 SGLANG = Sglang()

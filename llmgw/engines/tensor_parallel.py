@@ -11,10 +11,15 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import ClassVar
 
-from llmgw.engines.base import CardNeed, CardSplit
+from llmgw.engines.base import Card, CardNeed, CardSplit, Overhead
 from llmgw.engines.grammar import Flag, Grammar, RefusedFlag
 from llmgw.engines.heads import splits_heads
-from llmgw.engines.kvcache import CachePool, fullest_stage, layer_bytes_on_card
+from llmgw.engines.kvcache import (
+    CachePool,
+    fullest_stage,
+    layer_bytes_on_card,
+    token_bytes_on_card,
+)
 from llmgw.shape import ModelShape
 
 
@@ -152,39 +157,62 @@ class TensorParallelEngine:
         slots: int,
         cards: int,
         card_memory_bytes: int,
+        card: Card | None = None,
+        engine_version: str = "",
     ) -> CardNeed:
         """A card's share of the weights and of its pipeline stage's KV, plus the engine's
-        overhead, against its budget (`overhead_and_budget`)."""
+        overhead, against its budget (`overhead_and_budget`); the KV pool the engine
+        allocates there (the budget less the rest), its tokens and requests of `tokens`."""
         sequences = max(slots, 1)
         tp, pp = self.tensor_parallel(args, cards)
         dtype = self.cache_dtype_bytes(args, shape)
+        card = card or Card.of("", card_memory_bytes)
         pool = self.pool(
             args,
             tokens=tokens * sequences,
             sequences=sequences,
-            card_memory_bytes=card_memory_bytes,
+            card_memory_bytes=card.cuda_bytes or card_memory_bytes,
         )
         per_layer = layer_bytes_on_card(shape, pool, tp=tp, dtype=dtype)
         kv_card = fullest_stage(per_layer, pp)
         weights_card = -(-shape.weights_bytes // (tp * pp))
-        overhead, budget = self.overhead_and_budget(
+        known = card.nvml_bytes > 0 or card.cuda_bytes > 0
+        over = self.overhead_and_budget(
             shape,
             args,
             tokens=tokens,
             tp=tp,
             pp=pp,
             weights_card_bytes=weights_card,
-            card_memory_bytes=card_memory_bytes,
+            card=card,
+            engine_version=engine_version,
         )
+        budget = over.budget_bytes if known else 0
+        pool_bytes = max(budget - weights_card - over.total_bytes, 0) if budget else 0
+        capacity = self.token_capacity(shape, available_kv_bytes=pool_bytes, tp=tp, args=args)
         return CardNeed(
             weights_bytes=shape.weights_bytes,
             kv_bytes=sum(per_layer) * tp,
-            per_card_bytes=weights_card + kv_card + overhead,
-            overhead_bytes=overhead,
-            budget_bytes=budget if card_memory_bytes > 0 else 0,
+            per_card_bytes=weights_card + kv_card + over.total_bytes,
+            overhead_bytes=over.total_bytes,
+            budget_bytes=budget,
             cards=tp * pp,
             weights_per_card_bytes=weights_card,
             kv_per_card_bytes=kv_card,
+            activation_bytes=over.activation_bytes,
+            non_torch_bytes=over.non_torch_bytes,
+            cuda_graph_bytes=over.cuda_graph_bytes,
+            other_bytes=over.other_bytes,
+            kv_pool_bytes=pool_bytes,
+            kv_token_capacity=capacity,
+            max_concurrency=capacity / tokens if tokens > 0 else 0.0,
+            margin_bytes=over.margin_bytes,
+            rules=over.rules,
+            card_total_bytes=over.card_total_bytes,
+            outside_bytes=over.outside_bytes if known else 0,
+            outside_room_bytes=over.outside_room_bytes if known else 0,
+            outside_margin_bytes=over.outside_margin_bytes,
+            weights_known=shape.weights_bytes > 0,
         )
 
     # --- what each engine writes ------------------------------------------------------------
@@ -205,7 +233,18 @@ class TensorParallelEngine:
         tp: int,
         pp: int,
         weights_card_bytes: int,
-        card_memory_bytes: int,
-    ) -> tuple[int, int]:
+        card: Card,
+        engine_version: str,
+    ) -> Overhead:
         """What a card needs beside weights and KV, and what it may use of the card."""
         raise NotImplementedError
+
+    def token_capacity(
+        self, shape: ModelShape, *, available_kv_bytes: int, tp: int, args: Sequence[str]
+    ) -> int:
+        """The tokens the engine's KV pool holds in `available_kv_bytes` on each card: whole
+        tokens at every KV layer's full width (engines with pages round further)."""
+        per_token = token_bytes_on_card(shape, tp, self.cache_dtype_bytes(args, shape))
+        if available_kv_bytes <= 0 or per_token <= 0:
+            return 0
+        return available_kv_bytes // per_token

@@ -2,18 +2,37 @@
 cache its free fraction of the memory after weights and activations.
 
 Flags as `trtllm-serve --help` spells them (tensorrt_llm/commands/serve.py), with `_`; either
-spelling is read as one flag. It has no cache-dtype flag (that is set in the --config YAML,
-which the planner does not read): the cache is sized at the model's dtype, the larger case.
+spelling is read as one flag.
+
+The cache's dtype, its free fraction and block size can sit in the YAML that
+`--extra_llm_api_options` (alias `--config`) names, under `kv_cache_config` (`dtype`,
+`free_gpu_memory_fraction`, `tokens_per_block`). The planner cannot read files on the nodes,
+so it reads that YAML only when the flag's value is the YAML itself (an inline mapping, e.g.
+`--extra_llm_api_options 'kv_cache_config: {dtype: fp8}'`); when the value is a path, the cache
+is sized at the model's dtype (the larger case) and the rules say so. The flag itself is
+refused by the node agent (it names a file past the refusal table): the inline form is for
+planning a profile another launcher runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
 
+import yaml
+
+from llmgw.engines.base import Card, Overhead
 from llmgw.engines.grammar import ADDRESS_FLAGS, Grammar, RefusedFlag
 from llmgw.engines.kvcache import CachePool, token_bytes_on_card
 from llmgw.engines.tensor_parallel import TensorParallelEngine
-from llmgw.engines.torch_overhead import layers_per_stage, torch_overhead_bytes
+from llmgw.engines.torch_overhead import (
+    NON_TORCH_BYTES,
+    NON_TORCH_MARGIN_BYTES,
+    SAMPLER_FALLBACK_BYTES,
+    cuda_graph_bytes,
+    forward_cost,
+    layers_per_stage,
+)
 from llmgw.shape import Layer, ModelShape
 
 GRAMMAR = Grammar("trtllm", folds_underscores=True, joined_ok=True, abbreviates=False)
@@ -23,6 +42,19 @@ TP_SIZE = ("--tp_size",)
 PP_SIZE = ("--pp_size",)
 FREE_GPU_MEMORY_FRACTION = ("--kv_cache_free_gpu_memory_fraction", "--free_gpu_memory_fraction")
 MAX_NUM_TOKENS = ("--max_num_tokens",)
+EXTRA_OPTIONS = ("--extra_llm_api_options", "--config")
+
+TRTLLM_CACHE_DTYPES: dict[str, Fraction | None] = {
+    "auto": None,
+    "float16": Fraction(2),
+    "fp16": Fraction(2),
+    "bfloat16": Fraction(2),
+    "bf16": Fraction(2),
+    "fp8": Fraction(1),
+    "int8": Fraction(1),
+}
+"""kv_cache_config.dtype values and their element bytes (None: the model's dtype);
+TensorRT-LLM's KvCacheConfig.dtype ("auto" by default)."""
 
 TRTLLM_FREE_FRACTION = 0.9
 """KvCacheConfig.free_gpu_memory_fraction default (TensorRT-LLM docs, "How to Change KV Cache
@@ -57,14 +89,52 @@ class FullWidthPool(CachePool):
         return self.full()
 
 
-def trtllm_overhead_bytes(shape: ModelShape, args: Sequence[str], *, pp: int) -> int:
+def extra_options(args: Sequence[str]) -> tuple[Mapping[str, object], str]:
+    """`kv_cache_config` of an inline `--extra_llm_api_options` YAML, and what was read: empty
+    when the flag is absent, names a file (which the planner cannot read) or is not YAML."""
+    raw = GRAMMAR.get(args, EXTRA_OPTIONS)
+    if raw is None:
+        return {}, ""
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        data = None
+    if not isinstance(data, Mapping):
+        return (
+            {},
+            f"{EXTRA_OPTIONS[0]} names a file the planner cannot read: cache at the model's dtype",
+        )
+    config = data.get("kv_cache_config")
+    return (config if isinstance(config, Mapping) else {}), f"{EXTRA_OPTIONS[0]} read inline"
+
+
+def trtllm_overhead_bytes(shape: ModelShape, args: Sequence[str], *, pp: int, tp: int = 1) -> int:
     """What a TensorRT-LLM card needs beside weights and KV before its free fraction applies:
-    the profiling pass over `--max_num_tokens` tokens, non-torch memory and CUDA graphs,
-    with the constants measured on vLLM (both run the model in PyTorch)."""
+    the profiling pass over `--max_num_tokens` tokens, its sampler, non-torch memory and CUDA
+    graphs, with the constants measured on vLLM (both run the model in PyTorch)."""
     batched = GRAMMAR.count(args, MAX_NUM_TOKENS) or TRTLLM_MAX_NUM_TOKENS
-    return torch_overhead_bytes(
-        shape, batch_tokens=batched, layers=layers_per_stage(shape, pp), eager=False
-    )
+    forward = forward_cost(shape, tp=tp).bytes(batched)
+    graphs = cuda_graph_bytes(shape, layers_per_stage(shape, pp))
+    return forward + SAMPLER_FALLBACK_BYTES + NON_TORCH_BYTES + graphs
+
+
+def trtllm_free_fraction(args: Sequence[str]) -> float:
+    """The KV cache's share of the free memory: the flag, the inline YAML, else 0.9."""
+    given = GRAMMAR.fraction(args, FREE_GPU_MEMORY_FRACTION)
+    if given is not None:
+        return given
+    value = extra_options(args)[0].get("free_gpu_memory_fraction")
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1:
+        return float(value)
+    return TRTLLM_FREE_FRACTION
+
+
+def trtllm_tokens_per_block(args: Sequence[str]) -> int:
+    """Tokens per KV block: the inline YAML's `tokens_per_block`, else 32."""
+    value = extra_options(args)[0].get("tokens_per_block")
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 1 << 16:
+        return value
+    return TRTLLM_TOKENS_PER_BLOCK
 
 
 class TrtLlm(TensorParallelEngine):
@@ -79,11 +149,30 @@ class TrtLlm(TensorParallelEngine):
     tp_flag = TP_SIZE
     pp_flag = PP_SIZE
 
+    def cache_dtype_bytes(self, args: Sequence[str], shape: ModelShape) -> Fraction:
+        """kv_cache_config.dtype of an inline `--extra_llm_api_options`, else the model's.
+
+        Raises:
+            EngineRefuses: a dtype the planner does not size.
+        """
+        raw = extra_options(args)[0].get("dtype")
+        if raw is None:
+            return Fraction(shape.kv_dtype_bytes)
+        key = str(raw).strip().lower()
+        if key not in TRTLLM_CACHE_DTYPES:
+            raise GRAMMAR.refuse(
+                f"trtllm kv_cache_config.dtype {raw!r} is not a cache type the planner can "
+                f"size: use one of {', '.join(TRTLLM_CACHE_DTYPES)}",
+                f"kv_cache_config.dtype={raw}",
+            )
+        size = TRTLLM_CACHE_DTYPES[key]
+        return Fraction(shape.kv_dtype_bytes) if size is None else size
+
     def pool(
         self, args: Sequence[str], *, tokens: int, sequences: int, card_memory_bytes: int
     ) -> FullWidthPool:
-        """Blocks of 32 tokens, every layer at full length."""
-        return FullWidthPool(tokens, sequences, block=TRTLLM_TOKENS_PER_BLOCK)
+        """Blocks of 32 tokens (or the inline YAML's), every layer at full length."""
+        return FullWidthPool(tokens, sequences, block=trtllm_tokens_per_block(args))
 
     def overhead_and_budget(
         self,
@@ -94,14 +183,51 @@ class TrtLlm(TensorParallelEngine):
         tp: int,
         pp: int,
         weights_card_bytes: int,
-        card_memory_bytes: int,
-    ) -> tuple[int, int]:
+        card: Card,
+        engine_version: str,
+    ) -> Overhead:
         """The profiling overhead; a budget that leaves the cache its free fraction f of the
-        memory after weights and overhead: f × card + (1 − f) × (weights + overhead)."""
-        overhead = trtllm_overhead_bytes(shape, args, pp=pp)
-        free = GRAMMAR.fraction(args, FREE_GPU_MEMORY_FRACTION) or TRTLLM_FREE_FRACTION
-        budget = int(free * card_memory_bytes + (1 - free) * (weights_card_bytes + overhead))
-        return overhead, budget
+        memory CUDA reports free after weights and overhead (TensorRT-LLM's
+        `_cal_max_memory`: (total − peak + first-pass KV) × f, gt-052):
+        f × total + (1 − f) × (weights + overhead)."""
+        batched = GRAMMAR.count(args, MAX_NUM_TOKENS) or TRTLLM_MAX_NUM_TOKENS
+        cost = forward_cost(shape, tp=tp)
+        forward = cost.bytes(batched)
+        graphs = cuda_graph_bytes(shape, layers_per_stage(shape, pp))
+        overhead = forward + SAMPLER_FALLBACK_BYTES + NON_TORCH_BYTES + graphs
+        free = trtllm_free_fraction(args)
+        total = card.cuda_bytes
+        budget = int(free * total + (1 - free) * (weights_card_bytes + overhead))
+        uncertain = int(forward * cost.margin) + SAMPLER_FALLBACK_BYTES // 2 + graphs // 2
+        margin = int(free * (uncertain + NON_TORCH_MARGIN_BYTES + card.cuda_margin_bytes))
+        read = extra_options(args)[1]
+        return Overhead(
+            budget_bytes=budget,
+            activation_bytes=forward + SAMPLER_FALLBACK_BYTES,
+            non_torch_bytes=NON_TORCH_BYTES,
+            cuda_graph_bytes=graphs,
+            margin_bytes=margin,
+            rules=(
+                f"TensorRT-LLM: KV gets {free:g} of the memory free after weights and "
+                f"activations (CUDA total {card.cuda_source or 'not known'})"
+                + (f"; {read}" if read else "")
+            ),
+            card_total_bytes=total,
+        )
+
+    def token_capacity(
+        self, shape: ModelShape, *, available_kv_bytes: int, tp: int, args: Sequence[str]
+    ) -> int:
+        """TensorRT-LLM's max tokens in its paged KV cache (`trtllm_token_capacity`).
+
+        The pool here is the budget's remainder, f × (free after weights and overhead)."""
+        return trtllm_token_capacity(
+            shape,
+            available_kv_bytes=available_kv_bytes,
+            tp=tp,
+            args=args,
+            tokens_per_block=trtllm_tokens_per_block(args),
+        )
 
 
 TRTLLM = TrtLlm()

@@ -14,10 +14,11 @@ from fractions import Fraction
 from typing import ClassVar
 
 from llmgw.cardclass import GIB
+from llmgw.engines.base import Card, Overhead
 from llmgw.engines.grammar import ADDRESS_FLAGS, Grammar, RefusedFlag
 from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
 from llmgw.engines.tensor_parallel import TensorParallelEngine
-from llmgw.engines.torch_overhead import layers_per_stage, torch_overhead_bytes
+from llmgw.engines.vllm_memory import VLLM_RULES, vllm_overhead
 from llmgw.shape import Layer, ModelShape
 
 GRAMMAR = Grammar("vllm", folds_underscores=True, joined_ok=True, abbreviates=True)
@@ -36,9 +37,9 @@ VLLM_BLOCK_TOKENS = 16
 """Tokens per KV page: `--block-size` default on CUDA (vllm/config/cache.py); a page per layer
 is block × kv_heads_per_rank × (head_dim_k + head_dim_v) × dtype (kv_cache_interface.py)."""
 
-VLLM_UTILISATION = 0.90
-"""`--gpu-memory-utilization` default (DESIGN §5; vllm/config/cache.py up to v0.20, whose later
-docs say 0.92 with CUDA graphs subtracted; 0.90 with graphs subtracted is the safer reading)."""
+VLLM_UTILISATION = VLLM_RULES[-1].utilisation
+"""`--gpu-memory-utilization` default of the newest vLLM the planner knows (0.92 since 0.21,
+0.90 before: `vllm_memory.VLLM_RULES`, keyed by the profile's engine_version)."""
 
 VLLM_BATCHED_TOKENS_LARGE_CARD = 8192
 VLLM_BATCHED_TOKENS_SMALL_CARD = 2048
@@ -123,21 +124,29 @@ def vllm_batched_tokens(args: Sequence[str], card_memory_bytes: int) -> int:
 
 
 def vllm_overhead_bytes(
-    shape: ModelShape, args: Sequence[str], *, tokens: int, pp: int, card_memory_bytes: int
+    shape: ModelShape,
+    args: Sequence[str],
+    *,
+    tokens: int,
+    pp: int,
+    card_memory_bytes: int,
+    tp: int = 1,
+    engine_version: str = "",
+    card: Card | None = None,
 ) -> int:
-    """What a vLLM card needs beside weights and KV, inside its utilisation budget.
-
-    The profile run's activation peak over `--max-num-batched-tokens` (with chunked prefill,
-    V1's default; without it, over max(batched tokens, the context), as gt-023/024 show),
-    non-torch memory, and CUDA graphs (none with `--enforce-eager`). Monotonic in `tokens`.
-    """
-    batched = vllm_batched_tokens(args, card_memory_bytes)
-    if GRAMMAR.has(args, NO_CHUNKED_PREFILL):
-        batched = max(batched, tokens)
-    eager = GRAMMAR.has(args, ENFORCE_EAGER)
-    return torch_overhead_bytes(
-        shape, batch_tokens=batched, layers=layers_per_stage(shape, pp), eager=eager
-    )
+    """What a vLLM card needs beside weights and KV, inside its utilisation budget: the
+    profile run's activation peak, non-torch memory and (from 0.21) the CUDA-graph estimate
+    (`vllm_memory.vllm_overhead`)."""
+    return vllm_overhead(
+        GRAMMAR,
+        shape,
+        args,
+        tokens=tokens,
+        tp=tp,
+        pp=pp,
+        card=card or Card.of("", card_memory_bytes),
+        engine_version=engine_version,
+    ).total_bytes
 
 
 class Vllm(TensorParallelEngine):
@@ -173,14 +182,27 @@ class Vllm(TensorParallelEngine):
         tp: int,
         pp: int,
         weights_card_bytes: int,
-        card_memory_bytes: int,
-    ) -> tuple[int, int]:
-        """The profiling overhead, inside the card × `--gpu-memory-utilization`."""
-        overhead = vllm_overhead_bytes(
-            shape, args, tokens=tokens, pp=pp, card_memory_bytes=card_memory_bytes
+        card: Card,
+        engine_version: str,
+    ) -> Overhead:
+        """The profiling overhead, inside CUDA's total × `--gpu-memory-utilization`, by the
+        rules of the profile's vLLM version (`vllm_memory`)."""
+        return vllm_overhead(
+            GRAMMAR,
+            shape,
+            args,
+            tokens=tokens,
+            tp=tp,
+            pp=pp,
+            card=card,
+            engine_version=engine_version,
         )
-        util = GRAMMAR.fraction(args, GPU_MEMORY_UTILIZATION) or VLLM_UTILISATION
-        return overhead, int(card_memory_bytes * util)
+
+    def token_capacity(
+        self, shape: ModelShape, *, available_kv_bytes: int, tp: int, args: Sequence[str]
+    ) -> int:
+        """vLLM's "GPU KV cache size" (`vllm_token_capacity`)."""
+        return vllm_token_capacity(shape, available_kv_bytes=available_kv_bytes, tp=tp, args=args)
 
 
 VLLM = Vllm()

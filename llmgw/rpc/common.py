@@ -46,6 +46,7 @@ def profile_from_proto(msg: common_pb2.Profile, index: int) -> Profile:
         min_memory_gb=checked_count(msg.min_memory_gb, f"{where}.min_memory_gb"),
         cpu_only=msg.cpu_only,
         replicas=checked_count(msg.replicas, f"{where}.replicas"),
+        engine_version=msg.engine_version,
     )
 
 
@@ -93,6 +94,9 @@ def inventory_from_proto(msg: common_pb2.Inventory) -> Inventory:
                     n.gpu_memory_bytes, f"{where}.gpu_memory_bytes", 1 << 50
                 ),
                 memory_bytes=checked_count(n.memory_bytes, f"{where}.memory_bytes", 1 << 60),
+                gpu_cuda_memory_bytes=checked_count(
+                    n.gpu_cuda_memory_bytes, f"{where}.gpu_cuda_memory_bytes", 1 << 50
+                ),
             )
         )
     return Inventory(nodes=tuple(nodes))
@@ -219,4 +223,5 @@ def profile_to_proto(p: Profile) -> common_pb2.Profile:
         min_memory_gb=p.min_memory_gb,
         cpu_only=p.cpu_only,
         replicas=p.replicas,
+        engine_version=p.engine_version,
     )

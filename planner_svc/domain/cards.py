@@ -1,19 +1,33 @@
-"""Cards: how much memory a card of a class holds."""
+"""Cards: how much memory a card of a class holds, as NVML and as CUDA report it."""
 
 from __future__ import annotations
 
 from llmgw.cardclass import GIB, class_memory_bytes
+from llmgw.engines.base import Card
 from llmgw.model import Inventory
 
-__all__ = ["GIB", "card_memory_bytes"]
+__all__ = ["GIB", "card_memory_bytes", "card_of"]
 
 
 def card_memory_bytes(gpu_class: str, inventory: Inventory) -> int:
-    """Memory of one card of `gpu_class`: the smallest the inventory reports for the class,
-    else a known card's NVML total, else the "NNGB" in the class name read as GiB; 0 when
-    none of these tells.
+    """NVML's memory of one card of `gpu_class`: the smallest the inventory reports for the
+    class, else a known card's NVML total, else the "NNGB" in the class name read as GiB; 0
+    when none of these tells.
     """
     reported = [n.gpu_memory_bytes for n in inventory.of_class(gpu_class) if n.gpu_memory_bytes > 0]
     if reported:
         return min(reported)
     return class_memory_bytes(gpu_class)
+
+
+def card_of(gpu_class: str, inventory: Inventory) -> Card:
+    """One card of `gpu_class` with both totals: NVML's (`card_memory_bytes`) and CUDA's (the
+    smallest a node of the class reports, else the card table's logged figure, else derived
+    from NVML's; `llmgw.cardclass.cuda_total`)."""
+    nvml = card_memory_bytes(gpu_class, inventory)
+    cuda = [
+        n.gpu_cuda_memory_bytes
+        for n in inventory.of_class(gpu_class)
+        if n.gpu_cuda_memory_bytes > 0
+    ]
+    return Card.of(gpu_class, nvml, min(cuda) if cuda else 0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from llmgw.engines import registry
-from llmgw.engines.base import Engine
+from llmgw.engines.base import Engine, Verdict
 from llmgw.model import Inventory, Model, Profile
 from llmgw.shape import ModelShape
 from planner_svc.domain import errors
@@ -18,7 +18,7 @@ from planner_svc.domain.fit import (
     measure,
     ram_gb,
 )
-from planner_svc.domain.memory import CardNeed, ram_need_bytes
+from planner_svc.domain.memory import CardNeed, RamNeed, ram_need
 
 MAX_SLOTS = 64
 """llama.cpp slots a profile may ask for (the reference's SetContext rule)."""
@@ -37,13 +37,19 @@ def default_max_output(tokens: int) -> int:
 
 @dataclass(frozen=True)
 class ProfileNeed:
-    """What a profile needs: bytes (GPU) or RAM (CPU); None fields when not sized."""
+    """What a profile needs: bytes (GPU) or RAM (CPU); None fields when not sized. `ram` is
+    a CPU profile's breakdown (`ram_bytes` its whole); `weights_known` is False when the
+    model's files' sizes are not known (then only the KV figures mean anything)."""
 
     card: CardNeed | None = None
     ram_bytes: int = 0
+    ram: RamNeed | None = None
+    weights_known: bool = True
 
     def describe(self) -> str:
         """For people: "13.2 GiB a card of 2, of 72.0 usable" or "18 GB of RAM"."""
+        if not self.weights_known:
+            return ""
         if self.card is not None:
             return describe_need(self.card)
         if self.ram_bytes:
@@ -142,8 +148,11 @@ def size_context(
         )
     notes = [note] if note else []
     if shape is not None and shape.weights_bytes <= 0 and not note:
-        notes.append("its files' sizes are not known, so the memory it needs is not checked")
-    sized = shape if shape is not None and shape.weights_bytes > 0 else None
+        notes.append(
+            "its files' sizes are not known, so the memory it needs is not checked "
+            "(the KV cache's figures are given)"
+        )
+    sized = shape
     changes: list[ProfileChange] = []
     updated: list[Profile] = []
     for profile in model.profiles:
@@ -202,9 +211,11 @@ def profile_need(
     slots: int,
 ) -> ProfileNeed:
     """What a profile needs served with `args` for `tokens` per request and `slots`."""
+    known = shape.weights_bytes > 0
     if profile.on_cpu:
         pool = engine.pool_tokens(tokens, slots)
-        return ProfileNeed(ram_bytes=ram_need_bytes(shape, pool, sequences=max(slots, 1)))
+        ram = ram_need(shape, pool, sequences=max(slots, 1))
+        return ProfileNeed(ram_bytes=ram.total_bytes, ram=ram, weights_known=known)
     fit = measure(
         engine,
         profile,
@@ -215,7 +226,7 @@ def profile_need(
         slots=slots,
         cards=profile.cards,
     )
-    return ProfileNeed(card=fit.need)
+    return ProfileNeed(card=fit.need, weights_known=known)
 
 
 def _resize_profile(
@@ -275,17 +286,21 @@ def _resize_profile(
         need=after,
         need_before=before,
     )
+    if not after.weights_known:
+        return new_profile, change
     if profile.on_cpu:
         return replace(new_profile, min_memory_gb=ram_gb(after.ram_bytes)), change
     card = after.card
     assert card is not None  # a GPU profile is always measured on cards
+    if card.verdict is Verdict.WITHIN_MARGIN:
+        notes.append(within_margin_note(profile.name, card))
     if card.budget_bytes <= 0:
         notes.append(
             f"the memory of a {profile.gpu_class} card is not known (no node of that class in "
             "the inventory), so the cards are not checked"
         )
         return new_profile, change
-    if card.per_card_bytes > card.budget_bytes:
+    if not card.fits:
         longest = longest_context(
             engine,
             profile,
@@ -311,16 +326,37 @@ def _resize_profile(
     return new_profile, change
 
 
+def within_margin_note(profile: str, card: CardNeed) -> str:
+    """What could go either way for a profile that fits only within the margin."""
+    gib = 1 << 30
+    room = card.budget_bytes - card.per_card_bytes
+    return (
+        f"the {profile} profile fits only within the margin: {room / gib:.2f} GiB are left of "
+        f"{card.budget_bytes / gib:.1f} GiB usable a card, and its activation, non-torch, "
+        f"CUDA-graph and card-size figures may be off by {card.margin_bytes / gib:.2f} GiB "
+        f"({card.rules}); the engine may refuse it at start"
+    )
+
+
 def _too_small_message(
     profile: Profile, tokens: int, card: CardNeed, longest: int, fewest: int
 ) -> str:
     """The CARDS_TOO_SMALL sentence: what was refused, why, what would work."""
     gib = 1 << 30
-    text = (
-        f"with {tokens} tokens the {profile.name} profile needs "
-        f"{card.per_card_bytes / gib:.1f} GiB on each of its {card.cards} {profile.gpu_class} "
-        f"cards, more than the {card.budget_bytes / gib:.1f} GiB usable"
-    )
+    if card.per_card_bytes <= card.budget_bytes:
+        text = (
+            f"with {tokens} tokens the {profile.name} profile leaves "
+            f"{card.outside_room_bytes / gib:.2f} GiB outside its budget on each of its "
+            f"{card.cards} {profile.gpu_class} cards, less than the "
+            f"{card.outside_bytes / gib:.2f} GiB the engine needs there (CUDA context and "
+            "graphs): lower the engine's memory share"
+        )
+    else:
+        text = (
+            f"with {tokens} tokens the {profile.name} profile needs "
+            f"{card.per_card_bytes / gib:.1f} GiB on each of its {card.cards} "
+            f"{profile.gpu_class} cards, more than the {card.budget_bytes / gib:.1f} GiB usable"
+        )
     remedies = []
     if longest > 0:
         remedies.append(f"a context of at most {longest} tokens")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from llmgw.engines.base import CardNeed, Engine
 from llmgw.model import Inventory, Profile
 from llmgw.shape import ModelShape
-from planner_svc.domain.cards import GIB, card_memory_bytes
+from planner_svc.domain.cards import GIB, card_of
 from planner_svc.domain.memory import card_need
 
 MIN_CONTEXT_TOKENS = 256
@@ -27,8 +27,14 @@ class Fit:
 
     @property
     def fits(self) -> bool:
-        """Whether the fullest card holds it (an unknown budget is taken as room)."""
-        return self.need.budget_bytes <= 0 or self.need.per_card_bytes <= self.need.budget_bytes
+        """Whether the fullest card holds it at the central figures (an unknown budget is
+        taken as room)."""
+        return self.need.fits
+
+    @property
+    def fits_safely(self) -> bool:
+        """Whether it holds with every fitted figure at the far end of its margin."""
+        return self.need.fits_with_margin
 
 
 def measure(
@@ -44,6 +50,7 @@ def measure(
 ) -> Fit:
     """The need of `profile` served with `args` (already set for `tokens`/`slots`) on
     `cards` cards of its class."""
+    card = card_of(profile.gpu_class, inventory)
     need = card_need(
         engine.name,
         shape,
@@ -51,7 +58,9 @@ def measure(
         tokens=tokens,
         slots=slots,
         cards=cards,
-        card_memory_bytes=card_memory_bytes(profile.gpu_class, inventory),
+        card_memory_bytes=card.nvml_bytes,
+        card=card,
+        engine_version=profile.engine_version,
     )
     return Fit(need)
 
@@ -68,15 +77,33 @@ def longest_context(
     limit_tokens: int,
 ) -> int:
     """The longest context (in tokens per request, a multiple of 256) that fits on `cards`
-    cards, at most `limit_tokens`; 0 when not even the shortest fits.
+    cards, at most `limit_tokens`, with the figures' margin (a context that fits only within
+    it may fail at start: the answer errs safe); else the longest that fits at the central
+    figures; 0 when not even the shortest fits.
     """
+    safe = _longest(engine, profile, shape, inventory, args, slots, cards, limit_tokens, True)
+    if safe:
+        return safe
+    return _longest(engine, profile, shape, inventory, args, slots, cards, limit_tokens, False)
 
+
+def _longest(
+    engine: Engine,
+    profile: Profile,
+    shape: ModelShape,
+    inventory: Inventory,
+    args: Sequence[str],
+    slots: int,
+    cards: int,
+    limit_tokens: int,
+    with_margin: bool,
+) -> int:
     def fits(tokens: int) -> bool:
         trial = engine.with_context(args, tokens, slots)
         fit = measure(
             engine, profile, shape, inventory, args=trial, tokens=tokens, slots=slots, cards=cards
         )
-        return fit.fits
+        return fit.fits_safely if with_margin else fit.fits
 
     step = MIN_CONTEXT_TOKENS
     hi = max(limit_tokens // step, 1)

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 
 from llmgw.shape import Layer, LayerKind, ModelShape
 from planner_svc.domain.errors import InvalidShape
+from planner_svc.domain.hf_compute import compute_from_hf_config
 
 # Generous ceilings for "absurd": far past any released model, far below overflow.
 _MAX_LAYERS = 1024
@@ -210,6 +211,7 @@ class _Reader:
             format="hf",
             notes=tuple(self.notes),
             mla_expanded=expanded,
+            compute=compute_from_hf_config(self.top),
         )
 
     def _dtype_bytes(self) -> int:

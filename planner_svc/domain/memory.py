@@ -8,10 +8,11 @@ its constants come from); this module checks the request and asks the registry.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 
 from llmgw.engines import registry
-from llmgw.engines.base import CardNeed
+from llmgw.engines.base import Card, CardNeed
 from llmgw.engines.kvcache import CachePool, layer_bytes_on_card
 from llmgw.shape import ModelShape
 from planner_svc.domain import errors
@@ -19,10 +20,12 @@ from planner_svc.domain.kvcache import check_pool, kv_bytes_per_token_per_card, 
 
 __all__ = [
     "CardNeed",
+    "RamNeed",
     "cache_dtype_bytes",
     "card_need",
     "kv_bytes_per_token_per_card",
     "kv_cache_bytes",
+    "ram_need",
     "ram_need_bytes",
     "tensor_parallel",
 ]
@@ -67,6 +70,8 @@ def card_need(
     slots: int,
     cards: int,
     card_memory_bytes: int,
+    card: Card | None = None,
+    engine_version: str = "",
 ) -> CardNeed:
     """What a replica of `engine` serving `shape` needs on each of its cards.
 
@@ -77,7 +82,9 @@ def card_need(
         tokens: one request's context (llama.cpp: per slot).
         slots: requests held at full length at once (llama.cpp's `--parallel`; 1 elsewhere).
         cards: cards of one replica (0: from the arguments).
-        card_memory_bytes: one card's memory; 0 when not known (budget 0).
+        card_memory_bytes: one card's memory as NVML reports it; 0 when not known (budget 0).
+        card: the card with NVML's and CUDA's totals (None: CUDA's derived from NVML's).
+        engine_version: the profile's engine version ("": the newest rules known).
     Raises:
         UnknownEngine, EngineRefuses (arguments the engine refuses), EngineSingleCard,
         InvalidRequest (negative numbers).
@@ -102,10 +109,27 @@ def card_need(
         slots=slots,
         cards=cards,
         card_memory_bytes=card_memory_bytes,
+        card=card,
+        engine_version=engine_version,
     )
 
 
-def ram_need_bytes(shape: ModelShape, pool_tokens: int, *, sequences: int = 1) -> int:
+@dataclass(frozen=True)
+class RamNeed:
+    """A CPU profile's RAM, broken down like a card: weights, KV (and recurrent state), and
+    the rest (the 1 GiB reserve and 5 % of the weights)."""
+
+    weights_bytes: int
+    kv_bytes: int
+    other_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        """All of it."""
+        return self.weights_bytes + self.kv_bytes + self.other_bytes
+
+
+def ram_need(shape: ModelShape, pool_tokens: int, *, sequences: int = 1) -> RamNeed:
     """RAM a CPU profile needs: weights + the KV of `pool_tokens` (sliding layers capped at
     their window per sequence, recurrent state per sequence) + 1 GiB + 5 % of the weights
     (the reference's formula, DESIGN §5). Rounding to whole GB is `fit.ram_gb`'s.
@@ -117,4 +141,13 @@ def ram_need_bytes(shape: ModelShape, pool_tokens: int, *, sequences: int = 1) -
     pool = CachePool(pool_tokens, sequences)
     kv = sum(layer_bytes_on_card(shape, pool, tp=1, dtype=Fraction(shape.kv_dtype_bytes)))
     w = shape.weights_bytes
-    return w + kv + RAM_RESERVE_BYTES + w // RAM_WEIGHTS_SHARE
+    return RamNeed(w, kv, RAM_RESERVE_BYTES + w // RAM_WEIGHTS_SHARE)
+
+
+def ram_need_bytes(shape: ModelShape, pool_tokens: int, *, sequences: int = 1) -> int:
+    """The whole of `ram_need`.
+
+    Raises:
+        InvalidRequest: a negative pool or fewer than one sequence.
+    """
+    return ram_need(shape, pool_tokens, sequences=sequences).total_bytes

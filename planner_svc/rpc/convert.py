@@ -4,14 +4,28 @@
 from __future__ import annotations
 
 from llmgw.common.v1 import common_pb2
-from planner_svc.domain.context import ContextChange, ProfileChange, ProfileNeed
+from llmgw.engines.base import Verdict
+from planner_svc.domain.context import (
+    ContextChange,
+    ProfileChange,
+    ProfileNeed,
+    within_margin_note,
+)
 from planner_svc.domain.gpus import GPUsChange
 
+_VERDICTS = {
+    Verdict.FITS: common_pb2.FIT_VERDICT_FITS,
+    Verdict.WITHIN_MARGIN: common_pb2.FIT_VERDICT_WITHIN_MARGIN,
+    Verdict.DOES_NOT_FIT: common_pb2.FIT_VERDICT_DOES_NOT_FIT,
+    Verdict.NOT_CHECKED: common_pb2.FIT_VERDICT_NOT_CHECKED,
+}
 
-def _memory(need: ProfileNeed) -> common_pb2.Memory | None:
+
+def _memory(need: ProfileNeed, profile: str = "") -> common_pb2.Memory | None:
     """A profile's need in bytes, None when it was not sized."""
     if need.card is not None:
         c = need.card
+        verdict = c.verdict if need.weights_known else Verdict.NOT_CHECKED
         return common_pb2.Memory(
             weights_bytes=c.weights_bytes,
             kv_bytes=c.kv_bytes,
@@ -19,6 +33,37 @@ def _memory(need: ProfileNeed) -> common_pb2.Memory | None:
             budget_bytes=c.budget_bytes,
             cards=c.cards,
             overhead_bytes=c.overhead_bytes,
+            weights_per_card_bytes=c.weights_per_card_bytes,
+            kv_per_card_bytes=c.kv_per_card_bytes,
+            activation_bytes=c.activation_bytes,
+            non_torch_bytes=c.non_torch_bytes,
+            cuda_graph_bytes=c.cuda_graph_bytes,
+            other_bytes=c.other_bytes,
+            kv_pool_bytes=c.kv_pool_bytes if need.weights_known else 0,
+            kv_token_capacity=c.kv_token_capacity if need.weights_known else 0,
+            max_concurrency=c.max_concurrency if need.weights_known else 0.0,
+            margin_bytes=c.margin_bytes,
+            verdict=_VERDICTS[verdict],
+            verdict_note=(
+                within_margin_note(profile or "this", c) if verdict is Verdict.WITHIN_MARGIN else ""
+            ),
+            rules=c.rules,
+            card_total_bytes=c.card_total_bytes,
+            outside_budget_bytes=c.outside_bytes,
+            outside_room_bytes=c.outside_room_bytes,
+        )
+    if need.ram is not None:
+        r = need.ram
+        return common_pb2.Memory(
+            ram_bytes=need.ram_bytes,
+            weights_bytes=r.weights_bytes,
+            kv_bytes=r.kv_bytes,
+            weights_per_card_bytes=r.weights_bytes,
+            kv_per_card_bytes=r.kv_bytes,
+            other_bytes=r.other_bytes,
+            cards=0,
+            verdict=_VERDICTS[Verdict.NOT_CHECKED],
+            rules="RAM: weights + KV + 1 GiB + 5 % of the weights (DESIGN §5)",
         )
     if need.ram_bytes:
         return common_pb2.Memory(ram_bytes=need.ram_bytes)
@@ -35,7 +80,7 @@ def profile_change_to_proto(c: ProfileChange) -> common_pb2.ProfileChange:
         args=list(c.args),
         args_before=list(c.args_before),
     )
-    after, before = _memory(c.need), _memory(c.need_before)
+    after, before = _memory(c.need, c.profile), _memory(c.need_before, c.profile)
     if after is not None:
         msg.memory.CopyFrom(after)
     if before is not None:

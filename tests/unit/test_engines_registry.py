@@ -9,6 +9,7 @@ import pytest
 
 from fleet_svc.agent.admission import ArgRules, refused_arg
 from llmgw.engines import registry
+from llmgw.engines.base import Card, Overhead
 from llmgw.engines.grammar import ADDRESS_FLAGS, Grammar, RefusedFlag
 from llmgw.engines.kvcache import CachePool
 from llmgw.engines.tensor_parallel import TensorParallelEngine
@@ -50,9 +51,12 @@ class Toy(TensorParallelEngine):
         tp: int,
         pp: int,
         weights_card_bytes: int,
-        card_memory_bytes: int,
-    ) -> tuple[int, int]:
-        return TOY_OVERHEAD_BYTES, card_memory_bytes - TOY_RESERVE_BYTES
+        card: Card,
+        engine_version: str,
+    ) -> Overhead:
+        return Overhead(
+            budget_bytes=card.nvml_bytes - TOY_RESERVE_BYTES, other_bytes=TOY_OVERHEAD_BYTES
+        )
 
 
 @pytest.fixture(autouse=True)

@@ -4,19 +4,21 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from llmgw.engines.base import Card, Verdict
 from llmgw.engines.heads import splits_heads, valid_tp_counts
 from llmgw.engines.sglang import sglang_available_kv_bytes, sglang_token_capacity
 from llmgw.engines.trtllm import trtllm_token_capacity
-from llmgw.engines.vllm import vllm_overhead_bytes, vllm_token_capacity
-from llmgw.shape import Layer, LayerKind, ModelShape
+from llmgw.engines.vllm import vllm_token_capacity
+from llmgw.shape import Compute, Layer, LayerKind, ModelShape
 from planner_svc.domain.hf_shape import shape_from_hf_config
-from planner_svc.domain.memory import kv_bytes_per_token_per_card, kv_cache_bytes
+from planner_svc.domain.memory import card_need, kv_bytes_per_token_per_card, kv_cache_bytes
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ground_truth" / "observations.jsonl"
 GIB = 1 << 30
@@ -24,6 +26,7 @@ TOLERANCE = 0.01
 """Printed GiB figures have two decimals; 1 % covers that and the engines' page rounding."""
 
 Row = Mapping[str, Any]
+LLAMA = "meta-llama__Llama-3.1-8B-Instruct"
 
 
 def _load() -> dict[str, Row]:
@@ -141,52 +144,325 @@ def test_vllm_gpt_oss_one_long_request_does_not_fit() -> None:
     assert need > vllm_available(row)
 
 
-# (row, the HF fixture of its model, args, card GiB, what vLLM printed of activation peak +
-# non-torch + CUDA graphs in GiB). The fixtures carry the attention heads the rows' arch lacks.
-VLLM_OVERHEAD: list[tuple[str, str, list[str], float, float]] = [
-    # V0 without chunked prefill profiled max_model_len tokens: peak 17.06 - weights 14.99
-    (
-        "gt-023",
-        "meta-llama__Llama-3.1-8B-Instruct",
-        ["--max-model-len", "20000", "--no-enable-chunked-prefill"],
-        23.58,
-        2.07 + 0.35,
-    ),
-    (
-        "gt-024",
-        "meta-llama__Llama-3.1-8B-Instruct",
-        ["--max-model-len", "29000", "--no-enable-chunked-prefill"],
-        23.58,
-        2.99 + 0.35,
-    ),
-    (
-        "gt-038",
-        "Qwen__Qwen2.5-7B-Instruct",
-        ["--max-model-len", "32768"],
-        15.99,
-        1.04 + 0.06 + 0.48,
-    ),
-    ("gt-039", "Qwen__Qwen3-235B-A22B", ["--max-model-len", "32768"], 44.42, 1.4 + 0.21 + 3.45),
-]
-
-
 def hf_shape(name: str) -> ModelShape:
     """The shape of tests/fixtures/hf/<name>.json."""
     path = FIXTURE.parents[1] / "hf" / f"{name}.json"
     return shape_from_hf_config(json.loads(path.read_text()))
 
 
-@pytest.mark.parametrize(("row_id", "model", "args", "card_gib", "printed_gib"), VLLM_OVERHEAD)
-def test_vllm_overhead_is_at_least_what_vllm_measured(
-    row_id: str, model: str, args: list[str], card_gib: float, printed_gib: float
+def granite_micro() -> ModelShape:
+    """ibm-granite/granite-4.0-micro as gt-036's arch gives it (40 dense layers of 8 KV heads
+    of 64, 40 heads), with its config's widths (hidden 2560, MLP 8192, vocabulary 100352)."""
+    full = Layer(LayerKind.FULL, kv_heads=8, head_dim_k=64, head_dim_v=64)
+    return ModelShape(
+        "granitemoehybrid",
+        (full,) * 40,
+        attention_heads=40,
+        kv_heads=8,
+        compute=Compute(hidden_size=2560, intermediate_size=8192, vocab_size=100352),
+    )
+
+
+def llava_mistral() -> ModelShape:
+    """llava-hf/llava-v1.6-mistral-7b-hf's language model: Mistral-7B's geometry, its 32064
+    vocabulary, and a vision encoder."""
+    shape = hf_shape("mistralai__Mistral-7B-Instruct-v0.3")
+    assert shape.compute is not None
+    return replace(shape, compute=replace(shape.compute, vocab_size=32064, vision=True))
+
+
+# (case, shape, args, the version's rules to apply, card class, CUDA total GiB, weights a card
+# GiB as loaded, tp, the printed "Available KV cache memory" GiB)
+VLLM_AVAILABLE: list[
+    tuple[str, Callable[[], ModelShape], list[str], str, str, float, float, int, float]
+] = [
+    # V0 without chunked prefill (max_model_len <= 32K) profiled max_model_len tokens
+    (
+        "gt-023",
+        lambda: hf_shape(LLAMA),
+        ["--max-model-len", "20000"],
+        "V0",
+        "RTX3090-24GB",
+        23.58,
+        14.9888,
+        1,
+        3.81,
+    ),
+    (
+        "gt-024",
+        lambda: hf_shape(LLAMA),
+        ["--max-model-len", "29000"],
+        "V0",
+        "RTX3090-24GB",
+        23.58,
+        14.9888,
+        1,
+        2.89,
+    ),
+    # version not printed; its 1.04 GiB peak over 256 × 152064 logits is the pre-0.11 sampler's
+    (
+        "gt-038",
+        lambda: hf_shape("Qwen__Qwen2.5-7B-Instruct"),
+        ["--max-model-len", "32768"],
+        "0.10",
+        "16GB",
+        15.99,
+        5.29,
+        1,
+        8.0,
+    ),
+    # "V1 (Sep 2025)": v0.10.2 was that month's release; expert parallel over 4 L40S
+    (
+        "gt-039",
+        lambda: hf_shape("Qwen__Qwen3-235B-A22B"),
+        ["--max-model-len", "32768", "-tp", "4", "--enable-expert-parallel"],
+        "0.10.2",
+        "L40S-48GB",
+        44.42,
+        27.72,
+        4,
+        10.65,
+    ),
+    (
+        "gt-036",
+        granite_micro,
+        ["--max-model-len", "131072"],
+        "0.11.0",
+        "L40S-48GB",
+        44.42,
+        3.4244,
+        1,
+        35.34,
+    ),
+    # vLLM 0.10.2, llava-v1.6-mistral-7b on an H100 80GB (LLM class: 16384 batched tokens),
+    # "Free memory on device (78.66/79.19 GiB)", "Available KV cache memory: 55.15 GiB"
+    (
+        "log-0.10.2-h100-llava",
+        llava_mistral,
+        ["--max-model-len", "4096", "--max-num-batched-tokens", "16384"],
+        "0.10.2",
+        "H100-80GB",
+        79.19,
+        14.0786,
+        1,
+        55.15,
+    ),
+    # vLLM 0.10.2 serving Qwen3-Next-80B-A3B at tp 2 on H200s (8192 tokens, 1024 requests):
+    # "Free memory on device (139.21/139.81 GiB)", 74.28 GiB of weights a card, "Available KV
+    # cache memory: 44.59 GiB" (peak 5.58, non-torch 1.38)
+    (
+        "log-0.10.2-h200-qwen3-next",
+        lambda: hf_shape("Qwen__Qwen3-Next-80B-A3B-Thinking"),
+        ["--max-model-len", "262144", "-tp", "2"],
+        "0.10.2",
+        "H200-141GB",
+        139.81,
+        74.2812,
+        2,
+        44.59,
+    ),
+    # vLLM v0.31.0 serving Llama-3.1-8B on an A100 80GB with its defaults: "Available KV cache
+    # memory: 56.21 GiB" (0.92 of 79.25 GiB less 15.26 consumed and 1.44 of peak)
+    (
+        "log-0.31.0-a100-llama",
+        lambda: hf_shape(LLAMA),
+        ["--max-model-len", "131072"],
+        "0.31.0",
+        "A100-80GB",
+        79.25,
+        14.99,
+        1,
+        56.21,
+    ),
+]
+"""Rows whose inputs are all printed (weights as loaded, the card's CUDA total) and two logs
+of the vLLM versions the rules are keyed by (quoted in llmgw/engines/vllm_memory.py)."""
+
+
+@pytest.mark.parametrize(
+    ("case", "shape_of", "args", "version", "gpu", "total_gib", "weights_gib", "tp", "printed"),
+    VLLM_AVAILABLE,
+)
+def test_vllm_available_kv_memory_as_printed(
+    case: str,
+    shape_of: Callable[[], ModelShape],
+    args: list[str],
+    version: str,
+    gpu: str,
+    total_gib: float,
+    weights_gib: float,
+    tp: int,
+    printed: float,
 ) -> None:
-    """The modelled activation peak, non-torch memory and CUDA graphs cover vLLM's printed ones."""
-    row = ROWS[row_id]
-    shape = hf_shape(model)
-    assert shape.block_count == row["arch"]["layers"]
-    card = int(card_gib * GIB)
-    got = vllm_overhead_bytes(shape, args, tokens=int(args[1]), pp=1, card_memory_bytes=card)
-    assert got >= printed_gib * GIB
+    """The KV pool vLLM sizes at start on each card: utilisation × CUDA's total − weights − its
+    profile run's peak − non-torch memory, by the version's rules, within 1 %."""
+    total = int(total_gib * GIB)
+    shape = replace(shape_of(), weights_bytes=int(weights_gib * GIB) * tp)
+    need = card_need(
+        "vllm",
+        shape,
+        args=args,
+        tokens=int(args[1]),
+        slots=1,
+        cards=tp,
+        card_memory_bytes=total,
+        card=Card(gpu, total, total, "printed"),
+        engine_version=version,
+    )
+    assert within(need.kv_pool_bytes, printed * GIB), (case, need.kv_pool_bytes / GIB, printed)
+    if case in ROWS:
+        assert (
+            vllm_token_capacity(shape, available_kv_bytes=need.kv_pool_bytes, tp=tp, args=args)
+            == need.kv_token_capacity
+        )
+
+
+def test_vllm_refuses_where_the_pool_cannot_hold_the_context() -> None:
+    """gt-024: at 29000 tokens vLLM V0 had 2.89 GiB, 23,648 tokens: it refused to start; the
+    planner says "does not fit" and gives the pool's capacity as vLLM printed it."""
+    total = int(23.58 * GIB)
+    shape = replace(hf_shape(LLAMA), weights_bytes=int(14.9888 * GIB))
+    need = card_need(
+        "vllm",
+        shape,
+        args=["--max-model-len", "29000"],
+        tokens=29000,
+        slots=1,
+        cards=1,
+        card_memory_bytes=total,
+        card=Card("RTX3090-24GB", total, total, "printed"),
+        engine_version="V0",
+    )
+    assert not need.fits and need.verdict is Verdict.DOES_NOT_FIT
+    assert within(need.kv_token_capacity, ROWS["gt-024"]["printed"]["error_kv_tokens"])
+
+
+# (row, shape, args, version, card class, CUDA total GiB, weights a card GiB, tp, started)
+VLLM_OUTCOMES: list[
+    tuple[str, Callable[[], ModelShape], list[str], str, str, float, float, int, bool]
+] = [
+    # "Available KV cache memory: -2.14 GiB": the weights alone pass the 0.9 budget
+    (
+        "gt-029",
+        lambda: hf_shape("openai__gpt-oss-120b"),
+        ["--max-model-len", "131072"],
+        "0.10.1",
+        "H100-80GB",
+        79.19,
+        65.9651,
+        1,
+        False,
+    ),
+    # 1.71 GiB cannot hold one 131072-token request: "EngineCore failed to start"
+    (
+        "gt-030",
+        lambda: hf_shape("openai__gpt-oss-120b"),
+        [
+            "--max-model-len",
+            "131072",
+            "--gpu-memory-utilization",
+            "0.95",
+            "--max-num-batched-tokens",
+            "1024",
+        ],
+        "0.11.0",
+        "H100-80GB",
+        79.19,
+        65.9651,
+        1,
+        False,
+    ),
+    (
+        "gt-024",
+        lambda: hf_shape(LLAMA),
+        ["--max-model-len", "29000"],
+        "V0",
+        "RTX3090-24GB",
+        23.58,
+        14.9888,
+        1,
+        False,
+    ),
+    (
+        "gt-023",
+        lambda: hf_shape(LLAMA),
+        ["--max-model-len", "20000"],
+        "V0",
+        "RTX3090-24GB",
+        23.58,
+        14.9888,
+        1,
+        True,
+    ),
+    (
+        "gt-036",
+        granite_micro,
+        ["--max-model-len", "131072"],
+        "0.11.0",
+        "L40S-48GB",
+        44.42,
+        3.4244,
+        1,
+        True,
+    ),
+    (
+        "gt-038",
+        lambda: hf_shape("Qwen__Qwen2.5-7B-Instruct"),
+        ["--max-model-len", "32768"],
+        "0.10",
+        "16GB",
+        15.99,
+        5.29,
+        1,
+        True,
+    ),
+    (
+        "gt-039",
+        lambda: hf_shape("Qwen__Qwen3-235B-A22B"),
+        ["--max-model-len", "32768", "-tp", "4", "--enable-expert-parallel"],
+        "0.10.2",
+        "L40S-48GB",
+        44.42,
+        27.72,
+        4,
+        True,
+    ),
+]
+"""Rows whose engine started or refused to, with every input printed."""
+
+
+@pytest.mark.parametrize(
+    ("case", "shape_of", "args", "version", "gpu", "total_gib", "weights_gib", "tp", "started"),
+    VLLM_OUTCOMES,
+)
+def test_vllm_verdict_is_what_the_engine_did(
+    case: str,
+    shape_of: Callable[[], ModelShape],
+    args: list[str],
+    version: str,
+    gpu: str,
+    total_gib: float,
+    weights_gib: float,
+    tp: int,
+    started: bool,
+) -> None:
+    """Where vLLM started the planner says it fits (perhaps only within the margin); where it
+    refused or failed at start, "does not fit"."""
+    total = int(total_gib * GIB)
+    shape = replace(shape_of(), weights_bytes=int(weights_gib * GIB) * tp)
+    need = card_need(
+        "vllm",
+        shape,
+        args=args,
+        tokens=int(args[1]),
+        slots=1,
+        cards=tp,
+        card_memory_bytes=total,
+        card=Card(gpu, total, total, "printed"),
+        engine_version=version,
+    )
+    assert need.fits is started, (case, need.verdict)
+    assert (need.verdict is Verdict.DOES_NOT_FIT) is not started
 
 
 # --- tensor parallel refusals -----------------------------------------------------------
@@ -310,7 +586,7 @@ LLAMACPP_ROWS: dict[str, str] = {
 
 REPLAYED: set[str] = (
     {row_id for row_id, _, _ in VLLM_CAPACITY}
-    | {row_id for row_id, _, _, _, _ in VLLM_OVERHEAD}
+    | {case for case, *_ in VLLM_AVAILABLE if case in ROWS}
     | {"gt-024", "gt-029", "gt-030", "gt-046", "gt-048", "gt-049", "gt-027", "gt-052"}
 )
 

@@ -4,7 +4,6 @@ windows, cache dtypes, budgets, CPU RAM, and the arguments an engine would refus
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import replace
 from fractions import Fraction
 from functools import cache
@@ -13,15 +12,16 @@ from pathlib import Path
 import pytest
 
 from llmgw.engines import registry
+from llmgw.engines.base import Card
 from llmgw.engines.llamacpp import LLAMACPP_RESERVE_BYTES, llamacpp_kv_bytes
 from llmgw.engines.sglang import (
     SGLANG_PRELOAD_BYTES,
     sglang_mem_fraction_static,
     sglang_token_capacity,
 )
-from llmgw.engines.torch_overhead import CUDA_GRAPH_BYTES_PER_LAYER, NON_TORCH_BYTES, SAMPLER_BYTES
+from llmgw.engines.torch_overhead import CUDA_GRAPH_BYTES_PER_LAYER
 from llmgw.engines.trtllm import trtllm_overhead_bytes
-from llmgw.engines.vllm import vllm_overhead_bytes, vllm_token_capacity
+from llmgw.engines.vllm import vllm_token_capacity
 from llmgw.shape import ModelShape
 from planner_svc.domain import errors
 from planner_svc.domain.fit import ram_gb
@@ -38,6 +38,7 @@ HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 MIB = 1 << 20
 GIB = 1 << 30
 H100_BYTES = 81559 * MIB  # NVML memory.total of an H100 80GB
+H100_CUDA_BYTES = 81090 * MIB  # what CUDA reports to torch: 79.19 GiB
 L4_BYTES = 23034 * MIB  # NVML memory.total of an L4 (gt-049's cards)
 
 # Weight bytes from shared/models/hf/INDEX.md (safetensors total_size or 2 × params).
@@ -384,13 +385,28 @@ def test_tensor_parallel_from_arguments_and_cards(
     assert tensor_parallel(engine, args, cards) == tp_pp
 
 
-def test_vllm_budget_is_the_card_times_its_utilisation() -> None:
-    """vLLM's budget is 0.90 of the card by default, the flag's fraction when set."""
+def test_vllm_budget_is_the_cuda_total_times_its_utilisation() -> None:
+    """vLLM's budget is its utilisation of the total CUDA reports (an H100's 79.19 GiB, not
+    NVML's 81,559 MiB): 0.92 by default from 0.21, 0.90 before, the flag's when set."""
     shape = hf(LLAMA_8B)
-    need = card_need(
+    newest = card_need(
         "vllm", shape, args=[], tokens=8192, slots=1, cards=1, card_memory_bytes=H100_BYTES
     )
-    assert need.budget_bytes == int(H100_BYTES * 0.9)
+    assert newest.card_total_bytes == H100_CUDA_BYTES
+    assert newest.budget_bytes == int(H100_CUDA_BYTES * 0.92)
+    assert "0.21 and later" in newest.rules and "no version named" in newest.rules
+    older = card_need(
+        "vllm",
+        shape,
+        args=[],
+        tokens=8192,
+        slots=1,
+        cards=1,
+        card_memory_bytes=H100_BYTES,
+        engine_version="0.10.2",
+    )
+    assert older.budget_bytes == int(H100_CUDA_BYTES * 0.9)
+    assert "0.8 to 0.10" in older.rules and "0.10.2" in older.rules
     set_ = card_need(
         "vllm",
         shape,
@@ -400,11 +416,12 @@ def test_vllm_budget_is_the_card_times_its_utilisation() -> None:
         cards=1,
         card_memory_bytes=H100_BYTES,
     )
-    assert set_.budget_bytes == int(H100_BYTES * 0.8)
+    assert set_.budget_bytes == int(H100_CUDA_BYTES * 0.8)
 
 
 def test_vllm_need_adds_weights_share_kv_share_and_overhead() -> None:
-    """A vLLM card holds ceil(weights / tp), its heads' KV and the profile's overhead."""
+    """A vLLM card holds ceil(weights / tp), its heads' KV and the profile run's peak: on an
+    H100 the sampler over 1024 requests × the vocabulary outweighs 8192 tokens' forward pass."""
     shape = hf(LLAMA_8B)
     need = card_need(
         "vllm",
@@ -417,12 +434,20 @@ def test_vllm_need_adds_weights_share_kv_share_and_overhead() -> None:
     )
     weights_card = -(-shape.weights_bytes // 2)
     kv_card = 32_768 * 65_536
-    # 8192 batched tokens on an 80 GB card × width 4096 × 32 B + sampler + non-torch + graphs
-    overhead = 8192 * 4096 * 32 + SAMPLER_BYTES + NON_TORCH_BYTES + 32 * CUDA_GRAPH_BYTES_PER_LAYER
+    # 1024 rows × 128256 logits × (38 B + 10 B of tensor-parallel gather) + 224 MiB + the kept
+    # hidden states of 8192 tokens; non-torch 272 MiB + 160 MiB for NCCL
+    activation = 1024 * 128_256 * 48 + 224 * MIB + 8192 * 4096 * 2
+    assert need.activation_bytes == activation
+    assert need.non_torch_bytes == 432 * MIB
+    assert need.cuda_graph_bytes == 0  # captured outside the budget
+    overhead = activation + 432 * MIB
     assert (need.weights_bytes, need.kv_bytes, need.cards) == (shape.weights_bytes, 2 * kv_card, 2)
     assert need.overhead_bytes == overhead
     assert need.per_card_bytes == weights_card + kv_card + overhead
-    assert need.fits
+    assert need.kv_pool_bytes == need.budget_bytes - weights_card - overhead
+    assert need.kv_token_capacity == need.kv_pool_bytes // (16 * 65_536) * 16
+    assert need.max_concurrency == need.kv_token_capacity / 32_768
+    assert need.fits and need.margin_bytes > 0
 
 
 @pytest.mark.parametrize(
@@ -438,11 +463,41 @@ def test_vllm_need_adds_weights_share_kv_share_and_overhead() -> None:
 def test_vllm_overhead_follows_its_batch_and_graphs(
     args: list[str], card: int, batch_tokens: int, graph_layers: int
 ) -> None:
-    """The activation peak follows the batched tokens; CUDA graphs the card's layers."""
+    """With one request the forward pass is the peak: 110,592 B a token for Llama-3.1-8B
+    (3 × 4096 hidden + 3 × 14336 MLP, in bf16). CUDA graphs are outside the budget, in what
+    1 − utilisation leaves, beside the CUDA context."""
     pp = 2 if "--pipeline-parallel-size" in args else 1
-    got = vllm_overhead_bytes(hf(LLAMA_8B), args, tokens=8192, pp=pp, card_memory_bytes=card)
-    expected = batch_tokens * 4096 * 32 + SAMPLER_BYTES + NON_TORCH_BYTES
-    assert got == expected + graph_layers * CUDA_GRAPH_BYTES_PER_LAYER
+    need = card_need(
+        "vllm",
+        hf(LLAMA_8B),
+        args=[*args, "--max-num-seqs", "1"],
+        tokens=8192,
+        slots=1,
+        cards=pp,
+        card_memory_bytes=card,
+        engine_version="0.10.2",
+    )
+    assert need.activation_bytes == batch_tokens * 110_592
+    assert need.non_torch_bytes == 96 * MIB
+    assert need.outside_bytes == 544 * MIB + graph_layers * CUDA_GRAPH_BYTES_PER_LAYER
+    assert need.outside_room_bytes == need.card_total_bytes - need.budget_bytes
+
+
+def test_vllm_defaults_to_the_small_batch_on_an_a100() -> None:
+    """vLLM's large defaults skip A100s whatever their memory (arg_utils.py get_batch_defaults:
+    "a100" not in device_name): 2048 tokens and 256 requests on an A100-80GB."""
+    a100 = card_need(
+        "vllm",
+        hf(LLAMA_8B),
+        args=[],
+        tokens=8192,
+        slots=1,
+        cards=1,
+        card_memory_bytes=81920 * MIB,
+        card=Card.of("A100-80GB", 81920 * MIB),
+    )
+    assert a100.card_total_bytes == 81152 * MIB  # 79.25 GiB, as vLLM v0.31.0 printed
+    assert a100.activation_bytes == 256 * 128_256 * 38 + 224 * MIB + 2048 * 4096 * 2
 
 
 @pytest.mark.parametrize(
@@ -474,29 +529,56 @@ def test_sglang_mem_fraction_static_default_by_card(
 
 
 def test_sglang_budget_and_preload() -> None:
-    """SGLang's budget is card × fraction; the memory in use before it measures is taken from
-    that fraction too."""
+    """SGLang's weights and KV take its fraction (derived from NVML's total) of the memory free
+    before loading (CUDA's total less the preload); activations and graphs live outside it."""
     shape = hf(LLAMA_8B)
     need = card_need(
         "sglang", shape, args=[], tokens=8192, slots=1, cards=1, card_memory_bytes=H100_BYTES
     )
     fraction = round((81559 - 13440) / 81559, 3)
-    assert need.budget_bytes == int(H100_BYTES * fraction)
-    assert need.overhead_bytes == math.ceil(fraction * SGLANG_PRELOAD_BYTES)
-    assert need.per_card_bytes == shape.weights_bytes + 8192 * 131_072 + need.overhead_bytes
+    assert need.budget_bytes == int((H100_CUDA_BYTES - SGLANG_PRELOAD_BYTES) * fraction)
+    assert need.overhead_bytes == 0
+    assert need.per_card_bytes == shape.weights_bytes + 8192 * 131_072
+    assert need.kv_pool_bytes == need.budget_bytes - shape.weights_bytes
 
 
 def test_trtllm_budget_leaves_the_cache_its_free_fraction() -> None:
-    """TensorRT-LLM fits when KV ≤ 0.9 × (card − weights − overhead)."""
+    """TensorRT-LLM fits when KV ≤ 0.9 × (CUDA total − weights − overhead)."""
     shape = hf(LLAMA_8B)
     need = card_need(
         "trtllm", shape, args=[], tokens=8192, slots=1, cards=1, card_memory_bytes=H100_BYTES
     )
     overhead = trtllm_overhead_bytes(shape, [], pp=1)
     assert need.overhead_bytes == overhead
-    assert need.budget_bytes == int(0.9 * H100_BYTES + 0.1 * (shape.weights_bytes + overhead))
-    kv_room = 0.9 * (H100_BYTES - shape.weights_bytes - overhead)
+    total = H100_CUDA_BYTES
+    assert need.budget_bytes == int(0.9 * total + 0.1 * (shape.weights_bytes + overhead))
+    kv_room = 0.9 * (total - shape.weights_bytes - overhead)
     assert need.fits == (need.kv_per_card_bytes <= kv_room)
+    assert abs(need.kv_pool_bytes - kv_room) <= 1
+
+
+def test_trtllm_reads_an_inline_extra_options_yaml_only() -> None:
+    """kv_cache_config in an inline --extra_llm_api_options sets the cache dtype, fraction and
+    block; a path is not read (the planner cannot see the node's files)."""
+    shape = hf(LLAMA_8B)
+    inline = ["--extra_llm_api_options", "kv_cache_config: {dtype: fp8, tokens_per_block: 64}"]
+    assert kv_bytes_per_token_per_card("trtllm", shape, 1, inline) == 65_536
+    need = card_need(
+        "trtllm", shape, args=inline, tokens=8192, slots=1, cards=1, card_memory_bytes=H100_BYTES
+    )
+    assert "read inline" in need.rules and need.kv_token_capacity % 64 == 0
+    path = ["--extra_llm_api_options", "/etc/trtllm/extra.yaml"]
+    assert kv_bytes_per_token_per_card("trtllm", shape, 1, path) == 131_072
+    assert (
+        "cannot read"
+        in card_need(
+            "trtllm", shape, args=path, tokens=8192, slots=1, cards=1, card_memory_bytes=H100_BYTES
+        ).rules
+    )
+    with pytest.raises(errors.EngineRefuses):
+        kv_bytes_per_token_per_card(
+            "trtllm", shape, 1, ["--extra_llm_api_options", "kv_cache_config: {dtype: nvfp9}"]
+        )
 
 
 def test_llamacpp_splits_layers_weights_and_kv_over_cards() -> None:
@@ -581,7 +663,7 @@ def test_unknown_card_memory_gives_no_budget() -> None:
 def test_engine_table_covers_every_engine() -> None:
     """Every engine has memory rules: context flags and one-card engines as the engine table."""
     get = registry.get
-    assert get("vllm").default_utilisation == 0.9
+    assert get("vllm").default_utilisation == 0.92  # the newest rules; 0.90 before 0.21
     assert get("trtllm-serve").default_utilisation == 0.9
     assert get("sglang").default_utilisation is None  # derived from the card
     assert get("llama.cpp").takes_context and not get("llamacpp").single_card

@@ -21,6 +21,38 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _FitVerdict:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FitVerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FitVerdict.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FIT_VERDICT_UNSPECIFIED: _FitVerdict.ValueType  # 0
+    """Not set."""
+    FIT_VERDICT_FITS: _FitVerdict.ValueType  # 1
+    """It fits with every fitted figure at the far end of its margin."""
+    FIT_VERDICT_WITHIN_MARGIN: _FitVerdict.ValueType  # 2
+    """The central figures fit, the margin would not: it could go either way."""
+    FIT_VERDICT_DOES_NOT_FIT: _FitVerdict.ValueType  # 3
+    """The central figures do not fit."""
+    FIT_VERDICT_NOT_CHECKED: _FitVerdict.ValueType  # 4
+    """The card's memory or the weights are not known."""
+
+class FitVerdict(_FitVerdict, metaclass=_FitVerdictEnumTypeWrapper):
+    """Whether a profile's replica fits its cards."""
+
+FIT_VERDICT_UNSPECIFIED: FitVerdict.ValueType  # 0
+"""Not set."""
+FIT_VERDICT_FITS: FitVerdict.ValueType  # 1
+"""It fits with every fitted figure at the far end of its margin."""
+FIT_VERDICT_WITHIN_MARGIN: FitVerdict.ValueType  # 2
+"""The central figures fit, the margin would not: it could go either way."""
+FIT_VERDICT_DOES_NOT_FIT: FitVerdict.ValueType  # 3
+"""The central figures do not fit."""
+FIT_VERDICT_NOT_CHECKED: FitVerdict.ValueType  # 4
+"""The card's memory or the weights are not known."""
+Global___FitVerdict: _TypeAlias = FitVerdict  # noqa: Y015
+
 class _LayerKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -126,6 +158,7 @@ class Profile(_message.Message):
     MIN_MEMORY_GB_FIELD_NUMBER: _builtins.int
     CPU_ONLY_FIELD_NUMBER: _builtins.int
     REPLICAS_FIELD_NUMBER: _builtins.int
+    ENGINE_VERSION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     engine: _builtins.str
     """One of: vllm, sglang, trtllm, llamacpp, or a one-card engine's name."""
@@ -140,6 +173,8 @@ class Profile(_message.Message):
     cpu_only: _builtins.bool
     replicas: _builtins.int
     """Replicas wanted of this profile."""
+    engine_version: _builtins.str
+    """The engine's version, e.g. "0.10.2" (empty: the newest rules the planner knows)."""
     @_builtins.property
     def args(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -156,10 +191,11 @@ class Profile(_message.Message):
         min_memory_gb: _builtins.int = ...,
         cpu_only: _builtins.bool = ...,
         replicas: _builtins.int = ...,
+        engine_version: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "cpu_only", b"cpu_only", "engine", b"engine", "gpu_class", b"gpu_class", "gpus_per_node", b"gpus_per_node", "min_memory_gb", b"min_memory_gb", "name", b"name", "nodes", b"nodes", "pp", b"pp", "replicas", b"replicas", "tp", b"tp"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "cpu_only", b"cpu_only", "engine", b"engine", "engine_version", b"engine_version", "gpu_class", b"gpu_class", "gpus_per_node", b"gpus_per_node", "min_memory_gb", b"min_memory_gb", "name", b"name", "nodes", b"nodes", "pp", b"pp", "replicas", b"replicas", "tp", b"tp"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -222,6 +258,7 @@ class InventoryNode(_message.Message):
     FREE_GPUS_FIELD_NUMBER: _builtins.int
     GPU_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    GPU_CUDA_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     gpu_class: _builtins.str
     gpus: _builtins.int
@@ -230,6 +267,10 @@ class InventoryNode(_message.Message):
     """Memory of one card of this node."""
     memory_bytes: _builtins.int
     """The node's RAM."""
+    gpu_cuda_memory_bytes: _builtins.int
+    """Memory of one card as CUDA reports it to torch (cudaMemGetInfo total), below
+    gpu_memory_bytes (NVML's); 0 when not reported.
+    """
     def __init__(
         self,
         *,
@@ -239,10 +280,11 @@ class InventoryNode(_message.Message):
         free_gpus: _builtins.int = ...,
         gpu_memory_bytes: _builtins.int = ...,
         memory_bytes: _builtins.int = ...,
+        gpu_cuda_memory_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["free_gpus", b"free_gpus", "gpu_class", b"gpu_class", "gpu_memory_bytes", b"gpu_memory_bytes", "gpus", b"gpus", "memory_bytes", b"memory_bytes", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["free_gpus", b"free_gpus", "gpu_class", b"gpu_class", "gpu_cuda_memory_bytes", b"gpu_cuda_memory_bytes", "gpu_memory_bytes", b"gpu_memory_bytes", "gpus", b"gpus", "memory_bytes", b"memory_bytes", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -283,6 +325,22 @@ class Memory(_message.Message):
     CARDS_FIELD_NUMBER: _builtins.int
     OVERHEAD_BYTES_FIELD_NUMBER: _builtins.int
     RAM_BYTES_FIELD_NUMBER: _builtins.int
+    WEIGHTS_PER_CARD_BYTES_FIELD_NUMBER: _builtins.int
+    KV_PER_CARD_BYTES_FIELD_NUMBER: _builtins.int
+    ACTIVATION_BYTES_FIELD_NUMBER: _builtins.int
+    NON_TORCH_BYTES_FIELD_NUMBER: _builtins.int
+    CUDA_GRAPH_BYTES_FIELD_NUMBER: _builtins.int
+    OTHER_BYTES_FIELD_NUMBER: _builtins.int
+    KV_POOL_BYTES_FIELD_NUMBER: _builtins.int
+    KV_TOKEN_CAPACITY_FIELD_NUMBER: _builtins.int
+    MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
+    MARGIN_BYTES_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    VERDICT_NOTE_FIELD_NUMBER: _builtins.int
+    RULES_FIELD_NUMBER: _builtins.int
+    CARD_TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    OUTSIDE_BUDGET_BYTES_FIELD_NUMBER: _builtins.int
+    OUTSIDE_ROOM_BYTES_FIELD_NUMBER: _builtins.int
     weights_bytes: _builtins.int
     """Weights of the whole replica."""
     kv_bytes: _builtins.int
@@ -296,6 +354,39 @@ class Memory(_message.Message):
     """The engine's own overhead on the fullest card (activations, graphs, runtime)."""
     ram_bytes: _builtins.int
     """For a CPU profile: the RAM the replica needs."""
+    weights_per_card_bytes: _builtins.int
+    """The fullest card's (or, for a CPU profile, the RAM's) breakdown: its share of the
+    weights, the KV cache the asked context needs there, the activation peak, memory outside
+    torch, CUDA graphs and anything else the engine keeps (llama.cpp's compute buffers, the
+    RAM reserve).
+    """
+    kv_per_card_bytes: _builtins.int
+    activation_bytes: _builtins.int
+    non_torch_bytes: _builtins.int
+    cuda_graph_bytes: _builtins.int
+    other_bytes: _builtins.int
+    kv_pool_bytes: _builtins.int
+    """The KV pool the engine allocates on the fullest card (vLLM, SGLang and TensorRT-LLM
+    give it all the budget the rest leaves).
+    """
+    kv_token_capacity: _builtins.int
+    """Tokens that pool holds, and requests of the asked context it holds at once."""
+    max_concurrency: _builtins.float
+    margin_bytes: _builtins.int
+    """How far the figures may be off (they rest on fitted constants), in bytes."""
+    verdict: Global___FitVerdict.ValueType
+    """Whether it fits."""
+    verdict_note: _builtins.str
+    """What could go either way, when the verdict is within the margin."""
+    rules: _builtins.str
+    """Which rules were applied (engine and version, the card total the budget starts from)."""
+    card_total_bytes: _builtins.int
+    """The card total the budget starts from (CUDA's for vLLM, SGLang and TensorRT-LLM)."""
+    outside_budget_bytes: _builtins.int
+    """What the engine also needs on the card outside its budget (CUDA context; vLLM before
+    0.21: CUDA graphs), and the room it has there.
+    """
+    outside_room_bytes: _builtins.int
     def __init__(
         self,
         *,
@@ -306,10 +397,26 @@ class Memory(_message.Message):
         cards: _builtins.int = ...,
         overhead_bytes: _builtins.int = ...,
         ram_bytes: _builtins.int = ...,
+        weights_per_card_bytes: _builtins.int = ...,
+        kv_per_card_bytes: _builtins.int = ...,
+        activation_bytes: _builtins.int = ...,
+        non_torch_bytes: _builtins.int = ...,
+        cuda_graph_bytes: _builtins.int = ...,
+        other_bytes: _builtins.int = ...,
+        kv_pool_bytes: _builtins.int = ...,
+        kv_token_capacity: _builtins.int = ...,
+        max_concurrency: _builtins.float = ...,
+        margin_bytes: _builtins.int = ...,
+        verdict: Global___FitVerdict.ValueType = ...,
+        verdict_note: _builtins.str = ...,
+        rules: _builtins.str = ...,
+        card_total_bytes: _builtins.int = ...,
+        outside_budget_bytes: _builtins.int = ...,
+        outside_room_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_bytes", b"budget_bytes", "cards", b"cards", "kv_bytes", b"kv_bytes", "overhead_bytes", b"overhead_bytes", "per_card_bytes", b"per_card_bytes", "ram_bytes", b"ram_bytes", "weights_bytes", b"weights_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activation_bytes", b"activation_bytes", "budget_bytes", b"budget_bytes", "card_total_bytes", b"card_total_bytes", "cards", b"cards", "cuda_graph_bytes", b"cuda_graph_bytes", "kv_bytes", b"kv_bytes", "kv_per_card_bytes", b"kv_per_card_bytes", "kv_pool_bytes", b"kv_pool_bytes", "kv_token_capacity", b"kv_token_capacity", "margin_bytes", b"margin_bytes", "max_concurrency", b"max_concurrency", "non_torch_bytes", b"non_torch_bytes", "other_bytes", b"other_bytes", "outside_budget_bytes", b"outside_budget_bytes", "outside_room_bytes", b"outside_room_bytes", "overhead_bytes", b"overhead_bytes", "per_card_bytes", b"per_card_bytes", "ram_bytes", b"ram_bytes", "rules", b"rules", "verdict", b"verdict", "verdict_note", b"verdict_note", "weights_bytes", b"weights_bytes", "weights_per_card_bytes", b"weights_per_card_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from fractions import Fraction
 
-from llmgw.engines.base import CardNeed, CardSplit
+from llmgw.engines.base import Card, CardNeed, CardSplit
 from llmgw.engines.grammar import ADDRESS_FLAGS, RefusedFlag
 from llmgw.engines.kvcache import CachePool, fullest_stage, layer_bytes_on_card
 from llmgw.engines.llamacpp.cache import llamacpp_kv_bytes
@@ -152,6 +152,8 @@ class LlamaCpp:
         slots: int,
         cards: int,
         card_memory_bytes: int,
+        card: Card | None = None,
+        engine_version: str = "",
     ) -> CardNeed:
         """llama.cpp's layer split: the last `--n-gpu-layers` layers over `cards` cards, the
         fullest holding ceil(offloaded / cards) layers' weights and KV (llama.cpp offloads the
@@ -176,16 +178,20 @@ class LlamaCpp:
         kv_card = -(-kv_total * fullest // total) if total else 0
         weights_card = -(-shape.weights_bytes * layers_card // layers) if layers else 0
         overhead = llamacpp_overhead_bytes(shape, full_args, n)
-        card = card_memory_bytes
+        memory = card_memory_bytes
         return CardNeed(
             weights_bytes=shape.weights_bytes,
             kv_bytes=kv_total,
             per_card_bytes=weights_card + kv_card + overhead,
             overhead_bytes=overhead,
-            budget_bytes=max(card - LLAMACPP_RESERVE_BYTES, 1) if card > 0 else 0,
+            budget_bytes=max(memory - LLAMACPP_RESERVE_BYTES, 1) if memory > 0 else 0,
             cards=n,
             weights_per_card_bytes=weights_card,
             kv_per_card_bytes=kv_card,
+            other_bytes=overhead,
+            kv_pool_bytes=kv_card,
+            card_total_bytes=memory,
+            weights_known=shape.weights_bytes > 0,
         )
 
 

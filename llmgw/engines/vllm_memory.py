@@ -1,0 +1,260 @@
+"""vLLM's start-up memory, by the rules of its own profiling run, keyed by vLLM version.
+
+What vLLM does at start (vllm/v1/worker/gpu_worker.py init_device and
+determine_available_memory; vllm/utils/mem_utils.py memory_profiling):
+1. It snapshots the card after the CUDA context and NCCL are up; `requested` = CUDA total
+   (torch.cuda.mem_get_info()[1]) × `--gpu-memory-utilization`, refused when more than is free.
+2. It loads the weights and runs `profile_run` (gpu_model_runner.py): one forward pass over
+   `max_num_batched_tokens` dummy tokens (split over min(max_num_seqs, tokens) requests; a
+   multimodal model first runs its encoder on dummy items, keeping their outputs), then
+   `_dummy_sampler_run` over the last token of each of those requests: logits over the whole
+   vocabulary, in fp32, sorted for top-k/top-p, softmaxed.
+3. KV memory = requested − (weights + torch's peak increase + non-torch increase). CUDA
+   graphs are captured afterwards, in what `1 − utilisation` leaves; from 0.21 vLLM also
+   estimates them while profiling (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS), which the
+   source subtracts but the logs seen do not show subtracted (GRAPH_ESTIMATE_BYTES_PER_LAYER).
+V0 (before 0.8) profiled the same way (worker.py determine_num_available_blocks), over
+max(max_model_len, batch) tokens when chunked prefill was off (gt-023/024).
+
+Defaults (vllm/engine/arg_utils.py get_batch_defaults): on cards of 70 GiB or more (CUDA's
+total, current_platform.get_device_total_memory) whose name is not an A100,
+`vllm serve` batches 8192 tokens and 1024 requests, else 2048 and 256.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llmgw.cardclass import GIB, MIB
+from llmgw.engines.base import Card, Overhead
+from llmgw.engines.grammar import Grammar
+from llmgw.engines.torch_overhead import (
+    ACTIVATION_BYTES,
+    CUDA_GRAPH_BYTES_PER_LAYER,
+    CUDA_GRAPH_BYTES_PER_MOE_LAYER,
+    NON_TORCH_MARGIN_BYTES,
+    activation_width,
+    forward_cost,
+    is_moe,
+    layers_per_stage,
+    vocab_size,
+)
+from llmgw.engines.versions import Ranged, pick
+from llmgw.shape import LayerKind, ModelShape
+
+MAX_NUM_BATCHED_TOKENS = ("--max-num-batched-tokens",)
+MAX_NUM_SEQS = ("--max-num-seqs",)
+NO_CHUNKED_PREFILL = ("--no-enable-chunked-prefill",)
+CHUNKED_PREFILL = ("--enable-chunked-prefill",)
+ENFORCE_EAGER = ("--enforce-eager",)
+GPU_MEMORY_UTILIZATION = ("--gpu-memory-utilization",)
+EXPERT_PARALLEL = ("--enable-expert-parallel",)
+
+LARGE_CARD_BYTES = 70 * GIB
+BATCHED_TOKENS_LARGE_CARD = 8192
+BATCHED_TOKENS_SMALL_CARD = 2048
+MAX_NUM_SEQS_LARGE_CARD = 1024
+MAX_NUM_SEQS_SMALL_CARD = 256
+"""`vllm serve`'s defaults by card (get_batch_defaults, OPENAI_API_SERVER; A100s take the small
+ones, "a100" not in device_name)."""
+
+V0_CHUNKED_ABOVE_TOKENS = 32768
+"""vLLM V0 turned chunked prefill on by itself for contexts above 32K (gt-024's notes: at 35k
+the peak fell as chunked prefill switched on)."""
+
+CUDA_CONTEXT_BYTES = 544 * MIB
+"""What the card holds before vLLM's snapshot (CUDA context, NCCL): H100 79.19 − 78.66 = 0.53
+GiB (vLLM 0.10.2 log), gt-039 44.42 − 43.93 = 0.49, A100 79.25 − 78.84 = 0.41 (v0.31.0)."""
+
+SAMPLER_MARGIN = 0.25
+"""How far the sampler's peak may stray from its line: a log of a later build (0.93 GiB of
+weights on a 15.55 GiB card, 256 requests of a 152k vocabulary) peaked at 29 B a logit where
+the line for its version says 38 (sampler backends differ)."""
+
+GRAPH_ESTIMATE_BYTES_PER_LAYER = 16 * MIB
+GRAPH_ESTIMATE_BYTES_PER_MOE_LAYER = 32 * MIB
+"""vLLM ≥ 0.21's CUDA-graph estimate per layer (gpu_worker.py: a first capture plus a
+per-graph marginal, extrapolated; VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS on by default as of
+v0.21.0). Logs print it about twice what is captured ("CUDA graph pool memory: 0.71 GiB
+(actual), 1.55 GiB (estimated)"; "0.94 … 1.94"); v0.31.0 on an A100 captured 0.23 GiB for
+Llama-3.1-8B's 32 layers (7.4 MiB a layer). The same logs show the KV pool not reduced by it
+(v0.31.0: 72.91 − 15.26 − 1.44 = 56.21 GiB, as printed; "0.92, 73.6 GiB … 51.66 … 2.4 …
+kv cache memory in use is 19.54 GiB"): the planner does not subtract it, and carries it as
+margin (a build that applies it gives that much less)."""
+
+HYBRID_NON_TORCH_BYTES = 1152 * MIB
+"""What a hybrid model's recurrent layers (Gated DeltaNet, Mamba) add to non-torch memory (their
+Triton kernels' workspaces): vLLM 0.10.2 serving Qwen3-Next-80B-A3B at tp 2 on H200s printed
+1.38 GiB of non-torch memory (attention-only models at tp > 1: 0.21-0.25)."""
+
+HYBRID_NON_TORCH_MARGIN_BYTES = 512 * MIB
+"""The hybrid surcharge rests on one log: half a GiB either way."""
+
+GRAPH_SPREAD = 0.25
+"""How far captured CUDA graphs stray from their per-layer figure (17.6 to 21.4 MiB a dense
+layer seen, torch_overhead.CUDA_GRAPH_BYTES_PER_LAYER)."""
+
+NON_TORCH_NCCL_BYTES = 160 * MIB
+"""What tensor parallel adds to non-torch memory (NCCL's and the custom all-reduce's buffers):
+gt-039 (tp 4) 0.21 GiB against 0.06-0.07 on one card (gt-038; vLLM 0.10.2 on an H100)."""
+
+
+@dataclass(frozen=True)
+class VllmRules(Ranged):
+    """What one range of vLLM versions does at start."""
+
+    utilisation: float = 0.90
+    """`--gpu-memory-utilization` default (vllm/config/cache.py)."""
+    sampler_bytes_per_logit: int = 28
+    """Bytes the dummy sampler run holds per request × vocabulary entry."""
+    sampler_fixed_bytes: int = 0
+    """What the sampler's peak holds besides (workspaces that do not follow its logits)."""
+    non_torch_bytes: int = 0
+    """Non-torch memory on one card (tensor parallel adds NON_TORCH_NCCL_BYTES)."""
+    graph_estimate: bool = False
+    """Whether vLLM estimates CUDA graphs while profiling (it may subtract the estimate)."""
+    v0: bool = False
+    """V0's engine: chunked prefill off up to 32K unless asked."""
+
+
+VLLM_RULES: tuple[VllmRules, ...] = (
+    VllmRules((0, 0, 0), (0, 8, 0), "vLLM V0 (before 0.8)", 0.90, 28, 0, 352 * MIB, v0=True),
+    VllmRules((0, 8, 0), (0, 11, 0), "vLLM V1 0.8 to 0.10", 0.90, 28, 0, 96 * MIB),
+    VllmRules((0, 11, 0), (0, 21, 0), "vLLM V1 0.11 to 0.20", 0.90, 38, 224 * MIB, 96 * MIB),
+    VllmRules((0, 21, 0), None, "vLLM V1 0.21 and later", 0.92, 38, 224 * MIB, 272 * MIB, True),
+)
+"""By version.
+
+Utilisation: 0.90 up to 0.20 (cache.py; DESIGN §5), 0.92 since (cache.py
+`Field(default=0.92)`; v0.31.0 prints "Desired GPU memory utilization is (0.92, 72.91 GiB)").
+
+Sampler bytes per logit (the dummy sampler run over min(max_num_seqs, batch) requests × the
+vocabulary: fp32 logits, the top-k/top-p sort's values and int64 indices, softmax, the
+scattered result; vllm/v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p, alive at once:
+bf16 logits 2 + fp32 4 + sorted 4 + int64 indices 8 + two masks 2 + softmax 4 + scatter 4 = 28
+B): 28 B before 0.11 (gt-038: 1.04 GiB over 256 × 152064 logits, 28.7 B; gt-039 with the
+tensor-parallel gather below). From 0.11, 38 B and 224 MiB besides, the line through gt-036
+(v0.11.0: 35.34 GiB left needs 1.12 GiB over 256 × 100352 logits) and gt-030 (0.11, gpt-oss-120b
+at 0.95 on an H100: 1.71 GiB left needs 7.45 GiB over 1024 × 201088); v0.31.0 on an A100 (1.44
+GiB over 256 × 128256 for Llama-3.1-8B) lies 0.08 GiB above it.
+
+Non-torch memory: V0 0.35 GiB (gt-023); V1 0.06-0.07 (gt-038; 0.10.2 on an H100), so 96 MiB;
+from 0.21 vLLM counts every persistent allocation from the device's free memory ("consumed
+memory (weights + non-torch)": v0.31.0, 15.26 GiB for Llama-3.1-8B's 14.99 of weights), 272
+MiB."""
+
+TP_GATHER_BYTES_PER_LOGIT = 10
+"""With tensor parallel the LM head's vocabulary shards are all-gathered into whole logits
+(the gather buffer and its reshaped copy in bf16, before the fp32 cast): gt-039 (tp 4, 256 ×
+151936 logits) peaked 1.4 GiB, 38 B a logit with the 28 above."""
+
+
+@dataclass(frozen=True)
+class VllmProfile:
+    """The numbers vLLM's start-up works with on one card."""
+
+    rules: VllmRules
+    rules_said: str
+    batched_tokens: int
+    max_num_seqs: int
+
+
+def large_card(card: Card) -> bool:
+    """Whether vLLM gives this card its large defaults (70 GiB of CUDA memory, not an A100)."""
+    total = card.cuda_bytes or card.nvml_bytes
+    return total >= LARGE_CARD_BYTES and "a100" not in card.name.lower()
+
+
+def vllm_profile(
+    grammar: Grammar, args: Sequence[str], *, card: Card, tokens: int, engine_version: str
+) -> VllmProfile:
+    """The version's rules and the batch vLLM profiles with for a context of `tokens`."""
+    rules, said = pick(VLLM_RULES, engine_version)
+    big = large_card(card) if (card.cuda_bytes or card.nvml_bytes) else True
+    default = BATCHED_TOKENS_LARGE_CARD if big else BATCHED_TOKENS_SMALL_CARD
+    batched = grammar.count(args, MAX_NUM_BATCHED_TOKENS) or default
+    chunked = not grammar.has(args, NO_CHUNKED_PREFILL)
+    if rules.v0 and not grammar.has(args, CHUNKED_PREFILL):
+        chunked = chunked and tokens > V0_CHUNKED_ABOVE_TOKENS
+    if not chunked:
+        batched = max(batched, tokens)
+    seqs = grammar.count(args, MAX_NUM_SEQS) or (
+        MAX_NUM_SEQS_LARGE_CARD if big else MAX_NUM_SEQS_SMALL_CARD
+    )
+    return VllmProfile(rules, said, batched, seqs)
+
+
+def vllm_overhead(
+    grammar: Grammar,
+    shape: ModelShape,
+    args: Sequence[str],
+    *,
+    tokens: int,
+    tp: int,
+    pp: int,
+    card: Card,
+    engine_version: str,
+    default_utilisation: float | None = None,
+) -> Overhead:
+    """What vLLM takes on a card beside weights and KV, inside `requested`, by its version's
+    rules; and what must fit outside it (the CUDA context, and before 0.21 the graphs)."""
+    profile = vllm_profile(grammar, args, card=card, tokens=tokens, engine_version=engine_version)
+    rules = profile.rules
+    expert_parallel = grammar.has(args, EXPERT_PARALLEL)
+    forward = forward_cost(shape, tp=tp, expert_parallel=expert_parallel)
+    batched = profile.batched_tokens
+    forward_bytes = forward.bytes(batched)
+    hidden_bytes = batched * activation_width(shape) * ACTIVATION_BYTES
+    rows = min(profile.max_num_seqs, batched)
+    per_logit = rules.sampler_bytes_per_logit + (TP_GATHER_BYTES_PER_LOGIT if tp > 1 else 0)
+    sampler_bytes = rows * vocab_size(shape) * per_logit + rules.sampler_fixed_bytes + hidden_bytes
+    retained = hidden_bytes if shape.compute is not None and shape.compute.vision else 0
+    if forward_bytes >= sampler_bytes:
+        activation = forward_bytes + retained
+        activation_margin = int(forward_bytes * forward.margin)
+    else:
+        activation = sampler_bytes + retained
+        activation_margin = int(sampler_bytes * SAMPLER_MARGIN)
+    eager = grammar.has(args, ENFORCE_EAGER)
+    layers = layers_per_stage(shape, pp)
+    graphs_out = graph_margin = 0
+    if not eager:
+        moe = is_moe(shape)
+        per_layer = CUDA_GRAPH_BYTES_PER_MOE_LAYER if moe else CUDA_GRAPH_BYTES_PER_LAYER
+        graphs_out = layers * per_layer
+        if rules.graph_estimate:
+            estimate = GRAPH_ESTIMATE_BYTES_PER_MOE_LAYER if moe else GRAPH_ESTIMATE_BYTES_PER_LAYER
+            graph_margin = layers * estimate
+    non_torch = rules.non_torch_bytes + (NON_TORCH_NCCL_BYTES if tp > 1 else 0)
+    hybrid = any(la.kind is LayerKind.RECURRENT for la in shape.layers)
+    if hybrid:
+        non_torch += HYBRID_NON_TORCH_BYTES
+    util = grammar.fraction(args, GPU_MEMORY_UTILIZATION) or (
+        default_utilisation if default_utilisation is not None else rules.utilisation
+    )
+    total = card.cuda_bytes
+    budget = int(total * util)
+    margin = (
+        activation_margin
+        + NON_TORCH_MARGIN_BYTES
+        + (HYBRID_NON_TORCH_MARGIN_BYTES if hybrid else 0)
+        + graph_margin
+        + int(card.cuda_margin_bytes * util)
+    )
+    said = profile.rules_said
+    if graphs_out:
+        said += "; CUDA graphs outside the budget"
+        if graph_margin:
+            said += " (their estimate is in the margin)"
+    return Overhead(
+        budget_bytes=budget,
+        activation_bytes=activation,
+        non_torch_bytes=non_torch,
+        outside_bytes=CUDA_CONTEXT_BYTES + graphs_out,
+        outside_room_bytes=total - budget if total else 0,
+        outside_margin_bytes=int(graphs_out * GRAPH_SPREAD),
+        margin_bytes=margin,
+        rules=f"{said}; utilisation {util:g} of the CUDA total ({card.cuda_source or 'not known'})",
+        card_total_bytes=total,
+    )

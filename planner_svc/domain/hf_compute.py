@@ -1,0 +1,79 @@
+"""The widths a forward pass follows, read from a Hugging Face config.json: hidden size, MLP
+and expert widths, vocabulary, whether a vision encoder comes with it. The engines' activation
+peaks (llmgw.engines.torch_overhead) are built from these.
+
+Keys as the transformers config classes name them: `hidden_size` (`n_embd`, `d_model`),
+`intermediate_size` (`ffn_dim`, `n_inner`), `vocab_size`; experts as `num_experts` (Qwen-MoE),
+`num_local_experts` (Mixtral, gpt-oss) or `n_routed_experts` (DeepSeek); the routed per token
+as `num_experts_per_tok` (`num_experts_per_token`, gpt-oss); an expert's width as
+`moe_intermediate_size`, else `intermediate_size` (Mixtral and gpt-oss give no other); shared
+experts as `shared_expert_intermediate_size` (Qwen2-MoE, Qwen3-Next) or `n_shared_experts` ×
+`moe_intermediate_size` (DeepSeek); dense leading layers as `first_k_dense_replace`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from llmgw.shape import Compute
+
+_TEXT_KEYS = ("text_config", "llm_config", "language_config")
+_VISION_KEYS = ("vision_config", "visual", "vision_tower", "mm_vision_tower")
+_LIMIT = 1 << 24
+
+
+def _whole(value: object) -> int:
+    """A positive whole number below 2^24, else 0 (a width the reader does not trust)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    number = int(value)
+    return number if number == value and 0 < number < _LIMIT else 0
+
+
+def _first(config: Mapping[str, object], keys: tuple[str, ...]) -> int:
+    for key in keys:
+        number = _whole(config.get(key))
+        if number:
+            return number
+    return 0
+
+
+def compute_from_hf_config(config: Mapping[str, object]) -> Compute:
+    """The forward pass's widths of a config.json (0 where it does not say)."""
+    text: Mapping[str, object] = config
+    for key in _TEXT_KEYS:
+        sub = config.get(key)
+        if isinstance(sub, Mapping):
+            text = sub
+            break
+    else:
+        thinker = config.get("thinker_config")
+        if isinstance(thinker, Mapping) and isinstance(thinker.get("text_config"), Mapping):
+            text = thinker["text_config"]
+
+    def get(keys: tuple[str, ...]) -> int:
+        return _first(text, keys) or _first(config, keys)
+
+    hidden = get(("hidden_size", "n_embd", "d_model"))
+    intermediate = get(("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size"))
+    experts = get(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"))
+    per_token = get(("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k"))
+    expert_width = get(("moe_intermediate_size", "expert_intermediate_size"))
+    if experts and not expert_width:
+        expert_width = intermediate
+    shared = get(("shared_expert_intermediate_size",))
+    if not shared and experts:
+        shared = get(("n_shared_experts",)) * expert_width
+    dense_layers = get(("first_k_dense_replace",)) if experts else 0
+    vision = any(isinstance(config.get(k), Mapping | str) and config.get(k) for k in _VISION_KEYS)
+    return Compute(
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        vocab_size=get(("vocab_size", "padded_vocab_size")),
+        experts=experts if experts > 1 else 0,
+        experts_per_token=per_token if experts > 1 else 0,
+        expert_intermediate_size=expert_width if experts > 1 else 0,
+        shared_intermediate_size=shared,
+        dense_layers=dense_layers,
+        vision=vision,
+    )

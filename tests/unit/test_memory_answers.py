@@ -1,0 +1,180 @@
+"""What a memory answer says: card totals as each engine reads them, the engine version's rules,
+the breakdown per card, the KV pool and its capacity, the margin and the verdict, CPU profiles
+broken down like cards, KV figures without weights."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from llmgw.cardclass import DRIVER_RESERVE_MIB, DRIVER_RESERVE_SPREAD_MIB, MIB, cuda_total
+from llmgw.common.v1 import common_pb2
+from llmgw.engines.base import Card, CardNeed, Verdict
+from llmgw.engines.versions import parse_version, pick
+from llmgw.engines.vllm_memory import VLLM_RULES
+from llmgw.model import Inventory, Model, Node, Profile
+from planner_svc.domain.cards import card_of
+from planner_svc.domain.context import size_context
+from planner_svc.domain.memory import card_need
+from planner_svc.rpc.convert import context_change_to_proto
+from tests.support.shapes import LLAMA_31_8B
+
+GIB = 1 << 30
+H100 = Inventory(
+    nodes=(Node("n1", "H100-80GB", gpus=8, free_gpus=8, gpu_memory_bytes=81559 * MIB),)
+)
+
+
+def llama() -> Model:
+    """Llama-3.1-8B with a vLLM and a CPU profile."""
+    return Model(
+        name="llama-8b",
+        context_length=8192,
+        profiles=(
+            Profile("gpu", "vllm", ("--max-model-len", "8192"), gpu_class="H100-80GB"),
+            Profile("cpu", "llamacpp", ("--ctx-size", "8192"), cpu_only=True),
+        ),
+    )
+
+
+def test_card_totals_as_nvml_and_cuda_report_them() -> None:
+    """A known card's CUDA total is its logged one; an unknown card's is NVML's less the driver
+    reserve, with a margin; a node's report wins."""
+    h100 = cuda_total("H100-80GB", 81559 * MIB)
+    assert h100.bytes == 81090 * MIB and "79.19" in h100.source and h100.margin_bytes == 0
+    l4 = cuda_total("L4-24GB", 23034 * MIB)
+    assert l4.bytes == (23034 - DRIVER_RESERVE_MIB) * MIB
+    assert l4.margin_bytes == DRIVER_RESERVE_SPREAD_MIB * MIB
+    assert cuda_total("H100-80GB", 81559 * MIB, 81000 * MIB).bytes == 81000 * MIB
+    reported = Inventory(
+        nodes=(
+            Node("a", "X-96GB", gpus=1, gpu_memory_bytes=96 * GIB, gpu_cuda_memory_bytes=95 * GIB),
+        )
+    )
+    assert card_of("X-96GB", reported) == Card("X-96GB", 96 * GIB, 95 * GIB, "reported by the node")
+
+
+def test_versions_pick_their_rules() -> None:
+    """Versions as profiles write them; an absent or unknown one takes the newest rules."""
+    assert parse_version("0.9.1.dev705+g01220ce89") == (0, 9, 1)
+    assert parse_version("v0.31.0") == (0, 31, 0)
+    assert parse_version("V0") == (0, 0, 0)
+    assert parse_version("latest") is None
+    assert pick(VLLM_RULES, "0.10.2")[0].utilisation == 0.90
+    assert pick(VLLM_RULES, "0.21.0")[0].utilisation == 0.92
+    rules, said = pick(VLLM_RULES, "nightly")
+    assert rules is VLLM_RULES[-1] and "newest" in said
+
+
+def test_verdict_follows_the_margin() -> None:
+    """Fits with the margin, fits only within it, does not fit, or not checked."""
+    need = CardNeed(0, 0, 90, 0, 100, 1, margin_bytes=5)
+    assert need.verdict is Verdict.FITS
+    assert replace(need, margin_bytes=20).verdict is Verdict.WITHIN_MARGIN
+    assert replace(need, per_card_bytes=101).verdict is Verdict.DOES_NOT_FIT
+    assert replace(need, budget_bytes=0).verdict is Verdict.NOT_CHECKED
+    assert replace(need, weights_known=False).verdict is Verdict.NOT_CHECKED
+    outside = replace(need, outside_bytes=11, outside_room_bytes=10)
+    assert outside.verdict is Verdict.DOES_NOT_FIT
+
+
+def test_the_verdict_moves_through_the_margin_as_the_context_grows() -> None:
+    """Over growing contexts a vLLM card goes fits → within the margin → does not fit, never
+    back; the pool and its capacity stay as vLLM sizes them at start."""
+    verdicts = []
+    for tokens in range(256, 600_000, 4096):
+        need = card_need(
+            "vllm",
+            LLAMA_31_8B,
+            args=["--max-model-len", str(tokens)],
+            tokens=tokens,
+            slots=1,
+            cards=1,
+            card_memory_bytes=81559 * MIB,
+            card=Card.of("H100-80GB", 81559 * MIB),
+        )
+        verdicts.append(need.verdict)
+        assert need.kv_pool_bytes == need.budget_bytes - need.weights_per_card_bytes - (
+            need.overhead_bytes
+        )
+    order = [Verdict.FITS, Verdict.WITHIN_MARGIN, Verdict.DOES_NOT_FIT]
+    seen = [v for i, v in enumerate(verdicts) if i == 0 or v is not verdicts[i - 1]]
+    assert seen == order
+
+
+def test_memory_answer_carries_the_breakdown_and_capacity() -> None:
+    """SizeContext's Memory: the fullest card's parts add up, the pool's capacity and
+    concurrency at the asked context, the rules applied; the CPU profile broken down too."""
+    change = size_context(llama(), LLAMA_31_8B, tokens=32_768, slots=1, inventory=H100)
+    msg = context_change_to_proto(change)
+    gpu, cpu = msg.profiles[0].memory, msg.profiles[1].memory
+    parts = (
+        gpu.weights_per_card_bytes
+        + gpu.kv_per_card_bytes
+        + gpu.activation_bytes
+        + gpu.non_torch_bytes
+        + gpu.cuda_graph_bytes
+        + gpu.other_bytes
+    )
+    assert parts == gpu.per_card_bytes
+    assert gpu.kv_pool_bytes == gpu.budget_bytes - (gpu.per_card_bytes - gpu.kv_per_card_bytes)
+    assert gpu.kv_token_capacity == gpu.kv_pool_bytes // (16 * 131_072) * 16
+    assert gpu.max_concurrency == pytest.approx(gpu.kv_token_capacity / 32_768)
+    assert gpu.verdict == common_pb2.FIT_VERDICT_FITS
+    assert gpu.card_total_bytes == 81090 * MIB and "79.19" in gpu.rules
+    assert "no version named" in gpu.rules
+    assert cpu.weights_bytes + cpu.kv_bytes + cpu.other_bytes == cpu.ram_bytes
+    assert cpu.kv_bytes == 32_768 * 131_072
+
+
+def test_a_named_version_changes_the_rules() -> None:
+    """A profile naming vLLM 0.10.2 gets 0.90 of the card, the newest rules 0.92."""
+    model = llama()
+    old = replace(model.profiles[0], engine_version="0.10.2")
+    change = size_context(
+        replace(model, profiles=(old,)), LLAMA_31_8B, tokens=8192, slots=1, inventory=H100
+    )
+    memory = context_change_to_proto(change).profiles[0].memory
+    assert memory.budget_bytes == int(81090 * MIB * 0.9)
+    assert "0.10.2" in memory.rules
+
+
+def test_kv_is_answered_without_weights() -> None:
+    """With the files' sizes unknown the memory is not checked, but the KV figures come back."""
+    shape = replace(LLAMA_31_8B, weights_bytes=0)
+    change = size_context(llama(), shape, tokens=16_384, slots=1, inventory=H100)
+    msg = context_change_to_proto(change)
+    gpu, cpu = msg.profiles[0].memory, msg.profiles[1].memory
+    assert gpu.kv_bytes == gpu.kv_per_card_bytes == 16_384 * 131_072
+    assert gpu.verdict == common_pb2.FIT_VERDICT_NOT_CHECKED
+    assert gpu.kv_pool_bytes == 0 and gpu.weights_bytes == 0
+    assert cpu.kv_bytes == 16_384 * 131_072
+    assert "not checked" in change.note
+    assert change.updated[1].min_memory_gb == 0  # not rewritten from a figure without weights
+
+
+def test_within_the_margin_is_said() -> None:
+    """A context that fits only within the margin is accepted, and the note says what could
+    go either way."""
+    for tokens in range(300_000, 520_000, 2048):
+        need = card_need(
+            "vllm",
+            LLAMA_31_8B,
+            args=["--max-model-len", str(tokens)],
+            tokens=tokens,
+            slots=1,
+            cards=1,
+            card_memory_bytes=81559 * MIB,
+            card=Card.of("H100-80GB", 81559 * MIB),
+        )
+        if need.verdict is Verdict.WITHIN_MARGIN:
+            break
+    else:
+        raise AssertionError("no context fits only within the margin")
+    trained = replace(LLAMA_31_8B, trained_context=0)
+    change = size_context(llama(), trained, tokens=tokens, slots=1, inventory=H100)
+    assert "fits only within the margin" in change.note
+    memory = context_change_to_proto(change).profiles[0].memory
+    assert memory.verdict == common_pb2.FIT_VERDICT_WITHIN_MARGIN
+    assert "could go either way" in memory.verdict_note or "may refuse" in memory.verdict_note
