@@ -67,7 +67,7 @@ Body = Content | LocalFile
 
 @dataclass(frozen=True)
 class ServedRequest:
-    """One request as a listener answered it (recorded when the answer's head is sent)."""
+    """One request as a listener answered it (recorded just before the answer's head is sent)."""
 
     listener: str
     """The listener's name ("hub" and "cdn" for the Hub stand-in)."""
@@ -190,8 +190,9 @@ class Exchange:
         for key, value in headers.items():
             handler.send_header(key, value)
         handler.send_header("Content-Length", str(length))
-        handler.end_headers()
         self.status = int(status)
+        # Recorded before the head leaves: a client that has its answer (a bodiless 404, say)
+        # must find the request already counted.
         self._listener.served(
             ServedRequest(
                 listener=self._listener.name,
@@ -202,6 +203,7 @@ class Exchange:
                 status=self.status,
             )
         )
+        handler.end_headers()
 
     def _write(self, data: bytes) -> bool:
         """Write body bytes; False when the client has hung up."""
@@ -245,7 +247,7 @@ class Listener(Serving):
         route: answers one request (or returns without answering: a stalled server).
         name: the listener's name in `ServedRequest` and its thread's name.
         host, port: where to listen (port 0: a free one).
-        on_served: told of each request when its answer's head is sent.
+        on_served: told of each request just before its answer's head is sent.
         on_body: told of the body bytes written, (path, count), as they are written.
     """
 
