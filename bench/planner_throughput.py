@@ -39,23 +39,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from llmgw.common.v1 import common_pb2
 from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
 from tests.support.gguf_files import llama_tensors, write_gguf
+from tests.support.shapes import LLAMA_31_8B, inline
 
 ROOT = Path(__file__).resolve().parents[1]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 START_TIMEOUT_S = 60.0
 """How long a child server may take to print where it listens (imports on a busy machine)."""
 
-# Llama-3.1-8B (tests/fixtures/hf, meta-llama__Llama-3.1-8B-Instruct), given inline.
-LLAMA_8B = common_pb2.ModelShape(
-    architecture="llama",
-    layers=32,
-    attention_heads=32,
-    kv_heads=8,
-    head_dim_k=128,
-    head_dim_v=128,
-    trained_context=131_072,
-    weights_bytes=16_060_522_496,
-)
+# Llama-3.1-8B given inline (tests/support/shapes.py), so the planner reads no source.
+LLAMA_8B = inline(LLAMA_31_8B)
 INVENTORY = common_pb2.Inventory(
     nodes=[
         common_pb2.InventoryNode(

@@ -20,20 +20,12 @@ from llmgw.common.v1 import common_pb2
 from llmgw.planner.v1 import planner_pb2
 from llmgw.shape import ModelShape
 from tests.support.planner import running_planner
+from tests.support.shapes import LLAMA_31_8B, inline
 
 SERVICE = "llmgw.planner.v1.PlannerService"
 
-# Llama-3.1-8B given inline (numbers from tests/fixtures/hf, meta-llama__Llama-3.1-8B-Instruct).
-LLAMA_8B = common_pb2.ModelShape(
-    architecture="llama",
-    layers=32,
-    attention_heads=32,
-    kv_heads=8,
-    head_dim_k=128,
-    head_dim_v=128,
-    trained_context=131_072,
-    weights_bytes=16_060_522_496,
-)
+# Llama-3.1-8B given inline (tests/support/shapes.py), so the planner reads no source.
+LLAMA_8B = inline(LLAMA_31_8B)
 INVENTORY = common_pb2.Inventory(
     nodes=[
         common_pb2.InventoryNode(

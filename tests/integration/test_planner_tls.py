@@ -25,20 +25,12 @@ from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
 from llmgw.tls import ClientTLS, ServerTLS, TLSConfigError, aio_channel
 from planner_svc.rpc.servicer import SERVICE_NAME
 from planner_svc.server import PlannerServer, start_planner
+from tests.support.shapes import LLAMA_31_8B, inline
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Llama-3.1-8B given inline: SizeContext reads no source.
-LLAMA_8B = common_pb2.ModelShape(
-    architecture="llama",
-    layers=32,
-    attention_heads=32,
-    kv_heads=8,
-    head_dim_k=128,
-    head_dim_v=128,
-    trained_context=131_072,
-    weights_bytes=16_060_522_496,
-)
+# Llama-3.1-8B given inline (tests/support/shapes.py), so the planner reads no source.
+LLAMA_8B = inline(LLAMA_31_8B)
 SIZE = planner_pb2.SizeContextRequest(
     model=common_pb2.Model(
         name="m",

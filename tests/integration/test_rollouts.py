@@ -21,32 +21,15 @@ from llmgw.testing.eventually import assert_eventually
 from llmgw.testing.scripted_agent import ScriptedAgent
 from tests.support.fleet import running_fleet
 from tests.support.planner import running_planner
+from tests.support.shapes import LLAMA_31_8B, QWEN25_7B, inline
 
 READY = fleet_pb2.REPLICA_PHASE_READY
 H100 = 81559 << 20
 
-# Llama-3.1-8B (32 heads, 8 KV heads of 128; tests/fixtures/hf) and Qwen2.5-7B (28 heads,
-# 4 KV heads), given inline so the planner reads no source.
-LLAMA_8B = common_pb2.ModelShape(
-    architecture="llama",
-    layers=32,
-    attention_heads=32,
-    kv_heads=8,
-    head_dim_k=128,
-    head_dim_v=128,
-    trained_context=131_072,
-    weights_bytes=16_060_522_496,
-)
-QWEN_7B = common_pb2.ModelShape(
-    architecture="qwen2",
-    layers=28,
-    attention_heads=28,
-    kv_heads=4,
-    head_dim_k=128,
-    head_dim_v=128,
-    trained_context=32_768,
-    weights_bytes=15_231_233_024,
-)
+# Llama-3.1-8B and Qwen2.5-7B given inline (tests/support/shapes.py), so the planner reads no
+# source.
+LLAMA_8B = inline(LLAMA_31_8B)
+QWEN_7B = inline(QWEN25_7B)
 
 
 def llamacpp_model(replicas: int = 2) -> common_pb2.Model:

@@ -3,6 +3,7 @@ PROVENANCE.md), for tests that need a shape without reading a source."""
 
 from __future__ import annotations
 
+from llmgw.common.v1 import common_pb2
 from llmgw.shape import Layer, LayerKind, ModelShape
 
 
@@ -63,3 +64,21 @@ QWEN25_7B = dense(
     trained=32_768,
     weights_bytes=15_231_233_024,
 )
+
+
+def inline(shape: ModelShape) -> common_pb2.ModelShape:
+    """A dense `shape` as a person writes it inline in a request (model.shape: layer count,
+    heads, head widths; no per-layer list), so the planner reads no source."""
+    first = shape.layers[0]
+    if first.kind is not LayerKind.FULL or any(la != first for la in shape.layers):
+        raise ValueError(f"{shape.architecture}: only a dense shape is written this way")
+    return common_pb2.ModelShape(
+        architecture=shape.architecture,
+        layers=len(shape.layers),
+        attention_heads=shape.attention_heads,
+        kv_heads=shape.kv_heads,
+        head_dim_k=first.head_dim_k,
+        head_dim_v=first.head_dim_v,
+        trained_context=shape.trained_context,
+        weights_bytes=shape.weights_bytes,
+    )
