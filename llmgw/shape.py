@@ -50,6 +50,12 @@ class Layer:
     head_dim_v: int = 0
     window_tokens: int = 0
     state_bytes: int = 0
+    extra_token_bytes: int = 0
+    """Bytes per token the layer caches beside its K/V whatever the cache type (a sparse-
+    attention indexer's fp8 key and scale: DeepSeek V3.2's 128 + 4)."""
+    fp8_token_bytes: int = 0
+    """Bytes per token of the layer's K/V when the cache is fp8 and the engine packs it its own
+    way (0: kv_heads x head dims x 1). DeepSeek V3.2's sparse MLA: 656 (see hf_shape)."""
 
     has_kv: bool = field(init=False, compare=False, repr=False)
     """Whether the layer keeps per-token KV (worked out once: sizing asks it per layer)."""
@@ -57,6 +63,51 @@ class Layer:
     def __post_init__(self) -> None:
         kv = self.kind in (LayerKind.FULL, LayerKind.SLIDING, LayerKind.MLA) and self.kv_heads > 0
         object.__setattr__(self, "has_kv", kv)
+
+
+@dataclass(frozen=True)
+class WeightQuant:
+    """How the checkpoint's linear weights are quantized, as far as tensor parallel cares.
+
+    `block` is a block-quantized (fp8) checkpoint's (block_n, block_k): output and input
+    channels per scale; `group` a GPTQ/AWQ checkpoint's input channels per scale. 0: none.
+    """
+
+    method: str = ""
+    block: tuple[int, int] = (0, 0)
+    group: int = 0
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """The sizes tensor parallel splits besides the attention heads (0: absent or unknown).
+
+    `dense_intermediate` is the dense MLP's width when some layer has a dense MLP;
+    `expert_intermediate` one routed expert's; `shared_intermediate` the shared expert(s)'
+    merged width. `vision_heads`/`vision_intermediate` are a multimodal model's vision
+    encoder's. `linear_k_heads`/`linear_v_heads` a gated-delta-net layer's (Qwen3-Next);
+    `ssm_heads`/`ssm_groups` a Mamba-2 mixer's, `ssm_inner` a Mamba mixer's inner width.
+    `q_head_dim`/`o_head_dim` are the query and attention-output head sizes (for the quant
+    block of the projections' shards).
+    """
+
+    vocab: int = 0
+    """The vocabulary (the embedding and LM head are split by rows of it)."""
+    dense_intermediate: int = 0
+    expert_intermediate: int = 0
+    shared_intermediate: int = 0
+    vision_heads: int = 0
+    vision_intermediate: int = 0
+    vision_pads_heads: bool = False
+    """The engine pads the vision heads to a multiple of the TP size (InternViT in vLLM)."""
+    linear_k_heads: int = 0
+    linear_v_heads: int = 0
+    ssm_heads: int = 0
+    ssm_groups: int = 0
+    ssm_inner: int = 0
+    q_head_dim: int = 0
+    o_head_dim: int = 0
+    quant: WeightQuant = field(default_factory=WeightQuant)
 
 
 @dataclass(frozen=True)
@@ -81,6 +132,11 @@ class ModelShape:
     mla_expanded: tuple[int, int] | None = None
     """For an MLA model: the (key, value) head dims of its decompressed heads, for engines that
     expand it (e.g. an old-format llama.cpp file)."""
+    parallel: ParallelDims = field(default_factory=ParallelDims)
+    """What tensor parallel splits besides the attention heads (`engines.heads`)."""
+    indexer: tuple[int, int] = (0, 0)
+    """A sparse-attention indexer's (head_dim, layers) when the model has one (DeepSeek V3.2
+    DSA: a per-token key of `index_head_dim` cached in every attention layer)."""
 
     def __post_init__(self) -> None:
         # Models repeat a few layer geometries many times: share one object per geometry, so
@@ -121,6 +177,7 @@ class ModelShape:
         """What one more token adds to the cache at the model's dtype, past every window."""
         return sum(
             la.kv_heads * (la.head_dim_k + la.head_dim_v) * self.kv_dtype_bytes
+            + la.extra_token_bytes
             for la in self.layers
             if la.has_kv and la.kind is not LayerKind.SLIDING
         )

@@ -110,10 +110,13 @@ class Engine(Protocol):
     def with_cards(self, args: Sequence[str], cards: int) -> list[str]:
         """`args` set for a replica on `cards` cards, each flag rewritten where it stood."""
 
-    def card_counts(self, shape: ModelShape | None, largest: int) -> list[int]:
-        """The card counts from 1 to `largest` a replica may use (heads permitting)."""
+    def card_counts(
+        self, shape: ModelShape | None, largest: int, args: Sequence[str] = ()
+    ) -> list[int]:
+        """The card counts from 1 to `largest` a replica may use (heads permitting) when
+        served with `args` (which may lift a check, e.g. expert parallel)."""
 
-    def splits_heads(self, cards: int, shape: ModelShape) -> bool:
+    def splits_heads(self, cards: int, shape: ModelShape, args: Sequence[str] = ()) -> bool:
         """Whether `cards` cards split `shape`'s heads as the engine requires (always true
         for engines that do not split by heads)."""
 

@@ -16,6 +16,7 @@ from typing import ClassVar
 
 from llmgw.cardclass import GIB, MIB
 from llmgw.engines.grammar import ADDRESS_FLAGS, Grammar, RefusedFlag
+from llmgw.engines.heads import TpOptions
 from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
 from llmgw.engines.tensor_parallel import TensorParallelEngine
 from llmgw.shape import Layer, LayerKind, ModelShape
@@ -34,6 +35,7 @@ CHUNKED_PREFILL_SIZE = ("--chunked-prefill-size",)
 CUDA_GRAPH_MAX_BS = ("--cuda-graph-max-bs",)
 MAX_PREFILL_TOKENS = ("--max-prefill-tokens",)
 SPECULATIVE_ALGORITHM = ("--speculative-algorithm",)
+EP_SIZE = ("--ep-size", "--ep", "--expert-parallel-size")
 
 SGLANG_CACHE_DTYPES: dict[str, Fraction | None] = {
     "auto": None,
@@ -162,6 +164,11 @@ class Sglang(TensorParallelEngine):
     pp_flag = PP_SIZE
     cache_dtype_flag = KV_CACHE_DTYPE
     cache_dtypes: ClassVar[Mapping[str, Fraction | None]] = SGLANG_CACHE_DTYPES
+
+    def tp_options(self, args: Sequence[str]) -> TpOptions:
+        """--ep-size N deals the experts out whole to N ranks, so each expert's width is split
+        over tp / N (python/sglang/srt/server_args.py: moe tp size = tp_size // ep_size)."""
+        return TpOptions(expert_ranks=self.grammar.count(args, EP_SIZE) or 1)
 
     def pool(
         self, args: Sequence[str], *, tokens: int, sequences: int, card_memory_bytes: int

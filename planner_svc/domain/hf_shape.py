@@ -17,7 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from llmgw.shape import Layer, LayerKind, ModelShape
+from planner_svc.domain import hf_layers
 from planner_svc.domain.errors import InvalidShape
+from planner_svc.domain.hf_defaults import defaults_for
+from planner_svc.domain.hf_parallel import parallel_dims
 
 # Generous ceilings for "absurd": far past any released model, far below overflow.
 _MAX_LAYERS = 1024
@@ -110,6 +113,8 @@ class _Reader:
         self.text = self._text_config(config)
         self.notes: list[str] = []
         self.model_type = self._model_type()
+        self.defaults = defaults_for(self.model_type)
+        self.defaulted: dict[str, object] = {}
 
     @staticmethod
     def _text_config(config: Mapping[str, object]) -> Mapping[str, object]:
@@ -130,10 +135,16 @@ class _Reader:
     # -- raw access ------------------------------------------------------------------------
 
     def get(self, key: str) -> object:
-        """The text config's value for `key`, else the top level's (None when neither has it)."""
+        """The text config's value for `key`, else the top level's, else the default of the
+        architecture's transformers config class (`hf_defaults`); None when none has it."""
         if key in self.text:
             return self.text[key]
-        return self.top.get(key)
+        if key in self.top:
+            return self.top[key]
+        if key in self.defaults:
+            self.defaulted[key] = self.defaults[key]
+            return self.defaults[key]
+        return None
 
     def first(self, keys: Sequence[str]) -> tuple[str, object]:
         """The first of `keys` with a non-null value, and that value (None when none has)."""
@@ -199,6 +210,15 @@ class _Reader:
             layers, heads, kv_heads, expanded = self._recurrent_layers(dtype_bytes), 0, 0, None
         else:
             layers, heads, kv_heads, expanded = self._attention_layers(dtype_bytes, trained)
+        parallel = parallel_dims(self, self.top, layers, heads)
+        if self.defaulted:
+            self.notes.append(
+                "config.json omits "
+                + ", ".join(
+                    f"{key} (default {value!r:.30})" for key, value in self.defaulted.items()
+                )
+                + f": read as transformers' {self.model_type} config class defines them"
+            )
         return ModelShape(
             architecture=architecture,
             layers=layers,
@@ -210,6 +230,7 @@ class _Reader:
             format="hf",
             notes=tuple(self.notes),
             mla_expanded=expanded,
+            parallel=parallel,
         )
 
     def _dtype_bytes(self) -> int:
@@ -347,23 +368,43 @@ class _Reader:
 
         window = self._window(layer_types)
         sliding = self._sliding_layer(attention, window, trained, layer_types)
-        linear = self._linear_layer(dtype_bytes) if _LINEAR in layer_types else None
-        mamba = self._jamba_mamba_layer(dtype_bytes) if _MAMBA in layer_types else None
-
+        built: dict[str, Layer] = {}
         layers: list[Layer] = []
         for kind in layer_types:
-            if kind in (_FULL, "attention"):
-                layers.append(attention)
-            elif kind in (_SLIDING, _CHUNKED):
-                assert sliding is not None
-                layers.append(sliding)
-            elif kind == _LINEAR:
-                assert linear is not None
-                layers.append(linear)
-            else:
-                assert mamba is not None
-                layers.append(mamba)
+            layer = built.get(kind)
+            if layer is None:
+                layer = built[kind] = self._layer_of(kind, attention, sliding, dtype_bytes)
+            layers.append(layer)
         return tuple(layers), heads, shape_kv_heads, expanded
+
+    def _layer_of(
+        self, kind: str, attention: Layer, sliding: Layer | None, dtype_bytes: int
+    ) -> Layer:
+        """One layer of `kind` (an `hf_layers` kind)."""
+        if kind == hf_layers.FULL:
+            return attention
+        if kind in (hf_layers.SLIDING, hf_layers.CHUNKED):
+            assert sliding is not None
+            return sliding
+        if kind == hf_layers.LINEAR:
+            return self._linear_layer(dtype_bytes)
+        if kind == hf_layers.MAMBA:
+            return self._jamba_mamba_layer(dtype_bytes)
+        ssm = self._ssm_dtype_bytes(dtype_bytes)
+        if kind == hf_layers.MAMBA2:
+            return hf_layers.mamba2_layer(self, dtype_bytes, ssm)
+        if kind == hf_layers.PARALLEL_HYBRID:
+            mixer = hf_layers.mamba2_layer(self, dtype_bytes, ssm)
+            return Layer(
+                attention.kind,
+                kv_heads=attention.kv_heads,
+                head_dim_k=attention.head_dim_k,
+                head_dim_v=attention.head_dim_v,
+                state_bytes=mixer.state_bytes,
+            )
+        if kind == hf_layers.CONV:
+            return hf_layers.conv_layer(self, dtype_bytes)
+        return Layer(LayerKind.NO_CACHE)
 
     def _kv_heads(self, heads: int) -> int:
         # vllm get_total_num_kv_heads: Falcon-style multi_query means one KV head.
@@ -398,33 +439,34 @@ class _Reader:
         if nope + rope < 1:
             raise InvalidShape("config.json's qk_nope_head_dim + qk_rope_head_dim is 0.")
         layer = Layer(LayerKind.MLA, kv_heads=1, head_dim_k=rank + rope, head_dim_v=0)
+        index_dim = self.optional("index_head_dim", maximum=_MAX_HEAD_DIM)
+        if index_dim is not None and self.get("index_topk") is not None:
+            # DeepSeek V3.2's sparse attention (DSA). vLLM's DeepseekV32IndexerCache
+            # (vllm/model_executor/models/deepseek_v2.py) caches every attention layer's
+            # indexer key as fp8 plus one 4-byte scale per 128 values, whatever the KV cache
+            # type: index_head_dim + index_head_dim // 128 * 4 bytes a token (132 for 128).
+            # Its FlashMLA sparse backend stores an fp8 cache as "fp8_ds_mla"
+            # (vllm/v1/attention/backends/mla/flashmla_sparse.py get_kv_cache_shape: 656 bytes a
+            # token): the latent in fp8, one float32 scale per 128 of it, the rope part in bf16.
+            layer = Layer(
+                LayerKind.MLA,
+                kv_heads=1,
+                head_dim_k=rank + rope,
+                head_dim_v=0,
+                extra_token_bytes=index_dim + index_dim // 128 * 4,
+                fp8_token_bytes=rank + rank // 128 * 4 + rope * 2,
+            )
+            self.notes.append(
+                "sparse attention (DSA): an indexer key of "
+                f"{index_dim + index_dim // 128 * 4} bytes a token and layer is counted beside the "
+                "latent; an fp8 cache is sized in vLLM's fp8_ds_mla layout"
+            )
         return layer, (nope + rope, v_dim)
 
     def _layer_types(self, count: int) -> list[str]:
-        explicit = self.get("layer_types")
+        explicit = hf_layers.explicit_pattern(self, count)
         if explicit is not None:
-            if not isinstance(explicit, list) or len(explicit) != count:
-                raise InvalidShape(
-                    f"config.json's layer_types must list one type for each of its {count} layers."
-                )
-            for kind in explicit:
-                if kind not in _KNOWN_LAYER_TYPES:
-                    raise InvalidShape(
-                        f"config.json's layer_types has {_describe(kind)}, a layer type this "
-                        "planner does not size."
-                    )
-            return [str(kind) for kind in explicit]
-
-        interval = self.optional("full_attention_interval", maximum=_MAX_LAYERS)
-        if interval is not None:
-            # transformers Qwen3NextConfig: linear_attention unless (i + 1) % interval == 0.
-            return [_FULL if (i + 1) % interval == 0 else _LINEAR for i in range(count)]
-
-        period = self.optional("attn_layer_period", maximum=_MAX_LAYERS)
-        if period is not None:
-            # transformers JambaConfig.layers_block_type: attention iff i % period == offset.
-            offset = self.optional("attn_layer_offset", minimum=0, maximum=_MAX_LAYERS) or 0
-            return [_FULL if i % period == offset else _MAMBA for i in range(count)]
+            return explicit
 
         if not self._slides():
             return [_FULL] * count

@@ -117,11 +117,13 @@ class LlamaCpp:
             out = GRAMMAR.set(out, SPLIT_MODE, LAYER_SPLIT)
         return out
 
-    def card_counts(self, shape: ModelShape | None, largest: int) -> list[int]:
+    def card_counts(
+        self, shape: ModelShape | None, largest: int, args: Sequence[str] = ()
+    ) -> list[int]:
         """Any count up to `largest`: layers split over any."""
         return list(range(1, largest + 1))
 
-    def splits_heads(self, cards: int, shape: ModelShape) -> bool:
+    def splits_heads(self, cards: int, shape: ModelShape, args: Sequence[str] = ()) -> bool:
         """Always: heads are not split."""
         return True
 
