@@ -24,6 +24,22 @@ class CardSplit(enum.Enum):
 
 
 @dataclass(frozen=True)
+class DevicePlacement:
+    """What an engine that places whole layers puts on one device (llama.cpp): `device` is
+    "GPU0", "GPU1", ... or "CPU" for what is not offloaded; `first_layer`..`last_layer` the
+    repeating layers it holds (`layers` 0: none), `output` whether the output layer is there."""
+
+    device: str
+    layers: int
+    first_layer: int
+    last_layer: int
+    output: bool
+    weights_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+
+
+@dataclass(frozen=True)
 class CardNeed:
     """What one replica needs on its cards and what the fullest card may use.
 
@@ -40,6 +56,8 @@ class CardNeed:
     cards: int
     weights_per_card_bytes: int = 0
     kv_per_card_bytes: int = 0
+    devices: tuple[DevicePlacement, ...] = ()
+    """Per device, for engines that place whole layers (empty for the others)."""
 
     @property
     def fits(self) -> bool:
