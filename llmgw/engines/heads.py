@@ -108,14 +108,20 @@ def tp_failure(tp: int, shape: ModelShape, options: TpOptions = TpOptions()) -> 
     """
     if tp < 1:
         return f"{tp} is not a card count"
-    failure = _heads_failure(tp, shape.attention_heads, shape.kv_heads)
-    if failure is not None or tp == 1:
-        return failure
+    if tp == 1:
+        return None
     dims = shape.parallel
-    expert_tp = max(tp // max(options.expert_ranks, 1), 1)
+    # In the order the engine meets them: the config's heads, the embedding, then each layer.
+    if shape.attention_heads > 0 and shape.attention_heads % tp:
+        return f"its {shape.attention_heads} attention heads do not divide by {tp}"
     vocab = -(-dims.vocab // VOCAB_PADDING) * VOCAB_PADDING
+    if vocab % tp:
+        return f"its vocabulary of {dims.vocab} rows (padded to {vocab}) does not divide by {tp}"
+    failure = _heads_failure(tp, shape.attention_heads, shape.kv_heads)
+    if failure is not None:
+        return failure
+    expert_tp = max(tp // max(options.expert_ranks, 1), 1)
     checks: list[tuple[str, int]] = [
-        ("vocabulary rows (padded to 64)", vocab),
         ("dense MLP channels (intermediate_size)", dims.dense_intermediate),
         ("shared-expert channels", dims.shared_intermediate),
     ]
@@ -178,16 +184,16 @@ def _quant_failure(tp: int, shape: ModelShape, options: TpOptions) -> str | None
                 f"its {what} shard of {inputs} input channels is not whole fp8 blocks of "
                 f"{block_k} split {ranks} ways"
             )
-        if quant.group > 0 and inputs % quant.group:
-            return (
-                f"its {what} shard of {inputs} input channels is not whole {quant.method} "
-                f"groups of {quant.group} split {ranks} ways"
-            )
         marlin = quant.method in ("gptq", "awq")
         if marlin and (any(size % MARLIN_MIN_N for size in outputs) or inputs % MARLIN_MIN_K):
             return (
                 f"its {what} shard ({outputs[0]} out, {inputs} in) is not the Marlin "
                 f"kernel's {MARLIN_MIN_N}x{MARLIN_MIN_K} tiles split {ranks} ways"
+            )
+        if quant.group > 0 and inputs % quant.group:
+            return (
+                f"its {what} shard of {inputs} input channels is not whole {quant.method} "
+                f"groups of {quant.group} split {ranks} ways"
             )
     return None
 

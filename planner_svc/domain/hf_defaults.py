@@ -248,7 +248,7 @@ DEFAULTS: Mapping[str, Mapping[str, object]] = {
         "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
         "mamba_num_heads": 128,
         "mamba_head_dim": 64,
-        "mamba_n_groups": 8,
+        "n_groups": 8,
         "ssm_state_size": 128,
         "conv_kernel": 4,
         "expand": 2,

@@ -6,7 +6,8 @@ Encodings (each restated from the transformers config class and the vLLM model t
   a layer; "mamba" is a Mamba-2 mixer except in Jamba; "conv" is LFM2's short convolution.
 - `hybrid_override_pattern` (NemotronHConfig): one character a layer, "M" Mamba-2, "*" attention,
   "-" MLP and "E" mixture of experts (neither keeps a cache).
-- `layers_block_type` (Zamba2, older Jamba/Granite dumps): "mamba", "attention", "hybrid".
+- `layers_block_type` (Zamba2, Nemotron-H successors, older Jamba/Granite dumps): "mamba",
+  "attention", "hybrid", and "mlp"/"moe" for Nemotron-H's layers without a mixer.
 - `attn_layer_indices` (BambaConfig): attention at those indices, Mamba-2 elsewhere.
 - `attn_layer_period` / `attn_layer_offset` (JambaConfig): attention iff i % period == offset.
 - `full_attention_interval` (Qwen3NextConfig): full attention iff (i + 1) % interval == 0, gated
@@ -52,6 +53,8 @@ _NAMES = {
     "mamba2": MAMBA2,
     "conv": CONV,
     "hybrid": FULL,
+    "mlp": NONE,
+    "moe": NONE,
 }
 # hybrid_override_pattern characters (NemotronHConfig).
 _PATTERN_CHARS = {"M": MAMBA2, "*": FULL, "-": NONE, "E": NONE}

@@ -48,7 +48,9 @@ def parallel_dims(
             shared = intermediate
         n_shared = _first_int(config, ("n_shared_experts", "num_shared_experts"))
         shared = shared or n_shared * moe_width
-        shared = shared or _first_int(config, ("shared_expert_intermediate_size",))
+        shared = shared or _first_int(
+            config, ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")
+        )
     q_dim, o_dim = _head_dims(config, heads)
     vision = _vision(top)
     recurrent = [la for la in layers if la.kind is LayerKind.RECURRENT or la.state_bytes]
@@ -100,7 +102,14 @@ def _has_dense_layers(config: ConfigView) -> bool:
     if _first_int(config, ("interleave_moe_layer_step",)) > 1:
         return True
     only = config.get("mlp_only_layers")
-    return isinstance(only, list) and bool(only)
+    if isinstance(only, list) and only:
+        return True
+    # Nemotron-H: "-" / "mlp" layers are dense MLPs beside the "E" / "moe" ones.
+    pattern = config.get("hybrid_override_pattern")
+    blocks = config.get("layers_block_type")
+    return (isinstance(pattern, str) and "-" in pattern) or (
+        isinstance(blocks, list) and "mlp" in blocks
+    )
 
 
 def _head_dims(config: ConfigView, heads: int) -> tuple[int, int]:
@@ -111,7 +120,7 @@ def _head_dims(config: ConfigView, heads: int) -> tuple[int, int]:
         nope = _first_int(config, ("qk_nope_head_dim",))
         rope = _first_int(config, ("qk_rope_head_dim",))
         return nope + rope, _first_int(config, ("v_head_dim",))
-    explicit = _first_int(config, ("head_dim",))
+    explicit = _first_int(config, ("head_dim", "attention_head_dim"))
     if explicit:
         return explicit, explicit
     hidden = _first_int(config, ("hidden_size", "n_embd", "d_model"))

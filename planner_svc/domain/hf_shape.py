@@ -419,6 +419,9 @@ class _Reader:
         # vllm get_head_size: an explicit head_dim wins (Qwen3, Gemma 2: heads x head_dim is not
         # hidden_size), else hidden_size / num_attention_heads.
         explicit = self.optional("head_dim", maximum=_MAX_HEAD_DIM)
+        if explicit is None:
+            # NemotronHConfig spells it attention_head_dim.
+            explicit = self.optional("attention_head_dim", maximum=_MAX_HEAD_DIM)
         if explicit is not None:
             return explicit
         hidden = self.required(("hidden_size", "n_embd", "d_model"), maximum=_MAX_HIDDEN)
