@@ -116,6 +116,26 @@ EXPECTED: dict[str, Expected] = {
     # All recurrent: 64 x ((4-1) x 8192 + 8192 x 16) = 9,961,472 elements x 2 B (vLLM keeps
     # the model dtype) = 19,922,944 B per sequence; no context key: unknown (0).
     "tiiuae__falcon-mamba-7b": Expected({RECURRENT: 64}, 0, 0, 0, 0, 0, 0, 19_922_944, 0),
+    # hybrid_override_pattern: 4 attention layers x 8 x 256 x 2 = 16,384 B/tok (the 52 layers
+    # read as attention would be 212,992); 24 Mamba-2 layers: conv (128 x 64 + 2 x 8 x 128) x 3
+    # = 30,720 + temporal 128 x 64 x 128 = 1,048,576, x 2 B = 2,158,592 B, x 24; 24 MLP layers.
+    "nvidia__Nemotron-H-8B-Base-8K": Expected(
+        {RECURRENT: 24, FULL: 4, LayerKind.NO_CACHE: 24},
+        32,
+        8,
+        128,
+        128,
+        16_384,
+        0,
+        51_806_208,
+        8192,
+    ),
+    # attention_chunk_size 8192 on the rope layers, every fourth NoPE layer global: 12 x 8 x
+    # 256 x 2 = 49,152 B/tok; 36 chunked layers x 8192 x 4096 = 1,207,959,552 B; llama3 rope
+    # does not extend the 10,485,760 positions.
+    "meta-llama__Llama-4-Scout-17B-16E-Instruct": Expected(
+        {SLIDING: 36, FULL: 12}, 40, 8, 128, 128, 49_152, 1_207_959_552, 0, 10_485_760, window=8192
+    ),
 }
 
 
