@@ -13,7 +13,7 @@ from typing import NoReturn
 
 from gguf import Keys
 
-from llmgw.shape import Layer, LayerKind, ModelShape
+from llmgw.shape import Layer, LayerKind, ModelShape, ParallelDims
 from planner_svc.domain.errors import InvalidShape
 
 # src/llama-hparams.h: LLAMA_MAX_LAYERS; llama.cpp refuses a block_count above it.
@@ -24,6 +24,7 @@ _MAX_HEAD_DIM = 1 << 16
 _MAX_EMBD = 1 << 20
 _MAX_TOKENS = 1 << 32
 _MAX_SSM = 1 << 24
+_MAX_FF = 1 << 24
 
 # Recurrent state is kept in f32 (src/llama-model.cpp, create_memory: GGML_TYPE_F32 for r and s).
 _STATE_DTYPE_BYTES = 4
@@ -308,6 +309,39 @@ class _Reader:
             format="gguf",
             notes=tuple(self.notes),
             mla_expanded=mla,
+            parallel=self._parallel(n_layer, attention_heads, dims.k, dims.v, mla is not None),
+        )
+
+    def _parallel(
+        self, n_layer: int, heads: int, k_dim: int, v_dim: int, mla: bool
+    ) -> ParallelDims:
+        """What tensor parallel splits besides the heads, for engines that load GGUF (vLLM):
+        the dense MLP (feed_forward_length: a mixture-of-experts file without
+        expert_feed_forward_length gives the expert's width there, as Mixtral's do), expert
+        and shared-expert widths, the vocabulary."""
+        ff = max(self.per_layer(Keys.LLM.FEED_FORWARD_LENGTH, n_layer, [0], _MAX_FF), default=0)
+        experts = self.integer(Keys.LLM.EXPERT_COUNT, default=0, maximum=1 << 20)
+        expert_ff = self.integer(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, default=0, maximum=_MAX_FF)
+        dense_lead = self.integer(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, default=0, maximum=n_layer)
+        shared = self.integer(
+            Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, default=0, maximum=_MAX_FF
+        ) or expert_ff * self.integer(Keys.LLM.EXPERT_SHARED_COUNT, default=0, maximum=1 << 10)
+        if experts == 0:
+            dense, expert = ff, 0
+        else:
+            expert = expert_ff or ff
+            dense = ff if expert_ff and dense_lead > 0 else 0
+        tokens = self.md.get(Keys.Tokenizer.LIST)
+        vocab = self.integer(Keys.LLM.VOCAB_SIZE, default=0, maximum=1 << 24) or (
+            len(tokens) if isinstance(tokens, list) else 0
+        )
+        return ParallelDims(
+            vocab=vocab,
+            dense_intermediate=dense,
+            expert_intermediate=expert,
+            shared_intermediate=shared if experts else 0,
+            q_head_dim=0 if mla else k_dim,
+            o_head_dim=0 if mla else v_dim,
         )
 
     def _trained_context(self) -> int:

@@ -19,6 +19,19 @@ def _memory(need: ProfileNeed) -> common_pb2.Memory | None:
             budget_bytes=c.budget_bytes,
             cards=c.cards,
             overhead_bytes=c.overhead_bytes,
+            devices=[
+                common_pb2.DevicePlacement(
+                    device=d.device,
+                    layers=d.layers,
+                    first_layer=d.first_layer,
+                    last_layer=d.last_layer,
+                    output=d.output,
+                    weights_bytes=d.weights_bytes,
+                    kv_bytes=d.kv_bytes,
+                    compute_bytes=d.compute_bytes,
+                )
+                for d in c.devices
+            ],
         )
     if need.ram_bytes:
         return common_pb2.Memory(ram_bytes=need.ram_bytes)

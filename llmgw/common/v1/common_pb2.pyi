@@ -283,6 +283,7 @@ class Memory(_message.Message):
     CARDS_FIELD_NUMBER: _builtins.int
     OVERHEAD_BYTES_FIELD_NUMBER: _builtins.int
     RAM_BYTES_FIELD_NUMBER: _builtins.int
+    DEVICES_FIELD_NUMBER: _builtins.int
     weights_bytes: _builtins.int
     """Weights of the whole replica."""
     kv_bytes: _builtins.int
@@ -296,6 +297,12 @@ class Memory(_message.Message):
     """The engine's own overhead on the fullest card (activations, graphs, runtime)."""
     ram_bytes: _builtins.int
     """For a CPU profile: the RAM the replica needs."""
+    @_builtins.property
+    def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___DevicePlacement]:
+        """Per device, for an engine that places whole layers (llama.cpp); empty for the others.
+        (Numbered apart from the fields above so that other additions to Memory do not collide.)
+        """
+
     def __init__(
         self,
         *,
@@ -306,10 +313,11 @@ class Memory(_message.Message):
         cards: _builtins.int = ...,
         overhead_bytes: _builtins.int = ...,
         ram_bytes: _builtins.int = ...,
+        devices: _abc.Iterable[Global___DevicePlacement] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_bytes", b"budget_bytes", "cards", b"cards", "kv_bytes", b"kv_bytes", "overhead_bytes", b"overhead_bytes", "per_card_bytes", b"per_card_bytes", "ram_bytes", b"ram_bytes", "weights_bytes", b"weights_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_bytes", b"budget_bytes", "cards", b"cards", "devices", b"devices", "kv_bytes", b"kv_bytes", "overhead_bytes", b"overhead_bytes", "per_card_bytes", b"per_card_bytes", "ram_bytes", b"ram_bytes", "weights_bytes", b"weights_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -566,3 +574,49 @@ class GPUsChange(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GPUsChange: _TypeAlias = GPUsChange  # noqa: Y015
+
+@_typing.final
+class DevicePlacement(_message.Message):
+    """What an engine that places whole layers (llama.cpp) puts on one device."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEVICE_FIELD_NUMBER: _builtins.int
+    LAYERS_FIELD_NUMBER: _builtins.int
+    FIRST_LAYER_FIELD_NUMBER: _builtins.int
+    LAST_LAYER_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    WEIGHTS_BYTES_FIELD_NUMBER: _builtins.int
+    KV_BYTES_FIELD_NUMBER: _builtins.int
+    COMPUTE_BYTES_FIELD_NUMBER: _builtins.int
+    device: _builtins.str
+    """"GPU0", "GPU1", ... in the order of the replica's cards, or "CPU" for what stays in RAM."""
+    layers: _builtins.int
+    """How many repeating layers it holds: first_layer to last_layer (0 and 0 when none)."""
+    first_layer: _builtins.int
+    last_layer: _builtins.int
+    output: _builtins.bool
+    """Whether the output layer is on it (llama.cpp puts it with the last offloaded layer)."""
+    weights_bytes: _builtins.int
+    """Its layers' weights (estimated per layer), KV cache and compute buffer, in bytes."""
+    kv_bytes: _builtins.int
+    compute_bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        device: _builtins.str = ...,
+        layers: _builtins.int = ...,
+        first_layer: _builtins.int = ...,
+        last_layer: _builtins.int = ...,
+        output: _builtins.bool = ...,
+        weights_bytes: _builtins.int = ...,
+        kv_bytes: _builtins.int = ...,
+        compute_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compute_bytes", b"compute_bytes", "device", b"device", "first_layer", b"first_layer", "kv_bytes", b"kv_bytes", "last_layer", b"last_layer", "layers", b"layers", "output", b"output", "weights_bytes", b"weights_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DevicePlacement: _TypeAlias = DevicePlacement  # noqa: Y015
