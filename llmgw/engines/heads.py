@@ -67,6 +67,9 @@ class TpOptions:
     SGLang --ep-size N: N): the expert width is split over tp / expert_ranks."""
     vision_data_parallel: bool = False
     """The vision encoder replicated on every rank (vLLM --mm-encoder-tp-mode data)."""
+    attention_dp: int = 1
+    """Data-parallel attention groups (SGLang --enable-dp-attention --dp-size D): the heads are
+    split over tp / D ranks, and tp must be a multiple of D."""
 
 
 def splits_heads(tp: int, attention_heads: int, kv_heads: int) -> bool:
@@ -111,13 +114,17 @@ def tp_failure(tp: int, shape: ModelShape, options: TpOptions = TpOptions()) -> 
     if tp == 1:
         return None
     dims = shape.parallel
+    dp = max(options.attention_dp, 1)
+    if tp % dp:
+        return f"{tp} cards are not a multiple of the {dp} data-parallel attention groups"
+    attn_tp = tp // dp
     # In the order the engine meets them: the config's heads, the embedding, then each layer.
-    if shape.attention_heads > 0 and shape.attention_heads % tp:
-        return f"its {shape.attention_heads} attention heads do not divide by {tp}"
+    if shape.attention_heads > 0 and shape.attention_heads % attn_tp:
+        return f"its {shape.attention_heads} attention heads do not divide by {attn_tp}"
     vocab = -(-dims.vocab // VOCAB_PADDING) * VOCAB_PADDING
     if vocab % tp:
         return f"its vocabulary of {dims.vocab} rows (padded to {vocab}) does not divide by {tp}"
-    failure = _heads_failure(tp, shape.attention_heads, shape.kv_heads)
+    failure = _heads_failure(attn_tp, shape.attention_heads, shape.kv_heads)
     if failure is not None:
         return failure
     expert_tp = max(tp // max(options.expert_ranks, 1), 1)
@@ -163,13 +170,14 @@ def _quant_failure(tp: int, shape: ModelShape, options: TpOptions) -> str | None
         if width > 0 and ranks > 1:
             linears.append((what, (width // ranks,), width // ranks, ranks))
     if shape.attention_heads > 0 and dims.q_head_dim > 0:
-        q = shape.attention_heads // tp * dims.q_head_dim
-        o = shape.attention_heads // tp * (dims.o_head_dim or dims.q_head_dim)
+        attn_tp = max(tp // max(options.attention_dp, 1), 1)
+        q = shape.attention_heads // attn_tp * dims.q_head_dim
+        o = shape.attention_heads // attn_tp * (dims.o_head_dim or dims.q_head_dim)
         outputs: tuple[int, ...] = (q,)
         if shape.kv_heads > 0 and not any(la.kind is LayerKind.MLA for la in shape.layers):
             # QKVParallelLinear's K and V shards: kv_heads / tp heads, at least one.
-            outputs += (max(shape.kv_heads // tp, 1) * dims.q_head_dim,) * 2
-        linears.append(("attention", outputs, o, tp))
+            outputs += (max(shape.kv_heads // attn_tp, 1) * dims.q_head_dim,) * 2
+        linears.append(("attention", outputs, o, attn_tp))
     block_n, block_k = quant.block
     for what, outputs, inputs, ranks in linears:
         if block_n > 0:

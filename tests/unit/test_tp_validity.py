@@ -10,6 +10,7 @@ import pytest
 
 from llmgw.engines import registry
 from llmgw.engines.heads import TpOptions, tp_failure, valid_counts
+from llmgw.engines.sglang import SGLANG_RESERVE_DP_ATTENTION_MIB, sglang_mem_fraction_static
 from llmgw.model import Inventory, Model, Node, Profile
 from llmgw.shape import ModelShape, ParallelDims, WeightQuant
 from planner_svc.domain import errors
@@ -159,3 +160,23 @@ def test_the_refusal_names_the_check_and_every_count_that_passes() -> None:
     assert "expert MLP" in refusal.check and "192" in refusal.check
     assert refusal.metadata()["check"] == refusal.check
     assert "1, 2, 4" in refusal.message
+
+
+def test_sglang_dp_attention_splits_heads_over_fewer_ranks_and_reserves_more() -> None:
+    """SGLang --enable-dp-attention --dp-size 2 at tp 8 splits attention 4 ways (DeepSeek-V3's
+    128 heads), refuses a tp that is not a multiple of the dp size, and reserves 4 GiB more."""
+    v3 = shape("deepseek-ai__DeepSeek-V3")
+    sglang = registry.get("sglang")
+    dp_args = ["--enable-dp-attention", "--dp-size", "2"]
+    assert sglang.splits_heads(8, v3, dp_args)
+    assert not sglang.splits_heads(3, v3, dp_args)
+    # Qwen2.5-7B's 28 heads do not split 8 ways, but 4 ways they do (and its 4 KV heads).
+    qwen = shape("Qwen__Qwen2.5-7B-Instruct")
+    assert not sglang.splits_heads(8, qwen, [])
+    assert sglang.splits_heads(8, qwen, dp_args)
+    card = 81559 << 20
+    plain = sglang_mem_fraction_static(card, [], tp=8, pp=1)
+    with_dp = sglang_mem_fraction_static(card, dp_args, tp=8, pp=1)
+    # Both rounded to 3 places: the difference is 4096 MiB of the card, within a rounding step.
+    want = SGLANG_RESERVE_DP_ATTENTION_MIB / (card / (1 << 20))
+    assert plain - with_dp == pytest.approx(want, abs=0.0011)
