@@ -63,12 +63,32 @@ _MAX_LAYERS = 1024
 _MAX = 1 << 24
 
 
+DTYPE_BYTES = {
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+}
+"""Bytes of the float types a config names (torch_dtype, mamba_ssm_cache_dtype)."""
+
+# Layer-type names transformers writes in `layer_types` (and as keys of per-layer-type
+# rope_parameters).
+KNOWN_LAYER_TYPES = frozenset({FULL, SLIDING, CHUNKED, LINEAR, "mamba", "attention"})
+
+
 class ConfigView(Protocol):
     """The reader's access to a config (hf_shape._Reader)."""
 
     model_type: str
+    notes: list[str]
 
     def get(self, key: str) -> object: ...
+
+    def first(self, keys: Sequence[str]) -> tuple[str, object]: ...
 
     def optional(self, key: str, *, minimum: int = 1, maximum: int) -> int | None: ...
 
@@ -184,3 +204,20 @@ def conv_layer(config: ConfigView, dtype_bytes: int) -> Layer:
     hidden = config.required(("hidden_size",), maximum=_MAX)
     kernel = config.required(("conv_L_cache",), minimum=2, maximum=_MAX)
     return Layer(LayerKind.RECURRENT, state_bytes=hidden * (kernel - 1) * dtype_bytes)
+
+
+def whole(value: object) -> int | None:
+    """`value` as an int when it is a whole number (an integral float counts), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def describe(value: object) -> str:
+    """A short, safe rendering of a value for a message."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,15 +1,12 @@
 """A Hugging Face config.json read as a model's shape, by vLLM's rules.
 
 Sources, each read and restated here (nothing copied):
-- vllm/config/model.py `_get_and_verify_max_len` (trained context), `get_head_size`,
-  `get_total_num_kv_heads`, `get_sliding_window`, `is_deepseek_mla`;
-- vllm/transformers_utils/config.py `patch_rope_parameters_dict` (legacy `type`, su -> longrope,
-  mrope -> default);
-- vllm/model_executor/layers/mamba/mamba_utils.py `MambaStateShapeCalculator` and
-  `MambaStateDtypeCalculator` (recurrent state shapes and dtypes);
-- transformers' config classes for the per-layer patterns (Gemma2/Gemma3/Cohere2
-  `layer_types`, Qwen2/Qwen3 `max_window_layers`, Qwen3-Next `full_attention_interval`,
-  Jamba `attn_layer_period`/`attn_layer_offset`).
+- vllm/config/model.py `get_head_size`, `get_total_num_kv_heads`, `get_sliding_window`,
+  `is_deepseek_mla`; the trained context is `hf_context`'s;
+- transformers' config classes for the sliding-window patterns (Gemma2/Gemma3/Cohere2
+  `sliding_window_pattern`, Qwen2/Qwen3 `max_window_layers`); the hybrid encodings are
+  `hf_layers`', the recurrent state `hf_state`'s, the keys a config omits `hf_defaults`', what
+  tensor parallel splits `hf_parallel`'s.
 """
 
 from __future__ import annotations
@@ -17,9 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from llmgw.shape import Layer, LayerKind, ModelShape
-from planner_svc.domain import hf_layers
+from planner_svc.domain import hf_layers, hf_state
 from planner_svc.domain.errors import InvalidShape
+from planner_svc.domain.hf_context import trained_context
 from planner_svc.domain.hf_defaults import defaults_for
+from planner_svc.domain.hf_layers import DTYPE_BYTES, describe, whole
 from planner_svc.domain.hf_parallel import parallel_dims
 
 # Generous ceilings for "absurd": far past any released model, far below overflow.
@@ -28,24 +27,7 @@ _MAX_HEADS = 1 << 14
 _MAX_HEAD_DIM = 1 << 16
 _MAX_HIDDEN = 1 << 20
 _MAX_TOKENS = 1 << 32
-_MAX_SSM = 1 << 24
-_MAX_ROPE_FACTOR = 1024.0
 _MAX_WEIGHTS_BYTES = 1 << 52
-
-# vllm/config/model.py `_get_and_verify_max_len`: every key it reads, the smallest present wins.
-_CONTEXT_KEYS = (
-    "max_position_embeddings",
-    "n_positions",
-    "max_seq_len",
-    "seq_length",
-    "model_max_length",
-    "max_target_positions",
-    "max_sequence_length",
-    "max_seq_length",
-    "seq_len",
-)
-# ... except these rope types, whose factor does not extend the derived length.
-_ROPE_TYPES_NOT_EXTENDING = frozenset({"su", "longrope", "llama3"})
 
 # Where multimodal configs keep their language model (transformers `get_text_config`).
 _TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
@@ -53,24 +35,10 @@ _TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
 # vllm get_total_num_kv_heads: the attributes it tries, in order.
 _KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num")
 
-_DTYPE_BYTES = {
-    "bfloat16": 2,
-    "bf16": 2,
-    "float16": 2,
-    "fp16": 2,
-    "half": 2,
-    "float32": 4,
-    "fp32": 4,
-    "float": 4,
-}
 
 _FULL = "full_attention"
 _SLIDING = "sliding_attention"
 _CHUNKED = "chunked_attention"
-_LINEAR = "linear_attention"
-_MAMBA = "mamba"
-# Layer-type names transformers writes in `layer_types` that this reader models.
-_KNOWN_LAYER_TYPES = frozenset({_FULL, _SLIDING, _CHUNKED, _LINEAR, _MAMBA, "attention"})
 
 _MAMBA1_TYPES = frozenset({"mamba", "falcon_mamba"})
 _MAMBA2_TYPES = frozenset({"mamba2"})
@@ -97,9 +65,9 @@ def shape_from_hf_config(config: Mapping[str, object], *, weights_bytes: int = 0
             mistyped values; inconsistent layer types).
     """
     if not isinstance(config, Mapping):
-        raise InvalidShape(f"config.json must be a JSON object, not {_describe(config)}.")
+        raise InvalidShape(f"config.json must be a JSON object, not {describe(config)}.")
     if isinstance(weights_bytes, bool) or not isinstance(weights_bytes, int):
-        raise InvalidShape(f"weights_bytes must be a whole number, not {_describe(weights_bytes)}.")
+        raise InvalidShape(f"weights_bytes must be a whole number, not {describe(weights_bytes)}.")
     if not 0 <= weights_bytes <= _MAX_WEIGHTS_BYTES:
         raise InvalidShape(f"weights_bytes {weights_bytes} is out of range.")
     return _Reader(config).shape(weights_bytes)
@@ -123,7 +91,7 @@ class _Reader:
             if sub is None:
                 continue
             if not isinstance(sub, Mapping):
-                raise InvalidShape(f"config.json's {key} must be an object, not {_describe(sub)}.")
+                raise InvalidShape(f"config.json's {key} must be an object, not {describe(sub)}.")
             return sub
         thinker = config.get("thinker_config")
         if isinstance(thinker, Mapping):
@@ -156,10 +124,10 @@ class _Reader:
 
     def int_at(self, key: str, value: object, *, minimum: int, maximum: int) -> int:
         """`value` (read from `key`) as a whole number in [minimum, maximum]."""
-        number = _whole(value)
+        number = whole(value)
         if number is None or not minimum <= number <= maximum:
             raise InvalidShape(
-                f"config.json's {key} is {_describe(value)}, not a whole number from {minimum} "
+                f"config.json's {key} is {describe(value)}, not a whole number from {minimum} "
                 f"to {maximum}."
             )
         return number
@@ -186,9 +154,7 @@ class _Reader:
         top_type = self.top.get("model_type")
         for value in (text_type, top_type):
             if value is not None and not isinstance(value, str):
-                raise InvalidShape(
-                    f"config.json's model_type must be text, not {_describe(value)}."
-                )
+                raise InvalidShape(f"config.json's model_type must be text, not {describe(value)}.")
         return str(text_type or top_type or "")
 
     def _architecture(self) -> str:
@@ -205,9 +171,14 @@ class _Reader:
     def shape(self, weights_bytes: int) -> ModelShape:
         architecture = self._architecture()
         dtype_bytes = self._dtype_bytes()
-        trained = self._trained_context()
+        trained = trained_context(self)
         if self.model_type in _MAMBA1_TYPES or self.model_type in _MAMBA2_TYPES:
-            layers, heads, kv_heads, expanded = self._recurrent_layers(dtype_bytes), 0, 0, None
+            layers, heads, kv_heads, expanded = (
+                hf_state.recurrent_layers(self, dtype_bytes),
+                0,
+                0,
+                None,
+            )
         else:
             layers, heads, kv_heads, expanded = self._attention_layers(dtype_bytes, trained)
         parallel = parallel_dims(self, self.top, layers, heads)
@@ -248,8 +219,8 @@ class _Reader:
         if value is None or value == "auto":
             return 2
         if not isinstance(value, str):
-            raise InvalidShape(f"config.json's {key} must be text, not {_describe(value)}.")
-        size = _DTYPE_BYTES.get(value.removeprefix("torch.").lower())
+            raise InvalidShape(f"config.json's {key} must be text, not {describe(value)}.")
+        size = DTYPE_BYTES.get(value.removeprefix("torch.").lower())
         if size is None:
             self.notes.append(
                 f"dtype {value!r} is not a 16- or 32-bit float; the cache is sized at 2 bytes."
@@ -262,82 +233,6 @@ class _Reader:
                 "it at 16 bits (half this)."
             )
         return size
-
-    # -- trained context ----------------------------------------------------------------------
-
-    def _trained_context(self) -> int:
-        derived: int | None = None
-        for key in _CONTEXT_KEYS:
-            value = self.get(key)
-            if value is None:
-                continue
-            number = self.int_at(key, value, minimum=1, maximum=_MAX_TOKENS)
-            derived = number if derived is None else min(derived, number)
-        # vLLM: "For Command-R / Cohere, Cohere2 / Aya Vision models" model_max_length wins.
-        override = self.get("model_max_length")
-        if override:
-            derived = self.int_at("model_max_length", override, minimum=1, maximum=_MAX_TOKENS)
-        if derived is None:
-            self.notes.append(
-                "config.json gives no context length (vLLM would assume 2048 tokens); the "
-                "trained context is unknown."
-            )
-            return 0
-        # vLLM: "Gemma3's max_model_len (128K) is already scaled by RoPE scaling".
-        if "gemma3" in self.model_type:
-            return derived
-        scaled = float(derived)
-        factor = 1.0
-        longrope = False
-        for params in self._rope_parameters():
-            rope_type = _rope_type(params)
-            if rope_type == "longrope":
-                longrope = True
-            if rope_type in _ROPE_TYPES_NOT_EXTENDING:
-                continue
-            if params.get("factor") is not None:
-                factor = _rope_factor(params["factor"])
-            if rope_type == "yarn":
-                original = params.get("original_max_position_embeddings")
-                if original is None:
-                    original = self.get("original_max_position_embeddings")
-                if original is not None:
-                    scaled = float(
-                        self.int_at(
-                            "rope original_max_position_embeddings",
-                            original,
-                            minimum=1,
-                            maximum=_MAX_TOKENS,
-                        )
-                    )
-        trained = int(scaled * factor)
-        if not 1 <= trained <= _MAX_TOKENS:
-            raise InvalidShape(
-                f"config.json's rope scaling gives an absurd context of {trained} tokens."
-            )
-        if longrope:
-            original = _whole(self.get("original_max_position_embeddings")) or trained
-            self.notes.append(
-                f"longrope: vLLM serves {original} tokens by default and up to {trained} when "
-                "asked with --max-model-len."
-            )
-        return trained
-
-    def _rope_parameters(self) -> list[Mapping[str, object]]:
-        """The rope dicts, flattened: transformers v5 `rope_parameters` (maybe per layer type)
-        or the legacy `rope_scaling`."""
-        key, value = self.first(("rope_parameters", "rope_scaling"))
-        if value is None:
-            return []
-        if not isinstance(value, Mapping):
-            raise InvalidShape(f"config.json's {key} must be an object, not {_describe(value)}.")
-        if value and set(value).issubset(_KNOWN_LAYER_TYPES):
-            nested = list(value.values())
-            for params in nested:
-                if not isinstance(params, Mapping):
-                    raise InvalidShape(f"config.json's {key} per layer type must hold objects.")
-            return nested
-        return [value]
 
     # -- layers -----------------------------------------------------------------------------
 
@@ -387,10 +282,10 @@ class _Reader:
             assert sliding is not None
             return sliding
         if kind == hf_layers.LINEAR:
-            return self._linear_layer(dtype_bytes)
+            return hf_state.linear_layer(self, dtype_bytes)
         if kind == hf_layers.MAMBA:
-            return self._jamba_mamba_layer(dtype_bytes)
-        ssm = self._ssm_dtype_bytes(dtype_bytes)
+            return hf_state.jamba_mamba_layer(self, dtype_bytes)
+        ssm = hf_state.ssm_dtype_bytes(self, dtype_bytes)
         if kind == hf_layers.MAMBA2:
             return hf_layers.mamba2_layer(self, dtype_bytes, ssm)
         if kind == hf_layers.PARALLEL_HYBRID:
@@ -507,7 +402,7 @@ class _Reader:
         use = self.get("use_sliding_window")
         if use is not None and not isinstance(use, bool):
             raise InvalidShape(
-                f"config.json's use_sliding_window must be true or false, not {_describe(use)}."
+                f"config.json's use_sliding_window must be true or false, not {describe(use)}."
             )
         if use is False:
             # Qwen2/2.5 ship sliding_window: 131072 with use_sliding_window: false; transformers
@@ -552,114 +447,3 @@ class _Reader:
             head_dim_v=attention.head_dim_v,
             window_tokens=window,
         )
-
-    # -- recurrent state -------------------------------------------------------------------
-
-    def _ssm_dtype_bytes(self, dtype_bytes: int) -> int:
-        # vLLM MambaStateDtypeCalculator: mamba_ssm_cache_dtype "auto" keeps the conv state's
-        # dtype (the model's); NemotronH's hook reads mamba_ssm_cache_dtype from the config.
-        value = self.get("mamba_ssm_cache_dtype")
-        if value is None or value == "auto":
-            return dtype_bytes
-        if not isinstance(value, str) or value.lower() not in _DTYPE_BYTES:
-            raise InvalidShape(
-                f"config.json's mamba_ssm_cache_dtype is {_describe(value)}, not a float type."
-            )
-        return _DTYPE_BYTES[value.lower()]
-
-    def _linear_layer(self, dtype_bytes: int) -> Layer:
-        # vLLM gated_delta_net_state_shape: conv state (2*k_heads*k_dim + v_heads*v_dim) x
-        # (kernel - 1), temporal state v_heads x v_dim x k_dim.
-        k_heads = self.required(("linear_num_key_heads",), maximum=_MAX_HEADS)
-        v_heads = self.required(("linear_num_value_heads",), maximum=_MAX_HEADS)
-        k_dim = self.required(("linear_key_head_dim",), maximum=_MAX_HEAD_DIM)
-        v_dim = self.required(("linear_value_head_dim",), maximum=_MAX_HEAD_DIM)
-        kernel = self.required(("linear_conv_kernel_dim",), maximum=_MAX_SSM)
-        conv = (2 * k_heads * k_dim + v_heads * v_dim) * (kernel - 1)
-        temporal = v_heads * v_dim * k_dim
-        state = conv * dtype_bytes + temporal * self._ssm_dtype_bytes(dtype_bytes)
-        return Layer(LayerKind.RECURRENT, state_bytes=state)
-
-    def _mamba1_layer(self, dtype_bytes: int, *, inner: int, state: int, kernel: int) -> Layer:
-        # vLLM mamba1_state_shape: conv state inner x (kernel - 1), temporal inner x state.
-        conv = inner * (kernel - 1)
-        temporal = inner * state
-        return Layer(
-            LayerKind.RECURRENT,
-            state_bytes=conv * dtype_bytes + temporal * self._ssm_dtype_bytes(dtype_bytes),
-        )
-
-    def _jamba_mamba_layer(self, dtype_bytes: int) -> Layer:
-        hidden = self.required(("hidden_size",), maximum=_MAX_HIDDEN)
-        expand = self.optional("mamba_expand", maximum=64) or 2
-        return self._mamba1_layer(
-            dtype_bytes,
-            inner=expand * hidden,
-            state=self.required(("mamba_d_state",), maximum=_MAX_SSM),
-            kernel=self.required(("mamba_d_conv",), maximum=_MAX_SSM),
-        )
-
-    def _recurrent_layers(self, dtype_bytes: int) -> tuple[Layer, ...]:
-        count = self.required(("num_hidden_layers", "n_layer", "num_layers"), maximum=_MAX_LAYERS)
-        hidden = self.required(("hidden_size", "d_model"), maximum=_MAX_HIDDEN)
-        expand = self.optional("expand", maximum=64) or 2
-        state = self.required(("state_size",), maximum=_MAX_SSM)
-        kernel = self.required(("conv_kernel",), maximum=_MAX_SSM)
-        inner = self.optional("intermediate_size", maximum=_MAX_HIDDEN * 64) or expand * hidden
-        if self.model_type in _MAMBA1_TYPES:
-            layer = self._mamba1_layer(dtype_bytes, inner=inner, state=state, kernel=kernel)
-        else:
-            # vLLM mamba2_state_shape: conv state (inner + 2*groups*state) x (kernel - 1),
-            # temporal heads x head_dim x state.
-            groups = self.optional("n_groups", maximum=_MAX_HEADS) or 1
-            heads = self.required(("num_heads",), maximum=_MAX_HEADS)
-            head_dim = self.required(("head_dim",), maximum=_MAX_HEAD_DIM)
-            conv = (expand * hidden + 2 * groups * state) * (kernel - 1)
-            temporal = heads * head_dim * state
-            layer = Layer(
-                LayerKind.RECURRENT,
-                state_bytes=conv * dtype_bytes + temporal * self._ssm_dtype_bytes(dtype_bytes),
-            )
-        self.notes.append(
-            "recurrent state sized at the model dtype as vLLM keeps it; llama.cpp keeps it in "
-            "float32."
-        )
-        return (layer,) * count
-
-
-def _rope_type(params: Mapping[str, object]) -> str:
-    """The rope type as vLLM's patch_rope_parameters_dict leaves it."""
-    value = params.get("rope_type", params.get("type", "default"))
-    if not isinstance(value, str):
-        raise InvalidShape(f"config.json's rope type must be text, not {_describe(value)}.")
-    if value == "su":
-        return "longrope"
-    if value == "mrope":
-        return "default"
-    return value
-
-
-def _rope_factor(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidShape(f"config.json's rope factor is {_describe(value)}, not a number.")
-    factor = float(value)
-    if not 0 < factor <= _MAX_ROPE_FACTOR:
-        raise InvalidShape(f"config.json's rope factor {value} is out of range.")
-    return factor
-
-
-def _whole(value: object) -> int | None:
-    """`value` as an int when it is a whole number (an integral float counts), else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
-
-
-def _describe(value: object) -> str:
-    """A short, safe rendering of a value for a message."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
