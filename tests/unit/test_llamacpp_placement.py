@@ -111,3 +111,19 @@ def test_a_split_llama_cpp_refuses_is_refused(args: list[str]) -> None:
     """Non-numbers, negative shares, or a main GPU that is not one of the cards."""
     with pytest.raises(EngineRefuses):
         split_points(proportions_from_args(args, 2))
+
+
+def test_gt001_older_builds_started_offloading_one_layer_earlier() -> None:
+    """gt-001 (LM Studio's llama.cpp of July 2025, 36 layers, -ngl 19) printed 9728 MiB of KV
+    on CUDA0 and 8704 on the CPU at 512 MiB a layer: 19 layers offloaded and the output layer
+    left on the CPU, the older rule (start = n_layer - ngl); the vendored build would offload
+    18 layers and the output layer."""
+    printed = row("gt-001")["printed"]
+    assert isinstance(printed, dict)
+    per_layer = printed["kv_total_mib"] / 36
+    old = layer_devices(36, 19, split_points([1]), legacy_start=True)
+    assert (old.count(0), old.count(CPU), old[-1]) == (19, 18, CPU)
+    assert old[:36].count(0) * per_layer == printed["kv_cuda0_mib"]
+    assert old[:36].count(CPU) * per_layer == printed["kv_cpu_mib"]
+    new = layer_devices(36, 19, split_points([1]))
+    assert (new[:36].count(0), new[-1]) == (18, 0)

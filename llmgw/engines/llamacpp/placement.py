@@ -62,7 +62,9 @@ def split_points(proportions: Sequence[float]) -> list[float]:
     return [_f32(s / total) for s in sums]
 
 
-def layer_devices(n_layer: int, gpu_layers: int, points: Sequence[float]) -> list[int]:
+def layer_devices(
+    n_layer: int, gpu_layers: int, points: Sequence[float], *, legacy_start: bool = False
+) -> list[int]:
     """The device of each layer 0..n_layer - 1 and, last, of the output layer (`CPU` for
     those left on the CPU).
 
@@ -70,9 +72,13 @@ def layer_devices(n_layer: int, gpu_layers: int, points: Sequence[float]) -> lis
         n_layer: the model's repeating layers.
         gpu_layers: `--n-gpu-layers` (a negative value: all).
         points: the split points (`split_points`), one per device.
+        legacy_start: the rule of older llama.cpp builds (2025 and before, e.g. ground truth
+            gt-001), which started offloading at n_layer - g, so that -ngl counted repeating
+            layers first and the output layer only past them; the vendored build starts at
+            n_layer + 1 - g.
     """
     g = n_layer + 1 if gpu_layers < 0 else gpu_layers
-    start = max(n_layer + 1 - g, 0)
+    start = max(n_layer - g if legacy_start else n_layer + 1 - g, 0)
     offloaded = min(g, n_layer + 1) if points else 0
     out = []
     for il in range(n_layer + 1):
