@@ -346,6 +346,9 @@ class _Reader:
             # Its FlashMLA sparse backend stores an fp8 cache as "fp8_ds_mla"
             # (vllm/v1/attention/backends/mla/flashmla_sparse.py get_kv_cache_shape: 656 bytes a
             # token): the latent in fp8, one float32 scale per 128 of it, the rope part in bf16.
+            # SGLang's NSATokenToKVPool (python/sglang/srt/mem_cache/memory_pool.py) keeps the
+            # same: an index key of index_head_dim fp8 values + a 4-byte scale a token (quant
+            # block 128), and its fp8 store the rope part in bf16.
             layer = Layer(
                 LayerKind.MLA,
                 kv_heads=1,
