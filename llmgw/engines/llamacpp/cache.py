@@ -370,32 +370,40 @@ def _pad(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def llamacpp_layer_bytes(shape: ModelShape, settings: LlamaCppSettings) -> list[int]:
+def llamacpp_layer_bytes(
+    shape: ModelShape, settings: LlamaCppSettings, cache: LlamaCppCache | None = None
+) -> list[int]:
     """Each layer's share of what `llamacpp_cache` allocates (its K and V rows in the full or
     SWA cache, and its recurrent state), in layer order; they sum to `total_bytes`.
 
     llama.cpp creates each layer's cache tensors in the buffer of the device the layer is
     assigned to (src/llama-kv-cache.cpp:212-219: `model.dev_layer(il)` when offloading KQV,
-    the default), so a device's KV is the sum over its layers.
+    the default), so a device's KV is the sum over its layers. `cache` is
+    `llamacpp_cache(shape, settings)` when the caller has it already.
 
     Raises:
         EngineRefuses: settings llama.cpp refuses.
     """
-    cache = llamacpp_cache(shape, settings)
+    if cache is None:
+        cache = llamacpp_cache(shape, settings)
+    if shape.architecture in _NO_MEMORY_ARCHS:
+        return [0] * shape.block_count
     type_k = known_type(settings.cache_type_k, "--cache-type-k")
     type_v = known_type(settings.cache_type_v, "--cache-type-v")
     cached = {id(la) for la in _cache_layers(shape)}
     v_max = max((_v_width(la) for la in shape.layers if la.has_kv), default=0)
     v_row = None if cache.flash_attn else v_max
-    if shape.architecture in _NO_MEMORY_ARCHS:
-        return [0] * shape.block_count
     seqs = max(1, settings.slots)
+    sized: dict[int, int] = {}  # by id: the shape shares one object per distinct layer
     out = []
     for la in shape.layers:
-        bytes_ = la.state_bytes * seqs
-        if id(la) in cached:
-            cells = cache.swa_cells if la.kind is LayerKind.SLIDING else cache.full_cells
-            k, v = _layer_bytes([la], cells * cache.streams, type_k, type_v, v_row)
-            bytes_ += k + v
+        bytes_ = sized.get(id(la))
+        if bytes_ is None:
+            bytes_ = la.state_bytes * seqs
+            if id(la) in cached:
+                cells = cache.swa_cells if la.kind is LayerKind.SLIDING else cache.full_cells
+                k, v = _layer_bytes([la], cells * cache.streams, type_k, type_v, v_row)
+                bytes_ += k + v
+            sized[id(la)] = bytes_
         out.append(bytes_)
     return out

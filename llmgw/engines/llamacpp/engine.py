@@ -8,7 +8,7 @@ from fractions import Fraction
 
 from llmgw.engines.base import CardNeed, CardSplit
 from llmgw.engines.grammar import ADDRESS_FLAGS, RefusedFlag
-from llmgw.engines.llamacpp.cache import llamacpp_kv_bytes
+from llmgw.engines.llamacpp.cache import llamacpp_cache, llamacpp_kv_bytes
 from llmgw.engines.llamacpp.grammar import (
     CTX_SIZE,
     GRAMMAR,
@@ -17,6 +17,7 @@ from llmgw.engines.llamacpp.grammar import (
     PARALLEL,
     SPLIT_MODE,
     TENSOR_SPLIT,
+    settings_from_args,
 )
 from llmgw.engines.llamacpp.overhead import LLAMACPP_RESERVE_BYTES, llamacpp_overhead_bytes
 from llmgw.engines.llamacpp.placement import placement
@@ -162,9 +163,13 @@ class LlamaCpp:
         sequences = max(slots, 1)
         n = max(cards, 1)
         full_args = llamacpp_args(args, tokens=tokens * sequences, sequences=sequences)
-        kv_total = llamacpp_kv_bytes(shape, full_args)
-        overhead = llamacpp_overhead_bytes(shape, full_args, n)
-        devices = placement(shape, full_args, n, compute_bytes=overhead)
+        settings = settings_from_args(full_args)
+        cache = llamacpp_cache(shape, settings)
+        kv_total = cache.total_bytes
+        overhead = llamacpp_overhead_bytes(shape, full_args, n, cache=cache)
+        devices = placement(
+            shape, full_args, n, compute_bytes=overhead, settings=settings, cache=cache
+        )
         on_cards = [d for d in devices if d.device != "CPU"]
         fullest = max(on_cards, key=lambda d: d.weights_bytes + d.kv_bytes + d.compute_bytes)
         card = card_memory_bytes

@@ -23,14 +23,16 @@ import re
 import struct
 from bisect import bisect_right
 from collections.abc import Sequence
+from functools import lru_cache
 
 from llmgw.engines.base import DevicePlacement
 from llmgw.engines.errors import EngineRefuses
-from llmgw.engines.llamacpp.cache import llamacpp_layer_bytes
+from llmgw.engines.llamacpp.cache import LlamaCppCache, llamacpp_layer_bytes
 from llmgw.engines.llamacpp.grammar import (
     GRAMMAR,
     SPLIT_MODE,
     TENSOR_SPLIT,
+    LlamaCppSettings,
     refuse,
     settings_from_args,
 )
@@ -77,6 +79,14 @@ def layer_devices(
             layers first and the output layer only past them; the vendored build starts at
             n_layer + 1 - g.
     """
+    return list(_layer_devices(n_layer, gpu_layers, tuple(points), legacy_start))
+
+
+@lru_cache(maxsize=1024)
+def _layer_devices(
+    n_layer: int, gpu_layers: int, points: tuple[float, ...], legacy_start: bool
+) -> tuple[int, ...]:
+    """`layer_devices`, remembered: a search over contexts places the same layers each time."""
     g = n_layer + 1 if gpu_layers < 0 else gpu_layers
     start = max(n_layer - g if legacy_start else n_layer + 1 - g, 0)
     offloaded = min(g, n_layer + 1) if points else 0
@@ -86,8 +96,8 @@ def layer_devices(
             out.append(CPU)
             continue
         value = _f32(_f32(float(il - start)) / _f32(float(offloaded)))
-        out.append(min(bisect_right(list(points), value), len(points) - 1))
-    return out
+        out.append(min(bisect_right(points, value), len(points) - 1))
+    return tuple(out)
 
 
 def proportions_from_args(args: Sequence[str], devices: int) -> list[float]:
@@ -119,7 +129,13 @@ def proportions_from_args(args: Sequence[str], devices: int) -> list[float]:
 
 
 def placement(
-    shape: ModelShape, args: Sequence[str], devices: int, *, compute_bytes: int
+    shape: ModelShape,
+    args: Sequence[str],
+    devices: int,
+    *,
+    compute_bytes: int,
+    settings: LlamaCppSettings | None = None,
+    cache: LlamaCppCache | None = None,
 ) -> tuple[DevicePlacement, ...]:
     """What llama.cpp puts on each of `devices` cards for `shape` run with `args` (already set
     for the context and slots), then on the CPU if anything stays there.
@@ -127,34 +143,47 @@ def placement(
     Weights per layer are estimated as weights / (n_layer + 2): the shape carries no tensor
     sizes, and the token embeddings (on the CPU) and the output layer are each about a layer.
     KV is exact (`llamacpp_layer_bytes`); `compute_bytes` (the per-card compute buffer
-    estimate) is put on every card that holds a layer.
+    estimate) is put on every card that holds a layer. `settings` and `cache` are
+    `settings_from_args(args)` and its `llamacpp_cache`, when the caller has them.
 
     Raises:
         EngineRefuses: settings llama.cpp refuses.
     """
-    settings = settings_from_args(args)
+    if settings is None:
+        settings = settings_from_args(args)
     n = shape.block_count
     points = split_points(proportions_from_args(args, max(devices, 1)))
-    where = layer_devices(n, settings.n_gpu_layers if settings.n_gpu_layers >= 0 else -1, points)
-    kv = llamacpp_layer_bytes(shape, settings)
+    gpu_layers = settings.n_gpu_layers if settings.n_gpu_layers >= 0 else -1
+    where = _layer_devices(n, gpu_layers, tuple(points), False)
+    kv = llamacpp_layer_bytes(shape, settings, cache)
     per_layer = shape.weights_bytes // (n + 2) if n else 0
+    count = max(devices, 1)
+    # One pass over the layers: (layers, first, last, KV) per device, the CPU last.
+    held = [[0, 0, 0, 0] for _ in range(count + 1)]
+    for il in range(n):
+        slot = held[where[il]]  # CPU (-1) is the last entry
+        if slot[0] == 0:
+            slot[1] = il
+        slot[0] += 1
+        slot[2] = il
+        slot[3] += kv[il]
     out: list[DevicePlacement] = []
-    for device in [*range(max(devices, 1)), CPU]:
-        held = [il for il in range(n) if where[il] == device]
+    for device in [*range(count), CPU]:
+        layers, first, last, kv_bytes = held[device]
         output = where[n] == device
-        weights = per_layer * (len(held) + output)
+        weights = per_layer * (layers + output)
         if device == CPU:
             weights = shape.weights_bytes - sum(p.weights_bytes for p in out)
         out.append(
             DevicePlacement(
                 device="CPU" if device == CPU else f"GPU{device}",
-                layers=len(held),
-                first_layer=held[0] if held else 0,
-                last_layer=held[-1] if held else 0,
+                layers=layers,
+                first_layer=first,
+                last_layer=last,
                 output=output,
                 weights_bytes=weights,
-                kv_bytes=sum(kv[il] for il in held),
-                compute_bytes=compute_bytes if (held or output) and device != CPU else 0,
+                kv_bytes=kv_bytes,
+                compute_bytes=compute_bytes if (layers or output) and device != CPU else 0,
             )
         )
     return tuple(out)
