@@ -134,9 +134,6 @@ class ModelShape:
     expand it (e.g. an old-format llama.cpp file)."""
     parallel: ParallelDims = field(default_factory=ParallelDims)
     """What tensor parallel splits besides the attention heads (`engines.heads`)."""
-    indexer: tuple[int, int] = (0, 0)
-    """A sparse-attention indexer's (head_dim, layers) when the model has one (DeepSeek V3.2
-    DSA: a per-token key of `index_head_dim` cached in every attention layer)."""
 
     def __post_init__(self) -> None:
         # Models repeat a few layer geometries many times: share one object per geometry, so

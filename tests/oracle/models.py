@@ -67,7 +67,8 @@ class Geometry:
     head_dim: int
     head_dim_v: int = 0
     """0: the same as `head_dim`."""
-    n_ff: int = 64
+    n_ff: int | tuple[int, ...] = 64
+    """The FFN width, or one per layer (nemotron_h: 0 on its Mamba and attention layers)."""
     context_length: int = 2048
     window: int = 0
     """Sliding window for gemma2/gemma3/gpt-oss."""
@@ -88,10 +89,23 @@ class Geometry:
         """KV heads of layer `il`."""
         return self.kv_heads if isinstance(self.kv_heads, int) else self.kv_heads[il]
 
+    def ff_of(self, il: int) -> int:
+        """FFN width of layer `il`."""
+        return self.n_ff if isinstance(self.n_ff, int) else self.n_ff[il]
+
     @property
     def hybrid(self) -> bool:
-        """Attention layers beside recurrent ones (jamba, lfm2: the KV-less layers recur)."""
-        return self.arch in ("jamba", "lfm2")
+        """Attention layers beside recurrent ones (jamba, lfm2: the KV-less layers recur;
+        nemotron_h: those that also have no FFN)."""
+        return self.arch in ("jamba", "lfm2", "nemotron_h")
+
+    def recurs(self, il: int) -> bool:
+        """Whether layer `il` is recurrent (jamba.cpp, lfm2.cpp, nemotron-h.cpp is_recr)."""
+        if not self.recurrent:
+            return False
+        if not self.hybrid:
+            return True
+        return self.kv_heads_of(il) == 0 and (self.arch != "nemotron_h" or self.ff_of(il) == 0)
 
     @property
     def recurrent(self) -> bool:
@@ -133,6 +147,9 @@ GEOMETRIES: tuple[Geometry, ...] = (
     Geometry("lfm2-hybrid", "lfm2", 4, 128, 4, (0, 2, 0, 2), 32, shortconv=3),
     Geometry("lfm2-hybrid-swa", "lfm2", 5, 128, 4, (2, 0, 2, 0, 2), 32, window=96,
              shortconv=3),
+    # Nemotron-H: Mamba-2 (no KV, no FFN), MLP-only (no KV, FFN) and attention (KV, no FFN).
+    Geometry("nemotron-h-hybrid", "nemotron_h", 6, 128, 4, (0, 0, 2, 0, 0, 1), 32,
+             n_ff=(0, 64, 0, 0, 64, 0), ssm=Ssm(4, 256, 16, 8, groups=2)),
 )  # fmt: skip
 
 
@@ -158,7 +175,7 @@ def inline_shape(g: Geometry) -> ModelShape:
     layers: list[Layer] = []
     pattern = {"gemma2": 2, "gpt-oss": 2, "gemma3": 6}.get(g.arch, 0)
     for il in range(g.layers):
-        if g.recurrent and (not g.hybrid or g.kv_heads_of(il) == 0):
+        if g.recurs(il):
             state = g.ssm.state_bytes() if g.ssm else g.n_embd * (g.shortconv - 1) * 4
             layers.append(Layer(LayerKind.RECURRENT, state_bytes=state))
         elif g.arch == "lfm2" and g.window:
@@ -231,9 +248,9 @@ class _Tensors:
     def ffn(self, g: Geometry, il: int, *, post_norms: bool = False) -> None:
         """The dense gated FFN of layer `il` (ffn_norm, gate, up, down)."""
         self.add(f"blk.{il}.ffn_norm.weight", g.n_embd)
-        self.add(f"blk.{il}.ffn_gate.weight", g.n_embd, g.n_ff)
-        self.add(f"blk.{il}.ffn_up.weight", g.n_embd, g.n_ff)
-        self.add(f"blk.{il}.ffn_down.weight", g.n_ff, g.n_embd)
+        self.add(f"blk.{il}.ffn_gate.weight", g.n_embd, g.ff_of(il))
+        self.add(f"blk.{il}.ffn_up.weight", g.n_embd, g.ff_of(il))
+        self.add(f"blk.{il}.ffn_down.weight", g.ff_of(il), g.n_embd)
         if post_norms:
             self.add(f"blk.{il}.post_attention_norm.weight", g.n_embd)
             self.add(f"blk.{il}.post_ffw_norm.weight", g.n_embd)
@@ -258,7 +275,7 @@ def _gemma(t: _Tensors, g: Geometry) -> None:
 def _gpt_oss(t: _Tensors, g: Geometry) -> None:
     """openai-moe.cpp: sinks, biased attention output, MoE with biases."""
     t.embeddings(g)
-    ff, ne = g.n_ff, g.experts
+    ff, ne = g.ff_of(0), g.experts
     for il in range(g.layers):
         t.attention(g, il, g.heads * g.head_dim)
         t.add(f"blk.{il}.post_attention_norm.weight", g.n_embd)
@@ -346,9 +363,9 @@ def _jamba(t: _Tensors, g: Geometry) -> None:
         else:
             t.attention(g, il, g.n_embd)
         t.add(f"blk.{il}.ffn_norm.weight", g.n_embd)
-        t.add(f"blk.{il}.ffn_gate.weight", g.n_embd, g.n_ff)
-        t.add(f"blk.{il}.ffn_up.weight", g.n_embd, g.n_ff)
-        t.add(f"blk.{il}.ffn_down.weight", g.n_ff, g.n_embd)
+        t.add(f"blk.{il}.ffn_gate.weight", g.n_embd, g.ff_of(il))
+        t.add(f"blk.{il}.ffn_up.weight", g.n_embd, g.ff_of(il))
+        t.add(f"blk.{il}.ffn_down.weight", g.ff_of(il), g.n_embd)
 
 
 def _lfm2(t: _Tensors, g: Geometry) -> None:
@@ -359,9 +376,9 @@ def _lfm2(t: _Tensors, g: Geometry) -> None:
     t.add("output.weight", g.n_embd, VOCAB)
     for il in range(g.layers):
         t.add(f"blk.{il}.ffn_norm.weight", g.n_embd)
-        t.add(f"blk.{il}.ffn_gate.weight", g.n_embd, g.n_ff)
-        t.add(f"blk.{il}.ffn_up.weight", g.n_embd, g.n_ff)
-        t.add(f"blk.{il}.ffn_down.weight", g.n_ff, g.n_embd)
+        t.add(f"blk.{il}.ffn_gate.weight", g.n_embd, g.ff_of(il))
+        t.add(f"blk.{il}.ffn_up.weight", g.n_embd, g.ff_of(il))
+        t.add(f"blk.{il}.ffn_down.weight", g.ff_of(il), g.n_embd)
         t.add(f"blk.{il}.attn_norm.weight", g.n_embd)
         if g.kv_heads_of(il) > 0:
             t.add(f"blk.{il}.attn_q_norm.weight", g.head_dim)
@@ -375,6 +392,35 @@ def _lfm2(t: _Tensors, g: Geometry) -> None:
             t.add(f"blk.{il}.shortconv.conv.weight", g.shortconv, g.n_embd)
             t.add(f"blk.{il}.shortconv.in_proj.weight", g.n_embd, 3 * g.n_embd)
             t.add(f"blk.{il}.shortconv.out_proj.weight", g.n_embd, g.n_embd)
+
+
+def _nemotron_h(t: _Tensors, g: Geometry) -> None:
+    """nemotron-h.cpp: a Mamba-2 mixer, an attention block or an up/down MLP per layer."""
+    assert g.ssm is not None
+    s = g.ssm
+    conv_dim = s.d_inner + 2 * s.groups * s.d_state
+    t.embeddings(g)
+    for il in range(g.layers):
+        t.add(f"blk.{il}.attn_norm.weight", g.n_embd)
+        if g.recurs(il):
+            t.add(f"blk.{il}.ssm_in.weight", g.n_embd, 2 * s.d_inner + 2 * s.groups * s.d_state
+                  + s.dt_rank)  # fmt: skip
+            t.add(f"blk.{il}.ssm_conv1d.weight", s.d_conv, conv_dim)
+            t.add(f"blk.{il}.ssm_conv1d.bias", conv_dim)
+            t.add(f"blk.{il}.ssm_dt.bias", s.dt_rank)
+            t.add(f"blk.{il}.ssm_a", 1, s.dt_rank)
+            t.add(f"blk.{il}.ssm_d", 1, s.dt_rank)
+            t.add(f"blk.{il}.ssm_norm.weight", s.d_inner // s.groups, s.groups)
+            t.add(f"blk.{il}.ssm_out.weight", s.d_inner, g.n_embd)
+        elif g.ff_of(il) == 0:
+            kv = g.kv_heads_of(il)
+            t.add(f"blk.{il}.attn_q.weight", g.n_embd, g.heads * g.head_dim)
+            t.add(f"blk.{il}.attn_k.weight", g.n_embd, kv * g.head_dim)
+            t.add(f"blk.{il}.attn_v.weight", g.n_embd, kv * g.v_dim)
+            t.add(f"blk.{il}.attn_output.weight", g.heads * g.head_dim, g.n_embd)
+        else:
+            t.add(f"blk.{il}.ffn_down.weight", g.ff_of(il), g.n_embd)
+            t.add(f"blk.{il}.ffn_up.weight", g.n_embd, g.ff_of(il))
 
 
 def _deepseek2(t: _Tensors, g: Geometry) -> None:
@@ -411,6 +457,7 @@ _WRITERS: dict[str, Callable[[_Tensors, Geometry], None]] = {
     "mamba2": _mamba2,
     "jamba": _jamba,
     "lfm2": _lfm2,
+    "nemotron_h": _nemotron_h,
     "deepseek2": _deepseek2,
 }
 
@@ -441,6 +488,8 @@ def write_model(g: Geometry, path: Path) -> Path:
             w.add_ssm_group_count(g.ssm.groups)
     if g.shortconv:
         w.add_shortconv_l_cache(g.shortconv)
+    if g.arch == "nemotron_h":
+        w.add_layer_norm_eps(1e-5)
     if g.ssm is not None and not g.hybrid:
         w.add_head_count(0)
         w.add_head_count_kv(0)
@@ -460,7 +509,7 @@ def write_model(g: Geometry, path: Path) -> Path:
     if g.experts:
         w.add_expert_count(g.experts)
         w.add_expert_used_count(g.experts_used)
-        w.add_expert_feed_forward_length(g.n_ff)
+        w.add_expert_feed_forward_length(g.ff_of(0))
     for key, value in g.extra_kv.items():
         w.add_uint32(key, value)
     _WRITERS[g.arch](_Tensors(w, seed=len(g.name)), g)
@@ -481,7 +530,7 @@ def _mla_keys(w: gguf.GGUFWriter, g: Geometry, m: Mla) -> None:
     w.add_expert_count(2)
     w.add_expert_used_count(1)
     w.add_expert_shared_count(1)
-    w.add_expert_feed_forward_length(g.n_ff)
+    w.add_expert_feed_forward_length(g.ff_of(0))
     if m.legacy:
         w.add_head_count_kv(g.heads)
         w.add_key_length(m.qk_nope + m.qk_rope)
