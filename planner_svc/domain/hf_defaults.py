@@ -4,9 +4,10 @@ config class, which is what vLLM and SGLang see (they load configs through those
 A hand-kept table, not transformers itself: transformers is not installed here, and as a
 runtime dependency of the planner it would bring tokenizers, safetensors, huggingface_hub and
 numpy to read a dozen integers, and its defaults move between releases while this table says
-which release it restates. Each row restates the `__init__` defaults of
-`transformers/models/<arch>/configuration_<arch>.py` (transformers 4.57) for the keys that size
-the cache or decide tensor parallel; architectures not listed get no defaults (the reader then
+which release it restates. Each row restates the defaults of
+`transformers/models/<arch>/configuration_<arch>.py` (transformers' main branch as indexed; the
+mistral, qwen3 and qwen3_moe rows checked line by line) for the keys that size the cache or
+decide tensor parallel; architectures not listed get no defaults (the reader then
 says what is missing).
 """
 
@@ -70,7 +71,7 @@ DEFAULTS: Mapping[str, Mapping[str, object]] = {
         "sliding_window": 4096,
         "max_window_layers": 28,
     },
-    # Qwen3MoeConfig.
+    # Qwen3MoeConfig: no head_dim of its own (hidden / heads), no max_window_layers.
     "qwen3_moe": {
         "vocab_size": 151936,
         "hidden_size": 2048,
@@ -79,14 +80,12 @@ DEFAULTS: Mapping[str, Mapping[str, object]] = {
         "num_hidden_layers": 24,
         "num_attention_heads": 32,
         "num_key_value_heads": 4,
-        "head_dim": 128,
         "num_experts": 128,
         "num_experts_per_tok": 8,
         "decoder_sparse_step": 1,
         "max_position_embeddings": 32768,
         "use_sliding_window": False,
         "sliding_window": 4096,
-        "max_window_layers": 28,
     },
     # Qwen3NextConfig: one full-attention layer in four, the rest gated delta nets.
     "qwen3_next": {
