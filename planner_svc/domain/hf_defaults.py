@@ -6,9 +6,9 @@ runtime dependency of the planner it would bring tokenizers, safetensors, huggin
 numpy to read a dozen integers, and its defaults move between releases while this table says
 which release it restates. Each row restates the defaults of
 `transformers/models/<arch>/configuration_<arch>.py` (transformers' main branch as indexed; the
-mistral, qwen3 and qwen3_moe rows checked line by line) for the keys that size the cache or
-decide tensor parallel; architectures not listed get no defaults (the reader then
-says what is missing).
+mistral, qwen3, qwen3_moe and nemotron_h rows checked line by line) for the keys that size the
+cache or decide tensor parallel; architectures not listed get no defaults (the reader then says
+what is missing).
 """
 
 from __future__ import annotations
@@ -235,22 +235,27 @@ DEFAULTS: Mapping[str, Mapping[str, object]] = {
         "mamba_expand": 2,
         "num_experts": 16,
     },
-    # NemotronHConfig: the layer pattern is hybrid_override_pattern.
+    # NemotronHConfig: the layers come from layers_block_type (or the legacy
+    # hybrid_override_pattern), never defaulted here; the SSM state is kept in float32.
     "nemotron_h": {
         "vocab_size": 131072,
         "hidden_size": 4096,
         "intermediate_size": 21504,
-        "num_hidden_layers": 52,
         "num_attention_heads": 32,
         "num_key_value_heads": 8,
+        "head_dim": 128,
         "max_position_embeddings": 4096,
-        "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
         "mamba_num_heads": 128,
         "mamba_head_dim": 64,
         "n_groups": 8,
         "ssm_state_size": 128,
         "conv_kernel": 4,
         "expand": 2,
+        "mamba_ssm_cache_dtype": "float32",
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "moe_intermediate_size": 7688,
+        "moe_shared_expert_intermediate_size": 7688,
     },
 }
 

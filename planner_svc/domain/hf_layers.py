@@ -6,8 +6,9 @@ Encodings (each restated from the transformers config class and the vLLM model t
   a layer; "mamba" is a Mamba-2 mixer except in Jamba; "conv" is LFM2's short convolution.
 - `hybrid_override_pattern` (NemotronHConfig): one character a layer, "M" Mamba-2, "*" attention,
   "-" MLP and "E" mixture of experts (neither keeps a cache).
-- `layers_block_type` (Zamba2, Nemotron-H successors, older Jamba/Granite dumps): "mamba",
-  "attention", "hybrid", and "mlp"/"moe" for Nemotron-H's layers without a mixer.
+- `layers_block_type` (Zamba2, NemotronHConfig, older Jamba/Granite dumps): "mamba",
+  "attention", "hybrid", and "mlp"/"moe" for Nemotron-H's layers without a mixer (whose
+  Mamba-2 layers NemotronHConfig calls "linear_attention").
 - `attn_layer_indices` (BambaConfig): attention at those indices, Mamba-2 elsewhere.
 - `attn_layer_period` / `attn_layer_offset` (JambaConfig): attention iff i % period == offset.
 - `full_attention_interval` (Qwen3NextConfig): full attention iff (i + 1) % interval == 0, gated
@@ -105,7 +106,20 @@ def explicit_pattern(config: ConfigView, count: int) -> list[str] | None:
         return None
     if config.model_type in _MAMBA1_HYBRIDS:
         pattern = [MAMBA if kind == MAMBA2 else kind for kind in pattern]
+    if config.model_type.startswith("nemotron_h"):
+        # NemotronHConfig names its Mamba-2 layers "linear_attention" (legacy: "mamba").
+        pattern = [MAMBA2 if kind == LINEAR else kind for kind in pattern]
     return pattern
+
+
+def pattern_length(config: ConfigView) -> int | None:
+    """The layer count a per-layer encoding gives, for configs that leave num_hidden_layers
+    to it (NemotronHConfig derives it from layers_block_type)."""
+    for key in ("layer_types", "layers_block_type", "hybrid_override_pattern"):
+        value = config.get(key)
+        if isinstance(value, list | str) and value:
+            return len(value)
+    return None
 
 
 def _read_pattern(config: ConfigView, count: int) -> list[str] | None:

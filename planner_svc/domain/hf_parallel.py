@@ -32,7 +32,7 @@ def parallel_dims(
     config: ConfigView, top: Mapping[str, object], layers: Sequence[Layer], heads: int
 ) -> ParallelDims:
     """What tensor parallel splits besides the attention heads (0 where absent or unreadable)."""
-    experts = _first_int(config, _EXPERT_KEYS)
+    experts = _first_int(config, _EXPERT_KEYS) if _may_have_experts(config) else 0
     intermediate = _first_int(
         config, ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size")
     )
@@ -46,11 +46,13 @@ def parallel_dims(
         if config.model_type.startswith("llama4"):
             dense = _first_int(config, ("intermediate_size_mlp",)) if dense else 0
             shared = intermediate
-        n_shared = _first_int(config, ("n_shared_experts", "num_shared_experts"))
-        shared = shared or n_shared * moe_width
+        # A shared expert's own width when the config gives one (Qwen2-MoE, Qwen3-Next,
+        # Nemotron-H), else DeepSeek's n_shared_experts merged experts.
         shared = shared or _first_int(
             config, ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")
         )
+        n_shared = _first_int(config, ("n_shared_experts", "num_shared_experts"))
+        shared = shared or n_shared * moe_width
     q_dim, o_dim = _head_dims(config, heads)
     vision = _vision(top)
     recurrent = [la for la in layers if la.kind is LayerKind.RECURRENT or la.state_bytes]
@@ -61,7 +63,7 @@ def parallel_dims(
     ssm_heads = ssm_groups = ssm_inner = 0
     if recurrent and not linear:
         ssm_heads = _first_int(config, ("mamba_num_heads", "mamba_n_heads", "n_mamba_heads"))
-        ssm_groups = _first_int(config, ("mamba_n_groups", "mamba_ngroups"))
+        ssm_groups = _first_int(config, ("mamba_n_groups", "n_groups", "mamba_ngroups"))
         if config.model_type in ("mamba", "falcon_mamba", "jamba"):
             hidden = _first_int(config, ("hidden_size", "d_model"))
             expand = _first_int(config, ("mamba_expand", "expand")) or 2
@@ -91,6 +93,18 @@ def parallel_dims(
         o_head_dim=o_dim,
         quant=_quant(top),
     )
+
+
+def _may_have_experts(config: ConfigView) -> bool:
+    """False for a Nemotron-H whose layer list has no "E"/"moe" layer: NemotronHConfig's
+    n_routed_experts default then builds no experts."""
+    if not config.model_type.startswith("nemotron_h"):
+        return True
+    pattern = config.get("hybrid_override_pattern")
+    blocks = config.get("layers_block_type")
+    if isinstance(blocks, list):
+        return "moe" in blocks
+    return not isinstance(pattern, str) or "E" in pattern
 
 
 def _has_dense_layers(config: ConfigView) -> bool:

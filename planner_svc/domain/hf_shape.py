@@ -239,9 +239,12 @@ class _Reader:
     def _attention_layers(
         self, dtype_bytes: int, trained: int
     ) -> tuple[tuple[Layer, ...], int, int, tuple[int, int] | None]:
-        count = self.required(
-            ("num_hidden_layers", "n_layer", "num_layers", "n_layers"), maximum=_MAX_LAYERS
-        )
+        count_keys = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+        implied = hf_layers.pattern_length(self)
+        if self.first(count_keys)[1] is None and implied is not None:
+            count = self.int_at("layers_block_type", implied, minimum=1, maximum=_MAX_LAYERS)
+        else:
+            count = self.required(count_keys, maximum=_MAX_LAYERS)
         heads = self.required(("num_attention_heads", "n_head", "num_heads"), maximum=_MAX_HEADS)
         kv_heads = self._kv_heads(heads)
         layer_types = self._layer_types(count)

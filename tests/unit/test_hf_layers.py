@@ -58,18 +58,22 @@ SMALL = {
 def test_nemotron_h_pattern_keeps_kv_only_in_its_attention_layers() -> None:
     """Nemotron-H-8B's hybrid_override_pattern: 24 Mamba-2 layers, 4 attention layers and 24
     MLP layers; KV per token is the 4 attention layers' (13x less than reading all 52 layers
-    as attention), the Mamba layers keep vLLM's mamba2 state."""
+    as attention), the Mamba layers keep vLLM's mamba2 state (the SSM part in float32, the
+    mamba_ssm_cache_dtype NemotronHConfig defaults to and vLLM's NemotronH hook reads)."""
     shape = shape_from_hf_config(config("nvidia__Nemotron-H-8B-Base-8K"))
     assert (kinds(shape).count(RECURRENT), kinds(shape).count(FULL)) == (24, 4)
     assert kinds(shape).count(NONE) == 24
     assert shape.kv_bytes_per_token() == 4 * 8 * (128 + 128) * 2
     conv = (128 * 64 + 2 * 8 * 128) * (4 - 1)
     temporal = 128 * 64 * 128
-    assert shape.state_bytes_per_sequence() == 24 * (conv + temporal) * 2
+    assert shape.state_bytes_per_sequence() == 24 * (conv * 2 + temporal * 4)
+    assert shape.parallel.ssm_groups == 8
 
 
 def test_layers_block_type_names_the_layers() -> None:
-    """Nemotron-H successors list "mamba", "moe", "attention", "mlp"; only attention caches."""
+    """Nemotron-H successors list "mamba", "moe", "attention", "mlp" (NemotronHConfig now
+    "linear_attention" for the Mamba-2 layers, and no num_hidden_layers); only attention
+    caches, and only a list with "moe" layers builds experts."""
     cfg = {
         **config("nvidia__Nemotron-H-8B-Base-8K"),
         "num_hidden_layers": 5,
@@ -77,6 +81,14 @@ def test_layers_block_type_names_the_layers() -> None:
     }
     del cfg["hybrid_override_pattern"]
     assert kinds(shape_from_hf_config(cfg)) == [RECURRENT, NONE, RECURRENT, FULL, NONE]
+    del cfg["num_hidden_layers"]
+    cfg["layers_block_type"] = ["linear_attention", "moe", "full_attention", "mlp"]
+    cfg["moe_intermediate_size"] = 1856
+    shape = shape_from_hf_config(cfg)
+    assert kinds(shape) == [RECURRENT, NONE, FULL, NONE]
+    assert shape.parallel.expert_intermediate == 1856
+    dense = shape_from_hf_config(config("nvidia__Nemotron-H-8B-Base-8K"))
+    assert dense.parallel.expert_intermediate == 0  # no "E" layer: no experts
 
 
 def test_attn_layer_indices_place_attention_among_mamba2_layers() -> None:

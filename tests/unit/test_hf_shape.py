@@ -118,7 +118,8 @@ EXPECTED: dict[str, Expected] = {
     "tiiuae__falcon-mamba-7b": Expected({RECURRENT: 64}, 0, 0, 0, 0, 0, 0, 19_922_944, 0),
     # hybrid_override_pattern: 4 attention layers x 8 x 256 x 2 = 16,384 B/tok (the 52 layers
     # read as attention would be 212,992); 24 Mamba-2 layers: conv (128 x 64 + 2 x 8 x 128) x 3
-    # = 30,720 + temporal 128 x 64 x 128 = 1,048,576, x 2 B = 2,158,592 B, x 24; 24 MLP layers.
+    # = 30,720 x 2 B + temporal 128 x 64 x 128 = 1,048,576 x 4 B (NemotronHConfig's
+    # mamba_ssm_cache_dtype default, float32) = 4,255,744 B, x 24; 24 MLP layers.
     "nvidia__Nemotron-H-8B-Base-8K": Expected(
         {RECURRENT: 24, FULL: 4, LayerKind.NO_CACHE: 24},
         32,
@@ -127,7 +128,7 @@ EXPECTED: dict[str, Expected] = {
         128,
         16_384,
         0,
-        51_806_208,
+        102_137_856,
         8192,
     ),
     # attention_chunk_size 8192 on the rope layers, every fourth NoPE layer global: 12 x 8 x
