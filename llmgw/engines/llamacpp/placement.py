@@ -106,13 +106,14 @@ def proportions_from_args(args: Sequence[str], devices: int) -> list[float]:
     `--split-mode none`.
 
     Raises:
-        EngineRefuses: a split that is not numbers, or a main GPU that is not one of them.
+        EngineRefuses: a split that is not numbers.
     """
     mode = (GRAMMAR.get(args, SPLIT_MODE) or "layer").strip().lower()
     if mode == "none":
+        # --main-gpu indexes the node's devices, which may be more than the replica's cards
+        # (-mg 1 on a one-card replica picks the node's second GPU): one card holds it all.
         main = GRAMMAR.get_int(args, MAIN_GPU, 0)
-        if not 0 <= main < devices:
-            refuse(f"--main-gpu {main} is not one of the {devices} cards")
+        main = main if 0 <= main < devices else 0
         return [1.0 if i == main else 0.0 for i in range(devices)]
     raw = GRAMMAR.get(args, TENSOR_SPLIT)
     if raw is None:
