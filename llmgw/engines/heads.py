@@ -169,8 +169,8 @@ def _quant_failure(tp: int, shape: ModelShape, options: TpOptions) -> str | None
     ):
         if width > 0 and ranks > 1:
             linears.append((what, (width // ranks,), width // ranks, ranks))
-    if shape.attention_heads > 0 and dims.q_head_dim > 0:
-        attn_tp = max(tp // max(options.attention_dp, 1), 1)
+    attn_tp = max(tp // max(options.attention_dp, 1), 1)
+    if shape.attention_heads > 0 and dims.q_head_dim > 0 and attn_tp > 1:
         q = shape.attention_heads // attn_tp * dims.q_head_dim
         o = shape.attention_heads // attn_tp * (dims.o_head_dim or dims.q_head_dim)
         outputs: tuple[int, ...] = (q,)
