@@ -36,11 +36,11 @@ def parallel_dims(
     intermediate = _first_int(
         config, ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size")
     )
-    moe_width = _first_int(config, ("moe_intermediate_size", "expert_intermediate_size"))
     dense = expert = shared = 0
     if experts <= 0:
         dense = intermediate
     else:
+        moe_width = _first_int(config, ("moe_intermediate_size", "expert_intermediate_size"))
         expert = moe_width or intermediate
         dense = intermediate if _has_dense_layers(config) else 0
         if config.model_type.startswith("llama4"):
