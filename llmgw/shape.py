@@ -34,6 +34,13 @@ class LayerKind(enum.Enum):
     """Keeps nothing of its own: reuses an earlier layer's KV, or has no attention."""
 
 
+def indexer_token_bytes(dim: int) -> int:
+    """What vLLM and SGLang cache per token for an indexer key of `dim` values: fp8 values and a
+    4-byte scale per 128 of them (vLLM DeepseekV32IndexerCache, vllm/model_executor/models/
+    deepseek_v2.py; SGLang NSATokenToKVPool, python/sglang/srt/mem_cache/memory_pool.py)."""
+    return dim + dim // 128 * 4
+
+
 @dataclass(frozen=True)
 class Layer:
     """One layer's cache geometry.
@@ -50,9 +57,9 @@ class Layer:
     head_dim_v: int = 0
     window_tokens: int = 0
     state_bytes: int = 0
-    extra_token_bytes: int = 0
-    """Bytes per token the layer caches beside its K/V whatever the cache type (a sparse-
-    attention indexer's fp8 key and scale: DeepSeek V3.2's 128 + 4)."""
+    indexer_dim: int = 0
+    """A sparse-attention indexer's key width, cached per token beside the K/V (DeepSeek V3.2's
+    DSA: 128). Engines store it their own way (`indexer_token_bytes`; llama.cpp at the K type)."""
     fp8_token_bytes: int = 0
     """Bytes per token of the layer's K/V when the cache is fp8 and the engine packs it its own
     way (0: kv_heads x head dims x 1). DeepSeek V3.2's sparse MLA: 656 (see hf_shape)."""
@@ -174,7 +181,7 @@ class ModelShape:
         """What one more token adds to the cache at the model's dtype, past every window."""
         return sum(
             la.kv_heads * (la.head_dim_k + la.head_dim_v) * self.kv_dtype_bytes
-            + la.extra_token_bytes
+            + indexer_token_bytes(la.indexer_dim)
             for la in self.layers
             if la.has_kv and la.kind is not LayerKind.SLIDING
         )

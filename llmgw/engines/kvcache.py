@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from llmgw.shape import Layer, LayerKind, ModelShape
+from llmgw.shape import Layer, LayerKind, ModelShape, indexer_token_bytes
 
 
 def heads_on_card(layer: Layer, tp: int) -> int:
@@ -30,7 +30,7 @@ def token_bytes(layer: Layer, tp: int, dtype: Fraction) -> Fraction:
         kv = Fraction(layer.fp8_token_bytes)
     else:
         kv = heads_on_card(layer, tp) * (layer.head_dim_k + layer.head_dim_v) * dtype
-    return kv + layer.extra_token_bytes
+    return kv + indexer_token_bytes(layer.indexer_dim)
 
 
 def token_bytes_on_card(shape: ModelShape, tp: int, dtype: Fraction) -> int:

@@ -357,7 +357,7 @@ class _Reader:
                 kv_heads=1,
                 head_dim_k=rank + rope,
                 head_dim_v=0,
-                extra_token_bytes=index_dim + index_dim // 128 * 4,
+                indexer_dim=index_dim,
                 fp8_token_bytes=rank + rank // 128 * 4 + rope * 2,
             )
             self.notes.append(
