@@ -259,6 +259,14 @@ class _Reader:
         is_swa, window = self._sliding(n_layer, n_main, attends, recurrent)
         kv_from_start = self._kv_from_start(n_layer)
         mla = self._mla()
+        # deepseek32.cpp / llama-kv-cache-dsa.cpp: DeepSeek V3.2's DSA keeps an indexer key cache
+        # (one K head of attention.indexer.key_length, at the K type) beside every trunk layer's
+        # latent.
+        indexer = (
+            self.integer(Keys.Attention.Indexer.KEY_LENGTH, maximum=_MAX_HEAD_DIM)
+            if self.arch == "deepseek32"
+            else 0
+        )
 
         layers: list[Layer] = []
         for il in range(n_layer):
@@ -279,7 +287,9 @@ class _Reader:
             elif mla is not None:
                 # src/llama-kv-cache.cpp: an MLA cache stores only K (the latent); V is read
                 # back out of it, so V width is 0.
-                layers.append(Layer(LayerKind.MLA, kv_heads[il], dims.k, 0, 0, state))
+                layers.append(
+                    Layer(LayerKind.MLA, kv_heads[il], dims.k, 0, 0, state, indexer_dim=indexer)
+                )
             else:
                 layers.append(Layer(LayerKind.FULL, kv_heads[il], dims.k, dims.v, 0, state))
         if n_nextn and n_main < n_layer:

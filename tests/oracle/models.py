@@ -34,6 +34,8 @@ class Mla:
     v_head: int
     legacy: bool = False
     """Written as older converters did (no key_length_mla): llama.cpp caches full heads."""
+    indexer: int = 0
+    """DeepSeek V3.2's sparse-attention indexer key width (deepseek32): 0 for none."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,10 @@ GEOMETRIES: tuple[Geometry, ...] = (
     # MLA with other ranks: a 64-wide latent and a 16-wide rope part, more heads.
     Geometry("deepseek2-mla-narrow", "deepseek2", 3, 256, 8, 1, 0,
              mla=Mla(q_lora_rank=32, kv_lora_rank=64, qk_nope=48, qk_rope=16, v_head=64)),
+    # DeepSeek V3.2's sparse attention: the MLA latent plus an indexer key cache.
+    Geometry("deepseek32-dsa", "deepseek32", 2, 256, 4, 1, 0,
+             mla=Mla(q_lora_rank=64, kv_lora_rank=128, qk_nope=32, qk_rope=32, v_head=32,
+                     indexer=64)),
     # Mamba-2 with groups (recurrent).
     Geometry("mamba2-groups", "mamba2", 2, 128, 0, 0, 0, ssm=Ssm(4, 256, 16, 8, groups=2)),
     # Hybrids: Mamba-1 and attention layers (jamba); short convolution and attention (lfm2),
@@ -185,7 +191,9 @@ def inline_shape(g: Geometry) -> ModelShape:
             )
         elif g.mla is not None and not g.mla.legacy:
             m = g.mla
-            layers.append(Layer(LayerKind.MLA, 1, m.kv_lora_rank + m.qk_rope, 0))
+            layers.append(
+                Layer(LayerKind.MLA, 1, m.kv_lora_rank + m.qk_rope, 0, indexer_dim=m.indexer)
+            )
         elif g.mla is not None:
             m = g.mla
             layers.append(Layer(LayerKind.FULL, g.heads, m.qk_nope + m.qk_rope, m.v_head))
@@ -442,6 +450,13 @@ def _deepseek2(t: _Tensors, g: Geometry) -> None:
             t.add(f"blk.{il}.attn_k_b.weight", m.qk_nope, m.kv_lora_rank, g.heads)
             t.add(f"blk.{il}.attn_v_b.weight", m.kv_lora_rank, m.v_head, g.heads)
         t.add(f"blk.{il}.attn_output.weight", g.heads * m.v_head, g.n_embd)
+        if m.indexer:
+            # deepseek32.cpp: the DSA indexer's key norm, head weights, K and Q projections.
+            t.add(f"blk.{il}.indexer.k_norm.weight", m.indexer)
+            t.add(f"blk.{il}.indexer.k_norm.bias", m.indexer)
+            t.add(f"blk.{il}.indexer.proj.weight", g.n_embd, g.heads)
+            t.add(f"blk.{il}.indexer.attn_k.weight", g.n_embd, m.indexer)
+            t.add(f"blk.{il}.indexer.attn_q_b.weight", m.q_lora_rank, g.heads * m.indexer)
         t.ffn(g, il)
 
 
@@ -459,6 +474,7 @@ _WRITERS: dict[str, Callable[[_Tensors, Geometry], None]] = {
     "lfm2": _lfm2,
     "nemotron_h": _nemotron_h,
     "deepseek2": _deepseek2,
+    "deepseek32": _deepseek2,
 }
 
 
@@ -531,6 +547,11 @@ def _mla_keys(w: gguf.GGUFWriter, g: Geometry, m: Mla) -> None:
     w.add_expert_used_count(1)
     w.add_expert_shared_count(1)
     w.add_expert_feed_forward_length(g.ff_of(0))
+    if m.indexer:
+        w.add_indexer_head_count(g.heads)
+        w.add_indexer_key_length(m.indexer)
+        w.add_indexer_top_k(16)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     if m.legacy:
         w.add_head_count_kv(g.heads)
         w.add_key_length(m.qk_nope + m.qk_rope)

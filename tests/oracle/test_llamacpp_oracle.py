@@ -348,6 +348,8 @@ def _check(
     expected = {"base" if g.window else "kv": (full_cells, want.k_bytes, want.v_bytes)}
     if g.window:
         expected["swa"] = (want.swa_cells, want.swa_k_bytes, want.swa_v_bytes)
+    if want.indexer_k_bytes:
+        expected["indexer"] = (want.full_cells, want.indexer_k_bytes, 0)
     assert set(lines) == set(expected), where
     for role, (cells, k, v) in expected.items():
         line = lines[role]
