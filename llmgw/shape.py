@@ -34,6 +34,13 @@ class LayerKind(enum.Enum):
     """Keeps nothing of its own: reuses an earlier layer's KV, or has no attention."""
 
 
+def indexer_token_bytes(dim: int) -> int:
+    """What vLLM and SGLang cache per token for an indexer key of `dim` values: fp8 values and a
+    4-byte scale per 128 of them (vLLM DeepseekV32IndexerCache, vllm/model_executor/models/
+    deepseek_v2.py; SGLang NSATokenToKVPool, python/sglang/srt/mem_cache/memory_pool.py)."""
+    return dim + dim // 128 * 4
+
+
 @dataclass(frozen=True)
 class Layer:
     """One layer's cache geometry.
@@ -50,6 +57,12 @@ class Layer:
     head_dim_v: int = 0
     window_tokens: int = 0
     state_bytes: int = 0
+    indexer_dim: int = 0
+    """A sparse-attention indexer's key width, cached per token beside the K/V (DeepSeek V3.2's
+    DSA: 128). Engines store it their own way (`indexer_token_bytes`; llama.cpp at the K type)."""
+    fp8_token_bytes: int = 0
+    """Bytes per token of the layer's K/V when the cache is fp8 and the engine packs it its own
+    way (0: kv_heads x head dims x 1). DeepSeek V3.2's sparse MLA: 656 (see hf_shape)."""
 
     has_kv: bool = field(init=False, compare=False, repr=False)
     """Whether the layer keeps per-token KV (worked out once: sizing asks it per layer)."""
@@ -77,6 +90,51 @@ class Compute:
 
 
 @dataclass(frozen=True)
+class WeightQuant:
+    """How the checkpoint's linear weights are quantized, as far as tensor parallel cares.
+
+    `block` is a block-quantized (fp8) checkpoint's (block_n, block_k): output and input
+    channels per scale; `group` a GPTQ/AWQ checkpoint's input channels per scale. 0: none.
+    """
+
+    method: str = ""
+    block: tuple[int, int] = (0, 0)
+    group: int = 0
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """The sizes tensor parallel splits besides the attention heads (0: absent or unknown).
+
+    `dense_intermediate` is the dense MLP's width when some layer has a dense MLP;
+    `expert_intermediate` one routed expert's; `shared_intermediate` the shared expert(s)'
+    merged width. `vision_heads`/`vision_intermediate` are a multimodal model's vision
+    encoder's. `linear_k_heads`/`linear_v_heads` a gated-delta-net layer's (Qwen3-Next);
+    `ssm_heads`/`ssm_groups` a Mamba-2 mixer's, `ssm_inner` a Mamba mixer's inner width.
+    `q_head_dim`/`o_head_dim` are the query and attention-output head sizes (for the quant
+    block of the projections' shards).
+    """
+
+    vocab: int = 0
+    """The vocabulary (the embedding and LM head are split by rows of it)."""
+    dense_intermediate: int = 0
+    expert_intermediate: int = 0
+    shared_intermediate: int = 0
+    vision_heads: int = 0
+    vision_intermediate: int = 0
+    vision_pads_heads: bool = False
+    """The engine pads the vision heads to a multiple of the TP size (InternViT in vLLM)."""
+    linear_k_heads: int = 0
+    linear_v_heads: int = 0
+    ssm_heads: int = 0
+    ssm_groups: int = 0
+    ssm_inner: int = 0
+    q_head_dim: int = 0
+    o_head_dim: int = 0
+    quant: WeightQuant = field(default_factory=WeightQuant)
+
+
+@dataclass(frozen=True)
 class ModelShape:
     """What sizes a model's memory and decides its tensor parallel.
 
@@ -100,6 +158,8 @@ class ModelShape:
     expand it (e.g. an old-format llama.cpp file)."""
     compute: Compute | None = None
     """Widths the engines' activation peaks follow (None: not read)."""
+    parallel: ParallelDims = field(default_factory=ParallelDims)
+    """What tensor parallel splits besides the attention heads (`engines.heads`)."""
 
     def __post_init__(self) -> None:
         # Models repeat a few layer geometries many times: share one object per geometry, so
@@ -140,6 +200,7 @@ class ModelShape:
         """What one more token adds to the cache at the model's dtype, past every window."""
         return sum(
             la.kv_heads * (la.head_dim_k + la.head_dim_v) * self.kv_dtype_bytes
+            + indexer_token_bytes(la.indexer_dim)
             for la in self.layers
             if la.has_kv and la.kind is not LayerKind.SLIDING
         )

@@ -89,6 +89,22 @@ class Overhead:
 
 
 @dataclass(frozen=True)
+class DevicePlacement:
+    """What an engine that places whole layers puts on one device (llama.cpp): `device` is
+    "GPU0", "GPU1", ... or "CPU" for what is not offloaded; `first_layer`..`last_layer` the
+    repeating layers it holds (`layers` 0: none), `output` whether the output layer is there."""
+
+    device: str
+    layers: int
+    first_layer: int
+    last_layer: int
+    output: bool
+    weights_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+
+
+@dataclass(frozen=True)
 class CardNeed:
     """What one replica needs on its cards and what the fullest card may use.
 
@@ -127,6 +143,8 @@ class CardNeed:
     outside_room_bytes: int = 0
     weights_known: bool = True
     outside_margin_bytes: int = 0
+    devices: tuple[DevicePlacement, ...] = ()
+    """Per device, for engines that place whole layers (empty for the others)."""
 
     @property
     def fits(self) -> bool:
@@ -222,10 +240,13 @@ class Engine(Protocol):
     def with_cards(self, args: Sequence[str], cards: int) -> list[str]:
         """`args` set for a replica on `cards` cards, each flag rewritten where it stood."""
 
-    def card_counts(self, shape: ModelShape | None, largest: int) -> list[int]:
-        """The card counts from 1 to `largest` a replica may use (heads permitting)."""
+    def card_counts(
+        self, shape: ModelShape | None, largest: int, args: Sequence[str] = ()
+    ) -> list[int]:
+        """The card counts from 1 to `largest` a replica may use (heads permitting) when
+        served with `args` (which may lift a check, e.g. expert parallel)."""
 
-    def splits_heads(self, cards: int, shape: ModelShape) -> bool:
+    def splits_heads(self, cards: int, shape: ModelShape, args: Sequence[str] = ()) -> bool:
         """Whether `cards` cards split `shape`'s heads as the engine requires (always true
         for engines that do not split by heads)."""
 

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from llmgw.shape import Layer, LayerKind, ModelShape
+from llmgw.shape import Layer, LayerKind, ModelShape, indexer_token_bytes
 
 
 def heads_on_card(layer: Layer, tp: int) -> int:
@@ -23,8 +23,14 @@ def heads_on_card(layer: Layer, tp: int) -> int:
 
 
 def token_bytes(layer: Layer, tp: int, dtype: Fraction) -> Fraction:
-    """What one token adds to this layer's cache on one card."""
-    return heads_on_card(layer, tp) * (layer.head_dim_k + layer.head_dim_v) * dtype
+    """What one token adds to this layer's cache on one card: its heads' K/V at `dtype` (or
+    the engine's packed fp8 row, when the layer has one and the cache is fp8), plus what it
+    caches beside them (an indexer key)."""
+    if dtype == 1 and layer.fp8_token_bytes:
+        kv = Fraction(layer.fp8_token_bytes)
+    else:
+        kv = heads_on_card(layer, tp) * (layer.head_dim_k + layer.head_dim_v) * dtype
+    return kv + indexer_token_bytes(layer.indexer_dim)
 
 
 def token_bytes_on_card(shape: ModelShape, tp: int, dtype: Fraction) -> int:

@@ -66,11 +66,13 @@ class OneCardEngine:
         """The arguments as they are: there is no card flag."""
         return list(args)
 
-    def card_counts(self, shape: ModelShape | None, largest: int) -> list[int]:
+    def card_counts(
+        self, shape: ModelShape | None, largest: int, args: Sequence[str] = ()
+    ) -> list[int]:
         """One card."""
         return [1]
 
-    def splits_heads(self, cards: int, shape: ModelShape) -> bool:
+    def splits_heads(self, cards: int, shape: ModelShape, args: Sequence[str] = ()) -> bool:
         """Heads are not split."""
         return True
 

@@ -17,6 +17,7 @@ from typing import ClassVar
 from llmgw.cardclass import MIB
 from llmgw.engines.base import Card, Overhead
 from llmgw.engines.grammar import ADDRESS_FLAGS, Grammar, RefusedFlag
+from llmgw.engines.heads import TpOptions
 from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
 from llmgw.engines.tensor_parallel import TensorParallelEngine
 from llmgw.shape import Layer, LayerKind, ModelShape
@@ -35,6 +36,9 @@ CHUNKED_PREFILL_SIZE = ("--chunked-prefill-size",)
 CUDA_GRAPH_MAX_BS = ("--cuda-graph-max-bs",)
 MAX_PREFILL_TOKENS = ("--max-prefill-tokens",)
 SPECULATIVE_ALGORITHM = ("--speculative-algorithm",)
+EP_SIZE = ("--ep-size", "--ep", "--expert-parallel-size")
+ENABLE_DP_ATTENTION = ("--enable-dp-attention",)
+DP_SIZE = ("--dp-size", "--dp", "--data-parallel-size")
 
 SGLANG_CACHE_DTYPES: dict[str, Fraction | None] = {
     "auto": None,
@@ -73,6 +77,9 @@ SGLANG_RESERVE_FLOOR_MIB = 10240
 SGLANG_RESERVE_FLOOR_ABOVE_MIB = 60 * 1024
 SGLANG_RESERVE_EAGLE_MIB = 2048
 SGLANG_RESERVE_STANDALONE_MIB = 6144
+SGLANG_RESERVE_DP_ATTENTION_MIB = 4096
+"""What `--enable-dp-attention` adds to the reserve (server_args.py
+_handle_gpu_memory_settings: "if self.enable_dp_attention: reserved_mem += 4 * 1024")."""
 SGLANG_MAX_PREFILL_TOKENS = 16384
 """`--max-prefill-tokens` default, used in the reserve when chunked prefill is off."""
 
@@ -153,6 +160,8 @@ def sglang_mem_fraction_static(
         reserved += SGLANG_RESERVE_STANDALONE_MIB
     elif draft and draft != "NGRAM":
         reserved += SGLANG_RESERVE_EAGLE_MIB
+    if GRAMMAR.has(args, ENABLE_DP_ATTENTION):
+        reserved += SGLANG_RESERVE_DP_ATTENTION_MIB
     return round((gpu_mib - reserved) / gpu_mib, 3)
 
 
@@ -168,6 +177,17 @@ class Sglang(TensorParallelEngine):
     pp_flag = PP_SIZE
     cache_dtype_flag = KV_CACHE_DTYPE
     cache_dtypes: ClassVar[Mapping[str, Fraction | None]] = SGLANG_CACHE_DTYPES
+
+    def tp_options(self, args: Sequence[str]) -> TpOptions:
+        """--ep-size N deals the experts out whole to N ranks, so each expert's width is split
+        over tp / N (python/sglang/srt/server_args.py: moe tp size = tp_size // ep_size);
+        --enable-dp-attention with --dp-size D splits attention over tp / D ranks only
+        (layers/dp_attention.py: attn_tp_size = tp_size // dp_size)."""
+        dp = self.grammar.count(args, DP_SIZE) or 1
+        return TpOptions(
+            expert_ranks=self.grammar.count(args, EP_SIZE) or 1,
+            attention_dp=dp if self.grammar.has(args, ENABLE_DP_ATTENTION) else 1,
+        )
 
     def pool(
         self, args: Sequence[str], *, tokens: int, sequences: int, card_memory_bytes: int

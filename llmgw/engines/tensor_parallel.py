@@ -2,7 +2,7 @@
 the rules they share. Each engine's module names its flags, cache pool, overhead and budget.
 
 A card holds ceil(weights / (tp × pp)), its heads' share of its pipeline stage's KV, and the
-engine's overhead; the count of cards must split the model's heads (`heads.splits_heads`).
+engine's overhead; the count of cards must split the model's heads and widths (`heads.tp_failure`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from llmgw.engines.base import Card, CardNeed, CardSplit, Overhead
 from llmgw.engines.grammar import Flag, Grammar, RefusedFlag
-from llmgw.engines.heads import splits_heads
+from llmgw.engines.heads import TpOptions, tp_failure
 from llmgw.engines.kvcache import (
     CachePool,
     fullest_stage,
@@ -83,16 +83,30 @@ class TensorParallelEngine:
         arguments already use."""
         return self.grammar.set(args, self.tp_flag, str(cards))
 
-    def card_counts(self, shape: ModelShape | None, largest: int) -> list[int]:
-        """The counts up to `largest` that split the heads (all of them when unknown)."""
+    def card_counts(
+        self, shape: ModelShape | None, largest: int, args: Sequence[str] = ()
+    ) -> list[int]:
+        """The counts up to `largest` that pass every tensor parallel check (all of them when
+        the shape is unknown)."""
         counts = range(1, largest + 1)
         if shape is None:
             return list(counts)
-        return [n for n in counts if self.splits_heads(n, shape)]
+        return [n for n in counts if self.splits_heads(n, shape, args)]
 
-    def splits_heads(self, cards: int, shape: ModelShape) -> bool:
-        """Whether tensor parallel over `cards` splits the heads (`heads.splits_heads`)."""
-        return splits_heads(cards, shape.attention_heads, shape.kv_heads)
+    def splits_heads(self, cards: int, shape: ModelShape, args: Sequence[str] = ()) -> bool:
+        """Whether tensor parallel over `cards` passes every check of `heads.tp_failure`
+        (heads, KV heads, MLP and expert widths, vision encoder, quantized shards)."""
+        return self.tp_failure(cards, shape, args) is None
+
+    def tp_failure(self, cards: int, shape: ModelShape, args: Sequence[str] = ()) -> str | None:
+        """The check tensor parallel over `cards` fails, in words (None: it passes); `args`
+        only for the flags that lift a check (`tp_options`): `with_cards` writes the count as
+        the tensor parallel size."""
+        return tp_failure(cards, shape, self.tp_options(args))
+
+    def tp_options(self, args: Sequence[str]) -> TpOptions:
+        """What the arguments change about the checks (nothing, unless an engine says)."""
+        return TpOptions()
 
     def replica_tp(self, cards: int, current: int) -> int:
         """The card count: every card is a tensor parallel rank."""

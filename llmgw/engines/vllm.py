@@ -16,6 +16,7 @@ from typing import ClassVar
 from llmgw.cardclass import GIB
 from llmgw.engines.base import Card, Overhead
 from llmgw.engines.grammar import ADDRESS_FLAGS, Grammar, RefusedFlag
+from llmgw.engines.heads import TpOptions
 from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
 from llmgw.engines.tensor_parallel import TensorParallelEngine
 from llmgw.engines.vllm_memory import VLLM_RULES, vllm_overhead
@@ -32,6 +33,8 @@ BLOCK_SIZE = ("--block-size",)
 MAX_NUM_BATCHED_TOKENS = ("--max-num-batched-tokens",)
 NO_CHUNKED_PREFILL = ("--no-enable-chunked-prefill",)
 ENFORCE_EAGER = ("--enforce-eager",)
+ENABLE_EXPERT_PARALLEL = ("--enable-expert-parallel", "-ep")
+MM_ENCODER_TP_MODE = ("--mm-encoder-tp-mode",)
 
 VLLM_BLOCK_TOKENS = 16
 """Tokens per KV page: `--block-size` default on CUDA (vllm/config/cache.py); a page per layer
@@ -161,6 +164,16 @@ class Vllm(TensorParallelEngine):
     pp_flag = PIPELINE_PARALLEL_SIZE
     cache_dtype_flag = KV_CACHE_DTYPE
     cache_dtypes: ClassVar[Mapping[str, Fraction | None]] = VLLM_CACHE_DTYPES
+
+    def tp_options(self, args: Sequence[str]) -> TpOptions:
+        """--enable-expert-parallel deals experts out whole to every rank (FusedMoE then does
+        not split their width, vllm/model_executor/layers/fused_moe/config.py
+        FusedMoEParallelConfig); --mm-encoder-tp-mode data replicates the vision encoder."""
+        mode = (GRAMMAR.get(args, MM_ENCODER_TP_MODE) or "").strip().lower()
+        return TpOptions(
+            expert_ranks=(1 << 30) if GRAMMAR.has(args, ENABLE_EXPERT_PARALLEL) else 1,
+            vision_data_parallel=mode == "data",
+        )
 
     def pool(
         self, args: Sequence[str], *, tokens: int, sequences: int, card_memory_bytes: int

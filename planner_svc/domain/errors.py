@@ -125,20 +125,26 @@ class GPUCountUnavailable(PlannerError):
 
 @dataclass
 class HeadsNotDivisible(PlannerError):
-    """Tensor parallel N does not split the model's heads."""
+    """Tensor parallel N fails one of the divisibility checks the engine makes at load (heads,
+    KV heads, MLP and expert widths, vision encoder, quantized shards: `engines.heads`);
+    `check` says which, `valid_counts` every count that passes them all."""
 
     gpus: int = 0
     attention_heads: int = 0
     kv_heads: int = 0
     valid_counts: tuple[int, ...] = field(default_factory=tuple)
+    check: str = ""
 
     def metadata(self) -> dict[str, str]:
-        return {
+        out = {
             "gpus": str(self.gpus),
             "attention_heads": str(self.attention_heads),
             "kv_heads": str(self.kv_heads),
             "valid_counts": ",".join(str(n) for n in self.valid_counts),
         }
+        if self.check:
+            out["check"] = self.check
+        return out
 
 
 @dataclass

@@ -121,10 +121,12 @@ def _longest(
     return lo * step
 
 
-def card_counts(engine: Engine, shape: ModelShape | None, largest: int) -> list[int]:
+def card_counts(
+    engine: Engine, shape: ModelShape | None, largest: int, args: Sequence[str] = ()
+) -> list[int]:
     """The card counts a replica of this engine may use on a node of `largest` cards
-    (`DEFAULT_MAX_CARDS` when no node of the class is known)."""
-    return engine.card_counts(shape, largest if largest > 0 else DEFAULT_MAX_CARDS)
+    (`DEFAULT_MAX_CARDS` when no node of the class is known), served with `args`."""
+    return engine.card_counts(shape, largest if largest > 0 else DEFAULT_MAX_CARDS, args)
 
 
 def fewest_cards(
@@ -140,7 +142,7 @@ def fewest_cards(
     """The fewest cards of a valid count (on one node of the class) that hold `tokens`;
     0 when no count there does."""
     largest = inventory.largest_count(profile.gpu_class)
-    for n in card_counts(engine, shape, largest):
+    for n in card_counts(engine, shape, largest, args):
         trial = engine.with_cards(args, n)
         if measure(
             engine, profile, shape, inventory, args=trial, tokens=tokens, slots=slots, cards=n

@@ -3,6 +3,9 @@
 The rules follow llama.cpp as vendored in llama-cpp-python 0.3.36 (llama.cpp commit 0c1e570),
 summarised in shared/models/llamacpp_arch_notes.md; file names below are that tree's. Every
 rule is written here from reading that source, none copied.
+
+(Past 500 lines because it is one reader over one header: every rule reads the same metadata
+through the same range checks, and the per-architecture tables sit next to the rules using them.)
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import NoReturn
 
 from gguf import Keys
 
-from llmgw.shape import Layer, LayerKind, ModelShape
+from llmgw.shape import Layer, LayerKind, ModelShape, ParallelDims
 from planner_svc.domain.errors import InvalidShape
 
 # src/llama-hparams.h: LLAMA_MAX_LAYERS; llama.cpp refuses a block_count above it.
@@ -24,6 +27,7 @@ _MAX_HEAD_DIM = 1 << 16
 _MAX_EMBD = 1 << 20
 _MAX_TOKENS = 1 << 32
 _MAX_SSM = 1 << 24
+_MAX_FF = 1 << 24
 
 # Recurrent state is kept in f32 (src/llama-model.cpp, create_memory: GGML_TYPE_F32 for r and s).
 _STATE_DTYPE_BYTES = 4
@@ -255,6 +259,14 @@ class _Reader:
         is_swa, window = self._sliding(n_layer, n_main, attends, recurrent)
         kv_from_start = self._kv_from_start(n_layer)
         mla = self._mla()
+        # deepseek32.cpp / llama-kv-cache-dsa.cpp: DeepSeek V3.2's DSA keeps an indexer key cache
+        # (one K head of attention.indexer.key_length, at the K type) beside every trunk layer's
+        # latent.
+        indexer = (
+            self.integer(Keys.Attention.Indexer.KEY_LENGTH, maximum=_MAX_HEAD_DIM)
+            if self.arch == "deepseek32"
+            else 0
+        )
 
         layers: list[Layer] = []
         for il in range(n_layer):
@@ -275,7 +287,9 @@ class _Reader:
             elif mla is not None:
                 # src/llama-kv-cache.cpp: an MLA cache stores only K (the latent); V is read
                 # back out of it, so V width is 0.
-                layers.append(Layer(LayerKind.MLA, kv_heads[il], dims.k, 0, 0, state))
+                layers.append(
+                    Layer(LayerKind.MLA, kv_heads[il], dims.k, 0, 0, state, indexer_dim=indexer)
+                )
             else:
                 layers.append(Layer(LayerKind.FULL, kv_heads[il], dims.k, dims.v, 0, state))
         if n_nextn and n_main < n_layer:
@@ -308,6 +322,39 @@ class _Reader:
             format="gguf",
             notes=tuple(self.notes),
             mla_expanded=mla,
+            parallel=self._parallel(n_layer, attention_heads, dims.k, dims.v, mla is not None),
+        )
+
+    def _parallel(
+        self, n_layer: int, heads: int, k_dim: int, v_dim: int, mla: bool
+    ) -> ParallelDims:
+        """What tensor parallel splits besides the heads, for engines that load GGUF (vLLM):
+        the dense MLP (feed_forward_length: a mixture-of-experts file without
+        expert_feed_forward_length gives the expert's width there, as Mixtral's do), expert
+        and shared-expert widths, the vocabulary."""
+        ff = max(self.per_layer(Keys.LLM.FEED_FORWARD_LENGTH, n_layer, [0], _MAX_FF), default=0)
+        experts = self.integer(Keys.LLM.EXPERT_COUNT, default=0, maximum=1 << 20)
+        expert_ff = self.integer(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, default=0, maximum=_MAX_FF)
+        dense_lead = self.integer(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, default=0, maximum=n_layer)
+        shared = self.integer(
+            Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, default=0, maximum=_MAX_FF
+        ) or expert_ff * self.integer(Keys.LLM.EXPERT_SHARED_COUNT, default=0, maximum=1 << 10)
+        if experts == 0:
+            dense, expert = ff, 0
+        else:
+            expert = expert_ff or ff
+            dense = ff if expert_ff and dense_lead > 0 else 0
+        tokens = self.md.get(Keys.Tokenizer.LIST)
+        vocab = self.integer(Keys.LLM.VOCAB_SIZE, default=0, maximum=1 << 24) or (
+            len(tokens) if isinstance(tokens, list) else 0
+        )
+        return ParallelDims(
+            vocab=vocab,
+            dense_intermediate=dense,
+            expert_intermediate=expert,
+            shared_intermediate=shared if experts else 0,
+            q_head_dim=0 if mla else k_dim,
+            o_head_dim=0 if mla else v_dim,
         )
 
     def _trained_context(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from llmgw.engines.tensor_parallel import TensorParallelEngine
 from llmgw.model import Inventory, Model, Profile
 from llmgw.shape import ModelShape
 from planner_svc.domain import errors
@@ -150,16 +151,22 @@ def _replan_profile(
             largest=largest,
         )
     if engine.splits_by_heads and shape is not None:
-        if not engine.splits_heads(gpus, shape):
-            valid = tuple(card_counts(engine, shape, largest or max(DEFAULT_MAX_CARDS, gpus)))
+        if not engine.splits_heads(gpus, shape, profile.args):
+            largest_count = largest or max(DEFAULT_MAX_CARDS, gpus)
+            valid = tuple(card_counts(engine, shape, largest_count, profile.args))
+            failed = (
+                engine.tp_failure(gpus, shape, profile.args)
+                if isinstance(engine, TensorParallelEngine)
+                else None
+            ) or "its heads do not split evenly"
             raise errors.HeadsNotDivisible(
-                f"tensor parallel {gpus} does not split {model.name}'s {shape.attention_heads} "
-                f"attention heads and {shape.kv_heads} KV heads evenly: use "
-                + ", ".join(str(n) for n in valid),
+                f"tensor parallel {gpus} cannot load {model.name}: {failed}; the counts that "
+                "pass every check are " + (", ".join(str(n) for n in valid) or "none"),
                 gpus=gpus,
                 attention_heads=shape.attention_heads,
                 kv_heads=shape.kv_heads,
                 valid_counts=valid,
+                check=failed,
             )
     elif engine.splits_by_heads:
         notes.append("its heads are not known, so tensor parallel is not checked against them")

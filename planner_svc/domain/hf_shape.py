@@ -1,15 +1,12 @@
 """A Hugging Face config.json read as a model's shape, by vLLM's rules.
 
 Sources, each read and restated here (nothing copied):
-- vllm/config/model.py `_get_and_verify_max_len` (trained context), `get_head_size`,
-  `get_total_num_kv_heads`, `get_sliding_window`, `is_deepseek_mla`;
-- vllm/transformers_utils/config.py `patch_rope_parameters_dict` (legacy `type`, su -> longrope,
-  mrope -> default);
-- vllm/model_executor/layers/mamba/mamba_utils.py `MambaStateShapeCalculator` and
-  `MambaStateDtypeCalculator` (recurrent state shapes and dtypes);
-- transformers' config classes for the per-layer patterns (Gemma2/Gemma3/Cohere2
-  `layer_types`, Qwen2/Qwen3 `max_window_layers`, Qwen3-Next `full_attention_interval`,
-  Jamba `attn_layer_period`/`attn_layer_offset`).
+- vllm/config/model.py `get_head_size`, `get_total_num_kv_heads`, `get_sliding_window`,
+  `is_deepseek_mla`; the trained context is `hf_context`'s;
+- transformers' config classes for the sliding-window patterns (Gemma2/Gemma3/Cohere2
+  `sliding_window_pattern`, Qwen2/Qwen3 `max_window_layers`); the hybrid encodings are
+  `hf_layers`', the recurrent state `hf_state`'s, the keys a config omits `hf_defaults`', what
+  tensor parallel splits `hf_parallel`'s.
 """
 
 from __future__ import annotations
@@ -17,8 +14,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from llmgw.shape import Layer, LayerKind, ModelShape
+from planner_svc.domain import hf_layers, hf_state
 from planner_svc.domain.errors import InvalidShape
 from planner_svc.domain.hf_compute import compute_from_hf_config
+from planner_svc.domain.hf_context import trained_context
+from planner_svc.domain.hf_defaults import defaults_for
+from planner_svc.domain.hf_layers import DTYPE_BYTES, describe, whole
+from planner_svc.domain.hf_parallel import parallel_dims
 
 # Generous ceilings for "absurd": far past any released model, far below overflow.
 _MAX_LAYERS = 1024
@@ -26,24 +28,7 @@ _MAX_HEADS = 1 << 14
 _MAX_HEAD_DIM = 1 << 16
 _MAX_HIDDEN = 1 << 20
 _MAX_TOKENS = 1 << 32
-_MAX_SSM = 1 << 24
-_MAX_ROPE_FACTOR = 1024.0
 _MAX_WEIGHTS_BYTES = 1 << 52
-
-# vllm/config/model.py `_get_and_verify_max_len`: every key it reads, the smallest present wins.
-_CONTEXT_KEYS = (
-    "max_position_embeddings",
-    "n_positions",
-    "max_seq_len",
-    "seq_length",
-    "model_max_length",
-    "max_target_positions",
-    "max_sequence_length",
-    "max_seq_length",
-    "seq_len",
-)
-# ... except these rope types, whose factor does not extend the derived length.
-_ROPE_TYPES_NOT_EXTENDING = frozenset({"su", "longrope", "llama3"})
 
 # Where multimodal configs keep their language model (transformers `get_text_config`).
 _TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
@@ -51,24 +36,10 @@ _TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
 # vllm get_total_num_kv_heads: the attributes it tries, in order.
 _KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num")
 
-_DTYPE_BYTES = {
-    "bfloat16": 2,
-    "bf16": 2,
-    "float16": 2,
-    "fp16": 2,
-    "half": 2,
-    "float32": 4,
-    "fp32": 4,
-    "float": 4,
-}
 
 _FULL = "full_attention"
 _SLIDING = "sliding_attention"
 _CHUNKED = "chunked_attention"
-_LINEAR = "linear_attention"
-_MAMBA = "mamba"
-# Layer-type names transformers writes in `layer_types` that this reader models.
-_KNOWN_LAYER_TYPES = frozenset({_FULL, _SLIDING, _CHUNKED, _LINEAR, _MAMBA, "attention"})
 
 _MAMBA1_TYPES = frozenset({"mamba", "falcon_mamba"})
 _MAMBA2_TYPES = frozenset({"mamba2"})
@@ -95,9 +66,9 @@ def shape_from_hf_config(config: Mapping[str, object], *, weights_bytes: int = 0
             mistyped values; inconsistent layer types).
     """
     if not isinstance(config, Mapping):
-        raise InvalidShape(f"config.json must be a JSON object, not {_describe(config)}.")
+        raise InvalidShape(f"config.json must be a JSON object, not {describe(config)}.")
     if isinstance(weights_bytes, bool) or not isinstance(weights_bytes, int):
-        raise InvalidShape(f"weights_bytes must be a whole number, not {_describe(weights_bytes)}.")
+        raise InvalidShape(f"weights_bytes must be a whole number, not {describe(weights_bytes)}.")
     if not 0 <= weights_bytes <= _MAX_WEIGHTS_BYTES:
         raise InvalidShape(f"weights_bytes {weights_bytes} is out of range.")
     return _Reader(config).shape(weights_bytes)
@@ -111,6 +82,8 @@ class _Reader:
         self.text = self._text_config(config)
         self.notes: list[str] = []
         self.model_type = self._model_type()
+        self.defaults = defaults_for(self.model_type)
+        self.defaulted: dict[str, object] = {}
 
     @staticmethod
     def _text_config(config: Mapping[str, object]) -> Mapping[str, object]:
@@ -119,7 +92,7 @@ class _Reader:
             if sub is None:
                 continue
             if not isinstance(sub, Mapping):
-                raise InvalidShape(f"config.json's {key} must be an object, not {_describe(sub)}.")
+                raise InvalidShape(f"config.json's {key} must be an object, not {describe(sub)}.")
             return sub
         thinker = config.get("thinker_config")
         if isinstance(thinker, Mapping):
@@ -131,10 +104,16 @@ class _Reader:
     # -- raw access ------------------------------------------------------------------------
 
     def get(self, key: str) -> object:
-        """The text config's value for `key`, else the top level's (None when neither has it)."""
+        """The text config's value for `key`, else the top level's, else the default of the
+        architecture's transformers config class (`hf_defaults`); None when none has it."""
         if key in self.text:
             return self.text[key]
-        return self.top.get(key)
+        if key in self.top:
+            return self.top[key]
+        if key in self.defaults:
+            self.defaulted[key] = self.defaults[key]
+            return self.defaults[key]
+        return None
 
     def first(self, keys: Sequence[str]) -> tuple[str, object]:
         """The first of `keys` with a non-null value, and that value (None when none has)."""
@@ -146,10 +125,10 @@ class _Reader:
 
     def int_at(self, key: str, value: object, *, minimum: int, maximum: int) -> int:
         """`value` (read from `key`) as a whole number in [minimum, maximum]."""
-        number = _whole(value)
+        number = whole(value)
         if number is None or not minimum <= number <= maximum:
             raise InvalidShape(
-                f"config.json's {key} is {_describe(value)}, not a whole number from {minimum} "
+                f"config.json's {key} is {describe(value)}, not a whole number from {minimum} "
                 f"to {maximum}."
             )
         return number
@@ -176,9 +155,7 @@ class _Reader:
         top_type = self.top.get("model_type")
         for value in (text_type, top_type):
             if value is not None and not isinstance(value, str):
-                raise InvalidShape(
-                    f"config.json's model_type must be text, not {_describe(value)}."
-                )
+                raise InvalidShape(f"config.json's model_type must be text, not {describe(value)}.")
         return str(text_type or top_type or "")
 
     def _architecture(self) -> str:
@@ -195,11 +172,25 @@ class _Reader:
     def shape(self, weights_bytes: int) -> ModelShape:
         architecture = self._architecture()
         dtype_bytes = self._dtype_bytes()
-        trained = self._trained_context()
+        trained = trained_context(self)
         if self.model_type in _MAMBA1_TYPES or self.model_type in _MAMBA2_TYPES:
-            layers, heads, kv_heads, expanded = self._recurrent_layers(dtype_bytes), 0, 0, None
+            layers, heads, kv_heads, expanded = (
+                hf_state.recurrent_layers(self, dtype_bytes),
+                0,
+                0,
+                None,
+            )
         else:
             layers, heads, kv_heads, expanded = self._attention_layers(dtype_bytes, trained)
+        parallel = parallel_dims(self, self.top, layers, heads)
+        if self.defaulted:
+            self.notes.append(
+                "config.json omits "
+                + ", ".join(
+                    f"{key} (default {value!r:.30})" for key, value in self.defaulted.items()
+                )
+                + f": read as transformers' {self.model_type} config class defines them"
+            )
         return ModelShape(
             architecture=architecture,
             layers=layers,
@@ -212,6 +203,7 @@ class _Reader:
             notes=tuple(self.notes),
             mla_expanded=expanded,
             compute=compute_from_hf_config(self.top),
+            parallel=parallel,
         )
 
     def _dtype_bytes(self) -> int:
@@ -229,8 +221,8 @@ class _Reader:
         if value is None or value == "auto":
             return 2
         if not isinstance(value, str):
-            raise InvalidShape(f"config.json's {key} must be text, not {_describe(value)}.")
-        size = _DTYPE_BYTES.get(value.removeprefix("torch.").lower())
+            raise InvalidShape(f"config.json's {key} must be text, not {describe(value)}.")
+        size = DTYPE_BYTES.get(value.removeprefix("torch.").lower())
         if size is None:
             self.notes.append(
                 f"dtype {value!r} is not a 16- or 32-bit float; the cache is sized at 2 bytes."
@@ -244,90 +236,17 @@ class _Reader:
             )
         return size
 
-    # -- trained context ----------------------------------------------------------------------
-
-    def _trained_context(self) -> int:
-        derived: int | None = None
-        for key in _CONTEXT_KEYS:
-            value = self.get(key)
-            if value is None:
-                continue
-            number = self.int_at(key, value, minimum=1, maximum=_MAX_TOKENS)
-            derived = number if derived is None else min(derived, number)
-        # vLLM: "For Command-R / Cohere, Cohere2 / Aya Vision models" model_max_length wins.
-        override = self.get("model_max_length")
-        if override:
-            derived = self.int_at("model_max_length", override, minimum=1, maximum=_MAX_TOKENS)
-        if derived is None:
-            self.notes.append(
-                "config.json gives no context length (vLLM would assume 2048 tokens); the "
-                "trained context is unknown."
-            )
-            return 0
-        # vLLM: "Gemma3's max_model_len (128K) is already scaled by RoPE scaling".
-        if "gemma3" in self.model_type:
-            return derived
-        scaled = float(derived)
-        factor = 1.0
-        longrope = False
-        for params in self._rope_parameters():
-            rope_type = _rope_type(params)
-            if rope_type == "longrope":
-                longrope = True
-            if rope_type in _ROPE_TYPES_NOT_EXTENDING:
-                continue
-            if params.get("factor") is not None:
-                factor = _rope_factor(params["factor"])
-            if rope_type == "yarn":
-                original = params.get("original_max_position_embeddings")
-                if original is None:
-                    original = self.get("original_max_position_embeddings")
-                if original is not None:
-                    scaled = float(
-                        self.int_at(
-                            "rope original_max_position_embeddings",
-                            original,
-                            minimum=1,
-                            maximum=_MAX_TOKENS,
-                        )
-                    )
-        trained = int(scaled * factor)
-        if not 1 <= trained <= _MAX_TOKENS:
-            raise InvalidShape(
-                f"config.json's rope scaling gives an absurd context of {trained} tokens."
-            )
-        if longrope:
-            original = _whole(self.get("original_max_position_embeddings")) or trained
-            self.notes.append(
-                f"longrope: vLLM serves {original} tokens by default and up to {trained} when "
-                "asked with --max-model-len."
-            )
-        return trained
-
-    def _rope_parameters(self) -> list[Mapping[str, object]]:
-        """The rope dicts, flattened: transformers v5 `rope_parameters` (maybe per layer type)
-        or the legacy `rope_scaling`."""
-        key, value = self.first(("rope_parameters", "rope_scaling"))
-        if value is None:
-            return []
-        if not isinstance(value, Mapping):
-            raise InvalidShape(f"config.json's {key} must be an object, not {_describe(value)}.")
-        if value and set(value).issubset(_KNOWN_LAYER_TYPES):
-            nested = list(value.values())
-            for params in nested:
-                if not isinstance(params, Mapping):
-                    raise InvalidShape(f"config.json's {key} per layer type must hold objects.")
-            return nested
-        return [value]
-
     # -- layers -----------------------------------------------------------------------------
 
     def _attention_layers(
         self, dtype_bytes: int, trained: int
     ) -> tuple[tuple[Layer, ...], int, int, tuple[int, int] | None]:
-        count = self.required(
-            ("num_hidden_layers", "n_layer", "num_layers", "n_layers"), maximum=_MAX_LAYERS
-        )
+        count_keys = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+        implied = hf_layers.pattern_length(self)
+        if self.first(count_keys)[1] is None and implied is not None:
+            count = self.int_at("layers_block_type", implied, minimum=1, maximum=_MAX_LAYERS)
+        else:
+            count = self.required(count_keys, maximum=_MAX_LAYERS)
         heads = self.required(("num_attention_heads", "n_head", "num_heads"), maximum=_MAX_HEADS)
         kv_heads = self._kv_heads(heads)
         layer_types = self._layer_types(count)
@@ -349,23 +268,43 @@ class _Reader:
 
         window = self._window(layer_types)
         sliding = self._sliding_layer(attention, window, trained, layer_types)
-        linear = self._linear_layer(dtype_bytes) if _LINEAR in layer_types else None
-        mamba = self._jamba_mamba_layer(dtype_bytes) if _MAMBA in layer_types else None
-
+        built: dict[str, Layer] = {}
         layers: list[Layer] = []
         for kind in layer_types:
-            if kind in (_FULL, "attention"):
-                layers.append(attention)
-            elif kind in (_SLIDING, _CHUNKED):
-                assert sliding is not None
-                layers.append(sliding)
-            elif kind == _LINEAR:
-                assert linear is not None
-                layers.append(linear)
-            else:
-                assert mamba is not None
-                layers.append(mamba)
+            layer = built.get(kind)
+            if layer is None:
+                layer = built[kind] = self._layer_of(kind, attention, sliding, dtype_bytes)
+            layers.append(layer)
         return tuple(layers), heads, shape_kv_heads, expanded
+
+    def _layer_of(
+        self, kind: str, attention: Layer, sliding: Layer | None, dtype_bytes: int
+    ) -> Layer:
+        """One layer of `kind` (an `hf_layers` kind)."""
+        if kind == hf_layers.FULL:
+            return attention
+        if kind in (hf_layers.SLIDING, hf_layers.CHUNKED):
+            assert sliding is not None
+            return sliding
+        if kind == hf_layers.LINEAR:
+            return hf_state.linear_layer(self, dtype_bytes)
+        if kind == hf_layers.MAMBA:
+            return hf_state.jamba_mamba_layer(self, dtype_bytes)
+        ssm = hf_state.ssm_dtype_bytes(self, dtype_bytes)
+        if kind == hf_layers.MAMBA2:
+            return hf_layers.mamba2_layer(self, dtype_bytes, ssm)
+        if kind == hf_layers.PARALLEL_HYBRID:
+            mixer = hf_layers.mamba2_layer(self, dtype_bytes, ssm)
+            return Layer(
+                attention.kind,
+                kv_heads=attention.kv_heads,
+                head_dim_k=attention.head_dim_k,
+                head_dim_v=attention.head_dim_v,
+                state_bytes=mixer.state_bytes,
+            )
+        if kind == hf_layers.CONV:
+            return hf_layers.conv_layer(self, dtype_bytes)
+        return Layer(LayerKind.NO_CACHE)
 
     def _kv_heads(self, heads: int) -> int:
         # vllm get_total_num_kv_heads: Falcon-style multi_query means one KV head.
@@ -380,6 +319,9 @@ class _Reader:
         # vllm get_head_size: an explicit head_dim wins (Qwen3, Gemma 2: heads x head_dim is not
         # hidden_size), else hidden_size / num_attention_heads.
         explicit = self.optional("head_dim", maximum=_MAX_HEAD_DIM)
+        if explicit is None:
+            # NemotronHConfig spells it attention_head_dim.
+            explicit = self.optional("attention_head_dim", maximum=_MAX_HEAD_DIM)
         if explicit is not None:
             return explicit
         hidden = self.required(("hidden_size", "n_embd", "d_model"), maximum=_MAX_HIDDEN)
@@ -400,33 +342,37 @@ class _Reader:
         if nope + rope < 1:
             raise InvalidShape("config.json's qk_nope_head_dim + qk_rope_head_dim is 0.")
         layer = Layer(LayerKind.MLA, kv_heads=1, head_dim_k=rank + rope, head_dim_v=0)
+        index_dim = self.optional("index_head_dim", maximum=_MAX_HEAD_DIM)
+        if index_dim is not None and self.get("index_topk") is not None:
+            # DeepSeek V3.2's sparse attention (DSA). vLLM's DeepseekV32IndexerCache
+            # (vllm/model_executor/models/deepseek_v2.py) caches every attention layer's
+            # indexer key as fp8 plus one 4-byte scale per 128 values, whatever the KV cache
+            # type: index_head_dim + index_head_dim // 128 * 4 bytes a token (132 for 128).
+            # Its FlashMLA sparse backend stores an fp8 cache as "fp8_ds_mla"
+            # (vllm/v1/attention/backends/mla/flashmla_sparse.py get_kv_cache_shape: 656 bytes a
+            # token): the latent in fp8, one float32 scale per 128 of it, the rope part in bf16.
+            # SGLang's NSATokenToKVPool (python/sglang/srt/mem_cache/memory_pool.py) keeps the
+            # same: an index key of index_head_dim fp8 values + a 4-byte scale a token (quant
+            # block 128), and its fp8 store the rope part in bf16.
+            layer = Layer(
+                LayerKind.MLA,
+                kv_heads=1,
+                head_dim_k=rank + rope,
+                head_dim_v=0,
+                indexer_dim=index_dim,
+                fp8_token_bytes=rank + rank // 128 * 4 + rope * 2,
+            )
+            self.notes.append(
+                "sparse attention (DSA): an indexer key of "
+                f"{index_dim + index_dim // 128 * 4} bytes a token and layer is counted beside the "
+                "latent; an fp8 cache is sized in vLLM's fp8_ds_mla layout"
+            )
         return layer, (nope + rope, v_dim)
 
     def _layer_types(self, count: int) -> list[str]:
-        explicit = self.get("layer_types")
+        explicit = hf_layers.explicit_pattern(self, count)
         if explicit is not None:
-            if not isinstance(explicit, list) or len(explicit) != count:
-                raise InvalidShape(
-                    f"config.json's layer_types must list one type for each of its {count} layers."
-                )
-            for kind in explicit:
-                if kind not in _KNOWN_LAYER_TYPES:
-                    raise InvalidShape(
-                        f"config.json's layer_types has {_describe(kind)}, a layer type this "
-                        "planner does not size."
-                    )
-            return [str(kind) for kind in explicit]
-
-        interval = self.optional("full_attention_interval", maximum=_MAX_LAYERS)
-        if interval is not None:
-            # transformers Qwen3NextConfig: linear_attention unless (i + 1) % interval == 0.
-            return [_FULL if (i + 1) % interval == 0 else _LINEAR for i in range(count)]
-
-        period = self.optional("attn_layer_period", maximum=_MAX_LAYERS)
-        if period is not None:
-            # transformers JambaConfig.layers_block_type: attention iff i % period == offset.
-            offset = self.optional("attn_layer_offset", minimum=0, maximum=_MAX_LAYERS) or 0
-            return [_FULL if i % period == offset else _MAMBA for i in range(count)]
+            return explicit
 
         if not self._slides():
             return [_FULL] * count
@@ -464,7 +410,7 @@ class _Reader:
         use = self.get("use_sliding_window")
         if use is not None and not isinstance(use, bool):
             raise InvalidShape(
-                f"config.json's use_sliding_window must be true or false, not {_describe(use)}."
+                f"config.json's use_sliding_window must be true or false, not {describe(use)}."
             )
         if use is False:
             # Qwen2/2.5 ship sliding_window: 131072 with use_sliding_window: false; transformers
@@ -509,114 +455,3 @@ class _Reader:
             head_dim_v=attention.head_dim_v,
             window_tokens=window,
         )
-
-    # -- recurrent state -------------------------------------------------------------------
-
-    def _ssm_dtype_bytes(self, dtype_bytes: int) -> int:
-        # vLLM MambaStateDtypeCalculator: mamba_ssm_cache_dtype "auto" keeps the conv state's
-        # dtype (the model's); NemotronH's hook reads mamba_ssm_cache_dtype from the config.
-        value = self.get("mamba_ssm_cache_dtype")
-        if value is None or value == "auto":
-            return dtype_bytes
-        if not isinstance(value, str) or value.lower() not in _DTYPE_BYTES:
-            raise InvalidShape(
-                f"config.json's mamba_ssm_cache_dtype is {_describe(value)}, not a float type."
-            )
-        return _DTYPE_BYTES[value.lower()]
-
-    def _linear_layer(self, dtype_bytes: int) -> Layer:
-        # vLLM gated_delta_net_state_shape: conv state (2*k_heads*k_dim + v_heads*v_dim) x
-        # (kernel - 1), temporal state v_heads x v_dim x k_dim.
-        k_heads = self.required(("linear_num_key_heads",), maximum=_MAX_HEADS)
-        v_heads = self.required(("linear_num_value_heads",), maximum=_MAX_HEADS)
-        k_dim = self.required(("linear_key_head_dim",), maximum=_MAX_HEAD_DIM)
-        v_dim = self.required(("linear_value_head_dim",), maximum=_MAX_HEAD_DIM)
-        kernel = self.required(("linear_conv_kernel_dim",), maximum=_MAX_SSM)
-        conv = (2 * k_heads * k_dim + v_heads * v_dim) * (kernel - 1)
-        temporal = v_heads * v_dim * k_dim
-        state = conv * dtype_bytes + temporal * self._ssm_dtype_bytes(dtype_bytes)
-        return Layer(LayerKind.RECURRENT, state_bytes=state)
-
-    def _mamba1_layer(self, dtype_bytes: int, *, inner: int, state: int, kernel: int) -> Layer:
-        # vLLM mamba1_state_shape: conv state inner x (kernel - 1), temporal inner x state.
-        conv = inner * (kernel - 1)
-        temporal = inner * state
-        return Layer(
-            LayerKind.RECURRENT,
-            state_bytes=conv * dtype_bytes + temporal * self._ssm_dtype_bytes(dtype_bytes),
-        )
-
-    def _jamba_mamba_layer(self, dtype_bytes: int) -> Layer:
-        hidden = self.required(("hidden_size",), maximum=_MAX_HIDDEN)
-        expand = self.optional("mamba_expand", maximum=64) or 2
-        return self._mamba1_layer(
-            dtype_bytes,
-            inner=expand * hidden,
-            state=self.required(("mamba_d_state",), maximum=_MAX_SSM),
-            kernel=self.required(("mamba_d_conv",), maximum=_MAX_SSM),
-        )
-
-    def _recurrent_layers(self, dtype_bytes: int) -> tuple[Layer, ...]:
-        count = self.required(("num_hidden_layers", "n_layer", "num_layers"), maximum=_MAX_LAYERS)
-        hidden = self.required(("hidden_size", "d_model"), maximum=_MAX_HIDDEN)
-        expand = self.optional("expand", maximum=64) or 2
-        state = self.required(("state_size",), maximum=_MAX_SSM)
-        kernel = self.required(("conv_kernel",), maximum=_MAX_SSM)
-        inner = self.optional("intermediate_size", maximum=_MAX_HIDDEN * 64) or expand * hidden
-        if self.model_type in _MAMBA1_TYPES:
-            layer = self._mamba1_layer(dtype_bytes, inner=inner, state=state, kernel=kernel)
-        else:
-            # vLLM mamba2_state_shape: conv state (inner + 2*groups*state) x (kernel - 1),
-            # temporal heads x head_dim x state.
-            groups = self.optional("n_groups", maximum=_MAX_HEADS) or 1
-            heads = self.required(("num_heads",), maximum=_MAX_HEADS)
-            head_dim = self.required(("head_dim",), maximum=_MAX_HEAD_DIM)
-            conv = (expand * hidden + 2 * groups * state) * (kernel - 1)
-            temporal = heads * head_dim * state
-            layer = Layer(
-                LayerKind.RECURRENT,
-                state_bytes=conv * dtype_bytes + temporal * self._ssm_dtype_bytes(dtype_bytes),
-            )
-        self.notes.append(
-            "recurrent state sized at the model dtype as vLLM keeps it; llama.cpp keeps it in "
-            "float32."
-        )
-        return (layer,) * count
-
-
-def _rope_type(params: Mapping[str, object]) -> str:
-    """The rope type as vLLM's patch_rope_parameters_dict leaves it."""
-    value = params.get("rope_type", params.get("type", "default"))
-    if not isinstance(value, str):
-        raise InvalidShape(f"config.json's rope type must be text, not {_describe(value)}.")
-    if value == "su":
-        return "longrope"
-    if value == "mrope":
-        return "default"
-    return value
-
-
-def _rope_factor(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidShape(f"config.json's rope factor is {_describe(value)}, not a number.")
-    factor = float(value)
-    if not 0 < factor <= _MAX_ROPE_FACTOR:
-        raise InvalidShape(f"config.json's rope factor {value} is out of range.")
-    return factor
-
-
-def _whole(value: object) -> int | None:
-    """`value` as an int when it is a whole number (an integral float counts), else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
-
-
-def _describe(value: object) -> str:
-    """A short, safe rendering of a value for a message."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."

@@ -51,6 +51,19 @@ def _memory(need: ProfileNeed, profile: str = "") -> common_pb2.Memory | None:
             card_total_bytes=c.card_total_bytes,
             outside_budget_bytes=c.outside_bytes,
             outside_room_bytes=c.outside_room_bytes,
+            devices=[
+                common_pb2.DevicePlacement(
+                    device=d.device,
+                    layers=d.layers,
+                    first_layer=d.first_layer,
+                    last_layer=d.last_layer,
+                    output=d.output,
+                    weights_bytes=d.weights_bytes,
+                    kv_bytes=d.kv_bytes,
+                    compute_bytes=d.compute_bytes,
+                )
+                for d in c.devices
+            ],
         )
     if need.ram is not None:
         r = need.ram

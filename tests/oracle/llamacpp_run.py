@@ -66,7 +66,8 @@ class KvLine:
     """One `llama_kv_cache: size = …` line; MiB figures as printed (two decimals)."""
 
     role: str
-    """"kv" for a lone cache, "base" / "swa" for the two caches of a sliding-window model."""
+    """"kv" for a lone cache, "base" / "swa" for the two caches of a sliding-window model,
+    "indexer" for deepseek32's indexer key cache (src/llama-kv-cache-dsa.cpp)."""
     size_mib: str
     cells: int
     layers: int
@@ -182,6 +183,7 @@ def parse_log(ok: bool, log: str, decoded: bool | None = None) -> Printed:
 
     The lines parsed are printed by src/llama-kv-cache.cpp:301 (cache size),
     src/llama-kv-cache-iswa.cpp:75/91 ("creating non-SWA / SWA KV cache"),
+    src/llama-kv-cache-dsa.cpp ("creating main / indexer KV cache"),
     src/llama-memory-recurrent.cpp (recurrent size), src/llama-context.cpp:308-315 (n_ctx …,
     flash_attn) and :546-552 (auto flash attention resolved), and sched_reserve's compute
     buffer sizes.
@@ -198,6 +200,10 @@ def parse_log(ok: bool, log: str, decoded: bool | None = None) -> Printed:
             role = "base"
         elif "creating     SWA KV cache" in line:
             role = "swa"
+        elif "creating main KV cache" in line:
+            role = "kv"
+        elif "creating indexer KV cache" in line:
+            role = "indexer"
         if m := _KV_RE.search(line):
             size, cells, layers, seqs, streams, tk, k, tv, v = m.groups()
             kv.append(KvLine(role, size, int(cells), int(layers), int(seqs), int(streams), tk,

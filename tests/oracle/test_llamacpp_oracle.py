@@ -332,18 +332,24 @@ def _check(
     assert got.flash_attn == want.flash_attn, f"{where}: flash attention"
     slots = settings.slots
     g = geometry(case.model)
-    if g.ssm is not None:
-        assert not got.kv, where
+    if g.recurrent:
         assert got.recurrent is not None, where
         assert (got.recurrent.cells, got.recurrent.size_mib) == (
             max(1, slots),
             printed_mib(want.recurrent_bytes),
-        ), where
+        ), f"{where}: recurrent cells/MiB"
+    if not g.hybrid and g.recurrent:
+        assert not got.kv, where
         return
     lines = {line.role: line for line in got.kv}
-    expected = {"base" if g.window else "kv": (want.full_cells, want.k_bytes, want.v_bytes)}
+    # A sliding-window cache always has a non-SWA part (src/llama-kv-cache-iswa.cpp): with no
+    # full-attention layer (lfm2 with a window) it has the context's cells and no layers.
+    full_cells = want.full_cells or (want.n_ctx_seq_tokens if g.window else 0)
+    expected = {"base" if g.window else "kv": (full_cells, want.k_bytes, want.v_bytes)}
     if g.window:
         expected["swa"] = (want.swa_cells, want.swa_k_bytes, want.swa_v_bytes)
+    if want.indexer_k_bytes:
+        expected["indexer"] = (want.full_cells, want.indexer_k_bytes, 0)
     assert set(lines) == set(expected), where
     for role, (cells, k, v) in expected.items():
         line = lines[role]

@@ -8,6 +8,7 @@ import pytest
 from llmgw.model import Inventory, Model, Node, Profile
 from planner_svc.domain import errors
 from planner_svc.domain.gpus import plan_gpus
+from planner_svc.rpc.convert import profile_change_to_proto
 from tests.support.shapes import LLAMA_31_8B, LLAMA_31_70B, QWEN25_7B
 
 NODES = Inventory(
@@ -53,6 +54,32 @@ def test_llamacpp_splits_layers_and_drops_tensor_split() -> None:
     (p,) = change.updated
     assert p.args == ("-c", "8192", "-ngl", "99", "--split-mode", "layer")
     assert p.gpus_per_node == 4
+
+
+def test_llamacpp_answer_places_layers_per_device() -> None:
+    """The answer gives each card's layers, weights and KV as llama.cpp places them: before,
+    `-ts 3,1` over 2 cards (33 layers at a 0.75 split point: 25 and 7 + output); after, an even
+    split over 4 (9, 8, 8, 7 + output); the token embeddings stay on the CPU. The proto carries
+    the same per device."""
+    change = plan_gpus(model(LCPP), LLAMA_31_8B, gpus=4, profile="l", inventory=NODES)
+    (c,) = change.profiles
+    assert c.need_before.card is not None and c.need.card is not None
+    before = [(d.device, d.layers, d.output) for d in c.need_before.card.devices]
+    assert before == [("GPU0", 25, False), ("GPU1", 7, True), ("CPU", 0, False)]
+    after = [(d.device, d.layers, d.output) for d in c.need.card.devices]
+    assert after == [
+        ("GPU0", 9, False),
+        ("GPU1", 8, False),
+        ("GPU2", 8, False),
+        ("GPU3", 7, True),
+        ("CPU", 0, False),
+    ]
+    fullest = c.need.card.devices[0]
+    assert c.need.card.kv_per_card_bytes == fullest.kv_bytes == c.need.card.kv_bytes * 9 // 32
+    msg = profile_change_to_proto(c)
+    assert [(d.device, d.layers, d.kv_bytes) for d in msg.memory.devices] == [
+        (d.device, d.layers, d.kv_bytes) for d in c.need.card.devices
+    ]
 
 
 @pytest.mark.parametrize(

@@ -116,6 +116,27 @@ EXPECTED: dict[str, Expected] = {
     # All recurrent: 64 x ((4-1) x 8192 + 8192 x 16) = 9,961,472 elements x 2 B (vLLM keeps
     # the model dtype) = 19,922,944 B per sequence; no context key: unknown (0).
     "tiiuae__falcon-mamba-7b": Expected({RECURRENT: 64}, 0, 0, 0, 0, 0, 0, 19_922_944, 0),
+    # hybrid_override_pattern: 4 attention layers x 8 x 256 x 2 = 16,384 B/tok (the 52 layers
+    # read as attention would be 212,992); 24 Mamba-2 layers: conv (128 x 64 + 2 x 8 x 128) x 3
+    # = 30,720 x 2 B + temporal 128 x 64 x 128 = 1,048,576 x 4 B (NemotronHConfig's
+    # mamba_ssm_cache_dtype default, float32) = 4,255,744 B, x 24; 24 MLP layers.
+    "nvidia__Nemotron-H-8B-Base-8K": Expected(
+        {RECURRENT: 24, FULL: 4, LayerKind.NO_CACHE: 24},
+        32,
+        8,
+        128,
+        128,
+        16_384,
+        0,
+        102_137_856,
+        8192,
+    ),
+    # attention_chunk_size 8192 on the rope layers, every fourth NoPE layer global: 12 x 8 x
+    # 256 x 2 = 49,152 B/tok; 36 chunked layers x 8192 x 4096 = 1,207,959,552 B; llama3 rope
+    # does not extend the 10,485,760 positions.
+    "meta-llama__Llama-4-Scout-17B-16E-Instruct": Expected(
+        {SLIDING: 36, FULL: 12}, 40, 8, 128, 128, 49_152, 1_207_959_552, 0, 10_485_760, window=8192
+    ),
 }
 
 
@@ -527,7 +548,12 @@ def test_nested_gemma3_layers_follow_the_pattern() -> None:
         pytest.param({"max_position_embeddings": ..., "n_positions": 1024}, 1024, id="n-positions"),
         pytest.param({"model_max_length": 131072}, 131072, id="model-max-length-overrides"),
         pytest.param({"max_position_embeddings": 8192.0}, 8192, id="integral-float"),
-        pytest.param({"max_position_embeddings": ...}, 0, id="no-context-key-is-unknown"),
+        pytest.param(
+            {"max_position_embeddings": ..., "model_type": "untabled"},
+            0,
+            id="no-context-key-is-unknown",
+        ),
+        pytest.param({"max_position_embeddings": ...}, 2048, id="absent-context-is-llama-default"),
     ],
 )
 def test_trained_context_as_vllm_derives_it(changes: dict[str, object], trained: int) -> None:
@@ -568,6 +594,8 @@ def test_cache_dtype_follows_the_config(changes: dict[str, object], dtype_bytes:
 MLA_LIKE = load("deepseek-ai__DeepSeek-V2-Lite")
 NEXT_LIKE = load("Qwen__Qwen3-Next-80B-A3B-Thinking")
 MAMBA_LIKE = load("tiiuae__falcon-mamba-7b")
+# An architecture hf_defaults has no row for: what it omits stays missing.
+UNTABLED = with_keys(LLAMA_LIKE, model_type="untabled", architectures=["UntabledForCausalLM"])
 
 
 @pytest.mark.parametrize(
@@ -575,8 +603,8 @@ MAMBA_LIKE = load("tiiuae__falcon-mamba-7b")
     [
         pytest.param([], id="not-an-object"),
         pytest.param("llama", id="a-string"),
-        pytest.param(with_keys(LLAMA_LIKE, num_hidden_layers=...), id="no-layers"),
-        pytest.param(with_keys(LLAMA_LIKE, num_attention_heads=...), id="no-heads"),
+        pytest.param(with_keys(UNTABLED, num_hidden_layers=...), id="no-layers"),
+        pytest.param(with_keys(UNTABLED, num_attention_heads=...), id="no-heads"),
         pytest.param(with_keys(LLAMA_LIKE, num_hidden_layers=0), id="zero-layers"),
         pytest.param(with_keys(LLAMA_LIKE, num_hidden_layers=-32), id="negative-layers"),
         pytest.param(with_keys(LLAMA_LIKE, num_hidden_layers="32"), id="layers-as-text"),
@@ -590,7 +618,7 @@ MAMBA_LIKE = load("tiiuae__falcon-mamba-7b")
         pytest.param(with_keys(LLAMA_LIKE, head_dim=-128), id="negative-head-dim"),
         pytest.param(with_keys(LLAMA_LIKE, head_dim="128"), id="head-dim-as-text"),
         pytest.param(with_keys(LLAMA_LIKE, hidden_size=4097), id="hidden-not-divisible"),
-        pytest.param(with_keys(LLAMA_LIKE, hidden_size=...), id="no-hidden-no-head-dim"),
+        pytest.param(with_keys(UNTABLED, hidden_size=...), id="no-hidden-no-head-dim"),
         pytest.param(with_keys(LLAMA_LIKE, max_position_embeddings=-4096), id="negative-context"),
         pytest.param(with_keys(LLAMA_LIKE, max_position_embeddings="4k"), id="context-as-text"),
         pytest.param(with_keys(LLAMA_LIKE, max_position_embeddings=10**12), id="absurd-context"),
@@ -634,9 +662,19 @@ MAMBA_LIKE = load("tiiuae__falcon-mamba-7b")
         pytest.param(with_keys(LLAMA_LIKE, model_type=5), id="model-type-as-number"),
         pytest.param(with_keys(LLAMA_LIKE, model_type=..., architectures=...), id="no-model-type"),
         pytest.param(with_keys(MLA_LIKE, kv_lora_rank="512"), id="mla-rank-as-text"),
-        pytest.param(with_keys(MLA_LIKE, qk_rope_head_dim=...), id="mla-without-rope-dims"),
-        pytest.param(with_keys(NEXT_LIKE, linear_num_value_heads=...), id="linear-without-keys"),
-        pytest.param(with_keys(MAMBA_LIKE, state_size=...), id="mamba-without-state-size"),
+        pytest.param(
+            with_keys(MLA_LIKE, qk_rope_head_dim=..., model_type="untabled"),
+            id="mla-without-rope-dims",
+        ),
+        pytest.param(
+            with_keys(NEXT_LIKE, linear_num_value_heads=..., model_type="untabled"),
+            id="linear-without-keys",
+        ),
+        pytest.param(
+            # mamba2 has no row in hf_defaults (falcon_mamba's state_size defaults to 16).
+            with_keys(MAMBA_LIKE, state_size=..., model_type="mamba2"),
+            id="mamba-without-state-size",
+        ),
         pytest.param(with_keys(MAMBA_LIKE, conv_kernel=0), id="mamba-zero-kernel"),
         pytest.param(with_keys(MAMBA_LIKE, mamba_ssm_cache_dtype="int3"), id="bad-ssm-dtype"),
     ],

@@ -357,3 +357,17 @@ def test_overhead_without_flash_attention_covers_the_scores() -> None:
     assert llamacpp_overhead_bytes(LLAMA_31_8B, args, 4) == llamacpp_overhead_bytes(
         LLAMA_31_8B, args, 1
     )
+
+
+@pytest.mark.parametrize(("cache_type", "row"), [("f16", 128 * 2), ("q8_0", 128 // 32 * 34)])
+def test_deepseek32_indexer_cache_is_one_k_head_a_layer(cache_type: str, row: int) -> None:
+    """deepseek32 keeps, beside the latent, an indexer cache of one K head of the indexer width
+    per layer at the K type, with the latent's cells (src/llama-kv-cache-dsa.cpp); the oracle
+    checks it against the real llama.cpp (deepseek32-dsa)."""
+    latent = Layer(LayerKind.MLA, 1, 576, 0, indexer_dim=128)
+    shape = ModelShape("deepseek32", (latent,) * 3, 128, 128, trained_context=4096)
+    args = ["-c", "1000", "-np", "1", "-ctk", cache_type, "-ctv", cache_type]
+    cache = llamacpp_cache(shape, settings_from_args(args))
+    assert cache.indexer_k_bytes == 3 * row * 1024
+    assert cache.total_bytes == cache.k_bytes + cache.indexer_k_bytes
+    assert not cache.notes

@@ -594,21 +594,34 @@ def test_llamacpp_splits_layers_weights_and_kv_over_cards() -> None:
     )
     assert one.kv_bytes == three.kv_bytes == whole
     assert one.kv_per_card_bytes == whole
-    assert three.kv_per_card_bytes == -(-whole * 11 // 32)  # 32 layers: 11, 11, 10
-    assert three.weights_per_card_bytes == -(-shape.weights_bytes * 11 // 32)
+    # llama.cpp places 33 layers (32 and the output layer) at split points 1/3, 2/3: layers
+    # 0-10, 11-21 and 22-31 + output (src/llama-model.cpp load_tensors). Weights are a layer's
+    # estimate, weights / (32 + 2), per layer and for the output layer.
+    assert three.kv_per_card_bytes == whole * 11 // 32
+    assert three.weights_per_card_bytes == 11 * (shape.weights_bytes // 34)
+    assert [(d.device, d.layers, d.output) for d in three.devices] == [
+        ("GPU0", 11, False),
+        ("GPU1", 11, False),
+        ("GPU2", 10, True),
+        ("CPU", 0, False),
+    ]
     assert one.budget_bytes == H100_BYTES - LLAMACPP_RESERVE_BYTES
     assert three.cards == 3
 
 
 def test_llamacpp_partial_offload_keeps_the_rest_off_the_cards() -> None:
-    """With 16 of 32 layers offloaded, a card holds half the weights and half the cache."""
+    """With -ngl 16 of 32 layers the output layer is one of the 16 (llama.cpp offloads from
+    layer 33 - 16 = 17: layers 17-31 and the output), so a card holds 15 layers' cache and 16
+    layers' weights; layers 0-16 stay on the CPU."""
     shape = hf(LLAMA_8B)
     args = ["-c", "8192", "-ngl", "16"]
     need = card_need(
         "llamacpp", shape, args=args, tokens=8192, slots=1, cards=1, card_memory_bytes=H100_BYTES
     )
-    assert need.weights_per_card_bytes == -(-shape.weights_bytes // 2)
-    assert need.kv_per_card_bytes == -(-llamacpp_kv_bytes(shape, args) // 2)
+    assert need.weights_per_card_bytes == 16 * (shape.weights_bytes // 34)
+    assert need.kv_per_card_bytes == llamacpp_kv_bytes(shape, args) * 15 // 32
+    cpu = need.devices[-1]
+    assert (cpu.device, cpu.layers, cpu.first_layer, cpu.last_layer) == ("CPU", 17, 0, 16)
 
 
 def test_one_card_engine_holds_its_weights() -> None:

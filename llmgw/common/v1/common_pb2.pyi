@@ -341,6 +341,7 @@ class Memory(_message.Message):
     CARD_TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     OUTSIDE_BUDGET_BYTES_FIELD_NUMBER: _builtins.int
     OUTSIDE_ROOM_BYTES_FIELD_NUMBER: _builtins.int
+    DEVICES_FIELD_NUMBER: _builtins.int
     weights_bytes: _builtins.int
     """Weights of the whole replica."""
     kv_bytes: _builtins.int
@@ -387,6 +388,10 @@ class Memory(_message.Message):
     0.21: CUDA graphs), and the room it has there.
     """
     outside_room_bytes: _builtins.int
+    @_builtins.property
+    def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___DevicePlacement]:
+        """Per device, for an engine that places whole layers (llama.cpp); empty for the others."""
+
     def __init__(
         self,
         *,
@@ -413,10 +418,11 @@ class Memory(_message.Message):
         card_total_bytes: _builtins.int = ...,
         outside_budget_bytes: _builtins.int = ...,
         outside_room_bytes: _builtins.int = ...,
+        devices: _abc.Iterable[Global___DevicePlacement] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["activation_bytes", b"activation_bytes", "budget_bytes", b"budget_bytes", "card_total_bytes", b"card_total_bytes", "cards", b"cards", "cuda_graph_bytes", b"cuda_graph_bytes", "kv_bytes", b"kv_bytes", "kv_per_card_bytes", b"kv_per_card_bytes", "kv_pool_bytes", b"kv_pool_bytes", "kv_token_capacity", b"kv_token_capacity", "margin_bytes", b"margin_bytes", "max_concurrency", b"max_concurrency", "non_torch_bytes", b"non_torch_bytes", "other_bytes", b"other_bytes", "outside_budget_bytes", b"outside_budget_bytes", "outside_room_bytes", b"outside_room_bytes", "overhead_bytes", b"overhead_bytes", "per_card_bytes", b"per_card_bytes", "ram_bytes", b"ram_bytes", "rules", b"rules", "verdict", b"verdict", "verdict_note", b"verdict_note", "weights_bytes", b"weights_bytes", "weights_per_card_bytes", b"weights_per_card_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activation_bytes", b"activation_bytes", "budget_bytes", b"budget_bytes", "card_total_bytes", b"card_total_bytes", "cards", b"cards", "cuda_graph_bytes", b"cuda_graph_bytes", "devices", b"devices", "kv_bytes", b"kv_bytes", "kv_per_card_bytes", b"kv_per_card_bytes", "kv_pool_bytes", b"kv_pool_bytes", "kv_token_capacity", b"kv_token_capacity", "margin_bytes", b"margin_bytes", "max_concurrency", b"max_concurrency", "non_torch_bytes", b"non_torch_bytes", "other_bytes", b"other_bytes", "outside_budget_bytes", b"outside_budget_bytes", "outside_room_bytes", b"outside_room_bytes", "overhead_bytes", b"overhead_bytes", "per_card_bytes", b"per_card_bytes", "ram_bytes", b"ram_bytes", "rules", b"rules", "verdict", b"verdict", "verdict_note", b"verdict_note", "weights_bytes", b"weights_bytes", "weights_per_card_bytes", b"weights_per_card_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -673,3 +679,49 @@ class GPUsChange(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GPUsChange: _TypeAlias = GPUsChange  # noqa: Y015
+
+@_typing.final
+class DevicePlacement(_message.Message):
+    """What an engine that places whole layers (llama.cpp) puts on one device."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEVICE_FIELD_NUMBER: _builtins.int
+    LAYERS_FIELD_NUMBER: _builtins.int
+    FIRST_LAYER_FIELD_NUMBER: _builtins.int
+    LAST_LAYER_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    WEIGHTS_BYTES_FIELD_NUMBER: _builtins.int
+    KV_BYTES_FIELD_NUMBER: _builtins.int
+    COMPUTE_BYTES_FIELD_NUMBER: _builtins.int
+    device: _builtins.str
+    """"GPU0", "GPU1", ... in the order of the replica's cards, or "CPU" for what stays in RAM."""
+    layers: _builtins.int
+    """How many repeating layers it holds: first_layer to last_layer (0 and 0 when none)."""
+    first_layer: _builtins.int
+    last_layer: _builtins.int
+    output: _builtins.bool
+    """Whether the output layer is on it (llama.cpp puts it with the last offloaded layer)."""
+    weights_bytes: _builtins.int
+    """Its layers' weights (estimated per layer), KV cache and compute buffer, in bytes."""
+    kv_bytes: _builtins.int
+    compute_bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        device: _builtins.str = ...,
+        layers: _builtins.int = ...,
+        first_layer: _builtins.int = ...,
+        last_layer: _builtins.int = ...,
+        output: _builtins.bool = ...,
+        weights_bytes: _builtins.int = ...,
+        kv_bytes: _builtins.int = ...,
+        compute_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compute_bytes", b"compute_bytes", "device", b"device", "first_layer", b"first_layer", "kv_bytes", b"kv_bytes", "last_layer", b"last_layer", "layers", b"layers", "output", b"output", "weights_bytes", b"weights_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DevicePlacement: _TypeAlias = DevicePlacement  # noqa: Y015

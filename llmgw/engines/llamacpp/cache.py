@@ -51,8 +51,11 @@ _NO_MEMORY_ARCHS = frozenset(
 # src/llama-model.cpp:2375-2535: caches with an extra indexer or compressed cache that a
 # ModelShape does not describe; their KV part is counted, the rest is named in `notes`.
 _EXTRA_CACHE_ARCHS = frozenset(
-    {"minimax-m3", "glm-dsa", "deepseek32", "glm5-next", "hy_v4", "dots3note", "deepseek4"}
+    {"minimax-m3", "glm-dsa", "glm5-next", "hy_v4", "dots3note", "deepseek4"}
 )
+# src/llama-model.cpp create_memory and src/llama-kv-cache-dsa.cpp: deepseek32's memory is its
+# MLA cache plus an indexer cache of one K head of indexer_head_size per trunk layer (the layers'
+# `indexer_dim`), at the K type, with as many cells.
 # src/llama-arch.cpp:1071-1109 (llm_arch_is_recurrent / llm_arch_is_hybrid): their KV cache
 # holds only the attention layers (src/llama-model.cpp:2679-2776, filter_attn).
 _RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
@@ -115,6 +118,8 @@ class LlamaCppCache:
     ubatch_tokens: int
     """The physical batch after llama.cpp clamps it to the batch and the context."""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    indexer_k_bytes: int = 0
+    """The sparse-attention indexer's key cache (deepseek32), printed as a second cache."""
 
     @property
     def full_bytes(self) -> int:
@@ -129,7 +134,7 @@ class LlamaCppCache:
     @property
     def total_bytes(self) -> int:
         """Everything the context's memory module allocates."""
-        return self.full_bytes + self.swa_bytes + self.recurrent_bytes
+        return self.full_bytes + self.swa_bytes + self.recurrent_bytes + self.indexer_k_bytes
 
 
 def llamacpp_cache(shape: ModelShape, settings: LlamaCppSettings) -> LlamaCppCache:
@@ -229,6 +234,7 @@ def llamacpp_cache(shape: ModelShape, settings: LlamaCppSettings) -> LlamaCppCac
     # src/llama-model.cpp:2669-2678: the recurrent memory has max(1, n_seq_max) rows of
     # f32 state (n_rs_seq extra rows only for speculative rollback, not modelled).
     recurrent = shape.state_bytes_per_sequence() * max(1, seqs)
+    indexer = sum(type_k.row_bytes(la.indexer_dim) for la in full if la.indexer_dim)
     return LlamaCppCache(
         n_ctx_tokens=n_ctx,
         n_ctx_seq_tokens=n_ctx_seq,
@@ -243,6 +249,7 @@ def llamacpp_cache(shape: ModelShape, settings: LlamaCppSettings) -> LlamaCppCac
         flash_attn=flash,
         ubatch_tokens=ubatch,
         notes=tuple(notes),
+        indexer_k_bytes=indexer * full_cells * streams,
     )
 
 
@@ -368,3 +375,44 @@ def _layer_bytes(
 def _pad(value: int, multiple: int) -> int:
     """GGML_PAD: `value` rounded up to a multiple."""
     return -(-value // multiple) * multiple
+
+
+def llamacpp_layer_bytes(
+    shape: ModelShape, settings: LlamaCppSettings, cache: LlamaCppCache | None = None
+) -> list[int]:
+    """Each layer's share of what `llamacpp_cache` allocates (its K and V rows in the full or
+    SWA cache, and its recurrent state), in layer order; they sum to `total_bytes`.
+
+    llama.cpp creates each layer's cache tensors in the buffer of the device the layer is
+    assigned to (src/llama-kv-cache.cpp:212-219: `model.dev_layer(il)` when offloading KQV,
+    the default), so a device's KV is the sum over its layers. `cache` is
+    `llamacpp_cache(shape, settings)` when the caller has it already.
+
+    Raises:
+        EngineRefuses: settings llama.cpp refuses.
+    """
+    if cache is None:
+        cache = llamacpp_cache(shape, settings)
+    if shape.architecture in _NO_MEMORY_ARCHS:
+        return [0] * shape.block_count
+    type_k = known_type(settings.cache_type_k, "--cache-type-k")
+    type_v = known_type(settings.cache_type_v, "--cache-type-v")
+    cached = {id(la) for la in _cache_layers(shape)}
+    v_max = max((_v_width(la) for la in shape.layers if la.has_kv), default=0)
+    v_row = None if cache.flash_attn else v_max
+    seqs = max(1, settings.slots)
+    sized: dict[int, int] = {}  # by id: the shape shares one object per distinct layer
+    out = []
+    for la in shape.layers:
+        bytes_ = sized.get(id(la))
+        if bytes_ is None:
+            bytes_ = la.state_bytes * seqs
+            if id(la) in cached:
+                cells = cache.swa_cells if la.kind is LayerKind.SLIDING else cache.full_cells
+                k, v = _layer_bytes([la], cells * cache.streams, type_k, type_v, v_row)
+                bytes_ += k + v
+                if la.indexer_dim and la.kind is not LayerKind.SLIDING:
+                    bytes_ += type_k.row_bytes(la.indexer_dim) * cells * cache.streams
+            sized[id(la)] = bytes_
+        out.append(bytes_)
+    return out

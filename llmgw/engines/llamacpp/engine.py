@@ -8,8 +8,7 @@ from fractions import Fraction
 
 from llmgw.engines.base import Card, CardNeed, CardSplit
 from llmgw.engines.grammar import ADDRESS_FLAGS, RefusedFlag
-from llmgw.engines.kvcache import CachePool, fullest_stage, layer_bytes_on_card
-from llmgw.engines.llamacpp.cache import llamacpp_kv_bytes
+from llmgw.engines.llamacpp.cache import llamacpp_cache, llamacpp_kv_bytes
 from llmgw.engines.llamacpp.grammar import (
     CTX_SIZE,
     GRAMMAR,
@@ -18,8 +17,10 @@ from llmgw.engines.llamacpp.grammar import (
     PARALLEL,
     SPLIT_MODE,
     TENSOR_SPLIT,
+    settings_from_args,
 )
 from llmgw.engines.llamacpp.overhead import LLAMACPP_RESERVE_BYTES, llamacpp_overhead_bytes
+from llmgw.engines.llamacpp.placement import placement
 from llmgw.shape import ModelShape
 
 # What the node agent refuses to pass (`llama-server --help`, common/arg.cpp). It parses flags
@@ -117,11 +118,13 @@ class LlamaCpp:
             out = GRAMMAR.set(out, SPLIT_MODE, LAYER_SPLIT)
         return out
 
-    def card_counts(self, shape: ModelShape | None, largest: int) -> list[int]:
+    def card_counts(
+        self, shape: ModelShape | None, largest: int, args: Sequence[str] = ()
+    ) -> list[int]:
         """Any count up to `largest`: layers split over any."""
         return list(range(1, largest + 1))
 
-    def splits_heads(self, cards: int, shape: ModelShape) -> bool:
+    def splits_heads(self, cards: int, shape: ModelShape, args: Sequence[str] = ()) -> bool:
         """Always: heads are not split."""
         return True
 
@@ -155,43 +158,37 @@ class LlamaCpp:
         card: Card | None = None,
         engine_version: str = "",
     ) -> CardNeed:
-        """llama.cpp's layer split: the last `--n-gpu-layers` layers over `cards` cards, the
-        fullest holding ceil(offloaded / cards) layers' weights and KV (llama.cpp offloads the
-        last layers first). The whole cache is `llamacpp_kv_bytes`; a card's share of it is
-        its layers' share of the cache by the per-layer rule of `kvcache`. The budget is the
-        card less `LLAMACPP_RESERVE_BYTES`."""
+        """llama.cpp's layer placement (`placement`): each card's layers as `--tensor-split`,
+        `--split-mode`, `--main-gpu` and `--n-gpu-layers` place them, with their weights, KV
+        and a compute buffer; the fullest card against the card less
+        `LLAMACPP_RESERVE_BYTES`. `devices` lists every card and the CPU."""
         sequences = max(slots, 1)
         n = max(cards, 1)
         full_args = llamacpp_args(args, tokens=tokens * sequences, sequences=sequences)
-        kv_total = llamacpp_kv_bytes(shape, full_args)
-        layers = shape.block_count
-        offloaded = gpu_layers(shape, args)
-        per_layer = layer_bytes_on_card(
-            shape,
-            CachePool(tokens * sequences, sequences),
-            tp=1,
-            dtype=Fraction(shape.kv_dtype_bytes),
+        settings = settings_from_args(full_args)
+        cache = llamacpp_cache(shape, settings)
+        kv_total = cache.total_bytes
+        overhead = llamacpp_overhead_bytes(shape, full_args, n, cache=cache)
+        devices = placement(
+            shape, full_args, n, compute_bytes=overhead, settings=settings, cache=cache
         )
-        fullest = fullest_stage(per_layer[layers - offloaded :], n)
-        total = sum(per_layer)
-        layers_card = -(-offloaded // n)
-        kv_card = -(-kv_total * fullest // total) if total else 0
-        weights_card = -(-shape.weights_bytes * layers_card // layers) if layers else 0
-        overhead = llamacpp_overhead_bytes(shape, full_args, n)
+        on_cards = [d for d in devices if d.device != "CPU"]
+        fullest = max(on_cards, key=lambda d: d.weights_bytes + d.kv_bytes + d.compute_bytes)
         memory = card_memory_bytes
         return CardNeed(
             weights_bytes=shape.weights_bytes,
             kv_bytes=kv_total,
-            per_card_bytes=weights_card + kv_card + overhead,
+            per_card_bytes=fullest.weights_bytes + fullest.kv_bytes + fullest.compute_bytes,
             overhead_bytes=overhead,
             budget_bytes=max(memory - LLAMACPP_RESERVE_BYTES, 1) if memory > 0 else 0,
             cards=n,
-            weights_per_card_bytes=weights_card,
-            kv_per_card_bytes=kv_card,
-            other_bytes=overhead,
-            kv_pool_bytes=kv_card,
+            weights_per_card_bytes=fullest.weights_bytes,
+            kv_per_card_bytes=fullest.kv_bytes,
+            other_bytes=fullest.compute_bytes,
+            kv_pool_bytes=fullest.kv_bytes,
             card_total_bytes=memory,
             weights_known=shape.weights_bytes > 0,
+            devices=devices,
         )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from llmgw.engines.llamacpp.cache import llamacpp_cache
+from llmgw.engines.llamacpp.cache import LlamaCppCache, llamacpp_cache
 from llmgw.engines.llamacpp.grammar import MIB, settings_from_args
 from llmgw.shape import ModelShape
 
@@ -34,7 +34,9 @@ VOCAB_BOUND = 262_144
 FIXED_OVERHEAD_BYTES = 64 * MIB
 
 
-def llamacpp_overhead_bytes(shape: ModelShape, args: Sequence[str], cards: int) -> int:
+def llamacpp_overhead_bytes(
+    shape: ModelShape, args: Sequence[str], cards: int, *, cache: LlamaCppCache | None = None
+) -> int:
     """llama.cpp's memory beyond weights and caches on each card: its compute buffers.
 
     With `--split-mode layer` every card runs its own layers' graph one layer at a time, so
@@ -50,13 +52,15 @@ def llamacpp_overhead_bytes(shape: ModelShape, args: Sequence[str], cards: int) 
         args: llama-server's arguments.
         cards: cards the model is split over (0 or 1 for one card or a CPU); the per-card
             figure does not depend on it.
+        cache: `llamacpp_cache` for `args`, when the caller has it.
     Returns:
         Bytes to reserve on each card (in RAM for a CPU profile).
     Raises:
         EngineRefuses: settings llama.cpp refuses.
     """
     del cards  # one layer's worst case on every card, see above
-    cache = llamacpp_cache(shape, settings_from_args(args))
+    if cache is None:
+        cache = llamacpp_cache(shape, settings_from_args(args))
     ubatch = cache.ubatch_tokens
     heads = max(shape.attention_heads, 1)
     hidden = max(heads * max(shape.head_dim_k, shape.head_dim_v), 1)
