@@ -9,9 +9,9 @@ import os
 import signal
 import socket
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-import grpc
 import structlog
 
 from fleet_svc.agent.cards import CardSpecError, discover_cards
@@ -26,6 +26,7 @@ from fleet_svc.agent.config import (
 from fleet_svc.agent.replicas import ReplicaSet
 from fleet_svc.agent.rpc.client import AgentClient, NodeIdentity
 from llmgw.logs import configure_logging
+from llmgw.tls import TLSConfigError, add_client_tls_arguments, client_tls_from_args
 
 EPILOG = """\
 cards: with --gpus or --gpus-file the agent is told its cards (stand-in cards: a stand-in
@@ -99,9 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="on shutdown leave the engines running for the next agent to adopt "
         "(default: stop them)",
     )
-    parser.add_argument("--tls-ca", type=Path, help="CA bundle to check the fleet's certificate")
-    parser.add_argument("--tls-cert", type=Path, help="this node's client certificate (mTLS)")
-    parser.add_argument("--tls-key", type=Path, help="the client certificate's key")
+    add_client_tls_arguments(parser)
+    parser.add_argument(
+        "--tls-server-name",
+        default=None,
+        help="the name to check the fleet's certificate against when it is not the host in "
+        "--fleet (an address the certificate does not list)",
+    )
     parser.add_argument(
         "--log-format",
         choices=("json", "console"),
@@ -123,18 +128,6 @@ def build_config(config_path: Path | None, demo: bool) -> AgentConfig:
     return default_config(demo=demo, llama_server=find_llama_server())
 
 
-def _credentials(opts: argparse.Namespace) -> grpc.ChannelCredentials | None:
-    if not (opts.tls_ca or opts.tls_cert or opts.tls_key):
-        return None
-    if bool(opts.tls_cert) != bool(opts.tls_key):
-        raise ConfigError("give --tls-cert and --tls-key together")
-    return grpc.ssl_channel_credentials(
-        root_certificates=opts.tls_ca.read_bytes() if opts.tls_ca else None,
-        private_key=opts.tls_key.read_bytes() if opts.tls_key else None,
-        certificate_chain=opts.tls_cert.read_bytes() if opts.tls_cert else None,
-    )
-
-
 async def run_agent(opts: argparse.Namespace) -> None:
     """Run until SIGTERM/SIGINT, then stop (or leave) the replicas."""
     log = structlog.get_logger("fleet_svc.agent").bind(node=opts.node)
@@ -142,15 +135,18 @@ async def run_agent(opts: argparse.Namespace) -> None:
     state_dir: Path = opts.state_dir or Path.home() / ".cache" / "llmgw" / "agent" / opts.node
     state_dir.mkdir(parents=True, exist_ok=True)
     cards = discover_cards(opts.gpus, opts.gpus_file, state_dir)
-    credentials = _credentials(opts)
+    tls = client_tls_from_args(opts)
+    if tls is not None and opts.tls_server_name:
+        tls = replace(tls, server_name=opts.tls_server_name)
+    if tls is not None:
+        tls.credentials()  # unreadable files fail now, not at every reconnection
     replicas = ReplicaSet(config, cards, state_dir)
     adopted = replicas.adopt()
-    client = AgentClient(
-        opts.fleet, NodeIdentity(opts.node, dict(opts.label)), replicas, credentials
-    )
+    client = AgentClient(opts.fleet, NodeIdentity(opts.node, dict(opts.label)), replicas, tls=tls)
     log.info(
         "agent_started",
         fleet=opts.fleet,
+        tls="mutual" if tls and tls.cert else "server" if tls else "none",
         cards=len(replicas.card_indices),
         card_source=cards.kind,
         engines=sorted(config.engines),
@@ -183,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     structlog.contextvars.bind_contextvars(node=opts.node)
     try:
         asyncio.run(run_agent(opts))
-    except (ConfigError, CardSpecError, OSError) as exc:
+    except (ConfigError, CardSpecError, TLSConfigError, OSError) as exc:
         print(f"agent: {exc}", file=sys.stderr)
         return 2
     return 0

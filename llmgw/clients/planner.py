@@ -21,7 +21,7 @@ from llmgw.clients.convert import (
 )
 from llmgw.clients.errors import call, call_async
 from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
-from llmgw.tls import ClientTLS, sync_channel
+from llmgw.tls import ClientTLS, aio_channel, sync_channel
 
 T = TypeVar("T")
 
@@ -118,12 +118,23 @@ class AsyncPlannerClient:
     Args:
         address: HOST:PORT.
         timeout_s: how long each call waits for its answer.
+        tls: the CA to check the planner against and the fleet's client pair; None for a
+            plaintext channel.
+
+    Raises:
+        TLSConfigError: a TLS file cannot be read.
     """
 
-    def __init__(self, address: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        *,
+        tls: ClientTLS | None = None,
+    ) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = aio_channel(address, tls)
         self._stub = planner_pb2_grpc.PlannerServiceStub(self._channel)
 
     async def size_context(
