@@ -9,8 +9,6 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TypeVar
 
-import grpc
-
 from llmgw.clients.auth import bearer_metadata
 from llmgw.clients.convert import (
     DescribeModelAnswer,
