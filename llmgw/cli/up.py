@@ -8,6 +8,14 @@ fleet's API (so it can be edited like any model), waits until the example replic
 READY, prints where everything listens, and runs until Ctrl-C or SIGTERM, which stop the
 children in order: agent (it stops its engines), fleet, planner, file server. Each child
 logs JSON lines to DATA/logs/NAME.log.
+
+The planner, the fleet and the agent's stream speak mutual TLS, with a local CA and pairs it
+makes under DATA/tls/ (llmgw.certs.make_local_tls; kept across runs, so certificates given
+out stay good): `planner.crt/.key` and `fleet.crt/.key` for the servers, `node-NODE.crt/.key`
+for the agent, `admin` and `viewer` for people, `fleet-client` (identity `fleet`) for the
+fleet's channel to the planner and `llmgw-up` for the example catalog's writer. The roles
+of those identities are in DATA/settings.yaml, the fleet's cluster settings (written once,
+then the operator's to edit). The demo's file server stays plain HTTP on loopback.
 """
 
 from __future__ import annotations
@@ -25,11 +33,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from llmgw import certs
+from llmgw.cli import GRPC_VERBOSITY, GRPC_VERBOSITY_SET_HERE
 from llmgw.cli.common import (
+    DEFAULT_DATA,
     DEFAULT_FLEET,
     DEFAULT_PLANNER,
+    ENV_DATA,
     EXIT_ERROR,
     EXIT_USAGE,
+    LOCAL_USER,
     exit_64_on_bad_usage,
 )
 from llmgw.cli.supervisor import Child, StartFailed, Supervisor, port_taken, wait_listening
@@ -44,11 +57,23 @@ from llmgw.demo.catalog import (
 )
 from llmgw.demo.tiny_gguf import write_tiny_gguf
 from llmgw.llama_server import LLAMA_SERVER_ENV, find_llama_server
+from llmgw.tls import ENV_CA, ENV_CERT, ENV_KEY, ClientTLS, is_loopback
 
 _GPUS = re.compile(r"^\s*(\d+)x([A-Za-z0-9._-]+)")
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 STOP_ORDER = ("agent", "fleet", "planner", "files")
 """The agent first (it stops its engines), then what it and the others depend on."""
+VIEWER = "viewer"
+FLEET_IDENTITY = "fleet"
+"""The user identity of the fleet's channel to the planner."""
+FLEET_CLIENT = "fleet-client"
+"""Its pair's file stem (`fleet.crt` is the fleet's server pair)."""
+SETTINGS = "settings.yaml"
+ROLES = {"admin": [LOCAL_USER, CALLER], "viewer": [VIEWER]}
+"""The roles of the identities `llmgw up` issues, role -> identities (the fleet's cluster
+settings' `roles`); the fleet's identity only calls the planner."""
+_CHILD_ENV_DROPPED = (ENV_CA, ENV_CERT, ENV_KEY, "LLMGW_TOKEN")
+"""A person's client settings, not passed to the children (each is given its own files)."""
 
 
 class UpError(Exception):
@@ -107,6 +132,16 @@ class Plan:
         """The folder the file server serves."""
         return self.data / "models"
 
+    @property
+    def tls(self) -> Path:
+        """The local CA and every pair it issued."""
+        return self.data / "tls"
+
+    @property
+    def settings(self) -> Path:
+        """The fleet's cluster settings (the roles)."""
+        return self.data / SETTINGS
+
 
 def build_plan(opts: argparse.Namespace) -> Plan:
     """The plan from the flags.
@@ -143,6 +178,80 @@ class Started:
     llama_server: str | None
 
 
+@dataclass(frozen=True)
+class LocalPki:
+    """The files of DATA/tls each process is given."""
+
+    ca: Path
+    planner: tuple[Path, Path]
+    fleet: tuple[Path, Path]
+    fleet_client: tuple[Path, Path]
+    node: tuple[Path, Path]
+    writer: tuple[Path, Path]
+    """The example catalog's writer (`llmgw-up`)."""
+    admin: tuple[Path, Path]
+
+
+def make_pki(plan: Plan) -> LocalPki:
+    """The local CA and pairs under DATA/tls (those already there are kept), the server pairs
+    also valid for --host when it is a name or address clients dial."""
+    hosts = [] if plan.host in ("0.0.0.0", "::", "") or is_loopback(plan.host) else [plan.host]
+    local = certs.make_local_tls(
+        plan.tls,
+        servers=("planner", "fleet"),
+        nodes=(plan.node,),
+        clients=(LOCAL_USER, VIEWER, CALLER),
+        hosts=hosts,
+    )
+    fleet_client = (plan.tls / f"{FLEET_CLIENT}.crt", plan.tls / f"{FLEET_CLIENT}.key")
+    if not all(p.exists() for p in fleet_client):
+        ca = certs.load_ca(plan.tls)
+        fleet_client = certs.write_pair(
+            plan.tls, FLEET_CLIENT, certs.issue_client(ca, FLEET_IDENTITY)
+        )
+    return LocalPki(
+        ca=local.ca_cert,
+        planner=local.servers["planner"],
+        fleet=local.servers["fleet"],
+        fleet_client=fleet_client,
+        node=local.nodes[plan.node],
+        writer=local.clients[CALLER],
+        admin=local.clients[LOCAL_USER],
+    )
+
+
+def write_settings(path: Path) -> bool:
+    """Write the fleet's cluster settings with the local identities' roles, unless the file
+    is there (then it is the operator's); whether it was written."""
+    if path.exists():
+        return False
+    lines = [
+        "# The fleet's cluster settings, written by `llmgw up` once and then yours to edit:",
+        "# `roles` maps each role to the identities (certificate or token names) that have it.",
+        "roles:",
+        *(f"  {role}: [{', '.join(names)}]" for role, names in ROLES.items()),
+        "",
+    ]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("\n".join(lines))
+    tmp.replace(path)
+    return True
+
+
+def shown_path(path: Path) -> str:
+    """A path as a person would type it here: relative when under the working directory."""
+    relative = os.path.relpath(path)
+    return path.as_posix() if relative.startswith("..") else relative
+
+
+def tls_flags(prefix: str, ca: Path, pair: tuple[Path, Path] | None) -> list[str]:
+    """`--PREFIXtls-ca CA [--PREFIXtls-cert C --PREFIXtls-key K]`."""
+    flags = [f"--{prefix}tls-ca", str(ca)]
+    if pair is not None:
+        flags += [f"--{prefix}tls-cert", str(pair[0]), f"--{prefix}tls-key", str(pair[1])]
+    return flags
+
+
 class Up:
     """One run of `llmgw up`: what it starts, in which order, and what it tells the person
     running it. Its children are kept by a Supervisor."""
@@ -154,6 +263,7 @@ class Up:
         self.children = Supervisor(plan.logs)
         self.complete = True
         """Whether every example replica served before the banner."""
+        self.pki: LocalPki | None = None
 
     def say(self, text: str) -> None:
         """A line for the person running it."""
@@ -194,7 +304,12 @@ class Up:
             StartFailed: one did not come up.
         """
         p = self.plan
-        env = dict(os.environ)
+        pki = self.pki = make_pki(p)
+        if write_settings(p.settings):
+            self.say(f"settings: wrote {p.settings} (roles of the local identities)")
+        env = {k: v for k, v in os.environ.items() if k not in _CHILD_ENV_DROPPED}
+        if GRPC_VERBOSITY_SET_HERE:
+            env.pop(GRPC_VERBOSITY, None)
         # The folder holding the project's packages, so the children import them whatever the
         # working directory (as the agent does for its engines).
         env["PYTHONPATH"] = os.pathsep.join(
@@ -229,9 +344,22 @@ class Up:
             "HF_HOME": str(p.data / "huggingface"),
             "HF_HUB_DISABLE_TELEMETRY": "1",
         }
+        # A real llama-server is handed the GGUF's local path: the planner may read it there.
+        roots = ["--allow-root", str(p.models)] if llama_server else []
+        planner_tls = ["--tls-cert", str(pki.planner[0]), "--tls-key", str(pki.planner[1])]
         planner = self.children.start(
             "planner",
-            [*py, "planner_svc", "--listen", f"{p.host}:{p.planner_port}", *json_logs],
+            [
+                *py,
+                "planner_svc",
+                "--listen",
+                f"{p.host}:{p.planner_port}",
+                *planner_tls,
+                "--tls-ca",
+                str(pki.ca),
+                *roots,
+                *json_logs,
+            ],
             env,
             10.0,
         )
@@ -249,6 +377,15 @@ class Up:
                 str(p.data / "fleet.db"),
                 "--planner",
                 planner_address,
+                "--settings",
+                str(p.settings),
+                "--tls-cert",
+                str(pki.fleet[0]),
+                "--tls-key",
+                str(pki.fleet[1]),
+                "--tls-ca",
+                str(pki.ca),
+                *tls_flags("planner-", pki.ca, pki.fleet_client),
                 *json_logs,
             ],
             env,
@@ -274,6 +411,7 @@ class Up:
                     p.gpus,
                     "--state-dir",
                     str(p.data / "agent"),
+                    *tls_flags("", pki.ca, pki.node),
                     "--demo",
                     *json_logs,
                 ],
@@ -297,7 +435,9 @@ class Up:
             else f"{started.files_url}/files/{GGUF_FILE}"
         )
         models = example_models(gguf_source=gguf_source, gpu_class=gpu_class_of(p.gpus))
-        with FleetClient(started.fleet, caller=CALLER, timeout_s=10.0) as fleet:
+        assert self.pki is not None, "start_services made the certificates"
+        writer = ClientTLS(ca=self.pki.ca, cert=self.pki.writer[0], key=self.pki.writer[1])
+        with FleetClient(started.fleet, caller=CALLER, timeout_s=10.0, tls=writer) as fleet:
             try:
                 if not fleet.wait_connected(30, self.stop):
                     return None
@@ -349,11 +489,19 @@ class Up:
         else:
             lines.append("  agent    none (--no-agent): replicas stay PENDING until one connects")
         lines.append(f"  logs     {p.logs}")
+        tls = shown_path(p.tls)
+        lines.append(
+            f"  tls      {tls}   (mutual TLS, local CA ca.crt; callers admin.crt/.key and "
+            "viewer.crt/.key)"
+        )
+        lines.append(f"  roles    {p.settings}")
         for r in ready:
             lines.append(f"  replica  {r.model}/{r.profile} ({r.engine}) at http://{r.address}")
+        lines += ["", "Try:"]
+        if p.data != Path(DEFAULT_DATA).resolve():
+            # `llmgw ctl` and `plan` look for the admin pair under ./data/tls, else here.
+            lines.append(f"  export {ENV_DATA}={shown_path(p.data)}")
         lines += [
-            "",
-            "Try:",
             f"  {prog} ctl{fleet_flag} model list",
             f"  {prog} ctl{fleet_flag} replica list",
             f"  {prog} ctl{fleet_flag} model show tiny-llama-hf",
@@ -362,6 +510,10 @@ class Up:
             f"  {prog} ctl{fleet_flag} model gpus tiny-llama-hf 2",
             f"  {prog} ctl{fleet_flag} model context tiny-llama-gguf 16384",
             f"  {prog} plan{planner_flag} describe hf://llmgw-demo/tiny-llama",
+            f"  grpcurl -cacert {tls}/ca.crt -cert {tls}/{LOCAL_USER}.crt -key "
+            f"{tls}/{LOCAL_USER}.key {fleet} list",
+            f"  {prog} certs client alice --ca-dir {tls}   (another caller; node NAME: another "
+            "node)",
         ]
         for r in ready:
             if r.model == "tiny-llama-gguf":
@@ -429,7 +581,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    up.add_argument("--data", default="data", help="folder for the store, logs and model files")
+    up.add_argument(
+        "--data",
+        default=os.environ.get(ENV_DATA) or DEFAULT_DATA,
+        help="folder for the store, logs, model files and certificates (env LLMGW_DATA; "
+        "default %(default)s)",
+    )
     up.add_argument("--host", default="127.0.0.1", help="address every service listens on")
     up.add_argument("--planner-port", type=int, default=50051, help="0 picks a free port")
     up.add_argument("--fleet-port", type=int, default=50052, help="0 picks a free port")
