@@ -29,7 +29,7 @@ from fleet_svc.rpc.settings import declared_entries
 from fleet_svc.store.base import Store
 from fleet_svc.store.sqlite import open_store
 from llmgw.clock import Clock, SystemClock
-from llmgw.tls import ClientTLS, ServerTLS, bind
+from llmgw.tls import ClientTLS, ServerTLS, bind, check_listen
 
 log = structlog.get_logger(__name__)
 
@@ -99,6 +99,7 @@ class FleetServer:
 
 async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetServer:
     """Start a fleet: health NOT_SERVING until the store is open and the settings loaded."""
+    check_listen(opts.listen, opts.tls, insecure=opts.insecure)  # before anything is opened
     authenticator = authenticator_for(opts.tls, opts.tokens_path, opts.settings_path)
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[AuthInterceptor(authenticator)])
     health_servicer = health.aio.HealthServicer()
