@@ -9,6 +9,7 @@ import asyncio
 import os
 import sys
 
+from fleet_svc.domain.errors import FleetError
 from fleet_svc.domain.nodes import Liveness
 from llmgw.logs import configure_logging
 from llmgw.tls import (
@@ -49,6 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--log-format", choices=("json", "console"), default="json")
     add_server_tls_arguments(parser)
+    parser.add_argument(
+        "--tokens",
+        default=os.environ.get("LLMGW_FLEET_TOKENS", ""),
+        metavar="FILE",
+        help="bearer-token hashes, lines `NAME SHA256HEX` (or a YAML map); given, callers "
+        "may authenticate with `authorization: Bearer TOKEN` (see docs/security.md)",
+    )
     to_planner = parser.add_argument_group("the fleet's channel to the planner")
     to_planner.add_argument(
         "--planner-tls-ca", help=f"the CA that signed the planner's certificate (env {ENV_CA})"
@@ -79,10 +87,11 @@ def main(argv: list[str] | None = None) -> int:
                     tls=tls,
                     insecure=opts.insecure,
                     planner_tls=planner_tls,
+                    tokens_path=opts.tokens,
                 )
             )
         )
-    except (RuntimeError, TLSConfigError, ValueError) as exc:
+    except (RuntimeError, TLSConfigError, ValueError, FleetError) as exc:
         print(f"fleet: {exc}", file=sys.stderr)
         return 1
     return 0
