@@ -5,6 +5,7 @@ pair of a local `llmgw up`."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import sys
@@ -494,3 +495,77 @@ async def test_half_a_pair_or_a_missing_file_is_bad_usage(tmp_path: Path) -> Non
     assert half.code == EXIT_USAGE and "go together" in half.err
     missing = await ctl(1, "--tls-ca", str(tmp_path / "nope.crt"), "model", "list")
     assert missing.code == EXIT_USAGE and "nope.crt" in missing.err
+
+
+def pair_flags(pki: certs.LocalTLS, user: str) -> tuple[str, ...]:
+    """`--tls-ca/--tls-cert/--tls-key` for `user`'s pair of the local CA."""
+    cert, key = pki.clients[user]
+    return ("--tls-ca", str(pki.ca_cert), "--tls-cert", str(cert), "--tls-key", str(key))
+
+
+async def test_the_viewer_lists_but_may_not_change_and_the_author_is_the_certificate(
+    tmp_path: Path, pki: certs.LocalTLS
+) -> None:
+    """With the fleet's default roles (admin, viewer: the pairs `llmgw up` makes), the viewer
+    lists the catalog but its create and delete exit 2 naming the role they need; the admin's
+    create is recorded as `admin` whatever --as says."""
+    model = str(write_model(tmp_path / "m.yaml"))
+    async with running_fleet(tmp_path, **mutual(pki)) as (fleet, stub):
+        refused = await ctl(fleet.port, *pair_flags(pki, "viewer"), "model", "create", model)
+        created = await ctl(
+            fleet.port, *pair_flags(pki, "admin"), "--as", "mallory", "model", "create", model
+        )
+        listed = await ctl(fleet.port, *pair_flags(pki, "viewer"), "model", "list", "--json")
+        deleting = await ctl(
+            fleet.port, *pair_flags(pki, "viewer"), "--json", "model", "delete", "qwen"
+        )
+        got = await stub.GetModel(fleet_pb2.GetModelRequest(name="qwen"))
+    assert refused.code == EXIT_REFUSED
+    assert refused.err.startswith("refused (ROLE_REQUIRED): ")
+    assert "required_role: admin" in refused.err and "identity: user:viewer" in refused.err
+    assert created.code == 0, created.err
+    assert got.model.updated_by == "admin"
+    assert listed.code == 0, listed.err
+    data = listed.json()
+    assert isinstance(data, dict) and [m["model"]["name"] for m in data["models"]] == ["qwen"]
+    assert deleting.code == EXIT_REFUSED
+    error = deleting.json()
+    assert isinstance(error, dict)
+    assert error["error"]["code"] == "PERMISSION_DENIED"
+    assert error["error"]["metadata"]["required_role"] == "admin"
+
+
+async def test_a_bearer_token_is_a_caller_too(tmp_path: Path, pki: certs.LocalTLS) -> None:
+    """Against a fleet serving TLS with a tokens file, `--token` (or LLMGW_TOKEN) with the CA
+    is the token's user, in its role and in the audit trail; a wrong token is refused
+    UNAUTHENTICATED (exit 2)."""
+    token = "tok-" + "7" * 40
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice {hashlib.sha256(token.encode()).hexdigest()}\n")
+    settings = tmp_path / "settings.yaml"
+    settings.write_text("roles:\n  admin: [alice]\n")
+    cert, key = pki.servers["fleet"]
+    ca = str(pki.ca_cert)
+    async with running_fleet(
+        tmp_path,
+        tls=ServerTLS(cert=cert, key=key),
+        client_tls=ClientTLS(ca=pki.ca_cert),
+        tokens_path=str(tokens),
+        settings=str(settings),
+    ) as (fleet, stub):
+        model = str(write_model(tmp_path / "m.yaml"))
+        created = await ctl(fleet.port, "--tls-ca", ca, "--token", token, "model", "create", model)
+        listed = await ctl(
+            fleet.port, "model", "list", env=_env(LLMGW_TLS_CA=ca, LLMGW_TOKEN=token)
+        )
+        wrong = await ctl(fleet.port, "--tls-ca", ca, "--token", "nope", "model", "list")
+        got = await stub.GetModel(
+            fleet_pb2.GetModelRequest(name="qwen"),
+            metadata=(("authorization", f"Bearer {token}"),),
+        )
+    assert created.code == 0, created.err
+    assert got.model.updated_by == "alice"
+    assert listed.code == 0, listed.err
+    assert "qwen" in listed.out
+    assert wrong.code == EXIT_REFUSED
+    assert wrong.err.startswith("refused (UNAUTHENTICATED)")

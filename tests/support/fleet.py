@@ -29,10 +29,11 @@ async def running_fleet(
     tls: ServerTLS | None = None,
     client_tls: ClientTLS | None = None,
     planner_tls: ClientTLS | None = None,
+    tokens_path: str = "",
 ) -> AsyncIterator[tuple[FleetServer, fleet_pb2_grpc.FleetServiceAsyncStub]]:
     """Start a fleet on a free port with its store in `data`; stop it after. With `tls` it
     serves TLS and the stub's channel uses `client_tls`; `planner_tls` is how it dials the
-    planner."""
+    planner; `tokens_path` a file of bearer-token hashes it accepts."""
     server = await start_fleet(
         FleetOptions(
             listen="127.0.0.1:0",
@@ -45,6 +46,7 @@ async def running_fleet(
             start_timeout_s=start_timeout_s,
             tls=tls,
             planner_tls=planner_tls,
+            tokens_path=tokens_path,
         )
     )
     channel: grpc.aio.Channel = aio_channel(f"127.0.0.1:{server.port}", client_tls)
