@@ -16,6 +16,9 @@ for the agent, `admin` and `viewer` for people, `fleet-client` (identity `fleet`
 fleet's channel to the planner and `llmgw-up` for the example catalog's writer. The roles
 of those identities are in DATA/settings.yaml, the fleet's cluster settings (written once,
 then the operator's to edit). The demo's file server stays plain HTTP on loopback.
+
+(Some 530 lines: one run's steps, in the order they happen, read best in one place; what
+TLS needs made is in llmgw.cli.up_pki, the children's keeping in llmgw.cli.supervisor.)
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from llmgw import certs
 from llmgw.cli import GRPC_VERBOSITY, GRPC_VERBOSITY_SET_HERE
 from llmgw.cli.common import (
     DEFAULT_DATA,
@@ -46,6 +48,14 @@ from llmgw.cli.common import (
     exit_64_on_bad_usage,
 )
 from llmgw.cli.supervisor import Child, StartFailed, Supervisor, port_taken, wait_listening
+from llmgw.cli.up_pki import (
+    SETTINGS,
+    LocalPki,
+    make_pki,
+    shown_path,
+    tls_flags,
+    write_settings,
+)
 from llmgw.clients import ClientError, FleetClient, Unreachable
 from llmgw.clients.convert import Replica
 from llmgw.demo.catalog import (
@@ -57,21 +67,14 @@ from llmgw.demo.catalog import (
 )
 from llmgw.demo.tiny_gguf import write_tiny_gguf
 from llmgw.llama_server import LLAMA_SERVER_ENV, find_llama_server
-from llmgw.tls import ENV_CA, ENV_CERT, ENV_KEY, ClientTLS, is_loopback
+from llmgw.tls import ENV_CA, ENV_CERT, ENV_KEY, ClientTLS
 
 _GPUS = re.compile(r"^\s*(\d+)x([A-Za-z0-9._-]+)")
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 STOP_ORDER = ("agent", "fleet", "planner", "files")
 """The agent first (it stops its engines), then what it and the others depend on."""
-VIEWER = "viewer"
-FLEET_IDENTITY = "fleet"
-"""The user identity of the fleet's channel to the planner."""
-FLEET_CLIENT = "fleet-client"
-"""Its pair's file stem (`fleet.crt` is the fleet's server pair)."""
-SETTINGS = "settings.yaml"
-ROLES = {"admin": [LOCAL_USER, CALLER], "viewer": [VIEWER]}
-"""The roles of the identities `llmgw up` issues, role -> identities (the fleet's cluster
-settings' `roles`); the fleet's identity only calls the planner."""
+_CHILD_ENV_DROPPED = (ENV_CA, ENV_CERT, ENV_KEY, "LLMGW_TOKEN")
+"""A person's client settings, not passed to the children (each is given its own files)."""
 _CHILD_ENV_DROPPED = (ENV_CA, ENV_CERT, ENV_KEY, "LLMGW_TOKEN")
 """A person's client settings, not passed to the children (each is given its own files)."""
 
@@ -178,80 +181,6 @@ class Started:
     llama_server: str | None
 
 
-@dataclass(frozen=True)
-class LocalPki:
-    """The files of DATA/tls each process is given."""
-
-    ca: Path
-    planner: tuple[Path, Path]
-    fleet: tuple[Path, Path]
-    fleet_client: tuple[Path, Path]
-    node: tuple[Path, Path]
-    writer: tuple[Path, Path]
-    """The example catalog's writer (`llmgw-up`)."""
-    admin: tuple[Path, Path]
-
-
-def make_pki(plan: Plan) -> LocalPki:
-    """The local CA and pairs under DATA/tls (those already there are kept), the server pairs
-    also valid for --host when it is a name or address clients dial."""
-    hosts = [] if plan.host in ("0.0.0.0", "::", "") or is_loopback(plan.host) else [plan.host]
-    local = certs.make_local_tls(
-        plan.tls,
-        servers=("planner", "fleet"),
-        nodes=(plan.node,),
-        clients=(LOCAL_USER, VIEWER, CALLER),
-        hosts=hosts,
-    )
-    fleet_client = (plan.tls / f"{FLEET_CLIENT}.crt", plan.tls / f"{FLEET_CLIENT}.key")
-    if not all(p.exists() for p in fleet_client):
-        ca = certs.load_ca(plan.tls)
-        fleet_client = certs.write_pair(
-            plan.tls, FLEET_CLIENT, certs.issue_client(ca, FLEET_IDENTITY)
-        )
-    return LocalPki(
-        ca=local.ca_cert,
-        planner=local.servers["planner"],
-        fleet=local.servers["fleet"],
-        fleet_client=fleet_client,
-        node=local.nodes[plan.node],
-        writer=local.clients[CALLER],
-        admin=local.clients[LOCAL_USER],
-    )
-
-
-def write_settings(path: Path) -> bool:
-    """Write the fleet's cluster settings with the local identities' roles, unless the file
-    is there (then it is the operator's); whether it was written."""
-    if path.exists():
-        return False
-    lines = [
-        "# The fleet's cluster settings, written by `llmgw up` once and then yours to edit:",
-        "# `roles` maps each role to the identities (certificate or token names) that have it.",
-        "roles:",
-        *(f"  {role}: [{', '.join(names)}]" for role, names in ROLES.items()),
-        "",
-    ]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("\n".join(lines))
-    tmp.replace(path)
-    return True
-
-
-def shown_path(path: Path) -> str:
-    """A path as a person would type it here: relative when under the working directory."""
-    relative = os.path.relpath(path)
-    return path.as_posix() if relative.startswith("..") else relative
-
-
-def tls_flags(prefix: str, ca: Path, pair: tuple[Path, Path] | None) -> list[str]:
-    """`--PREFIXtls-ca CA [--PREFIXtls-cert C --PREFIXtls-key K]`."""
-    flags = [f"--{prefix}tls-ca", str(ca)]
-    if pair is not None:
-        flags += [f"--{prefix}tls-cert", str(pair[0]), f"--{prefix}tls-key", str(pair[1])]
-    return flags
-
-
 class Up:
     """One run of `llmgw up`: what it starts, in which order, and what it tells the person
     running it. Its children are kept by a Supervisor."""
@@ -304,7 +233,7 @@ class Up:
             StartFailed: one did not come up.
         """
         p = self.plan
-        pki = self.pki = make_pki(p)
+        pki = self.pki = make_pki(p.tls, node=p.node, host=p.host)
         if write_settings(p.settings):
             self.say(f"settings: wrote {p.settings} (roles of the local identities)")
         env = {k: v for k, v in os.environ.items() if k not in _CHILD_ENV_DROPPED}
@@ -494,7 +423,7 @@ class Up:
             f"  tls      {tls}   (mutual TLS, local CA ca.crt; callers admin.crt/.key and "
             "viewer.crt/.key)"
         )
-        lines.append(f"  roles    {p.settings}")
+        lines.append(f"  roles    {shown_path(p.settings)}   (the fleet's cluster settings)")
         for r in ready:
             lines.append(f"  replica  {r.model}/{r.profile} ({r.engine}) at http://{r.address}")
         lines += ["", "Try:"]
