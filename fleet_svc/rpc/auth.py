@@ -56,7 +56,7 @@ def current_caller() -> Caller | None:
 
 # -- the tokens file -------------------------------------------------------------------------
 
-_LINE = re.compile(r"^(\S+)\s+([0-9A-Fa-f]{64})$")
+_LINE = re.compile(r"^([^\s:]+)\s+([0-9A-Fa-f]{64})$")
 
 
 def parse_tokens(text: str, where: str = "tokens") -> Tokens:

@@ -26,7 +26,7 @@ from llmgw.tls import ClientTLS, ServerTLS, aio_channel
 FAST = Liveness(interval_s=0.2, grace_heartbeats=3, lost_after_s=1.5)
 
 NODES = ("a", "b")
-USERS = ("admin", "operator", "viewer", "alice", "gateway", "fleet")
+USERS = ("admin", "operator", "viewer", "alice", "gateway", "fleet-caller")
 
 
 @dataclass
