@@ -6,7 +6,8 @@ Credentials of a client command (`ctl`, `plan`): `--tls-ca/--tls-cert/--tls-key`
 LLMGW_TLS_CA/CERT/KEY, llmgw.tls.client_tls) and `--token` (else LLMGW_TOKEN). With no TLS
 flag or variable, the pair `llmgw up` wrote is used when it is there: DATA/tls/ca.crt and
 admin.crt/.key, DATA being $LLMGW_DATA or `data` (llmgw up's default, from the same folder);
-with a token, only that CA is taken (the token says who calls). Nothing found: plaintext.
+with a token, only that CA is taken (the token says who calls). Nothing found, or
+`--plaintext`: plaintext (a development server on loopback started without certificates).
 
 The convention: each command's parser sets `run=fn`, `fn(opts) -> int` its exit code; `fn`
 raises `UsageError` for a command line that cannot become a request and lets the clients'
@@ -124,6 +125,11 @@ def add_client_flags(parser: argparse.ArgumentParser) -> None:
         "--token",
         help=f"a bearer token to call with instead of a client certificate (env {ENV_TOKEN})",
     )
+    parser.add_argument(
+        "--plaintext",
+        action="store_true",
+        help="no TLS, even beside `llmgw up` (a server started without certificates)",
+    )
 
 
 def credentials(opts: argparse.Namespace) -> Credentials:
@@ -138,6 +144,10 @@ def credentials(opts: argparse.Namespace) -> Credentials:
         tls = client_tls_from_args(opts)
     except TLSConfigError as exc:
         raise UsageError(str(exc)) from exc
+    if getattr(opts, "plaintext", False):
+        if any(getattr(opts, f"tls_{x}", None) for x in ("ca", "cert", "key")):
+            raise UsageError("--plaintext and --tls-ca/--tls-cert/--tls-key contradict")
+        return Credentials(None, token, "")
     if tls is not None:
         return Credentials(tls, token, "flags")
     folder = data_folder() / "tls"
@@ -203,7 +213,8 @@ def tls_hint(opts: argparse.Namespace) -> str:
         return f"{check}: the CA must be the one that signed the server"
     return (
         f"{check}: the files used were {LOCAL_USER}.crt/.key and ca.crt of {creds.found} "
-        "(found beside `llmgw up`); give the flags for another server"
+        "(found beside `llmgw up`); give the flags for another server, or --plaintext for one "
+        "without certificates"
     )
 
 
@@ -219,6 +230,9 @@ def ctl_flags() -> argparse.ArgumentParser:
     )
     for flag in ("--tls-ca", "--tls-cert", "--tls-key", "--token"):
         flags.add_argument(flag, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    flags.add_argument(
+        "--plaintext", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
     return flags
 
 

@@ -569,3 +569,20 @@ async def test_a_bearer_token_is_a_caller_too(tmp_path: Path, pki: certs.LocalTL
     assert "qwen" in listed.out
     assert wrong.code == EXIT_REFUSED
     assert wrong.err.startswith("refused (UNAUTHENTICATED)")
+
+
+async def test_beside_llmgw_up_a_plaintext_fleet_needs_plaintext(
+    tmp_path: Path, pki: certs.LocalTLS
+) -> None:
+    """Where a local `llmgw up`'s pair is found but the fleet serves plaintext, `ctl` exits 3
+    saying the server does not speak TLS and naming the files and --plaintext; with
+    --plaintext it answers."""
+    beside = _env(LLMGW_DATA=str(tmp_path / "data"))
+    async with running_fleet(tmp_path) as (fleet, _stub):
+        found = await ctl(fleet.port, "model", "list", env=beside)
+        plain = await ctl(fleet.port, "model", "list", "--plaintext", "--json", env=beside)
+    assert found.code == EXIT_UNREACHABLE
+    assert "does not speak TLS" in found.err
+    assert str(tmp_path / "data" / "tls") in found.err and "--plaintext" in found.err
+    assert plain.code == 0, plain.err
+    assert plain.json() == {}

@@ -102,3 +102,16 @@ def test_half_a_pair_is_bad_usage() -> None:
     """A certificate without its key is refused before anything is dialled."""
     with pytest.raises(UsageError, match="go together"):
         ctl("--tls-cert", "/x/c.crt")
+
+
+def test_plaintext_turns_the_local_pair_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--plaintext` (before or after the command) speaks plaintext even beside `llmgw up` or
+    with LLMGW_TLS_* set; with a TLS flag it is bad usage."""
+    local_up(Path("data"))
+    monkeypatch.setenv("LLMGW_TLS_CA", "/env/ca.crt")
+    assert ctl("--plaintext").tls is None
+    opts = build_parser().parse_args(["ctl", "model", "list", "--plaintext"])
+    assert credentials(opts).tls is None
+    assert plan("--plaintext").tls is None
+    with pytest.raises(UsageError, match="contradict"):
+        ctl("--plaintext", "--tls-ca", "/x/ca.crt")
