@@ -52,6 +52,7 @@ from llmgw.cli.up_pki import (
     SETTINGS,
     LocalPki,
     make_pki,
+    server_flags,
     shown_path,
     tls_flags,
     write_settings,
@@ -73,8 +74,6 @@ _GPUS = re.compile(r"^\s*(\d+)x([A-Za-z0-9._-]+)")
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 STOP_ORDER = ("agent", "fleet", "planner", "files")
 """The agent first (it stops its engines), then what it and the others depend on."""
-_CHILD_ENV_DROPPED = (ENV_CA, ENV_CERT, ENV_KEY, "LLMGW_TOKEN")
-"""A person's client settings, not passed to the children (each is given its own files)."""
 _CHILD_ENV_DROPPED = (ENV_CA, ENV_CERT, ENV_KEY, "LLMGW_TOKEN")
 """A person's client settings, not passed to the children (each is given its own files)."""
 
@@ -275,7 +274,6 @@ class Up:
         }
         # A real llama-server is handed the GGUF's local path: the planner may read it there.
         roots = ["--allow-root", str(p.models)] if llama_server else []
-        planner_tls = ["--tls-cert", str(pki.planner[0]), "--tls-key", str(pki.planner[1])]
         planner = self.children.start(
             "planner",
             [
@@ -283,9 +281,7 @@ class Up:
                 "planner_svc",
                 "--listen",
                 f"{p.host}:{p.planner_port}",
-                *planner_tls,
-                "--tls-ca",
-                str(pki.ca),
+                *server_flags(pki.ca, pki.planner),
                 *roots,
                 *json_logs,
             ],
@@ -308,12 +304,7 @@ class Up:
                 planner_address,
                 "--settings",
                 str(p.settings),
-                "--tls-cert",
-                str(pki.fleet[0]),
-                "--tls-key",
-                str(pki.fleet[1]),
-                "--tls-ca",
-                str(pki.ca),
+                *server_flags(pki.ca, pki.fleet),
                 *tls_flags("planner-", pki.ca, pki.fleet_client),
                 *json_logs,
             ],

@@ -97,3 +97,8 @@ def tls_flags(prefix: str, ca: Path, pair: tuple[Path, Path] | None) -> list[str
     if pair is not None:
         flags += [f"--{prefix}tls-cert", str(pair[0]), f"--{prefix}tls-key", str(pair[1])]
     return flags
+
+
+def server_flags(ca: Path, pair: tuple[Path, Path]) -> list[str]:
+    """`--tls-cert C --tls-key K --tls-ca CA`: a server's pair, clients of `ca` required."""
+    return ["--tls-cert", str(pair[0]), "--tls-key", str(pair[1]), "--tls-ca", str(ca)]
