@@ -78,6 +78,13 @@ _CHILD_ENV_DROPPED = (ENV_CA, ENV_CERT, ENV_KEY, "LLMGW_TOKEN")
 """A person's client settings, not passed to the children (each is given its own files)."""
 
 
+def dialable(address: str) -> str:
+    """Where to dial a child that listens on `address`: a wildcard host (`--host 0.0.0.0`)
+    is dialled on 127.0.0.1, a name every server certificate of DATA/tls carries."""
+    host, _, port = address.rpartition(":")
+    return f"127.0.0.1:{port}" if host in ("0.0.0.0", "") else address
+
+
 class UpError(Exception):
     """`llmgw up` cannot go on; the message says what failed and what to do."""
 
@@ -290,7 +297,7 @@ class Up:
         )
         # The fleet asks the planner to size context and card changes: it starts once the
         # planner's address is known (a port of 0 is only known once it listens).
-        planner_address = wait_listening(planner, 60, self.stop)
+        planner_address = dialable(wait_listening(planner, 60, self.stop))
         fleet = self.children.start(
             "fleet",
             [
@@ -311,7 +318,7 @@ class Up:
             env,
             10.0,
         )
-        fleet_address = wait_listening(fleet, 60, self.stop)
+        fleet_address = dialable(wait_listening(fleet, 60, self.stop))
         # Every child starts before this process opens a gRPC channel: gRPC's threads and a
         # fork do not mix (the children's pre-exec hook runs between them).
         if p.agent:
