@@ -253,14 +253,17 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
-        method: str = handler_call_details.method  # type: ignore[attr-defined]
+        method: str = handler_call_details.method
         if handler is None or is_public(method):
             return handler
-        return self._wrapped(handler, method)
+        wrapped: grpc.RpcMethodHandler[Any, Any] = self._wrapped(handler, method)
+        return wrapped
 
     async def _admit(self, method: str, request: Any, context: Context) -> Caller:
         """The caller, allowed; a refusal aborts the call (and is audited for mutations)."""

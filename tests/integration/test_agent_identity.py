@@ -5,6 +5,9 @@ replicas (as Kubernetes' node authorizer limits a kubelet)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
 from pathlib import Path
 
 import grpc
@@ -183,3 +186,72 @@ async def test_a_node_sees_only_its_own_replicas_and_cannot_report_another_nodes
             assert stolen not in addresses
         await a.stop()
         await b.stop()
+
+
+async def _agent_process(
+    port: int, tmp_path: Path, args: list[str], env: dict[str, str]
+) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "fleet_svc.agent",
+        "--fleet",
+        f"127.0.0.1:{port}",
+        "--gpus",
+        "1xL4-24GB",
+        "--state-dir",
+        str(tmp_path / "agent"),
+        "--log-format",
+        "json",
+        *args,
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> bytes:
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    return err
+
+
+@pytest.mark.parametrize("how", ["flags", "environment"])
+async def test_the_agent_connects_over_mutual_tls_as_its_certificates_node(
+    pki: Pki, tmp_path: Path, how: str
+) -> None:
+    """`python -m fleet_svc.agent` with node a's pair (flags, or LLMGW_TLS_*) and no --node
+    is welcomed as node a by a fleet requiring client certificates."""
+    ca, (cert, key) = pki.local.ca_cert, pki.local.nodes["a"]
+    if how == "flags":
+        args, env = ["--tls-ca", str(ca), "--tls-cert", str(cert), "--tls-key", str(key)], {}
+    else:
+        args, env = (
+            [],
+            {"LLMGW_TLS_CA": str(ca), "LLMGW_TLS_CERT": str(cert), "LLMGW_TLS_KEY": str(key)},
+        )
+    async with tls_fleet(tmp_path, pki.fleet) as fleet:
+        proc = await _agent_process(fleet.port, tmp_path, args, env)
+        try:
+
+            async def connected() -> bool:
+                view = fleet.controller.state.nodes.get("a")
+                return view is not None and view.connected
+
+            await assert_eventually(connected, timeout_s=30, what="node a over mTLS")
+        finally:
+            err = await _stop(proc)
+        assert b"stream_welcomed" in err
+
+
+async def test_the_agent_naming_another_node_is_refused(pki: Pki, tmp_path: Path) -> None:
+    """The agent with node a's pair and --node b keeps being refused; b never appears."""
+    ca, (cert, key) = pki.local.ca_cert, pki.local.nodes["a"]
+    args = ["--tls-ca", str(ca), "--tls-cert", str(cert), "--tls-key", str(key), "--node", "b"]
+    async with tls_fleet(tmp_path, pki.fleet) as fleet:
+        proc = await _agent_process(fleet.port, tmp_path, args, {})
+        await asyncio.sleep(3)
+        err = await _stop(proc)
+        assert "b" not in fleet.controller.state.nodes
+    assert b"PERMISSION_DENIED" in err

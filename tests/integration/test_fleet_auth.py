@@ -75,7 +75,7 @@ def llama(
 
 def error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
     """The ErrorInfo of a refusal."""
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    status = rpc_status.from_call(err)
     assert status is not None, err
     for detail in status.details:
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
@@ -87,7 +87,7 @@ def error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
 
 def bad_request_fields(err: grpc.aio.AioRpcError) -> list[str]:
     """The fields a refusal's BadRequest names."""
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    status = rpc_status.from_call(err)
     assert status is not None
     out = []
     for detail in status.details:
@@ -161,6 +161,7 @@ async def test_viewer_reads_and_watches_operator_sets_gpus_only_admin_deletes(
             await viewer.ListNodes(fleet_pb2.ListNodesRequest())
             watch = viewer.WatchReplicas(fleet_pb2.WatchReplicasRequest(), timeout=10)
             first = await watch.read()
+            assert isinstance(first, fleet_pb2.WatchReplicasResponse)
             assert first.kind == fleet_pb2.WatchReplicasResponse.KIND_SYNCED
             watch.cancel()
 

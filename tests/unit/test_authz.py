@@ -158,7 +158,14 @@ def test_roles_file_forms_and_mistakes() -> None:
     assert DEFAULT_ROLES.role_of("admin") is Role.ADMIN
     assert DEFAULT_ROLES.role_of("viewer") is Role.VIEWER
     assert DEFAULT_ROLES.role_of("alice") is None
-    for bad in ({"admins": ["x"]}, {"admin": "x"}, {"admin": [1]}, {"revoked": ["mallory"]}, []):
+    bads: list[object] = [
+        {"admins": ["x"]},
+        {"admin": "x"},
+        {"admin": [1]},
+        {"revoked": ["mallory"]},
+        [],
+    ]
+    for bad in bads:
         with pytest.raises(errors.InvalidModel):
             parse_roles(bad)
 
