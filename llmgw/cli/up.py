@@ -279,8 +279,9 @@ class Up:
             "HF_HOME": str(p.data / "huggingface"),
             "HF_HUB_DISABLE_TELEMETRY": "1",
         }
-        # A real llama-server is handed the GGUF's local path: the planner may read it there.
-        roots = ["--allow-root", str(p.models)] if llama_server else []
+        # DATA/models is the one local folder model sources may be in (a real llama-server is
+        # handed the GGUF's path there): the planner may read it, the agent may serve from it.
+        roots = ["--allow-root", str(p.models)]
         planner = self.children.start(
             "planner",
             [
@@ -339,6 +340,8 @@ class Up:
                     "--state-dir",
                     str(p.data / "agent"),
                     *tls_flags("", pki.ca, pki.node),
+                    "--source-root",
+                    str(p.models),
                     "--demo",
                     *json_logs,
                 ],
