@@ -1,4 +1,6 @@
-"""Run the fleet: `python -m fleet_svc --listen HOST:PORT --store PATH [--settings FILE]`."""
+"""Run the fleet: `python -m fleet_svc --listen HOST:PORT --store PATH [--settings FILE]
+[--tls-cert F --tls-key F [--tls-ca F]] [--planner-tls-ca F --planner-tls-cert F
+--planner-tls-key F]`."""
 
 from __future__ import annotations
 
@@ -7,8 +9,18 @@ import asyncio
 import os
 import sys
 
+from fleet_svc.domain.errors import FleetError
 from fleet_svc.domain.nodes import Liveness
 from llmgw.logs import configure_logging
+from llmgw.tls import (
+    ENV_CA,
+    ENV_CERT,
+    ENV_KEY,
+    TLSConfigError,
+    add_server_tls_arguments,
+    client_tls,
+    server_tls_from_args,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,11 +49,31 @@ def main(argv: list[str] | None = None) -> int:
         help="how long a rollout's new replica may take to turn healthy",
     )
     parser.add_argument("--log-format", choices=("json", "console"), default="json")
+    add_server_tls_arguments(parser)
+    parser.add_argument(
+        "--tokens",
+        default=os.environ.get("LLMGW_FLEET_TOKENS", ""),
+        metavar="FILE",
+        help="bearer-token hashes, lines `NAME SHA256HEX` (or a YAML map); given, callers "
+        "may authenticate with `authorization: Bearer TOKEN` (see docs/security.md)",
+    )
+    to_planner = parser.add_argument_group("the fleet's channel to the planner")
+    to_planner.add_argument(
+        "--planner-tls-ca", help=f"the CA that signed the planner's certificate (env {ENV_CA})"
+    )
+    to_planner.add_argument(
+        "--planner-tls-cert", help=f"the fleet's client certificate (env {ENV_CERT})"
+    )
+    to_planner.add_argument(
+        "--planner-tls-key", help=f"that certificate's private key (env {ENV_KEY})"
+    )
     opts = parser.parse_args(argv)
     configure_logging(opts.log_format == "json")
     from fleet_svc.server import FleetOptions, serve
 
     try:
+        tls = server_tls_from_args(opts)
+        planner_tls = client_tls(opts.planner_tls_ca, opts.planner_tls_cert, opts.planner_tls_key)
         asyncio.run(
             serve(
                 FleetOptions(
@@ -52,10 +84,14 @@ def main(argv: list[str] | None = None) -> int:
                     drain_s=opts.drain_s,
                     planner=opts.planner,
                     start_timeout_s=opts.start_timeout_s,
+                    tls=tls,
+                    insecure=opts.insecure,
+                    planner_tls=planner_tls,
+                    tokens_path=opts.tokens,
                 )
             )
         )
-    except (RuntimeError, ValueError) as exc:
+    except (RuntimeError, TLSConfigError, ValueError, FleetError) as exc:
         print(f"fleet: {exc}", file=sys.stderr)
         return 1
     return 0

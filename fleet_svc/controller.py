@@ -333,6 +333,17 @@ class Controller:
         """An agent's report of one replica."""
         self._heard(node)
         r = self.state.replicas.get(o.replica_id)
+        if r is not None and r.node != node:
+            # A node reports only its own replicas (as Kubernetes' node authorizer limits a
+            # kubelet to its pods): one placed elsewhere is not this agent's to describe.
+            log.warning(
+                "replica_report_dropped",
+                node=node,
+                replica_id=o.replica_id,
+                placed_on=r.node,
+                phase=o.phase.value,
+            )
+            return
         if r is not None and r.node == node and o.log_tail:
             self.state.observed_logs[r.id] = o.log_tail
         change = reported(r, node, o)

@@ -1,4 +1,5 @@
-"""Wiring of the fleet: store, catalog, controller, the API and the agents' stream."""
+"""Wiring of the fleet: store, catalog, controller, the API and the agents' stream, transport
+security (llmgw.tls)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from fleet_svc.domain.nodes import Liveness
 from fleet_svc.planner import Planner
 from fleet_svc.rpc.agent_stream import SERVICE_NAME as AGENT_SERVICE
 from fleet_svc.rpc.agent_stream import add_agent_service
+from fleet_svc.rpc.auth import AuthInterceptor, authenticator_for
 from fleet_svc.rpc.planner import GrpcPlanner
 from fleet_svc.rpc.servicer import SERVICE_NAME as FLEET_SERVICE
 from fleet_svc.rpc.servicer import add_fleet_service
@@ -27,6 +29,7 @@ from fleet_svc.rpc.settings import declared_entries
 from fleet_svc.store.base import Store
 from fleet_svc.store.sqlite import open_store
 from llmgw.clock import Clock, SystemClock
+from llmgw.tls import ClientTLS, ServerTLS, bind, check_listen
 
 log = structlog.get_logger(__name__)
 
@@ -55,6 +58,15 @@ class FleetOptions:
     """The planner's address, for SetContext and SetGPUs."""
     start_timeout_s: float = 600.0
     """How long a rollout's new replica may take to turn healthy."""
+    tls: ServerTLS | None = None
+    """The fleet's certificate files (llmgw.tls); with a CA, clients and agents must present
+    a certificate it signed. None serves plaintext, on loopback only unless `insecure`."""
+    insecure: bool = False
+    """Allow plaintext off loopback (loudly)."""
+    planner_tls: ClientTLS | None = None
+    """How the fleet dials the planner: its CA and the fleet's client pair; None: plaintext."""
+    tokens_path: str = ""
+    """A file of bearer-token hashes (`NAME SHA256HEX` lines); given, callers may be tokens."""
 
 
 @dataclass
@@ -87,7 +99,9 @@ class FleetServer:
 
 async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetServer:
     """Start a fleet: health NOT_SERVING until the store is open and the settings loaded."""
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    check_listen(opts.listen, opts.tls, insecure=opts.insecure)  # before anything is opened
+    authenticator = authenticator_for(opts.tls, opts.tokens_path, opts.settings_path)
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[AuthInterceptor(authenticator)])
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", FLEET_SERVICE, AGENT_SERVICE):
@@ -111,16 +125,24 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         start_timeout_s=opts.start_timeout_s,
     )
     catalog.on_change = controller.wake
-    planner = GrpcPlanner(opts.planner)
+    planner = GrpcPlanner(opts.planner, tls=opts.planner_tls)
     app = FleetApp(catalog, controller, store, planner, clock.wall)
     add_fleet_service(server, app, store, controller)
-    add_agent_service(server, controller, clock)
-    port = server.add_insecure_port(opts.listen)
+    add_agent_service(
+        server, controller, clock, node_certificates=authenticator.policy.node_certificates
+    )
+    port = bind(server, opts.listen, opts.tls, insecure=opts.insecure, service="fleet")
     await server.start()
     loop_task = asyncio.create_task(controller.run())
     for name in ("", FLEET_SERVICE, AGENT_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info("fleet_started", listen=opts.listen, port=port, store=opts.store_url)
+    log.info(
+        "fleet_started",
+        listen=opts.listen,
+        port=port,
+        store=opts.store_url,
+        tls="mutual" if opts.tls and opts.tls.mutual else "server" if opts.tls else "none",
+    )
     return FleetServer(
         server, port, health_servicer, controller, catalog, store, loop_task, planner
     )

@@ -9,9 +9,10 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
-import grpc
 import structlog
 
 from fleet_svc.agent.cards import CardSpecError, discover_cards
@@ -26,6 +27,14 @@ from fleet_svc.agent.config import (
 from fleet_svc.agent.replicas import ReplicaSet
 from fleet_svc.agent.rpc.client import AgentClient, NodeIdentity
 from llmgw.logs import configure_logging
+from llmgw.tls import (
+    NODE,
+    IdentityError,
+    TLSConfigError,
+    add_client_tls_arguments,
+    client_tls_from_args,
+    identity_of_certificate,
+)
 
 EPILOG = """\
 cards: with --gpus or --gpus-file the agent is told its cards (stand-in cards: a stand-in
@@ -68,12 +77,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="the fleet's HOST:PORT (default $LLMGW_FLEET)",
     )
     parser.add_argument(
-        "--node", default=socket.gethostname(), help="this node's name (default: the hostname)"
+        "--node",
+        default=None,
+        help="this node's name (default: the node name its --tls-cert carries, else the "
+        "hostname); the fleet refuses a name other than its certificate's",
     )
     cards = parser.add_mutually_exclusive_group()
     cards.add_argument("--gpus", help="the node's cards, e.g. 8xH100-80GB or 2xL4-24GB,1xA100-80GB")
     cards.add_argument("--gpus-file", type=Path, help="a YAML file listing the node's cards")
     parser.add_argument("--config", type=Path, help="the agent's engine config (YAML)")
+    parser.add_argument(
+        "--source-root",
+        action="append",
+        default=[p for p in os.environ.get("LLMGW_AGENT_SOURCE_ROOTS", "").split(os.pathsep) if p],
+        metavar="DIR",
+        help="a folder local model sources may be in (repeat; added to the config's "
+        "source_roots; default $LLMGW_AGENT_SOURCE_ROOTS, ':'-separated); a local source "
+        "anywhere else is refused",
+    )
     parser.add_argument(
         "--state-dir",
         type=Path,
@@ -99,9 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="on shutdown leave the engines running for the next agent to adopt "
         "(default: stop them)",
     )
-    parser.add_argument("--tls-ca", type=Path, help="CA bundle to check the fleet's certificate")
-    parser.add_argument("--tls-cert", type=Path, help="this node's client certificate (mTLS)")
-    parser.add_argument("--tls-key", type=Path, help="the client certificate's key")
+    add_client_tls_arguments(parser)
+    parser.add_argument(
+        "--tls-server-name",
+        default=None,
+        help="the name to check the fleet's certificate against when it is not the host in "
+        "--fleet (an address the certificate does not list)",
+    )
     parser.add_argument(
         "--log-format",
         choices=("json", "console"),
@@ -111,46 +136,50 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def build_config(config_path: Path | None, demo: bool) -> AgentConfig:
-    """The agent config: the file's, else the default one; with demo stand-ins when asked.
+def build_config(config_path: Path | None, demo: bool, roots: Sequence[str] = ()) -> AgentConfig:
+    """The agent config: the file's, else the default one; with demo stand-ins when asked,
+    and `roots` added to the folders local sources may be in.
 
     Raises:
-        ConfigError: the file cannot be used.
+        ConfigError: the file cannot be used, or a root is not an absolute path.
     """
     if config_path is not None:
         base = load_config(config_path)
-        return default_config(demo=True, base=base) if demo else base
-    return default_config(demo=demo, llama_server=find_llama_server())
+        return default_config(demo=demo, base=base, roots=roots)
+    return default_config(demo=demo, llama_server=find_llama_server(), roots=roots)
 
 
-def _credentials(opts: argparse.Namespace) -> grpc.ChannelCredentials | None:
-    if not (opts.tls_ca or opts.tls_cert or opts.tls_key):
-        return None
-    if bool(opts.tls_cert) != bool(opts.tls_key):
-        raise ConfigError("give --tls-cert and --tls-key together")
-    return grpc.ssl_channel_credentials(
-        root_certificates=opts.tls_ca.read_bytes() if opts.tls_ca else None,
-        private_key=opts.tls_key.read_bytes() if opts.tls_key else None,
-        certificate_chain=opts.tls_cert.read_bytes() if opts.tls_cert else None,
-    )
+def node_of_certificate(opts: argparse.Namespace) -> str | None:
+    """The node name in the client certificate the flags (or LLMGW_TLS_*) give, if any."""
+    try:
+        tls = client_tls_from_args(opts)
+        if tls is None or tls.cert is None:
+            return None
+        identity = identity_of_certificate(tls.cert.read_bytes())
+    except (TLSConfigError, IdentityError, OSError):
+        return None  # run_agent reports unusable TLS files; the hostname stands meanwhile
+    return identity.name if identity.kind == NODE else None
 
 
 async def run_agent(opts: argparse.Namespace) -> None:
     """Run until SIGTERM/SIGINT, then stop (or leave) the replicas."""
     log = structlog.get_logger("fleet_svc.agent").bind(node=opts.node)
-    config = build_config(opts.config, opts.demo)
+    config = build_config(opts.config, opts.demo, opts.source_root)
     state_dir: Path = opts.state_dir or Path.home() / ".cache" / "llmgw" / "agent" / opts.node
     state_dir.mkdir(parents=True, exist_ok=True)
     cards = discover_cards(opts.gpus, opts.gpus_file, state_dir)
-    credentials = _credentials(opts)
+    tls = client_tls_from_args(opts)
+    if tls is not None and opts.tls_server_name:
+        tls = replace(tls, server_name=opts.tls_server_name)
+    if tls is not None:
+        tls.credentials()  # unreadable files fail now, not at every reconnection
     replicas = ReplicaSet(config, cards, state_dir)
     adopted = replicas.adopt()
-    client = AgentClient(
-        opts.fleet, NodeIdentity(opts.node, dict(opts.label)), replicas, credentials
-    )
+    client = AgentClient(opts.fleet, NodeIdentity(opts.node, dict(opts.label)), replicas, tls=tls)
     log.info(
         "agent_started",
         fleet=opts.fleet,
+        tls="mutual" if tls and tls.cert else "server" if tls else "none",
         cards=len(replicas.card_indices),
         card_source=cards.kind,
         engines=sorted(config.engines),
@@ -179,11 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     if not opts.fleet:
         parser.error("--fleet HOST:PORT is required (or set $LLMGW_FLEET)")
+    if opts.node is None:
+        opts.node = node_of_certificate(opts) or socket.gethostname()
     configure_logging(opts.log_format == "json")
     structlog.contextvars.bind_contextvars(node=opts.node)
     try:
         asyncio.run(run_agent(opts))
-    except (ConfigError, CardSpecError, OSError) as exc:
+    except (ConfigError, CardSpecError, TLSConfigError, OSError) as exc:
         print(f"agent: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -11,14 +11,14 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from fleet_svc.agent.admission import REFUSAL_TABLES, ArgRules
+from fleet_svc.agent.admission import REFUSAL_TABLES, STANDIN_FLAGS, ArgRules
 from fleet_svc.agent.backoff import Backoff, RestartLimit
 from fleet_svc.agent.replica import ReplicaSpec
 
@@ -83,6 +83,18 @@ class ConfigError(ValueError):
     """The agent's config cannot be used; the message names the key and what would work."""
 
 
+def _not_a_flag(value: str) -> None:
+    """A source in an argument slot of its own never reads as a flag (admission refuses such
+    sources; this is the last line before exec)."""
+    if value.startswith("-"):
+        raise ValueError(f"refusing to pass the source {value[:80]!r}: it would read as a flag")
+
+
+def uses_source(template: tuple[str, ...]) -> bool:
+    """Whether a template passes the replica's source to the engine."""
+    return any("{source}" in part or part == "{source_args}" for part in template)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the agent runs one engine.
@@ -126,9 +138,12 @@ class EngineConfig:
                 argv.extend(spec.args)
             elif part == "{source_args}":
                 kind, value = source_parts(spec.source)
+                _not_a_flag(value)
                 items = self.source_args.get(kind, ("{value}",))
                 argv.extend(item.replace("{value}", value) for item in items)
             else:
+                if part == "{source}":
+                    _not_a_flag(spec.source)
                 argv.append(_PLACEHOLDER.sub(lambda m: values[m.group(1)], part))
         return argv
 
@@ -151,6 +166,8 @@ class AgentConfig:
     engine_host: str = "127.0.0.1"
     # What the agent reports as the engine's host (the node's name or IP for a remote gateway).
     advertise_host: str = ""
+    # Folders local model sources may be in (real paths); none: no local source runs.
+    source_roots: tuple[str, ...] = ()
 
     def arg_rules(self) -> dict[str, ArgRules]:
         """Engine name -> its argument rules: what admission needs."""
@@ -194,11 +211,16 @@ def module_engine(
     name: str, module: str, template: tuple[str, ...], family: str, **extra: Any
 ) -> EngineConfig:
     """An engine run as `<the agent's python> -m <module>`."""
+    checked = _check_template(name, template)
     return EngineConfig(
         name=name,
         program=(sys.executable, "-m", module),
-        template=_check_template(name, template),
-        rules=ArgRules(family),
+        template=checked,
+        rules=ArgRules(
+            family,
+            extra=STANDIN_FLAGS if module == STANDIN_MODULE else (),
+            needs_source=uses_source(checked),
+        ),
         module=module,
         **extra,
     )
@@ -274,15 +296,17 @@ def parse_engine(
     }
     if family == "llamacpp" and not source_args:
         source_args = dict(LLAMACPP_SOURCE_ARGS)
-    template = _str_list(data.get("args"), "args", where) or STANDIN_TEMPLATE
+    template = _check_template(name, _str_list(data.get("args"), "args", where) or STANDIN_TEMPLATE)
     return EngineConfig(
         name=name,
         program=program,
-        template=_check_template(name, template),
+        template=template,
         rules=ArgRules(
             family=family,
             allow=frozenset(_str_list(data.get("allow_flags"), "allow_flags", where)),
             refuse=dict(refuse),
+            extra=STANDIN_FLAGS if module == STANDIN_MODULE else (),
+            needs_source=uses_source(template),
         ),
         health_path=health_path,
         start_timeout_s=_number(data, "start_timeout_s", 600.0, where),
@@ -344,7 +368,23 @@ def parse_config(
         log_tail_lines=int(_number(data, "log_tail_lines", 20, where)),
         engine_host=str(data.get("engine_host", "127.0.0.1")),
         advertise_host=str(data.get("advertise_host", "")),
+        source_roots=source_roots(_str_list(data.get("source_roots"), "source_roots", where)),
     )
+
+
+def source_roots(paths: Sequence[str], where: str = "source_roots") -> tuple[str, ...]:
+    """Folders local sources may be under, as real paths (symlinks resolved now: a source's
+    real path is compared with them).
+
+    Raises:
+        ConfigError: a path that is not absolute.
+    """
+    out = []
+    for path in paths:
+        if not os.path.isabs(path):
+            raise ConfigError(f"{where}: {path!r} must be an absolute path")
+        out.append(os.path.realpath(path))
+    return tuple(dict.fromkeys(out))
 
 
 def load_config(path: Path) -> AgentConfig:
@@ -388,12 +428,14 @@ def default_config(
     demo: bool = False,
     llama_server: str | None = None,
     base: AgentConfig | None = None,
+    roots: Sequence[str] = (),
 ) -> AgentConfig:
     """The config an agent runs with when given none, or `base` with demo stand-ins added.
 
     Engines: `standin`; `llamacpp` when a llama-server executable is known; in demo mode the
     engines that cannot run here (vLLM, SGLang, TensorRT-LLM, and llama.cpp without a
     llama-server) are stood in for by the stand-in, each with its own argument refusals.
+    `roots` are added to the folders local sources may be under (the agent's --source-root).
     """
     engines: dict[str, EngineConfig] = dict(base.engines) if base else {}
     if base is None:
@@ -403,7 +445,7 @@ def default_config(
                 name="llamacpp",
                 program=(llama_server,),
                 template=_check_template("llamacpp", LLAMACPP_TEMPLATE),
-                rules=ArgRules("llamacpp"),
+                rules=ArgRules("llamacpp", needs_source=True),
                 source_args=LLAMACPP_SOURCE_ARGS,
                 start_timeout_s=300.0,
                 stop_grace_s=10.0,
@@ -412,5 +454,11 @@ def default_config(
         for name in ("vllm", "sglang", "trtllm", "llamacpp"):
             engines.setdefault(name, standin_engine(name))
     if base is not None:
-        return AgentConfig(**{**base.__dict__, "engines": engines})
-    return AgentConfig(engines=engines)
+        return AgentConfig(
+            **{
+                **base.__dict__,
+                "engines": engines,
+                "source_roots": tuple(dict.fromkeys((*base.source_roots, *source_roots(roots)))),
+            }
+        )
+    return AgentConfig(engines=engines, source_roots=source_roots(roots))

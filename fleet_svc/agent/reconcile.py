@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from fleet_svc.agent.admission import ArgRules, Rejection, RejectReason, check_gpus, refused_arg
+from fleet_svc.agent.admission import (
+    ArgRules,
+    Rejection,
+    RejectReason,
+    SourceRules,
+    check_gpus,
+    check_source,
+    refused_arg,
+)
 from fleet_svc.agent.replica import ReplicaSpec
 
 
@@ -29,10 +37,12 @@ def admit(
     desired: Sequence[ReplicaSpec],
     engines: Mapping[str, ArgRules],
     node_cards: Sequence[int],
+    sources: SourceRules | None = None,
 ) -> tuple[list[ReplicaSpec], list[Rejection]]:
     """Split a desired set into the specs the agent will run and the ones it refuses.
 
-    Checked in order: the engine is configured, the arguments pass its rules, the cards are
+    Checked in order: the engine is configured, the arguments pass its rules, the source is
+    one the agent accepts (`sources`; None: no local paths), the cards are
     the node's and no other admitted replica of the set has them. A replica id given twice is
     refused the second time (the set is keyed by replica).
     """
@@ -62,6 +72,10 @@ def admit(
         if why is not None:
             refuse(spec, RejectReason.ARGS_REFUSED, why)
             continue
+        why = check_source(spec.source, sources or SourceRules(), needs_source=rules.needs_source)
+        if why is not None:
+            refuse(spec, RejectReason.SOURCE_REFUSED, why)
+            continue
         gpu_problem = check_gpus(spec.gpus, node_cards, taken)
         if gpu_problem is not None:
             refuse(spec, *gpu_problem)
@@ -77,6 +91,7 @@ def plan_changes(
     running: Mapping[str, ReplicaSpec],
     engines: Mapping[str, ArgRules],
     node_cards: Sequence[int],
+    sources: SourceRules | None = None,
 ) -> Changes:
     """What to do so that `running` (replica id -> the spec it runs) matches `desired`.
 
@@ -85,7 +100,7 @@ def plan_changes(
     fleet asked for something this agent will not run, so the old revision must not pass for
     it); a new revision of a running replica stops the old process and starts the new one.
     """
-    accepted, rejected = admit(desired, engines, node_cards)
+    accepted, rejected = admit(desired, engines, node_cards, sources)
     by_id = {s.replica_id: s for s in accepted}
     stop: list[str] = []
     start: list[ReplicaSpec] = []

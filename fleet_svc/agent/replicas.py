@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import httpx
 import structlog
 
-from fleet_svc.agent.admission import Rejection
+from fleet_svc.agent.admission import Rejection, SourceRules
 from fleet_svc.agent.cards import CardBackend
 from fleet_svc.agent.config import AgentConfig
 from fleet_svc.agent.process import AdoptedProcess, read_records
@@ -105,7 +106,13 @@ class ReplicaSet:
         replica's new revision starts once its old process is gone, as does a replica whose
         cards a stopping one still holds.
         """
-        changes = plan_changes(desired, self.running(), self.config.arg_rules(), self.card_indices)
+        changes = plan_changes(
+            desired,
+            self.running(),
+            self.config.arg_rules(),
+            self.card_indices,
+            SourceRules(self.config.source_roots, os.path.realpath),
+        )
         for replica_id in changes.stop:
             runner = self._runners.pop(replica_id)
             self._stopping[runner] = asyncio.create_task(self._stop(runner))

@@ -145,3 +145,55 @@ class StreamReplaced(FleetError):
 
     def metadata(self) -> dict[str, str]:
         return {"node": self.node}
+
+
+@dataclass
+class InvalidSource(InvalidModel):
+    """A model's source is not of a form the fleet accepts (it could read as an engine flag,
+    climb out of a cache, or name something no node may load)."""
+
+    source: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"field": self.field, "source": self.source[:200]}
+
+
+@dataclass
+class Unauthenticated(FleetError):
+    """A call with auth enabled that names nobody: no client certificate with an llmgw
+    identity, and no bearer token (or a wrong one)."""
+
+    rpc: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"rpc": self.rpc}
+
+
+@dataclass
+class RoleRequired(FleetError):
+    """The caller is known but its roles do not allow the call."""
+
+    rpc: str = ""
+    identity: str = ""
+    required: str = ""
+    has: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {
+            "rpc": self.rpc,
+            "identity": self.identity,
+            "required_role": self.required,
+            "roles": self.has,
+        }
+
+
+@dataclass
+class NodeIdentityMismatch(FleetError):
+    """An agent said Hello for a node its certificate does not name (or has no node
+    certificate where one is required)."""
+
+    node: str = ""
+    identity: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"node": self.node, "identity": self.identity}

@@ -81,11 +81,12 @@ def missing_from_hello(
 def refused(
     replicas: Mapping[str, ReplicaState], node: str, rejected: Sequence[Rejection]
 ) -> list[Move]:
-    """Replicas (of the revision refused) an agent will not run: FAILED, saying why."""
+    """Replicas (of the revision refused) an agent will not run: FAILED, saying why. Only
+    its own node's: an agent cannot fail a replica placed elsewhere."""
     out = []
     for rej in rejected:
         r = replicas.get(rej.replica_id)
-        if r is not None and r.revision == rej.revision:
+        if r is not None and r.node == node and r.revision == rej.revision:
             out.append(Move(r.id, P.FAILED, f"{node} refused it ({rej.reason}): {rej.message}"))
     return out
 

@@ -16,10 +16,12 @@ from google.protobuf import timestamp_pb2
 
 from fleet_svc.controller import Controller
 from fleet_svc.domain import errors
+from fleet_svc.domain.access import ANONYMOUS, NODE
 from fleet_svc.domain.nodes import Card, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.reports import Observed, Rejection
+from fleet_svc.rpc.auth import current_caller
 from fleet_svc.rpc.status import stream_refusals_as_status
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
 from llmgw.clock import Clock
@@ -108,9 +110,10 @@ class StreamLink:
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     """Serves Connect: one stream per node agent."""
 
-    def __init__(self, controller: Controller, clock: Clock) -> None:
+    def __init__(self, controller: Controller, clock: Clock, *, node_certificates: bool) -> None:
         self._controller = controller
         self._clock = clock
+        self._node_certificates = node_certificates
 
     @stream_refusals_as_status
     async def Connect(
@@ -129,6 +132,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             raise errors.NoHello("an agent's stream opens with Hello naming its node")
         hello = first.hello
         node = hello.node_name
+        self._check_node(node, context)
         link = StreamLink(node)
         liveness = self._controller.liveness
         view = NodeView(
@@ -164,6 +168,35 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             self._controller.agent_disconnected(node, link)
         if link.closed_reason and not context.done():
             raise errors.StreamReplaced(link.closed_reason, node=node)
+
+    def _check_node(self, node: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """A Hello is for the node the stream's certificate names, and nobody else's.
+
+        The auth interceptor let the stream in (a node certificate where one is required);
+        here its name must be the Hello's. A stream with no certificate reaches this only
+        where the fleet accepts anonymous agents (plaintext, no auth: dev mode).
+
+        Raises:
+            NodeIdentityMismatch: the certificate names another node, or none.
+        """
+        caller = current_caller()
+        if caller is None or caller.kind == ANONYMOUS:
+            if self._node_certificates:
+                raise errors.NodeIdentityMismatch(
+                    f"a Hello for node {node!r} needs that node's certificate",
+                    node=node,
+                    identity="anonymous",
+                )
+            return
+        if caller.kind != NODE or caller.name != node:
+            log.warning(
+                "agent_hello_refused", node=node, identity=caller.identity, peer=context.peer()
+            )
+            raise errors.NodeIdentityMismatch(
+                f"{caller.identity} may say Hello only as its own node, not as {node!r}",
+                node=node,
+                identity=caller.identity,
+            )
 
     async def _read(
         self, node: str, requests: AsyncIterator[agent_pb2.ConnectRequest], link: StreamLink
@@ -212,6 +245,11 @@ SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
 """The agents' stream service's full name, for health and reflection."""
 
 
-def add_agent_service(server: grpc.aio.Server, controller: Controller, clock: Clock) -> None:
-    """Serve the agents' Connect stream on `server`."""
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(controller, clock), server)
+def add_agent_service(
+    server: grpc.aio.Server, controller: Controller, clock: Clock, *, node_certificates: bool
+) -> None:
+    """Serve the agents' Connect stream on `server` (`node_certificates`: every Hello needs
+    its node's certificate)."""
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(
+        AgentServicer(controller, clock, node_certificates=node_certificates), server
+    )

@@ -21,6 +21,7 @@ from llmgw.fleet.v1 import fleet_pb2
 from llmgw.model import InvalidValue, Inventory
 from llmgw.rpc.common import model_from_proto, profile_to_proto
 from llmgw.shape import InvalidShape
+from llmgw.sources import SourceRefused, parse_source
 
 
 def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
@@ -53,6 +54,32 @@ def entry_in(msg: common_pb2.Model) -> Entry:
         origin_revision=msg.origin.revision,
         shape=shape,
     )
+
+
+def check_source(source: str) -> None:
+    """A model's source as the fleet accepts it (llmgw.sources): a URL, `hf://ORG/NAME[@REV]`
+    or an absolute path (whether a node may read that path is its agent's to say, under the
+    roots its config allows). Never anything an engine could read as a flag.
+
+    Raises:
+        InvalidSource: with the field `model.source`.
+    """
+    try:
+        parse_source(source, allow_paths=True, field="model.source")
+    except SourceRefused as exc:
+        raise errors.InvalidSource(exc.message, field="model.source", source=source) from exc
+
+
+def accepted_entry(msg: common_pb2.Model) -> Entry:
+    """A model as CreateModel, UpdateModel and the settings file accept it: `entry_in`, and
+    its source checked (`check_source`).
+
+    Raises:
+        InvalidModel, InvalidSource.
+    """
+    entry = entry_in(msg)
+    check_source(entry.model.source)
+    return entry
 
 
 def model_to_proto(entry: Entry) -> common_pb2.Model:

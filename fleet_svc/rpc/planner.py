@@ -14,6 +14,7 @@ from llmgw.clients.planner import AsyncPlannerClient
 from llmgw.model import Inventory
 from llmgw.planner.v1 import planner_pb2
 from llmgw.rpc.common import profile_from_proto
+from llmgw.tls import ClientTLS
 
 PLANNER_TIMEOUT_S = 60.0
 """How long the fleet waits for the planner (a cold Hugging Face fetch can be slow)."""
@@ -30,10 +31,10 @@ def _failed(exc: Unreachable | Refused) -> Exception:
 
 
 class GrpcPlanner:
-    """The planner at `address`; its refusals are passed on unchanged."""
+    """The planner at `address` (over TLS with `tls`); its refusals are passed on unchanged."""
 
-    def __init__(self, address: str) -> None:
-        self._client = AsyncPlannerClient(address, timeout_s=PLANNER_TIMEOUT_S)
+    def __init__(self, address: str, *, tls: ClientTLS | None = None) -> None:
+        self._client = AsyncPlannerClient(address, timeout_s=PLANNER_TIMEOUT_S, tls=tls)
         self.address = address
 
     async def size_context(

@@ -14,6 +14,7 @@ from google.protobuf.message import Message
 from fleet_svc.app import ChangeOptions, FleetApp
 from fleet_svc.controller import Controller
 from fleet_svc.rpc import convert
+from fleet_svc.rpc.auth import current_caller
 from fleet_svc.rpc.status import refusals_as_status, stream_refusals_as_status
 from fleet_svc.store.base import Store
 from fleet_svc.watch import SYNCED, WatcherTooSlow
@@ -23,24 +24,17 @@ from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 log = structlog.get_logger(__name__)
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
-CALLER_KEY = "x-llmgw-caller"
-"""Metadata naming the person or system behind a call, for the audit trail."""
 
 M = TypeVar("M", bound=Message)
 
 
 def caller_of(context: Context) -> str:
-    """Who makes a call: the mTLS identity when there is one, else the caller metadata,
-    else the peer address."""
-    auth = context.auth_context() or {}
-    for key in ("x509_common_name", "x509_subject_alternative_name"):
-        names = list(auth.get(key) or ())
-        if names:
-            return bytes(names[0]).decode()
-    for key, value in context.invocation_metadata() or ():
-        if key == CALLER_KEY and value:
-            return str(value)
-    return f"anonymous@{context.peer()}"
+    """Who makes a call, for `by`, `updated_by` and `created_by`: the identity the fleet's
+    auth interceptor verified (fleet_svc.rpc.auth), with the person a gateway acts for."""
+    caller = current_caller()
+    if caller is None:  # only a servicer driven without the fleet's server
+        return f"anonymous@{context.peer()}"
+    return caller.audit_name
 
 
 def _change(report: object, restarted: int, kind: type[M]) -> M:
@@ -84,7 +78,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         """Add a model."""
 
         async def make() -> fleet_pb2.CreateModelResponse:
-            rev = self._app.create_model(convert.entry_in(request.model), caller_of(context))
+            rev = self._app.create_model(convert.accepted_entry(request.model), caller_of(context))
             return fleet_pb2.CreateModelResponse(model=convert.catalog_model(rev))
 
         return await self._once(
@@ -117,7 +111,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
 
         async def make() -> fleet_pb2.UpdateModelResponse:
             rev = self._app.update_model(
-                convert.entry_in(request.model), request.etag, caller_of(context)
+                convert.accepted_entry(request.model), request.etag, caller_of(context)
             )
             return fleet_pb2.UpdateModelResponse(model=convert.catalog_model(rev))
 

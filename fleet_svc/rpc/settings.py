@@ -1,4 +1,5 @@
-"""The cluster settings file: models declared there are loaded and read-only via the API.
+"""The cluster settings file: models declared there are loaded and read-only via the API, and
+who may do what (`roles:`, fleet_svc.domain.access.parse_roles).
 
 Its `models:` are catalog models in the contract's JSON form, so they are read (and checked)
 as the API reads them."""
@@ -6,22 +7,19 @@ as the API reads them."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 from google.protobuf import json_format
 
 from fleet_svc.domain import errors
+from fleet_svc.domain.access import DEFAULT_ROLES, Roles, parse_roles
 from fleet_svc.domain.catalog import Entry
-from fleet_svc.rpc.convert import entry_in
+from fleet_svc.rpc.convert import accepted_entry
 from llmgw.common.v1 import common_pb2
 
 
-def read_settings(path: str | Path) -> list[common_pb2.Model]:
-    """The models a settings file declares (`models:` a list of catalog models).
-
-    Raises:
-        InvalidModel: the file cannot be read or a model in it is malformed.
-    """
+def _load(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
@@ -30,6 +28,34 @@ def read_settings(path: str | Path) -> list[common_pb2.Model]:
         ) from exc
     if not isinstance(data, dict):
         raise errors.InvalidModel(f"{path}: the settings file holds a mapping", field="settings")
+    return data
+
+
+def read_roles(path: str | Path | None) -> Roles:
+    """The roles a settings file gives; the defaults (fleet_svc.domain.access.DEFAULT_ROLES)
+    when there is no file or it has no `roles:` section.
+
+    Raises:
+        InvalidModel: the file cannot be read or its `roles:` is malformed.
+    """
+    if not path:
+        return DEFAULT_ROLES
+    data = _load(path)
+    if "roles" not in data:
+        return DEFAULT_ROLES
+    try:
+        return parse_roles(data["roles"] or {}, source=str(path))
+    except errors.InvalidModel as exc:
+        raise errors.InvalidModel(f"{path}: {exc.message}", field=exc.field) from exc
+
+
+def read_settings(path: str | Path) -> list[common_pb2.Model]:
+    """The models a settings file declares (`models:` a list of catalog models).
+
+    Raises:
+        InvalidModel: the file cannot be read or a model in it is malformed.
+    """
+    data = _load(path)
     models = data.get("models") or []
     if not isinstance(models, list):
         raise errors.InvalidModel(f"{path}: `models` is a list of models", field="models")
@@ -48,4 +74,4 @@ def declared_entries(path: str | Path) -> list[Entry]:
     Raises:
         InvalidModel: the file cannot be read or a model in it is malformed.
     """
-    return [entry_in(m) for m in read_settings(path)]
+    return [accepted_entry(m) for m in read_settings(path)]

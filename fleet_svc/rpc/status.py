@@ -25,6 +25,7 @@ _TABLE: tuple[tuple[type[errors.FleetError], grpc.StatusCode, str], ...] = (
     (errors.ModelExists, grpc.StatusCode.ALREADY_EXISTS, "MODEL_EXISTS"),
     (errors.ModelDeclared, grpc.StatusCode.FAILED_PRECONDITION, "MODEL_DECLARED"),
     (errors.StaleRevision, grpc.StatusCode.ABORTED, "STALE_REVISION"),
+    (errors.InvalidSource, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SOURCE"),
     (errors.InvalidModel, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_MODEL"),
     (errors.RequestIdReused, grpc.StatusCode.INVALID_ARGUMENT, "REQUEST_ID_REUSED"),
     (errors.RolloutInProgress, grpc.StatusCode.ABORTED, "ROLLOUT_IN_PROGRESS"),
@@ -33,6 +34,9 @@ _TABLE: tuple[tuple[type[errors.FleetError], grpc.StatusCode, str], ...] = (
     (errors.CannotUndo, grpc.StatusCode.FAILED_PRECONDITION, "CANNOT_UNDO"),
     (errors.NoHello, grpc.StatusCode.INVALID_ARGUMENT, "NO_HELLO"),
     (errors.StreamReplaced, grpc.StatusCode.ABORTED, "STREAM_REPLACED"),
+    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED"),
+    (errors.RoleRequired, grpc.StatusCode.PERMISSION_DENIED, "ROLE_REQUIRED"),
+    (errors.NodeIdentityMismatch, grpc.StatusCode.PERMISSION_DENIED, "NODE_IDENTITY_MISMATCH"),
     # The planner being down is not a refusal: nothing changed and a retry may succeed.
     (errors.PlannerUnavailable, grpc.StatusCode.UNAVAILABLE, "PLANNER_UNAVAILABLE"),
     (errors.FleetError, grpc.StatusCode.FAILED_PRECONDITION, "REFUSED"),

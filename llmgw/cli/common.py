@@ -1,5 +1,13 @@
-"""What every `llmgw` command shares: exit codes, default addresses, the caller's name, bad
-usage, and the one dispatch that runs a command and turns its failures into exit codes.
+"""What every `llmgw` command shares: exit codes, default addresses, the caller's name and
+credentials, bad usage, and the one dispatch that runs a command and turns its failures into
+exit codes.
+
+Credentials of a client command (`ctl`, `plan`): `--tls-ca/--tls-cert/--tls-key` (each else
+LLMGW_TLS_CA/CERT/KEY, llmgw.tls.client_tls) and `--token` (else LLMGW_TOKEN). With no TLS
+flag or variable, the pair `llmgw up` wrote is used when it is there: DATA/tls/ca.crt and
+admin.crt/.key, DATA being $LLMGW_DATA or `data` (llmgw up's default, from the same folder);
+with a token, only that CA is taken (the token says who calls). Nothing found, or
+`--plaintext`: plaintext (a development server on loopback started without certificates).
 
 The convention: each command's parser sets `run=fn`, `fn(opts) -> int` its exit code; `fn`
 raises `UsageError` for a command line that cannot become a request and lets the clients'
@@ -15,9 +23,21 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
-from llmgw.clients import FleetClient, Refused, Unreachable
+from llmgw.clients import FleetClient, PlannerClient, Refused, Unreachable
+from llmgw.tls import (
+    ENV_CA,
+    ENV_CERT,
+    ENV_KEY,
+    ClientTLS,
+    TLSConfigError,
+    add_client_tls_arguments,
+    client_tls_from_args,
+    local_client_tls,
+)
 
 EXIT_ERROR = 1
 """`llmgw up` could not go on, or a child of it exited."""
@@ -33,11 +53,20 @@ EXIT_USAGE = 64
 DEFAULT_PLANNER = "127.0.0.1:50051"
 DEFAULT_FLEET = "127.0.0.1:50052"
 GIB = 1 << 30
+ENV_DATA = "LLMGW_DATA"
+DEFAULT_DATA = "data"
+"""`llmgw up`'s data folder (its --data default), relative to where it runs."""
+ENV_TOKEN = "LLMGW_TOKEN"
+LOCAL_USER = "admin"
+"""The client pair of DATA/tls a client command takes by itself."""
 
 Command = Callable[[argparse.Namespace], int]
 """A command: its parsed flags in, its exit code out."""
 
-_HINTS = {"fleet": "start it (`llmgw up`) or point --fleet / LLMGW_FLEET at it"}
+_HINTS = {
+    "fleet": "start it (`llmgw up`) or point --fleet / LLMGW_FLEET at it",
+    "planner": "start it (`llmgw up`) or point --planner / LLMGW_PLANNER at it",
+}
 """What to do when a service does not answer, by service."""
 
 
@@ -73,9 +102,120 @@ def caller_name(told: str | None) -> str:
         return "unknown"
 
 
+def data_folder() -> Path:
+    """`llmgw up`'s data folder as a client command finds it: $LLMGW_DATA, else `data`."""
+    return Path(os.environ.get(ENV_DATA) or DEFAULT_DATA)
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """How a client command connects: its TLS files (None: plaintext), its bearer token, and
+    where the TLS files came from (for messages)."""
+
+    tls: ClientTLS | None
+    token: str
+    found: str
+    """"flags" (flags or LLMGW_TLS_*), the DATA/tls folder they were found in, or "" (none)."""
+
+
+def add_client_flags(parser: argparse.ArgumentParser) -> None:
+    """`--tls-ca`, `--tls-cert`, `--tls-key` and `--token` on a client command's parser."""
+    add_client_tls_arguments(parser)
+    parser.add_argument(
+        "--token",
+        help=f"a bearer token to call with instead of a client certificate (env {ENV_TOKEN})",
+    )
+    parser.add_argument(
+        "--plaintext",
+        action="store_true",
+        help="no TLS, even beside `llmgw up` (a server started without certificates)",
+    )
+
+
+def credentials(opts: argparse.Namespace) -> Credentials:
+    """The credentials the flags, the environment or a local `llmgw up` give (see the module's
+    docstring).
+
+    Raises:
+        UsageError: a certificate without its key, or the reverse.
+    """
+    token = getattr(opts, "token", None) or os.environ.get(ENV_TOKEN) or ""
+    try:
+        tls = client_tls_from_args(opts)
+    except TLSConfigError as exc:
+        raise UsageError(str(exc)) from exc
+    if getattr(opts, "plaintext", False):
+        if any(getattr(opts, f"tls_{x}", None) for x in ("ca", "cert", "key")):
+            raise UsageError("--plaintext and --tls-ca/--tls-cert/--tls-key contradict")
+        return Credentials(None, token, "")
+    if tls is not None:
+        return Credentials(tls, token, "flags")
+    folder = data_folder() / "tls"
+    local = local_client_tls(folder, LOCAL_USER)
+    if local is None:
+        return Credentials(None, token, "")
+    if token:
+        local = ClientTLS(ca=local.ca)
+    return Credentials(local, token, str(folder))
+
+
+def _client_failure(exc: Exception) -> UsageError:
+    """A client that could not be made (a TLS file unreadable, a token that cannot travel)."""
+    return UsageError(str(exc))
+
+
 def fleet_client(opts: argparse.Namespace) -> FleetClient:
-    """The fleet a `ctl` command calls: --fleet, as --as (or $USER), waiting --timeout."""
-    return FleetClient(opts.fleet, caller=caller_name(opts.as_name), timeout_s=opts.timeout)
+    """The fleet a `ctl` command calls: --fleet, with its credentials, naming --as (or $USER)
+    as the caller (the fleet records it only from an identity allowed to act for others),
+    waiting --timeout.
+
+    Raises:
+        UsageError: the credentials cannot be used (a TLS file unreadable, a bad token).
+    """
+    creds = credentials(opts)
+    opts.credentials = creds
+    try:
+        return FleetClient(
+            opts.fleet,
+            caller=caller_name(opts.as_name),
+            timeout_s=opts.timeout,
+            tls=creds.tls,
+            token=creds.token,
+        )
+    except (TLSConfigError, ValueError) as exc:
+        raise _client_failure(exc) from exc
+
+
+def planner_client(opts: argparse.Namespace) -> PlannerClient:
+    """The planner a `plan` command calls: --planner, with its credentials, waiting --timeout.
+
+    Raises:
+        UsageError: the credentials cannot be used (a TLS file unreadable, a bad token).
+    """
+    creds = credentials(opts)
+    opts.credentials = creds
+    try:
+        return PlannerClient(opts.planner, timeout_s=opts.timeout, tls=creds.tls, token=creds.token)
+    except (TLSConfigError, ValueError) as exc:
+        raise _client_failure(exc) from exc
+
+
+def tls_hint(opts: argparse.Namespace) -> str:
+    """What to check after a TLS failure, saying where this run's TLS files came from."""
+    creds: Credentials | None = getattr(opts, "credentials", None)
+    check = f"check --tls-ca, --tls-cert, --tls-key (or {ENV_CA}, {ENV_CERT}, {ENV_KEY})"
+    if creds is None or not creds.found:
+        return (
+            f"{check}; beside `llmgw up`, run from the folder that holds its data/ or set "
+            f"{ENV_DATA}"
+        )
+    if creds.found == "flags":
+        return f"{check}: the CA must be the one that signed the server"
+    return (
+        f"{check}: the files used were {LOCAL_USER}.crt/.key and ca.crt of {creds.found} "
+        "(found beside `llmgw up`); give the flags for another server, or --plaintext for one "
+        "without certificates"
+    )
 
 
 def ctl_flags() -> argparse.ArgumentParser:
@@ -87,6 +227,11 @@ def ctl_flags() -> argparse.ArgumentParser:
     flags.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     flags.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print the answer as JSON"
+    )
+    for flag in ("--tls-ca", "--tls-cert", "--tls-key", "--token"):
+        flags.add_argument(flag, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    flags.add_argument(
+        "--plaintext", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
     )
     return flags
 
@@ -128,6 +273,8 @@ def run_command(opts: argparse.Namespace) -> int:
         if exc.reason is not None:
             # The service answered: what it depends on did not; its message says which.
             print(f"llmgw: the {exc.service} says ({exc.reason}): {exc.detail}", file=sys.stderr)
+        elif exc.tls:
+            print(f"llmgw: {exc}: {tls_hint(opts)}", file=sys.stderr)
         else:
             hint = _HINTS.get(exc.service)
             print(f"llmgw: {exc}" + (f": {hint}" if hint else ""), file=sys.stderr)

@@ -1,7 +1,11 @@
 """`llmgw ctl`: operate a running fleet (its catalog, nodes, replicas and rollouts).
 
-Every command calls the fleet at `--fleet HOST:PORT` (or $LLMGW_FLEET) and names its caller
-in the `x-llmgw-caller` metadata (`--as NAME`, else $USER) for the catalog's audit trail.
+Every command calls the fleet at `--fleet HOST:PORT` (or $LLMGW_FLEET) as the identity of its
+client certificate (`--tls-ca/--tls-cert/--tls-key`, or LLMGW_TLS_CA/CERT/KEY) or of a bearer
+token (`--token`, or LLMGW_TOKEN); with none given, beside a default `llmgw up` (or with
+$LLMGW_DATA naming its data folder) it takes DATA/tls/admin.crt/.key and ca.crt by itself.
+`--as NAME` (else $USER) is sent as `x-llmgw-caller`, which the fleet records only from an
+identity allowed to act for others (the gateway).
 Human tables by default, `--json` for scripts. Exit codes: 0 done, 2 refused by the fleet (the
 reason and its metadata are printed), 3 the fleet could not be reached, 4 a followed rollout
 failed, 5 it was cancelled, 64 bad usage.
@@ -14,7 +18,7 @@ import os
 from typing import Any
 
 from llmgw.cli import ctl_model, ctl_replica, ctl_rollout
-from llmgw.cli.common import DEFAULT_FLEET, UsageParser, exit_64_on_bad_usage
+from llmgw.cli.common import DEFAULT_FLEET, UsageParser, add_client_flags, exit_64_on_bad_usage
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -35,10 +39,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--as",
         dest="as_name",
         metavar="NAME",
-        help="who you are, for the audit trail (default $USER)",
+        help="whom you act for (recorded only from the gateway's identity; default $USER)",
     )
     ctl.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for an answer")
     ctl.add_argument("--json", action="store_true", help="print the answer as JSON")
+    add_client_flags(ctl)
     # Bad usage exits 64 (argparse's own code, 2, means "refused" here).
     exit_64_on_bad_usage(ctl)
     groups = ctl.add_subparsers(

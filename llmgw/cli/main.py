@@ -1,7 +1,8 @@
 """`llmgw`: the operators' command line.
 
 `llmgw plan ...` asks a running planner (llmgw.cli.plan), `llmgw ctl ...` operates a running
-fleet (llmgw.cli.ctl), `llmgw up` runs the whole control plane here (llmgw.cli.up). Exit codes:
+fleet (llmgw.cli.ctl), `llmgw up` runs the whole control plane here (llmgw.cli.up), `llmgw certs`
+issues certificates from its local CA (llmgw.cli.certs). Exit codes:
 0 done, 2 refused (the reason is printed), 3 a service could not be reached, 64 bad usage;
 `ctl` adds 4 and 5 for a followed rollout that failed or was cancelled.
 """
@@ -12,7 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from llmgw.cli import ctl, plan, up
+from llmgw.cli import certs, ctl, plan, up
 from llmgw.cli.common import run_command
 
 
@@ -23,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_parser(sub)
     ctl.add_parser(sub)
     up.add_parser(sub)
+    certs.add_parser(sub)
     return parser
 
 

@@ -1,6 +1,8 @@
 """`llmgw plan describe|context|gpus`: ask a running planner; nothing changes.
 
-The planner's address comes from --planner or $LLMGW_PLANNER. Human output by default,
+The planner's address comes from --planner or $LLMGW_PLANNER; the credentials from
+--tls-ca/--tls-cert/--tls-key (or LLMGW_TLS_*) or --token (or LLMGW_TOKEN), else, beside a
+default `llmgw up`, from its DATA/tls (llmgw.cli.common). Human output by default,
 `--json` for scripts. Exit codes: 0 done, 2 refused by the planner (the reason is printed),
 3 the planner could not be reached, 64 bad usage.
 """
@@ -11,20 +13,15 @@ import argparse
 import os
 from typing import Any
 
-from llmgw.cli.common import DEFAULT_PLANNER
+from llmgw.cli.common import DEFAULT_PLANNER, add_client_flags, planner_client
 from llmgw.cli.inputs import inventory_from_args, model_from_args
 from llmgw.cli.output import print_context_change, print_gpus_change, print_shape
-from llmgw.clients import PlannerClient
 from llmgw.clients.convert import as_json
-
-
-def _planner(opts: argparse.Namespace) -> PlannerClient:
-    return PlannerClient(opts.planner, timeout_s=opts.timeout)
 
 
 def describe(opts: argparse.Namespace) -> int:
     """`plan describe SOURCE`: a model's resolved shape."""
-    with _planner(opts) as planner:
+    with planner_client(opts) as planner:
         answer = planner.describe_model(opts.source)
     if opts.json:
         print(as_json(answer))
@@ -36,7 +33,7 @@ def describe(opts: argparse.Namespace) -> int:
 def context(opts: argparse.Namespace) -> int:
     """`plan context MODEL TOKENS`: the change a new context would make."""
     model, inventory = model_from_args(opts), inventory_from_args(opts)
-    with _planner(opts) as planner:
+    with planner_client(opts) as planner:
         answer = planner.size_context(model, opts.tokens, slots=opts.slots, inventory=inventory)
     if opts.json:
         print(as_json(answer))
@@ -48,7 +45,7 @@ def context(opts: argparse.Namespace) -> int:
 def gpus(opts: argparse.Namespace) -> int:
     """`plan gpus MODEL N`: the change N cards a replica would make."""
     model, inventory = model_from_args(opts), inventory_from_args(opts)
-    with _planner(opts) as planner:
+    with planner_client(opts) as planner:
         answer = planner.plan_gpus(
             model, opts.gpus, profile=opts.profile or "", inventory=inventory
         )
@@ -85,6 +82,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     plan.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for an answer")
     plan.add_argument("--json", action="store_true", help="print the answer as JSON")
+    add_client_flags(plan)
     psub = plan.add_subparsers(dest="plan_cmd", required=True)
     cmd = psub.add_parser("describe", help="a model's resolved shape")
     cmd.add_argument("source", help="GGUF URL or path, or hf://ORG/NAME[@REVISION]")

@@ -8,6 +8,17 @@ fleet's API (so it can be edited like any model), waits until the example replic
 READY, prints where everything listens, and runs until Ctrl-C or SIGTERM, which stop the
 children in order: agent (it stops its engines), fleet, planner, file server. Each child
 logs JSON lines to DATA/logs/NAME.log.
+
+The planner, the fleet and the agent's stream speak mutual TLS, with a local CA and pairs it
+makes under DATA/tls/ (llmgw.certs.make_local_tls; kept across runs, so certificates given
+out stay good): `planner.crt/.key` and `fleet.crt/.key` for the servers, `node-NODE.crt/.key`
+for the agent, `admin` and `viewer` for people, `fleet-client` (identity `fleet`) for the
+fleet's channel to the planner and `llmgw-up` for the example catalog's writer. The roles
+of those identities are in DATA/settings.yaml, the fleet's cluster settings (written once,
+then the operator's to edit). The demo's file server stays plain HTTP on loopback.
+
+(Some 530 lines: one run's steps, in the order they happen, read best in one place; what
+TLS needs made is in llmgw.cli.up_pki, the children's keeping in llmgw.cli.supervisor.)
 """
 
 from __future__ import annotations
@@ -25,14 +36,27 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from llmgw.cli import GRPC_VERBOSITY, GRPC_VERBOSITY_SET_HERE
 from llmgw.cli.common import (
+    DEFAULT_DATA,
     DEFAULT_FLEET,
     DEFAULT_PLANNER,
+    ENV_DATA,
     EXIT_ERROR,
     EXIT_USAGE,
+    LOCAL_USER,
     exit_64_on_bad_usage,
 )
 from llmgw.cli.supervisor import Child, StartFailed, Supervisor, port_taken, wait_listening
+from llmgw.cli.up_pki import (
+    SETTINGS,
+    LocalPki,
+    make_pki,
+    server_flags,
+    shown_path,
+    tls_flags,
+    write_settings,
+)
 from llmgw.clients import ClientError, FleetClient, Unreachable
 from llmgw.clients.convert import Replica
 from llmgw.demo.catalog import (
@@ -44,11 +68,21 @@ from llmgw.demo.catalog import (
 )
 from llmgw.demo.tiny_gguf import write_tiny_gguf
 from llmgw.llama_server import LLAMA_SERVER_ENV, find_llama_server
+from llmgw.tls import ENV_CA, ENV_CERT, ENV_KEY, ClientTLS
 
 _GPUS = re.compile(r"^\s*(\d+)x([A-Za-z0-9._-]+)")
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 STOP_ORDER = ("agent", "fleet", "planner", "files")
 """The agent first (it stops its engines), then what it and the others depend on."""
+_CHILD_ENV_DROPPED = (ENV_CA, ENV_CERT, ENV_KEY, "LLMGW_TOKEN")
+"""A person's client settings, not passed to the children (each is given its own files)."""
+
+
+def dialable(address: str) -> str:
+    """Where to dial a child that listens on `address`: a wildcard host (`--host 0.0.0.0`)
+    is dialled on 127.0.0.1, a name every server certificate of DATA/tls carries."""
+    host, _, port = address.rpartition(":")
+    return f"127.0.0.1:{port}" if host in ("0.0.0.0", "") else address
 
 
 class UpError(Exception):
@@ -107,6 +141,16 @@ class Plan:
         """The folder the file server serves."""
         return self.data / "models"
 
+    @property
+    def tls(self) -> Path:
+        """The local CA and every pair it issued."""
+        return self.data / "tls"
+
+    @property
+    def settings(self) -> Path:
+        """The fleet's cluster settings (the roles)."""
+        return self.data / SETTINGS
+
 
 def build_plan(opts: argparse.Namespace) -> Plan:
     """The plan from the flags.
@@ -154,6 +198,7 @@ class Up:
         self.children = Supervisor(plan.logs)
         self.complete = True
         """Whether every example replica served before the banner."""
+        self.pki: LocalPki | None = None
 
     def say(self, text: str) -> None:
         """A line for the person running it."""
@@ -194,7 +239,12 @@ class Up:
             StartFailed: one did not come up.
         """
         p = self.plan
-        env = dict(os.environ)
+        pki = self.pki = make_pki(p.tls, node=p.node, host=p.host)
+        if write_settings(p.settings):
+            self.say(f"settings: wrote {p.settings} (roles of the local identities)")
+        env = {k: v for k, v in os.environ.items() if k not in _CHILD_ENV_DROPPED}
+        if GRPC_VERBOSITY_SET_HERE:
+            env.pop(GRPC_VERBOSITY, None)
         # The folder holding the project's packages, so the children import them whatever the
         # working directory (as the agent does for its engines).
         env["PYTHONPATH"] = os.pathsep.join(
@@ -229,15 +279,26 @@ class Up:
             "HF_HOME": str(p.data / "huggingface"),
             "HF_HUB_DISABLE_TELEMETRY": "1",
         }
+        # DATA/models is the one local folder model sources may be in (a real llama-server is
+        # handed the GGUF's path there): the planner may read it, the agent may serve from it.
+        roots = ["--allow-root", str(p.models)]
         planner = self.children.start(
             "planner",
-            [*py, "planner_svc", "--listen", f"{p.host}:{p.planner_port}", *json_logs],
+            [
+                *py,
+                "planner_svc",
+                "--listen",
+                f"{p.host}:{p.planner_port}",
+                *server_flags(pki.ca, pki.planner),
+                *roots,
+                *json_logs,
+            ],
             env,
             10.0,
         )
         # The fleet asks the planner to size context and card changes: it starts once the
         # planner's address is known (a port of 0 is only known once it listens).
-        planner_address = wait_listening(planner, 60, self.stop)
+        planner_address = dialable(wait_listening(planner, 60, self.stop))
         fleet = self.children.start(
             "fleet",
             [
@@ -249,12 +310,16 @@ class Up:
                 str(p.data / "fleet.db"),
                 "--planner",
                 planner_address,
+                "--settings",
+                str(p.settings),
+                *server_flags(pki.ca, pki.fleet),
+                *tls_flags("planner-", pki.ca, pki.fleet_client),
                 *json_logs,
             ],
             env,
             10.0,
         )
-        fleet_address = wait_listening(fleet, 60, self.stop)
+        fleet_address = dialable(wait_listening(fleet, 60, self.stop))
         # Every child starts before this process opens a gRPC channel: gRPC's threads and a
         # fork do not mix (the children's pre-exec hook runs between them).
         if p.agent:
@@ -274,6 +339,9 @@ class Up:
                     p.gpus,
                     "--state-dir",
                     str(p.data / "agent"),
+                    *tls_flags("", pki.ca, pki.node),
+                    "--source-root",
+                    str(p.models),
                     "--demo",
                     *json_logs,
                 ],
@@ -297,7 +365,9 @@ class Up:
             else f"{started.files_url}/files/{GGUF_FILE}"
         )
         models = example_models(gguf_source=gguf_source, gpu_class=gpu_class_of(p.gpus))
-        with FleetClient(started.fleet, caller=CALLER, timeout_s=10.0) as fleet:
+        assert self.pki is not None, "start_services made the certificates"
+        writer = ClientTLS(ca=self.pki.ca, cert=self.pki.writer[0], key=self.pki.writer[1])
+        with FleetClient(started.fleet, caller=CALLER, timeout_s=10.0, tls=writer) as fleet:
             try:
                 if not fleet.wait_connected(30, self.stop):
                     return None
@@ -349,11 +419,19 @@ class Up:
         else:
             lines.append("  agent    none (--no-agent): replicas stay PENDING until one connects")
         lines.append(f"  logs     {p.logs}")
+        tls = shown_path(p.tls)
+        lines.append(
+            f"  tls      {tls}   (mutual TLS, local CA ca.crt; callers admin.crt/.key and "
+            "viewer.crt/.key)"
+        )
+        lines.append(f"  roles    {shown_path(p.settings)}   (the fleet's cluster settings)")
         for r in ready:
             lines.append(f"  replica  {r.model}/{r.profile} ({r.engine}) at http://{r.address}")
+        lines += ["", "Try:"]
+        if p.data != Path(DEFAULT_DATA).resolve():
+            # `llmgw ctl` and `plan` look for the admin pair under ./data/tls, else here.
+            lines.append(f"  export {ENV_DATA}={shown_path(p.data)}")
         lines += [
-            "",
-            "Try:",
             f"  {prog} ctl{fleet_flag} model list",
             f"  {prog} ctl{fleet_flag} replica list",
             f"  {prog} ctl{fleet_flag} model show tiny-llama-hf",
@@ -362,6 +440,10 @@ class Up:
             f"  {prog} ctl{fleet_flag} model gpus tiny-llama-hf 2",
             f"  {prog} ctl{fleet_flag} model context tiny-llama-gguf 16384",
             f"  {prog} plan{planner_flag} describe hf://llmgw-demo/tiny-llama",
+            f"  grpcurl -cacert {tls}/ca.crt -cert {tls}/{LOCAL_USER}.crt -key "
+            f"{tls}/{LOCAL_USER}.key {fleet} list",
+            f"  {prog} certs client alice --ca-dir {tls}   (another caller; node NAME: another "
+            "node)",
         ]
         for r in ready:
             if r.model == "tiny-llama-gguf":
@@ -429,7 +511,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    up.add_argument("--data", default="data", help="folder for the store, logs and model files")
+    up.add_argument(
+        "--data",
+        default=os.environ.get(ENV_DATA) or DEFAULT_DATA,
+        help="folder for the store, logs, model files and certificates (env LLMGW_DATA; "
+        "default %(default)s)",
+    )
     up.add_argument("--host", default="127.0.0.1", help="address every service listens on")
     up.add_argument("--planner-port", type=int, default=50051, help="0 picks a free port")
     up.add_argument("--fleet-port", type=int, default=50052, help="0 picks a free port")

@@ -20,11 +20,16 @@ every fleet write carries a request id fixed before the first attempt, which the
 a second time with its first answer. DEADLINE_EXCEEDED is not retried: the caller's time is
 spent. A server that is down costs the few tenths of a second of the backoff, then is
 `Unreachable`.
+
+A connection that failed in its TLS handshake is `Unreachable` too (UNAVAILABLE is what gRPC
+says), with `tls` set to a sentence saying what went wrong and what to check, so a caller
+prints that rather than gRPC's "failed to connect to all addresses".
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -50,6 +55,57 @@ _DETAILS_KEY = "grpc-status-details-bin"
 as grpc_status.rpc_status reads it)."""
 
 
+_HANDSHAKE = re.compile(r"handshake failed[^:]*:\s*(?P<why>.*)", re.IGNORECASE | re.DOTALL)
+"""gRPC core's words for a handshake this side refused (`Tls handshake failed
+(TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:...:CERTIFICATE_VERIFY_FAILED: ...`)."""
+_SSL_REASON = re.compile(r"OPENSSL_internal:(?P<reason>[A-Z_]+)(?::\s*(?P<text>[^:]+))?")
+_CLOSED = "Socket closed"
+"""What gRPC core says when the server hung up while the connection was being set up: a TLS
+server does that to a plaintext client and to a client certificate it does not accept (the
+server's side of the handshake; the client is told nothing more)."""
+_TLS_WHY = {
+    "CERTIFICATE_VERIFY_FAILED": "the server's certificate is not signed by the CA this client "
+    "trusts",
+    "WRONG_VERSION_NUMBER": "the server does not speak TLS (it serves plaintext)",
+    "PEER_DID_NOT_RETURN_A_CERTIFICATE": "the server requires a client certificate",
+    "TLSV1_ALERT_UNKNOWN_CA": "the server does not trust the CA that signed this client's "
+    "certificate",
+    "SSLV3_ALERT_CERTIFICATE_EXPIRED": "the server says this client's certificate expired",
+}
+"""BoringSSL's reasons, said for people."""
+
+
+def tls_problem(details: str, *, secure: bool | None = None) -> str:
+    """A sentence for a connection that failed in or around its TLS handshake, "" for any
+    other failure.
+
+    Args:
+        details: gRPC's details of an UNAVAILABLE call.
+        secure: whether this client spoke TLS (None: not known), to say what a hang-up means.
+    """
+    match = _HANDSHAKE.search(details)
+    if match is not None:
+        why = match.group("why").strip()
+        ssl = _SSL_REASON.search(why)
+        if ssl is not None:
+            reason = ssl.group("reason")
+            said = _TLS_WHY.get(reason) or (ssl.group("text") or reason).strip()
+            why = f"{said} ({reason})"
+        return f"TLS handshake failed: {why}"
+    if _CLOSED in details:
+        if secure is False:
+            return (
+                "the server closed the connection while it was being set up: it may require "
+                "TLS (this client spoke plaintext)"
+            )
+        if secure:
+            return (
+                "the server closed the connection during the TLS handshake: it did not accept "
+                "this client's certificate (none given, expired, or signed by another CA)"
+            )
+    return ""
+
+
 class ClientError(Exception):
     """The root of what a call to an llmgw service fails with."""
 
@@ -67,6 +123,8 @@ class Unreachable(ClientError):
         code: UNAVAILABLE or DEADLINE_EXCEEDED.
         reason: the ErrorInfo reason of a service that answered UNAVAILABLE itself (the fleet's
             PLANNER_UNAVAILABLE: the planner behind it did not answer); None when nobody did.
+        tls: what went wrong in the TLS handshake, for people (`tls_problem`); "" when the
+            failure was not about TLS.
     """
 
     address: str
@@ -74,9 +132,13 @@ class Unreachable(ClientError):
     service: str = "service"
     code: str = "UNAVAILABLE"
     reason: str | None = None
+    tls: str = ""
 
     def __post_init__(self) -> None:
-        super().__init__(f"the {self.service} at {self.address} did not answer ({self.code})")
+        if self.tls:
+            super().__init__(f"the {self.service} at {self.address}: {self.tls}")
+        else:
+            super().__init__(f"the {self.service} at {self.address} did not answer ({self.code})")
 
 
 @dataclass
@@ -102,13 +164,16 @@ class Refused(ClientError):
         super().__init__(self.message)
 
 
-def decode(err: grpc.RpcError, service: str, address: str) -> Unreachable | Refused:
+def decode(
+    err: grpc.RpcError, service: str, address: str, *, secure: bool | None = None
+) -> Unreachable | Refused:
     """What a failed call means, from the error gRPC raised for it (sync or asyncio).
 
     Args:
         err: the error a stub raised (a `grpc.Call` or `grpc.aio.AioRpcError`).
         service: the service called, for messages ("planner", "fleet").
         address: the HOST:PORT called.
+        secure: whether the channel spoke TLS (None: not known), for `tls_problem`.
     """
     code = _code(err)
     details = _details(err)
@@ -117,8 +182,14 @@ def decode(err: grpc.RpcError, service: str, address: str) -> Unreachable | Refu
         status = status_pb2.Status(code=code.value[0], message=details)
     reason, metadata = _error_info(status)
     if code in UNREACHABLE_CODES:
+        tls = tls_problem(details, secure=secure) if reason is None else ""
         return Unreachable(
-            address=address, detail=details, service=service, code=code.name, reason=reason
+            address=address,
+            detail=details,
+            service=service,
+            code=code.name,
+            reason=reason,
+            tls=tls,
         )
     return Refused(reason=reason, message=details, metadata=metadata, code=code.name, status=status)
 
@@ -170,6 +241,7 @@ def call(
     address: str,
     *,
     sleep: Callable[[float], None] = time.sleep,
+    secure: bool | None = None,
 ) -> T:
     """Run one unary call, trying again on UNAVAILABLE (bounded, see the module docstring).
 
@@ -181,7 +253,7 @@ def call(
             return fn()
         except grpc.RpcError as err:
             if not retried(err) or attempt + 1 == RETRY_ATTEMPTS:
-                raise decode(err, service, address) from err
+                raise decode(err, service, address, secure=secure) from err
         sleep(RETRY_BACKOFF_S[attempt])
     raise AssertionError("the last attempt returns or raises")
 
@@ -192,6 +264,7 @@ async def call_async(
     address: str,
     *,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    secure: bool | None = None,
 ) -> T:
     """`call` for grpc.aio stubs."""
     for attempt in range(RETRY_ATTEMPTS):
@@ -199,25 +272,27 @@ async def call_async(
             return await fn()
         except grpc.RpcError as err:
             if not retried(err) or attempt + 1 == RETRY_ATTEMPTS:
-                raise decode(err, service, address) from err
+                raise decode(err, service, address, secure=secure) from err
         await sleep(RETRY_BACKOFF_S[attempt])
     raise AssertionError("the last attempt returns or raises")
 
 
 @contextmanager
-def translated(service: str, address: str) -> Iterator[None]:
+def translated(service: str, address: str, *, secure: bool | None = None) -> Iterator[None]:
     """Inside it, a gRPC error (a stream's, say) is raised as `Unreachable` or `Refused`;
     nothing is retried."""
     try:
         yield
     except grpc.RpcError as err:
-        raise decode(err, service, address) from err
+        raise decode(err, service, address, secure=secure) from err
 
 
 @asynccontextmanager
-async def translated_async(service: str, address: str) -> AsyncIterator[None]:
+async def translated_async(
+    service: str, address: str, *, secure: bool | None = None
+) -> AsyncIterator[None]:
     """`translated` for code that awaits grpc.aio calls and streams."""
     try:
         yield
     except grpc.RpcError as err:
-        raise decode(err, service, address) from err
+        raise decode(err, service, address, secure=secure) from err

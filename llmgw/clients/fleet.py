@@ -1,9 +1,11 @@
 """The fleet's client, for blocking code (the command line, `llmgw up`, the demo).
 
-Every call names its caller in the `x-llmgw-caller` metadata (the catalog's audit trail) and
-fails with `Unreachable` or `Refused` (llmgw.clients.errors). Unary calls are retried on
-UNAVAILABLE only; every write carries a request id fixed before its first attempt, so a retry is
-answered with the first answer. A rollout's watch resumes after a dropped stream for up to
+Who calls is the channel's client certificate (`tls`) or a bearer token (`token`); a call may
+also name a caller in the `x-llmgw-caller` metadata, which the fleet records only from an
+identity allowed to act for others (the gateway). Every call fails with `Unreachable` or
+`Refused` (llmgw.clients.errors). Unary calls are retried on UNAVAILABLE only; every write
+carries a request id fixed before its first attempt, so a retry is answered with the first
+answer. A rollout's watch resumes after a dropped stream for up to
 RESUME_FOR_S, from the last event it saw.
 """
 
@@ -18,13 +20,15 @@ from typing import TypeVar
 
 import grpc
 
+from llmgw.clients.auth import bearer_metadata
 from llmgw.clients.convert import Model, ReplicaEvent, Rollout, RolloutEvent
 from llmgw.clients.errors import Unreachable, call, retried, translated
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+from llmgw.tls import ClientTLS, sync_channel
 
 SERVICE = "fleet"
 CALLER_KEY = "x-llmgw-caller"
-"""Metadata naming who makes a call (the fleet records it on every revision)."""
+"""Metadata naming whom a call is made for (honoured from the gateway's identity only)."""
 DEFAULT_TIMEOUT_S = 15.0
 RESUME_FOR_S = 60.0
 """How long a rollout's watch keeps trying to resume after its stream dropped (a fleet
@@ -51,10 +55,16 @@ class FleetClient:
 
     Args:
         address: HOST:PORT.
-        caller: who makes the calls, for the audit trail ("" sends no name).
+        caller: whom the calls are made for, sent as `x-llmgw-caller` ("" sends no name).
         timeout_s: how long each unary call waits for its answer.
+        tls: the CA to trust and the client pair to present; None speaks plaintext.
+        token: a bearer token sent with every call (`authorization` metadata); "" sends none.
         sleep: how to wait between attempts (tests pass a fake).
         monotonic: the clock a watch's resume allowance is measured on.
+
+    Raises:
+        TLSConfigError: a TLS file cannot be read.
+        ValueError: the token cannot travel as a header value.
     """
 
     def __init__(
@@ -63,19 +73,24 @@ class FleetClient:
         caller: str = "",
         timeout_s: float = DEFAULT_TIMEOUT_S,
         *,
+        tls: ClientTLS | None = None,
+        token: str = "",
         sleep: Callable[[float], None] = time.sleep,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self.metadata: tuple[tuple[str, str], ...] = ((CALLER_KEY, caller),) if caller else ()
+        self.metadata: tuple[tuple[str, str], ...] = (
+            ((CALLER_KEY, caller),) if caller else ()
+        ) + bearer_metadata(token)
         self._sleep = sleep
         self._monotonic = monotonic
-        self._channel = grpc.insecure_channel(address)
+        self._secure = tls is not None
+        self._channel = sync_channel(address, tls)
         self._stub = fleet_pb2_grpc.FleetServiceStub(self._channel)
 
     def _call(self, fn: Callable[[], T]) -> T:
-        return call(fn, SERVICE, self.address, sleep=self._sleep)
+        return call(fn, SERVICE, self.address, sleep=self._sleep, secure=self._secure)
 
     # -- the catalog ---------------------------------------------------------------------
 
@@ -156,7 +171,7 @@ class FleetClient:
             fleet_pb2.WatchReplicasRequest(model=model), metadata=self.metadata
         )
         try:
-            with translated(SERVICE, self.address):
+            with translated(SERVICE, self.address, secure=self._secure):
                 yield from stream
         finally:
             stream.cancel()
@@ -289,7 +304,7 @@ class FleetClient:
                 metadata=self.metadata,
             )
             try:
-                with translated(SERVICE, self.address):
+                with translated(SERVICE, self.address, secure=self._secure):
                     for event in stream:
                         seq = event.seq
                         failing_since = None

@@ -1,13 +1,15 @@
 """The planner's clients: `PlannerClient` (blocking, for the command line) and
 `AsyncPlannerClient` (grpc.aio, for the fleet). Both fail with `Unreachable` or `Refused`
-(llmgw.clients.errors), retrying UNAVAILABLE only; every planner call is a read."""
+(llmgw.clients.errors), retrying UNAVAILABLE only; every planner call is a read. Channels are
+made by llmgw.tls: TLS with a `ClientTLS`, plaintext without."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
+from typing import TypeVar
 
-import grpc
-
+from llmgw.clients.auth import bearer_metadata
 from llmgw.clients.convert import (
     DescribeModelAnswer,
     Inventory,
@@ -17,6 +19,9 @@ from llmgw.clients.convert import (
 )
 from llmgw.clients.errors import call, call_async
 from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
+from llmgw.tls import ClientTLS, aio_channel, sync_channel
+
+T = TypeVar("T")
 
 SERVICE = "planner"
 DEFAULT_TIMEOUT_S = 60.0
@@ -30,21 +35,39 @@ class PlannerClient:
     Args:
         address: HOST:PORT.
         timeout_s: how long each call waits for its answer.
+        tls: the CA to trust and the client pair to present; None speaks plaintext.
+        token: a bearer token sent with every call (`authorization` metadata); "" sends none.
+
+    Raises:
+        TLSConfigError: a TLS file cannot be read.
+        ValueError: the token cannot travel as a header value.
     """
 
-    def __init__(self, address: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        *,
+        tls: ClientTLS | None = None,
+        token: str = "",
+    ) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(address)
+        self.metadata = bearer_metadata(token)
+        self._secure = tls is not None
+        self._channel = sync_channel(address, tls)
         self._stub = planner_pb2_grpc.PlannerServiceStub(self._channel)
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        return call(fn, SERVICE, self.address, secure=self._secure)
 
     def describe_model(self, source: str) -> DescribeModelAnswer:
         """A model's resolved shape, from its source (GGUF URL or path, hf://ORG/NAME)."""
         request = planner_pb2.DescribeModelRequest(source=source)
-        return call(
-            lambda: self._stub.DescribeModel(request, timeout=self.timeout_s),
-            SERVICE,
-            self.address,
+        return self._call(
+            lambda: self._stub.DescribeModel(
+                request, timeout=self.timeout_s, metadata=self.metadata
+            )
         )
 
     def size_context(
@@ -54,10 +77,8 @@ class PlannerClient:
         request = planner_pb2.SizeContextRequest(
             model=model, tokens=tokens, slots=slots, inventory=inventory
         )
-        return call(
-            lambda: self._stub.SizeContext(request, timeout=self.timeout_s),
-            SERVICE,
-            self.address,
+        return self._call(
+            lambda: self._stub.SizeContext(request, timeout=self.timeout_s, metadata=self.metadata)
         )
 
     def plan_gpus(
@@ -68,10 +89,8 @@ class PlannerClient:
         request = planner_pb2.PlanGPUsRequest(
             model=model, gpus=gpus, profile=profile, inventory=inventory
         )
-        return call(
-            lambda: self._stub.PlanGPUs(request, timeout=self.timeout_s),
-            SERVICE,
-            self.address,
+        return self._call(
+            lambda: self._stub.PlanGPUs(request, timeout=self.timeout_s, metadata=self.metadata)
         )
 
     def close(self) -> None:
@@ -97,12 +116,23 @@ class AsyncPlannerClient:
     Args:
         address: HOST:PORT.
         timeout_s: how long each call waits for its answer.
+        tls: the CA to check the planner against and the fleet's client pair; None for a
+            plaintext channel.
+
+    Raises:
+        TLSConfigError: a TLS file cannot be read.
     """
 
-    def __init__(self, address: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        *,
+        tls: ClientTLS | None = None,
+    ) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = aio_channel(address, tls)
         self._stub = planner_pb2_grpc.PlannerServiceStub(self._channel)
 
     async def size_context(

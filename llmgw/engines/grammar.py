@@ -38,6 +38,24 @@ unreachable, or binds it to every interface."""
 
 
 @dataclass(frozen=True)
+class AllowedFlag:
+    """A flag the node agent passes to an engine: it changes context, cards, memory, dtypes,
+    caches, batching or logging, never what code runs or which weights load.
+
+    `value`: the flag takes a value (the next argument, or `--flag=value`); False for a
+    switch. A flag whose arity differs between engine versions is written as taking one (its
+    next argument is then read as its value: lenient, never a false refusal)."""
+
+    names: Flag
+    value: bool = True
+
+
+def switch(*names: str) -> AllowedFlag:
+    """An allowed flag that takes no value."""
+    return AllowedFlag(tuple(names), value=False)
+
+
+@dataclass(frozen=True)
 class Grammar:
     """How one engine's parser reads its arguments.
 

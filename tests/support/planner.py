@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 import grpc
 
 from llmgw.planner.v1 import planner_pb2_grpc
+from llmgw.tls import ClientTLS, ServerTLS, aio_channel
 from planner_svc.rpc.servicer import Resolver
 from planner_svc.server import PlannerServer, start_planner
 
@@ -15,12 +16,16 @@ from planner_svc.server import PlannerServer, start_planner
 @asynccontextmanager
 async def running_planner(
     resolver: Resolver | None = None,
+    *,
+    tls: ServerTLS | None = None,
+    client_tls: ClientTLS | None = None,
 ) -> AsyncIterator[
     tuple[PlannerServer, planner_pb2_grpc.PlannerServiceAsyncStub, grpc.aio.Channel]
 ]:
-    """Start a planner on a free port; yield it, a stub and its channel; stop it after."""
-    server = await start_planner("127.0.0.1:0", resolver)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    """Start a planner on a free port; yield it, a stub and its channel; stop it after. With
+    `tls` it serves TLS and the channel uses `client_tls`."""
+    server = await start_planner("127.0.0.1:0", resolver, tls=tls)
+    channel = aio_channel(f"127.0.0.1:{server.port}", client_tls)
     try:
         yield server, planner_pb2_grpc.PlannerServiceStub(channel), channel
     finally:

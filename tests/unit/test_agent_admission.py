@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fleet_svc.agent.admission import (
+    ALLOW_TABLES,
     MAX_ARG_CHARS,
     MAX_ARGS,
     REFUSAL_TABLES,
     ArgRules,
     RejectReason,
+    SourceRules,
     check_gpus,
+    check_source,
     refused_arg,
 )
 from fleet_svc.agent.reconcile import admit, plan_changes
@@ -38,6 +43,16 @@ def test_shell_syntax_is_refused_for_every_engine(arg: str, family: str) -> None
     """An argument carrying shell syntax is refused whatever the engine."""
     why = refused_arg(["--served-model-name", arg], ArgRules(family))
     assert why is not None and "shell syntax" in why
+
+
+CONTEXT = {
+    "vllm": ["--max-model-len", "4096"],
+    "sglang": ["--context-length", "4096"],
+    "trtllm": ["--max_seq_len", "4096"],
+    "llamacpp": ["--ctx-size", "4096"],
+    "standin": ["--max-model-len", "4096"],
+}
+"""An allowed context flag of each family."""
 
 
 @pytest.mark.parametrize(
@@ -69,8 +84,9 @@ def test_shell_syntax_is_refused_for_every_engine(arg: str, family: str) -> None
 def test_engine_flags_that_run_other_code_or_files_are_refused(
     family: str, args: list[str], names: str
 ) -> None:
-    """Each flag of the refusal table is refused in either spelling, saying which and why."""
-    why = refused_arg(["--max-model-len", "4096", *args], ArgRules(family))
+    """Each flag of the refusal table is refused in either spelling, saying which and why
+    (after an allowed flag of the engine's, so the refusal is the flag's own)."""
+    why = refused_arg([*CONTEXT[family], *args], ArgRules(family))
     assert why is not None and names in why and "refused:" in why
 
 
@@ -85,7 +101,6 @@ def test_engine_flags_that_run_other_code_or_files_are_refused(
         ("trtllm", ["--max_seq_len", "8192", "--tp_size", "2"]),
         ("llamacpp", ["--ctx-size", "8192", "-np", "4", "--split-mode", "layer", "-ngl", "-1"]),
         ("llamacpp", ["--chat-template", "chatml"]),
-        ("llamacpp", ["--pa"]),  # llama.cpp does not abbreviate: not --path
         ("standin", ["--load-s", "0.2", "--fail-on-start"]),
         ("vllm", []),
     ],
@@ -178,3 +193,193 @@ def test_refused_new_revision_stops_the_old_one() -> None:
     changes = plan_changes([rs("a", 2, "tgi")], {"a": rs("a", 1)}, ENGINES, [0])
     assert changes.stop == ("a",) and changes.start == ()
     assert changes.rejected[0].reason is RejectReason.ENGINE_NOT_ALLOWED
+
+
+# -- the allow-lists -------------------------------------------------------------------------
+
+CODE_LOADING = [
+    ("vllm", ["--trust-remote-code"]),
+    ("vllm", ["--worker-cls", "evilpkg.Worker"]),
+    ("vllm", ["--worker-cls=evilpkg.Worker"]),
+    ("vllm", ["--scheduler-cls", "evilpkg.Scheduler"]),
+    ("vllm", ["--kv-transfer-config", '{"kv_connector_module_path": "evilpkg"}']),
+    ("vllm", ["--speculative-config", '{"model": "evil/drafter"}']),
+    ("vllm", ["--logits-processors", "evilpkg:Proc"]),
+    ("vllm", ["--tool-parser-plugin", "/tmp/p.py"]),
+    ("vllm", ["--reasoning-parser-plugin", "/tmp/p.py"]),
+    ("vllm", ["--middleware", "evilpkg.mw"]),
+    ("vllm", ["--enable-lora"]),
+    ("vllm", ["--lora-modules", "x=evil/lora"]),
+    ("vllm", ["--tokenizer", "evil/tok"]),
+    ("vllm", ["--hf-overrides", '{"architectures": ["X"]}']),
+    ("vllm", ["--model-loader-extra-config", "{}"]),
+    ("vllm", ["--compilation-config", "{}"]),
+    ("vllm", ["--distributed-executor-backend", "evilpkg.Executor"]),
+    ("sglang", ["--trust-remote-code"]),
+    ("sglang", ["--enable-custom-logit-processor"]),
+    ("sglang", ["--speculative-algorithm", "EAGLE"]),
+    ("sglang", ["--speculative-draft-model-path", "evil/drafter"]),
+    ("sglang", ["--lora-paths", "evil/lora"]),
+    ("trtllm", ["--trust_remote_code"]),
+    ("trtllm", ["--extra_llm_api_options", "x.yaml"]),
+    ("trtllm", ["--tokenizer", "evil/tok"]),
+    ("llamacpp", ["--model-draft", "/tmp/d.gguf"]),
+    ("llamacpp", ["-md", "/tmp/d.gguf"]),
+    ("llamacpp", ["--lora", "/tmp/l.gguf"]),
+    ("llamacpp", ["--mmproj", "/tmp/p.gguf"]),
+    ("llamacpp", ["--chat-template-file", "/etc/shadow"]),
+    ("llamacpp", ["--rpc", "10.0.0.1:50052"]),
+]
+
+
+@pytest.mark.parametrize(("family", "args"), CODE_LOADING)
+def test_flags_that_load_code_or_models_pass_only_where_the_config_allows(
+    family: str, args: list[str]
+) -> None:
+    """Refused by default, naming the flag and the way to allow it; allowed by allow_flags."""
+    flag = args[0].split("=", 1)[0]
+    why = refused_arg(args, ArgRules(family))
+    assert why is not None and flag in why and "refused" in why and "allow" in why
+    assert refused_arg(args, ArgRules(family, allow=frozenset({flag}))) is None
+
+
+@pytest.mark.parametrize("family", ["vllm", "sglang", "trtllm", "llamacpp", "standin"])
+def test_the_address_flags_are_never_passed_even_when_allowed(family: str) -> None:
+    rules = ArgRules(family, allow=frozenset({"--host", "--port"}))
+    for args in (["--port", "80"], ["--host=0.0.0.0"]):
+        why = refused_arg(args, rules)
+        assert why is not None and "address" in why
+
+
+@pytest.mark.parametrize(
+    ("family", "args", "named"),
+    [
+        ("vllm", ["--served-model-name", "other"], "--served-model-name"),
+        ("vllm", ["--max-model", "8192"], "--max-model"),  # argparse would expand it
+        ("vllm", ["--api-key", "x"], "--api-key"),
+        ("vllm", ["-O3"], "-O3"),
+        ("llamacpp", ["--pa"], "--pa"),  # not --path (llama.cpp does not abbreviate)
+        ("llamacpp", ["--alias", "other"], "--alias"),
+        ("sglang", ["--model-path", "evil/model"], "--model-path"),
+        ("trtllm", ["--host_cache_size", "1"], "--host_cache_size"),
+        ("standin", ["--model", "other"], "--model"),
+    ],
+)
+def test_a_flag_on_no_list_is_refused_with_its_name(
+    family: str, args: list[str], named: str
+) -> None:
+    why = refused_arg(args, ArgRules(family))
+    assert why is not None and named in why and "allow-list" in why
+    assert refused_arg(args, ArgRules(family, allow=frozenset({named}))) is None
+
+
+@pytest.mark.parametrize(
+    ("family", "args"),
+    [
+        ("vllm", ["evil/model"]),
+        ("vllm", ["--enforce-eager", "evil/model"]),  # a switch takes no value
+        ("vllm", ["--max-model-len", "8192", "8192"]),
+        ("llamacpp", ["-"]),
+    ],
+)
+def test_a_word_that_is_no_flags_value_is_refused(family: str, args: list[str]) -> None:
+    """Positional arguments could be read as a second model: only the agent places one."""
+    why = refused_arg(args, ArgRules(family))
+    assert why is not None and "not the value of a flag" in why
+
+
+@pytest.mark.parametrize("family", ["vllm", "sglang", "trtllm", "llamacpp", "standin"])
+def test_every_allowed_flag_passes_under_every_alias(family: str) -> None:
+    """No allow-list entry collides with a refusal (each alias, with a value when it takes
+    one)."""
+    for flag in ALLOW_TABLES[family]:
+        for name in flag.names:
+            args = [name, "1"] if flag.value else [name]
+            assert refused_arg(args, ArgRules(family)) is None, (family, name)
+
+
+def test_the_stand_in_takes_its_own_knobs_whichever_engine_it_stands_in_for() -> None:
+    from fleet_svc.agent.config import standin_engine
+
+    args = ["--max-model-len", "8192", "--kv-capacity-tokens", "100", "--load-s", "0.3"]
+    assert refused_arg(args, standin_engine("vllm").rules) is None
+    assert refused_arg(args, ArgRules("vllm")) is not None  # the real vLLM is not given them
+    assert refused_arg(["--trust-remote-code"], standin_engine("vllm").rules) is not None
+
+
+@pytest.mark.parametrize(
+    ("family", "args"),
+    [
+        # llmgw up's example catalog (llmgw/demo/catalog.py)
+        ("llamacpp", ["--ctx-size", "4096", "--parallel", "1"]),
+        ("vllm", ["--max-model-len", "8192", "--tensor-parallel-size", "1"]),
+        # what the planner writes (llmgw/engines: context, cards, caches, splits)
+        ("llamacpp", ["-c", "8192", "-np", "1", "-ngl", "99", "-ctk", "q8_0", "-ctv", "q8_0"]),
+        ("llamacpp", ["-fa", "on", "--split-mode", "layer", "-ts", "1,1", "--kv-unified"]),
+        ("vllm", ["--kv-cache-dtype", "fp8", "-pp", "2", "--no-enable-chunked-prefill"]),
+        ("vllm", ["--max_model_len=8192", "--enforce-eager", "--block-size", "32"]),
+        (
+            "sglang",
+            ["--context-length", "8192", "--page-size", "16", "--swa-full-tokens-ratio", "0.5"],
+        ),
+        ("trtllm", ["--max_seq_len", "8192", "--kv_cache_free_gpu_memory_fraction", "0.8"]),
+    ],
+)
+def test_the_demo_profiles_and_planned_args_pass(family: str, args: list[str]) -> None:
+    assert refused_arg(args, ArgRules(family)) is None
+
+
+# -- sources ---------------------------------------------------------------------------------
+
+HOSTILE = [
+    "--trust-remote-code",
+    "--worker-cls=evilpkg.Worker",
+    "-m",
+    "hf://org/name@main/../../../../tmp/x",
+    "hf://org/name@main//x",
+    "/models/../etc/passwd",
+    "relative.gguf",
+    "file:///etc/passwd",
+    "hf://org/name\n--trust-remote-code",
+]
+
+
+@pytest.mark.parametrize("source", HOSTILE)
+def test_hostile_sources_are_refused_by_the_agent_too(source: str) -> None:
+    rules = SourceRules(("/models",), lambda p: p)
+    assert check_source(source, rules, needs_source=True) is not None
+    assert check_source(source, rules, needs_source=False) is not None
+
+
+def test_local_sources_must_really_be_under_a_root(tmp_path: Path) -> None:
+    """A path under a root runs; outside, or a symlink under a root pointing out, does not;
+    with no roots no local path runs; an engine not given the source is not asked."""
+    import os
+
+    root = tmp_path / "models"
+    root.mkdir()
+    (root / "m.gguf").write_bytes(b"x")
+    outside = tmp_path / "secret.gguf"
+    outside.write_bytes(b"x")
+    (root / "link.gguf").symlink_to(outside)
+    rules = SourceRules((os.path.realpath(root),), os.path.realpath)
+    assert check_source(str(root / "m.gguf"), rules, needs_source=True) is None
+    why = check_source(str(outside), rules, needs_source=True)
+    assert why is not None and "outside" in why
+    assert check_source(str(root / "link.gguf"), rules, needs_source=True) is not None
+    assert check_source(str(root / "m.gguf"), SourceRules(), needs_source=True) is not None
+    assert check_source(str(outside), SourceRules(), needs_source=False) is None
+    assert check_source("", rules, needs_source=True) is not None
+    assert check_source("", rules, needs_source=False) is None
+    assert check_source("hf://org/name@v1.0", rules, needs_source=True) is None
+
+
+def test_a_hostile_source_is_rejected_and_nothing_starts() -> None:
+    engines = {"vllm": ArgRules("vllm", needs_source=True)}
+    bad = ReplicaSpec("r1", 1, "vllm", model="m", source="--trust-remote-code")
+    good = ReplicaSpec("r2", 1, "vllm", model="m", source="hf://org/name")
+    changes = plan_changes([bad, good], {}, engines, range(2))
+    assert [s.replica_id for s in changes.start] == ["r2"]
+    assert [(r.replica_id, r.reason) for r in changes.rejected] == [
+        ("r1", RejectReason.SOURCE_REFUSED)
+    ]

@@ -215,3 +215,56 @@ def test_llama_server_is_found_where_it_was_put(
         cache=Path(paths["built"]) if built else tmp_path / "absent" / "llama-server",
     )
     assert found == (paths[want] if want else None)
+
+
+def test_source_roots_are_real_absolute_paths(tmp_path: Path) -> None:
+    """`source_roots` are resolved (symlinks) at load; a relative one is refused; the agent's
+    --source-root adds to them."""
+    real = tmp_path / "models"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    config = parse_config(
+        {"engines": {"standin": {"module": "fleet_svc.standin"}}, "source_roots": [str(link)]}
+    )
+    assert config.source_roots == (str(real.resolve()),)
+    with pytest.raises(ConfigError, match="absolute"):
+        parse_config({"engines": {"standin": {"module": "x"}}, "source_roots": ["models"]})
+    assert default_config().source_roots == ()
+    assert default_config(roots=[str(real)]).source_roots == (str(real.resolve()),)
+    both = default_config(base=config, roots=["/opt/weights"])
+    assert both.source_roots == (str(real.resolve()), "/opt/weights")
+
+
+def test_which_engines_are_given_the_source() -> None:
+    """llama-server and a template naming {source}/{source_args} are; the stand-in is not."""
+    config = default_config(demo=True, llama_server="/opt/llama-server")
+    assert config.engines["llamacpp"].rules.needs_source
+    assert not config.engines["vllm"].rules.needs_source  # the stand-in for it
+    example = load_config(ROOT / "deploy" / "agent.example.yaml")
+    assert example.engines["vllm"].rules.needs_source
+    assert example.engines["standin"].rules.extra  # the stand-in's own knobs
+
+
+def test_allow_flags_lift_a_refusal_only_for_that_engine() -> None:
+    from fleet_svc.agent.admission import refused_arg
+
+    config = parse_config(
+        {
+            "engines": {
+                "vllm": {"executable": "/opt/vllm", "allow_flags": ["--trust-remote-code"]},
+                "other": {"executable": "/opt/vllm", "family": "vllm"},
+            }
+        }
+    )
+    assert refused_arg(["--trust-remote-code"], config.engines["vllm"].rules) is None
+    assert refused_arg(["--trust-remote-code"], config.engines["other"].rules) is not None
+
+
+def test_a_source_that_would_read_as_a_flag_never_reaches_the_command() -> None:
+    """The last line before exec: even past admission, such a source is not passed."""
+    llama = default_config(llama_server="/opt/llama-server").engines["llamacpp"]
+    with pytest.raises(ValueError, match="flag"):
+        llama.command(ReplicaSpec("r", 1, "llamacpp", source="--rpc"), "127.0.0.1", 9)
+    argv = llama.command(ReplicaSpec("r", 1, "llamacpp", source="/m/x.gguf"), "127.0.0.1", 9)
+    assert argv[argv.index("-m") + 1] == "/m/x.gguf"

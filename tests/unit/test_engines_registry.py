@@ -135,7 +135,9 @@ def test_agent_refuses_the_toy_flags_in_its_spellings() -> None:
     assert refused_arg(["--exec", "id"], ArgRules("toy")) is not None
     assert refused_arg(["-x=id"], ArgRules("toy")) is not None
     assert refused_arg(["--port", "1"], ArgRules("toy")) is not None
-    assert refused_arg(["--exe", "id"], ArgRules("toy")) is None  # it does not abbreviate
+    # It does not abbreviate: --exe is not read as --exec, and is on no list of the toy's.
+    unlisted = refused_arg(["--exe", "id"], ArgRules("toy"))
+    assert unlisted is not None and "--exec" not in unlisted and "allow-list" in unlisted
     assert refused_arg(["--context", "4096", "-s", "2"], ArgRules("toy")) is None
 
 

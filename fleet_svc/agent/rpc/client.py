@@ -31,6 +31,7 @@ from fleet_svc.agent.rpc.convert import (
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
 from llmgw.clients.errors import Refused, Unreachable, translated_async
 from llmgw.clock import Clock, SystemClock
+from llmgw.tls import ClientTLS, aio_channel
 
 log = structlog.get_logger("fleet_svc.agent.rpc.client")
 
@@ -69,8 +70,10 @@ class AgentClient:
         fleet: the fleet's HOST:PORT.
         node: the node's name and labels.
         replicas: the replica set Desired messages are applied to.
-        credentials: TLS channel credentials (mTLS: the client certificate names the node);
-            None for a plain channel.
+        tls: the CA to check the fleet against and the node's certificate (mTLS: the
+            certificate's `spiffe://llmgw/node/NAME` is who the fleet lets this stream be);
+            None for a plaintext channel. Its files are read at each connection, so a
+            renewed node certificate is used from the next reconnection on.
         backoff: how long to wait between connection attempts.
     """
 
@@ -79,16 +82,17 @@ class AgentClient:
         fleet: str,
         node: NodeIdentity,
         replicas: ReplicaSet,
-        credentials: grpc.ChannelCredentials | None = None,
         backoff: Backoff = RECONNECT_BACKOFF,
         clock: Clock | None = None,
         rand: Callable[[], float] = random.random,
         options: Sequence[tuple[str, int]] = tuple(CHANNEL_OPTIONS),
+        *,
+        tls: ClientTLS | None = None,
     ) -> None:
         self.fleet = fleet
         self.node = node
         self.replicas = replicas
-        self._credentials = credentials
+        self._tls = tls
         self._backoff = backoff
         self._clock = clock or SystemClock()
         self._rand = rand
@@ -174,9 +178,7 @@ class AgentClient:
             await self._clock.sleep(delay_s)
 
     def _channel(self) -> grpc.aio.Channel:
-        if self._credentials is not None:
-            return grpc.aio.secure_channel(self.fleet, self._credentials, options=self._options)
-        return grpc.aio.insecure_channel(self.fleet, options=self._options)
+        return aio_channel(self.fleet, self._tls, self._options)
 
     async def _session(self) -> None:
         """One stream, from Hello to its end (`_welcomed_last` says whether the fleet

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from llmgw.engines.base import Card, CardNeed, CardSplit
-from llmgw.engines.grammar import ADDRESS_FLAGS, RefusedFlag
+from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, RefusedFlag, switch
+from llmgw.engines.llamacpp import grammar as flags
 from llmgw.engines.llamacpp.cache import llamacpp_cache, llamacpp_kv_bytes
 from llmgw.engines.llamacpp.grammar import (
     CTX_SIZE,
@@ -46,6 +47,85 @@ REFUSED: tuple[RefusedFlag, ...] = (
     RefusedFlag(
         ("-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file"),
         "the agent passes the model from the replica's source",
+    ),
+)
+
+# What the node agent passes to llama-server (`llama-server --help`, common/arg.cpp): the flags
+# that size and tune the engine, exact spellings and short forms (it does not abbreviate); any
+# other is refused with its name. The agent config's `allow_flags` adds one.
+ALLOWED: tuple[AllowedFlag, ...] = (
+    AllowedFlag(CTX_SIZE),
+    AllowedFlag(PARALLEL),
+    AllowedFlag(flags.CACHE_TYPE_K),
+    AllowedFlag(flags.CACHE_TYPE_V),
+    # -fa takes on|off|auto since b6325 and was a switch before: read as taking a value.
+    AllowedFlag(flags.FLASH_ATTN),
+    AllowedFlag(flags.UBATCH_SIZE),
+    AllowedFlag(flags.BATCH_SIZE),
+    switch(*flags.SWA_FULL),
+    switch(*flags.KV_UNIFIED),
+    switch(*flags.NO_KV_UNIFIED),
+    switch(*flags.KV_UNIFIED_PER_SLOT),
+    AllowedFlag(N_GPU_LAYERS),
+    AllowedFlag(SPLIT_MODE),
+    AllowedFlag(flags.FIT),
+    AllowedFlag(TENSOR_SPLIT),
+    AllowedFlag(("--main-gpu", "-mg")),
+    AllowedFlag(("--device", "-dev")),
+    AllowedFlag(("--override-tensor", "-ot")),
+    switch("--cpu-moe", "-cmoe"),
+    AllowedFlag(("--n-cpu-moe", "-ncmoe")),
+    AllowedFlag(("--threads", "-t")),
+    AllowedFlag(("--threads-batch", "-tb")),
+    AllowedFlag(("--threads-http",)),
+    AllowedFlag(("--n-predict", "--predict", "-n")),
+    switch("--cont-batching", "-cb"),
+    switch("--no-cont-batching", "-nocb"),
+    AllowedFlag(("--cache-reuse",)),
+    AllowedFlag(("--defrag-thold", "-dt")),
+    switch("--context-shift"),
+    switch("--no-context-shift"),
+    switch("--mlock"),
+    switch("--no-mmap"),
+    AllowedFlag(("--numa",)),
+    AllowedFlag(("--rope-scaling",)),
+    AllowedFlag(("--rope-freq-base",)),
+    AllowedFlag(("--rope-freq-scale",)),
+    AllowedFlag(("--override-kv",)),
+    AllowedFlag(("--seed", "-s")),
+    AllowedFlag(("--temp",)),
+    AllowedFlag(("--top-k",)),
+    AllowedFlag(("--top-p",)),
+    AllowedFlag(("--min-p",)),
+    AllowedFlag(("--repeat-penalty",)),
+    switch("--jinja"),
+    AllowedFlag(("--chat-template",)),
+    AllowedFlag(("--reasoning-format",)),
+    AllowedFlag(("--reasoning-budget",)),
+    AllowedFlag(("--timeout", "-to")),
+    switch("--metrics"),
+    switch("--slots"),
+    switch("--no-slots"),
+    switch("--no-webui"),
+    switch("--no-warmup"),
+    switch("--verbose", "-v"),
+    switch("--log-disable"),
+)
+
+# Flags that load other models or code: refused unless the agent config's `allow_flags` names
+# them.
+GATED: tuple[RefusedFlag, ...] = (
+    RefusedFlag(
+        ("--model-draft", "-md", "--hf-repo-draft", "-hfd", "--mmproj", "-mm", "--mmproj-url"),
+        "it loads a second model (a drafter or a projector) the caller names",
+    ),
+    RefusedFlag(
+        ("--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled"),
+        "it loads adapter weights the caller names",
+    ),
+    RefusedFlag(
+        ("--grammar-file", "--json-schema-file"),
+        "it reads a file the caller names",
     ),
 )
 
