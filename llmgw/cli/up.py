@@ -274,6 +274,10 @@ class Up:
                     p.gpus,
                     "--state-dir",
                     str(p.data / "agent"),
+                    # The example's local GGUF is there (the agent runs local sources only
+                    # from folders it is told).
+                    "--source-root",
+                    str(p.models),
                     "--demo",
                     *json_logs,
                 ],
