@@ -20,7 +20,12 @@ For each N, on a fresh fleet:
 
 Ratios compare each N with the smallest N of the same run (the baseline).
 
-Run: `.venv/bin/python -m bench.agent_fanin [--full] [--sizes 10,100,...]`.
+With `--tls`, each N runs twice on fresh fleets, plaintext then mutual TLS (certificates from a
+local CA made for the run: one node certificate per agent, the fleet requiring them), every
+agent on a connection of its own in both (a node's identity is its connection's certificate),
+and the mTLS ÷ plaintext ratios of CPU per agent and ack p99 are printed.
+
+Run: `.venv/bin/python -m bench.agent_fanin [--full] [--sizes 10,100,...] [--tls]`.
 """
 
 from __future__ import annotations
@@ -40,9 +45,11 @@ from pathlib import Path
 import grpc
 
 from bench.planner_throughput import ChildServer, start_child
+from llmgw import certs
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+from llmgw.tls import ClientTLS, aio_channel
 
 STREAMS_PER_CHANNEL = 50
 """Agents per channel (one TCP connection each); below the usual 100-stream cap."""
@@ -64,6 +71,45 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+@dataclass(frozen=True)
+class Pki:
+    """A run's certificates: the fleet's pair and CA, the admin's, one per node."""
+
+    local: certs.LocalTLS
+
+    def server_flags(self) -> list[str]:
+        """The fleet's --tls-* flags (client certificates required)."""
+        cert, key = self.local.servers["fleet"]
+        return ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(self.local.ca_cert)]
+
+    def client(self, name: str) -> ClientTLS:
+        """A user's pair."""
+        cert, key = self.local.clients[name]
+        return ClientTLS(ca=self.local.ca_cert, cert=cert, key=key)
+
+    def node(self, name: str) -> ClientTLS:
+        """A node's pair."""
+        cert, key = self.local.nodes[name]
+        return ClientTLS(ca=self.local.ca_cert, cert=cert, key=key)
+
+
+def node_name(i: int) -> str:
+    """The i-th simulated node's name."""
+    return f"node-{i:04d}"
+
+
+def make_pki(folder: Path, agents: int) -> Pki:
+    """A local CA with the fleet's pair, `admin`, and a node pair for each agent."""
+    return Pki(
+        certs.make_local_tls(
+            folder,
+            servers=("fleet",),
+            nodes=[node_name(i) for i in range(agents)],
+            clients=("admin",),
+        )
+    )
+
+
 async def start_fleet_child(
     folder: Path,
     *,
@@ -71,8 +117,10 @@ async def start_fleet_child(
     drain_s: float = 0.1,
     planner: str = "127.0.0.1:1",
     start_timeout_s: float = 60.0,
+    tls_flags: Sequence[str] = (),
 ) -> ChildServer:
-    """`python -m fleet_svc` on 127.0.0.1:0 with its SQLite store and log in `folder`."""
+    """`python -m fleet_svc` on 127.0.0.1:0 with its SQLite store and log in `folder`
+    (`tls_flags`: its --tls-* flags; none: plaintext)."""
     folder.mkdir(parents=True, exist_ok=True)
     return await start_child(
         "fleet_svc",
@@ -91,17 +139,24 @@ async def start_fleet_child(
             str(start_timeout_s),
             "--log-format",
             "json",
+            *tls_flags,
         ],
         folder / "fleet.log",
     )
 
 
-def agent_channels(address: str, agents: int) -> list[grpc.aio.Channel]:
-    """Enough channels for `agents` streams, each with its own connection."""
+def agent_channels(
+    address: str, agents: int, *, pki: Pki | None = None, own_connection: bool = False
+) -> list[grpc.aio.Channel]:
+    """Enough channels for `agents` streams, each with its own connection: one per
+    STREAMS_PER_CHANNEL agents, or one per agent (`own_connection`, and always with `pki`:
+    agent i presents node i's certificate)."""
     # A local subchannel pool: channels to one target would otherwise share one connection.
     options = [("grpc.use_local_subchannel_pool", 1)]
-    count = max(1, math.ceil(agents / STREAMS_PER_CHANNEL))
-    return [grpc.aio.insecure_channel(address, options=options) for _ in range(count)]
+    if pki is not None:
+        return [aio_channel(address, pki.node(node_name(i)), options) for i in range(agents)]
+    count = agents if own_connection else math.ceil(agents / STREAMS_PER_CHANNEL)
+    return [grpc.aio.insecure_channel(address, options=options) for _ in range(max(1, count))]
 
 
 @dataclass
@@ -312,13 +367,22 @@ async def change_round(
 
 
 async def measure_n(
-    n: int, folder: Path, *, window_s: float, rounds: int, heartbeat_s: float
+    n: int,
+    folder: Path,
+    *,
+    window_s: float,
+    rounds: int,
+    heartbeat_s: float,
+    pki: Pki | None = None,
+    own_connection: bool = False,
 ) -> dict[str, float]:
     """One fresh fleet with `n` agents: its idle and connected CPU and RSS, and the change
-    rounds' latencies."""
-    fleet = await start_fleet_child(folder, heartbeat_s=heartbeat_s)
-    channels = agent_channels(fleet.address, n)
-    admin = grpc.aio.insecure_channel(fleet.address)
+    rounds' latencies (over mutual TLS with `pki`)."""
+    fleet = await start_fleet_child(
+        folder, heartbeat_s=heartbeat_s, tls_flags=pki.server_flags() if pki else ()
+    )
+    channels = agent_channels(fleet.address, n, pki=pki, own_connection=own_connection)
+    admin = aio_channel(fleet.address, pki.client("admin") if pki else None)
     stub = fleet_pb2_grpc.FleetServiceStub(admin)
     agents: list[LeanAgent] = []
     tasks: list[asyncio.Task[None]] = []
@@ -329,7 +393,7 @@ async def measure_n(
         start = time.perf_counter()
         for i in range(n):
             stubs = agent_pb2_grpc.AgentServiceStub(channels[i % len(channels)])
-            agents.append(LeanAgent(f"node-{i:04d}", stubs))
+            agents.append(LeanAgent(node_name(i), stubs))
         tasks = [asyncio.create_task(a.run()) for a in agents]
         await asyncio.wait_for(asyncio.gather(*(a.joined.wait() for a in agents)), WAIT_S)
         join_s = time.perf_counter() - start
@@ -394,6 +458,49 @@ async def measure(
     return figures
 
 
+async def measure_tls(
+    sizes: Sequence[int], folder: Path, *, window_s: float, rounds: int, heartbeat_s: float = 2.0
+) -> dict[str, float]:
+    """Each size plaintext then over mutual TLS, every agent on its own connection in both;
+    prints both lines and the mTLS ÷ plaintext ratios.
+
+    Returns:
+        The figures keyed `{mode}_{name}@{n}` (mode `plain` or `mtls`), and
+        `cpu_per_agent_ratio@{n}`, `ack_p99_ratio@{n}`.
+    """
+    print_header(window_s, rounds, heartbeat_s)
+    figures: dict[str, float] = {}
+    for n in sizes:
+        pki = make_pki(folder / f"tls{n}", n)
+        rows = {}
+        for mode, tls in (("plain", None), ("mtls", pki)):
+            row = await measure_n(
+                n,
+                folder / f"{mode}{n}",
+                window_s=window_s,
+                rounds=rounds,
+                heartbeat_s=heartbeat_s,
+                pki=tls,
+                own_connection=True,
+            )
+            row["ack_p50_ratio"] = 1.0
+            print(f"[{mode}]", end=" ")
+            print_row(row)
+            rows[mode] = row
+            figures |= {f"{mode}_{k}@{n}": v for k, v in row.items() if k != "agents"}
+        plain, mtls = rows["plain"], rows["mtls"]
+        cpu_ratio = mtls["cpu_ms_per_agent_s"] / plain["cpu_ms_per_agent_s"]
+        p99_ratio = mtls["ack_p99_ms"] / plain["ack_p99_ms"]
+        figures[f"cpu_per_agent_ratio@{n}"] = cpu_ratio
+        figures[f"ack_p99_ratio@{n}"] = p99_ratio
+        print(
+            f"N={n}: mTLS / plaintext: CPU per agent {cpu_ratio:.2f}, ack p99 {p99_ratio:.2f}, "
+            f"join {mtls['join_s'] / plain['join_s']:.2f}",
+            flush=True,
+        )
+    return figures
+
+
 def print_header(window_s: float, rounds: int, heartbeat_s: float) -> None:
     """Say how the figures are taken, and the table's columns."""
     print(
@@ -434,14 +541,14 @@ QUICK = Size(sizes=(10, 100, 300), window_s=6.0, rounds=1)
 FULL = Size(sizes=(10, 100, 500, 1000), window_s=10.0, rounds=3)
 
 
-def run(full: bool, sizes: Sequence[int] = ()) -> dict[str, float]:
-    """The benchmark at its quick or full size (or the `sizes` given); returns its figures."""
+def run(full: bool, sizes: Sequence[int] = (), *, tls: bool = False) -> dict[str, float]:
+    """The benchmark at its quick or full size (or the `sizes` given); returns its figures
+    (with `tls`, each size plaintext and over mutual TLS)."""
     conf = FULL if full else QUICK
+    how = measure_tls if tls else measure
     with tempfile.TemporaryDirectory(prefix="bench-fanin-") as tmp:
         return asyncio.run(
-            measure(
-                tuple(sizes) or conf.sizes, Path(tmp), window_s=conf.window_s, rounds=conf.rounds
-            )
+            how(tuple(sizes) or conf.sizes, Path(tmp), window_s=conf.window_s, rounds=conf.rounds)
         )
 
 
@@ -450,8 +557,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("--full", action="store_true", help="N = 10, 100, 500, 1000")
     parser.add_argument("--sizes", default="", help="comma-separated N (the first is the base)")
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="each N plaintext and over mutual TLS (one connection per agent in both)",
+    )
     opts = parser.parse_args(argv)
-    run(opts.full, [int(s) for s in opts.sizes.split(",") if s.strip()])
+    run(opts.full, [int(s) for s in opts.sizes.split(",") if s.strip()], tls=opts.tls)
 
 
 if __name__ == "__main__":

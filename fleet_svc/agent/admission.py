@@ -24,7 +24,13 @@ from llmgw.engines import registry, sglang, trtllm, vllm
 from llmgw.engines.args import fold, split_flag
 from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, RefusedFlag, switch
 from llmgw.engines.llamacpp import engine as llamacpp_engine
-from llmgw.sources import PathSource, SourceRefused, check_path_under, parse_source
+from llmgw.sources import (
+    PathSource,
+    SourceRefused,
+    check_path_under,
+    parse_source,
+    path_is_under,
+)
 
 # More than this many arguments, or one longer than this, is not a profile but a payload.
 MAX_ARGS = 256
@@ -295,7 +301,13 @@ def check_source(source: str, rules: SourceRules, *, needs_source: bool) -> str 
     try:
         parsed = parse_source(source, allow_paths=True)
         if isinstance(parsed, PathSource) and needs_source:
-            check_path_under(rules.realpath(parsed.path), rules.roots)
+            check_path_under(parsed.path, rules.roots)
+            if not path_is_under(rules.realpath(parsed.path), rules.roots):
+                # Said without the real location: where a link leads is not the fleet's to learn.
+                return (
+                    f"source {source[:200]!r} is refused: its real location (symlinks followed) "
+                    "is outside the folders allowed"
+                )
     except SourceRefused as exc:
         return exc.message
     return None

@@ -340,6 +340,8 @@ class Up:
                     "--state-dir",
                     str(p.data / "agent"),
                     *tls_flags("", pki.ca, pki.node),
+                    # The example's local GGUF is there (the agent runs local sources only
+                    # from folders it is told).
                     "--source-root",
                     str(p.models),
                     "--demo",

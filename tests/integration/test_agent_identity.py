@@ -255,3 +255,60 @@ async def test_the_agent_naming_another_node_is_refused(pki: Pki, tmp_path: Path
         err = await _stop(proc)
         assert "b" not in fleet.controller.state.nodes
     assert b"PERMISSION_DENIED" in err
+
+
+async def test_a_real_agent_refuses_hostile_sources_and_starts_nothing_of_them(
+    tmp_path: Path,
+) -> None:
+    """Whatever a (compromised) fleet sends, the agent checks the source again: a flag, a
+    revision climbing out, a path outside its roots and a symlink leading out are refused in
+    the Ack (SOURCE_REFUSED) and never started; a path under a root runs."""
+    from fleet_svc.agent.config import module_engine
+    from llmgw.testing.fake_fleet import running_fake_fleet, spec
+    from tests.support.agents import fast_config, running_agent
+
+    root = tmp_path / "models"
+    root.mkdir()
+    (root / "ok.gguf").write_bytes(b"GGUF")
+    (tmp_path / "secret.gguf").write_bytes(b"GGUF")
+    (root / "link.gguf").symlink_to(tmp_path / "secret.gguf")
+    # The stand-in, given the source as its served model name: an engine that takes it.
+    takes_source = module_engine(
+        "pathy",
+        "fleet_svc.standin",
+        ("--host", "{host}", "--port", "{port}", "--model", "{source}", "--engine", "{engine}"),
+        "standin",
+        start_timeout_s=30.0,
+        stop_grace_s=5.0,
+    )
+    assert takes_source.rules.needs_source
+    config = fast_config(engines={"pathy": takes_source}, source_roots=(os.path.realpath(root),))
+    sources = {
+        "flag": "--trust-remote-code",
+        "climb": "hf://org/name@main/../../../../tmp/x",
+        "outside": str(tmp_path / "secret.gguf"),
+        "link": str(root / "link.gguf"),
+        "ok": str(root / "ok.gguf"),
+    }
+    async with (
+        running_fake_fleet() as (fleet, port),
+        running_agent(port, tmp_path / "state", gpus="8xH100-80GB", config=config) as agent,
+    ):
+        await assert_eventually(lambda: fleet.streams, what="the agent connecting")
+        specs = []
+        for i, (rid, source) in enumerate(sources.items()):
+            s = spec(rid, engine="pathy", gpus=[i])
+            s.source = source
+            specs.append(s)
+        version = fleet.desire(*specs)
+        ack = await assert_eventually(lambda: fleet.ack(version), what="the Ack")
+        reasons = {r.replica_id: r.reason for r in ack.rejected}
+        assert reasons == {rid: "SOURCE_REFUSED" for rid in ("flag", "climb", "outside", "link")}
+        link = next(r for r in ack.rejected if r.replica_id == "link")
+        assert "secret" not in link.message  # where the link leads is not told
+        await assert_eventually(
+            lambda: any(u.phase == agent_pb2.PROCESS_PHASE_HEALTHY for u in fleet.updates_of("ok")),
+            timeout_s=30,
+            what="the replica under the root healthy",
+        )
+        assert {o.spec.replica_id for o in agent.replicas.observed()} == {"ok"}

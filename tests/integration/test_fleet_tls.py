@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -305,3 +308,65 @@ async def test_plaintext_off_loopback_is_refused_without_insecure(tmp_path: Path
         await start_fleet(
             FleetOptions(listen="0.0.0.0:0", store_url=str(tmp_path / "fleet.db"), tick_s=0.05)
         )
+
+
+def _fleet_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fleet_svc", "--store", str(tmp_path / "f.db"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--listen", "0.0.0.0:0"], "loopback"),
+        (["--listen", "127.0.0.1:0", "--tls-ca", "ca.crt"], "--tls-cert"),
+        (["--listen", "127.0.0.1:0", "--tokens", "/nonexistent/tokens"], "tokens"),
+        (["--listen", "127.0.0.1:0", "--planner-tls-cert", "x.crt"], "key"),
+    ],
+)
+def test_the_fleet_refuses_to_start_on_unusable_security_flags(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    """Plaintext off loopback, a CA without a pair, a tokens file it cannot read, a planner
+    certificate without its key: exit 1 with a sentence saying what to change."""
+    done = _fleet_cli(tmp_path, *args)
+    assert done.returncode == 1, done.stderr
+    assert says in done.stderr
+
+
+def test_the_fleet_serves_mutual_tls_from_its_flags(pki: Pki, tmp_path: Path) -> None:
+    """`python -m fleet_svc --tls-cert --tls-key --tls-ca` serves health over mutual TLS."""
+    cert, key = pki.local.servers["fleet"]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fleet_svc",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            str(tmp_path / "f.db"),
+            "--tls-cert",
+            str(cert),
+            "--tls-key",
+            str(key),
+            "--tls-ca",
+            str(pki.local.ca_cert),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        port = int(line.rsplit(":", 1)[1])
+        status = asyncio.run(health(port, pki.user("viewer")))
+        assert status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
