@@ -135,10 +135,11 @@ def _weights(t: TensorSpec, rng: np.random.Generator) -> bytes:
 
 @contextmanager
 def agent_process(
-    fleet_port: int, state_dir: Path, llama_server: str, log_path: Path
+    fleet_port: int, state_dir: Path, llama_server: str, log_path: Path, models: Path
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A real node agent `n1` with one stand-in H100 card, running llama.cpp profiles on
-    `llama_server`; SIGTERM (it stops its engines) then SIGKILL after."""
+    `llama_server` from local files under `models`; SIGTERM (it stops its engines) then
+    SIGKILL after."""
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [
@@ -153,6 +154,8 @@ def agent_process(
                 "1xH100-80GB",
                 "--state-dir",
                 str(state_dir),
+                "--source-root",
+                str(models),
                 "--log-format",
                 "json",
             ],
@@ -236,7 +239,7 @@ async def test_real_llama_server_replica_serves_and_prints_the_planners_kv(tmp_p
         running_planner() as (planner, _planner_stub, _channel),
         running_fleet(tmp_path, planner=f"127.0.0.1:{planner.port}") as (fleet, stub),
     ):
-        with agent_process(fleet.port, state, llama_server, agent_log):
+        with agent_process(fleet.port, state, llama_server, agent_log, gguf.parent):
             await assert_eventually(
                 lambda: node_runs_llamacpp(stub),
                 timeout_s=60,

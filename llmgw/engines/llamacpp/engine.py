@@ -109,7 +109,11 @@ ALLOWED: tuple[AllowedFlag, ...] = (
     switch("--no-webui"),
     switch("--no-warmup"),
     switch("--verbose", "-v"),
+    # common/arg.cpp: `-lv, --verbosity, --log-verbosity N` sets the log threshold.
+    AllowedFlag(("--log-verbosity", "--verbosity", "-lv")),
     switch("--log-disable"),
+    switch("--log-prefix"),
+    switch("--log-timestamps"),
 )
 
 # Flags that load other models or code: refused unless the agent config's `allow_flags` names
