@@ -25,7 +25,8 @@ from fleet_svc.rpc.servicer import SERVICE_NAME as FLEET_SERVICE
 from fleet_svc.rpc.servicer import add_fleet_service
 from fleet_svc.rpc.settings import declared_entries
 from fleet_svc.store.base import Store
-from fleet_svc.store.sqlite import open_store
+from fleet_svc.store.urls import open_store
+from fleet_svc.store_health import StoreHealth
 from llmgw.clock import Clock, SystemClock
 
 log = structlog.get_logger(__name__)
@@ -69,9 +70,15 @@ class FleetServer:
     store: Store
     loop_task: asyncio.Task[None]
     planner: Planner
+    store_health: StoreHealth | None = None
+    store_task: asyncio.Task[None] | None = None
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """NOT_SERVING, close the streams, stop the loop, close the store."""
+        if self.store_task is not None:
+            self.store_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.store_task
         await self.health.enter_graceful_shutdown()
         for link in list(self.controller.state.links.values()):
             link.close("")
@@ -86,7 +93,13 @@ class FleetServer:
 
 
 async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetServer:
-    """Start a fleet: health NOT_SERVING until the store is open and the settings loaded."""
+    """Start a fleet: health NOT_SERVING until the store is open and the settings loaded, and
+    then SERVING only while the store can be read (fleet_svc.store_health).
+
+    Raises:
+        StoreError: the store cannot be reached, is damaged, or has a newer schema.
+        ValueError: the store URL names nothing this fleet can open.
+    """
     server = grpc.aio.server(options=SERVER_OPTIONS)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -118,11 +131,21 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
     port = server.add_insecure_port(opts.listen)
     await server.start()
     loop_task = asyncio.create_task(controller.run())
-    for name in ("", FLEET_SERVICE, AGENT_SERVICE):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info("fleet_started", listen=opts.listen, port=port, store=opts.store_url)
+    store_health = StoreHealth(store, health_servicer, ("", FLEET_SERVICE, AGENT_SERVICE))
+    await store_health.check()
+    store_task = asyncio.create_task(store_health.run())
+    log.info("fleet_started", listen=opts.listen, port=port, store=store.where)
     return FleetServer(
-        server, port, health_servicer, controller, catalog, store, loop_task, planner
+        server,
+        port,
+        health_servicer,
+        controller,
+        catalog,
+        store,
+        loop_task,
+        planner,
+        store_health,
+        store_task,
     )
 
 
