@@ -109,6 +109,8 @@ def _translating(
         except StoreDamaged as exc:
             self.damage = self.damage or exc
             raise
+        except psycopg_pool.PoolClosed:
+            raise  # the store was closed: the caller's mistake, as a closed SQLite store's
         except psycopg_pool.PoolTimeout as exc:
             raise self._down(f"no connection within {CALL_TIMEOUT_S:g} s ({exc})") from exc
         except psycopg.OperationalError as exc:
@@ -195,6 +197,8 @@ class PostgresStore:
         )
         try:
             self._pool.open(wait=True, timeout=CALL_TIMEOUT_S + CONNECT_TIMEOUT_S)
+        except psycopg_pool.PoolClosed:
+            raise  # the store was closed: the caller's mistake, as a closed SQLite store's
         except psycopg_pool.PoolTimeout as exc:
             self._pool.close()
             raise StoreUnavailable(self.where, f"the connection pool did not open: {exc}") from exc

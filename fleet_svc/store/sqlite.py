@@ -136,6 +136,15 @@ class SQLiteStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreUnavailable(self.where, f"cannot create its folder: {exc}") from exc
+        if self.path.is_file() and self.path.stat().st_size == 0:
+            # SQLite would take an empty file for a new database and the fleet would serve an
+            # empty catalog over replicas still running. A file this store made is never empty
+            # (migrating writes the header), so an empty one was truncated or made by hand.
+            raise StoreDamaged(
+                self.where,
+                "the file is empty (0 bytes), so whatever it held is gone; restore it from a"
+                " backup, or delete it to start with an empty store",
+            )
         with self._translating():
             # isolation_level=None: we issue BEGIN/COMMIT ourselves; every other statement is
             # its own transaction, committed (and synced) before the call returns.
@@ -207,9 +216,16 @@ class SQLiteStore:
         """
         found = [str(r[0]) for r in self._conn.execute("PRAGMA quick_check").fetchall()]
         if found != ["ok"]:
+            # Findings may span lines and start with a "*** in database main ***" banner.
+            lines = [
+                line.strip()
+                for finding in found
+                for line in finding.splitlines()
+                if line.strip() and not line.startswith("***")
+            ]
             raise StoreDamaged(
                 self.where,
-                "PRAGMA quick_check found damage: " + "; ".join(found[:QUICK_CHECK_LINES]),
+                "PRAGMA quick_check found damage: " + "; ".join(lines[:QUICK_CHECK_LINES]),
             )
         models = [
             model_of_row(self.where, row)
