@@ -74,12 +74,18 @@ CALL_TIMEOUT_S = 3.0
 """How long a call waits for a pooled connection before StoreUnavailable."""
 STATEMENT_TIMEOUT_MS = 10_000
 """A statement (a lock wait included) taking longer is cancelled: seconds mean trouble."""
-FAIL_FAST_S = 1.0
-"""After a failed attempt to reach the server, calls fail at once for this long."""
+FAIL_FAST_S = 5.0
+"""After a failed attempt to reach the server, calls fail at once for this long (or until the
+health probe, which always tries, reaches it again). Longer than a probe's period plus its
+worst wait (CALL_TIMEOUT_S), so while the server is down the probe keeps the window open and
+the event loop's own calls never wait for a connection."""
 POOL_MAX = 4
 """Connections per fleet: its event loop and the health probe's thread, and room to spare."""
-RECONNECT_FOREVER_S = 365 * 24 * 3600.0
-"""psycopg_pool stops reconnecting after reconnect_timeout; the fleet should never stop."""
+RECONNECT_CHAIN_S = 2.0
+"""psycopg_pool's reconnect_timeout: how long one chain of connection attempts lasts. The pool
+doubles its wait after each failed attempt of a chain (1, 2, 4 … s, psycopg_pool's
+AttemptWithBackoff), so a long chain would follow a server back minutes late; a short one gives
+up and the next call that needs a connection starts a fresh chain at once."""
 
 
 def _guarded(
@@ -112,7 +118,7 @@ def _translating(
         except psycopg_pool.PoolClosed:
             raise  # the store was closed: the caller's mistake, as a closed SQLite store's
         except psycopg_pool.PoolTimeout as exc:
-            raise self._down(f"no connection within {CALL_TIMEOUT_S:g} s ({exc})") from exc
+            raise self._down(self._why_no_connection()) from exc
         except psycopg.OperationalError as exc:
             # Connection lost, server shutting down (57P01 admin_shutdown), cannot connect,
             # statement timeout: the server or the network, not the data.
@@ -171,6 +177,7 @@ class PostgresStore:
             "options": f"-c synchronous_commit=on -c statement_timeout={STATEMENT_TIMEOUT_MS}",
             "application_name": "llmgw-fleet",
         }
+        self._dsn, self._kwargs = dsn, kwargs
         # One direct connection first: its failure carries the server's reason ("connection
         # refused", "database … does not exist"), where the pool would only time out.
         try:
@@ -190,7 +197,7 @@ class PostgresStore:
                 max_size=POOL_MAX,
                 timeout=CALL_TIMEOUT_S,
                 check=psycopg_pool.ConnectionPool.check_connection,
-                reconnect_timeout=RECONNECT_FOREVER_S,
+                reconnect_timeout=RECONNECT_CHAIN_S,
                 name="fleet-store",
                 open=False,
             )
@@ -233,6 +240,15 @@ class PostgresStore:
             self._last_down = down
             self._down_until = time.monotonic() + FAIL_FAST_S
         return down
+
+    def _why_no_connection(self) -> str:
+        """Why the pool lent no connection in time: the server's reason, from one direct
+        attempt (the pool keeps its own errors to its log), or a busy pool."""
+        try:
+            psycopg.connect(self._dsn, **self._kwargs).close()
+        except psycopg.Error as exc:
+            return _first_line(exc)
+        return f"no pooled connection within {CALL_TIMEOUT_S:g} s (all {POOL_MAX} busy)"
 
     def _reached(self) -> None:
         with self._lock:
