@@ -18,8 +18,8 @@ Durability: every connection runs with `synchronous_commit = on` (a commit retur
 record is flushed; https://www.postgresql.org/docs/15/runtime-config-wal.html), whatever the
 server's default, because the fleet answers "accepted" only once a write returns.
 
-Connections: a pool (psycopg_pool) checks each connection before lending it, so one the server
-closed (a restart, pg_terminate_backend) is replaced, not used; while the server cannot be
+Connections: from a pool (psycopg_pool), each checked before use, so one the server closed (a
+restart, pg_terminate_backend) is replaced, not used; while the server cannot be
 reached, calls fail fast with StoreUnavailable for FAIL_FAST_S after each failed attempt, so
 the fleet's event loop is not held waiting for connect timeouts one call after another.
 """
@@ -29,7 +29,8 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -196,7 +197,6 @@ class PostgresStore:
                 min_size=1,
                 max_size=POOL_MAX,
                 timeout=CALL_TIMEOUT_S,
-                check=psycopg_pool.ConnectionPool.check_connection,
                 reconnect_timeout=RECONNECT_CHAIN_S,
                 name="fleet-store",
                 open=False,
@@ -241,6 +241,31 @@ class PostgresStore:
             self._down_until = time.monotonic() + FAIL_FAST_S
         return down
 
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
+        """A pooled connection that answered a check just now; returned to the pool after.
+
+        The check is ours, not the pool's `check=` callback: after a failed check that one
+        sleeps with backoff (1, 2, 4 … s) before trying the next connection, so after a server
+        restart cut every pooled connection a call waited seconds. Here a broken connection is
+        handed back (the pool discards it and opens a replacement) and the next one is tried
+        at once, until CALL_TIMEOUT_S.
+        """
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        while True:
+            conn = self._pool.getconn(timeout=max(deadline - time.monotonic(), 0.001))
+            try:
+                psycopg_pool.ConnectionPool.check_connection(conn)
+                break
+            except psycopg.Error:
+                self._pool.putconn(conn)
+                if time.monotonic() >= deadline:
+                    raise
+        try:
+            yield conn
+        finally:
+            self._pool.putconn(conn)
+
     def _why_no_connection(self) -> str:
         """Why the pool lent no connection in time: the server's reason, from one direct
         attempt (the pool keeps its own errors to its log), or a busy pool."""
@@ -266,7 +291,7 @@ class PostgresStore:
         """
         if self.damage is not None:
             raise self.damage
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             found = schema_version(conn)
         if found > latest_version(MIGRATIONS):
             raise SchemaTooNew(self.where, found, latest_version(MIGRATIONS))
@@ -279,7 +304,7 @@ class PostgresStore:
         Raises:
             StoreDamaged: naming the first row that does not decode.
         """
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             models = [
                 model_of_row(self.where, row)
                 for row in conn.execute(f"SELECT {MODEL_COLUMNS} FROM model_revisions")
@@ -301,7 +326,7 @@ class PostgresStore:
     @_guarded
     def get_model(self, name: str) -> ModelRecord | None:
         """The model's latest revision, None when absent or deleted."""
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(
                 f"SELECT {MODEL_COLUMNS} FROM model_revisions WHERE name = %s"
                 " ORDER BY revision DESC LIMIT 1",
@@ -315,7 +340,7 @@ class PostgresStore:
     @_guarded
     def list_models(self) -> list[ModelRecord]:
         """Every current (latest, not deleted) model, by name."""
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(
                 f"SELECT {MODEL_COLUMNS} FROM (SELECT DISTINCT ON (name) {MODEL_COLUMNS}"
                 " FROM model_revisions ORDER BY name, revision DESC) AS latest"
@@ -334,7 +359,7 @@ class PostgresStore:
             ValueError: a deletion of a model that is absent or deleted.
         """
         spec = dump_json(record.spec)
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             try:
                 with conn.transaction():
                     last, absent = _latest(conn, record.name)
@@ -368,7 +393,7 @@ class PostgresStore:
     @_guarded
     def model_history(self, name: str) -> list[ModelRecord]:
         """Every revision of a model, oldest first (deletions included)."""
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(
                 f"SELECT {MODEL_COLUMNS} FROM model_revisions WHERE name = %s ORDER BY revision",
                 (name,),
@@ -380,7 +405,7 @@ class PostgresStore:
     @_guarded
     def get_answer(self, request_id: str) -> tuple[str, bytes] | None:
         """The (method, serialized answer) stored for a request id, None when there is none."""
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(
                 "SELECT method, answer FROM answers WHERE request_id = %s", (request_id,)
             ).fetchone()
@@ -389,7 +414,7 @@ class PostgresStore:
     @_guarded
     def put_answer(self, request_id: str, method: str, answer: bytes) -> None:
         """Keep the answer to a request id; a later answer to the same id is ignored."""
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             conn.execute(
                 "INSERT INTO answers (request_id, method, answer, created_at)"
                 " VALUES (%s, %s, %s, %s) ON CONFLICT (request_id) DO NOTHING",
@@ -401,7 +426,7 @@ class PostgresStore:
     @_guarded
     def list_replicas(self) -> list[ReplicaRecord]:
         """Every replica record, by id."""
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(f"SELECT {REPLICA_COLUMNS} FROM replicas ORDER BY id").fetchall()
         return [replica_of_row(self.where, row) for row in rows]
 
@@ -411,7 +436,7 @@ class PostgresStore:
         if not puts and not deletes:
             return
         rows = [_replica_params(r) for r in puts]
-        with self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             if rows:
                 with conn.cursor() as cur:
                     cur.executemany(_UPSERT_REPLICA, rows)
@@ -422,13 +447,13 @@ class PostgresStore:
     def put_replica(self, record: ReplicaRecord) -> None:
         """Insert a replica record, or replace every field of the one with the same id."""
         params = _replica_params(record)
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             conn.execute(_UPSERT_REPLICA, params)
 
     @_guarded
     def delete_replica(self, replica_id: str) -> None:
         """Forget a replica (deleting an unknown id does nothing)."""
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             conn.execute("DELETE FROM replicas WHERE id = %s", (replica_id,))
 
     # Named values.
@@ -436,14 +461,14 @@ class PostgresStore:
     @_guarded
     def get_value(self, key: str) -> str | None:
         """A stored value, None when the key was never set."""
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute("SELECT value FROM named_values WHERE key = %s", (key,)).fetchone()
         return None if row is None else str(row[0])
 
     @_guarded
     def put_value(self, key: str, value: str) -> None:
         """Store a value, replacing the key's previous one."""
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             conn.execute(
                 "INSERT INTO named_values (key, value) VALUES (%s, %s)"
                 " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -456,7 +481,7 @@ class PostgresStore:
     def put_rollout(self, record: RolloutRecord) -> None:
         """Insert a rollout, or replace its state (created_at is kept)."""
         spec = dump_json(record.spec)
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             conn.execute(
                 "INSERT INTO rollouts (id, model, state, spec, created_at, updated_at)"
                 " VALUES (%s, %s, %s, %s::json, %s, %s) ON CONFLICT (id) DO UPDATE SET"
@@ -474,7 +499,7 @@ class PostgresStore:
     @_guarded
     def get_rollout(self, rollout_id: str) -> RolloutRecord | None:
         """A rollout, None when unknown."""
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(
                 f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE id = %s", (rollout_id,)
             ).fetchone()
@@ -484,7 +509,7 @@ class PostgresStore:
     def list_rollouts(self, model: str = "") -> list[RolloutRecord]:
         """Rollouts of a model (every model when ""), newest first; a row that does not decode
         is logged and left out (see SQLiteStore._readable)."""
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             if model:
                 rows = conn.execute(
                     f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE model = %s"
@@ -502,7 +527,7 @@ class PostgresStore:
         """Append an event; its seq is the rollout's last plus one, taken holding the rollout's
         row lock (an unknown rollout is refused by the foreign key)."""
         doc = dump_json(event)
-        with self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             conn.execute("SELECT 1 FROM rollouts WHERE id = %s FOR UPDATE", (rollout_id,))
             row = conn.execute(
                 "SELECT COALESCE(MAX(seq), 0) FROM rollout_events WHERE rollout_id = %s",
@@ -520,7 +545,7 @@ class PostgresStore:
     def list_events(self, rollout_id: str, after_seq: int = 0) -> list[EventRecord]:
         """A rollout's events after `after_seq`, in order (one that does not decode is logged
         and left out)."""
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(
                 f"SELECT {EVENT_COLUMNS} FROM rollout_events"
                 " WHERE rollout_id = %s AND seq > %s ORDER BY seq",
