@@ -63,7 +63,7 @@ async def wait_health(channel: grpc.aio.Channel, status: int, within_s: float) -
 
 
 async def create(
-    stub: fleet_pb2_grpc.FleetServiceStub, i: int
+    stub: fleet_pb2_grpc.FleetServiceAsyncStub, i: int
 ) -> fleet_pb2.CreateModelResponse | None:
     """CreateModel m{i} with request id req-{i}: the answer, None when it was not accepted."""
     try:
@@ -85,7 +85,7 @@ async def test_an_outage_is_not_serving_and_the_fleet_comes_back_losing_nothing(
     on retry, and every model accepted before, during or after is there exactly once."""
     with fresh_database() as (name, dsn):
         async with fleet_on(dsn) as (_fleet, channel):
-            stub = fleet_pb2_grpc.FleetServiceStub(channel)
+            stub: fleet_pb2_grpc.FleetServiceAsyncStub = fleet_pb2_grpc.FleetServiceStub(channel)
             accepted = {i: await create(stub, i) for i in range(10)}
             assert all(accepted.values())
             assert await health_of(channel) == SERVING
@@ -121,7 +121,7 @@ async def test_connections_cut_under_load_lose_nothing_accepted() -> None:
     does): every model whose creation was answered is there, and the fleet is SERVING after."""
     with fresh_database() as (name, dsn):
         async with fleet_on(dsn) as (_fleet, channel):
-            stub = fleet_pb2_grpc.FleetServiceStub(channel)
+            stub: fleet_pb2_grpc.FleetServiceAsyncStub = fleet_pb2_grpc.FleetServiceStub(channel)
             acknowledged: list[int] = []
             stop = asyncio.Event()
 
