@@ -27,6 +27,7 @@ the fleet's event loop is not held waiting for connect timeouts one call after a
 from __future__ import annotations
 
 import functools
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -89,11 +90,29 @@ AttemptWithBackoff), so a long chain would follow a server back minutes late; a 
 up and the next call that needs a connection starts a fresh chain at once."""
 
 
+class _NoConnection(Exception):
+    """No connection to the server could be had (it refuses, is down, or the pool is spent)."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+
 def _guarded(
     method: Callable[Concatenate[PostgresStore, P], R],
 ) -> Callable[Concatenate[PostgresStore, P], R]:
-    """Raise a store error for what psycopg raises; fail fast while the server is down."""
-    return _translating(method, fail_fast=True)
+    """Raise a store error for what psycopg raises; fail fast while the server is down; tried
+    again on a fresh connection when the one it used broke under it (the method must be
+    safe to run twice: a read, an upsert, an insert that ignores a repeat, a delete)."""
+    return _translating(method, fail_fast=True, again=True)
+
+
+def _once(
+    method: Callable[Concatenate[PostgresStore, P], R],
+) -> Callable[Concatenate[PostgresStore, P], R]:
+    """As _guarded, but never run twice: a broken connection may have committed the first try
+    (a catalog revision, an event), so the caller is told StoreUnavailable and decides."""
+    return _translating(method, fail_fast=True, again=False)
 
 
 def _trying(
@@ -101,40 +120,61 @@ def _trying(
 ) -> Callable[Concatenate[PostgresStore, P], R]:
     """As _guarded, but always trying the server (the health probe: it is what notices the
     server is back)."""
-    return _translating(method, fail_fast=False)
+    return _translating(method, fail_fast=False, again=True)
 
 
 def _translating(
-    method: Callable[Concatenate[PostgresStore, P], R], *, fail_fast: bool
+    method: Callable[Concatenate[PostgresStore, P], R], *, fail_fast: bool, again: bool
 ) -> Callable[Concatenate[PostgresStore, P], R]:
     @functools.wraps(method)
     def call(self: PostgresStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
         if fail_fast:
             self._fail_fast()
-        try:
-            result = method(self, *args, **kwargs)
-        except StoreDamaged as exc:
-            self.damage = self.damage or exc
-            raise
-        except psycopg_pool.PoolClosed:
-            raise  # the store was closed: the caller's mistake, as a closed SQLite store's
-        except psycopg_pool.PoolTimeout as exc:
-            raise self._down(self._why_no_connection()) from exc
-        except psycopg.OperationalError as exc:
-            # Connection lost, server shutting down (57P01 admin_shutdown), cannot connect,
-            # statement timeout: the server or the network, not the data.
-            raise self._down(_first_line(exc)) from exc
-        except (psycopg.IntegrityError, psycopg.InterfaceError):
-            raise  # a constraint the caller broke, or a closed store: the caller's mistake
-        except psycopg.DatabaseError as exc:
-            # A table or column gone, a row the server cannot return: the schema is damaged.
-            damaged = StoreDamaged(self.where, f"PostgreSQL: {_first_line(exc)}")
-            self.damage = self.damage or damaged
-            raise damaged from exc
-        self._reached()
-        return result
+        # Every pooled connection may have been cut at once: one try more than the pool holds.
+        tries = POOL_MAX + 1 if again else 1
+        for attempt in range(1, tries + 1):
+            try:
+                result = method(self, *args, **kwargs)
+            except StoreDamaged as exc:
+                self.damage = self.damage or exc
+                raise
+            except psycopg_pool.PoolClosed:
+                raise  # the store was closed: the caller's mistake, as a closed SQLite store's
+            except _NoConnection as exc:
+                # The server cannot be reached: fail fast until it can (see FAIL_FAST_S).
+                raise self._down(exc.problem) from exc
+            except psycopg.OperationalError as exc:
+                # A connection broke under the call (the server ended it: a restart,
+                # pg_terminate_backend, 57P01 admin_shutdown) or a statement timed out: the
+                # server or the network, not the data. Once more on a fresh connection when
+                # that is safe; the server itself may be fine, so no fail-fast.
+                if attempt < tries:
+                    log.info("store_call_retried", store=self.where, problem=_first_line(exc))
+                    continue
+                raise StoreUnavailable(self.where, _first_line(exc)) from exc
+            except (psycopg.IntegrityError, psycopg.InterfaceError):
+                raise  # a constraint the caller broke, or a closed store: the caller's mistake
+            except psycopg.DatabaseError as exc:
+                # A table or column gone, a row the server cannot return: the schema is damaged.
+                damaged = StoreDamaged(self.where, f"PostgreSQL: {_first_line(exc)}")
+                self.damage = self.damage or damaged
+                raise damaged from exc
+            self._reached()
+            return result
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     return call
+
+
+def _quiet(conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
+    """Whether an idle connection is open and has nothing waiting to be read (no round trip)."""
+    if conn.closed or conn.broken:
+        return False
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
 
 
 def _first_line(exc: BaseException) -> str:
@@ -245,6 +285,11 @@ class PostgresStore:
     def _connection(self) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
         """A pooled connection that answered a check just now; returned to the pool after.
 
+        The check costs no round trip when it can: an idle connection has nothing to read, so a
+        socket that is readable holds the server's goodbye (a FATAL admin_shutdown, then end of
+        file) or some stray message, and only then is a real check (an empty query) run. A
+        server that vanished without closing its side is found by the call's own statement.
+
         The check is ours, not the pool's `check=` callback: after a failed check that one
         sleeps with backoff (1, 2, 4 … s) before trying the next connection, so after a server
         restart cut every pooled connection a call waited seconds. Here a broken connection is
@@ -253,14 +298,20 @@ class PostgresStore:
         """
         deadline = time.monotonic() + CALL_TIMEOUT_S
         while True:
-            conn = self._pool.getconn(timeout=max(deadline - time.monotonic(), 0.001))
             try:
-                psycopg_pool.ConnectionPool.check_connection(conn)
+                conn = self._pool.getconn(timeout=max(deadline - time.monotonic(), 0.001))
+            except psycopg_pool.PoolClosed:
+                raise
+            except psycopg_pool.PoolTimeout as exc:
+                raise _NoConnection(self._why_no_connection()) from exc
+            try:
+                if not _quiet(conn):
+                    psycopg_pool.ConnectionPool.check_connection(conn)
                 break
-            except psycopg.Error:
+            except psycopg.Error as exc:
                 self._pool.putconn(conn)
                 if time.monotonic() >= deadline:
-                    raise
+                    raise _NoConnection(_first_line(exc)) from exc
         try:
             yield conn
         finally:
@@ -348,7 +399,7 @@ class PostgresStore:
             ).fetchall()
         return [model_of_row(self.where, row) for row in rows]
 
-    @_guarded
+    @_once
     def put_model(self, record: ModelRecord, *, expect_revision: int) -> ModelRecord:
         """Write `record` as the model's next revision if its latest one is `expect_revision`
         (the rules of SQLiteStore.put_model; the primary key settles a race, see the module
@@ -522,7 +573,7 @@ class PostgresStore:
                 ).fetchall()
         return self._readable(rows, rollout_of_row)
 
-    @_guarded
+    @_once
     def append_event(self, rollout_id: str, at: float, event: dict[str, Any]) -> int:
         """Append an event; its seq is the rollout's last plus one, taken holding the rollout's
         row lock (an unknown rollout is refused by the foreign key)."""
