@@ -1,5 +1,8 @@
 """The fleet's store in PostgreSQL (psycopg 3 and its pool): for fleets sharing one database.
 
+(Past 500 lines because it is the whole Store interface, one short method of SQL per call, as
+sqlite.py is; its connections are postgres_link.py, its schema postgres_schema.py.)
+
 Isolation: READ COMMITTED (PostgreSQL's default), with each compare-and-swap made safe by a
 constraint or an explicit row lock rather than by SERIALIZABLE:
 - a catalog write inserts (name, revision + 1); the primary key lets one of two writers holding
@@ -27,11 +30,8 @@ the fleet's event loop is not held waiting for connect timeouts one call after a
 from __future__ import annotations
 
 import functools
-import select
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -62,6 +62,14 @@ from fleet_svc.store.codec import (
     rollout_of_row,
 )
 from fleet_svc.store.migrations import SchemaTooNew, latest_version
+from fleet_svc.store.postgres_link import (
+    CONNECT_TIMEOUT_S,
+    POOL_MAX,
+    STATEMENT_TIMEOUT_MS,
+    Link,
+    NoConnection,
+    first_line,
+)
 from fleet_svc.store.postgres_schema import MIGRATIONS, migrate, schema_version
 from fleet_svc.store.urls import redact_dsn
 from fleet_svc.store.verify import check_all
@@ -69,33 +77,6 @@ from fleet_svc.store.verify import check_all
 log = structlog.get_logger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
-
-CONNECT_TIMEOUT_S = 3
-"""libpq's connect_timeout (whole seconds; libpq treats under 2 as 2)."""
-CALL_TIMEOUT_S = 3.0
-"""How long a call waits for a pooled connection before StoreUnavailable."""
-STATEMENT_TIMEOUT_MS = 10_000
-"""A statement (a lock wait included) taking longer is cancelled: seconds mean trouble."""
-FAIL_FAST_S = 5.0
-"""After a failed attempt to reach the server, calls fail at once for this long (or until the
-health probe, which always tries, reaches it again). Longer than a probe's period plus its
-worst wait (CALL_TIMEOUT_S), so while the server is down the probe keeps the window open and
-the event loop's own calls never wait for a connection."""
-POOL_MAX = 4
-"""Connections per fleet: its event loop and the health probe's thread, and room to spare."""
-RECONNECT_CHAIN_S = 2.0
-"""psycopg_pool's reconnect_timeout: how long one chain of connection attempts lasts. The pool
-doubles its wait after each failed attempt of a chain (1, 2, 4 … s, psycopg_pool's
-AttemptWithBackoff), so a long chain would follow a server back minutes late; a short one gives
-up and the next call that needs a connection starts a fresh chain at once."""
-
-
-class _NoConnection(Exception):
-    """No connection to the server could be had (it refuses, is down, or the pool is spent)."""
-
-    def __init__(self, problem: str) -> None:
-        super().__init__(problem)
-        self.problem = problem
 
 
 def _guarded(
@@ -129,7 +110,7 @@ def _translating(
     @functools.wraps(method)
     def call(self: PostgresStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
         if fail_fast:
-            self._fail_fast()
+            self.link.fail_fast()
         # Every pooled connection may have been cut at once: one try more than the pool holds.
         tries = POOL_MAX + 1 if again else 1
         for attempt in range(1, tries + 1):
@@ -140,46 +121,30 @@ def _translating(
                 raise
             except psycopg_pool.PoolClosed:
                 raise  # the store was closed: the caller's mistake, as a closed SQLite store's
-            except _NoConnection as exc:
+            except NoConnection as exc:
                 # The server cannot be reached: fail fast until it can (see FAIL_FAST_S).
-                raise self._down(exc.problem) from exc
+                raise self.link.down(exc.problem) from exc
             except psycopg.OperationalError as exc:
                 # A connection broke under the call (the server ended it: a restart,
                 # pg_terminate_backend, 57P01 admin_shutdown) or a statement timed out: the
                 # server or the network, not the data. Once more on a fresh connection when
                 # that is safe; the server itself may be fine, so no fail-fast.
                 if attempt < tries:
-                    log.info("store_call_retried", store=self.where, problem=_first_line(exc))
+                    log.info("store_call_retried", store=self.where, problem=first_line(exc))
                     continue
-                raise StoreUnavailable(self.where, _first_line(exc)) from exc
+                raise StoreUnavailable(self.where, first_line(exc)) from exc
             except (psycopg.IntegrityError, psycopg.InterfaceError):
                 raise  # a constraint the caller broke, or a closed store: the caller's mistake
             except psycopg.DatabaseError as exc:
                 # A table or column gone, a row the server cannot return: the schema is damaged.
-                damaged = StoreDamaged(self.where, f"PostgreSQL: {_first_line(exc)}")
+                damaged = StoreDamaged(self.where, f"PostgreSQL: {first_line(exc)}")
                 self.damage = self.damage or damaged
                 raise damaged from exc
-            self._reached()
+            self.link.reached()
             return result
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     return call
-
-
-def _quiet(conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
-    """Whether an idle connection is open and has nothing waiting to be read (no round trip)."""
-    if conn.closed or conn.broken:
-        return False
-    try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    except (OSError, ValueError):
-        return False
-    return not readable
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class PostgresStore:
@@ -209,50 +174,28 @@ class PostgresStore:
         self._clock = clock
         self.damage: StoreDamaged | None = None
         """The first damage a call found; `probe` reports it until the store is reopened."""
-        self._lock = threading.Lock()
-        self._down_until = 0.0
-        self._last_down: StoreUnavailable | None = None
         kwargs: dict[str, Any] = {
             "autocommit": True,
             "connect_timeout": CONNECT_TIMEOUT_S,
             "options": f"-c synchronous_commit=on -c statement_timeout={STATEMENT_TIMEOUT_MS}",
             "application_name": "llmgw-fleet",
         }
-        self._dsn, self._kwargs = dsn, kwargs
         # One direct connection first: its failure carries the server's reason ("connection
         # refused", "database … does not exist"), where the pool would only time out.
         try:
             with psycopg.connect(dsn, **kwargs) as conn:
                 migrate(conn, self.where, MIGRATIONS)
         except psycopg.OperationalError as exc:
-            raise StoreUnavailable(self.where, _first_line(exc)) from exc
+            raise StoreUnavailable(self.where, first_line(exc)) from exc
         except SchemaTooNew:
             raise
         except psycopg.Error as exc:
-            raise StoreDamaged(self.where, f"migration failed: {_first_line(exc)}") from exc
-        self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[tuple[Any, ...]]] = (
-            psycopg_pool.ConnectionPool(
-                dsn,
-                kwargs=kwargs,
-                min_size=1,
-                max_size=POOL_MAX,
-                timeout=CALL_TIMEOUT_S,
-                reconnect_timeout=RECONNECT_CHAIN_S,
-                name="fleet-store",
-                open=False,
-            )
-        )
-        try:
-            self._pool.open(wait=True, timeout=CALL_TIMEOUT_S + CONNECT_TIMEOUT_S)
-        except psycopg_pool.PoolClosed:
-            raise  # the store was closed: the caller's mistake, as a closed SQLite store's
-        except psycopg_pool.PoolTimeout as exc:
-            self._pool.close()
-            raise StoreUnavailable(self.where, f"the connection pool did not open: {exc}") from exc
+            raise StoreDamaged(self.where, f"migration failed: {first_line(exc)}") from exc
+        self.link = Link(dsn, self.where, kwargs)
 
     def close(self) -> None:
         """Close the pool (a second call does nothing)."""
-        self._pool.close()
+        self.link.close()
 
     def __enter__(self) -> PostgresStore:
         return self
@@ -267,71 +210,6 @@ class PostgresStore:
 
     # Health.
 
-    def _fail_fast(self) -> None:
-        with self._lock:
-            if self._last_down is not None and time.monotonic() < self._down_until:
-                raise self._last_down
-
-    def _down(self, problem: str) -> StoreUnavailable:
-        down = StoreUnavailable(self.where, problem)
-        with self._lock:
-            if self._last_down is None or self._down_until == 0.0:
-                log.warning("store_unreachable", store=self.where, problem=problem)
-            self._last_down = down
-            self._down_until = time.monotonic() + FAIL_FAST_S
-        return down
-
-    @contextmanager
-    def _connection(self) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
-        """A pooled connection that answered a check just now; returned to the pool after.
-
-        The check costs no round trip when it can: an idle connection has nothing to read, so a
-        socket that is readable holds the server's goodbye (a FATAL admin_shutdown, then end of
-        file) or some stray message, and only then is a real check (an empty query) run. A
-        server that vanished without closing its side is found by the call's own statement.
-
-        The check is ours, not the pool's `check=` callback: after a failed check that one
-        sleeps with backoff (1, 2, 4 … s) before trying the next connection, so after a server
-        restart cut every pooled connection a call waited seconds. Here a broken connection is
-        handed back (the pool discards it and opens a replacement) and the next one is tried
-        at once, until CALL_TIMEOUT_S.
-        """
-        deadline = time.monotonic() + CALL_TIMEOUT_S
-        while True:
-            try:
-                conn = self._pool.getconn(timeout=max(deadline - time.monotonic(), 0.001))
-            except psycopg_pool.PoolClosed:
-                raise
-            except psycopg_pool.PoolTimeout as exc:
-                raise _NoConnection(self._why_no_connection()) from exc
-            try:
-                if not _quiet(conn):
-                    psycopg_pool.ConnectionPool.check_connection(conn)
-                break
-            except psycopg.Error as exc:
-                self._pool.putconn(conn)
-                if time.monotonic() >= deadline:
-                    raise _NoConnection(_first_line(exc)) from exc
-        try:
-            yield conn
-        finally:
-            self._pool.putconn(conn)
-
-    def _why_no_connection(self) -> str:
-        """Why the pool lent no connection in time: the server's reason, from one direct
-        attempt (the pool keeps its own errors to its log), or a busy pool."""
-        try:
-            psycopg.connect(self._dsn, **self._kwargs).close()
-        except psycopg.Error as exc:
-            return _first_line(exc)
-        return f"no pooled connection within {CALL_TIMEOUT_S:g} s (all {POOL_MAX} busy)"
-
-    def _reached(self) -> None:
-        with self._lock:
-            if self._last_down is not None:
-                log.info("store_reached_again", store=self.where)
-            self._last_down, self._down_until = None, 0.0
-
     @_trying
     def probe(self) -> None:
         """Raise the damage a call found since opening; else read the schema version over a
@@ -342,7 +220,7 @@ class PostgresStore:
         """
         if self.damage is not None:
             raise self.damage
-        with self._connection() as conn:
+        with self.link.connection() as conn:
             found = schema_version(conn)
         if found > latest_version(MIGRATIONS):
             raise SchemaTooNew(self.where, found, latest_version(MIGRATIONS))
@@ -355,7 +233,7 @@ class PostgresStore:
         Raises:
             StoreDamaged: naming the first row that does not decode.
         """
-        with self._connection() as conn:
+        with self.link.connection() as conn:
             models = [
                 model_of_row(self.where, row)
                 for row in conn.execute(f"SELECT {MODEL_COLUMNS} FROM model_revisions")
@@ -377,7 +255,7 @@ class PostgresStore:
     @_guarded
     def get_model(self, name: str) -> ModelRecord | None:
         """The model's latest revision, None when absent or deleted."""
-        with self._connection() as conn:
+        with self.link.connection() as conn:
             row = conn.execute(
                 f"SELECT {MODEL_COLUMNS} FROM model_revisions WHERE name = %s"
                 " ORDER BY revision DESC LIMIT 1",
@@ -391,7 +269,7 @@ class PostgresStore:
     @_guarded
     def list_models(self) -> list[ModelRecord]:
         """Every current (latest, not deleted) model, by name."""
-        with self._connection() as conn:
+        with self.link.connection() as conn:
             rows = conn.execute(
                 f"SELECT {MODEL_COLUMNS} FROM (SELECT DISTINCT ON (name) {MODEL_COLUMNS}"
                 " FROM model_revisions ORDER BY name, revision DESC) AS latest"
@@ -410,7 +288,7 @@ class PostgresStore:
             ValueError: a deletion of a model that is absent or deleted.
         """
         spec = dump_json(record.spec)
-        with self._connection() as conn:
+        with self.link.connection() as conn:
             try:
                 with conn.transaction():
                     last, absent = _latest(conn, record.name)
@@ -444,7 +322,7 @@ class PostgresStore:
     @_guarded
     def model_history(self, name: str) -> list[ModelRecord]:
         """Every revision of a model, oldest first (deletions included)."""
-        with self._connection() as conn:
+        with self.link.connection() as conn:
             rows = conn.execute(
                 f"SELECT {MODEL_COLUMNS} FROM model_revisions WHERE name = %s ORDER BY revision",
                 (name,),
@@ -456,7 +334,7 @@ class PostgresStore:
     @_guarded
     def get_answer(self, request_id: str) -> tuple[str, bytes] | None:
         """The (method, serialized answer) stored for a request id, None when there is none."""
-        with self._connection() as conn:
+        with self.link.connection() as conn:
             row = conn.execute(
                 "SELECT method, answer FROM answers WHERE request_id = %s", (request_id,)
             ).fetchone()
@@ -465,7 +343,7 @@ class PostgresStore:
     @_guarded
     def put_answer(self, request_id: str, method: str, answer: bytes) -> None:
         """Keep the answer to a request id; a later answer to the same id is ignored."""
-        with self._connection() as conn:
+        with self.link.connection() as conn:
             conn.execute(
                 "INSERT INTO answers (request_id, method, answer, created_at)"
                 " VALUES (%s, %s, %s, %s) ON CONFLICT (request_id) DO NOTHING",
@@ -477,7 +355,7 @@ class PostgresStore:
     @_guarded
     def list_replicas(self) -> list[ReplicaRecord]:
         """Every replica record, by id."""
-        with self._connection() as conn:
+        with self.link.connection() as conn:
             rows = conn.execute(f"SELECT {REPLICA_COLUMNS} FROM replicas ORDER BY id").fetchall()
         return [replica_of_row(self.where, row) for row in rows]
 
@@ -487,7 +365,7 @@ class PostgresStore:
         if not puts and not deletes:
             return
         rows = [_replica_params(r) for r in puts]
-        with self._connection() as conn, conn.transaction():
+        with self.link.connection() as conn, conn.transaction():
             if rows:
                 with conn.cursor() as cur:
                     cur.executemany(_UPSERT_REPLICA, rows)
@@ -498,13 +376,13 @@ class PostgresStore:
     def put_replica(self, record: ReplicaRecord) -> None:
         """Insert a replica record, or replace every field of the one with the same id."""
         params = _replica_params(record)
-        with self._connection() as conn:
+        with self.link.connection() as conn:
             conn.execute(_UPSERT_REPLICA, params)
 
     @_guarded
     def delete_replica(self, replica_id: str) -> None:
         """Forget a replica (deleting an unknown id does nothing)."""
-        with self._connection() as conn:
+        with self.link.connection() as conn:
             conn.execute("DELETE FROM replicas WHERE id = %s", (replica_id,))
 
     # Named values.
@@ -512,14 +390,14 @@ class PostgresStore:
     @_guarded
     def get_value(self, key: str) -> str | None:
         """A stored value, None when the key was never set."""
-        with self._connection() as conn:
+        with self.link.connection() as conn:
             row = conn.execute("SELECT value FROM named_values WHERE key = %s", (key,)).fetchone()
         return None if row is None else str(row[0])
 
     @_guarded
     def put_value(self, key: str, value: str) -> None:
         """Store a value, replacing the key's previous one."""
-        with self._connection() as conn:
+        with self.link.connection() as conn:
             conn.execute(
                 "INSERT INTO named_values (key, value) VALUES (%s, %s)"
                 " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -532,7 +410,7 @@ class PostgresStore:
     def put_rollout(self, record: RolloutRecord) -> None:
         """Insert a rollout, or replace its state (created_at is kept)."""
         spec = dump_json(record.spec)
-        with self._connection() as conn:
+        with self.link.connection() as conn:
             conn.execute(
                 "INSERT INTO rollouts (id, model, state, spec, created_at, updated_at)"
                 " VALUES (%s, %s, %s, %s::json, %s, %s) ON CONFLICT (id) DO UPDATE SET"
@@ -550,7 +428,7 @@ class PostgresStore:
     @_guarded
     def get_rollout(self, rollout_id: str) -> RolloutRecord | None:
         """A rollout, None when unknown."""
-        with self._connection() as conn:
+        with self.link.connection() as conn:
             row = conn.execute(
                 f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE id = %s", (rollout_id,)
             ).fetchone()
@@ -560,7 +438,7 @@ class PostgresStore:
     def list_rollouts(self, model: str = "") -> list[RolloutRecord]:
         """Rollouts of a model (every model when ""), newest first; a row that does not decode
         is logged and left out (see SQLiteStore._readable)."""
-        with self._connection() as conn:
+        with self.link.connection() as conn:
             if model:
                 rows = conn.execute(
                     f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE model = %s"
@@ -578,7 +456,7 @@ class PostgresStore:
         """Append an event; its seq is the rollout's last plus one, taken holding the rollout's
         row lock (an unknown rollout is refused by the foreign key)."""
         doc = dump_json(event)
-        with self._connection() as conn, conn.transaction():
+        with self.link.connection() as conn, conn.transaction():
             conn.execute("SELECT 1 FROM rollouts WHERE id = %s FOR UPDATE", (rollout_id,))
             row = conn.execute(
                 "SELECT COALESCE(MAX(seq), 0) FROM rollout_events WHERE rollout_id = %s",
@@ -596,7 +474,7 @@ class PostgresStore:
     def list_events(self, rollout_id: str, after_seq: int = 0) -> list[EventRecord]:
         """A rollout's events after `after_seq`, in order (one that does not decode is logged
         and left out)."""
-        with self._connection() as conn:
+        with self.link.connection() as conn:
             rows = conn.execute(
                 f"SELECT {EVENT_COLUMNS} FROM rollout_events"
                 " WHERE rollout_id = %s AND seq > %s ORDER BY seq",

@@ -14,7 +14,8 @@ import pytest
 
 from fleet_svc.store.base import ModelRecord, StoreUnavailable
 from fleet_svc.store.migrations import Migration, SchemaTooNew, latest_version
-from fleet_svc.store.postgres import FAIL_FAST_S, PostgresStore
+from fleet_svc.store.postgres import PostgresStore
+from fleet_svc.store.postgres_link import FAIL_FAST_S
 from fleet_svc.store.postgres_schema import MIGRATIONS, migrate, schema_version
 from tests.support.postgres import allow_connections, fresh_database, terminate
 
@@ -137,7 +138,7 @@ def test_every_connection_commits_synchronously(db: tuple[str, str]) -> None:
             (name,),
         )
         assert seen[0][0] >= 1
-        with store._pool.connection() as conn:
+        with store.link.connection() as conn:
             assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
 
 
