@@ -111,6 +111,24 @@ class StoreDamaged(StoreError):
         self.key = key
 
 
+class NotLeader(StoreError):
+    """A write fenced with a leadership epoch that is no longer the lease's: another fleet
+    took the lease over (this one paused, or lost the database, past its lease). The write was
+    not made. `leader_address` is where the current leader answers ("" when none holds it)."""
+
+    def __init__(
+        self, where: str, epoch: int, *, leader_epoch: int, leader: str, leader_address: str
+    ) -> None:
+        held = f"epoch {leader_epoch} is held by {leader} at {leader_address or '?'}"
+        super().__init__(
+            where, f"this fleet's leadership (epoch {epoch}) is over: {held}; it wrote nothing"
+        )
+        self.epoch = epoch
+        self.leader_epoch = leader_epoch
+        self.leader = leader
+        self.leader_address = leader_address
+
+
 class Store(Protocol):
     """What the fleet persists. Every write is durable when the call returns.
 

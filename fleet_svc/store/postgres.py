@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -62,6 +63,8 @@ from fleet_svc.store.codec import (
     rollout_of_row,
 )
 from fleet_svc.store.migrations import SchemaTooNew, latest_version
+from fleet_svc.store.postgres_lease import IDLE_IN_TRANSACTION_MS, Lease, acquire, check_fence
+from fleet_svc.store.postgres_lease import release as release_lease
 from fleet_svc.store.postgres_link import (
     CONNECT_TIMEOUT_S,
     POOL_MAX,
@@ -174,10 +177,13 @@ class PostgresStore:
         self._clock = clock
         self.damage: StoreDamaged | None = None
         """The first damage a call found; `probe` reports it until the store is reopened."""
+        self._fence: int | None = None
+        """The leadership epoch every write is fenced with (None: writes are not fenced)."""
         kwargs: dict[str, Any] = {
             "autocommit": True,
             "connect_timeout": CONNECT_TIMEOUT_S,
-            "options": f"-c synchronous_commit=on -c statement_timeout={STATEMENT_TIMEOUT_MS}",
+            "options": f"-c synchronous_commit=on -c statement_timeout={STATEMENT_TIMEOUT_MS}"
+            f" -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}",
             "application_name": "llmgw-fleet",
         }
         # One direct connection first: its failure carries the server's reason ("connection
@@ -250,6 +256,40 @@ class PostgresStore:
                 event_of_row(self.where, row)
         check_all(self.where, models, replicas, rollouts)
 
+    # Leadership (fleet_svc/store/postgres_lease.py).
+
+    @_guarded
+    def acquire_lease(self, holder: str, address: str, lease_s: float) -> Lease:
+        """Take or renew the fleets' lease for `lease_s` seconds; who holds it after."""
+        with self.link.connection() as conn:
+            return acquire(conn, holder, address, lease_s)
+
+    @_guarded
+    def release_lease(self, holder: str) -> None:
+        """End `holder`'s lease now (a clean stop)."""
+        with self.link.connection() as conn:
+            release_lease(conn, holder)
+
+    def fence(self, epoch: int | None) -> None:
+        """Fence every later write with `epoch` (None: stop fencing): each is made only while
+        `epoch` is the lease's, else refused with NotLeader."""
+        self._fence = epoch
+
+    @contextmanager
+    def _writing(
+        self, conn: psycopg.Connection[tuple[Any, ...]], *, transaction: bool = False
+    ) -> Iterator[None]:
+        """The scope of one write: a transaction checking the fence first when fenced (or when
+        the write needs one anyway), else the bare autocommit statement(s)."""
+        epoch = self._fence
+        if epoch is None and not transaction:
+            yield
+            return
+        with conn.transaction():
+            if epoch is not None:
+                check_fence(conn, epoch, self.where)
+            yield
+
     # The catalog.
 
     @_guarded
@@ -290,7 +330,7 @@ class PostgresStore:
         spec = dump_json(record.spec)
         with self.link.connection() as conn:
             try:
-                with conn.transaction():
+                with self._writing(conn, transaction=True):
                     last, absent = _latest(conn, record.name)
                     if expect_revision != last and not (absent and expect_revision == 0):
                         raise StaleRevision(record.name, expect_revision, last)
@@ -343,7 +383,7 @@ class PostgresStore:
     @_guarded
     def put_answer(self, request_id: str, method: str, answer: bytes) -> None:
         """Keep the answer to a request id; a later answer to the same id is ignored."""
-        with self.link.connection() as conn:
+        with self.link.connection() as conn, self._writing(conn):
             conn.execute(
                 "INSERT INTO answers (request_id, method, answer, created_at)"
                 " VALUES (%s, %s, %s, %s) ON CONFLICT (request_id) DO NOTHING",
@@ -365,7 +405,7 @@ class PostgresStore:
         if not puts and not deletes:
             return
         rows = [_replica_params(r) for r in puts]
-        with self.link.connection() as conn, conn.transaction():
+        with self.link.connection() as conn, self._writing(conn, transaction=True):
             if rows:
                 with conn.cursor() as cur:
                     cur.executemany(_UPSERT_REPLICA, rows)
@@ -376,13 +416,13 @@ class PostgresStore:
     def put_replica(self, record: ReplicaRecord) -> None:
         """Insert a replica record, or replace every field of the one with the same id."""
         params = _replica_params(record)
-        with self.link.connection() as conn:
+        with self.link.connection() as conn, self._writing(conn):
             conn.execute(_UPSERT_REPLICA, params)
 
     @_guarded
     def delete_replica(self, replica_id: str) -> None:
         """Forget a replica (deleting an unknown id does nothing)."""
-        with self.link.connection() as conn:
+        with self.link.connection() as conn, self._writing(conn):
             conn.execute("DELETE FROM replicas WHERE id = %s", (replica_id,))
 
     # Named values.
@@ -397,7 +437,7 @@ class PostgresStore:
     @_guarded
     def put_value(self, key: str, value: str) -> None:
         """Store a value, replacing the key's previous one."""
-        with self.link.connection() as conn:
+        with self.link.connection() as conn, self._writing(conn):
             conn.execute(
                 "INSERT INTO named_values (key, value) VALUES (%s, %s)"
                 " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -410,7 +450,7 @@ class PostgresStore:
     def put_rollout(self, record: RolloutRecord) -> None:
         """Insert a rollout, or replace its state (created_at is kept)."""
         spec = dump_json(record.spec)
-        with self.link.connection() as conn:
+        with self.link.connection() as conn, self._writing(conn):
             conn.execute(
                 "INSERT INTO rollouts (id, model, state, spec, created_at, updated_at)"
                 " VALUES (%s, %s, %s, %s::json, %s, %s) ON CONFLICT (id) DO UPDATE SET"
@@ -456,7 +496,7 @@ class PostgresStore:
         """Append an event; its seq is the rollout's last plus one, taken holding the rollout's
         row lock (an unknown rollout is refused by the foreign key)."""
         doc = dump_json(event)
-        with self.link.connection() as conn, conn.transaction():
+        with self.link.connection() as conn, self._writing(conn, transaction=True):
             conn.execute("SELECT 1 FROM rollouts WHERE id = %s FOR UPDATE", (rollout_id,))
             row = conn.execute(
                 "SELECT COALESCE(MAX(seq), 0) FROM rollout_events WHERE rollout_id = %s",

@@ -92,6 +92,24 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        version=2,
+        summary="the leader's lease and its fencing epoch",
+        statements=(
+            # One row per lease (one today: "fleet"). `epoch` grows by one at every change of
+            # holder; a write fenced with an epoch checks it under a share lock of this row
+            # (fleet_svc/store/postgres_lease.py).
+            """
+            CREATE TABLE leases (
+                name       TEXT        PRIMARY KEY,
+                holder     TEXT        NOT NULL,
+                address    TEXT        NOT NULL DEFAULT '',
+                epoch      BIGINT      NOT NULL CHECK (epoch >= 1),
+                expires_at TIMESTAMPTZ NOT NULL
+            )
+            """,
+        ),
+    ),
 )
 
 _VERSION_TABLE = """

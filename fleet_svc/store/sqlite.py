@@ -1,4 +1,8 @@
-"""The fleet's store in one SQLite file: the default, so one machine needs no database server."""
+"""The fleet's store in one SQLite file: the default, so one machine needs no database server.
+
+(Past 500 lines because it is the whole Store interface, one short method of SQL per call, and
+the checks a file needs when it opens; rows are decoded in codec.py, the schema is migrations.py.)
+"""
 
 from __future__ import annotations
 
