@@ -1,6 +1,12 @@
-"""Run the fleet: `python -m fleet_svc --listen HOST:PORT --store PATH [--settings FILE]
+"""Run the fleet: `python -m fleet_svc --listen HOST:PORT --store PATH|DSN [--settings FILE]
 [--tls-cert F --tls-key F [--tls-ca F]] [--planner-tls-ca F --planner-tls-cert F
---planner-tls-key F]`."""
+--planner-tls-key F] [--tokens FILE]`.
+
+Exit codes: 0 stopped by SIGTERM/SIGINT; 1 a configuration it cannot use (a bad settings file,
+an unknown store URL); 2 bad flags (argparse); 3 the store cannot be reached, is damaged, or was
+written by a newer fleet (one line on stderr names the file or the DSN, password left out, and
+what is wrong).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import sys
 
 from fleet_svc.domain.errors import FleetError
 from fleet_svc.domain.nodes import Liveness
+from fleet_svc.store.base import StoreError
 from llmgw.logs import configure_logging
 from llmgw.tls import (
     ENV_CA,
@@ -22,6 +29,9 @@ from llmgw.tls import (
     server_tls_from_args,
 )
 
+EXIT_STORE = 3
+"""The store cannot be reached or read (docs/fleet.md, "Exit codes")."""
+
 
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, configure logging, serve until signalled."""
@@ -30,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--store",
         default=os.environ.get("LLMGW_FLEET_STORE", "data/fleet.db"),
-        help="SQLite file (or sqlite:///path) where the fleet keeps what it accepted",
+        help="where the fleet keeps what it accepted: a SQLite file (or sqlite:///path), or a"
+        " PostgreSQL database (postgresql://user@host:5432/db; a password is better given in"
+        " PGPASSWORD or ~/.pgpass than here)",
     )
     parser.add_argument("--settings", default="", help="cluster settings YAML (declared models)")
     parser.add_argument("--heartbeat-s", type=float, default=2.0, help="heartbeat interval")
@@ -91,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
         )
+    except StoreError as exc:
+        print(f"fleet: {exc}", file=sys.stderr)
+        return EXIT_STORE
     except (RuntimeError, TLSConfigError, ValueError, FleetError) as exc:
         print(f"fleet: {exc}", file=sys.stderr)
         return 1

@@ -148,8 +148,10 @@ class Controller:
             return
         puts = [replica_record(r) for r in self._unsaved.values() if r is not None]
         deletes = [rid for rid, r in self._unsaved.items() if r is None]
-        self._unsaved = {}
+        # Cleared only once written: a store that is down keeps the changes for the next flush
+        # (the tick fails before dispatch, so no agent is told of a replica not stored).
         self._store.write_replicas(puts, deletes)
+        self._unsaved = {}
 
     # -- the one place replicas change -----------------------------------------------------
 

@@ -27,7 +27,8 @@ from fleet_svc.rpc.servicer import SERVICE_NAME as FLEET_SERVICE
 from fleet_svc.rpc.servicer import add_fleet_service
 from fleet_svc.rpc.settings import declared_entries
 from fleet_svc.store.base import Store
-from fleet_svc.store.sqlite import open_store
+from fleet_svc.store.urls import open_store
+from fleet_svc.store_health import StoreHealth
 from llmgw.clock import Clock, SystemClock
 from llmgw.tls import ClientTLS, ServerTLS, bind, check_listen
 
@@ -81,9 +82,15 @@ class FleetServer:
     store: Store
     loop_task: asyncio.Task[None]
     planner: Planner
+    store_health: StoreHealth | None = None
+    store_task: asyncio.Task[None] | None = None
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """NOT_SERVING, close the streams, stop the loop, close the store."""
+        if self.store_task is not None:
+            self.store_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.store_task
         await self.health.enter_graceful_shutdown()
         for link in list(self.controller.state.links.values()):
             link.close("")
@@ -98,7 +105,14 @@ class FleetServer:
 
 
 async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetServer:
-    """Start a fleet: health NOT_SERVING until the store is open and the settings loaded."""
+    """Start a fleet: health NOT_SERVING until the store is open and the settings loaded, and
+    then SERVING only while the store can be read (fleet_svc.store_health).
+
+    Raises:
+        StoreError: the store cannot be reached, is damaged, or has a newer schema.
+        ValueError: the store URL names nothing this fleet can open.
+        TLSConfigError: plaintext asked for off loopback without insecure.
+    """
     check_listen(opts.listen, opts.tls, insecure=opts.insecure)  # before anything is opened
     authenticator = authenticator_for(opts.tls, opts.tokens_path, opts.settings_path)
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[AuthInterceptor(authenticator)])
@@ -134,17 +148,27 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
     port = bind(server, opts.listen, opts.tls, insecure=opts.insecure, service="fleet")
     await server.start()
     loop_task = asyncio.create_task(controller.run())
-    for name in ("", FLEET_SERVICE, AGENT_SERVICE):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    store_health = StoreHealth(store, health_servicer, ("", FLEET_SERVICE, AGENT_SERVICE))
+    await store_health.check()
+    store_task = asyncio.create_task(store_health.run())
     log.info(
         "fleet_started",
         listen=opts.listen,
         port=port,
-        store=opts.store_url,
+        store=store.where,
         tls="mutual" if opts.tls and opts.tls.mutual else "server" if opts.tls else "none",
     )
     return FleetServer(
-        server, port, health_servicer, controller, catalog, store, loop_task, planner
+        server,
+        port,
+        health_servicer,
+        controller,
+        catalog,
+        store,
+        loop_task,
+        planner,
+        store_health,
+        store_task,
     )
 
 

@@ -12,6 +12,7 @@ from google.rpc import status_pb2
 from grpc_status import rpc_status
 
 from fleet_svc.domain import errors
+from fleet_svc.store.base import NotLeader, StoreDamaged, StoreError, StoreUnavailable
 from llmgw.rpc.status import INTERNAL, build_status, guarded
 
 log = structlog.get_logger(__name__)
@@ -77,9 +78,32 @@ class PlannerRefused(Exception):
         self.status = status
 
 
+# The store failing under a call. Unreachable and not-the-leader are UNAVAILABLE: the call
+# wrote nothing and a retry (later, or at the leader ErrorInfo names) may succeed. Damage is
+# DATA_LOSS (grpc.io's status codes: "unrecoverable data loss or corruption"), never retried.
+_STORE_TABLE: tuple[tuple[type[StoreError], grpc.StatusCode, str], ...] = (
+    (NotLeader, grpc.StatusCode.UNAVAILABLE, "NOT_LEADER"),
+    (StoreUnavailable, grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE"),
+    (StoreDamaged, grpc.StatusCode.DATA_LOSS, "STORE_DAMAGED"),
+)
+
+
+def store_status(exc: StoreError) -> status_pb2.Status | None:
+    """The status of a store failure (None for one the table does not name)."""
+    for cls, code, reason in _STORE_TABLE:
+        if isinstance(exc, cls):
+            metadata = {"store": exc.where}
+            if isinstance(exc, NotLeader):
+                metadata.update(leader=exc.leader, leader_address=exc.leader_address)
+            return build_status(code, reason, DOMAIN, str(exc), metadata)
+    return None
+
+
 def _status_of(exc: Exception) -> status_pb2.Status | None:
     if isinstance(exc, PlannerRefused):
         return exc.status
+    if isinstance(exc, StoreError):
+        return store_status(exc)
     return to_status(exc) if isinstance(exc, errors.FleetError) else None
 
 

@@ -80,11 +80,88 @@ class StaleRevision(Exception):
         self.current = current
 
 
+class StoreError(Exception):
+    """The store cannot do what was asked: unreachable, damaged, or of a newer schema.
+
+    `where` names the store as people may read it (a file path, or a DSN without its password);
+    `problem` says what is wrong. The message is one line: "the fleet store WHERE: PROBLEM".
+    """
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"the fleet store {where}: {problem}")
+        self.where = where
+        self.problem = problem
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached or used now (a server down, a connection cut, a disk full);
+    the same call may succeed later."""
+
+
+class StoreDamaged(StoreError):
+    """The store holds something the fleet cannot read: a damaged file, or a row that does not
+    decode. `table` and `key` name the row when one is to blame ("" when the damage is not one
+    row's)."""
+
+    def __init__(self, where: str, problem: str, *, table: str = "", key: str = "") -> None:
+        if table:
+            problem = f"{table} row {key!r} cannot be read: {problem}"
+        super().__init__(where, problem)
+        self.table = table
+        self.key = key
+
+
+class NotLeader(StoreError):
+    """A write fenced with a leadership epoch that is no longer the lease's: another fleet
+    took the lease over (this one paused, or lost the database, past its lease). The write was
+    not made. `leader_address` is where the current leader answers ("" when none holds it)."""
+
+    def __init__(
+        self, where: str, epoch: int, *, leader_epoch: int, leader: str, leader_address: str
+    ) -> None:
+        held = f"epoch {leader_epoch} is held by {leader} at {leader_address or '?'}"
+        super().__init__(
+            where, f"this fleet's leadership (epoch {epoch}) is over: {held}; it wrote nothing"
+        )
+        self.epoch = epoch
+        self.leader_epoch = leader_epoch
+        self.leader = leader
+        self.leader_address = leader_address
+
+
 class Store(Protocol):
-    """What the fleet persists. Every write is durable when the call returns."""
+    """What the fleet persists. Every write is durable when the call returns.
+
+    A store that cannot be reached or read raises StoreUnavailable or StoreDamaged from any
+    call (never its driver's own exceptions), so the fleet can tell a store problem from a bug.
+    """
+
+    thread_safe: bool
+    """Whether its methods may be called from any thread (else only from the opener's)."""
+    where: str
+    """The store as messages name it: a file path, or a DSN without its password."""
 
     def close(self) -> None:
         """Release the database."""
+
+    def probe(self) -> None:
+        """Check, cheaply, that the store can be used now (reached, its schema known, no damage
+        seen since it opened); the health check calls it every second or so.
+
+        Raises:
+            StoreUnavailable: it cannot be reached now.
+            StoreDamaged: damage was found (at open or by a later call).
+            SchemaTooNew: a newer fleet migrated it since it opened.
+        """
+
+    def verify(self) -> None:
+        """Read every row and check each decodes (and the database's own integrity check, where
+        it has one); called once when the store opens, before the fleet serves from it.
+
+        Raises:
+            StoreDamaged: naming the first row (table and key) or the damage found.
+            StoreUnavailable: it cannot be reached.
+        """
 
     # The catalog: every change is a new revision row; the latest non-deleted one is current.
     def get_model(self, name: str) -> ModelRecord | None:

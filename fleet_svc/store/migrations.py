@@ -1,4 +1,5 @@
-"""The SQLite store's schema, as ordered migrations recorded in `PRAGMA user_version`."""
+"""The SQLite store's schema, as ordered migrations recorded in `PRAGMA user_version` (and the
+steps' shape and checks, which the PostgreSQL store's own migrations share)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from fleet_svc.store.base import StoreError
 
 
 @dataclass(frozen=True)
@@ -17,14 +20,14 @@ class Migration:
     statements: tuple[str, ...]
 
 
-class SchemaTooNew(Exception):
+class SchemaTooNew(StoreError):
     """The database was written by a newer fleet whose schema this code does not know."""
 
     def __init__(self, path: str, found_version: int, known_version: int) -> None:
         super().__init__(
-            f"the fleet store {path} has schema version {found_version}, newer than the"
-            f" {known_version} this fleet knows; run the fleet version that wrote it"
-            " (or a newer one)"
+            path,
+            f"schema version {found_version} is newer than the {known_version} this fleet"
+            " knows; run the fleet version that wrote it (or a newer one)",
         )
         self.path = path
         self.found_version = found_version
@@ -168,7 +171,7 @@ def migrate(
         SchemaTooNew: the database is newer than the last of `migrations`.
         sqlite3.Error: a migration failed; the database stays at the version before it.
     """
-    _check_order(migrations)
+    check_order(migrations)
     applied: list[int] = []
     for migration in migrations:
         with immediate(conn):
@@ -207,7 +210,12 @@ def immediate(conn: sqlite3.Connection) -> Iterator[None]:
         raise
 
 
-def _check_order(migrations: Sequence[Migration]) -> None:
+def check_order(migrations: Sequence[Migration]) -> None:
+    """Refuse migrations not numbered 1, 2, 3 … in order.
+
+    Raises:
+        MigrationOrderError.
+    """
     for position, migration in enumerate(migrations, start=1):
         if migration.version != position:
             raise MigrationOrderError(

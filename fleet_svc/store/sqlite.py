@@ -1,15 +1,22 @@
-"""The fleet's store in one SQLite file: the default, so one machine needs no database server."""
+"""The fleet's store in one SQLite file: the default, so one machine needs no database server.
+
+(Past 500 lines because it is the whole Store interface, one short method of SQL per call, and
+the checks a file needs when it opens; rows are decoded in codec.py, the schema is migrations.py.)
+"""
 
 from __future__ import annotations
 
-import json
+import functools
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import structlog
 
 from fleet_svc.store.base import (
     EventRecord,
@@ -17,18 +24,78 @@ from fleet_svc.store.base import (
     ReplicaRecord,
     RolloutRecord,
     StaleRevision,
-    Store,
+    StoreDamaged,
+    StoreError,
+    StoreUnavailable,
+)
+from fleet_svc.store.codec import (
+    EVENT_COLUMNS,
+    MODEL_COLUMNS,
+    REPLICA_COLUMNS,
+    ROLLOUT_COLUMNS,
+    dump_json,
+    event_of_row,
+    model_of_row,
+    replica_of_row,
+    rollout_of_row,
 )
 from fleet_svc.store.migrations import check_not_newer, immediate, migrate
+from fleet_svc.store.verify import check_all
+
+log = structlog.get_logger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # How long a write waits for another connection's write lock before giving up with
 # "database is locked". Writes are single short statements, so waiting seconds means trouble.
 BUSY_TIMEOUT_MS = 10_000
 
-_MODEL_COLUMNS = "name, revision, spec, updated_by, updated_at, deleted, declared_in"
-_REPLICA_COLUMNS = (
-    "id, model, profile, revision, node, gpus, phase, reason, address, restarts, since, spec"
-)
+_MODEL_COLUMNS = MODEL_COLUMNS
+_REPLICA_COLUMNS = REPLICA_COLUMNS
+_ROLLOUT_COLUMNS = ROLLOUT_COLUMNS
+
+QUICK_CHECK_LINES = 3
+"""How many of `PRAGMA quick_check`'s findings an error message quotes (the first says enough)."""
+
+
+def _translated(store: SQLiteStore, exc: sqlite3.Error) -> StoreError | None:
+    """The store error a sqlite3 error means, None for a programming error (raised as is).
+
+    sqlite3's classes follow SQLite's result codes: OperationalError is SQLITE_BUSY, IOERR,
+    FULL, READONLY, CANTOPEN … (the disk or a lock: may pass); a bare DatabaseError is
+    SQLITE_CORRUPT or NOTADB (the file is damaged). ProgrammingError (a closed store, another
+    thread) and IntegrityError (a constraint) are the caller's mistakes.
+    """
+    if isinstance(exc, sqlite3.ProgrammingError | sqlite3.IntegrityError):
+        return None
+    if isinstance(exc, sqlite3.OperationalError):
+        return StoreUnavailable(store.where, f"SQLite: {exc}")
+    if isinstance(exc, sqlite3.DatabaseError):
+        return StoreDamaged(store.where, f"SQLite: {exc}")
+    return None
+
+
+def _guarded(
+    method: Callable[Concatenate[SQLiteStore, P], R],
+) -> Callable[Concatenate[SQLiteStore, P], R]:
+    """Raise a store error for what sqlite3 raises, and remember damage (see `probe`)."""
+
+    @functools.wraps(method)
+    def call(self: SQLiteStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(self, *args, **kwargs)
+        except StoreDamaged as exc:
+            self.damage = self.damage or exc
+            raise
+        except sqlite3.Error as exc:
+            translated = _translated(self, exc)
+            if translated is None:
+                raise
+            if isinstance(translated, StoreDamaged):
+                self.damage = self.damage or translated
+            raise translated from exc
+
+    return call
 
 
 class SQLiteStore:
@@ -47,8 +114,12 @@ class SQLiteStore:
     (the latest row it read); both readings of the Store contract are accepted.
     """
 
+    thread_safe = False
+
     def __init__(self, path: str | Path, *, clock: Callable[[], float] = time.time) -> None:
         """Open (creating it and its parent folders when absent) and migrate a store file.
+
+        Opening reads only the header and the schema version; `verify` reads the rest.
 
         Args:
             path: the database file.
@@ -56,25 +127,54 @@ class SQLiteStore:
 
         Raises:
             SchemaTooNew: the file was written by a newer fleet; it is left untouched.
-            sqlite3.Error: the file is not a database, or cannot be opened or migrated.
+            StoreDamaged: the file is not a SQLite database, or is damaged.
+            StoreUnavailable: it cannot be opened or migrated (permissions, a full disk, a lock
+                held past the busy timeout).
         """
         self.path = Path(path)
+        self.where = str(self.path)
         self._clock = clock
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # isolation_level=None: we issue BEGIN/COMMIT ourselves; every other statement is its
-        # own transaction, committed (and synced) before the call returns.
-        self._conn = sqlite3.connect(
-            self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None
-        )
+        self.damage: StoreDamaged | None = None
+        """The first damage a call found; `probe` reports it until the store is reopened."""
         try:
-            self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            # Refuse a newer schema before changing anything (even the journal mode) in the file.
-            check_not_newer(self._conn, str(self.path))
-            self._configure()
-            migrate(self._conn, str(self.path))
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreUnavailable(self.where, f"cannot create its folder: {exc}") from exc
+        if self.path.is_file() and self.path.stat().st_size == 0:
+            # SQLite would take an empty file for a new database and the fleet would serve an
+            # empty catalog over replicas still running. A file this store made is never empty
+            # (migrating writes the header), so an empty one was truncated or made by hand.
+            raise StoreDamaged(
+                self.where,
+                "the file is empty (0 bytes), so whatever it held is gone; restore it from a"
+                " backup, or delete it to start with an empty store",
+            )
+        with self._translating():
+            # isolation_level=None: we issue BEGIN/COMMIT ourselves; every other statement is
+            # its own transaction, committed (and synced) before the call returns.
+            self._conn = sqlite3.connect(
+                self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None
+            )
+        try:
+            with self._translating():
+                self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                # Refuse a newer schema before changing anything (even the journal mode).
+                check_not_newer(self._conn, self.where)
+                self._configure()
+                migrate(self._conn, self.where)
         except BaseException:
             self._conn.close()
             raise
+
+    @contextmanager
+    def _translating(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            translated = _translated(self, exc)
+            if translated is None:
+                raise
+            raise translated from exc
 
     def _configure(self) -> None:
         # WAL: readers do not block the writer, and a commit is one append to the log.
@@ -94,6 +194,59 @@ class SQLiteStore:
         """Release the database (a second call does nothing)."""
         self._conn.close()
 
+    @_guarded
+    def probe(self) -> None:
+        """Raise the damage a call found since opening; else read the schema version (a newer
+        fleet may have migrated the file since).
+
+        Raises:
+            StoreDamaged, StoreUnavailable, SchemaTooNew.
+        """
+        if self.damage is not None:
+            raise self.damage
+        check_not_newer(self._conn, self.where)
+
+    @_guarded
+    def verify(self) -> None:
+        """`PRAGMA quick_check`, then every row decoded as the fleet reads it.
+
+        quick_check walks every page of every table and index, checking the b-trees' structure
+        (it skips only what integrity_check adds: index contents against their tables), in time
+        linear in the file's size: a fleet's file of a few MB takes milliseconds.
+        See https://www.sqlite.org/pragma.html#pragma_quick_check.
+
+        Raises:
+            StoreDamaged: naming what quick_check found, or the first row that does not decode.
+        """
+        found = [str(r[0]) for r in self._conn.execute("PRAGMA quick_check").fetchall()]
+        if found != ["ok"]:
+            # Findings may span lines and start with a "*** in database main ***" banner.
+            lines = [
+                line.strip()
+                for finding in found
+                for line in finding.splitlines()
+                if line.strip() and not line.startswith("***")
+            ]
+            raise StoreDamaged(
+                self.where,
+                "PRAGMA quick_check found damage: " + "; ".join(lines[:QUICK_CHECK_LINES]),
+            )
+        models = [
+            model_of_row(self.where, row)
+            for row in self._conn.execute(f"SELECT {_MODEL_COLUMNS} FROM model_revisions")
+        ]
+        replicas = [
+            replica_of_row(self.where, row)
+            for row in self._conn.execute(f"SELECT {_REPLICA_COLUMNS} FROM replicas")
+        ]
+        rollouts = [
+            rollout_of_row(self.where, row)
+            for row in self._conn.execute(f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts")
+        ]
+        for row in self._conn.execute(f"SELECT {EVENT_COLUMNS} FROM rollout_events"):
+            event_of_row(self.where, row)
+        check_all(self.where, models, replicas, rollouts)
+
     def __enter__(self) -> SQLiteStore:
         return self
 
@@ -107,6 +260,7 @@ class SQLiteStore:
 
     # The catalog.
 
+    @_guarded
     def get_model(self, name: str) -> ModelRecord | None:
         """The model's latest revision, None when absent or deleted."""
         row = self._conn.execute(
@@ -116,9 +270,10 @@ class SQLiteStore:
         ).fetchone()
         if row is None:
             return None
-        record = _model_from_row(row)
+        record = model_of_row(self.where, row)
         return None if record.deleted else record
 
+    @_guarded
     def list_models(self) -> list[ModelRecord]:
         """Every current (latest, not deleted) model, by name."""
         rows = self._conn.execute(
@@ -126,8 +281,9 @@ class SQLiteStore:
             " WHERE revision = (SELECT MAX(revision) FROM model_revisions WHERE name = m.name)"
             " AND deleted = 0 ORDER BY name"
         ).fetchall()
-        return [_model_from_row(row) for row in rows]
+        return [model_of_row(self.where, row) for row in rows]
 
+    @_guarded
     def put_model(self, record: ModelRecord, *, expect_revision: int) -> ModelRecord:
         """Write `record` as the model's next revision if its latest one is `expect_revision`.
 
@@ -148,7 +304,7 @@ class SQLiteStore:
                 latest revision, a deletion's included; 0 when the model never existed).
             ValueError: a deletion of a model that is absent or deleted (nothing to delete).
         """
-        spec = _dump_json(record.spec)
+        spec = dump_json(record.spec)
         # Check and insert under one write lock: two writers holding the same etag cannot both
         # pass the check, the second sees the first's row and gets StaleRevision.
         with immediate(self._conn):
@@ -178,16 +334,18 @@ class SQLiteStore:
             )
         return written
 
+    @_guarded
     def model_history(self, name: str) -> list[ModelRecord]:
         """Every revision of a model, oldest first (deletions included)."""
         rows = self._conn.execute(
             f"SELECT {_MODEL_COLUMNS} FROM model_revisions WHERE name = ? ORDER BY revision",
             (name,),
         ).fetchall()
-        return [_model_from_row(row) for row in rows]
+        return [model_of_row(self.where, row) for row in rows]
 
     # Idempotency.
 
+    @_guarded
     def get_answer(self, request_id: str) -> tuple[str, bytes] | None:
         """The (method, serialized answer) stored for a request id, None when there is none."""
         row = self._conn.execute(
@@ -195,6 +353,7 @@ class SQLiteStore:
         ).fetchone()
         return None if row is None else (str(row[0]), bytes(row[1]))
 
+    @_guarded
     def put_answer(self, request_id: str, method: str, answer: bytes) -> None:
         """Keep the answer to a request id; a later answer to the same id is ignored."""
         # OR IGNORE: a retry racing the first attempt must not replace the answer already given.
@@ -206,11 +365,13 @@ class SQLiteStore:
 
     # Replicas.
 
+    @_guarded
     def list_replicas(self) -> list[ReplicaRecord]:
         """Every replica record, by id."""
         rows = self._conn.execute(f"SELECT {_REPLICA_COLUMNS} FROM replicas ORDER BY id").fetchall()
-        return [_replica_from_row(row) for row in rows]
+        return [replica_of_row(self.where, row) for row in rows]
 
+    @_guarded
     def write_replicas(self, puts: Sequence[ReplicaRecord], deletes: Sequence[str]) -> None:
         """Insert or replace `puts` and forget `deletes` in one transaction: one sync to disk
         for a whole tick's changes instead of one per replica."""
@@ -222,6 +383,7 @@ class SQLiteStore:
             for replica_id in deletes:
                 self.delete_replica(replica_id)
 
+    @_guarded
     def put_replica(self, record: ReplicaRecord) -> None:
         """Insert a replica record, or replace every field of the one with the same id."""
         self._conn.execute(
@@ -237,27 +399,30 @@ class SQLiteStore:
                 record.profile,
                 record.revision,
                 record.node,
-                _dump_json(list(record.gpus)),
+                dump_json(list(record.gpus)),
                 record.phase,
                 record.reason,
                 record.address,
                 record.restarts,
                 record.since,
-                _dump_json(record.spec),
+                dump_json(record.spec),
             ),
         )
 
+    @_guarded
     def delete_replica(self, replica_id: str) -> None:
         """Forget a replica (deleting an unknown id does nothing)."""
         self._conn.execute("DELETE FROM replicas WHERE id = ?", (replica_id,))
 
     # Named values.
 
+    @_guarded
     def get_value(self, key: str) -> str | None:
         """A stored value, None when the key was never set."""
         row = self._conn.execute("SELECT value FROM named_values WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])
 
+    @_guarded
     def put_value(self, key: str, value: str) -> None:
         """Store a value, replacing the key's previous one."""
         self._conn.execute(
@@ -268,6 +433,7 @@ class SQLiteStore:
 
     # Rollouts.
 
+    @_guarded
     def put_rollout(self, record: RolloutRecord) -> None:
         """Insert a rollout, or replace its state (created_at is kept)."""
         self._conn.execute(
@@ -278,19 +444,21 @@ class SQLiteStore:
                 record.id,
                 record.model,
                 record.state,
-                _dump_json(record.spec),
+                dump_json(record.spec),
                 record.created_at,
                 record.updated_at,
             ),
         )
 
+    @_guarded
     def get_rollout(self, rollout_id: str) -> RolloutRecord | None:
         """A rollout, None when unknown."""
         row = self._conn.execute(
             f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE id = ?", (rollout_id,)
         ).fetchone()
-        return None if row is None else _rollout_from_row(row)
+        return None if row is None else rollout_of_row(self.where, row)
 
+    @_guarded
     def list_rollouts(self, model: str = "") -> list[RolloutRecord]:
         """Rollouts of a model (every model when ""), newest first."""
         if model:
@@ -303,8 +471,9 @@ class SQLiteStore:
             rows = self._conn.execute(
                 f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts ORDER BY created_at DESC, id DESC"
             ).fetchall()
-        return [_rollout_from_row(row) for row in rows]
+        return self._readable(rows, rollout_of_row)
 
+    @_guarded
     def append_event(self, rollout_id: str, at: float, event: dict[str, Any]) -> int:
         """Append an event; the seq is the rollout's last plus one, taken under the write lock."""
         with immediate(self._conn):
@@ -315,10 +484,11 @@ class SQLiteStore:
             seq = int(row[0]) + 1
             self._conn.execute(
                 "INSERT INTO rollout_events (rollout_id, seq, at, event) VALUES (?, ?, ?, ?)",
-                (rollout_id, seq, at, _dump_json(event)),
+                (rollout_id, seq, at, dump_json(event)),
             )
         return seq
 
+    @_guarded
     def list_events(self, rollout_id: str, after_seq: int = 0) -> list[EventRecord]:
         """A rollout's events after `after_seq`, in order."""
         rows = self._conn.execute(
@@ -326,87 +496,26 @@ class SQLiteStore:
             " WHERE rollout_id = ? AND seq > ? ORDER BY seq",
             (rollout_id, after_seq),
         ).fetchall()
-        return [EventRecord(str(r[0]), int(r[1]), float(r[2]), json.loads(r[3])) for r in rows]
+        return self._readable(rows, event_of_row)
 
-
-_ROLLOUT_COLUMNS = "id, model, state, spec, created_at, updated_at"
-
-
-def _rollout_from_row(row: tuple[Any, ...]) -> RolloutRecord:
-    return RolloutRecord(
-        id=str(row[0]),
-        model=str(row[1]),
-        state=str(row[2]),
-        spec=json.loads(row[3]),
-        created_at=float(row[4]),
-        updated_at=float(row[5]),
-    )
-
-
-def open_store(url: str) -> Store:
-    """Open the store a URL names.
-
-    Args:
-        url: `sqlite:///abs/path.db` (absolute), `sqlite://relative.db` (relative to the working
-            folder), or a plain file path.
-
-    Returns:
-        The opened store.
-
-    Raises:
-        ValueError: the URL names no file, or a database this build cannot open (PostgreSQL).
-    """
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        path = url
-    elif scheme == "sqlite":
-        path = rest
-    elif scheme in ("postgresql", "postgres") or scheme.startswith("postgresql+"):
-        raise ValueError(
-            "the PostgreSQL store is not built yet; give a SQLite file (sqlite:///abs/path.db"
-            " or a path) instead"
-        )
-    else:
-        raise ValueError(
-            f"unknown store URL scheme {scheme!r}; give sqlite:///abs/path.db,"
-            " sqlite://relative.db or a file path"
-        )
-    if not path:
-        raise ValueError(f"store URL {url!r} names no file; give sqlite:///abs/path.db or a path")
-    return SQLiteStore(path)
-
-
-def _dump_json(value: Any) -> str:
-    # allow_nan=False: NaN is not JSON, and a spec that cannot be read back must fail at write.
-    return json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False)
-
-
-def _model_from_row(row: tuple[Any, ...]) -> ModelRecord:
-    name, revision, spec, updated_by, updated_at, deleted, declared_in = row
-    return ModelRecord(
-        name=name,
-        revision=int(revision),
-        spec=json.loads(spec),
-        updated_by=updated_by,
-        updated_at=float(updated_at),
-        deleted=bool(deleted),
-        declared_in=declared_in,
-    )
-
-
-def _replica_from_row(row: tuple[Any, ...]) -> ReplicaRecord:
-    (id_, model, profile, revision, node, gpus, phase, reason, address, restarts, since, spec) = row
-    return ReplicaRecord(
-        id=id_,
-        model=model,
-        profile=profile,
-        revision=int(revision),
-        node=node,
-        gpus=tuple(int(g) for g in json.loads(gpus)),
-        phase=phase,
-        reason=reason,
-        address=address,
-        restarts=int(restarts),
-        since=float(since),
-        spec=json.loads(spec),
-    )
+    def _readable(
+        self, rows: Sequence[tuple[Any, ...]], decode: Callable[[str, tuple[Any, ...]], R]
+    ) -> list[R]:
+        """The rows that decode; one that does not is logged with its key, remembered as damage
+        (so health turns NOT_SERVING) and left out. Only listings people read (rollouts, their
+        events) skip: a catalog or replica row the controller acts on is never skipped, since
+        acting on part of the catalog would stop the replicas of the model left out."""
+        out: list[R] = []
+        for row in rows:
+            try:
+                out.append(decode(self.where, row))
+            except StoreDamaged as exc:
+                self.damage = self.damage or exc
+                log.error(
+                    "store_row_skipped",
+                    store=self.where,
+                    table=exc.table,
+                    key=exc.key,
+                    problem=exc.problem,
+                )
+        return out

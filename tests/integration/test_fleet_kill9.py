@@ -1,4 +1,5 @@
-"""Nothing the fleet accepted is lost when it is killed with SIGKILL and started again."""
+"""Nothing the fleet accepted is lost when it is killed with SIGKILL and started again, on
+either store (a SQLite file, or a fresh PostgreSQL database at 127.0.0.1:5432)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
+import pytest
 
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+from tests.support.postgres import fresh_database
 
 
 @contextmanager
-def fleet_process(data: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    """`python -m fleet_svc` on a free port with its store in `data`; its process and port."""
+def fleet_process(store: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """`python -m fleet_svc` on a free port with its store at `store`; its process and port."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -27,7 +30,7 @@ def fleet_process(data: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
             "--listen",
             "127.0.0.1:0",
             "--store",
-            str(data / "fleet.db"),
+            store,
             "--log-format",
             "json",
         ],
@@ -56,11 +59,21 @@ def model(i: int) -> common_pb2.Model:
     )
 
 
-def test_kill_9_loses_nothing_accepted(tmp_path: Path) -> None:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Where the fleet keeps its state: a file, or a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "fleet.db")
+    else:
+        with fresh_database() as (_name, dsn):
+            yield dsn
+
+
+def test_kill_9_loses_nothing_accepted(store_url: str) -> None:
     """Models created and answered before a SIGKILL are all there after a restart, and a retry
     of an answered request id returns its first answer."""
     answers = {}
-    with fleet_process(tmp_path) as (proc, port):
+    with fleet_process(store_url) as (proc, port):
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = fleet_pb2_grpc.FleetServiceStub(channel)
             for i in range(20):
@@ -75,7 +88,7 @@ def test_kill_9_loses_nothing_accepted(tmp_path: Path) -> None:
             )
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
-    with fleet_process(tmp_path) as (_proc, port):  # noqa: SIM117 (the port comes from it)
+    with fleet_process(store_url) as (_proc, port):  # noqa: SIM117 (the port comes from it)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = fleet_pb2_grpc.FleetServiceStub(channel)
             listed = stub.ListModels(fleet_pb2.ListModelsRequest(), timeout=10).models

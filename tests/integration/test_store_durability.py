@@ -1,4 +1,5 @@
-"""The SQLite store under kill -9: nothing acknowledged is lost, and the file stays sound."""
+"""Each store under kill -9 of its writer: nothing acknowledged is lost (and a SQLite file stays
+sound)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
-from fleet_svc.store.sqlite import SQLiteStore
+import pytest
+
+from fleet_svc.store.urls import is_postgres, open_store
+from tests.support.postgres import fresh_database
 from tests.support.store_writer import answer_bytes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -17,10 +22,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 KILL_AFTER_ACKS = 400
 
 
-def run_writer_and_kill(path: Path) -> list[list[str]]:
+def run_writer_and_kill(url: str) -> list[list[str]]:
     """Start the writer, SIGKILL it mid-stream, and return every line it acknowledged, split."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.store_writer", str(path)],
+        [sys.executable, "-m", "tests.support.store_writer", url],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -51,10 +56,19 @@ def run_writer_and_kill(path: Path) -> list[list[str]]:
     return [line.decode().split() for line in lines]
 
 
-def test_acknowledged_writes_survive_sigkill(tmp_path: Path) -> None:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh store: a file, or a new PostgreSQL database."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "fleet.db")
+    else:
+        with fresh_database() as (_name, dsn):
+            yield dsn
+
+
+def test_acknowledged_writes_survive_sigkill(store_url: str) -> None:
     """Every write the child acknowledged before SIGKILL is in the reopened, sound database."""
-    path = tmp_path / "fleet.db"
-    acks = run_writer_and_kill(path)
+    acks = run_writer_and_kill(store_url)
     assert len(acks) >= KILL_AFTER_ACKS
 
     last_revision: dict[str, int] = {}
@@ -73,14 +87,16 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path) -> None:
             last_round = int(fields[1])
     assert last_revision and answers and last_restarts and last_round >= 0
 
-    # Checked on a plain connection before the store opens (and checkpoints) the file.
-    raw = sqlite3.connect(path)
-    try:
-        assert raw.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-    finally:
-        raw.close()
+    if not is_postgres(store_url):
+        # Checked on a plain connection before the store opens (and checkpoints) the file.
+        raw = sqlite3.connect(store_url)
+        try:
+            assert raw.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        finally:
+            raw.close()
 
-    with SQLiteStore(path) as store:
+    store = open_store(store_url)
+    try:
         # A write may commit after its last acknowledgement and before the kill, so the store
         # may be ahead of what was acknowledged, never behind.
         for name, revision in last_revision.items():
@@ -100,3 +116,5 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path) -> None:
             assert stored.gpus == (stored.restarts % 8,)
         stored_round = store.get_value("round")
         assert stored_round is not None and int(stored_round) >= last_round
+    finally:
+        store.close()

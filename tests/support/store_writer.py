@@ -1,9 +1,9 @@
-"""A child process that writes to a SQLite store and acknowledges each write on stdout.
+"""A child process that writes to a store and acknowledges each write on stdout.
 
-Run as `python -m tests.support.store_writer DB_PATH [COUNT]`. After each write returns it prints
-one line naming what was written and flushes, the way the fleet answers a client only after
-the store accepted the write; the durability test kills it with SIGKILL mid-stream and checks
-that every acknowledged write is in the database.
+Run as `python -m tests.support.store_writer STORE [COUNT]` (a SQLite path or a PostgreSQL
+DSN). After each write returns it prints one line naming what was written and flushes, the
+way the fleet answers a client only after the store accepted the write; the durability test
+kills it with SIGKILL mid-stream and checks that every acknowledged write is in the database.
 
 Lines: `model NAME REVISION`, `answer REQUEST_ID`, `replica ID RESTARTS`, `value KEY VALUE`.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 from fleet_svc.store.base import ModelRecord, ReplicaRecord
-from fleet_svc.store.sqlite import SQLiteStore
+from fleet_svc.store.urls import open_store
 
 # Few names, so models get many revisions and replicas are replaced, not only inserted.
 MODEL_NAMES = 7
@@ -27,10 +27,11 @@ def answer_bytes(i: int) -> bytes:
 
 def main(argv: list[str]) -> int:
     """Write models, answers, replicas and values until COUNT rounds are done or killed."""
-    path = argv[0]
+    url = argv[0]
     count = int(argv[1]) if len(argv) > 1 else 1_000_000
     revisions: dict[str, int] = {}
-    with SQLiteStore(path) as store:
+    store = open_store(url)
+    try:
         print("ready", flush=True)
         for i in range(count):
             name = f"m{i % MODEL_NAMES}"
@@ -67,6 +68,8 @@ def main(argv: list[str]) -> int:
 
             store.put_value("round", str(i))
             print(f"value round {i}", flush=True)
+    finally:
+        store.close()
     return 0
 
 

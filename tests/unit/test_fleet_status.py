@@ -11,7 +11,8 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 
 from fleet_svc.domain import errors
-from fleet_svc.rpc.status import code_and_reason, stream_refusals_as_status
+from fleet_svc.rpc.status import code_and_reason, store_status, stream_refusals_as_status
+from fleet_svc.store.base import NotLeader, StoreDamaged, StoreError, StoreUnavailable
 
 
 class Aborted(Exception):
@@ -94,3 +95,49 @@ def test_the_stream_refusals_are_in_the_table(
 ) -> None:
     """The agent stream's refusals have their own code and reason in the one table."""
     assert code_and_reason(exc) == (code, reason)
+
+
+def _info(status: status_pb2.Status) -> error_details_pb2.ErrorInfo:
+    for detail in status.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return info
+    raise AssertionError("no ErrorInfo in the status")
+
+
+@pytest.mark.parametrize(
+    ("failure", "code", "reason"),
+    [
+        (
+            StoreUnavailable("db.sqlite", "disk full"),
+            grpc.StatusCode.UNAVAILABLE,
+            "STORE_UNAVAILABLE",
+        ),
+        (
+            StoreDamaged("db.sqlite", "bad JSON", table="models", key="m"),
+            grpc.StatusCode.DATA_LOSS,
+            "STORE_DAMAGED",
+        ),
+        (
+            NotLeader(
+                "postgresql://h/db", 3, leader_epoch=4, leader="f2", leader_address="10.0.0.2:50052"
+            ),
+            grpc.StatusCode.UNAVAILABLE,
+            "NOT_LEADER",
+        ),
+    ],
+)
+def test_a_store_failure_under_a_call_has_its_own_status(
+    failure: Exception, code: grpc.StatusCode, reason: str
+) -> None:
+    """A store that is down, damaged or no longer led by this fleet answers UNAVAILABLE or
+    DATA_LOSS with its reason and the store named, never INTERNAL; not-the-leader names the
+    leader's address."""
+    status = store_status(cast(StoreError, failure))
+    assert status is not None
+    assert status.code == code.value[0]
+    info = _info(status)
+    assert info.reason == reason
+    assert info.metadata["store"] in ("db.sqlite", "postgresql://h/db")
+    if reason == "NOT_LEADER":
+        assert info.metadata["leader_address"] == "10.0.0.2:50052"

@@ -1,19 +1,20 @@
-"""The SQLite store: revisions and etags, answers, replicas, values, migrations, racing writers."""
+"""What only the SQLite store has: its file and pragmas, its migrations in user_version, its
+same-thread rule, the URLs naming a file, and a damaged file found when it opens (the store
+suite both stores pass is tests/integration/test_store.py)."""
 
 from __future__ import annotations
 
-import inspect
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import closing
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fleet_svc.store.base import ModelRecord, ReplicaRecord, StaleRevision, Store
+from fleet_svc.store.base import ModelRecord, ReplicaRecord, StoreDamaged, StoreUnavailable
 from fleet_svc.store.migrations import (
     MIGRATIONS,
     Migration,
@@ -23,7 +24,8 @@ from fleet_svc.store.migrations import (
     migrate,
     schema_version,
 )
-from fleet_svc.store.sqlite import SQLiteStore, open_store
+from fleet_svc.store.sqlite import SQLiteStore
+from fleet_svc.store.urls import open_store
 
 # A catalog model as the fleet stores it: the llmgw.common.v1.Model JSON form, proto field names
 # (int64 fields as strings, as protobuf's JSON mapping writes them).
@@ -43,11 +45,6 @@ LLAMA_SPEC: dict[str, Any] = {
             "replicas": 2,
         }
     ],
-}
-QWEN_SPEC: dict[str, Any] = {
-    "name": "qwen2.5-0.5b",
-    "source": "http://127.0.0.1:8000/qwen2.5-0.5b-instruct-q4_k_m.gguf",
-    "profiles": [{"name": "cpu", "engine": "llamacpp", "cpu_only": True, "min_memory_gb": 2}],
 }
 
 
@@ -79,186 +76,7 @@ def store(tmp_path: Path) -> Iterator[SQLiteStore]:
         yield opened
 
 
-# Catalog revisions ------------------------------------------------------------------------------
-
-# Each step: (deleted, expect_revision, outcome); outcome is the revision written, or
-# ("stale", current) for a refusal naming the model's current revision.
-Step = tuple[bool, int, "int | tuple[str, int]"]
-
-REVISION_CASES: list[tuple[str, list[Step]]] = [
-    ("create then update twice counts up", [(False, 0, 1), (False, 1, 2), (False, 2, 3)]),
-    ("creating an existing model is stale", [(False, 0, 1), (False, 0, ("stale", 1))]),
-    ("updating an absent model is stale", [(False, 1, ("stale", 0))]),
-    ("an etag one behind is stale", [(False, 0, 1), (False, 1, 2), (False, 1, ("stale", 2))]),
-    ("an etag ahead is stale", [(False, 0, 1), (False, 5, ("stale", 1))]),
-    ("a deletion is a revision", [(False, 0, 1), (True, 1, 2)]),
-    (
-        "creating after a deletion on etag 0 continues the count",
-        [(False, 0, 1), (False, 1, 2), (True, 2, 3), (False, 0, 4), (False, 4, 5)],
-    ),
-    (
-        "creating after a deletion on the deletion's etag continues the count",
-        [(False, 0, 1), (True, 1, 2), (False, 2, 3)],
-    ),
-    (
-        "writing on an etag from before the deletion is stale",
-        [(False, 0, 1), (True, 1, 2), (False, 1, ("stale", 2))],
-    ),
-    (
-        "creating twice after a deletion is stale",
-        [(False, 0, 1), (True, 1, 2), (False, 0, 3), (False, 0, ("stale", 3))],
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    "steps", [steps for _, steps in REVISION_CASES], ids=[name for name, _ in REVISION_CASES]
-)
-def test_put_model_revisions(store: SQLiteStore, steps: list[Step]) -> None:
-    """Each write lands at one past the last row or is refused naming the current revision."""
-    written = 0
-    for deleted, expect, outcome in steps:
-        record = model(deleted=deleted, updated_by=f"step-{written}")
-        if isinstance(outcome, tuple):
-            with pytest.raises(StaleRevision) as refused:
-                store.put_model(record, expect_revision=expect)
-            assert (refused.value.name, refused.value.expected, refused.value.current) == (
-                record.name,
-                expect,
-                outcome[1],
-            )
-        else:
-            assert store.put_model(record, expect_revision=expect).revision == outcome
-            written += 1
-    history = store.model_history("llama-3.1-8b")
-    assert [r.revision for r in history] == list(range(1, written + 1))
-    assert [r.updated_by for r in history] == [f"step-{i}" for i in range(written)]
-
-
-def test_model_fields_round_trip(store: SQLiteStore) -> None:
-    """Every field of a written model reads back equal, with the revision the store gave it."""
-    record = model(
-        spec=QWEN_SPEC, updated_by="ops@example.com", declared_in="/etc/llmgw/cluster.yaml"
-    )
-    record = replace(record, name="qwen2.5-0.5b", revision=42)
-    written = store.put_model(record, expect_revision=0)
-    assert written == replace(record, revision=1)
-    assert store.get_model("qwen2.5-0.5b") == written
-    assert store.model_history("qwen2.5-0.5b") == [written]
-    assert store.list_models() == [written]
-
-
-def test_deleted_model_leaves_get_and_list_but_stays_in_history(store: SQLiteStore) -> None:
-    """A deleted model reads as absent and is not listed, while history keeps every revision."""
-    store.put_model(model(), expect_revision=0)
-    store.put_model(model("qwen2.5-0.5b", spec=QWEN_SPEC), expect_revision=0)
-    store.put_model(model(updated_by="bob@example.com"), expect_revision=1)
-    store.put_model(model(deleted=True, updated_by="carol@example.com"), expect_revision=2)
-    assert store.get_model("llama-3.1-8b") is None
-    assert [m.name for m in store.list_models()] == ["qwen2.5-0.5b"]
-    history = store.model_history("llama-3.1-8b")
-    assert [(r.revision, r.updated_by, r.deleted) for r in history] == [
-        (1, "alice@example.com", False),
-        (2, "bob@example.com", False),
-        (3, "carol@example.com", True),
-    ]
-
-
-def test_list_models_gives_each_latest_revision_by_name(store: SQLiteStore) -> None:
-    """The listing holds one record per current model, its latest revision, sorted by name."""
-    for name in ("zeta", "alpha", "mid"):
-        store.put_model(model(name, updated_by="v1"), expect_revision=0)
-    store.put_model(model("mid", updated_by="v2"), expect_revision=1)
-    listed = store.list_models()
-    assert [(m.name, m.revision, m.updated_by) for m in listed] == [
-        ("alpha", 1, "v1"),
-        ("mid", 2, "v2"),
-        ("zeta", 1, "v1"),
-    ]
-
-
-def test_unknown_model_reads_as_absent(store: SQLiteStore) -> None:
-    """A name never written has no current record and an empty history."""
-    assert store.get_model("nope") is None
-    assert store.model_history("nope") == []
-    assert store.list_models() == []
-
-
-@pytest.mark.parametrize(
-    ("deleted_before", "expect"),
-    [(False, 0), (True, 0), (True, 2)],
-    ids=["never-existed", "deleted-etag-0", "deleted-etag-of-deletion"],
-)
-def test_deleting_an_absent_model_is_refused(
-    store: SQLiteStore, deleted_before: bool, expect: int
-) -> None:
-    """A deletion of a model that never existed or is already deleted is refused, writing no row."""
-    if deleted_before:
-        store.put_model(model(), expect_revision=0)
-        store.put_model(model(deleted=True), expect_revision=1)
-    rows_before = len(store.model_history("llama-3.1-8b"))
-    with pytest.raises(ValueError, match="does not exist"):
-        store.put_model(model(deleted=True), expect_revision=expect)
-    assert len(store.model_history("llama-3.1-8b")) == rows_before
-
-
-@pytest.mark.parametrize(
-    ("spec", "error"),
-    [({"context_length": float("nan")}, ValueError), ({"when": object()}, TypeError)],
-    ids=["nan", "object"],
-)
-def test_spec_that_is_not_json_is_refused(
-    store: SQLiteStore, spec: dict[str, Any], error: type[Exception]
-) -> None:
-    """A spec that could not be read back as JSON is refused at write, and nothing is stored."""
-    with pytest.raises(error):
-        store.put_model(model(spec=spec), expect_revision=0)
-    assert store.model_history("llama-3.1-8b") == []
-
-
-# Racing writers ---------------------------------------------------------------------------------
-
-
-def test_racing_writers_with_one_etag_yield_exactly_one_winner(tmp_path: Path) -> None:
-    """Two stores on one file in two threads, writing on the same etag at once: one wins."""
-    path = tmp_path / "fleet.db"
-    SQLiteStore(path).close()
-    rounds = 25
-    barrier = threading.Barrier(2)
-    outcomes: dict[str, list[int | StaleRevision]] = {"a": [], "b": []}
-    failures: list[BaseException] = []
-
-    def writer(who: str) -> None:
-        try:
-            with SQLiteStore(path) as mine:
-                for expect in range(rounds):
-                    barrier.wait(timeout=10)
-                    try:
-                        written = mine.put_model(model(updated_by=who), expect_revision=expect)
-                        outcomes[who].append(written.revision)
-                    except StaleRevision as stale:
-                        outcomes[who].append(stale)
-                    # Both writers see the round's winner before the next round starts.
-                    barrier.wait(timeout=10)
-        except BaseException as exc:
-            failures.append(exc)
-            barrier.abort()
-
-    threads = [threading.Thread(target=writer, args=(who,)) for who in ("a", "b")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not failures
-    with SQLiteStore(path) as reader:
-        history = reader.model_history("llama-3.1-8b")
-    assert [r.revision for r in history] == list(range(1, rounds + 1))
-    for n, (a, b) in enumerate(zip(outcomes["a"], outcomes["b"], strict=True)):
-        won = [x for x in (a, b) if isinstance(x, int)]
-        lost = [x for x in (a, b) if isinstance(x, StaleRevision)]
-        assert won == [n + 1], f"round {n}: {a!r} / {b!r}"
-        assert [(s.expected, s.current) for s in lost] == [(n, n + 1)]
-        assert history[n].updated_by == ("a" if isinstance(a, int) else "b")
+# Threads ----------------------------------------------------------------------------------------
 
 
 def test_a_store_refuses_calls_from_another_thread(store: SQLiteStore) -> None:
@@ -276,92 +94,6 @@ def test_a_store_refuses_calls_from_another_thread(store: SQLiteStore) -> None:
     thread.join()
     assert len(errors) == 1
     assert isinstance(errors[0], sqlite3.ProgrammingError)
-
-
-# Answers, replicas, values ----------------------------------------------------------------------
-
-
-def test_first_answer_to_a_request_wins(store: SQLiteStore) -> None:
-    """A second answer to the same request id is ignored; other ids are separate."""
-    assert store.get_answer("req-1") is None
-    store.put_answer("req-1", "CreateModel", b"\x08\x01first")
-    store.put_answer("req-1", "DeleteModel", b"second")
-    store.put_answer("req-2", "UpdateModel", b"")
-    assert store.get_answer("req-1") == ("CreateModel", b"\x08\x01first")
-    assert store.get_answer("req-2") == ("UpdateModel", b"")
-
-
-def test_answers_are_stamped_with_the_injected_clock(store: SQLiteStore, tmp_path: Path) -> None:
-    """An answer's creation time is the store's clock at the first write."""
-    store.put_answer("req-1", "CreateModel", b"x")
-    with closing(sqlite3.connect(tmp_path / "fleet.db")) as raw:
-        (created_at,) = raw.execute("SELECT created_at FROM answers").fetchone()
-    assert created_at == 1_764_000_123.5
-
-
-REPLICAS = [
-    ReplicaRecord(id="r-min", model="qwen2.5-0.5b", profile="cpu", revision=1),
-    ReplicaRecord(
-        id="llama-3.1-8b/h100/0",
-        model="llama-3.1-8b",
-        profile="h100",
-        revision=7,
-        node="gpu-node-3",
-        gpus=(4, 5, 6, 7),
-        phase="READY",
-        reason="engine healthy",
-        address="10.0.3.17:8001",
-        restarts=3,
-        since=1_764_000_456.125,
-        spec={
-            "engine": "vllm",
-            "args": ["--tensor-parallel-size", "4"],
-            "source": "hf://meta-llama/Llama-3.1-8B-Instruct",
-            "gpus": [4, 5, 6, 7],
-        },
-    ),
-]
-
-
-@pytest.mark.parametrize("record", REPLICAS, ids=[r.id for r in REPLICAS])
-def test_replica_insert_replace_delete(store: SQLiteStore, record: ReplicaRecord) -> None:
-    """Every replica field reads back equal after insert and after replace; delete forgets it."""
-    store.put_replica(record)
-    assert store.list_replicas() == [record]
-    changed = replace(
-        record,
-        revision=record.revision + 1,
-        node="gpu-node-9",
-        gpus=(0,),
-        phase="STOPPING",
-        reason="drained: model updated",
-        address="",
-        restarts=record.restarts + 1,
-        since=record.since + 60.5,
-        spec={"engine": "sglang"},
-    )
-    store.put_replica(changed)
-    assert store.list_replicas() == [changed]
-    store.delete_replica(record.id)
-    assert store.list_replicas() == []
-    store.delete_replica(record.id)
-
-
-def test_replicas_are_listed_by_id(store: SQLiteStore) -> None:
-    """Several replicas are all listed, in id order, whatever order they were written in."""
-    for record in reversed(REPLICAS):
-        store.put_replica(record)
-    assert store.list_replicas() == sorted(REPLICAS, key=lambda r: r.id)
-
-
-def test_values_store_replace_and_default_to_none(store: SQLiteStore) -> None:
-    """A value reads back as last written; a key never set reads as None."""
-    assert store.get_value("desired_version/gpu-node-3") is None
-    store.put_value("desired_version/gpu-node-3", "41")
-    store.put_value("desired_version/gpu-node-3", "42")
-    store.put_value("replica_counter", "")
-    assert store.get_value("desired_version/gpu-node-3") == "42"
-    assert store.get_value("replica_counter") == ""
 
 
 # Opening and migrations -------------------------------------------------------------------------
@@ -456,40 +188,6 @@ def test_shipped_migrations_are_numbered_in_order() -> None:
     assert [m.version for m in MIGRATIONS] == list(range(1, len(MIGRATIONS) + 1))
 
 
-def _interface_methods() -> list[str]:
-    """The methods the Store protocol declares."""
-    return sorted(
-        name for name, value in vars(Store).items() if callable(value) and not name.startswith("_")
-    )
-
-
-def test_the_store_protocol_declares_what_the_fleet_calls() -> None:
-    """The protocol the check below walks is the fleet's whole use of a store, not an empty list."""
-    assert {"get_model", "put_model", "write_replicas", "append_event", "put_value"} <= set(
-        _interface_methods()
-    )
-
-
-@pytest.mark.parametrize("name", _interface_methods())
-def test_the_store_meets_the_store_interface(name: str) -> None:
-    """SQLiteStore has every method of the Store protocol, taking the same parameters (names,
-    kinds, defaults), so the fleet can call it through the interface (mypy checks the types)."""
-    declared = inspect.signature(getattr(Store, name))
-    implemented = inspect.signature(getattr(SQLiteStore, name))
-    shape = [(p.name, p.kind, p.default) for p in declared.parameters.values()]
-    assert [(p.name, p.kind, p.default) for p in implemented.parameters.values()] == shape
-
-
-def test_a_closed_store_can_be_closed_again(tmp_path: Path) -> None:
-    """close() through the interface releases the file, and a second close does nothing."""
-    store: Store = SQLiteStore(tmp_path / "fleet.db")
-    store.put_value("k", "v")
-    store.close()
-    store.close()
-    with pytest.raises(sqlite3.ProgrammingError):
-        store.get_value("k")
-
-
 # open_store -------------------------------------------------------------------------------------
 
 
@@ -520,9 +218,6 @@ def test_open_store_accepts_sqlite_urls_and_paths(
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("postgresql://fleet@db.internal/fleet", "PostgreSQL store is not built yet"),
-        ("postgres://fleet@db.internal/fleet", "PostgreSQL store is not built yet"),
-        ("postgresql+psycopg://fleet@db/fleet", "PostgreSQL store is not built yet"),
         ("mysql://fleet@db/fleet", "unknown store URL scheme 'mysql'"),
         ("sqlite://", "names no file"),
         ("", "names no file"),
@@ -534,15 +229,84 @@ def test_open_store_refuses_what_it_cannot_open(url: str, message: str) -> None:
         open_store(url)
 
 
-def test_write_replicas_puts_and_forgets_in_one_transaction(store: SQLiteStore) -> None:
-    """A tick's replica changes are written together: puts replace, deletes forget, and a
-    failing batch writes nothing."""
-    a = ReplicaRecord(id="r-a", model="m", profile="p", revision=1)
-    b = ReplicaRecord(id="r-b", model="m", profile="p", revision=1)
-    store.write_replicas([a, b], [])
-    store.write_replicas([replace(a, phase="READY")], ["r-b"])
-    assert [(r.id, r.phase) for r in store.list_replicas()] == [("r-a", "READY")]
-    bad = replace(b, spec={"x": float("nan")})
-    with pytest.raises(ValueError):
-        store.write_replicas([replace(a, phase="STOPPING"), bad], [])
-    assert [(r.id, r.phase) for r in store.list_replicas()] == [("r-a", "READY")]
+# A damaged file ---------------------------------------------------------------------------------
+
+PAGE_BYTES = 4096
+"""SQLite's default page size (https://www.sqlite.org/pragma.html#pragma_page_size)."""
+
+
+def _filled(path: Path, models: int = 60) -> int:
+    """A closed store file holding `models` models with long specs (many pages); its pages."""
+    with SQLiteStore(path) as store:
+        for i in range(models):
+            spec = {"name": f"m{i}", "source": "hf://org/" + "x" * 400, "profiles": []}
+            store.put_model(model(f"m{i}", spec=spec), expect_revision=0)
+            store.put_replica(ReplicaRecord(id=f"r-{i}", model=f"m{i}", profile="p", revision=1))
+    # Closing the last connection checkpoints the WAL into the file and removes the log.
+    assert not path.with_name(path.name + "-wal").exists()
+    return path.stat().st_size // PAGE_BYTES
+
+
+def test_a_garbage_page_is_found_when_the_store_opens(tmp_path: Path) -> None:
+    """A page of garbage in the middle of the file is refused at open as damage naming the
+    file (it used to open, serve, and fail every read that touched the page)."""
+    path = tmp_path / "fleet.db"
+    pages = _filled(path)
+    assert pages > 8
+    with path.open("r+b") as f:
+        f.seek((pages // 2) * PAGE_BYTES)
+        # 0xFF: not one of the four b-tree page types (2, 5, 10, 13), so the page is garbage
+        # for certain (random bytes would be a valid type one time in 64).
+        f.write(b"\xff" * PAGE_BYTES)
+    with pytest.raises(StoreDamaged) as refused:
+        open_store(str(path))
+    message = str(refused.value)
+    assert message.startswith(f"the fleet store {path}: PRAGMA quick_check found damage: ")
+    assert "\n" not in message and "***" not in message
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["truncated", "text", "zeroed-header", "empty"],
+)
+def test_a_file_that_is_not_a_whole_database_is_refused_naming_it(
+    tmp_path: Path, damage: str
+) -> None:
+    """A truncated file, a text file and a file whose header is gone are each refused as damage
+    naming the file, never a raw sqlite3 error."""
+    path = tmp_path / "fleet.db"
+    pages = _filled(path)
+    if damage == "truncated":
+        os.truncate(path, (pages // 3) * PAGE_BYTES + 100)
+    elif damage == "empty":
+        os.truncate(path, 0)
+    elif damage == "text":
+        path.write_text("model_revisions: llama\n" * 500)
+    else:
+        with path.open("r+b") as f:
+            f.write(b"\0" * 100)
+    with pytest.raises(StoreDamaged) as refused:
+        open_store(str(path))
+    assert str(path) in str(refused.value)
+
+
+def test_a_row_whose_json_is_cut_short_is_refused_naming_it(tmp_path: Path) -> None:
+    """A catalog row whose spec is not JSON at all (SQLite keeps text; PostgreSQL's json type
+    would refuse it) is refused at open naming its key."""
+    path = tmp_path / "fleet.db"
+    _filled(path, models=3)
+    with closing(sqlite3.connect(path)) as raw, raw:
+        raw.execute('UPDATE model_revisions SET spec = \'{"name": "m1", "pro\' WHERE name = \'m1\'')
+    with pytest.raises(StoreDamaged) as refused:
+        open_store(str(path))
+    assert (refused.value.table, refused.value.key) == ("model_revisions", "m1@1")
+    assert "JSONDecodeError" in str(refused.value)
+
+
+def test_a_path_that_cannot_be_opened_is_unavailable_not_damaged(tmp_path: Path) -> None:
+    """A folder where the file should be is a store that cannot be opened (no damage to report),
+    named in the message."""
+    (tmp_path / "fleet.db").mkdir()
+    with pytest.raises(StoreUnavailable) as refused:
+        open_store(str(tmp_path / "fleet.db"))
+    assert str(tmp_path / "fleet.db") in str(refused.value)

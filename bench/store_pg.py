@@ -1,0 +1,229 @@
+"""Bench: the fleet on PostgreSQL against the fleet on SQLite: SetContext and ListReplicas.
+
+Two fleets run as child processes beside one planner (also a child): one on a SQLite file, one
+on a fresh PostgreSQL database (created here on LLMGW_BENCH_PG's server, default
+postgresql://postgres@127.0.0.1:5432/postgres, and dropped after). Each holds the same catalog:
+
+- `ctx`, Llama-3.1-8B with an inline shape and no replicas: a SetContext on it is one planner
+  call plus the store's part of a change (the model read, its etag checked, the new revision's
+  compare-and-swap insert, the request id's answer), with no rollout to wait for;
+- `many`, R replicas (PENDING: no agent is connected) that ListReplicas lists; the fleet answers
+  ListReplicas from memory after reading the model from the store (the `model` filter).
+
+Calls are sequential on one channel per fleet, in rounds alternating SQLite and PostgreSQL so
+the two share whatever else the machine does; the figures are the median latency per call of
+each store and their ratio, PostgreSQL ÷ SQLite.
+
+Run: `.venv/bin/python -m bench.store_pg [--calls N] [--rounds N] [--replicas R]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import psycopg
+
+from bench.planner_throughput import LLAMA_8B, ChildServer, start_child
+from llmgw.common.v1 import common_pb2
+from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+
+ADMIN_DSN = os.environ.get("LLMGW_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+"""Where the bench's database is created and dropped (a maintenance database)."""
+
+
+def ctx_model() -> common_pb2.Model:
+    """Llama-3.1-8B on llama.cpp, shape inline, no replicas: SetContext changes only the
+    catalog."""
+    return common_pb2.Model(
+        name="ctx",
+        source="/models/llama.gguf",
+        context_length=8192,
+        shape=LLAMA_8B,
+        profiles=[
+            common_pb2.Profile(
+                name="gguf",
+                engine="llamacpp",
+                args=["-c", "8192", "-np", "1", "-ngl", "99"],
+                gpu_class="H100-80GB",
+                gpus_per_node=1,
+                replicas=0,
+            )
+        ],
+    )
+
+
+def many_model(replicas: int) -> common_pb2.Model:
+    """A model of `replicas` CPU replicas (PENDING with no agent) for ListReplicas to list."""
+    return common_pb2.Model(
+        name="many",
+        source="hf://org/many",
+        profiles=[
+            common_pb2.Profile(
+                name="cpu",
+                engine="llamacpp",
+                cpu_only=True,
+                min_memory_gb=1,
+                replicas=replicas,
+            )
+        ],
+    )
+
+
+class FleetUnderTest:
+    """One fleet child and a stub on it."""
+
+    def __init__(self, label: str, child: ChildServer) -> None:
+        self.label = label
+        self.child = child
+        self.channel = grpc.aio.insecure_channel(child.address)
+        self.stub: fleet_pb2_grpc.FleetServiceAsyncStub = fleet_pb2_grpc.FleetServiceStub(
+            self.channel
+        )
+        self.tokens = 8192
+        self.calls = 0
+
+    async def set_context(self) -> None:
+        """One SetContext on `ctx`, alternating between two context lengths."""
+        self.tokens = 16384 if self.tokens == 8192 else 8192
+        self.calls += 1
+        await self.stub.SetContext(
+            fleet_pb2.SetContextRequest(
+                name="ctx", tokens=self.tokens, request_id=f"{self.label}-{self.calls}"
+            ),
+            timeout=30,
+        )
+
+    async def list_replicas(self) -> None:
+        """One ListReplicas of `many`."""
+        await self.stub.ListReplicas(fleet_pb2.ListReplicasRequest(model="many"), timeout=30)
+
+
+async def timed(call: Callable[[], Awaitable[None]], n: int) -> list[float]:
+    """Seconds each of `n` sequential calls took."""
+    out = []
+    for _ in range(n):
+        started = time.perf_counter()
+        await call()
+        out.append(time.perf_counter() - started)
+    return out
+
+
+async def start_fleet(folder: Path, store: str, planner: str, label: str) -> ChildServer:
+    """`python -m fleet_svc` on 127.0.0.1:0 on `store`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return await start_child(
+        "fleet_svc",
+        ["--listen", "127.0.0.1:0", "--store", store, "--planner", planner, "--log-format", "json"],
+        folder / f"fleet-{label}.log",
+    )
+
+
+async def wait_replicas(fleet: FleetUnderTest, want: int) -> None:
+    """Until the fleet holds `want` replicas of `many` (its controller creates them)."""
+    deadline = time.monotonic() + 30
+    while True:
+        listed = await fleet.stub.ListReplicas(
+            fleet_pb2.ListReplicasRequest(model="many"), timeout=10
+        )
+        if len(listed.replicas) == want:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{fleet.label}: {len(listed.replicas)} replicas, not {want}")
+        await asyncio.sleep(0.1)
+
+
+async def measure(calls: int, rounds: int, replicas: int, folder: Path) -> dict[str, float]:
+    """Both fleets, interleaved rounds; median seconds per call and the ratios."""
+    dbname = "llmgw_bench_" + uuid.uuid4().hex[:10]
+    dsn = ADMIN_DSN.rsplit("/", 1)[0] + "/" + dbname
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {dbname}".encode())
+    planner = await start_child(
+        "planner_svc", ["--listen", "127.0.0.1:0", "--log-format", "json"], folder / "planner.log"
+    )
+    fleets: list[FleetUnderTest] = []
+    try:
+        for label, store in (("sqlite", str(folder / "fleet.db")), ("postgresql", dsn)):
+            child = await start_fleet(folder, store, planner.address, label)
+            fleets.append(FleetUnderTest(label, child))
+        for f in fleets:
+            await f.stub.CreateModel(fleet_pb2.CreateModelRequest(model=ctx_model()), timeout=30)
+            await f.stub.CreateModel(
+                fleet_pb2.CreateModelRequest(model=many_model(replicas)), timeout=30
+            )
+            await wait_replicas(f, replicas)
+            await timed(f.set_context, 5)  # warm: channels, the planner's shape cache
+            await timed(f.list_replicas, 5)
+        samples: dict[tuple[str, str], list[float]] = {}
+        for _ in range(rounds):
+            for f in fleets:
+                samples.setdefault((f.label, "set_context"), []).extend(
+                    await timed(f.set_context, calls)
+                )
+                samples.setdefault((f.label, "list_replicas"), []).extend(
+                    await timed(f.list_replicas, calls)
+                )
+        figures: dict[str, float] = {}
+        for (label, what), seconds in samples.items():
+            figures[f"{what}_{label}_ms"] = statistics.median(seconds) * 1000
+        for what in ("set_context", "list_replicas"):
+            figures[f"{what}_pg_over_sqlite"] = (
+                figures[f"{what}_postgresql_ms"] / figures[f"{what}_sqlite_ms"]
+            )
+        return figures
+    finally:
+        for f in fleets:
+            await f.channel.close()
+            await f.child.stop()
+        await planner.stop()
+        with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)".encode())
+
+
+def report(figures: dict[str, float], calls: int, rounds: int, replicas: int) -> None:
+    """The table."""
+    print(
+        f"store_pg: {rounds} rounds x {calls} sequential calls per store (interleaved),"
+        f" ListReplicas over {replicas} replicas"
+    )
+    print(f"{'call':<14} {'SQLite ms':>10} {'PostgreSQL ms':>14} {'PG / SQLite':>12}")
+    for what, name in (("set_context", "SetContext"), ("list_replicas", "ListReplicas")):
+        print(
+            f"{name:<14} {figures[f'{what}_sqlite_ms']:>10.2f}"
+            f" {figures[f'{what}_postgresql_ms']:>14.2f}"
+            f" {figures[f'{what}_pg_over_sqlite']:>12.2f}"
+        )
+
+
+def run(full: bool = False) -> dict[str, float]:
+    """Run at the quick (or full) size and print the table; the figures."""
+    calls, rounds, replicas = (100, 6, 64) if full else (40, 4, 16)
+    with tempfile.TemporaryDirectory(prefix="bench-store-pg-") as tmp:
+        figures = asyncio.run(measure(calls, rounds, replicas, Path(tmp)))
+    report(figures, calls, rounds, replicas)
+    return figures
+
+
+def main() -> None:
+    """Parse flags and run."""
+    parser = argparse.ArgumentParser(prog="python -m bench.store_pg", description=__doc__)
+    parser.add_argument("--calls", type=int, default=40, help="sequential calls per round")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per store, interleaved")
+    parser.add_argument("--replicas", type=int, default=16, help="replicas ListReplicas lists")
+    opts = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-store-pg-") as tmp:
+        figures = asyncio.run(measure(opts.calls, opts.rounds, opts.replicas, Path(tmp)))
+    report(figures, opts.calls, opts.rounds, opts.replicas)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Rows to records and back, for both stores: JSON written one way, every row read back checked.
+
+SQLite hands back JSON columns as text, PostgreSQL (jsonb, int[]) as Python values; each reader
+here takes either. A row that does not decode raises StoreDamaged naming its table and key, never
+the decoder's own exception, so the fleet can tell a damaged row from a bug.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fleet_svc.store.base import EventRecord, ModelRecord, ReplicaRecord, RolloutRecord
+from fleet_svc.store.verify import decoded, json_object, model_key
+
+MODEL_COLUMNS = "name, revision, spec, updated_by, updated_at, deleted, declared_in"
+REPLICA_COLUMNS = (
+    "id, model, profile, revision, node, gpus, phase, reason, address, restarts, since, spec"
+)
+ROLLOUT_COLUMNS = "id, model, state, spec, created_at, updated_at"
+EVENT_COLUMNS = "rollout_id, seq, at, event"
+
+
+def dump_json(value: Any) -> str:
+    """Compact, key-sorted JSON; NaN and unknown types refused (ValueError, TypeError), since a
+    value that cannot be read back must fail when written, not when read."""
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False)
+
+
+def _loaded(value: Any) -> Any:
+    """A JSON column's value: text is parsed (SQLite), anything else is already decoded."""
+    if isinstance(value, str | bytes | bytearray):
+        return json.loads(value)
+    return value
+
+
+def model_of_row(where: str, row: tuple[Any, ...]) -> ModelRecord:
+    """A catalog row as a record.
+
+    Raises:
+        StoreDamaged.
+    """
+    name, revision, spec, updated_by, updated_at, deleted, declared_in = row
+    return decoded(
+        where,
+        "model_revisions",
+        model_key(str(name), revision),
+        lambda: ModelRecord(
+            name=str(name),
+            revision=int(revision),
+            spec=json_object(_loaded(spec)),
+            updated_by=str(updated_by),
+            updated_at=float(updated_at),
+            deleted=bool(deleted),
+            declared_in=str(declared_in),
+        ),
+    )
+
+
+def replica_of_row(where: str, row: tuple[Any, ...]) -> ReplicaRecord:
+    """A replica row as a record.
+
+    Raises:
+        StoreDamaged.
+    """
+    (id_, model, profile, revision, node, gpus, phase, reason, address, restarts, since, spec) = row
+    return decoded(
+        where,
+        "replicas",
+        str(id_),
+        lambda: ReplicaRecord(
+            id=str(id_),
+            model=str(model),
+            profile=str(profile),
+            revision=int(revision),
+            node=str(node),
+            gpus=tuple(int(g) for g in _loaded(gpus)),
+            phase=str(phase),
+            reason=str(reason),
+            address=str(address),
+            restarts=int(restarts),
+            since=float(since),
+            spec=json_object(_loaded(spec)),
+        ),
+    )
+
+
+def rollout_of_row(where: str, row: tuple[Any, ...]) -> RolloutRecord:
+    """A rollout row as a record.
+
+    Raises:
+        StoreDamaged.
+    """
+    id_, model, state, spec, created_at, updated_at = row
+    return decoded(
+        where,
+        "rollouts",
+        str(id_),
+        lambda: RolloutRecord(
+            id=str(id_),
+            model=str(model),
+            state=str(state),
+            spec=json_object(_loaded(spec)),
+            created_at=float(created_at),
+            updated_at=float(updated_at),
+        ),
+    )
+
+
+def event_of_row(where: str, row: tuple[Any, ...]) -> EventRecord:
+    """An event row as a record.
+
+    Raises:
+        StoreDamaged.
+    """
+    rollout_id, seq, at, event = row
+    return decoded(
+        where,
+        "rollout_events",
+        f"{rollout_id}#{seq}",
+        lambda: EventRecord(str(rollout_id), int(seq), float(at), json_object(_loaded(event))),
+    )

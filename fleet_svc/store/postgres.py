@@ -1,0 +1,578 @@
+"""The fleet's store in PostgreSQL (psycopg 3 and its pool): for fleets sharing one database.
+
+(Past 500 lines because it is the whole Store interface, one short method of SQL per call, as
+sqlite.py is; its connections are postgres_link.py, its schema postgres_schema.py.)
+
+Isolation: READ COMMITTED (PostgreSQL's default), with each compare-and-swap made safe by a
+constraint or an explicit row lock rather than by SERIALIZABLE:
+- a catalog write inserts (name, revision + 1); the primary key lets one of two writers holding
+  the same etag insert it, and the other's unique violation is turned into StaleRevision naming
+  the winner's revision: the same answer SQLite's write lock gives;
+- a request id's first answer is `INSERT … ON CONFLICT DO NOTHING`: the first commit wins;
+- an event's seq is taken under `SELECT … FOR UPDATE` of its rollout's row, so two appends to
+  one rollout queue on that row instead of racing for MAX(seq) + 1 (events are append-only);
+- replica and rollout writes are upserts of whole rows; a tick's batch is one transaction.
+SERIALIZABLE would give the same guarantees only with a retry loop around every transaction
+(serialization failures, SQLSTATE 40001, are expected under it, even for writers of different
+models sharing an index page), and each of these invariants is about one key, which a key or a
+row lock guards exactly.
+
+Durability: every connection runs with `synchronous_commit = on` (a commit returns after its WAL
+record is flushed; https://www.postgresql.org/docs/15/runtime-config-wal.html), whatever the
+server's default, because the fleet answers "accepted" only once a write returns.
+
+Connections: from a pool (psycopg_pool), each checked before use, so one the server closed (a
+restart, pg_terminate_backend) is replaced, not used; while the server cannot be
+reached, calls fail fast with StoreUnavailable for FAIL_FAST_S after each failed attempt, so
+the fleet's event loop is not held waiting for connect timeouts one call after another.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from types import TracebackType
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import psycopg
+import psycopg_pool
+import structlog
+from psycopg import errors as pg_errors
+
+from fleet_svc.store.base import (
+    EventRecord,
+    ModelRecord,
+    ReplicaRecord,
+    RolloutRecord,
+    StaleRevision,
+    StoreDamaged,
+    StoreUnavailable,
+)
+from fleet_svc.store.codec import (
+    EVENT_COLUMNS,
+    MODEL_COLUMNS,
+    REPLICA_COLUMNS,
+    ROLLOUT_COLUMNS,
+    dump_json,
+    event_of_row,
+    model_of_row,
+    replica_of_row,
+    rollout_of_row,
+)
+from fleet_svc.store.migrations import SchemaTooNew, latest_version
+from fleet_svc.store.postgres_lease import IDLE_IN_TRANSACTION_MS, Lease, acquire, check_fence
+from fleet_svc.store.postgres_lease import release as release_lease
+from fleet_svc.store.postgres_link import (
+    CONNECT_TIMEOUT_S,
+    POOL_MAX,
+    STATEMENT_TIMEOUT_MS,
+    Link,
+    NoConnection,
+    first_line,
+)
+from fleet_svc.store.postgres_schema import MIGRATIONS, migrate, schema_version
+from fleet_svc.store.urls import redact_dsn
+from fleet_svc.store.verify import check_all
+
+log = structlog.get_logger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _guarded(
+    method: Callable[Concatenate[PostgresStore, P], R],
+) -> Callable[Concatenate[PostgresStore, P], R]:
+    """Raise a store error for what psycopg raises; fail fast while the server is down; tried
+    again on a fresh connection when the one it used broke under it (the method must be
+    safe to run twice: a read, an upsert, an insert that ignores a repeat, a delete)."""
+    return _translating(method, fail_fast=True, again=True)
+
+
+def _once(
+    method: Callable[Concatenate[PostgresStore, P], R],
+) -> Callable[Concatenate[PostgresStore, P], R]:
+    """As _guarded, but never run twice: a broken connection may have committed the first try
+    (a catalog revision, an event), so the caller is told StoreUnavailable and decides."""
+    return _translating(method, fail_fast=True, again=False)
+
+
+def _trying(
+    method: Callable[Concatenate[PostgresStore, P], R],
+) -> Callable[Concatenate[PostgresStore, P], R]:
+    """As _guarded, but always trying the server (the health probe: it is what notices the
+    server is back)."""
+    return _translating(method, fail_fast=False, again=True)
+
+
+def _translating(
+    method: Callable[Concatenate[PostgresStore, P], R], *, fail_fast: bool, again: bool
+) -> Callable[Concatenate[PostgresStore, P], R]:
+    @functools.wraps(method)
+    def call(self: PostgresStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        if fail_fast:
+            self.link.fail_fast()
+        # Every pooled connection may have been cut at once: one try more than the pool holds.
+        tries = POOL_MAX + 1 if again else 1
+        for attempt in range(1, tries + 1):
+            try:
+                result = method(self, *args, **kwargs)
+            except StoreDamaged as exc:
+                self.damage = self.damage or exc
+                raise
+            except psycopg_pool.PoolClosed:
+                raise  # the store was closed: the caller's mistake, as a closed SQLite store's
+            except NoConnection as exc:
+                # The server cannot be reached: fail fast until it can (see FAIL_FAST_S).
+                raise self.link.down(exc.problem) from exc
+            except psycopg.OperationalError as exc:
+                # A connection broke under the call (the server ended it: a restart,
+                # pg_terminate_backend, 57P01 admin_shutdown) or a statement timed out: the
+                # server or the network, not the data. Once more on a fresh connection when
+                # that is safe; the server itself may be fine, so no fail-fast.
+                if attempt < tries:
+                    log.info("store_call_retried", store=self.where, problem=first_line(exc))
+                    continue
+                raise StoreUnavailable(self.where, first_line(exc)) from exc
+            except (psycopg.IntegrityError, psycopg.InterfaceError):
+                raise  # a constraint the caller broke, or a closed store: the caller's mistake
+            except psycopg.DatabaseError as exc:
+                # A table or column gone, a row the server cannot return: the schema is damaged.
+                damaged = StoreDamaged(self.where, f"PostgreSQL: {first_line(exc)}")
+                self.damage = self.damage or damaged
+                raise damaged from exc
+            self.link.reached()
+            return result
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    return call
+
+
+class PostgresStore:
+    """The Store in a PostgreSQL database (migrated on open); safe to call from any thread.
+
+    Several fleets may share one database: writes that must not interleave are guarded as the
+    module docstring says. Revisions follow the SQLite store's rules exactly (the shared test
+    suite runs against both).
+    """
+
+    thread_safe = True
+
+    def __init__(self, dsn: str, *, clock: Callable[[], float] = time.time) -> None:
+        """Connect, migrate, and open the pool.
+
+        Args:
+            dsn: a libpq connection string or `postgresql://` URL.
+            clock: seconds since the epoch, stamped on stored answers.
+
+        Raises:
+            StoreUnavailable: the server cannot be reached, or refuses the connection (naming
+                the DSN, its password left out, and the server's reason).
+            SchemaTooNew: the database was migrated by a newer fleet; it is left untouched.
+            StoreDamaged: a migration failed.
+        """
+        self.where = redact_dsn(dsn)
+        self._clock = clock
+        self.damage: StoreDamaged | None = None
+        """The first damage a call found; `probe` reports it until the store is reopened."""
+        self._fence: int | None = None
+        """The leadership epoch every write is fenced with (None: writes are not fenced)."""
+        kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "connect_timeout": CONNECT_TIMEOUT_S,
+            "options": f"-c synchronous_commit=on -c statement_timeout={STATEMENT_TIMEOUT_MS}"
+            f" -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}",
+            "application_name": "llmgw-fleet",
+        }
+        # One direct connection first: its failure carries the server's reason ("connection
+        # refused", "database … does not exist"), where the pool would only time out.
+        try:
+            with psycopg.connect(dsn, **kwargs) as conn:
+                migrate(conn, self.where, MIGRATIONS)
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(self.where, first_line(exc)) from exc
+        except SchemaTooNew:
+            raise
+        except psycopg.Error as exc:
+            raise StoreDamaged(self.where, f"migration failed: {first_line(exc)}") from exc
+        self.link = Link(dsn, self.where, kwargs)
+
+    def close(self) -> None:
+        """Close the pool (a second call does nothing)."""
+        self.link.close()
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # Health.
+
+    @_trying
+    def probe(self) -> None:
+        """Raise the damage a call found since opening; else read the schema version over a
+        pooled connection (reaching the server, and noticing a newer fleet's migration).
+
+        Raises:
+            StoreDamaged, StoreUnavailable, SchemaTooNew.
+        """
+        if self.damage is not None:
+            raise self.damage
+        with self.link.connection() as conn:
+            found = schema_version(conn)
+        if found > latest_version(MIGRATIONS):
+            raise SchemaTooNew(self.where, found, latest_version(MIGRATIONS))
+
+    @_guarded
+    def verify(self) -> None:
+        """Every row decoded as the fleet reads it (PostgreSQL checks its own pages: checksums
+        when the cluster has them; there is no quick_check to run).
+
+        Raises:
+            StoreDamaged: naming the first row that does not decode.
+        """
+        with self.link.connection() as conn:
+            models = [
+                model_of_row(self.where, row)
+                for row in conn.execute(f"SELECT {MODEL_COLUMNS} FROM model_revisions")
+            ]
+            replicas = [
+                replica_of_row(self.where, row)
+                for row in conn.execute(f"SELECT {REPLICA_COLUMNS} FROM replicas")
+            ]
+            rollouts = [
+                rollout_of_row(self.where, row)
+                for row in conn.execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts")
+            ]
+            for row in conn.execute(f"SELECT {EVENT_COLUMNS} FROM rollout_events"):
+                event_of_row(self.where, row)
+        check_all(self.where, models, replicas, rollouts)
+
+    # Leadership (fleet_svc/store/postgres_lease.py).
+
+    @_guarded
+    def acquire_lease(self, holder: str, address: str, lease_s: float) -> Lease:
+        """Take or renew the fleets' lease for `lease_s` seconds; who holds it after."""
+        with self.link.connection() as conn:
+            return acquire(conn, holder, address, lease_s)
+
+    @_guarded
+    def release_lease(self, holder: str) -> None:
+        """End `holder`'s lease now (a clean stop)."""
+        with self.link.connection() as conn:
+            release_lease(conn, holder)
+
+    def fence(self, epoch: int | None) -> None:
+        """Fence every later write with `epoch` (None: stop fencing): each is made only while
+        `epoch` is the lease's, else refused with NotLeader."""
+        self._fence = epoch
+
+    @contextmanager
+    def _writing(
+        self, conn: psycopg.Connection[tuple[Any, ...]], *, transaction: bool = False
+    ) -> Iterator[None]:
+        """The scope of one write: a transaction checking the fence first when fenced (or when
+        the write needs one anyway), else the bare autocommit statement(s)."""
+        epoch = self._fence
+        if epoch is None and not transaction:
+            yield
+            return
+        with conn.transaction():
+            if epoch is not None:
+                check_fence(conn, epoch, self.where)
+            yield
+
+    # The catalog.
+
+    @_guarded
+    def get_model(self, name: str) -> ModelRecord | None:
+        """The model's latest revision, None when absent or deleted."""
+        with self.link.connection() as conn:
+            row = conn.execute(
+                f"SELECT {MODEL_COLUMNS} FROM model_revisions WHERE name = %s"
+                " ORDER BY revision DESC LIMIT 1",
+                (name,),
+            ).fetchone()
+        if row is None:
+            return None
+        record = model_of_row(self.where, row)
+        return None if record.deleted else record
+
+    @_guarded
+    def list_models(self) -> list[ModelRecord]:
+        """Every current (latest, not deleted) model, by name."""
+        with self.link.connection() as conn:
+            rows = conn.execute(
+                f"SELECT {MODEL_COLUMNS} FROM (SELECT DISTINCT ON (name) {MODEL_COLUMNS}"
+                " FROM model_revisions ORDER BY name, revision DESC) AS latest"
+                " WHERE NOT deleted ORDER BY name"
+            ).fetchall()
+        return [model_of_row(self.where, row) for row in rows]
+
+    @_once
+    def put_model(self, record: ModelRecord, *, expect_revision: int) -> ModelRecord:
+        """Write `record` as the model's next revision if its latest one is `expect_revision`
+        (the rules of SQLiteStore.put_model; the primary key settles a race, see the module
+        docstring).
+
+        Raises:
+            StaleRevision: the model's latest revision is not `expect_revision`.
+            ValueError: a deletion of a model that is absent or deleted.
+        """
+        spec = dump_json(record.spec)
+        with self.link.connection() as conn:
+            try:
+                with self._writing(conn, transaction=True):
+                    last, absent = _latest(conn, record.name)
+                    if expect_revision != last and not (absent and expect_revision == 0):
+                        raise StaleRevision(record.name, expect_revision, last)
+                    if record.deleted and absent:
+                        raise ValueError(
+                            f"model {record.name!r} does not exist, so it cannot be deleted"
+                        )
+                    written = replace(record, revision=last + 1)
+                    conn.execute(
+                        f"INSERT INTO model_revisions ({MODEL_COLUMNS})"
+                        " VALUES (%s, %s, %s::json, %s, %s, %s, %s)",
+                        (
+                            written.name,
+                            written.revision,
+                            spec,
+                            written.updated_by,
+                            written.updated_at,
+                            written.deleted,
+                            written.declared_in,
+                        ),
+                    )
+            except pg_errors.UniqueViolation:
+                # Another writer inserted this revision after we read the last one.
+                raise StaleRevision(
+                    record.name, expect_revision, _latest(conn, record.name)[0]
+                ) from None
+        return written
+
+    @_guarded
+    def model_history(self, name: str) -> list[ModelRecord]:
+        """Every revision of a model, oldest first (deletions included)."""
+        with self.link.connection() as conn:
+            rows = conn.execute(
+                f"SELECT {MODEL_COLUMNS} FROM model_revisions WHERE name = %s ORDER BY revision",
+                (name,),
+            ).fetchall()
+        return [model_of_row(self.where, row) for row in rows]
+
+    # Idempotency.
+
+    @_guarded
+    def get_answer(self, request_id: str) -> tuple[str, bytes] | None:
+        """The (method, serialized answer) stored for a request id, None when there is none."""
+        with self.link.connection() as conn:
+            row = conn.execute(
+                "SELECT method, answer FROM answers WHERE request_id = %s", (request_id,)
+            ).fetchone()
+        return None if row is None else (str(row[0]), bytes(row[1]))
+
+    @_guarded
+    def put_answer(self, request_id: str, method: str, answer: bytes) -> None:
+        """Keep the answer to a request id; a later answer to the same id is ignored."""
+        with self.link.connection() as conn, self._writing(conn):
+            conn.execute(
+                "INSERT INTO answers (request_id, method, answer, created_at)"
+                " VALUES (%s, %s, %s, %s) ON CONFLICT (request_id) DO NOTHING",
+                (request_id, method, answer, self._clock()),
+            )
+
+    # Replicas.
+
+    @_guarded
+    def list_replicas(self) -> list[ReplicaRecord]:
+        """Every replica record, by id."""
+        with self.link.connection() as conn:
+            rows = conn.execute(f"SELECT {REPLICA_COLUMNS} FROM replicas ORDER BY id").fetchall()
+        return [replica_of_row(self.where, row) for row in rows]
+
+    @_guarded
+    def write_replicas(self, puts: Sequence[ReplicaRecord], deletes: Sequence[str]) -> None:
+        """Insert or replace `puts` and forget `deletes` in one transaction."""
+        if not puts and not deletes:
+            return
+        rows = [_replica_params(r) for r in puts]
+        with self.link.connection() as conn, self._writing(conn, transaction=True):
+            if rows:
+                with conn.cursor() as cur:
+                    cur.executemany(_UPSERT_REPLICA, rows)
+            if deletes:
+                conn.execute("DELETE FROM replicas WHERE id = ANY(%s)", (list(deletes),))
+
+    @_guarded
+    def put_replica(self, record: ReplicaRecord) -> None:
+        """Insert a replica record, or replace every field of the one with the same id."""
+        params = _replica_params(record)
+        with self.link.connection() as conn, self._writing(conn):
+            conn.execute(_UPSERT_REPLICA, params)
+
+    @_guarded
+    def delete_replica(self, replica_id: str) -> None:
+        """Forget a replica (deleting an unknown id does nothing)."""
+        with self.link.connection() as conn, self._writing(conn):
+            conn.execute("DELETE FROM replicas WHERE id = %s", (replica_id,))
+
+    # Named values.
+
+    @_guarded
+    def get_value(self, key: str) -> str | None:
+        """A stored value, None when the key was never set."""
+        with self.link.connection() as conn:
+            row = conn.execute("SELECT value FROM named_values WHERE key = %s", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    @_guarded
+    def put_value(self, key: str, value: str) -> None:
+        """Store a value, replacing the key's previous one."""
+        with self.link.connection() as conn, self._writing(conn):
+            conn.execute(
+                "INSERT INTO named_values (key, value) VALUES (%s, %s)"
+                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
+    # Rollouts.
+
+    @_guarded
+    def put_rollout(self, record: RolloutRecord) -> None:
+        """Insert a rollout, or replace its state (created_at is kept)."""
+        spec = dump_json(record.spec)
+        with self.link.connection() as conn, self._writing(conn):
+            conn.execute(
+                "INSERT INTO rollouts (id, model, state, spec, created_at, updated_at)"
+                " VALUES (%s, %s, %s, %s::json, %s, %s) ON CONFLICT (id) DO UPDATE SET"
+                " state = excluded.state, spec = excluded.spec, updated_at = excluded.updated_at",
+                (
+                    record.id,
+                    record.model,
+                    record.state,
+                    spec,
+                    record.created_at,
+                    record.updated_at,
+                ),
+            )
+
+    @_guarded
+    def get_rollout(self, rollout_id: str) -> RolloutRecord | None:
+        """A rollout, None when unknown."""
+        with self.link.connection() as conn:
+            row = conn.execute(
+                f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE id = %s", (rollout_id,)
+            ).fetchone()
+        return None if row is None else rollout_of_row(self.where, row)
+
+    @_guarded
+    def list_rollouts(self, model: str = "") -> list[RolloutRecord]:
+        """Rollouts of a model (every model when ""), newest first; a row that does not decode
+        is logged and left out (see SQLiteStore._readable)."""
+        with self.link.connection() as conn:
+            if model:
+                rows = conn.execute(
+                    f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE model = %s"
+                    " ORDER BY created_at DESC, id DESC",
+                    (model,),
+                ).fetchall()
+            else:
+                rows = conn.execute(
+                    f"SELECT {ROLLOUT_COLUMNS} FROM rollouts ORDER BY created_at DESC, id DESC"
+                ).fetchall()
+        return self._readable(rows, rollout_of_row)
+
+    @_once
+    def append_event(self, rollout_id: str, at: float, event: dict[str, Any]) -> int:
+        """Append an event; its seq is the rollout's last plus one, taken holding the rollout's
+        row lock (an unknown rollout is refused by the foreign key)."""
+        doc = dump_json(event)
+        with self.link.connection() as conn, self._writing(conn, transaction=True):
+            conn.execute("SELECT 1 FROM rollouts WHERE id = %s FOR UPDATE", (rollout_id,))
+            row = conn.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM rollout_events WHERE rollout_id = %s",
+                (rollout_id,),
+            ).fetchone()
+            seq = (0 if row is None else int(row[0])) + 1
+            conn.execute(
+                "INSERT INTO rollout_events (rollout_id, seq, at, event)"
+                " VALUES (%s, %s, %s, %s::json)",
+                (rollout_id, seq, at, doc),
+            )
+        return seq
+
+    @_guarded
+    def list_events(self, rollout_id: str, after_seq: int = 0) -> list[EventRecord]:
+        """A rollout's events after `after_seq`, in order (one that does not decode is logged
+        and left out)."""
+        with self.link.connection() as conn:
+            rows = conn.execute(
+                f"SELECT {EVENT_COLUMNS} FROM rollout_events"
+                " WHERE rollout_id = %s AND seq > %s ORDER BY seq",
+                (rollout_id, after_seq),
+            ).fetchall()
+        return self._readable(rows, event_of_row)
+
+    def _readable(
+        self, rows: Sequence[tuple[Any, ...]], decode: Callable[[str, tuple[Any, ...]], R]
+    ) -> list[R]:
+        out: list[R] = []
+        for row in rows:
+            try:
+                out.append(decode(self.where, row))
+            except StoreDamaged as exc:
+                self.damage = self.damage or exc
+                log.error(
+                    "store_row_skipped",
+                    store=self.where,
+                    table=exc.table,
+                    key=exc.key,
+                    problem=exc.problem,
+                )
+        return out
+
+
+_UPSERT_REPLICA = (
+    f"INSERT INTO replicas ({REPLICA_COLUMNS})"
+    " VALUES (%s, %s, %s, %s, %s, %s::integer[], %s, %s, %s, %s, %s, %s::json)"
+    " ON CONFLICT (id) DO UPDATE SET model = excluded.model, profile = excluded.profile,"
+    " revision = excluded.revision, node = excluded.node, gpus = excluded.gpus,"
+    " phase = excluded.phase, reason = excluded.reason, address = excluded.address,"
+    " restarts = excluded.restarts, since = excluded.since, spec = excluded.spec"
+)
+
+
+def _replica_params(r: ReplicaRecord) -> tuple[Any, ...]:
+    return (
+        r.id,
+        r.model,
+        r.profile,
+        r.revision,
+        r.node,
+        list(r.gpus),
+        r.phase,
+        r.reason,
+        r.address,
+        r.restarts,
+        r.since,
+        dump_json(r.spec),
+    )
+
+
+def _latest(conn: psycopg.Connection[tuple[Any, ...]], name: str) -> tuple[int, bool]:
+    """A model's last revision (0 when it never existed) and whether it is absent now."""
+    row = conn.execute(
+        "SELECT revision, deleted FROM model_revisions WHERE name = %s"
+        " ORDER BY revision DESC LIMIT 1",
+        (name,),
+    ).fetchone()
+    return (0, True) if row is None else (int(row[0]), bool(row[1]))

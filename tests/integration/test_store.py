@@ -1,0 +1,709 @@
+"""The store suite, run against both stores (SQLite and PostgreSQL): revisions and etags,
+answers, replicas, values, rollouts and events, racing writers, and rows that do not decode.
+
+PostgreSQL is the server at 127.0.0.1:5432 (tests/support/postgres.py): each test gets a fresh
+database, dropped after. Where only one store has something to test (SQLite's file and pragmas,
+PostgreSQL's connections), it is in tests/unit/test_store_sqlite.py or
+tests/integration/test_store_postgres.py.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from fleet_svc.store.base import (
+    ModelRecord,
+    ReplicaRecord,
+    RolloutRecord,
+    StaleRevision,
+    Store,
+    StoreDamaged,
+)
+from fleet_svc.store.postgres import PostgresStore
+from fleet_svc.store.sqlite import SQLiteStore
+from fleet_svc.store.urls import open_store
+from tests.support.postgres import fresh_database
+
+CLOCK = 1_764_000_123.5
+"""What the stores' injected clock reads (stamped on answers)."""
+
+
+@dataclass
+class Backend:
+    """One store's database: how to open a store on it and run raw SQL against it."""
+
+    kind: str
+    url: str
+    """What `--store` takes to name this database."""
+    opener: Callable[[], Store]
+    raw: Callable[[str, tuple[Any, ...]], list[tuple[Any, ...]]]
+    """Run one statement (`?` placeholders) outside the store, committed; its rows."""
+
+    def open(self) -> Store:
+        """A new store on this database."""
+        return self.opener()
+
+
+def _sqlite_backend(path: Path) -> Backend:
+    def raw(statement: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+            return conn.execute(statement, params).fetchall()
+
+    return Backend("sqlite", str(path), lambda: SQLiteStore(path, clock=lambda: CLOCK), raw)
+
+
+def _postgres_backend(dsn: str) -> Backend:
+    def raw(statement: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            cur = conn.execute(statement.replace("?", "%s").encode(), params)
+            return cur.fetchall() if cur.description else []
+
+    return Backend("postgresql", dsn, lambda: PostgresStore(dsn, clock=lambda: CLOCK), raw)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    """Each store's database, fresh: a file in a temporary folder, or a new PostgreSQL
+    database dropped after the test."""
+    if request.param == "sqlite":
+        yield _sqlite_backend(tmp_path / "fleet.db")
+    else:
+        with fresh_database() as (_name, dsn):
+            yield _postgres_backend(dsn)
+
+
+@pytest.fixture
+def store(backend: Backend) -> Iterator[Store]:
+    """A store on the fresh database, closed after the test."""
+    opened = backend.open()
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+# A catalog model as the fleet stores it: the llmgw.common.v1.Model JSON form, proto field names
+# (int64 fields as strings, as protobuf's JSON mapping writes them).
+LLAMA_SPEC: dict[str, Any] = {
+    "name": "llama-3.1-8b",
+    "source": "hf://meta-llama/Llama-3.1-8B-Instruct",
+    "context_length": "131072",
+    "max_output": "8192",
+    "profiles": [
+        {
+            "name": "h100",
+            "engine": "vllm",
+            "args": ["--max-model-len", "131072", "--gpu-memory-utilization", "0.9"],
+            "gpu_class": "H100-80GB",
+            "gpus_per_node": 1,
+            "tp": 1,
+            "replicas": 2,
+        }
+    ],
+}
+QWEN_SPEC: dict[str, Any] = {
+    "name": "qwen2.5-0.5b",
+    "source": "http://127.0.0.1:8000/qwen2.5-0.5b-instruct-q4_k_m.gguf",
+    "profiles": [{"name": "cpu", "engine": "llamacpp", "cpu_only": True, "min_memory_gb": 2}],
+}
+
+
+def model(
+    name: str = "llama-3.1-8b",
+    *,
+    deleted: bool = False,
+    spec: dict[str, Any] | None = None,
+    updated_by: str = "alice@example.com",
+    updated_at: float = 1_764_000_000.25,
+    declared_in: str = "",
+) -> ModelRecord:
+    """A model record to write; the store assigns the revision."""
+    return ModelRecord(
+        name=name,
+        revision=0,
+        spec=LLAMA_SPEC if spec is None else spec,
+        updated_by=updated_by,
+        updated_at=updated_at,
+        deleted=deleted,
+        declared_in=declared_in,
+    )
+
+
+# Catalog revisions ------------------------------------------------------------------------------
+
+# Each step: (deleted, expect_revision, outcome); outcome is the revision written, or
+# ("stale", current) for a refusal naming the model's current revision.
+Step = tuple[bool, int, "int | tuple[str, int]"]
+
+REVISION_CASES: list[tuple[str, list[Step]]] = [
+    ("create then update twice counts up", [(False, 0, 1), (False, 1, 2), (False, 2, 3)]),
+    ("creating an existing model is stale", [(False, 0, 1), (False, 0, ("stale", 1))]),
+    ("updating an absent model is stale", [(False, 1, ("stale", 0))]),
+    ("an etag one behind is stale", [(False, 0, 1), (False, 1, 2), (False, 1, ("stale", 2))]),
+    ("an etag ahead is stale", [(False, 0, 1), (False, 5, ("stale", 1))]),
+    ("a deletion is a revision", [(False, 0, 1), (True, 1, 2)]),
+    (
+        "creating after a deletion on etag 0 continues the count",
+        [(False, 0, 1), (False, 1, 2), (True, 2, 3), (False, 0, 4), (False, 4, 5)],
+    ),
+    (
+        "creating after a deletion on the deletion's etag continues the count",
+        [(False, 0, 1), (True, 1, 2), (False, 2, 3)],
+    ),
+    (
+        "writing on an etag from before the deletion is stale",
+        [(False, 0, 1), (True, 1, 2), (False, 1, ("stale", 2))],
+    ),
+    (
+        "creating twice after a deletion is stale",
+        [(False, 0, 1), (True, 1, 2), (False, 0, 3), (False, 0, ("stale", 3))],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "steps", [steps for _, steps in REVISION_CASES], ids=[name for name, _ in REVISION_CASES]
+)
+def test_put_model_revisions(store: Store, steps: list[Step]) -> None:
+    """Each write lands at one past the last row or is refused naming the current revision."""
+    written = 0
+    for deleted, expect, outcome in steps:
+        record = model(deleted=deleted, updated_by=f"step-{written}")
+        if isinstance(outcome, tuple):
+            with pytest.raises(StaleRevision) as refused:
+                store.put_model(record, expect_revision=expect)
+            assert (refused.value.name, refused.value.expected, refused.value.current) == (
+                record.name,
+                expect,
+                outcome[1],
+            )
+        else:
+            assert store.put_model(record, expect_revision=expect).revision == outcome
+            written += 1
+    history = store.model_history("llama-3.1-8b")
+    assert [r.revision for r in history] == list(range(1, written + 1))
+    assert [r.updated_by for r in history] == [f"step-{i}" for i in range(written)]
+
+
+def test_model_fields_round_trip(store: Store) -> None:
+    """Every field of a written model reads back equal, with the revision the store gave it."""
+    record = model(
+        spec=QWEN_SPEC, updated_by="ops@example.com", declared_in="/etc/llmgw/cluster.yaml"
+    )
+    record = replace(record, name="qwen2.5-0.5b", revision=42)
+    written = store.put_model(record, expect_revision=0)
+    assert written == replace(record, revision=1)
+    assert store.get_model("qwen2.5-0.5b") == written
+    assert store.model_history("qwen2.5-0.5b") == [written]
+    assert store.list_models() == [written]
+
+
+def test_deleted_model_leaves_get_and_list_but_stays_in_history(store: Store) -> None:
+    """A deleted model reads as absent and is not listed, while history keeps every revision."""
+    store.put_model(model(), expect_revision=0)
+    store.put_model(model("qwen2.5-0.5b", spec=QWEN_SPEC), expect_revision=0)
+    store.put_model(model(updated_by="bob@example.com"), expect_revision=1)
+    store.put_model(model(deleted=True, updated_by="carol@example.com"), expect_revision=2)
+    assert store.get_model("llama-3.1-8b") is None
+    assert [m.name for m in store.list_models()] == ["qwen2.5-0.5b"]
+    history = store.model_history("llama-3.1-8b")
+    assert [(r.revision, r.updated_by, r.deleted) for r in history] == [
+        (1, "alice@example.com", False),
+        (2, "bob@example.com", False),
+        (3, "carol@example.com", True),
+    ]
+
+
+def test_list_models_gives_each_latest_revision_by_name(store: Store) -> None:
+    """The listing holds one record per current model, its latest revision, sorted by name."""
+    for name in ("zeta", "alpha", "mid"):
+        store.put_model(model(name, updated_by="v1"), expect_revision=0)
+    store.put_model(model("mid", updated_by="v2"), expect_revision=1)
+    listed = store.list_models()
+    assert [(m.name, m.revision, m.updated_by) for m in listed] == [
+        ("alpha", 1, "v1"),
+        ("mid", 2, "v2"),
+        ("zeta", 1, "v1"),
+    ]
+
+
+def test_unknown_model_reads_as_absent(store: Store) -> None:
+    """A name never written has no current record and an empty history."""
+    assert store.get_model("nope") is None
+    assert store.model_history("nope") == []
+    assert store.list_models() == []
+
+
+@pytest.mark.parametrize(
+    ("deleted_before", "expect"),
+    [(False, 0), (True, 0), (True, 2)],
+    ids=["never-existed", "deleted-etag-0", "deleted-etag-of-deletion"],
+)
+def test_deleting_an_absent_model_is_refused(
+    store: Store, deleted_before: bool, expect: int
+) -> None:
+    """A deletion of a model that never existed or is already deleted is refused, writing no row."""
+    if deleted_before:
+        store.put_model(model(), expect_revision=0)
+        store.put_model(model(deleted=True), expect_revision=1)
+    rows_before = len(store.model_history("llama-3.1-8b"))
+    with pytest.raises(ValueError, match="does not exist"):
+        store.put_model(model(deleted=True), expect_revision=expect)
+    assert len(store.model_history("llama-3.1-8b")) == rows_before
+
+
+@pytest.mark.parametrize(
+    ("spec", "error"),
+    [({"context_length": float("nan")}, ValueError), ({"when": object()}, TypeError)],
+    ids=["nan", "object"],
+)
+def test_spec_that_is_not_json_is_refused(
+    store: Store, spec: dict[str, Any], error: type[Exception]
+) -> None:
+    """A spec that could not be read back as JSON is refused at write, and nothing is stored."""
+    with pytest.raises(error):
+        store.put_model(model(spec=spec), expect_revision=0)
+    assert store.model_history("llama-3.1-8b") == []
+
+
+REPLICAS = [
+    ReplicaRecord(id="r-min", model="qwen2.5-0.5b", profile="cpu", revision=1),
+    ReplicaRecord(
+        id="llama-3.1-8b/h100/0",
+        model="llama-3.1-8b",
+        profile="h100",
+        revision=7,
+        node="gpu-node-3",
+        gpus=(4, 5, 6, 7),
+        phase="READY",
+        reason="engine healthy",
+        address="10.0.3.17:8001",
+        restarts=3,
+        since=1_764_000_456.125,
+        spec={
+            "engine": "vllm",
+            "args": ["--tensor-parallel-size", "4"],
+            "source": "hf://meta-llama/Llama-3.1-8B-Instruct",
+            "gpus": [4, 5, 6, 7],
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("record", REPLICAS, ids=[r.id for r in REPLICAS])
+def test_replica_insert_replace_delete(store: Store, record: ReplicaRecord) -> None:
+    """Every replica field reads back equal after insert and after replace; delete forgets it."""
+    store.put_replica(record)
+    assert store.list_replicas() == [record]
+    changed = replace(
+        record,
+        revision=record.revision + 1,
+        node="gpu-node-9",
+        gpus=(0,),
+        phase="STOPPING",
+        reason="drained: model updated",
+        address="",
+        restarts=record.restarts + 1,
+        since=record.since + 60.5,
+        spec={"engine": "sglang"},
+    )
+    store.put_replica(changed)
+    assert store.list_replicas() == [changed]
+    store.delete_replica(record.id)
+    assert store.list_replicas() == []
+    store.delete_replica(record.id)
+
+
+def test_replicas_are_listed_by_id(store: Store) -> None:
+    """Several replicas are all listed, in id order, whatever order they were written in."""
+    for record in reversed(REPLICAS):
+        store.put_replica(record)
+    assert store.list_replicas() == sorted(REPLICAS, key=lambda r: r.id)
+
+
+def test_values_store_replace_and_default_to_none(store: Store) -> None:
+    """A value reads back as last written; a key never set reads as None."""
+    assert store.get_value("desired_version/gpu-node-3") is None
+    store.put_value("desired_version/gpu-node-3", "41")
+    store.put_value("desired_version/gpu-node-3", "42")
+    store.put_value("replica_counter", "")
+    assert store.get_value("desired_version/gpu-node-3") == "42"
+    assert store.get_value("replica_counter") == ""
+
+
+def test_write_replicas_puts_and_forgets_in_one_transaction(store: Store) -> None:
+    """A tick's replica changes are written together: puts replace, deletes forget, and a
+    failing batch writes nothing."""
+    a = ReplicaRecord(id="r-a", model="m", profile="p", revision=1)
+    b = ReplicaRecord(id="r-b", model="m", profile="p", revision=1)
+    store.write_replicas([a, b], [])
+    store.write_replicas([replace(a, phase="READY")], ["r-b"])
+    assert [(r.id, r.phase) for r in store.list_replicas()] == [("r-a", "READY")]
+    bad = replace(b, spec={"x": float("nan")})
+    with pytest.raises(ValueError):
+        store.write_replicas([replace(a, phase="STOPPING"), bad], [])
+    assert [(r.id, r.phase) for r in store.list_replicas()] == [("r-a", "READY")]
+
+
+# Racing writers ---------------------------------------------------------------------------------
+
+
+def test_racing_writers_with_one_etag_yield_exactly_one_winner(backend: Backend) -> None:
+    """Two stores on one database in two threads, writing on the same etag at once: one wins
+    each round and the other is told the winner's revision."""
+    backend.open().close()
+    rounds = 25
+    barrier = threading.Barrier(2)
+    outcomes: dict[str, list[int | StaleRevision]] = {"a": [], "b": []}
+    failures: list[BaseException] = []
+
+    def writer(who: str) -> None:
+        try:
+            mine = backend.open()
+            try:
+                for expect in range(rounds):
+                    barrier.wait(timeout=10)
+                    try:
+                        written = mine.put_model(model(updated_by=who), expect_revision=expect)
+                        outcomes[who].append(written.revision)
+                    except StaleRevision as stale:
+                        outcomes[who].append(stale)
+                    # Both writers see the round's winner before the next round starts.
+                    barrier.wait(timeout=10)
+            finally:
+                mine.close()
+        except BaseException as exc:
+            failures.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=writer, args=(who,)) for who in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not failures
+    reader = backend.open()
+    try:
+        history = reader.model_history("llama-3.1-8b")
+    finally:
+        reader.close()
+    assert [r.revision for r in history] == list(range(1, rounds + 1))
+    for n, (a, b) in enumerate(zip(outcomes["a"], outcomes["b"], strict=True)):
+        won = [x for x in (a, b) if isinstance(x, int)]
+        lost = [x for x in (a, b) if isinstance(x, StaleRevision)]
+        assert won == [n + 1], f"round {n}: {a!r} / {b!r}"
+        assert [(s.expected, s.current) for s in lost] == [(n, n + 1)]
+        assert history[n].updated_by == ("a" if isinstance(a, int) else "b")
+
+
+def test_racing_first_answers_keep_exactly_one(backend: Backend) -> None:
+    """Four stores answering the same request ids at once: each id keeps one answer, the same
+    one every reader sees, and it is one of those written."""
+    backend.open().close()
+    ids = [f"req-{i}" for i in range(30)]
+    barrier = threading.Barrier(4)
+    failures: list[BaseException] = []
+
+    def answerer(who: int) -> None:
+        try:
+            mine = backend.open()
+            try:
+                barrier.wait(timeout=10)
+                for request_id in ids:
+                    mine.put_answer(request_id, "CreateModel", f"{who}:{request_id}".encode())
+            finally:
+                mine.close()
+        except BaseException as exc:
+            failures.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=answerer, args=(who,)) for who in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not failures
+    stores = [backend.open(), backend.open()]
+    try:
+        for request_id in ids:
+            first, second = (s.get_answer(request_id) for s in stores)
+            assert first == second and first is not None
+            who, _, answered = first[1].decode().partition(":")
+            assert answered == request_id and int(who) in range(4)
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_racing_appends_give_each_event_its_own_seq(backend: Backend) -> None:
+    """Three stores appending to one rollout at once: seqs run 1..N with no gap and no repeat,
+    and every event is kept."""
+    setup = backend.open()
+    setup.put_rollout(RolloutRecord("ro-1", "m", "RUNNING", {}, 1.0, 1.0))
+    setup.close()
+    per_writer = 20
+    failures: list[BaseException] = []
+    seqs: list[int] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(3)
+
+    def appender(who: int) -> None:
+        try:
+            mine = backend.open()
+            try:
+                barrier.wait(timeout=10)
+                for i in range(per_writer):
+                    seq = mine.append_event("ro-1", float(i), {"who": who, "i": i})
+                    with lock:
+                        seqs.append(seq)
+            finally:
+                mine.close()
+        except BaseException as exc:
+            failures.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=appender, args=(who,)) for who in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not failures
+    assert sorted(seqs) == list(range(1, 3 * per_writer + 1))
+    reader = backend.open()
+    try:
+        events = reader.list_events("ro-1")
+    finally:
+        reader.close()
+    assert [e.seq for e in events] == list(range(1, 3 * per_writer + 1))
+    assert sorted((e.event["who"], e.event["i"]) for e in events) == sorted(
+        (w, i) for w in range(3) for i in range(per_writer)
+    )
+
+
+# Answers ----------------------------------------------------------------------------------------
+
+
+def test_first_answer_to_a_request_wins(store: Store) -> None:
+    """A second answer to the same request id is ignored; other ids are separate."""
+    assert store.get_answer("req-1") is None
+    store.put_answer("req-1", "CreateModel", b"\x08\x01first\x00")
+    store.put_answer("req-1", "DeleteModel", b"second")
+    store.put_answer("req-2", "UpdateModel", b"")
+    assert store.get_answer("req-1") == ("CreateModel", b"\x08\x01first\x00")
+    assert store.get_answer("req-2") == ("UpdateModel", b"")
+
+
+def test_answers_are_stamped_with_the_injected_clock(store: Store, backend: Backend) -> None:
+    """An answer's creation time is the store's clock at the first write."""
+    store.put_answer("req-1", "CreateModel", b"x")
+    assert backend.raw("SELECT created_at FROM answers", ()) == [(CLOCK,)]
+
+
+# Rollouts and events ----------------------------------------------------------------------------
+
+ROLLOUT_SPEC: dict[str, Any] = {
+    "kind": "context",
+    "strategy": "beside",
+    "from_revision": 3,
+    "to_revision": 4,
+    "steps": [{"profile": "h100", "old_id": "r-1", "new_id": "", "stage": "waiting"}],
+    "log_tail": ["starting …", "ok"],
+}
+
+
+def test_a_rollout_is_replaced_but_keeps_its_creation_time(store: Store) -> None:
+    """A rollout written again has its new state and spec, and the time it was first written."""
+    first = RolloutRecord("ro-1", "llama", "RUNNING", ROLLOUT_SPEC, 100.25, 100.25)
+    store.put_rollout(first)
+    assert store.get_rollout("ro-1") == first
+    done = replace(first, state="SUCCEEDED", spec={"steps": []}, created_at=999.0, updated_at=150.5)
+    store.put_rollout(done)
+    assert store.get_rollout("ro-1") == replace(done, created_at=100.25)
+    assert store.get_rollout("ro-nope") is None
+
+
+def test_rollouts_are_listed_newest_first_by_model(store: Store) -> None:
+    """Listing gives every rollout newest first (id breaking ties), or one model's."""
+    for rid, model_name, at in [("ro-a", "m1", 10.0), ("ro-b", "m2", 30.0), ("ro-c", "m1", 20.0)]:
+        store.put_rollout(RolloutRecord(rid, model_name, "RUNNING", {}, at, at))
+    store.put_rollout(RolloutRecord("ro-d", "m1", "FAILED", {}, 20.0, 21.0))
+    assert [r.id for r in store.list_rollouts()] == ["ro-b", "ro-d", "ro-c", "ro-a"]
+    assert [r.id for r in store.list_rollouts("m1")] == ["ro-d", "ro-c", "ro-a"]
+    assert store.list_rollouts("m3") == []
+
+
+def test_events_are_numbered_per_rollout_and_read_after_a_seq(store: Store) -> None:
+    """Each rollout's events count 1, 2, 3 …; reading after a seq gives the later ones in order,
+    every field as written."""
+    for rid in ("ro-1", "ro-2"):
+        store.put_rollout(RolloutRecord(rid, "m", "RUNNING", {}, 1.0, 1.0))
+    assert store.append_event("ro-1", 10.5, {"kind": "rollout_started", "gpus": [0, 1]}) == 1
+    assert store.append_event("ro-2", 11.0, {"kind": "rollout_started"}) == 1
+    assert store.append_event("ro-1", 12.25, {"kind": "step_done", "message": "é ✓"}) == 2
+    assert store.append_event("ro-1", 13.0, {"kind": "rollout_succeeded"}) == 3
+    events = store.list_events("ro-1")
+    assert [(e.rollout_id, e.seq, e.at, e.event["kind"]) for e in events] == [
+        ("ro-1", 1, 10.5, "rollout_started"),
+        ("ro-1", 2, 12.25, "step_done"),
+        ("ro-1", 3, 13.0, "rollout_succeeded"),
+    ]
+    assert events[0].event == {"kind": "rollout_started", "gpus": [0, 1]}
+    assert events[1].event["message"] == "é ✓"
+    assert [e.seq for e in store.list_events("ro-1", after_seq=1)] == [2, 3]
+    assert store.list_events("ro-1", after_seq=3) == []
+    assert [e.seq for e in store.list_events("ro-2")] == [1]
+
+
+# The interface ----------------------------------------------------------------------------------
+
+
+def _interface_methods() -> list[str]:
+    """The methods the Store protocol declares."""
+    return sorted(
+        name for name, value in vars(Store).items() if callable(value) and not name.startswith("_")
+    )
+
+
+def test_the_store_protocol_declares_what_the_fleet_calls() -> None:
+    """The protocol the check below walks is the fleet's whole use of a store, not an empty list."""
+    assert {
+        "get_model",
+        "put_model",
+        "write_replicas",
+        "append_event",
+        "put_value",
+        "probe",
+        "verify",
+    } <= set(_interface_methods())
+
+
+@pytest.mark.parametrize("cls", [SQLiteStore, PostgresStore], ids=["sqlite", "postgresql"])
+@pytest.mark.parametrize("name", _interface_methods())
+def test_each_store_meets_the_store_interface(cls: type[Any], name: str) -> None:
+    """Each store has every method of the Store protocol, taking the same parameters (names,
+    kinds, defaults), so the fleet can call it through the interface (mypy checks the types)."""
+    declared = inspect.signature(getattr(Store, name))
+    implemented = inspect.signature(getattr(cls, name))
+    shape = [(p.name, p.kind, p.default) for p in declared.parameters.values()]
+    assert [(p.name, p.kind, p.default) for p in implemented.parameters.values()] == shape
+
+
+def test_a_closed_store_can_be_closed_again(backend: Backend) -> None:
+    """close() releases the database, a second close does nothing, and a call after it raises."""
+    store = backend.open()
+    store.put_value("k", "v")
+    store.close()
+    store.close()
+    with pytest.raises(Exception, match=r"(?i)closed"):
+        store.get_value("k")
+
+
+def test_reopening_keeps_everything(backend: Backend) -> None:
+    """What one store wrote, another opened on the same database reads (migrations applied
+    once, nothing reset)."""
+    first = backend.open()
+    first.put_model(model(), expect_revision=0)
+    first.put_value("desired_version", "7")
+    first.close()
+    second = open_store(backend.url)
+    try:
+        assert [m.revision for m in second.list_models()] == [1]
+        assert second.get_value("desired_version") == "7"
+        second.probe()
+    finally:
+        second.close()
+
+
+# Rows that do not decode --------------------------------------------------------------------------
+
+BROKEN_ROWS = [
+    # (what, statement breaking one row, table, key)
+    (
+        "a profile list that is a number",
+        'UPDATE model_revisions SET spec = \'{"name":"llama-3.1-8b","profiles":5}\'',
+        "model_revisions",
+        "llama-3.1-8b@1",
+    ),
+    (
+        "a spec that is a list",
+        "UPDATE model_revisions SET spec = '[1, 2]'",
+        "model_revisions",
+        "llama-3.1-8b@1",
+    ),
+    ("a replica spec that is a string", "UPDATE replicas SET spec = '\"x\"'", "replicas", "r-1"),
+    (
+        "a rollout in an unknown state",
+        "UPDATE rollouts SET state = 'EXPLODED'",
+        "rollouts",
+        "ro-1",
+    ),
+    (
+        "a rollout step that is not an object",
+        "UPDATE rollouts SET spec = '{\"steps\": [7]}'",
+        "rollouts",
+        "ro-1",
+    ),
+    (
+        "an event that is a number",
+        "UPDATE rollout_events SET event = '3'",
+        "rollout_events",
+        "ro-1#1",
+    ),
+]
+
+
+def _fill(store: Store) -> None:
+    store.put_model(model(), expect_revision=0)
+    store.put_replica(ReplicaRecord(id="r-1", model="llama-3.1-8b", profile="h100", revision=1))
+    store.put_rollout(RolloutRecord("ro-1", "llama-3.1-8b", "RUNNING", ROLLOUT_SPEC, 1.0, 1.0))
+    store.append_event("ro-1", 1.0, {"kind": "rollout_started"})
+
+
+@pytest.mark.parametrize(
+    ("statement", "table", "key"),
+    [row[1:] for row in BROKEN_ROWS],
+    ids=[row[0] for row in BROKEN_ROWS],
+)
+def test_opening_refuses_a_store_with_a_row_it_cannot_read(
+    backend: Backend, statement: str, table: str, key: str
+) -> None:
+    """A row that is valid JSON but not what the fleet reads is found when the store opens, and
+    the refusal names the store, the table and the row's key."""
+    store = backend.open()
+    _fill(store)
+    store.close()
+    backend.raw(statement, ())
+    with pytest.raises(StoreDamaged) as refused:
+        open_store(backend.url)
+    assert (refused.value.table, refused.value.key) == (table, key)
+    message = str(refused.value)
+    assert key in message and table in message
+    assert message.startswith("the fleet store ")
+
+
+def test_a_row_broken_after_opening_is_skipped_in_listings_and_fails_the_probe(
+    store: Store, backend: Backend
+) -> None:
+    """Damage found at run time: a listing people read leaves the broken rollout out (the
+    others still listed), a read the fleet acts on raises naming the row, and from then on
+    the probe reports it (so health is NOT_SERVING)."""
+    _fill(store)
+    store.put_rollout(RolloutRecord("ro-2", "llama-3.1-8b", "SUCCEEDED", {}, 2.0, 2.0))
+    store.probe()
+    backend.raw("UPDATE rollouts SET spec = '[]' WHERE id = ?", ("ro-1",))
+    backend.raw("UPDATE model_revisions SET spec = '\"gone\"'", ())
+    assert [r.id for r in store.list_rollouts()] == ["ro-2"]
+    with pytest.raises(StoreDamaged, match=r"llama-3\.1-8b@1"):
+        store.get_model("llama-3.1-8b")
+    with pytest.raises(StoreDamaged, match="ro-1"):
+        store.probe()
