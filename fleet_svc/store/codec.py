@@ -8,9 +8,18 @@ the decoder's own exception, so the fleet can tell a damaged row from a bug.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
-from fleet_svc.store.base import EventRecord, ModelRecord, ReplicaRecord, RolloutRecord
+import structlog
+
+from fleet_svc.store.base import (
+    EventRecord,
+    ModelRecord,
+    ReplicaRecord,
+    RolloutRecord,
+    StoreDamaged,
+)
 from fleet_svc.store.verify import decoded, json_object, model_key
 
 MODEL_COLUMNS = "name, revision, spec, updated_by, updated_at, deleted, declared_in"
@@ -120,3 +129,29 @@ def event_of_row(where: str, row: tuple[Any, ...]) -> EventRecord:
         f"{rollout_id}#{seq}",
         lambda: EventRecord(str(rollout_id), int(seq), float(at), json_object(_loaded(event))),
     )
+
+
+R = TypeVar("R")
+
+log = structlog.get_logger(__name__)
+
+
+def readable_rows(
+    where: str, rows: Sequence[tuple[Any, ...]], decode: Callable[[str, tuple[Any, ...]], R]
+) -> tuple[list[R], StoreDamaged | None]:
+    """The rows of a listing that decode, and the first damage met. A row that does not is
+    logged with its key and left out; the store remembers the damage (so health turns
+    NOT_SERVING). Only listings people read (rollouts, their events) skip: a catalog or replica
+    row the controller acts on is never skipped, since acting on part of the catalog would stop
+    the replicas of the model left out."""
+    out: list[R] = []
+    damage: StoreDamaged | None = None
+    for row in rows:
+        try:
+            out.append(decode(where, row))
+        except StoreDamaged as exc:
+            damage = damage or exc
+            log.error(
+                "store_row_skipped", store=where, table=exc.table, key=exc.key, problem=exc.problem
+            )
+    return out, damage

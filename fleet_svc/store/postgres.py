@@ -59,6 +59,7 @@ from fleet_svc.store.codec import (
     dump_json,
     event_of_row,
     model_of_row,
+    readable_rows,
     replica_of_row,
     rollout_of_row,
 )
@@ -525,19 +526,9 @@ class PostgresStore:
     def _readable(
         self, rows: Sequence[tuple[Any, ...]], decode: Callable[[str, tuple[Any, ...]], R]
     ) -> list[R]:
-        out: list[R] = []
-        for row in rows:
-            try:
-                out.append(decode(self.where, row))
-            except StoreDamaged as exc:
-                self.damage = self.damage or exc
-                log.error(
-                    "store_row_skipped",
-                    store=self.where,
-                    table=exc.table,
-                    key=exc.key,
-                    problem=exc.problem,
-                )
+        """The rows that decode (codec.readable_rows); damage met is remembered."""
+        out, damage = readable_rows(self.where, rows, decode)
+        self.damage = self.damage or damage
         return out
 
 

@@ -16,8 +16,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-import structlog
-
 from fleet_svc.store.base import (
     EventRecord,
     ModelRecord,
@@ -36,13 +34,13 @@ from fleet_svc.store.codec import (
     dump_json,
     event_of_row,
     model_of_row,
+    readable_rows,
     replica_of_row,
     rollout_of_row,
 )
 from fleet_svc.store.migrations import check_not_newer, immediate, migrate
 from fleet_svc.store.verify import check_all
 
-log = structlog.get_logger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -501,21 +499,7 @@ class SQLiteStore:
     def _readable(
         self, rows: Sequence[tuple[Any, ...]], decode: Callable[[str, tuple[Any, ...]], R]
     ) -> list[R]:
-        """The rows that decode; one that does not is logged with its key, remembered as damage
-        (so health turns NOT_SERVING) and left out. Only listings people read (rollouts, their
-        events) skip: a catalog or replica row the controller acts on is never skipped, since
-        acting on part of the catalog would stop the replicas of the model left out."""
-        out: list[R] = []
-        for row in rows:
-            try:
-                out.append(decode(self.where, row))
-            except StoreDamaged as exc:
-                self.damage = self.damage or exc
-                log.error(
-                    "store_row_skipped",
-                    store=self.where,
-                    table=exc.table,
-                    key=exc.key,
-                    problem=exc.problem,
-                )
+        """The rows that decode (codec.readable_rows); damage met is remembered."""
+        out, damage = readable_rows(self.where, rows, decode)
+        self.damage = self.damage or damage
         return out
