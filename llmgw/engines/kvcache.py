@@ -36,7 +36,14 @@ def token_bytes(layer: Layer, tp: int, dtype: Fraction) -> Fraction:
 def token_bytes_on_card(shape: ModelShape, tp: int, dtype: Fraction) -> int:
     """What one cached token takes on one card, every KV layer at full width (recurrent
     state is not per token and is left out)."""
-    return math.ceil(sum(token_bytes(la, tp, dtype) for la in shape.layers if la.has_kv))
+    # Each distinct layer sized once, times how often it recurs (ModelShape shares one object
+    # per distinct layer): exact, as the sum is of Fractions.
+    counts: dict[int, tuple[Layer, int]] = {}
+    for la in shape.layers:
+        if la.has_kv:
+            seen = counts.get(id(la))
+            counts[id(la)] = (la, seen[1] + 1 if seen else 1)
+    return math.ceil(sum(token_bytes(la, tp, dtype) * n for la, n in counts.values()))
 
 
 def ceil_to(n: int, step: int) -> int:
