@@ -21,13 +21,16 @@ def split_flag(arg: str) -> tuple[str, str | None]:
     return arg, None
 
 
-def _matches(arg: str, names: Sequence[str], folded: bool) -> tuple[bool, str | None]:
-    """Whether `arg` is one of the flag `names`; the inline value when written `--flag=value`."""
+def _wanted(names: Sequence[str], folded: bool) -> frozenset[str]:
+    """The spellings `_matches` compares against: the names, folded when the engine folds."""
+    return frozenset(fold(n) for n in names) if folded else frozenset(names)
+
+
+def _matches(arg: str, wanted: frozenset[str], folded: bool) -> tuple[bool, str | None]:
+    """Whether `arg` is one of the flags `wanted` (from `_wanted`); the inline value when
+    written `--flag=value`."""
     flag, inline = split_flag(arg)
-    if folded:
-        flag = fold(flag)
-        return any(flag == fold(n) for n in names), inline
-    return flag in names, inline
+    return (fold(flag) if folded else flag) in wanted, inline
 
 
 def get_arg(args: Sequence[str], names: Sequence[str], *, folded: bool = False) -> str | None:
@@ -40,10 +43,11 @@ def get_arg(args: Sequence[str], names: Sequence[str], *, folded: bool = False) 
     Returns:
         The value as written; "" for a flag given last with no value.
     """
+    wanted = _wanted(names, folded)
     value: str | None = None
     i = 0
     while i < len(args):
-        hit, inline = _matches(args[i], names, folded)
+        hit, inline = _matches(args[i], wanted, folded)
         if hit:
             if inline is not None:
                 value = inline
@@ -58,7 +62,8 @@ def get_arg(args: Sequence[str], names: Sequence[str], *, folded: bool = False) 
 
 def has_flag(args: Sequence[str], names: Sequence[str], *, folded: bool = False) -> bool:
     """Whether any of the flag `names` is present (as a switch or with a value)."""
-    return any(_matches(a, names, folded)[0] for a in args)
+    wanted = _wanted(names, folded)
+    return any(_matches(a, wanted, folded)[0] for a in args)
 
 
 def get_int(
@@ -89,11 +94,12 @@ def set_arg(
             has no `=` split), the flag is always written `--flag value`.
         folded: whether the engine reads `--a_b` as `--a-b` (then either spelling is the flag).
     """
+    wanted = _wanted(names, folded)
     out: list[str] = []
     done = False
     i = 0
     while i < len(args):
-        hit, inline = _matches(args[i], names, folded)
+        hit, inline = _matches(args[i], wanted, folded)
         if not hit:
             out.append(args[i])
             i += 1
@@ -114,10 +120,11 @@ def drop_arg(
     args: Sequence[str], names: Sequence[str], takes_value: bool = True, *, folded: bool = False
 ) -> list[str]:
     """Arguments without a flag (every occurrence, under any alias, with its value)."""
+    wanted = _wanted(names, folded)
     out: list[str] = []
     i = 0
     while i < len(args):
-        hit, inline = _matches(args[i], names, folded)
+        hit, inline = _matches(args[i], wanted, folded)
         if not hit:
             out.append(args[i])
             i += 1
