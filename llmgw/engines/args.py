@@ -3,6 +3,7 @@ any of their aliases and, for engines that read `_` as `-`, either spelling."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 
@@ -43,6 +44,21 @@ def get_arg(args: Sequence[str], names: Sequence[str], *, folded: bool = False) 
     Returns:
         The value as written; "" for a flag given last with no value.
     """
+    if len(args) > _REMEMBERED_ARGS or sum(map(len, args)) > _REMEMBERED_CHARS:
+        return _find_arg(tuple(args), tuple(names), folded)
+    return _remembered_arg(tuple(args), tuple(names), folded)
+
+
+# Sizing one request reads the same profile's flags some twenty times (context, tensor
+# parallel, dtypes, utilisation, for the profile before and after), so lookups are remembered:
+# at most 4,096 of them, each for an argument list of at most 64 arguments and 4 KiB, so the
+# memory held stays bounded whatever requests arrive (a longer list is read every time).
+_REMEMBERED_ARGS = 64
+_REMEMBERED_CHARS = 4096
+
+
+def _find_arg(args: tuple[str, ...], names: tuple[str, ...], folded: bool) -> str | None:
+    """`get_arg` itself: a scan of the arguments."""
     wanted = _wanted(names, folded)
     value: str | None = None
     i = 0
@@ -58,6 +74,9 @@ def get_arg(args: Sequence[str], names: Sequence[str], *, folded: bool = False) 
                 value = ""
         i += 1
     return value
+
+
+_remembered_arg = functools.lru_cache(maxsize=4096)(_find_arg)
 
 
 def has_flag(args: Sequence[str], names: Sequence[str], *, folded: bool = False) -> bool:

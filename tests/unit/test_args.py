@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from llmgw.engines import args as args_module
 from llmgw.engines.args import drop_arg, get_arg, get_int, set_arg
 
 CTX = ("--ctx-size", "-c")
@@ -51,3 +52,18 @@ def test_get_reads_the_last_occurrence_and_negative_values() -> None:
     assert get_arg(args, ("--seed",)) == "-1"
     assert get_int(["-c", "lots"], CTX, default=7) == 7
     assert get_arg([], CTX) is None
+
+
+def test_remembered_lookups_answer_as_a_scan_and_stay_bounded() -> None:
+    """Lookups are remembered for short argument lists only: the same answers as a scan, and
+    a long (hostile) list is read every time, never kept."""
+    short = ["--max-model-len", "8192", "--tensor_parallel_size=2"]
+    assert args_module.get_arg(short, ("--tensor-parallel-size", "-tp"), folded=True) == "2"
+    assert args_module.get_arg(short, ("--max-model-len",)) == "8192"
+    long = ["--x", "1"] * 100 + ["--max-model-len", "4096"]
+    before = args_module._remembered_arg.cache_info().currsize
+    assert args_module.get_arg(long, ("--max-model-len",)) == "4096"
+    assert args_module._remembered_arg.cache_info().currsize == before
+    huge = ["--max-model-len", "1" * 10_000]
+    assert args_module.get_arg(huge, ("--max-model-len",)) == "1" * 10_000
+    assert args_module._remembered_arg.cache_info().currsize == before
