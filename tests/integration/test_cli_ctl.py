@@ -24,6 +24,7 @@ from llmgw.testing.scripted_agent import ScriptedAgent
 from llmgw.tls import ClientTLS, ServerTLS
 from tests.support.fleet import running_fleet as _running_fleet
 from tests.support.planner import running_planner
+from tests.support.shapes import LLAMA_31_8B, inline_data
 
 # Heartbeats every 0.5 s, NOT_READY after 5 s of silence: each `llmgw ctl` run starts a Python
 # process on the tests' 2 shared cores, which must not make the scripted node look silent.
@@ -353,16 +354,7 @@ async def test_apply_commands_are_under_ctl(tmp_path: Path) -> None:
 
 # Llama-3.1-8B's shape (32 heads, 8 KV heads of 128; tests/fixtures/hf), given inline so the
 # planner reads no source.
-LLAMA_8B_SHAPE = {
-    "architecture": "llama",
-    "layers": 32,
-    "attention_heads": 32,
-    "kv_heads": 8,
-    "head_dim_k": 128,
-    "head_dim_v": 128,
-    "trained_context": 131072,
-    "weights_bytes": 16060522496,
-}
+LLAMA_8B_SHAPE = inline_data(LLAMA_31_8B)
 
 
 async def test_model_gpus_is_followed_to_the_end_of_its_rollout(tmp_path: Path) -> None:

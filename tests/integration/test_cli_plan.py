@@ -15,6 +15,7 @@ import yaml
 from llmgw import certs
 from llmgw.tls import ClientTLS, ServerTLS
 from tests.support.planner import running_planner
+from tests.support.shapes import LLAMA_31_8B, inline_data
 
 CLIENT_ENV = ("LLMGW_TLS_CA", "LLMGW_TLS_CERT", "LLMGW_TLS_KEY", "LLMGW_TOKEN", "LLMGW_DATA")
 NO_DATA = "/nonexistent/llmgw-data"
@@ -23,16 +24,7 @@ NO_DATA = "/nonexistent/llmgw-data"
 MODEL = {
     "name": "llama-8b",
     "context_length": 8192,
-    "shape": {
-        "architecture": "llama",
-        "layers": 32,
-        "attention_heads": 32,
-        "kv_heads": 8,
-        "head_dim_k": 128,
-        "head_dim_v": 128,
-        "trained_context": 131072,
-        "weights_bytes": 16060522496,
-    },
+    "shape": inline_data(LLAMA_31_8B),
     "profiles": [
         {
             "name": "gpu",

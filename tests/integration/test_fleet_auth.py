@@ -28,6 +28,7 @@ from tests.integration.test_fleet_tls import (
     tls_agent,
     tls_fleet,
 )
+from tests.support.shapes import LLAMA_31_8B, inline
 
 ROLES = """\
 roles:
@@ -39,16 +40,7 @@ roles:
 """The gateway is listed under no role but acts for others: it gets what its person has,
 never more than it has itself, so it needs a role too (given per test)."""
 
-LLAMA_8B = common_pb2.ModelShape(
-    architecture="llama",
-    layers=32,
-    attention_heads=32,
-    kv_heads=8,
-    head_dim_k=128,
-    head_dim_v=128,
-    trained_context=131_072,
-    weights_bytes=16_060_522_496,
-)
+LLAMA_8B = inline(LLAMA_31_8B)
 
 
 def llama(

@@ -82,3 +82,8 @@ def inline(shape: ModelShape) -> common_pb2.ModelShape:
         trained_context=shape.trained_context,
         weights_bytes=shape.weights_bytes,
     )
+
+
+def inline_data(shape: ModelShape) -> dict[str, object]:
+    """`inline(shape)` as a model file writes it (YAML or JSON data, proto field names)."""
+    return {field.name: value for field, value in inline(shape).ListFields()}

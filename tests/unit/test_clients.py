@@ -23,21 +23,13 @@ from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
 from llmgw.rpc.status import build_status
 from tests.support.planner import running_planner
+from tests.support.shapes import LLAMA_31_8B, inline_data
 
 LLAMA_8B = model_from_data(
     {
         "name": "llama-8b",
         "context_length": 8192,
-        "shape": {
-            "architecture": "llama",
-            "layers": 32,
-            "attention_heads": 32,
-            "kv_heads": 8,
-            "head_dim_k": 128,
-            "head_dim_v": 128,
-            "trained_context": 131072,
-            "weights_bytes": 16060522496,
-        },
+        "shape": inline_data(LLAMA_31_8B),
         "profiles": [
             {
                 "name": "gpu",
