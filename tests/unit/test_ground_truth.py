@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from llmgw.engines.base import Card, Verdict
+from llmgw.engines.base import Card, CardNeed, Verdict
 from llmgw.engines.heads import splits_heads, valid_tp_counts
 from llmgw.engines.sglang import sglang_available_kv_bytes, sglang_token_capacity
 from llmgw.engines.trtllm import trtllm_token_capacity
@@ -279,6 +279,33 @@ VLLM_AVAILABLE: list[
 of the vLLM versions the rules are keyed by (quoted in llmgw/engines/vllm_memory.py)."""
 
 
+def vllm_need_as_printed(
+    shape_of: Callable[[], ModelShape],
+    args: list[str],
+    version: str,
+    gpu: str,
+    total_gib: float,
+    weights_gib: float,
+    tp: int,
+) -> tuple[ModelShape, CardNeed]:
+    """The shape with the weights vLLM printed, and the planner's need on each of `tp` cards
+    whose CUDA total is the printed one (`args[1]` is the context asked)."""
+    total = int(total_gib * GIB)
+    shape = replace(shape_of(), weights_bytes=int(weights_gib * GIB) * tp)
+    need = card_need(
+        "vllm",
+        shape,
+        args=args,
+        tokens=int(args[1]),
+        slots=1,
+        cards=tp,
+        card_memory_bytes=total,
+        card=Card(gpu, total, total, "printed"),
+        engine_version=version,
+    )
+    return shape, need
+
+
 @pytest.mark.parametrize(
     ("case", "shape_of", "args", "version", "gpu", "total_gib", "weights_gib", "tp", "printed"),
     VLLM_AVAILABLE,
@@ -296,19 +323,7 @@ def test_vllm_available_kv_memory_as_printed(
 ) -> None:
     """The KV pool vLLM sizes at start on each card: utilisation × CUDA's total − weights − its
     profile run's peak − non-torch memory, by the version's rules, within 1 %."""
-    total = int(total_gib * GIB)
-    shape = replace(shape_of(), weights_bytes=int(weights_gib * GIB) * tp)
-    need = card_need(
-        "vllm",
-        shape,
-        args=args,
-        tokens=int(args[1]),
-        slots=1,
-        cards=tp,
-        card_memory_bytes=total,
-        card=Card(gpu, total, total, "printed"),
-        engine_version=version,
-    )
+    shape, need = vllm_need_as_printed(shape_of, args, version, gpu, total_gib, weights_gib, tp)
     assert within(need.kv_pool_bytes, printed * GIB), (case, need.kv_pool_bytes / GIB, printed)
     if case in ROWS:
         assert (
@@ -448,19 +463,7 @@ def test_vllm_verdict_is_what_the_engine_did(
 ) -> None:
     """Where vLLM started the planner says it fits (perhaps only within the margin); where it
     refused or failed at start, "does not fit"."""
-    total = int(total_gib * GIB)
-    shape = replace(shape_of(), weights_bytes=int(weights_gib * GIB) * tp)
-    need = card_need(
-        "vllm",
-        shape,
-        args=args,
-        tokens=int(args[1]),
-        slots=1,
-        cards=tp,
-        card_memory_bytes=total,
-        card=Card(gpu, total, total, "printed"),
-        engine_version=version,
-    )
+    _, need = vllm_need_as_printed(shape_of, args, version, gpu, total_gib, weights_gib, tp)
     assert need.fits is started, (case, need.verdict)
     assert (need.verdict is Verdict.DOES_NOT_FIT) is not started
 
