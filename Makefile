@@ -28,12 +28,28 @@ venv: $(VENV)/.installed
 run: $(VENV)/.runtime llama-server
 	$(VENV)/bin/llmgw up $(UP_ARGS)
 
-# Regenerate the Python code of the protos (committed).
-proto: venv
+# Debian's Go toolchain, protoc and the Go protobuf/gRPC plugins and libraries: they generate
+# gen/go (make proto) and build the Go client test (tests/integration/test_go_client.py).
+# Pinned by Debian 12: go 1.19, protoc 3.21.12, protoc-gen-go 1.28.1, protoc-gen-go-grpc and
+# grpc-go 1.33.3, google.golang.org/protobuf 1.28.1, genproto 2020-04-13 (scripts/gen_protos.py
+# refuses other plugin versions). protoc-gen-go replaces Debian's older protoc-gen-go-1-3.
+GO_DEBS := golang-go protobuf-compiler protoc-gen-go protoc-gen-go-grpc golang-google-grpc-dev \
+	golang-google-protobuf-dev golang-google-genproto-dev
+.PHONY: go-tools
+go-tools:
+	@missing=$$(for p in $(GO_DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
+		| grep -q '^install ok installed$$' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "apt-get install $$missing"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	fi
+
+# Regenerate the Python and Go code of the protos (committed: llmgw/*/v1, gen/go).
+proto: venv go-tools
 	$(PY) scripts/gen_protos.py --out .
 
-# Fail when the committed generated code differs from what the protos generate.
-proto-check: venv
+# Fail when the committed generated code (Python or Go) differs from what the protos generate.
+proto-check: venv go-tools
 	$(PY) scripts/gen_protos.py --check
 
 $(BUF):
@@ -50,7 +66,7 @@ lint: venv
 	$(VENV)/bin/lint-imports --no-logo
 
 # Run every check and test, as CI does.
-test: venv llama-server proto-check buf-lint lint
+test: venv llama-server go-tools proto-check buf-lint lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here" >&2; exit 1; fi; \
 	exit $$rc

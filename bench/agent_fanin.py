@@ -203,7 +203,7 @@ class LeanAgent:
     async def run(self) -> None:
         """Hello, then answer until the stream ends; heartbeats on the Welcome's interval."""
         call = self._call = self.stub.Connect()
-        card = agent_pb2.Card(
+        card = common_pb2.Card(
             index=0, uuid=f"{self.node}-gpu0", model="H100-80GB", memory_total_bytes=CARD_BYTES
         )
         await self._send(

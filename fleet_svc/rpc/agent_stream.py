@@ -25,6 +25,7 @@ from fleet_svc.rpc.auth import current_caller
 from fleet_svc.rpc.status import stream_refusals_as_status
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
 from llmgw.clock import Clock
+from llmgw.common.v1 import common_pb2
 
 log = structlog.get_logger(__name__)
 
@@ -42,7 +43,7 @@ _PHASES: dict[int, ReplicaPhase] = {
 }
 
 
-def card_of(msg: agent_pb2.Card) -> Card:
+def card_of(msg: common_pb2.Card) -> Card:
     """A card from the agent's message."""
     return Card(
         index=msg.index,

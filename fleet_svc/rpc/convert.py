@@ -15,7 +15,6 @@ from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.rollout import Rollout, Strategy
 from fleet_svc.store.base import EventRecord
 from fleet_svc.watch import EndpointEvent
-from llmgw.agent.v1 import agent_pb2
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2
 from llmgw.model import InvalidValue, Inventory
@@ -166,7 +165,7 @@ def node(view: NodeView, replicas: list[ReplicaState], last_heard: float) -> fle
         name=view.name,
         labels=view.labels,
         cards=[
-            agent_pb2.Card(
+            common_pb2.Card(
                 index=c.index,
                 uuid=c.uuid,
                 model=c.model,

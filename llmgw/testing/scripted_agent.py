@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
+from llmgw.common.v1 import common_pb2
 
 
 @dataclass
@@ -45,7 +46,7 @@ class ScriptedAgent:
     def hello(self) -> agent_pb2.ConnectRequest:
         """The Hello this agent opens with: its cards and the replicas it runs."""
         cards = [
-            agent_pb2.Card(
+            common_pb2.Card(
                 index=i,
                 uuid=f"{self.node}-gpu{i}",
                 model=self.gpu_class,

@@ -14,6 +14,7 @@ from grpc_status import rpc_status
 
 from fleet_svc.server import FleetServer
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
+from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from llmgw.testing.eventually import assert_eventually
 from tests.support.fleet import running_fleet
@@ -26,7 +27,7 @@ async def _hello(applied_version: int = 0) -> AsyncIterator[agent_pb2.ConnectReq
         hello=agent_pb2.Hello(
             node_name="node-s",
             applied_version=applied_version,
-            cards=[agent_pb2.Card(index=0, model="H100-80GB")],
+            cards=[common_pb2.Card(index=0, model="H100-80GB")],
         )
     )
     await asyncio.Event().wait()  # keep the agent's side open

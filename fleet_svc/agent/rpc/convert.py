@@ -10,6 +10,7 @@ from fleet_svc.agent.admission import Rejection
 from fleet_svc.agent.cards import Card
 from fleet_svc.agent.replica import Observation, Phase, ReplicaSpec
 from llmgw.agent.v1 import agent_pb2
+from llmgw.common.v1 import common_pb2
 
 PHASES: dict[Phase, agent_pb2.ProcessPhase.ValueType] = {
     Phase.STARTING: agent_pb2.PROCESS_PHASE_STARTING,
@@ -63,9 +64,9 @@ def observation_to_proto(obs: Observation) -> agent_pb2.ObservedReplica:
     )
 
 
-def card_to_proto(card: Card) -> agent_pb2.Card:
+def card_to_proto(card: Card) -> common_pb2.Card:
     """One card as the fleet is told of it."""
-    return agent_pb2.Card(
+    return common_pb2.Card(
         index=card.index,
         uuid=card.uuid,
         model=card.model,

@@ -9,6 +9,7 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from llmgw.common.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -67,40 +68,6 @@ PROCESS_PHASE_FAILED: ProcessPhase.ValueType  # 7
 or crashes past the restart limit.
 """
 Global___ProcessPhase: _TypeAlias = ProcessPhase  # noqa: Y015
-
-@_typing.final
-class Card(_message.Message):
-    """One card of a node."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    INDEX_FIELD_NUMBER: _builtins.int
-    UUID_FIELD_NUMBER: _builtins.int
-    MODEL_FIELD_NUMBER: _builtins.int
-    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _builtins.int
-    MEMORY_USED_BYTES_FIELD_NUMBER: _builtins.int
-    index: _builtins.int
-    uuid: _builtins.str
-    model: _builtins.str
-    """The card's model, e.g. "H100-80GB"."""
-    memory_total_bytes: _builtins.int
-    memory_used_bytes: _builtins.int
-    def __init__(
-        self,
-        *,
-        index: _builtins.int = ...,
-        uuid: _builtins.str = ...,
-        model: _builtins.str = ...,
-        memory_total_bytes: _builtins.int = ...,
-        memory_used_bytes: _builtins.int = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "model", b"model", "uuid", b"uuid"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___Card: _TypeAlias = Card  # noqa: Y015
 
 @_typing.final
 class ObservedReplica(_message.Message):
@@ -210,7 +177,7 @@ class Hello(_message.Message):
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
-    def cards(self) -> _containers.RepeatedCompositeFieldContainer[Global___Card]: ...
+    def cards(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Card]: ...
     @_builtins.property
     def replicas(self) -> _containers.RepeatedCompositeFieldContainer[Global___ObservedReplica]: ...
     @_builtins.property
@@ -222,7 +189,7 @@ class Hello(_message.Message):
         *,
         node_name: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
-        cards: _abc.Iterable[Global___Card] | None = ...,
+        cards: _abc.Iterable[_common_pb2.Card] | None = ...,
         replicas: _abc.Iterable[Global___ObservedReplica] | None = ...,
         engines: _abc.Iterable[_builtins.str] | None = ...,
         memory_bytes: _builtins.int = ...,
@@ -253,13 +220,13 @@ class Heartbeat(_message.Message):
     @_builtins.property
     def sent_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
-    def cards(self) -> _containers.RepeatedCompositeFieldContainer[Global___Card]: ...
+    def cards(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Card]: ...
     def __init__(
         self,
         *,
         seq: _builtins.int = ...,
         sent_at: _timestamp_pb2.Timestamp | None = ...,
-        cards: _abc.Iterable[Global___Card] | None = ...,
+        cards: _abc.Iterable[_common_pb2.Card] | None = ...,
         memory_free_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["sent_at", b"sent_at"]  # noqa: Y015

@@ -291,6 +291,40 @@ class InventoryNode(_message.Message):
 Global___InventoryNode: _TypeAlias = InventoryNode  # noqa: Y015
 
 @_typing.final
+class Card(_message.Message):
+    """One card of a node, as its agent reports it (the fleet lists it with the node)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    UUID_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    MEMORY_USED_BYTES_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    uuid: _builtins.str
+    model: _builtins.str
+    """The card's model, e.g. "H100-80GB"."""
+    memory_total_bytes: _builtins.int
+    memory_used_bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        uuid: _builtins.str = ...,
+        model: _builtins.str = ...,
+        memory_total_bytes: _builtins.int = ...,
+        memory_used_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "model", b"model", "uuid", b"uuid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Card: _TypeAlias = Card  # noqa: Y015
+
+@_typing.final
 class Inventory(_message.Message):
     """The hardware the planner plans against."""
 

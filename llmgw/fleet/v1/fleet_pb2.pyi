@@ -9,7 +9,6 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
-from llmgw.agent.v1 import agent_pb2 as _agent_pb2
 from llmgw.common.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
@@ -1088,7 +1087,7 @@ class Node(_message.Message):
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
-    def cards(self) -> _containers.RepeatedCompositeFieldContainer[_agent_pb2.Card]: ...
+    def cards(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Card]: ...
     @_builtins.property
     def last_heartbeat(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -1098,7 +1097,7 @@ class Node(_message.Message):
         *,
         name: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
-        cards: _abc.Iterable[_agent_pb2.Card] | None = ...,
+        cards: _abc.Iterable[_common_pb2.Card] | None = ...,
         phase: Global___NodePhase.ValueType = ...,
         gpu_class: _builtins.str = ...,
         free_gpus: _builtins.int = ...,
