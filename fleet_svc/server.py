@@ -12,7 +12,6 @@ import grpc
 import structlog
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from fleet_svc.app import FleetApp
 from fleet_svc.catalog import Catalog
@@ -30,6 +29,7 @@ from fleet_svc.store.base import Store
 from fleet_svc.store.urls import open_store
 from fleet_svc.store_health import StoreHealth
 from llmgw.clock import Clock, SystemClock
+from llmgw.rpc.reflection import enable_reflection
 from llmgw.tls import ClientTLS, ServerTLS, bind, check_listen
 
 log = structlog.get_logger(__name__)
@@ -121,9 +121,7 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
     for name in ("", FLEET_SERVICE, AGENT_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     assert error_details_pb2.ErrorInfo.DESCRIPTOR.full_name == "google.rpc.ErrorInfo"
-    reflection.enable_server_reflection(
-        (FLEET_SERVICE, AGENT_SERVICE, "grpc.health.v1.Health", reflection.SERVICE_NAME), server
-    )
+    enable_reflection(server, (FLEET_SERVICE, AGENT_SERVICE, "grpc.health.v1.Health"))
     store = open_store(opts.store_url)
     clock = clock or SystemClock()
     catalog = Catalog(store, clock.wall)

@@ -12,8 +12,8 @@ import grpc
 import structlog
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
+from llmgw.rpc.reflection import enable_reflection
 from llmgw.tls import ServerTLS, bind
 from planner_svc.rpc.servicer import SERVICE_NAME, Resolver, add_planner_service
 from planner_svc.sources.policy import SourcePolicy
@@ -79,14 +79,10 @@ async def start_planner(
     add_planner_service(server, resolver)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = (
-        SERVICE_NAME,
-        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-        reflection.SERVICE_NAME,
-    )
+    names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
     # error_details is imported so reflection can describe the details of a refusal.
     assert error_details_pb2.ErrorInfo.DESCRIPTOR.full_name == "google.rpc.ErrorInfo"
-    reflection.enable_server_reflection(names, server)
+    enable_reflection(server, names)
     for service in ("", SERVICE_NAME):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     port = bind(server, listen, tls, insecure=insecure, service="planner")

@@ -17,6 +17,7 @@ import grpc
 
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
 from llmgw.common.v1 import common_pb2
+from llmgw.tls import ClientTLS, aio_channel
 
 
 @dataclass
@@ -34,6 +35,8 @@ class ScriptedAgent:
         agent_pb2.PROCESS_PHASE_HEALTHY
     )
     reject: Callable[[agent_pb2.ReplicaSpec], str] = lambda spec: ""
+    tls: ClientTLS | None = None
+    """How it dials the fleet: plaintext when None."""
     running: dict[str, agent_pb2.ReplicaSpec] = field(default_factory=dict)
     desired: list[agent_pb2.Desired] = field(default_factory=list)
     acked: asyncio.Event = field(default_factory=asyncio.Event)
@@ -145,7 +148,7 @@ class ScriptedAgent:
         )
 
     async def _run(self) -> None:
-        channel = grpc.aio.insecure_channel(self.address)
+        channel = aio_channel(self.address, self.tls)
         beater: asyncio.Task[None] | None = None
         try:
             stream = agent_pb2_grpc.AgentServiceStub(channel).Connect(self._requests())
