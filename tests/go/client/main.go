@@ -427,8 +427,14 @@ func main() {
 	cancel()
 	must(err, "ListRollouts")
 	called("fleet", "ListRollouts")
-	if len(listed.Rollouts) != 3 || listed.Rollouts[0].Id != undo.Rollout.Id {
-		fail("ListRollouts: %d rollouts, newest %v", len(listed.Rollouts), listed.Rollouts)
+	ids := map[string]bool{}
+	for _, r := range listed.Rollouts {
+		ids[r.Id] = r.Model == model.Name
+	}
+	if len(listed.Rollouts) == 0 || listed.Rollouts[0].Id != undo.Rollout.Id ||
+		!ids[gpus.RolloutId] || !ids[sc.RolloutId] {
+		fail("ListRollouts of %s: %v (newest first, with %s, %s and %s)", model.Name,
+			listed.Rollouts, undo.Rollout.Id, sc.RolloutId, gpus.RolloutId)
 	}
 
 	statefulRefusals(&cfg, fleet, model.Name)
