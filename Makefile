@@ -56,8 +56,11 @@ $(BUF):
 	mkdir -p $(TOOLS)
 	cd $(TOOLS) && npm install --silent --no-audit --no-fund @bufbuild/buf@1.75.0
 
-buf-lint: $(BUF)
-	cd protos && $(abspath $(BUF)) lint
+# buf lints an image of the protos with their imports (google/api from googleapis-common-protos,
+# which buf would otherwise fetch from the Buf Schema Registry), only the files under llmgw/.
+buf-lint: venv $(BUF)
+	$(PY) scripts/gen_protos.py --descriptor-set build/protos.binpb
+	cd protos && $(abspath $(BUF)) lint $(abspath build/protos.binpb) --path llmgw --config buf.yaml
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -109,6 +109,24 @@ def generate_go(out: Path) -> list[Path]:
     return sorted(p.relative_to(out) for p in go_out.rglob("*") if p.name.endswith(GO_SUFFIXES))
 
 
+def write_descriptor_set(path: Path) -> None:
+    """The protos and everything they import, with source info, as one FileDescriptorSet: the
+    input `buf lint` and `buf generate` read offline (buf alone would fetch google/api from
+    the Buf Schema Registry; here it comes from googleapis-common-protos)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    args = [
+        "protoc",
+        f"-I{PROTOS}",
+        *(f"-I{inc}" for inc in includes()),
+        "--include_imports",
+        "--include_source_info",
+        f"--descriptor_set_out={path}",
+        *sources(),
+    ]
+    if protoc.main(args) != 0:
+        raise SystemExit("protoc failed")
+
+
 def committed() -> list[Path]:
     """The generated files that are in the tree now."""
     found = [p.relative_to(ROOT) for p in (ROOT / "llmgw").rglob("*") if p.name.endswith(SUFFIXES)]
@@ -122,7 +140,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, help="write the generated code under this folder")
     parser.add_argument("--check", action="store_true", help="fail when the tree has drifted")
+    parser.add_argument(
+        "--descriptor-set", type=Path, help="write the protos as a FileDescriptorSet (for buf)"
+    )
     opts = parser.parse_args()
+    if opts.descriptor_set is not None:
+        write_descriptor_set(opts.descriptor_set.resolve())
+        return 0
     if opts.out is not None:
         out = opts.out.resolve()
         # Files of a removed proto must not linger in the Go tree.
