@@ -29,7 +29,7 @@ from llmgw.clients.fleet import STRATEGIES
 def emit(opts: argparse.Namespace, answer: Message, human: Callable[[], None]) -> int:
     """Print `answer` as JSON with --json (the proto's field names), else call `human`; 0."""
     if opts.json:
-        print(as_json(answer, proto_names=True))
+        print(as_json(answer))
     else:
         human()
     return 0
@@ -67,8 +67,8 @@ def model_show(opts: argparse.Namespace) -> int:
         replicas = fleet.list_replicas(opts.name).replicas
     if opts.json:
         out = {
-            "model": as_data(cm, proto_names=True),
-            "replicas": [as_data(r, proto_names=True) for r in replicas],
+            "model": as_data(cm),
+            "replicas": [as_data(r) for r in replicas],
         }
         print(json.dumps(out, indent=2))
         return 0

@@ -23,6 +23,7 @@ from llmgw.testing.eventually import assert_eventually
 from llmgw.testing.scripted_agent import ScriptedAgent
 from llmgw.tls import ClientTLS, ServerTLS
 from tests.support.fleet import running_fleet as _running_fleet
+from tests.support.json_keys import camel_keys
 from tests.support.planner import running_planner
 from tests.support.shapes import LLAMA_31_8B, inline_data
 
@@ -137,6 +138,10 @@ async def test_model_create_list_show_and_history(tmp_path: Path) -> None:
         assert isinstance(data, dict)
         assert [m["model"]["name"] for m in data["models"]] == ["qwen"]
         assert data["models"][0]["updated_by"] == "alice"
+        assert camel_keys(data) == []
+        shown_json = (await ctl(fleet.port, "model", "show", "qwen", "--json")).json()
+        assert shown_json["model"]["model"]["context_length"] == "8192"
+        assert camel_keys(shown_json) == []
 
         history = await ctl(fleet.port, "model", "history", "qwen")
         assert history.code == 0, history.err
@@ -381,6 +386,9 @@ async def test_model_gpus_is_followed_to_the_end_of_its_rollout(tmp_path: Path) 
                 return len(rs) == 1 and rs[0].phase == fleet_pb2.REPLICA_PHASE_READY
 
             await assert_eventually(ready, timeout_s=30, what="a READY replica")
+            dry = await ctl(fleet.port, "model", "gpus", "qwen", "2", "--dry-run", "--json")
+            assert dry.code == 0, dry.err
+            assert camel_keys(dry.json()) == []
             run = await ctl(fleet.port, "model", "gpus", "qwen", "2")
             assert run.code == 0, run.err
             lines = run.out.splitlines()
@@ -395,6 +403,9 @@ async def test_model_gpus_is_followed_to_the_end_of_its_rollout(tmp_path: Path) 
             assert [(r["id"], r["state"]) for r in listed] == [
                 (rollout_id, "ROLLOUT_STATE_SUCCEEDED")
             ]
+            assert listed[0]["to_revision"] == "2" and camel_keys(listed) == []
+            status_json = (await ctl(fleet.port, "rollout", "status", rollout_id, "--json")).json()
+            assert status_json["from_revision"] == "1" and camel_keys(status_json) == []
             status = await ctl(fleet.port, "rollout", "status", rollout_id)
             assert status.code == 0 and "succeeded" in status.out.splitlines()[0]
             watched = await ctl(fleet.port, "rollout", "watch", rollout_id, "--json")
@@ -402,6 +413,7 @@ async def test_model_gpus_is_followed_to_the_end_of_its_rollout(tmp_path: Path) 
             events = [json.loads(line) for line in watched.out.splitlines()]
             assert events[-1]["state"] == "ROLLOUT_STATE_SUCCEEDED"
             assert [e["seq"] for e in events[:-1]] == sorted(e["seq"] for e in events[:-1])
+            assert camel_keys(events) == [] and events[0]["rollout_id"] == rollout_id
         finally:
             await agent.stop()
 
