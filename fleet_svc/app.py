@@ -29,6 +29,13 @@ from llmgw.model import Inventory, Model, Node
 
 log = structlog.get_logger(__name__)
 
+REQUEST_ID_WINDOW_S = 24 * 3600.0
+"""How long a request id is remembered by default: a day, well past any client's retries."""
+
+
+class _Raced(Exception):
+    """Another attempt with the same request id claimed it first (inside FleetApp.once)."""
+
 
 @dataclass(frozen=True)
 class ChangeOptions:
@@ -62,40 +69,100 @@ class FleetApp:
         store: Store,
         planner: Planner,
         clock: Callable[[], float],
+        *,
+        request_id_window_s: float = REQUEST_ID_WINDOW_S,
     ) -> None:
         self._catalog = catalog
         self._controller = controller
         self._store = store
         self.planner = planner
         self._clock = clock
+        self.request_id_window_s = request_id_window_s
+        """How long a request id's first answer is kept (a retry within it is answered so)."""
 
     # -- the guards --------------------------------------------------------------------------
 
     async def once(
-        self, request_id: str, method: str, make: Callable[[], Awaitable[bytes]]
+        self,
+        request_id: str,
+        method: str,
+        fingerprint: str,
+        prepare: Callable[[], Awaitable[Callable[[], bytes]]],
     ) -> bytes:
-        """The answer to a mutation, made once per request id: a retry gets the first answer
-        (as bytes: the servicer's encoded message).
+        """The answer to a mutation, made once per request id: a retry of the same request
+        gets the first answer (as bytes: the servicer's encoded message).
+
+        `prepare` does what may wait (the planner) and returns the commit: the change's writes
+        and its encoded answer, which run in one store transaction together with the request
+        id's record, so a crash keeps both or neither. The id is checked again inside that
+        transaction, so two attempts racing with one id make one change. Ids are kept for
+        `request_id_window_s` after their first answer; an older one is new again.
+
+        Args:
+            request_id: the caller's id ("" makes every call a new one).
+            method: the RPC's name.
+            fingerprint: a hash of the request without its id (rpc layer): the same id with
+                another fingerprint is another request.
+            prepare: returns the commit, which makes the change and encodes the answer.
 
         Raises:
-            RequestIdReused: the id was used for another method.
+            RequestIdReused: the id was used for another method or another request.
         """
         if request_id:
-            stored = self._store.get_answer(request_id)
+            stored = self._answered(request_id, method, fingerprint)
             if stored is not None:
-                first_method, blob = stored
-                if first_method != method:
-                    raise errors.RequestIdReused(
-                        f"request id {request_id!r} was used for {first_method}: use a new id",
-                        request_id=request_id,
-                        method=first_method,
-                    )
-                log.info("request_replayed", method=method, request_id=request_id)
-                return blob
-        answer = await make()
-        if request_id:
-            self._store.put_answer(request_id, method, answer)
-        return answer
+                return stored
+        commit = await prepare()
+        try:
+            with self._store.atomic():
+                if not request_id:
+                    return commit()
+                self._store.prune_answers(self._clock() - self.request_id_window_s)
+                stored = self._answered(request_id, method, fingerprint)
+                if stored is not None:
+                    return stored
+                if not self._store.claim_answer(request_id, method, fingerprint):
+                    raise _Raced
+                answer = commit()
+                self._store.put_answer(request_id, method, answer, fingerprint=fingerprint)
+                return answer
+        except _Raced:
+            # Another attempt with this id committed while this one waited: its answer.
+            stored = self._answered(request_id, method, fingerprint)
+            if stored is None:
+                raise errors.RequestIdReused(
+                    f"request id {request_id!r} is being answered by another attempt: retry it",
+                    request_id=request_id,
+                    method=method,
+                ) from None
+            return stored
+
+    def _answered(self, request_id: str, method: str, fingerprint: str) -> bytes | None:
+        """The first answer to `request_id` when it is this request's, None when the id is new
+        (or older than the window).
+
+        Raises:
+            RequestIdReused: the id answered another method or another request.
+        """
+        stored = self._store.get_answer(request_id)
+        if stored is None or stored.created_at < self._clock() - self.request_id_window_s:
+            return None
+        if stored.method != method:
+            raise errors.RequestIdReused(
+                f"request id {request_id!r} was used for {stored.method}: use a new id",
+                request_id=request_id,
+                method=stored.method,
+            )
+        # An answer stored before fingerprints were kept ("") is matched by method alone.
+        if stored.fingerprint and stored.fingerprint != fingerprint:
+            raise errors.RequestIdReused(
+                f"request id {request_id!r} was used for another {method} request: use a new id"
+                " for a new request, and the same id only to retry the same request",
+                request_id=request_id,
+                method=stored.method,
+            )
+        log.info("request_replayed", method=method, request_id=request_id)
+        return stored.answer
 
     def _changeable(self, name: str, etag: str, *, supersede: bool | None = None) -> Revision:
         """The model about to change, refused when absent, declared, changed since the caller
@@ -258,7 +325,38 @@ class FleetApp:
     async def set_context(
         self, name: str, *, tokens: int, slots: int, etag: str, options: ChangeOptions
     ) -> tuple[Planned, Applied]:
-        """Size a new context with the planner and roll it out.
+        """Size a new context with the planner and roll it out (prepare_context, committed).
+
+        Raises:
+            as prepare_context.
+        """
+        planned, commit = await self.prepare_context(
+            name, tokens=tokens, slots=slots, etag=etag, options=options
+        )
+        with self._store.atomic():
+            return planned, commit()
+
+    async def set_gpus(
+        self, name: str, *, gpus: int, profile: str, etag: str, options: ChangeOptions
+    ) -> tuple[Planned, Applied]:
+        """Plan `gpus` cards a replica and roll it out (prepare_gpus, committed).
+
+        Raises:
+            as prepare_context.
+        """
+        planned, commit = await self.prepare_gpus(
+            name, gpus=gpus, profile=profile, etag=etag, options=options
+        )
+        with self._store.atomic():
+            return planned, commit()
+
+    async def prepare_context(
+        self, name: str, *, tokens: int, slots: int, etag: str, options: ChangeOptions
+    ) -> tuple[Planned, Callable[[], Applied]]:
+        """Size a new context with the planner; the commit rolls it out (checked again).
+
+        Returns:
+            The planner's answer, and the commit (FleetApp.once runs it in one transaction).
 
         Raises:
             ModelNotFound, ModelDeclared, StaleRevision, RolloutInProgress, NoRoomBeside,
@@ -274,12 +372,13 @@ class FleetApp:
             context_length=planned.context_length,
             max_output=planned.max_output,
         )
-        return planned, self._after_planning(rev, new, "context", options)
+        return planned, lambda: self._after_planning(rev, new, "context", options)
 
-    async def set_gpus(
+    async def prepare_gpus(
         self, name: str, *, gpus: int, profile: str, etag: str, options: ChangeOptions
-    ) -> tuple[Planned, Applied]:
-        """Plan `gpus` cards a replica with the planner and roll it out.
+    ) -> tuple[Planned, Callable[[], Applied]]:
+        """Plan `gpus` cards a replica with the planner; the commit rolls it out (as
+        prepare_context).
 
         Raises:
             as set_context.
@@ -289,7 +388,7 @@ class FleetApp:
             rev.entry, self.inventory(), gpus=gpus, profile=profile
         )
         new = replace(rev.model, profiles=planned.profiles)
-        return planned, self._after_planning(rev, new, "gpus", options)
+        return planned, lambda: self._after_planning(rev, new, "gpus", options)
 
     def _after_planning(
         self, read: Revision, new: Model, kind: str, options: ChangeOptions

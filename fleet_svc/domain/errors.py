@@ -67,7 +67,8 @@ class InvalidModel(FleetError):
 
 @dataclass
 class RequestIdReused(FleetError):
-    """A request id was used before for another method."""
+    """A request id was used before for another method, or for another request (a body that
+    differs, the id aside) within the request-id window."""
 
     request_id: str = ""
     method: str = ""

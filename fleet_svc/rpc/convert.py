@@ -3,9 +3,11 @@ crosses the API, checked on the way in."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 
 from google.protobuf import json_format, timestamp_pb2
+from google.protobuf.message import Message
 
 from fleet_svc.domain import errors
 from fleet_svc.domain.catalog import Entry, Revision, check_name, check_profiles
@@ -22,6 +24,16 @@ from llmgw.model import InvalidValue, Inventory
 from llmgw.rpc.common import model_from_proto, profile_to_proto
 from llmgw.shape import InvalidShape
 from llmgw.sources import SourceRefused, parse_source
+
+
+def fingerprint(request: Message) -> str:
+    """A request's fingerprint for its request id: SHA-256 of its deterministic serialization
+    with `request_id` cleared. Parsed and serialized again, so two encodings of one request
+    (fields in another order, defaults written out) have one fingerprint."""
+    bare = type(request)()
+    bare.CopyFrom(request)
+    bare.ClearField("request_id")
+    return hashlib.sha256(bare.SerializeToString(deterministic=True)).hexdigest()
 
 
 def timestamp(seconds: float) -> timestamp_pb2.Timestamp:

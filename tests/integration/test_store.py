@@ -22,6 +22,7 @@ import psycopg
 import pytest
 
 from fleet_svc.store.base import (
+    AnswerRecord,
     ReplicaRecord,
     RolloutRecord,
     StaleRevision,
@@ -398,7 +399,7 @@ def test_racing_first_answers_keep_exactly_one(backend: Backend) -> None:
         for request_id in ids:
             first, second = (s.get_answer(request_id) for s in stores)
             assert first == second and first is not None
-            who, _, answered = first[1].decode().partition(":")
+            who, _, answered = first.answer.decode().partition(":")
             assert answered == request_id and int(who) in range(4)
     finally:
         for s in stores:
@@ -459,14 +460,66 @@ def test_first_answer_to_a_request_wins(store: Store) -> None:
     store.put_answer("req-1", "CreateModel", b"\x08\x01first\x00")
     store.put_answer("req-1", "DeleteModel", b"second")
     store.put_answer("req-2", "UpdateModel", b"")
-    assert store.get_answer("req-1") == ("CreateModel", b"\x08\x01first\x00")
-    assert store.get_answer("req-2") == ("UpdateModel", b"")
+    first, second = store.get_answer("req-1"), store.get_answer("req-2")
+    assert first is not None and (first.method, first.answer) == (
+        "CreateModel",
+        b"\x08\x01first\x00",
+    )
+    assert second is not None and (second.method, second.answer) == ("UpdateModel", b"")
 
 
 def test_answers_are_stamped_with_the_injected_clock(store: Store, backend: Backend) -> None:
     """An answer's creation time is the store's clock at the first write."""
     store.put_answer("req-1", "CreateModel", b"x")
     assert backend.raw("SELECT created_at FROM answers", ()) == [(CLOCK,)]
+
+
+def test_an_answer_keeps_its_fingerprint_and_time(store: Store) -> None:
+    """An answer reads back with the fingerprint of its request and when it was stored."""
+    store.put_answer("req-1", "SetGPUs", b"a", fingerprint="f" * 64)
+    stored = store.get_answer("req-1")
+    assert stored == AnswerRecord("SetGPUs", b"a", "f" * 64, CLOCK)
+
+
+def test_a_claimed_id_is_filled_once_and_taken_for_others(store: Store) -> None:
+    """claim_answer reserves an id once; put_answer fills the claim of the same request, and
+    neither replaces an answer already there."""
+    assert store.claim_answer("req-1", "SetGPUs", "fp")
+    assert not store.claim_answer("req-1", "SetGPUs", "fp")
+    store.put_answer("req-1", "SetGPUs", b"other", fingerprint="not-fp")
+    store.put_answer("req-1", "SetGPUs", b"answer", fingerprint="fp")
+    store.put_answer("req-1", "SetGPUs", b"later", fingerprint="fp")
+    stored = store.get_answer("req-1")
+    assert stored is not None and stored.answer == b"answer"
+
+
+def test_answers_older_than_a_time_are_pruned(store: Store, backend: Backend) -> None:
+    """prune_answers forgets the answers stored before the time it is given, and only those."""
+    store.put_answer("old", "CreateModel", b"x")
+    backend.raw("UPDATE answers SET created_at = ? WHERE request_id = ?", (CLOCK - 100, "old"))
+    store.put_answer("new", "CreateModel", b"y")
+    assert store.prune_answers(CLOCK - 50) == 1
+    assert store.get_answer("old") is None and store.get_answer("new") is not None
+
+
+def test_an_atomic_block_keeps_all_its_writes_or_none(store: Store) -> None:
+    """Writes in an atomic block that raises are all undone (a catalog revision, a rollout and
+    its event, an answer); a block that ends keeps them all, inner blocks included."""
+    with pytest.raises(RuntimeError), store.atomic():
+        store.put_model(model("m"), expect_revision=0)
+        store.put_rollout(RolloutRecord("ro-1", "m", "RUNNING", {}, 1.0, 1.0))
+        store.append_event("ro-1", 1.0, {"kind": "rollout_started"})
+        store.put_answer("req-1", "SetGPUs", b"a")
+        raise RuntimeError("the change failed half-way")
+    assert store.get_model("m") is None and store.get_rollout("ro-1") is None
+    assert store.get_answer("req-1") is None and store.list_events("ro-1") == []
+    with store.atomic():
+        store.put_model(model("m"), expect_revision=0)
+        with pytest.raises(StaleRevision), store.atomic():
+            store.put_model(model("m"), expect_revision=0)
+        store.put_answer("req-1", "SetGPUs", b"a")
+    assert [r.revision for r in store.model_history("m")] == [1]
+    assert store.get_answer("req-1") is not None
 
 
 # Rollouts and events ----------------------------------------------------------------------------

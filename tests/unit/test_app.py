@@ -5,7 +5,7 @@ is asked or written."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -87,7 +87,7 @@ class Fleet:
 
     def __init__(self, path: Path) -> None:
         self.clock = FakeClock()
-        self.store = SQLiteStore(path / "fleet.db")
+        self.store = SQLiteStore(path / "fleet.db", clock=self.clock.wall)
         self.catalog = Catalog(self.store, self.clock.wall)
         counter = itertools.count(1)
         self.controller = Controller(
@@ -229,19 +229,84 @@ async def test_create_update_delete(fleet: Fleet) -> None:
     assert fleet.app.create_model(ENTRY, "bob").revision == 4
 
 
+def answers(runs: list[int]) -> Callable[[], Awaitable[Callable[[], bytes]]]:
+    """A prepare whose commit counts its runs and answers with the count."""
+
+    async def prepare() -> Callable[[], bytes]:
+        def commit() -> bytes:
+            runs.append(1)
+            return f"answer {len(runs)}".encode()
+
+        return commit
+
+    return prepare
+
+
 async def test_a_request_id_is_answered_once(fleet: Fleet) -> None:
     """A retried request id gets the first answer without running again; reusing it for
     another method is refused."""
     runs: list[int] = []
-
-    async def make() -> bytes:
-        runs.append(1)
-        return f"answer {len(runs)}".encode()
-
-    assert await fleet.app.once("req-1", "SetGPUs", make) == b"answer 1"
-    assert await fleet.app.once("req-1", "SetGPUs", make) == b"answer 1"
-    assert await fleet.app.once("", "SetGPUs", make) == b"answer 2"  # no id: no memory
+    make = answers(runs)
+    assert await fleet.app.once("req-1", "SetGPUs", "f1", make) == b"answer 1"
+    assert await fleet.app.once("req-1", "SetGPUs", "f1", make) == b"answer 1"
+    assert await fleet.app.once("", "SetGPUs", "f1", make) == b"answer 2"  # no id: no memory
     with pytest.raises(errors.RequestIdReused) as caught:
-        await fleet.app.once("req-1", "DeleteModel", make)
+        await fleet.app.once("req-1", "DeleteModel", "f1", make)
     assert caught.value.method == "SetGPUs"
     assert len(runs) == 2
+
+
+async def test_a_request_id_sent_with_another_body_is_refused(fleet: Fleet) -> None:
+    """The same id with another request's fingerprint is REQUEST_ID_REUSED and runs nothing;
+    the first request's retry still gets its answer."""
+    runs: list[int] = []
+    assert await fleet.app.once("req-1", "SetGPUs", "body-a", answers(runs)) == b"answer 1"
+    with pytest.raises(errors.RequestIdReused) as caught:
+        await fleet.app.once("req-1", "SetGPUs", "body-b", answers(runs))
+    assert caught.value.metadata()["request_id"] == "req-1"
+    assert "another SetGPUs request" in caught.value.message
+    assert await fleet.app.once("req-1", "SetGPUs", "body-a", answers(runs)) == b"answer 1"
+    assert runs == [1]
+
+
+async def test_a_request_id_is_new_again_after_its_window(fleet: Fleet) -> None:
+    """Past the request-id window the id's answer is pruned and the id answers afresh."""
+    runs: list[int] = []
+    fleet.app.request_id_window_s = 3600.0
+    assert await fleet.app.once("req-1", "SetGPUs", "a", answers(runs)) == b"answer 1"
+    fleet.clock.advance(3599.0)
+    assert await fleet.app.once("req-1", "SetGPUs", "a", answers(runs)) == b"answer 1"
+    fleet.clock.advance(2.0)
+    assert await fleet.app.once("req-1", "SetGPUs", "b", answers(runs)) == b"answer 2"
+    stored = fleet.store.get_answer("req-1")
+    assert stored is not None and stored.fingerprint == "b" and stored.answer == b"answer 2"
+
+
+async def test_an_answer_from_before_fingerprints_is_matched_by_method(fleet: Fleet) -> None:
+    """An answer an older fleet stored (no fingerprint) is replayed to its method, whatever
+    the body, and still refused to another method."""
+    fleet.store.put_answer("old", "SetContext", b"old answer")
+    runs: list[int] = []
+    assert await fleet.app.once("old", "SetContext", "any", answers(runs)) == b"old answer"
+    with pytest.raises(errors.RequestIdReused):
+        await fleet.app.once("old", "SetGPUs", "any", answers(runs))
+    assert runs == []
+
+
+async def test_a_change_and_its_request_id_are_one_transaction(fleet: Fleet) -> None:
+    """A commit that fails after writing the catalog leaves neither the revision nor the
+    request id: the retry runs the change again, once."""
+
+    async def prepare() -> Callable[[], bytes]:
+        def commit() -> bytes:
+            fleet.app.update_model(ENTRY.with_model(replace(ENTRY.model, max_output=7)), "", "bob")
+            raise RuntimeError("the fleet died before answering")
+
+        return commit
+
+    with pytest.raises(RuntimeError):
+        await fleet.app.once("req-1", "UpdateModel", "f", prepare)
+    assert fleet.store.get_answer("req-1") is None
+    assert [r.revision for r in fleet.app.history("m")] == [1]
+    runs: list[int] = []
+    assert await fleet.app.once("req-1", "UpdateModel", "f", answers(runs)) == b"answer 1"
