@@ -24,6 +24,7 @@ from fleet_svc.domain.phases import HOLDS_CARDS
 from fleet_svc.domain.rollout import Rollout, RolloutState, Strategy, plan_steps, room_beside
 from fleet_svc.planner import Planned, Planner
 from fleet_svc.store.base import Store
+from fleet_svc.store.catalog_rows import etag_of
 from fleet_svc.store.rows import load_rollout
 from llmgw.model import Inventory, Model, Node
 
@@ -51,12 +52,15 @@ class ChangeOptions:
 
 @dataclass(frozen=True)
 class Applied:
-    """What a change did: the revision (as committed, or as it would be for a dry run) and the
-    rollout carrying it out ("" for a dry run or when no replica needs replacing)."""
+    """What a change did: the revision (as committed; for a dry run as it would be, unwritten:
+    revision 0, no etag) and the rollout carrying it out ("" for a dry run or when no replica
+    needs replacing). `unchanged`: the model already was as asked, so nothing was written and
+    `revision` is the current one."""
 
     revision: Revision
     rollout_id: str
     restarted: int
+    unchanged: bool = False
 
 
 class FleetApp:
@@ -174,13 +178,13 @@ class FleetApp:
         """
         rev = self._catalog.get(name)
         self._not_declared(name)
-        if etag and etag != str(rev.revision):
+        if etag and etag != rev.etag:
             raise errors.StaleRevision(
-                f"model {name!r} is at revision {rev.revision}, not {etag}: read it again and "
-                "retry",
+                f"model {name!r} changed since etag {etag} was read (now revision "
+                f"{rev.revision}, etag {rev.etag}): read it again and retry",
                 name=name,
                 expected=etag,
-                current=rev.revision,
+                current=rev.etag,
             )
         running = self._controller.running_rollout(name)
         if running is not None and not supersede:
@@ -302,14 +306,18 @@ class FleetApp:
             )
         return self._catalog.write(entry, by, self._catalog.last_revision(entry.name))
 
-    def update_model(self, entry: Entry, etag: str, by: str) -> Revision:
-        """Replace a model, guarded by its etag (empty: unguarded).
+    def update_model(self, entry: Entry, etag: str, options: ChangeOptions) -> Applied:
+        """Replace a model, guarded by its etag (empty: unguarded), and roll out what its
+        replicas run differently (source, engine, args, cards) as SetContext does; a change of
+        replica counts alone is scaled by the controller, the other replicas left running.
 
         Raises:
-            ModelNotFound, ModelDeclared, StaleRevision, RolloutInProgress.
+            ModelNotFound, ModelDeclared, StaleRevision, RolloutInProgress, NoRoomBeside,
+            InvalidModel.
         """
-        current = self._changeable(entry.name, etag)
-        return self._catalog.write(entry, by, current.revision)
+        check_profiles(entry.model)
+        current = self._changeable(entry.name, etag, supersede=options.supersede)
+        return self._apply(current, entry, "update", options)
 
     def delete_model(self, name: str, etag: str, by: str) -> Revision:
         """Remove a model (its replicas are drained and stopped).
@@ -399,7 +407,7 @@ class FleetApp:
             InvalidModel: the planner's profiles are not ones the fleet can run.
         """
         check_profiles(new)
-        rev = self._changeable(read.name, str(read.revision), supersede=options.supersede)
+        rev = self._changeable(read.name, read.etag, supersede=options.supersede)
         return self._apply(rev, rev.entry.with_model(new), kind, options)
 
     def undo(self, rollout_id: str, *, by: str, dry_run: bool) -> tuple[Rollout | None, Applied]:
@@ -458,7 +466,11 @@ class FleetApp:
         *,
         undo_of: str = "",
     ) -> Applied:
-        """Check room, commit the new revision and start the rollout (or, dry, only check)."""
+        """Check room, commit the new revision and start the rollout (or, dry, only check); a
+        change that changes nothing writes nothing and says so."""
+        if etag_of(new) == rev.etag:
+            log.info("change_unchanged", model=rev.name, kind=kind, revision=rev.revision)
+            return Applied(rev, "", 0, unchanged=True)
         old = rev.model
         changed = changed_profiles(old, new.model)
         state = self._controller.state
@@ -494,7 +506,7 @@ class FleetApp:
             if r.model == old.name and r.profile in changed and not r.retire
         )
         if options.dry_run:
-            return Applied(self._catalog.preview(new, rev.revision, options.by), "", restarted)
+            return Applied(self._catalog.preview(new, options.by), "", restarted)
         running = self._controller.running_rollout(old.name)
         if running is not None and options.supersede:
             self._controller.cancel(running.id, "superseded by a newer change of the model")

@@ -49,10 +49,10 @@ class StaleRevision(FleetError):
 
     name: str = ""
     expected: str = ""
-    current: int = 0
+    current: str = ""
 
     def metadata(self) -> dict[str, str]:
-        return {"model": self.name, "etag": self.expected, "current_etag": str(self.current)}
+        return {"model": self.name, "etag": self.expected, "current_etag": self.current}
 
 
 @dataclass

@@ -123,15 +123,34 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
     async def UpdateModel(
         self, request: fleet_pb2.UpdateModelRequest, context: Context
     ) -> fleet_pb2.UpdateModelResponse:
-        """Replace a model, guarded by its etag."""
+        """Replace a model, guarded by its etag; what replicas run differently rolls out."""
 
         def make() -> fleet_pb2.UpdateModelResponse:
-            rev = self._app.update_model(
-                convert.accepted_entry(request.model), request.etag, caller_of(context)
+            applied = self._app.update_model(
+                convert.accepted_entry(request.model),
+                request.etag,
+                ChangeOptions(
+                    by=caller_of(context),
+                    dry_run=request.dry_run,
+                    strategy=convert.strategy_of(request.strategy),
+                    supersede=request.supersede,
+                    surge=request.surge,
+                ),
             )
-            return fleet_pb2.UpdateModelResponse(model=convert.catalog_model(rev))
+            return fleet_pb2.UpdateModelResponse(
+                model=convert.catalog_model(applied.revision),
+                rollout_id=applied.rollout_id,
+                restarted=applied.restarted,
+                unchanged=applied.unchanged,
+            )
 
-        return await self._once(request, "UpdateModel", fleet_pb2.UpdateModelResponse, now(make))
+        return await self._once(
+            request,
+            "UpdateModel",
+            fleet_pb2.UpdateModelResponse,
+            now(make),
+            dry_run=request.dry_run,
+        )
 
     @refusals_as_status
     async def DeleteModel(
@@ -227,6 +246,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
                     change=_change(planned.report, applied.restarted, common_pb2.ContextChange),
                     rollout_id=applied.rollout_id,
                     model=convert.catalog_model(applied.revision),
+                    unchanged=applied.unchanged,
                 )
 
             return answer
@@ -262,6 +282,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
                     change=_change(planned.report, applied.restarted, common_pb2.GPUsChange),
                     rollout_id=applied.rollout_id,
                     model=convert.catalog_model(applied.revision),
+                    unchanged=applied.unchanged,
                 )
 
             return answer

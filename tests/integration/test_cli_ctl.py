@@ -50,7 +50,7 @@ class Run:
     out: str
     err: str
 
-    def json(self) -> object:
+    def json(self) -> Any:
         """Its stdout parsed as JSON."""
         return json.loads(self.out)
 
@@ -128,7 +128,7 @@ async def test_model_create_list_show_and_history(tmp_path: Path) -> None:
 
         shown = await ctl(fleet.port, "model", "show", "qwen")
         assert shown.code == 0, shown.err
-        assert "revision:    1 (etag 1)" in shown.out
+        assert "revision:    1 (etag " in shown.out and "(etag 1)" not in shown.out
         assert "by alice" in shown.out
         assert "args: --max-model-len 8192 -tp 1" in shown.out
         assert "gpu: vllm, 1 replica(s) on 1×H100-80GB" in shown.out
@@ -188,11 +188,14 @@ async def test_refusals_exit_2_with_reason_and_metadata(tmp_path: Path) -> None:
 
 
 async def test_delete_with_current_etag_removes_the_model(tmp_path: Path) -> None:
-    """Deleting at the current etag removes the model from the list; its history keeps the
-    deletion's revision."""
+    """Deleting at the current etag (opaque: not the revision number) removes the model from
+    the list; its history keeps the deletion's revision."""
     async with running_fleet(tmp_path) as (fleet, _stub):
         await ctl(fleet.port, "model", "create", str(write_model(tmp_path / "m.yaml")))
-        deleted = await ctl(fleet.port, "model", "delete", "qwen", "--etag", "1")
+        stale = await ctl(fleet.port, "model", "delete", "qwen", "--etag", "1")
+        assert stale.code == EXIT_REFUSED and "STALE_REVISION" in stale.err
+        etag = (await ctl(fleet.port, "model", "show", "qwen", "--json")).json()["model"]["etag"]
+        deleted = await ctl(fleet.port, "model", "delete", "qwen", "--etag", etag)
         assert deleted.code == 0, deleted.err
         assert "deleted model qwen (revision 2)" in deleted.out
         listed = await ctl(fleet.port, "model", "list", "--json")

@@ -65,13 +65,10 @@ async def test_revisions_count_up_with_who_and_when(tmp_path: Path) -> None:
         created = await stub.CreateModel(
             fleet_pb2.CreateModelRequest(model=model()), metadata=(("x-llmgw-caller", "ada"),)
         )
-        assert (created.model.revision, created.model.etag, created.model.updated_by) == (
-            1,
-            "1",
-            "ada",
-        )
+        assert (created.model.revision, created.model.updated_by) == (1, "ada")
+        assert created.model.etag and created.model.etag != "1"
         updated = await stub.UpdateModel(
-            fleet_pb2.UpdateModelRequest(model=model(replicas=2), etag="1"),
+            fleet_pb2.UpdateModelRequest(model=model(replicas=2), etag=created.model.etag),
             metadata=(("x-llmgw-caller", "bob"),),
         )
         assert updated.model.revision == 2
@@ -85,12 +82,19 @@ async def test_revisions_count_up_with_who_and_when(tmp_path: Path) -> None:
 async def test_stale_etag_is_aborted_and_changes_nothing(tmp_path: Path) -> None:
     """A write with an old etag is ABORTED with STALE_REVISION and the model stays as it was."""
     async with running_fleet(tmp_path) as (_, stub):
-        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=model()))
-        await stub.UpdateModel(fleet_pb2.UpdateModelRequest(model=model(replicas=2), etag="1"))
+        created = await stub.CreateModel(fleet_pb2.CreateModelRequest(model=model()))
+        read = created.model.etag
+        await stub.UpdateModel(fleet_pb2.UpdateModelRequest(model=model(replicas=2), etag=read))
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await stub.UpdateModel(fleet_pb2.UpdateModelRequest(model=model(replicas=5), etag="1"))
+            await stub.UpdateModel(fleet_pb2.UpdateModelRequest(model=model(replicas=5), etag=read))
         assert caught.value.code() is grpc.StatusCode.ABORTED
         assert reason_of(caught.value) == "STALE_REVISION"
+        current = (await stub.GetModel(fleet_pb2.GetModelRequest(name="qwen"))).model.etag
+        assert metadata_of(caught.value) == {
+            "model": "qwen",
+            "etag": read,
+            "current_etag": current,
+        }
         got = await stub.GetModel(fleet_pb2.GetModelRequest(name="qwen"))
         assert (got.model.revision, got.model.model.profiles[0].replicas) == (2, 2)
 

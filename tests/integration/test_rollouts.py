@@ -178,7 +178,7 @@ async def test_context_change_rolls_out_beside_and_never_drops_below_two(tmp_pat
         ]
         ro = await wait_rollout(stub, answer.rollout_id)
         assert ro.state == fleet_pb2.ROLLOUT_STATE_SUCCEEDED, ro.reason
-        assert [s.mode for s in ro.steps] == ["beside", "beside"]
+        assert [s.mode for s in ro.steps] == [fleet_pb2.ROLLOUT_MODE_BESIDE] * 2
         await assert_eventually(lambda: _is(ready_count(stub), 2), what="2 READY after")
         prober.stop()
         assert prober.low >= 2
@@ -221,7 +221,7 @@ async def test_gpus_without_room_beside_is_refused_then_in_place_completes(tmp_p
         answer = await stub.SetGPUs(fleet_pb2.SetGPUsRequest(name="vmodel", gpus=2, in_place=True))
         ro = await wait_rollout(stub, answer.rollout_id)
         assert ro.state == fleet_pb2.ROLLOUT_STATE_SUCCEEDED, ro.reason
-        assert {s.mode for s in ro.steps} == {"in_place"}
+        assert {s.mode for s in ro.steps} == {fleet_pb2.ROLLOUT_MODE_IN_PLACE}
         await assert_eventually(lambda: _is(ready_count(stub), 2), what="2 READY after")
         prober.stop()
         assert prober.low >= 1
