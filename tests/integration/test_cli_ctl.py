@@ -593,3 +593,42 @@ async def test_beside_llmgw_up_a_plaintext_fleet_needs_plaintext(
     assert str(tmp_path / "data" / "tls") in found.err and "--plaintext" in found.err
     assert plain.code == 0, plain.err
     assert plain.json() == {}
+
+
+async def test_model_update_rolls_out_and_says_when_nothing_changes(tmp_path: Path) -> None:
+    """`model update` with the file as stored says the model is already as asked (no
+    revision); with new args it starts a rollout and follows it to success; --json prints
+    the answer with the proto's field names."""
+    path = write_model(tmp_path / "m.yaml", replicas=1)
+    async with _running_fleet(tmp_path, liveness=PATIENT) as (fleet, stub):
+        agent = ScriptedAgent(f"127.0.0.1:{fleet.port}", "node-a", gpus=4)
+        agent.start()
+        try:
+            assert (await ctl(fleet.port, "model", "create", str(path))).code == 0
+
+            async def ready() -> bool:
+                rs = (await stub.ListReplicas(fleet_pb2.ListReplicasRequest())).replicas
+                return len(rs) == 1 and rs[0].phase == fleet_pb2.REPLICA_PHASE_READY
+
+            await assert_eventually(ready, timeout_s=30, what="a READY replica")
+            same = await ctl(fleet.port, "model", "update", str(path))
+            assert same.code == 0, same.err
+            assert same.out.strip() == "model qwen is already as asked (revision 1)"
+            data = yaml.safe_load(path.read_text())
+            data["profiles"][0]["args"] += ["--max-num-seqs", "32"]
+            path.write_text(yaml.safe_dump(data))
+            dry = await ctl(fleet.port, "model", "update", str(path), "--dry-run", "--json")
+            assert dry.code == 0, dry.err
+            answer = dry.json()
+            assert answer["restarted"] == 1 and "etag" not in answer["model"]
+            assert camel_keys(answer) == []
+            run = await ctl(fleet.port, "model", "update", str(path))
+            assert run.code == 0, run.err
+            first = run.out.splitlines()[0]
+            assert first.startswith("updated model qwen (revision 2); rollout ro")
+            assert "(update, beside): succeeded" in run.out
+            assert "replica stopped" in run.out
+            rs = (await stub.ListReplicas(fleet_pb2.ListReplicasRequest())).replicas
+            assert [list(r.args)[-2:] for r in rs] == [["--max-num-seqs", "32"]]
+        finally:
+            await agent.stop()
