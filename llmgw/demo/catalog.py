@@ -69,8 +69,9 @@ def example_models(*, gguf_source: str, gpu_class: str) -> list[Model]:
 def ensure_example_catalog(fleet: FleetClient, models: Sequence[Model]) -> list[str]:
     """Create the example models that are not in the catalog. One that is there is left as it
     is, unless `llmgw up` wrote it last (as CALLER) and it differs (e.g. the file server's port
-    changed): then it is updated, guarded by its etag. Returns a line per model saying what was
-    done.
+    changed): then it is updated, guarded by its etag, and what its replicas run differently
+    rolls out beside where a node has room, in place where none has (strategy auto). Returns a
+    line per model saying what was done.
 
     Raises:
         Unreachable, Refused: the fleet did not answer, or refused a change.
@@ -86,7 +87,7 @@ def ensure_example_catalog(fleet: FleetClient, models: Sequence[Model]) -> list[
             said.append(f"created {model.name}")
             continue
         if got.updated_by == CALLER and not got.declared and _differs(got.model, model):
-            fleet.update_model(model, etag=got.etag)
+            fleet.update_model(model, etag=got.etag, strategy="auto")
             said.append(f"updated {model.name} (its example settings changed)")
         else:
             said.append(f"kept {model.name} (revision {got.revision}, by {got.updated_by})")
