@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, replace
@@ -720,3 +721,42 @@ def test_a_row_broken_after_opening_is_skipped_in_listings_and_fails_the_probe(
         store.get_model("llama-3.1-8b")
     with pytest.raises(StoreDamaged, match="ro-1"):
         store.probe()
+
+
+def test_a_claim_racing_another_finds_the_id_taken_once_it_commits(backend: Backend) -> None:
+    """Two atomic blocks claiming one request id: the second waits for the first (SQLite's
+    write lock, PostgreSQL's primary key), then finds the id taken and reads its answer."""
+    backend.open().close()
+    claimed = threading.Event()
+    results: list[bool] = []
+    failures: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            mine = backend.open()
+            try:
+                with mine.atomic():
+                    results.append(mine.claim_answer("req-1", "SetGPUs", "fp"))
+                    claimed.set()
+                    time.sleep(0.2)  # hold the claim while the other tries
+                    mine.put_answer("req-1", "SetGPUs", b"first", fingerprint="fp")
+            finally:
+                mine.close()
+        except BaseException as exc:
+            failures.append(exc)
+            claimed.set()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert claimed.wait(timeout=10)
+    second = backend.open()
+    try:
+        with second.atomic():
+            results.append(second.claim_answer("req-1", "SetGPUs", "fp"))
+            seen = second.get_answer("req-1")
+    finally:
+        second.close()
+    thread.join(timeout=30)
+    assert not failures
+    assert results == [True, False]
+    assert seen is not None and seen.answer == b"first"
