@@ -121,8 +121,9 @@ async def test_update_model_is_refused_as_set_context_is_then_rolls_out_in_place
     tmp_path: Path,
 ) -> None:
     """With every card busy, a new source is NO_ROOM_BESIDE (dry or not) and writes nothing;
-    a dry run in place says what would restart and writes nothing; a stale etag is STALE_REVISION; in place it
-    rolls out, and while it runs another update is ROLLOUT_IN_PROGRESS."""
+    a dry run in place says what would restart and writes nothing; a stale etag is
+    STALE_REVISION; in place it rolls out, and while it runs another update is
+    ROLLOUT_IN_PROGRESS."""
     async with cluster(tmp_path, gpus_per_node=2, nodes=1) as (_fleet, stub, _agents):
         created = await stub.CreateModel(fleet_pb2.CreateModelRequest(model=vllm_model(2)))
         old = await settled(stub, 2)
