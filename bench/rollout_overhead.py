@@ -238,7 +238,8 @@ class Fleet:
         async for ev in self.stub.WatchRollout(
             fleet_pb2.WatchRolloutRequest(id=answer.rollout_id)
         ):  # the stream ends with the rollout
-            events.append((ev.kind, ev.at.ToNanoseconds() / 1e9))
+            kind = fleet_pb2.RolloutEventKind.Name(ev.kind).removeprefix("ROLLOUT_EVENT_KIND_")
+            events.append((kind.lower(), ev.at.ToNanoseconds() / 1e9))
         elapsed = time.perf_counter() - start
         got = await self.stub.GetRollout(fleet_pb2.GetRolloutRequest(id=answer.rollout_id))
         if got.rollout.state != SUCCEEDED:

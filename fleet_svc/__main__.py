@@ -15,6 +15,7 @@ import asyncio
 import os
 import sys
 
+from fleet_svc.app import REQUEST_ID_WINDOW_S
 from fleet_svc.domain.errors import FleetError
 from fleet_svc.domain.nodes import Liveness
 from fleet_svc.store.base import StoreError
@@ -60,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         default=600.0,
         help="how long a rollout's new replica may take to turn healthy",
     )
+    parser.add_argument(
+        "--request-id-window-s",
+        type=float,
+        default=REQUEST_ID_WINDOW_S,
+        help="how long a request id's first answer is kept for retries (default: a day)",
+    )
     parser.add_argument("--log-format", choices=("json", "console"), default="json")
     add_server_tls_arguments(parser)
     parser.add_argument(
@@ -96,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                     drain_s=opts.drain_s,
                     planner=opts.planner,
                     start_timeout_s=opts.start_timeout_s,
+                    request_id_window_s=opts.request_id_window_s,
                     tls=tls,
                     insecure=opts.insecure,
                     planner_tls=planner_tls,

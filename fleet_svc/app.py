@@ -24,10 +24,18 @@ from fleet_svc.domain.phases import HOLDS_CARDS
 from fleet_svc.domain.rollout import Rollout, RolloutState, Strategy, plan_steps, room_beside
 from fleet_svc.planner import Planned, Planner
 from fleet_svc.store.base import Store
+from fleet_svc.store.catalog_rows import etag_of
 from fleet_svc.store.rows import load_rollout
 from llmgw.model import Inventory, Model, Node
 
 log = structlog.get_logger(__name__)
+
+REQUEST_ID_WINDOW_S = 24 * 3600.0
+"""How long a request id is remembered by default: a day, well past any client's retries."""
+
+
+class _Raced(Exception):
+    """Another attempt with the same request id claimed it first (inside FleetApp.once)."""
 
 
 @dataclass(frozen=True)
@@ -44,12 +52,15 @@ class ChangeOptions:
 
 @dataclass(frozen=True)
 class Applied:
-    """What a change did: the revision (as committed, or as it would be for a dry run) and the
-    rollout carrying it out ("" for a dry run or when no replica needs replacing)."""
+    """What a change did: the revision (as committed; for a dry run as it would be, unwritten:
+    revision 0, no etag) and the rollout carrying it out ("" for a dry run or when no replica
+    needs replacing). `unchanged`: the model already was as asked, so nothing was written and
+    `revision` is the current one."""
 
     revision: Revision
     rollout_id: str
     restarted: int
+    unchanged: bool = False
 
 
 class FleetApp:
@@ -62,40 +73,100 @@ class FleetApp:
         store: Store,
         planner: Planner,
         clock: Callable[[], float],
+        *,
+        request_id_window_s: float = REQUEST_ID_WINDOW_S,
     ) -> None:
         self._catalog = catalog
         self._controller = controller
         self._store = store
         self.planner = planner
         self._clock = clock
+        self.request_id_window_s = request_id_window_s
+        """How long a request id's first answer is kept (a retry within it is answered so)."""
 
     # -- the guards --------------------------------------------------------------------------
 
     async def once(
-        self, request_id: str, method: str, make: Callable[[], Awaitable[bytes]]
+        self,
+        request_id: str,
+        method: str,
+        fingerprint: str,
+        prepare: Callable[[], Awaitable[Callable[[], bytes]]],
     ) -> bytes:
-        """The answer to a mutation, made once per request id: a retry gets the first answer
-        (as bytes: the servicer's encoded message).
+        """The answer to a mutation, made once per request id: a retry of the same request
+        gets the first answer (as bytes: the servicer's encoded message).
+
+        `prepare` does what may wait (the planner) and returns the commit: the change's writes
+        and its encoded answer, which run in one store transaction together with the request
+        id's record, so a crash keeps both or neither. The id is checked again inside that
+        transaction, so two attempts racing with one id make one change. Ids are kept for
+        `request_id_window_s` after their first answer; an older one is new again.
+
+        Args:
+            request_id: the caller's id ("" makes every call a new one).
+            method: the RPC's name.
+            fingerprint: a hash of the request without its id (rpc layer): the same id with
+                another fingerprint is another request.
+            prepare: returns the commit, which makes the change and encodes the answer.
 
         Raises:
-            RequestIdReused: the id was used for another method.
+            RequestIdReused: the id was used for another method or another request.
         """
         if request_id:
-            stored = self._store.get_answer(request_id)
+            stored = self._answered(request_id, method, fingerprint)
             if stored is not None:
-                first_method, blob = stored
-                if first_method != method:
-                    raise errors.RequestIdReused(
-                        f"request id {request_id!r} was used for {first_method}: use a new id",
-                        request_id=request_id,
-                        method=first_method,
-                    )
-                log.info("request_replayed", method=method, request_id=request_id)
-                return blob
-        answer = await make()
-        if request_id:
-            self._store.put_answer(request_id, method, answer)
-        return answer
+                return stored
+        commit = await prepare()
+        try:
+            with self._store.atomic():
+                if not request_id:
+                    return commit()
+                self._store.prune_answers(self._clock() - self.request_id_window_s)
+                stored = self._answered(request_id, method, fingerprint)
+                if stored is not None:
+                    return stored
+                if not self._store.claim_answer(request_id, method, fingerprint):
+                    raise _Raced
+                answer = commit()
+                self._store.put_answer(request_id, method, answer, fingerprint=fingerprint)
+                return answer
+        except _Raced:
+            # Another attempt with this id committed while this one waited: its answer.
+            stored = self._answered(request_id, method, fingerprint)
+            if stored is None:
+                raise errors.RequestIdReused(
+                    f"request id {request_id!r} is being answered by another attempt: retry it",
+                    request_id=request_id,
+                    method=method,
+                ) from None
+            return stored
+
+    def _answered(self, request_id: str, method: str, fingerprint: str) -> bytes | None:
+        """The first answer to `request_id` when it is this request's, None when the id is new
+        (or older than the window).
+
+        Raises:
+            RequestIdReused: the id answered another method or another request.
+        """
+        stored = self._store.get_answer(request_id)
+        if stored is None or stored.created_at < self._clock() - self.request_id_window_s:
+            return None
+        if stored.method != method:
+            raise errors.RequestIdReused(
+                f"request id {request_id!r} was used for {stored.method}: use a new id",
+                request_id=request_id,
+                method=stored.method,
+            )
+        # An answer stored before fingerprints were kept ("") is matched by method alone.
+        if stored.fingerprint and stored.fingerprint != fingerprint:
+            raise errors.RequestIdReused(
+                f"request id {request_id!r} was used for another {method} request: use a new id"
+                " for a new request, and the same id only to retry the same request",
+                request_id=request_id,
+                method=stored.method,
+            )
+        log.info("request_replayed", method=method, request_id=request_id)
+        return stored.answer
 
     def _changeable(self, name: str, etag: str, *, supersede: bool | None = None) -> Revision:
         """The model about to change, refused when absent, declared, changed since the caller
@@ -107,13 +178,13 @@ class FleetApp:
         """
         rev = self._catalog.get(name)
         self._not_declared(name)
-        if etag and etag != str(rev.revision):
+        if etag and etag != rev.etag:
             raise errors.StaleRevision(
-                f"model {name!r} is at revision {rev.revision}, not {etag}: read it again and "
-                "retry",
+                f"model {name!r} changed since etag {etag} was read (now revision "
+                f"{rev.revision}, etag {rev.etag}): read it again and retry",
                 name=name,
                 expected=etag,
-                current=rev.revision,
+                current=rev.etag,
             )
         running = self._controller.running_rollout(name)
         if running is not None and not supersede:
@@ -235,14 +306,18 @@ class FleetApp:
             )
         return self._catalog.write(entry, by, self._catalog.last_revision(entry.name))
 
-    def update_model(self, entry: Entry, etag: str, by: str) -> Revision:
-        """Replace a model, guarded by its etag (empty: unguarded).
+    def update_model(self, entry: Entry, etag: str, options: ChangeOptions) -> Applied:
+        """Replace a model, guarded by its etag (empty: unguarded), and roll out what its
+        replicas run differently (source, engine, args, cards) as SetContext does; a change of
+        replica counts alone is scaled by the controller, the other replicas left running.
 
         Raises:
-            ModelNotFound, ModelDeclared, StaleRevision, RolloutInProgress.
+            ModelNotFound, ModelDeclared, StaleRevision, RolloutInProgress, NoRoomBeside,
+            InvalidModel.
         """
-        current = self._changeable(entry.name, etag)
-        return self._catalog.write(entry, by, current.revision)
+        check_profiles(entry.model)
+        current = self._changeable(entry.name, etag, supersede=options.supersede)
+        return self._apply(current, entry, "update", options)
 
     def delete_model(self, name: str, etag: str, by: str) -> Revision:
         """Remove a model (its replicas are drained and stopped).
@@ -258,7 +333,38 @@ class FleetApp:
     async def set_context(
         self, name: str, *, tokens: int, slots: int, etag: str, options: ChangeOptions
     ) -> tuple[Planned, Applied]:
-        """Size a new context with the planner and roll it out.
+        """Size a new context with the planner and roll it out (prepare_context, committed).
+
+        Raises:
+            as prepare_context.
+        """
+        planned, commit = await self.prepare_context(
+            name, tokens=tokens, slots=slots, etag=etag, options=options
+        )
+        with self._store.atomic():
+            return planned, commit()
+
+    async def set_gpus(
+        self, name: str, *, gpus: int, profile: str, etag: str, options: ChangeOptions
+    ) -> tuple[Planned, Applied]:
+        """Plan `gpus` cards a replica and roll it out (prepare_gpus, committed).
+
+        Raises:
+            as prepare_context.
+        """
+        planned, commit = await self.prepare_gpus(
+            name, gpus=gpus, profile=profile, etag=etag, options=options
+        )
+        with self._store.atomic():
+            return planned, commit()
+
+    async def prepare_context(
+        self, name: str, *, tokens: int, slots: int, etag: str, options: ChangeOptions
+    ) -> tuple[Planned, Callable[[], Applied]]:
+        """Size a new context with the planner; the commit rolls it out (checked again).
+
+        Returns:
+            The planner's answer, and the commit (FleetApp.once runs it in one transaction).
 
         Raises:
             ModelNotFound, ModelDeclared, StaleRevision, RolloutInProgress, NoRoomBeside,
@@ -274,12 +380,13 @@ class FleetApp:
             context_length=planned.context_length,
             max_output=planned.max_output,
         )
-        return planned, self._after_planning(rev, new, "context", options)
+        return planned, lambda: self._after_planning(rev, new, "context", options)
 
-    async def set_gpus(
+    async def prepare_gpus(
         self, name: str, *, gpus: int, profile: str, etag: str, options: ChangeOptions
-    ) -> tuple[Planned, Applied]:
-        """Plan `gpus` cards a replica with the planner and roll it out.
+    ) -> tuple[Planned, Callable[[], Applied]]:
+        """Plan `gpus` cards a replica with the planner; the commit rolls it out (as
+        prepare_context).
 
         Raises:
             as set_context.
@@ -289,7 +396,7 @@ class FleetApp:
             rev.entry, self.inventory(), gpus=gpus, profile=profile
         )
         new = replace(rev.model, profiles=planned.profiles)
-        return planned, self._after_planning(rev, new, "gpus", options)
+        return planned, lambda: self._after_planning(rev, new, "gpus", options)
 
     def _after_planning(
         self, read: Revision, new: Model, kind: str, options: ChangeOptions
@@ -300,7 +407,7 @@ class FleetApp:
             InvalidModel: the planner's profiles are not ones the fleet can run.
         """
         check_profiles(new)
-        rev = self._changeable(read.name, str(read.revision), supersede=options.supersede)
+        rev = self._changeable(read.name, read.etag, supersede=options.supersede)
         return self._apply(rev, rev.entry.with_model(new), kind, options)
 
     def undo(self, rollout_id: str, *, by: str, dry_run: bool) -> tuple[Rollout | None, Applied]:
@@ -359,7 +466,11 @@ class FleetApp:
         *,
         undo_of: str = "",
     ) -> Applied:
-        """Check room, commit the new revision and start the rollout (or, dry, only check)."""
+        """Check room, commit the new revision and start the rollout (or, dry, only check); a
+        change that changes nothing writes nothing and says so."""
+        if etag_of(new) == rev.etag:
+            log.info("change_unchanged", model=rev.name, kind=kind, revision=rev.revision)
+            return Applied(rev, "", 0, unchanged=True)
         old = rev.model
         changed = changed_profiles(old, new.model)
         state = self._controller.state
@@ -395,7 +506,7 @@ class FleetApp:
             if r.model == old.name and r.profile in changed and not r.retire
         )
         if options.dry_run:
-            return Applied(self._catalog.preview(new, rev.revision, options.by), "", restarted)
+            return Applied(self._catalog.preview(new, options.by), "", restarted)
         running = self._controller.running_rollout(old.name)
         if running is not None and options.supersede:
             self._controller.cancel(running.id, "superseded by a newer change of the model")

@@ -63,9 +63,10 @@ class Catalog:
         history = self._store.model_history(name)
         return history[-1].revision if history else 0
 
-    def preview(self, entry: Entry, after: int, by: str) -> Revision:
-        """The revision `entry` would be written as after revision `after` (a dry run)."""
-        return Revision(entry, after + 1, by, self._clock())
+    def preview(self, entry: Entry, by: str) -> Revision:
+        """`entry` as a dry run answers it: not written, so revision 0 and no etag (a dry run
+        never predicts the etag or revision a later write gets)."""
+        return Revision(entry, 0, by, self._clock())
 
     def write(
         self,
@@ -97,7 +98,7 @@ class Catalog:
                 "read it again and retry",
                 name=entry.name,
                 expected=str(expect),
-                current=exc.current,
+                current=self._etag_now(entry.name),
             ) from exc
         log.info(
             "model_written", model=entry.name, revision=stored.revision, by=by, deleted=deleted
@@ -105,6 +106,11 @@ class Catalog:
         self._wants = None
         self.on_change()
         return revision_of(stored)
+
+    def _etag_now(self, name: str) -> str:
+        """The model's etag now ("" when absent)."""
+        found = self.find(name)
+        return "" if found is None else found.etag
 
     def declare(self, entries: Sequence[Entry], path: str) -> None:
         """Load the models the settings file declares: written as a new revision when they

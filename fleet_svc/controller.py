@@ -137,12 +137,16 @@ class Controller:
             "fleet_state_loaded", replicas=len(self.state.replicas), rollouts=len(self.rollouts)
         )
 
-    def flush(self) -> None:
+    def flush(self, *, keep: bool = False) -> None:
         """Write every replica changed since the last flush, in one transaction.
 
         Called at the end of each tick before any desired set is sent (so an agent never runs
         a replica the store does not hold), and when a rollout starts or is cancelled. An
         observation not yet flushed when the fleet dies is lost, and told again by its agent.
+
+        Args:
+            keep: write them again at the next flush too: the caller's change runs inside a
+                larger store transaction (FleetApp.once) that may still roll back.
         """
         if not self._unsaved:
             return
@@ -151,7 +155,8 @@ class Controller:
         # Cleared only once written: a store that is down keeps the changes for the next flush
         # (the tick fails before dispatch, so no agent is told of a replica not stored).
         self._store.write_replicas(puts, deletes)
-        self._unsaved = {}
+        if not keep:
+            self._unsaved = {}
 
     # -- the one place replicas change -----------------------------------------------------
 
@@ -389,7 +394,7 @@ class Controller:
     def start_rollout(self, ro: Rollout) -> None:
         """Persist a new rollout and start it on the next tick."""
         self._rollouts.start(ro)
-        self.flush()
+        self.flush(keep=True)
         self.wake()
 
     def cancel(self, rollout_id: str, reason: str) -> Rollout | None:
@@ -398,7 +403,7 @@ class Controller:
         if ended is None:
             return None
         self._apply_all(actions)
-        self.flush()
+        self.flush(keep=True)
         self.wake()
         return ended
 

@@ -13,7 +13,7 @@ from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.control import Action
 from fleet_svc.domain.nodes import NodeView
 from fleet_svc.domain.replicas import ReplicaState
-from fleet_svc.domain.rollout import Event, Rollout, Stage
+from fleet_svc.domain.rollout import ENDINGS, Event, EventKind, Rollout, RolloutState, Stage
 from fleet_svc.domain.rollout import advance as advance_rollout
 from fleet_svc.domain.rollout import cancel as cancel_rollout
 from fleet_svc.store.base import Store
@@ -59,7 +59,8 @@ class Rollouts:
 
     def start(self, ro: Rollout) -> None:
         """Store a new rollout as running."""
-        ro = self.save(ro, [Event("rollout_started", message=f"{ro.kind}: {ro.strategy.value}")])
+        started = Event(EventKind.ROLLOUT_STARTED, message=f"{ro.kind}: {ro.strategy.value}")
+        ro = self.save(ro, [started])
         self.running[ro.id] = ro
         log.info("rollout_started", rollout_id=ro.id, model=ro.model, steps=len(ro.steps))
 
@@ -78,7 +79,9 @@ class Rollouts:
         return self.save(ended, events), actions
 
     def save(self, ro: Rollout, events: list[Event]) -> Rollout:
-        """Store a rollout (stamped with the wall time) and its new events; wake its watchers."""
+        """Store a rollout (stamped with the wall time) and its new events, each with the state
+        right after it (RUNNING until the ending event, which carries the end state); wake its
+        watchers."""
         self.saves += 1
         wall = self._clock.wall()
         ro = replace(ro, updated_s=wall)
@@ -88,14 +91,14 @@ class Rollouts:
                 ro.id,
                 wall,
                 {
-                    "kind": e.kind,
+                    "kind": e.kind.value,
                     "profile": e.profile,
                     "replica_id": e.replica_id,
                     "node": e.node,
                     "gpus": list(e.gpus),
-                    "mode": e.mode,
+                    "mode": e.mode.value,
                     "message": e.message,
-                    "state": ro.state.value,
+                    "state": (ro.state if e.kind in ENDINGS else RolloutState.RUNNING).value,
                 },
             )
         if events:

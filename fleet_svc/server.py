@@ -13,7 +13,7 @@ import structlog
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from fleet_svc.app import FleetApp
+from fleet_svc.app import REQUEST_ID_WINDOW_S, FleetApp
 from fleet_svc.catalog import Catalog
 from fleet_svc.controller import Controller
 from fleet_svc.domain.nodes import Liveness
@@ -59,6 +59,8 @@ class FleetOptions:
     """The planner's address, for SetContext and SetGPUs."""
     start_timeout_s: float = 600.0
     """How long a rollout's new replica may take to turn healthy."""
+    request_id_window_s: float = REQUEST_ID_WINDOW_S
+    """How long a request id's first answer is kept (a retry within it gets that answer)."""
     tls: ServerTLS | None = None
     """The fleet's certificate files (llmgw.tls); with a CA, clients and agents must present
     a certificate it signed. None serves plaintext, on loopback only unless `insecure`."""
@@ -138,7 +140,14 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
     )
     catalog.on_change = controller.wake
     planner = GrpcPlanner(opts.planner, tls=opts.planner_tls)
-    app = FleetApp(catalog, controller, store, planner, clock.wall)
+    app = FleetApp(
+        catalog,
+        controller,
+        store,
+        planner,
+        clock.wall,
+        request_id_window_s=opts.request_id_window_s,
+    )
     add_fleet_service(server, app, store, controller)
     add_agent_service(
         server, controller, clock, node_certificates=authenticator.policy.node_certificates

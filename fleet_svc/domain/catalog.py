@@ -48,7 +48,8 @@ class Entry:
 @dataclass(frozen=True)
 class Revision:
     """One revision of a catalog model: what it was, who wrote it when; a deletion is a
-    revision too. The revision number is the model's etag."""
+    revision too. `etag` is an opaque token derived from the entry's content (never the
+    revision number), "" for a revision not written (a dry run's)."""
 
     entry: Entry
     revision: int
@@ -56,6 +57,7 @@ class Revision:
     updated_at: float
     deleted: bool = False
     declared_in: str = ""
+    etag: str = ""
 
     @property
     def name(self) -> str:
@@ -148,11 +150,15 @@ def wants_of(revisions: Iterable[Revision]) -> list[ProfileWant]:
 
 
 def changed_profiles(old: Model, new: Model) -> set[str]:
-    """The profiles of `new` whose replicas must be replaced to serve it: new or changed
-    profiles, and every profile when the weights' source changed."""
+    """The profiles of `new` whose replicas must be replaced to serve it: new profiles, ones
+    whose replicas would run otherwise (engine, args, cards: anything but the replica count),
+    and every profile when the weights' source changed. A change of the count alone is not
+    one: the controller adds or removes replicas, the others keep running."""
     before = {p.name: p for p in old.profiles}
     return {
         p.name
         for p in new.profiles
-        if p.name not in before or before[p.name] != p or old.source != new.source
+        if p.name not in before
+        or replace(before[p.name], replicas=0) != replace(p, replicas=0)
+        or old.source != new.source
     }

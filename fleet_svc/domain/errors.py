@@ -49,10 +49,10 @@ class StaleRevision(FleetError):
 
     name: str = ""
     expected: str = ""
-    current: int = 0
+    current: str = ""
 
     def metadata(self) -> dict[str, str]:
-        return {"model": self.name, "etag": self.expected, "current_etag": str(self.current)}
+        return {"model": self.name, "etag": self.expected, "current_etag": self.current}
 
 
 @dataclass
@@ -67,7 +67,8 @@ class InvalidModel(FleetError):
 
 @dataclass
 class RequestIdReused(FleetError):
-    """A request id was used before for another method."""
+    """A request id was used before for another method, or for another request (a body that
+    differs, the id aside) within the request-id window."""
 
     request_id: str = ""
     method: str = ""

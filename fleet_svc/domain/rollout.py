@@ -62,6 +62,17 @@ class Stage(enum.Enum):
     """The rollout ended before this step finished."""
 
 
+class Mode(enum.StrEnum):
+    """How a step replaces its replica (the values are what the store keeps)."""
+
+    UNDECIDED = ""
+    """Not started yet (an auto rollout decides when the step begins)."""
+    BESIDE = "beside"
+    """The new replica starts first; the old one stops once the new one is ready."""
+    IN_PLACE = "in_place"
+    """The old replica stops first; the new one starts on the cards it freed."""
+
+
 @dataclass(frozen=True)
 class Step:
     """One replica's replacement."""
@@ -69,7 +80,7 @@ class Step:
     profile: str
     old_id: str = ""
     new_id: str = ""
-    mode: str = ""
+    mode: Mode = Mode.UNDECIDED
     stage: Stage = Stage.WAITING
     node: str = ""
     gpus: tuple[int, ...] = ()
@@ -111,16 +122,51 @@ class Rollout:
         return self.state is not RolloutState.RUNNING
 
 
+class EventKind(enum.StrEnum):
+    """What happened in a rollout (the values are what the store keeps)."""
+
+    ROLLOUT_STARTED = "rollout_started"
+    """The rollout was stored and starts."""
+    STEP_STARTED = "step_started"
+    """A step began."""
+    MODE_CHOSEN = "mode_chosen"
+    """An auto rollout chose a step's mode."""
+    REPLICA_CREATED = "replica_created"
+    """A new replica was created."""
+    REPLICA_PLACED = "replica_placed"
+    """The new replica was placed on a node and cards."""
+    REPLICA_READY = "replica_ready"
+    """The new replica answers health checks."""
+    REPLICA_DRAINING = "replica_draining"
+    """A replica is taken out of routing before it stops."""
+    REPLICA_STOPPED = "replica_stopped"
+    """The old replica is gone."""
+    STEP_DONE = "step_done"
+    """The new replica serves and the old one is gone."""
+    ROLLOUT_SUCCEEDED = "rollout_succeeded"
+    """Every step is done."""
+    ROLLOUT_FAILED = "rollout_failed"
+    """A new replica did not turn healthy; the rollout stopped."""
+    ROLLOUT_CANCELLED = "rollout_cancelled"
+    """Cancelled or superseded."""
+
+
+ENDINGS = frozenset(
+    {EventKind.ROLLOUT_SUCCEEDED, EventKind.ROLLOUT_FAILED, EventKind.ROLLOUT_CANCELLED}
+)
+"""The kinds of a rollout's last event: the only ones after which it is no longer RUNNING."""
+
+
 @dataclass(frozen=True)
 class Event:
     """What happened to which replica on which node and cards."""
 
-    kind: str
+    kind: EventKind
     profile: str = ""
     replica_id: str = ""
     node: str = ""
     gpus: tuple[int, ...] = ()
-    mode: str = ""
+    mode: Mode = Mode.UNDECIDED
     message: str = ""
 
 
@@ -214,7 +260,9 @@ def advance(
         )
     if all(s.stage in (Stage.DONE, Stage.CANCELLED) for s in ro.steps):
         ro = replace(ro, state=RolloutState.SUCCEEDED)
-        out.events.append(Event("rollout_succeeded", message=f"revision {ro.to_revision} serves"))
+        out.events.append(
+            Event(EventKind.ROLLOUT_SUCCEEDED, message=f"revision {ro.to_revision} serves")
+        )
     return ro, out.actions, out.events
 
 
@@ -263,19 +311,19 @@ def _begin(
     """Start a step: beside creates the new replica, in place retires the old one first."""
     old = replicas.get(step.old_id) if step.old_id else None
     if old is None or old.phase is P.PENDING:
-        mode = "beside"
+        mode = Mode.BESIDE
         if old is not None:
             out.actions.append(Retire(old.id, f"replaced by rollout {ro.id} before it was placed"))
     elif ro.strategy is Strategy.BESIDE:
-        mode = "beside"
+        mode = Mode.BESIDE
     elif ro.strategy is Strategy.IN_PLACE:
-        mode = "in_place"
+        mode = Mode.IN_PLACE
     else:
         room, _ = room_beside(want.want, nodes, replicas)
-        mode = "beside" if room else "in_place"
+        mode = Mode.BESIDE if room else Mode.IN_PLACE
         out.events.append(
             Event(
-                "mode_chosen",
+                EventKind.MODE_CHOSEN,
                 step.profile,
                 old.id,
                 old.node,
@@ -284,16 +332,26 @@ def _begin(
                 "a node has room beside it" if room else "no node has room beside it",
             )
         )
-    out.events.append(Event("step_started", step.profile, step.old_id, step.old_node, (), mode, ""))
-    if mode == "beside":
+    out.events.append(
+        Event(EventKind.STEP_STARTED, step.profile, step.old_id, step.old_node, (), mode, "")
+    )
+    if mode is Mode.BESIDE:
         rid = new_id()
         out.actions.append(Create(_new_replica(ro, step, want, rid, now_s)))
-        out.events.append(Event("replica_created", step.profile, rid, mode=mode))
+        out.events.append(Event(EventKind.REPLICA_CREATED, step.profile, rid, mode=mode))
         return replace(step, mode=mode, stage=Stage.STARTING, new_id=rid, started_s=now_s)
     assert old is not None
     out.actions.append(Retire(old.id, f"replaced in place by rollout {ro.id}"))
     out.events.append(
-        Event("replica_draining", step.profile, old.id, old.node, old.gpus, mode, "stopped first")
+        Event(
+            EventKind.REPLICA_DRAINING,
+            step.profile,
+            old.id,
+            old.node,
+            old.gpus,
+            mode,
+            "stopped first",
+        )
     )
     return replace(step, mode=mode, stage=Stage.RETIRING, old_node=old.node, started_s=now_s)
 
@@ -314,13 +372,13 @@ def _starting(
     new = replicas.get(step.new_id)
     if new is None:
         # Created before a restart and not persisted, or forgotten: create it again, same id.
-        prefer = step.old_node if step.mode == "in_place" else ""
+        prefer = step.old_node if step.mode is Mode.IN_PLACE else ""
         out.actions.append(Create(_new_replica(ro, step, want, step.new_id, now_s, prefer)))
         return step, ""
     if new.node and not step.node:
         step = replace(step, node=new.node, gpus=new.gpus)
         out.events.append(
-            Event("replica_placed", step.profile, new.id, new.node, new.gpus, step.mode)
+            Event(EventKind.REPLICA_PLACED, step.profile, new.id, new.node, new.gpus, step.mode)
         )
     if new.phase in (P.CRASHED, P.FAILED):
         return step, (
@@ -334,15 +392,19 @@ def _starting(
                 f" ({new.phase.value}: {new.reason})"
             )
         return step, ""
-    out.events.append(Event("replica_ready", step.profile, new.id, new.node, new.gpus, step.mode))
+    out.events.append(
+        Event(EventKind.REPLICA_READY, step.profile, new.id, new.node, new.gpus, step.mode)
+    )
     old = replicas.get(step.old_id) if step.old_id else None
-    if step.mode == "beside" and old is not None:
+    if step.mode is Mode.BESIDE and old is not None:
         out.actions.append(Retire(old.id, f"replaced beside by rollout {ro.id}"))
         out.events.append(
-            Event("replica_draining", step.profile, old.id, old.node, old.gpus, step.mode)
+            Event(EventKind.REPLICA_DRAINING, step.profile, old.id, old.node, old.gpus, step.mode)
         )
         return replace(step, stage=Stage.RETIRING), ""
-    out.events.append(Event("step_done", step.profile, new.id, new.node, new.gpus, step.mode))
+    out.events.append(
+        Event(EventKind.STEP_DONE, step.profile, new.id, new.node, new.gpus, step.mode)
+    )
     return replace(step, stage=Stage.DONE), ""
 
 
@@ -360,16 +422,18 @@ def _retiring(
     if step.old_id in replicas:
         return step
     out.events.append(
-        Event("replica_stopped", step.profile, step.old_id, step.old_node, (), step.mode)
+        Event(EventKind.REPLICA_STOPPED, step.profile, step.old_id, step.old_node, (), step.mode)
     )
-    if step.mode == "beside":
+    if step.mode is Mode.BESIDE:
         out.events.append(
-            Event("step_done", step.profile, step.new_id, step.node, step.gpus, step.mode)
+            Event(EventKind.STEP_DONE, step.profile, step.new_id, step.node, step.gpus, step.mode)
         )
         return replace(step, stage=Stage.DONE)
     rid = new_id()
     out.actions.append(Create(_new_replica(ro, step, want, rid, now_s, step.old_node)))
-    out.events.append(Event("replica_created", step.profile, rid, step.old_node, (), step.mode))
+    out.events.append(
+        Event(EventKind.REPLICA_CREATED, step.profile, rid, step.old_node, (), step.mode)
+    )
     return replace(step, stage=Stage.STARTING, new_id=rid, started_s=now_s)
 
 
@@ -395,11 +459,17 @@ def _end(
             out.actions.append(Retire(new.id, f"rollout {ro.id} {state.value.lower()}: {reason}"))
             out.events.append(
                 Event(
-                    "replica_draining", step.profile, new.id, new.node, new.gpus, step.mode, reason
+                    EventKind.REPLICA_DRAINING,
+                    step.profile,
+                    new.id,
+                    new.node,
+                    new.gpus,
+                    step.mode,
+                    reason,
                 )
             )
         old_gone = step.old_id and step.old_id not in replicas
-        if step.mode == "in_place" and step.stage is not Stage.WAITING and old_gone:
+        if step.mode is Mode.IN_PLACE and step.stage is not Stage.WAITING and old_gone:
             spec = ro.old_specs.get(step.profile)
             if spec is not None:
                 rid = new_id()
@@ -419,7 +489,7 @@ def _end(
                 )
                 out.events.append(
                     Event(
-                        "replica_created",
+                        EventKind.REPLICA_CREATED,
                         step.profile,
                         rid,
                         step.old_node,
@@ -434,7 +504,7 @@ def _end(
             else Stage.CANCELLED
         )
         steps.append(replace(step, stage=stage))
-    kind = "rollout_failed" if state is RolloutState.FAILED else "rollout_cancelled"
+    kind = EventKind.ROLLOUT_FAILED if state is RolloutState.FAILED else EventKind.ROLLOUT_CANCELLED
     out.events.append(Event(kind, message=reason))
     ended = replace(ro, steps=tuple(steps), state=state, reason=reason, log_tail=log_tail)
     return ended, out.actions, out.events

@@ -3,16 +3,18 @@ crosses the API, checked on the way in."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 
 from google.protobuf import json_format, timestamp_pb2
+from google.protobuf.message import Message
 
 from fleet_svc.domain import errors
 from fleet_svc.domain.catalog import Entry, Revision, check_name, check_profiles
 from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import HOLDS_CARDS, ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState
-from fleet_svc.domain.rollout import Rollout, Strategy
+from fleet_svc.domain.rollout import EventKind, Mode, Rollout, Stage, Strategy
 from fleet_svc.store.base import EventRecord
 from fleet_svc.watch import EndpointEvent
 from llmgw.common.v1 import common_pb2
@@ -21,6 +23,16 @@ from llmgw.model import InvalidValue, Inventory
 from llmgw.rpc.common import model_from_proto, profile_to_proto
 from llmgw.shape import InvalidShape
 from llmgw.sources import SourceRefused, parse_source
+
+
+def fingerprint(request: Message) -> str:
+    """A request's fingerprint for its request id: SHA-256 of its deterministic serialization
+    with `request_id` cleared. Parsed and serialized again, so two encodings of one request
+    (fields in another order, defaults written out) have one fingerprint."""
+    bare = type(request)()
+    bare.CopyFrom(request)
+    bare.ClearField("request_id")
+    return hashlib.sha256(bare.SerializeToString(deterministic=True)).hexdigest()
 
 
 def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
@@ -126,11 +138,11 @@ def inventory_to_proto(inventory: Inventory) -> common_pb2.Inventory:
 
 
 def catalog_model(rev: Revision) -> fleet_pb2.CatalogModel:
-    """A revision as the API shows it; the revision is the etag."""
+    """A revision as the API shows it, with its content's etag ("" for a dry run's)."""
     return fleet_pb2.CatalogModel(
         model=model_to_proto(rev.entry),
         revision=rev.revision,
-        etag=str(rev.revision),
+        etag=rev.etag,
         updated_by=rev.updated_by,
         updated_at=timestamp(rev.updated_at),
         declared=bool(rev.declared_in),
@@ -225,6 +237,35 @@ def strategy_of(value: int, in_place: bool = False) -> Strategy:
     return Strategy.BESIDE
 
 
+_MODES = {
+    Mode.UNDECIDED: fleet_pb2.ROLLOUT_MODE_UNSPECIFIED,
+    Mode.BESIDE: fleet_pb2.ROLLOUT_MODE_BESIDE,
+    Mode.IN_PLACE: fleet_pb2.ROLLOUT_MODE_IN_PLACE,
+}
+
+
+def stage_of(stage: Stage) -> fleet_pb2.RolloutStage.ValueType:
+    """A step's stage as the API's enum."""
+    return fleet_pb2.RolloutStage.Value(f"ROLLOUT_STAGE_{stage.name}")
+
+
+def mode_of(mode: str) -> fleet_pb2.RolloutMode.ValueType:
+    """A step's or event's mode as the API's enum (unspecified for one this code does not
+    know, as a row written by a newer fleet might hold)."""
+    try:
+        return _MODES[Mode(mode)]
+    except ValueError:
+        return fleet_pb2.ROLLOUT_MODE_UNSPECIFIED
+
+
+def event_kind_of(kind: str) -> fleet_pb2.RolloutEventKind.ValueType:
+    """A stored event's kind as the API's enum (unspecified for one this code does not know)."""
+    try:
+        return fleet_pb2.RolloutEventKind.Value(f"ROLLOUT_EVENT_KIND_{EventKind(kind).name}")
+    except ValueError:
+        return fleet_pb2.ROLLOUT_EVENT_KIND_UNSPECIFIED
+
+
 def rollout(ro: Rollout, undo_available: bool = False) -> fleet_pb2.Rollout:
     """A rollout as the API shows it."""
     return fleet_pb2.Rollout(
@@ -240,8 +281,8 @@ def rollout(ro: Rollout, undo_available: bool = False) -> fleet_pb2.Rollout:
                 profile=s.profile,
                 old_replica=s.old_id,
                 new_replica=s.new_id,
-                mode=s.mode,
-                stage=s.stage.value,
+                mode=mode_of(s.mode),
+                stage=stage_of(s.stage),
                 node=s.node,
                 gpus=list(s.gpus),
                 message=s.message,
@@ -267,11 +308,11 @@ def rollout_event(e: EventRecord) -> fleet_pb2.WatchRolloutResponse:
         rollout_id=e.rollout_id,
         seq=e.seq,
         at=timestamp(e.at),
-        kind=str(ev.get("kind", "")),
+        kind=event_kind_of(str(ev.get("kind", ""))),
         replica_id=str(ev.get("replica_id", "")),
         node=str(ev.get("node", "")),
         gpus=[int(g) for g in ev.get("gpus", [])],
-        mode=str(ev.get("mode", "")),
+        mode=mode_of(str(ev.get("mode", ""))),
         message=str(ev.get("message", "")),
         state=fleet_pb2.RolloutState.Value(f"ROLLOUT_STATE_{state}"),
         profile=str(ev.get("profile", "")),

@@ -37,6 +37,15 @@ def caller_of(context: Context) -> str:
     return caller.audit_name
 
 
+def now(make: Callable[[], M]) -> Callable[[], Awaitable[Callable[[], M]]]:
+    """A change with nothing to wait for before its commit (no planner): the commit is `make`."""
+
+    async def prepare() -> Callable[[], M]:
+        return make
+
+    return prepare
+
+
 def _change(report: object, restarted: int, kind: type[M]) -> M:
     """The planner's account of a change, with the replicas the fleet restarts for it."""
     assert isinstance(report, kind), f"the planner's report is a {type(report).__name__}"
@@ -57,17 +66,26 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
 
     async def _once(
         self,
-        request_id: str,
+        request: Message,
         method: str,
         response: type[M],
-        make: Callable[[], Awaitable[M]],
+        prepare: Callable[[], Awaitable[Callable[[], M]]],
+        *,
+        dry_run: bool = False,
     ) -> M:
-        """`make`'s answer, or the first answer given to `request_id`."""
+        """The answer `prepare`'s commit makes, or the first answer given to the request's id
+        (FleetApp.once: the commit and the id's record in one transaction). A dry run is
+        answered afresh and its id not recorded."""
+        if dry_run:
+            return (await prepare())()
 
-        async def encoded() -> bytes:
-            return (await make()).SerializeToString()
+        async def encoded() -> Callable[[], bytes]:
+            commit = await prepare()
+            return lambda: commit().SerializeToString()
 
-        return response.FromString(await self._app.once(request_id, method, encoded))
+        request_id = str(request.request_id)  # type: ignore[attr-defined]
+        answer = await self._app.once(request_id, method, convert.fingerprint(request), encoded)
+        return response.FromString(answer)
 
     # -- the catalog -----------------------------------------------------------------------------
 
@@ -77,13 +95,11 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
     ) -> fleet_pb2.CreateModelResponse:
         """Add a model."""
 
-        async def make() -> fleet_pb2.CreateModelResponse:
+        def make() -> fleet_pb2.CreateModelResponse:
             rev = self._app.create_model(convert.accepted_entry(request.model), caller_of(context))
             return fleet_pb2.CreateModelResponse(model=convert.catalog_model(rev))
 
-        return await self._once(
-            request.request_id, "CreateModel", fleet_pb2.CreateModelResponse, make
-        )
+        return await self._once(request, "CreateModel", fleet_pb2.CreateModelResponse, now(make))
 
     @refusals_as_status
     async def GetModel(
@@ -107,16 +123,33 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
     async def UpdateModel(
         self, request: fleet_pb2.UpdateModelRequest, context: Context
     ) -> fleet_pb2.UpdateModelResponse:
-        """Replace a model, guarded by its etag."""
+        """Replace a model, guarded by its etag; what replicas run differently rolls out."""
 
-        async def make() -> fleet_pb2.UpdateModelResponse:
-            rev = self._app.update_model(
-                convert.accepted_entry(request.model), request.etag, caller_of(context)
+        def make() -> fleet_pb2.UpdateModelResponse:
+            applied = self._app.update_model(
+                convert.accepted_entry(request.model),
+                request.etag,
+                ChangeOptions(
+                    by=caller_of(context),
+                    dry_run=request.dry_run,
+                    strategy=convert.strategy_of(request.strategy),
+                    supersede=request.supersede,
+                    surge=request.surge,
+                ),
             )
-            return fleet_pb2.UpdateModelResponse(model=convert.catalog_model(rev))
+            return fleet_pb2.UpdateModelResponse(
+                model=convert.catalog_model(applied.revision),
+                rollout_id=applied.rollout_id,
+                restarted=applied.restarted,
+                unchanged=applied.unchanged,
+            )
 
         return await self._once(
-            request.request_id, "UpdateModel", fleet_pb2.UpdateModelResponse, make
+            request,
+            "UpdateModel",
+            fleet_pb2.UpdateModelResponse,
+            now(make),
+            dry_run=request.dry_run,
         )
 
     @refusals_as_status
@@ -125,13 +158,11 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
     ) -> fleet_pb2.DeleteModelResponse:
         """Remove a model; its replicas are drained and stopped."""
 
-        async def make() -> fleet_pb2.DeleteModelResponse:
+        def make() -> fleet_pb2.DeleteModelResponse:
             rev = self._app.delete_model(request.name, request.etag, caller_of(context))
             return fleet_pb2.DeleteModelResponse(model=convert.catalog_model(rev))
 
-        return await self._once(
-            request.request_id, "DeleteModel", fleet_pb2.DeleteModelResponse, make
-        )
+        return await self._once(request, "DeleteModel", fleet_pb2.DeleteModelResponse, now(make))
 
     @refusals_as_status
     async def ListModelRevisions(
@@ -194,8 +225,8 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
     ) -> fleet_pb2.SetContextResponse:
         """A new context: planner, catalog, rollout."""
 
-        async def make() -> fleet_pb2.SetContextResponse:
-            planned, applied = await self._app.set_context(
+        async def prepare() -> Callable[[], fleet_pb2.SetContextResponse]:
+            planned, commit = await self._app.prepare_context(
                 request.name,
                 tokens=request.tokens,
                 slots=request.slots,
@@ -208,16 +239,20 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
                     surge=request.surge,
                 ),
             )
-            return fleet_pb2.SetContextResponse(
-                change=_change(planned.report, applied.restarted, common_pb2.ContextChange),
-                rollout_id=applied.rollout_id,
-                model=convert.catalog_model(applied.revision),
-            )
 
-        if request.dry_run:
-            return await make()
+            def answer() -> fleet_pb2.SetContextResponse:
+                applied = commit()
+                return fleet_pb2.SetContextResponse(
+                    change=_change(planned.report, applied.restarted, common_pb2.ContextChange),
+                    rollout_id=applied.rollout_id,
+                    model=convert.catalog_model(applied.revision),
+                    unchanged=applied.unchanged,
+                )
+
+            return answer
+
         return await self._once(
-            request.request_id, "SetContext", fleet_pb2.SetContextResponse, make
+            request, "SetContext", fleet_pb2.SetContextResponse, prepare, dry_run=request.dry_run
         )
 
     @refusals_as_status
@@ -226,8 +261,8 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
     ) -> fleet_pb2.SetGPUsResponse:
         """N cards a replica: planner, catalog, rollout."""
 
-        async def make() -> fleet_pb2.SetGPUsResponse:
-            planned, applied = await self._app.set_gpus(
+        async def prepare() -> Callable[[], fleet_pb2.SetGPUsResponse]:
+            planned, commit = await self._app.prepare_gpus(
                 request.name,
                 gpus=request.gpus,
                 profile=request.profile,
@@ -240,15 +275,21 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
                     surge=request.surge,
                 ),
             )
-            return fleet_pb2.SetGPUsResponse(
-                change=_change(planned.report, applied.restarted, common_pb2.GPUsChange),
-                rollout_id=applied.rollout_id,
-                model=convert.catalog_model(applied.revision),
-            )
 
-        if request.dry_run:
-            return await make()
-        return await self._once(request.request_id, "SetGPUs", fleet_pb2.SetGPUsResponse, make)
+            def answer() -> fleet_pb2.SetGPUsResponse:
+                applied = commit()
+                return fleet_pb2.SetGPUsResponse(
+                    change=_change(planned.report, applied.restarted, common_pb2.GPUsChange),
+                    rollout_id=applied.rollout_id,
+                    model=convert.catalog_model(applied.revision),
+                    unchanged=applied.unchanged,
+                )
+
+            return answer
+
+        return await self._once(
+            request, "SetGPUs", fleet_pb2.SetGPUsResponse, prepare, dry_run=request.dry_run
+        )
 
     @refusals_as_status
     async def GetRollout(
@@ -298,14 +339,14 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
     ) -> fleet_pb2.CancelRolloutResponse:
         """Stop a running rollout; old replicas keep serving."""
 
-        async def make() -> fleet_pb2.CancelRolloutResponse:
+        def make() -> fleet_pb2.CancelRolloutResponse:
             ro = self._app.cancel_rollout(request.id, caller_of(context))
             return fleet_pb2.CancelRolloutResponse(
                 rollout=convert.rollout(ro, self._app.undo_available(ro))
             )
 
         return await self._once(
-            request.request_id, "CancelRollout", fleet_pb2.CancelRolloutResponse, make
+            request, "CancelRollout", fleet_pb2.CancelRolloutResponse, now(make)
         )
 
     @refusals_as_status
@@ -314,17 +355,19 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
     ) -> fleet_pb2.UndoRolloutResponse:
         """Roll back to the revision before a rollout, as a new rollout."""
 
-        async def make() -> fleet_pb2.UndoRolloutResponse:
+        def make() -> fleet_pb2.UndoRolloutResponse:
             ro, applied = self._app.undo(request.id, by=caller_of(context), dry_run=request.dry_run)
             answer = fleet_pb2.UndoRolloutResponse(model=convert.catalog_model(applied.revision))
             if ro is not None:
                 answer.rollout.CopyFrom(convert.rollout(ro))
             return answer
 
-        if request.dry_run:
-            return await make()
         return await self._once(
-            request.request_id, "UndoRollout", fleet_pb2.UndoRolloutResponse, make
+            request,
+            "UndoRollout",
+            fleet_pb2.UndoRolloutResponse,
+            now(make),
+            dry_run=request.dry_run,
         )
 
 

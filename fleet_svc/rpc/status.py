@@ -28,7 +28,7 @@ _TABLE: tuple[tuple[type[errors.FleetError], grpc.StatusCode, str], ...] = (
     (errors.StaleRevision, grpc.StatusCode.ABORTED, "STALE_REVISION"),
     (errors.InvalidSource, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SOURCE"),
     (errors.InvalidModel, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_MODEL"),
-    (errors.RequestIdReused, grpc.StatusCode.INVALID_ARGUMENT, "REQUEST_ID_REUSED"),
+    (errors.RequestIdReused, grpc.StatusCode.ALREADY_EXISTS, "REQUEST_ID_REUSED"),
     (errors.RolloutInProgress, grpc.StatusCode.ABORTED, "ROLLOUT_IN_PROGRESS"),
     (errors.NoRoomBeside, grpc.StatusCode.FAILED_PRECONDITION, "NO_ROOM_BESIDE"),
     (errors.RolloutNotFound, grpc.StatusCode.NOT_FOUND, "ROLLOUT_NOT_FOUND"),

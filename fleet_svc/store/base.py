@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -58,6 +59,18 @@ class RolloutRecord:
     spec: dict[str, Any]
     created_at: float
     updated_at: float
+
+
+@dataclass(frozen=True)
+class AnswerRecord:
+    """The first answer to a request id: the method it was sent to, the fingerprint of the
+    request (a hash of the request without its id; "" for answers stored before fingerprints
+    were kept), the serialized answer, and when it was stored (seconds since the epoch)."""
+
+    method: str
+    answer: bytes
+    fingerprint: str = ""
+    created_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -181,12 +194,29 @@ class Store(Protocol):
     def model_history(self, name: str) -> list[ModelRecord]:
         """Every revision of a model, oldest first (deletions included)."""
 
-    # Idempotency: the first answer to a request id.
-    def get_answer(self, request_id: str) -> tuple[str, bytes] | None:
-        """The (method, serialized answer) stored for a request id."""
+    def atomic(self) -> AbstractContextManager[None]:
+        """Make every write in the block one transaction: all of them are kept, or (the block
+        raised) none. Blocks nest (an inner one is a savepoint). The block must not wait on
+        anything else: it holds the store's write lock (SQLite) or one pooled connection
+        (PostgreSQL, for the calling thread) until it ends."""
 
-    def put_answer(self, request_id: str, method: str, answer: bytes) -> None:
-        """Keep the answer to a request id (the first one written wins)."""
+    # Idempotency: the first answer to a request id.
+    def get_answer(self, request_id: str) -> AnswerRecord | None:
+        """The answer stored for a request id."""
+
+    def claim_answer(self, request_id: str, method: str, fingerprint: str) -> bool:
+        """Reserve a request id for an answer made in the same `atomic` block (put_answer fills
+        it): True when this call reserved it, False when the id is taken (another attempt
+        answered it first; a racing one is waited for until it commits)."""
+
+    def put_answer(
+        self, request_id: str, method: str, answer: bytes, *, fingerprint: str = ""
+    ) -> None:
+        """Keep the answer to a request id: fills the id's claimed row, or else is ignored
+        when the id already has an answer (the first one written wins)."""
+
+    def prune_answers(self, before: float) -> int:
+        """Forget answers stored before `before` (seconds since the epoch); how many."""
 
     # Replicas the fleet accepted.
     def list_replicas(self) -> list[ReplicaRecord]:

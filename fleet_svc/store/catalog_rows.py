@@ -9,6 +9,8 @@ protobuf's own mapping.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -126,10 +128,20 @@ def entry_of_doc(doc: Mapping[str, Any]) -> Entry:
     )
 
 
+def etag_of(entry: Entry) -> str:
+    """A catalog entry's etag: SHA-256 of its JSON form (`entry_doc`) with sorted keys and no
+    spaces, first 24 hex digits (96 bits). Equal content, equal etag, whatever its revision;
+    opaque to callers, who only send it back."""
+    canonical = json.dumps(entry_doc(entry), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:24]
+
+
 def revision_of(record: ModelRecord) -> Revision:
-    """A stored row as a catalog revision."""
+    """A stored row as a catalog revision (its etag derived from its content)."""
+    entry = entry_of_doc(record.spec)
     return Revision(
-        entry=entry_of_doc(record.spec),
+        entry=entry,
+        etag=etag_of(entry),
         revision=record.revision,
         updated_by=record.updated_by,
         updated_at=record.updated_at,

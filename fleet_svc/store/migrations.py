@@ -121,6 +121,16 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        version=3,
+        summary="request ids bound to their request's fingerprint, pruned by age",
+        statements=(
+            # Rows from before this step keep '' (no fingerprint known): the fleet matches them
+            # by method alone until they age out of the request-id window.
+            "ALTER TABLE answers ADD COLUMN fingerprint TEXT NOT NULL DEFAULT ''",
+            "CREATE INDEX answers_by_age ON answers (created_at)",
+        ),
+    ),
 )
 
 
@@ -193,8 +203,20 @@ def immediate(conn: sqlite3.Connection) -> Iterator[None]:
     """Run the block in a `BEGIN IMMEDIATE` transaction: committed on exit, rolled back on error.
 
     IMMEDIATE takes the write lock before the first read, so a read-check-write inside the block
-    cannot interleave with another writer's (the busy timeout makes the second one wait).
+    cannot interleave with another writer's (the busy timeout makes the second one wait). Inside
+    a transaction already (the store's `atomic` block), the block is a savepoint instead: its
+    writes are undone on error and committed with the outer transaction.
     """
+    if conn.in_transaction:
+        conn.execute("SAVEPOINT nested")
+        try:
+            yield
+        except BaseException:
+            conn.execute("ROLLBACK TO nested")
+            conn.execute("RELEASE nested")
+            raise
+        conn.execute("RELEASE nested")
+        return
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield

@@ -43,6 +43,7 @@ import structlog
 from psycopg import errors as pg_errors
 
 from fleet_svc.store.base import (
+    AnswerRecord,
     EventRecord,
     ModelRecord,
     ReplicaRecord,
@@ -116,7 +117,8 @@ def _translating(
         if fail_fast:
             self.link.fail_fast()
         # Every pooled connection may have been cut at once: one try more than the pool holds.
-        tries = POOL_MAX + 1 if again else 1
+        # Never again inside an atomic block: its transaction is gone with its connection.
+        tries = POOL_MAX + 1 if again and self.link.pinned() is None else 1
         for attempt in range(1, tries + 1):
             try:
                 result = method(self, *args, **kwargs)
@@ -372,24 +374,73 @@ class PostgresStore:
 
     # Idempotency.
 
-    @_guarded
-    def get_answer(self, request_id: str) -> tuple[str, bytes] | None:
-        """The (method, serialized answer) stored for a request id, None when there is none."""
-        with self.link.connection() as conn:
-            row = conn.execute(
-                "SELECT method, answer FROM answers WHERE request_id = %s", (request_id,)
-            ).fetchone()
-        return None if row is None else (str(row[0]), bytes(row[1]))
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        """One transaction for the block's writes (Store.atomic), on one pooled connection
+        pinned to the calling thread until it ends (every store call of that thread uses it;
+        psycopg makes an inner transaction a savepoint); fenced when the store is."""
+        if self.link.pinned() is not None:
+            with self.link.connection() as conn, conn.transaction():
+                yield
+            return
+        try:
+            self.link.fail_fast()
+            with self.link.connection() as conn, self.link.pin(conn), conn.transaction():
+                if self._fence is not None:
+                    check_fence(conn, self._fence, self.where)
+                yield
+        except NoConnection as exc:
+            raise self.link.down(exc.problem) from exc
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(self.where, first_line(exc)) from exc
 
     @_guarded
-    def put_answer(self, request_id: str, method: str, answer: bytes) -> None:
-        """Keep the answer to a request id; a later answer to the same id is ignored."""
+    def get_answer(self, request_id: str) -> AnswerRecord | None:
+        """The answer stored for a request id, None when there is none."""
+        with self.link.connection() as conn:
+            row = conn.execute(
+                "SELECT method, answer, fingerprint, created_at FROM answers WHERE request_id = %s",
+                (request_id,),
+            ).fetchone()
+        if row is None:
+            return None
+        return AnswerRecord(str(row[0]), bytes(row[1]), str(row[2]), float(row[3]))
+
+    @_once
+    def claim_answer(self, request_id: str, method: str, fingerprint: str) -> bool:
+        """Reserve a request id (an empty answer until put_answer fills it); False when taken.
+        A racing attempt's uncommitted claim makes this insert wait for it (the primary key),
+        then find the id taken."""
+        with self.link.connection() as conn, self._writing(conn):
+            cur = conn.execute(
+                "INSERT INTO answers (request_id, method, answer, created_at, fingerprint)"
+                " VALUES (%s, %s, '', %s, %s) ON CONFLICT (request_id) DO NOTHING",
+                (request_id, method, self._clock(), fingerprint),
+            )
+            return cur.rowcount == 1
+
+    @_guarded
+    def put_answer(
+        self, request_id: str, method: str, answer: bytes, *, fingerprint: str = ""
+    ) -> None:
+        """Keep the answer to a request id: fill its claimed (empty) row of the same method and
+        fingerprint; any other answer already there is kept."""
         with self.link.connection() as conn, self._writing(conn):
             conn.execute(
-                "INSERT INTO answers (request_id, method, answer, created_at)"
-                " VALUES (%s, %s, %s, %s) ON CONFLICT (request_id) DO NOTHING",
-                (request_id, method, answer, self._clock()),
+                "INSERT INTO answers (request_id, method, answer, created_at, fingerprint)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (request_id) DO UPDATE"
+                " SET answer = excluded.answer WHERE length(answers.answer) = 0"
+                " AND answers.method = excluded.method"
+                " AND answers.fingerprint = excluded.fingerprint",
+                (request_id, method, answer, self._clock(), fingerprint),
             )
+
+    @_guarded
+    def prune_answers(self, before: float) -> int:
+        """Forget answers stored before `before`; how many were."""
+        with self.link.connection() as conn, self._writing(conn):
+            cur = conn.execute("DELETE FROM answers WHERE created_at < %s", (before,))
+            return cur.rowcount
 
     # Replicas.
 

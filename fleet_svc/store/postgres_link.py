@@ -66,6 +66,7 @@ class Link:
         self.where = where
         self._dsn, self._kwargs = dsn, kwargs
         self._lock = threading.Lock()
+        self._pinned = threading.local()
         self._down_until = 0.0
         self._last_down: StoreUnavailable | None = None
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[tuple[Any, ...]]] = (
@@ -119,6 +120,10 @@ class Link:
         handed back (the pool discards it and opens a replacement) and the next one is tried
         at once, until CALL_TIMEOUT_S.
         """
+        pinned = self.pinned()
+        if pinned is not None:
+            yield pinned  # inside the store's atomic block: its transaction's connection
+            return
         deadline = time.monotonic() + CALL_TIMEOUT_S
         while True:
             try:
@@ -139,6 +144,21 @@ class Link:
             yield conn
         finally:
             self._pool.putconn(conn)
+
+    def pinned(self) -> psycopg.Connection[tuple[Any, ...]] | None:
+        """The connection pinned to this thread by `pin` (None when none is)."""
+        conn: psycopg.Connection[tuple[Any, ...]] | None = getattr(self._pinned, "conn", None)
+        return conn
+
+    @contextmanager
+    def pin(self, conn: psycopg.Connection[tuple[Any, ...]]) -> Iterator[None]:
+        """Lend `conn` to every `connection()` of this thread until the block ends (one
+        transaction over several store calls)."""
+        self._pinned.conn = conn
+        try:
+            yield
+        finally:
+            self._pinned.conn = None
 
     def why_no_connection(self) -> str:
         """Why the pool lent no connection in time: the server's reason, from one direct

@@ -110,6 +110,15 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        version=3,
+        summary="request ids bound to their request's fingerprint, pruned by age",
+        statements=(
+            # As the SQLite store's step 3: older rows keep '' and are matched by method alone.
+            "ALTER TABLE answers ADD COLUMN fingerprint TEXT NOT NULL DEFAULT ''",
+            "CREATE INDEX answers_by_age ON answers (created_at)",
+        ),
+    ),
 )
 
 _VERSION_TABLE = """

@@ -13,7 +13,7 @@ from typing import Any
 
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
-from fleet_svc.domain.rollout import Rollout, RolloutState, Stage, Step, Strategy
+from fleet_svc.domain.rollout import Mode, Rollout, RolloutState, Stage, Step, Strategy
 from fleet_svc.store.base import ReplicaRecord, RolloutRecord
 
 P = ReplicaPhase
@@ -109,7 +109,7 @@ def rollout_record(ro: Rollout) -> RolloutRecord:
                 "profile": s.profile,
                 "old_id": s.old_id,
                 "new_id": s.new_id,
-                "mode": s.mode,
+                "mode": s.mode.value,
                 "stage": s.stage.value,
                 "node": s.node,
                 "gpus": list(s.gpus),
@@ -145,7 +145,7 @@ def load_rollout(rec: RolloutRecord) -> Rollout:
                 profile=str(st["profile"]),
                 old_id=str(st.get("old_id", "")),
                 new_id=str(st.get("new_id", "")),
-                mode=str(st.get("mode", "")),
+                mode=Mode(str(st.get("mode", ""))),
                 stage=Stage(st.get("stage", "waiting")),
                 node=str(st.get("node", "")),
                 gpus=tuple(int(g) for g in st.get("gpus", [])),

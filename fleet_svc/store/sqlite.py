@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from fleet_svc.store.base import (
+    AnswerRecord,
     EventRecord,
     ModelRecord,
     ReplicaRecord,
@@ -343,23 +344,55 @@ class SQLiteStore:
 
     # Idempotency.
 
-    @_guarded
-    def get_answer(self, request_id: str) -> tuple[str, bytes] | None:
-        """The (method, serialized answer) stored for a request id, None when there is none."""
-        row = self._conn.execute(
-            "SELECT method, answer FROM answers WHERE request_id = ?", (request_id,)
-        ).fetchone()
-        return None if row is None else (str(row[0]), bytes(row[1]))
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        """One transaction for the block's writes (Store.atomic): BEGIN IMMEDIATE, so it holds
+        the write lock from its start; a block inside another is a savepoint."""
+        with self._translating(), immediate(self._conn):
+            yield
 
     @_guarded
-    def put_answer(self, request_id: str, method: str, answer: bytes) -> None:
-        """Keep the answer to a request id; a later answer to the same id is ignored."""
-        # OR IGNORE: a retry racing the first attempt must not replace the answer already given.
-        self._conn.execute(
-            "INSERT OR IGNORE INTO answers (request_id, method, answer, created_at)"
-            " VALUES (?, ?, ?, ?)",
-            (request_id, method, answer, self._clock()),
+    def get_answer(self, request_id: str) -> AnswerRecord | None:
+        """The answer stored for a request id, None when there is none."""
+        row = self._conn.execute(
+            "SELECT method, answer, fingerprint, created_at FROM answers WHERE request_id = ?",
+            (request_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        return AnswerRecord(str(row[0]), bytes(row[1]), str(row[2]), float(row[3]))
+
+    @_guarded
+    def claim_answer(self, request_id: str, method: str, fingerprint: str) -> bool:
+        """Reserve a request id (an empty answer until put_answer fills it); False when taken."""
+        cur = self._conn.execute(
+            "INSERT OR IGNORE INTO answers (request_id, method, answer, created_at, fingerprint)"
+            " VALUES (?, ?, X'', ?, ?)",
+            (request_id, method, self._clock(), fingerprint),
         )
+        return cur.rowcount == 1
+
+    @_guarded
+    def put_answer(
+        self, request_id: str, method: str, answer: bytes, *, fingerprint: str = ""
+    ) -> None:
+        """Keep the answer to a request id: fill its claimed (empty) row of the same method and
+        fingerprint; any other answer already there is kept."""
+        # DO NOTHING unless claimed: a retry racing the first attempt must not replace the
+        # answer already given.
+        self._conn.execute(
+            "INSERT INTO answers (request_id, method, answer, created_at, fingerprint)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (request_id) DO UPDATE"
+            " SET answer = excluded.answer WHERE length(answers.answer) = 0"
+            " AND answers.method = excluded.method AND answers.fingerprint = excluded.fingerprint",
+            (request_id, method, answer, self._clock(), fingerprint),
+        )
+
+    @_guarded
+    def prune_answers(self, before: float) -> int:
+        """Forget answers stored before `before`; how many were."""
+        cur = self._conn.execute("DELETE FROM answers WHERE created_at < ?", (before,))
+        return cur.rowcount
 
     # Replicas.
 

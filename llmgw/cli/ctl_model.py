@@ -1,5 +1,6 @@
-"""`llmgw ctl model ...`: the catalog's models (list, show, create, delete, history) and the
-changes applied to them through the planner (`gpus`, `context`), followed as rollouts."""
+"""`llmgw ctl model ...`: the catalog's models (list, show, create, update, delete, history)
+and the changes applied to them (`update`, and through the planner `gpus`, `context`),
+followed as rollouts."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from llmgw.clients.fleet import STRATEGIES
 def emit(opts: argparse.Namespace, answer: Message, human: Callable[[], None]) -> int:
     """Print `answer` as JSON with --json (the proto's field names), else call `human`; 0."""
     if opts.json:
-        print(as_json(answer, proto_names=True))
+        print(as_json(answer))
     else:
         human()
     return 0
@@ -67,8 +68,8 @@ def model_show(opts: argparse.Namespace) -> int:
         replicas = fleet.list_replicas(opts.name).replicas
     if opts.json:
         out = {
-            "model": as_data(cm, proto_names=True),
-            "replicas": [as_data(r, proto_names=True) for r in replicas],
+            "model": as_data(cm),
+            "replicas": [as_data(r) for r in replicas],
         }
         print(json.dumps(out, indent=2))
         return 0
@@ -115,6 +116,43 @@ def model_create(opts: argparse.Namespace) -> int:
             f"watch its replicas with `llmgw ctl replica list --model {name}`"
         ),
     )
+
+
+def model_update(opts: argparse.Namespace) -> int:
+    """`model update FILE`: replace a model; what its replicas run differently rolls out."""
+    model = read_model_file(opts.file)
+    with fleet_client(opts) as fleet:
+        answer = fleet.update_model(
+            model,
+            etag=opts.etag or "",
+            request_id=opts.request_id or "",
+            dry_run=opts.dry_run,
+            strategy=opts.strategy or "",
+            supersede=opts.supersede,
+            surge=opts.surge,
+        )
+        name = answer.model.model.name
+        if opts.json:
+            print(as_json(answer, indent=None), flush=True)
+        elif answer.unchanged:
+            print(f"model {name} is already as asked (revision {answer.model.revision})")
+        elif opts.dry_run:
+            n = answer.restarted
+            print(f"dry run: nothing changed; {n} replica{'s' if n != 1 else ''} would restart")
+        elif answer.rollout_id:
+            n = answer.restarted
+            print(
+                f"updated model {name} (revision {answer.model.revision}); rollout "
+                f"{answer.rollout_id} started ({n} replica{'s' if n != 1 else ''})"
+            )
+        else:
+            print(
+                f"updated model {name} (revision {answer.model.revision}); no replica needs "
+                "starting again"
+            )
+        if opts.dry_run or not answer.rollout_id or opts.no_wait:
+            return 0
+        return ended(follow(fleet, answer.rollout_id, opts.json), opts.json)
 
 
 def model_delete(opts: argparse.Namespace) -> int:
@@ -184,6 +222,8 @@ def model_change(opts: argparse.Namespace) -> int:
         answer = _ask(opts, fleet)
         if opts.json:
             print(as_json(answer, indent=None), flush=True)
+        elif answer.unchanged:
+            print(f"{opts.model} is already as asked: nothing written, nothing to roll out")
         elif opts.dry_run:
             print("dry run: nothing changed")
         elif answer.rollout_id:
@@ -208,7 +248,7 @@ def _change_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--surge", type=int, default=0, help="replicas replaced at once (default 1)")
     p.add_argument("--supersede", action="store_true", help="cancel a rollout in progress")
-    p.add_argument("--etag", help="the revision read; refused if the model changed since")
+    p.add_argument("--etag", help="the etag read; refused if the model changed since")
     p.add_argument("--request-id", help="retry-safe id (default: a new one)")
 
 
@@ -226,11 +266,19 @@ def add_commands(groups: Any) -> None:
     )
     create.add_argument("file", help="a catalog model: name, source, context_length, profiles")
     create.add_argument("--request-id", help="retrying with the same id returns the first answer")
+    update = add_ctl_command(
+        commands,
+        "update",
+        "replace a model from a YAML or JSON file; changed replicas roll out",
+        model_update,
+    )
+    update.add_argument("file", help="a catalog model: name, source, context_length, profiles")
+    _change_flags(update)
     delete = add_ctl_command(
         commands, "delete", "remove a model and stop its replicas", model_delete
     )
     delete.add_argument("name")
-    delete.add_argument("--etag", help="refuse unless the model is still at this revision")
+    delete.add_argument("--etag", help="refuse unless the model still has this etag")
     delete.add_argument("--request-id", help="retrying with the same id returns the first answer")
     history = add_ctl_command(
         commands, "history", "every revision of a model: who and when", model_history

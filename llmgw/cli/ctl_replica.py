@@ -17,7 +17,7 @@ def node_list(opts: argparse.Namespace) -> int:
     with fleet_client(opts) as fleet:
         answer = fleet.list_nodes()
     if opts.json:
-        print(as_json(answer, proto_names=True))
+        print(as_json(answer))
         return 0
     if not answer.nodes:
         print("no nodes: start an agent (`python -m fleet_svc.agent --fleet HOST:PORT ...`)")
@@ -47,7 +47,7 @@ def replica_list(opts: argparse.Namespace) -> int:
     with fleet_client(opts) as fleet:
         answer = fleet.list_replicas(opts.model or "")
     if opts.json:
-        print(as_json(answer, proto_names=True))
+        print(as_json(answer))
     elif not answer.replicas:
         print("no replicas" + (f" of {opts.model}" if opts.model else ""))
     else:
@@ -66,7 +66,7 @@ def replica_watch(opts: argparse.Namespace) -> int:
             for event in events:
                 kind = short_name(event, "kind", "KIND_")
                 if opts.json:
-                    line = json.dumps(as_data(event, proto_names=True), separators=(",", ":"))
+                    line = json.dumps(as_data(event), separators=(",", ":"))
                 elif kind == "SYNCED":
                     line = "SYNCED   every ready endpoint above; changes follow"
                 else:

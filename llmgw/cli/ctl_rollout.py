@@ -16,7 +16,7 @@ from llmgw.cli.common import (
     add_ctl_command,
     fleet_client,
 )
-from llmgw.cli.output import event_line, print_rollout, rollout_state
+from llmgw.cli.output import event_line, print_rollout, rollout_state, stage_name
 from llmgw.clients import FleetClient
 from llmgw.clients.convert import Rollout, as_data, as_json, enum_name
 
@@ -54,7 +54,7 @@ def rollout_list(opts: argparse.Namespace) -> int:
         return 0
     print(f"{'ID':<14} {'MODEL':<20} {'KIND':<8} {'STATE':<10} {'REV':<9} {'STEPS':<6} BY")
     for r in rollouts:
-        done = sum(1 for s in r.steps if s.stage == "done")
+        done = sum(1 for s in r.steps if stage_name(s) == "done")
         print(
             f"{r.id:<14} {r.model:<20} {r.kind:<8} {rollout_state(r):<10} "
             f"{f'{r.from_revision}->{r.to_revision}':<9} {f'{done}/{len(r.steps)}':<6} "

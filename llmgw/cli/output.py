@@ -194,14 +194,27 @@ def print_rollout(ro: Rollout) -> None:
     )
     for s in ro.steps:
         where = f" on {s.node} cards {','.join(map(str, s.gpus))}" if s.node else ""
+        mode = mode_name(s)
         print(
             f"  [{s.profile}] {s.old_replica or '(new)'} -> {s.new_replica or '?'}"
-            f"{where}: {s.stage}{' ' + s.mode if s.mode else ''}"
+            f"{where}: {stage_name(s)}{' ' + mode if mode else ''}"
         )
     if ro.reason:
         print(f"  reason: {ro.reason}")
     for line in ro.log_tail:
         print(f"  | {line}")
+
+
+def stage_name(step: Any) -> str:
+    """A rollout step's stage for people: waiting, starting, retiring, done, failed, ..."""
+    return short_name(step, "stage", "ROLLOUT_STAGE_").lower()
+
+
+def mode_name(message: Any) -> str:
+    """A step's or event's mode for people: beside, in_place, or "" when not decided."""
+    if not message.mode:
+        return ""
+    return short_name(message, "mode", "ROLLOUT_MODE_").lower()
 
 
 def event_line(ev: RolloutEvent) -> str:
@@ -213,7 +226,9 @@ def event_line(ev: RolloutEvent) -> str:
         if ev.gpus:
             where += f" cards {','.join(map(str, ev.gpus))}"
     who = f" {ev.replica_id}" if ev.replica_id else ""
-    how = f" ({ev.mode})" if ev.mode else ""
+    mode = mode_name(ev)
+    how = f" ({mode})" if mode else ""
     profile = f" [{ev.profile}]" if ev.profile else ""
     msg = f": {ev.message}" if ev.message else ""
-    return f"{at} {ev.kind.replace('_', ' ')}{profile}{who}{where}{how}{msg}"
+    kind = short_name(ev, "kind", "ROLLOUT_EVENT_KIND_").lower().replace("_", " ")
+    return f"{at} {kind}{profile}{who}{where}{how}{msg}"

@@ -67,16 +67,17 @@ def model_data(model: Model) -> dict[str, Any]:
     return json_format.MessageToDict(model)
 
 
-def as_data(message: Message, *, proto_names: bool = False) -> dict[str, Any]:
-    """A message as plain data: JSON field names (camelCase), or the proto's (snake_case)."""
-    return json_format.MessageToDict(message, preserving_proto_field_name=proto_names)
+def as_data(message: Message) -> dict[str, Any]:
+    """A message as plain data, keyed by the proto's own field names (snake_case): the one
+    convention of every `--json` the CLI prints, so a script reads `rollout_id` whichever
+    command printed it."""
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
 
 
-def as_json(message: Message, *, proto_names: bool = False, indent: int | None = 2) -> str:
-    """A message as JSON text (`indent=None`: one line)."""
-    return json_format.MessageToJson(
-        message, preserving_proto_field_name=proto_names, indent=indent
-    )
+def as_json(message: Message, *, indent: int | None = 2) -> str:
+    """A message as JSON text with the proto's field names, as `as_data` (`indent=None`: one
+    line)."""
+    return json_format.MessageToJson(message, preserving_proto_field_name=True, indent=indent)
 
 
 def enum_name(message: Message, name: str) -> str:

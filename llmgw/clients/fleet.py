@@ -118,11 +118,30 @@ class FleetClient:
         )
 
     def update_model(
-        self, model: Model, etag: str = "", request_id: str = ""
+        self,
+        model: Model,
+        etag: str = "",
+        request_id: str = "",
+        *,
+        dry_run: bool = False,
+        strategy: str = "",
+        supersede: bool = False,
+        surge: int = 0,
     ) -> fleet_pb2.UpdateModelResponse:
-        """Replace a model of the catalog; refused unless it is still at `etag` (when given)."""
+        """Replace a model of the catalog, refused unless it is still at `etag` (when given);
+        replicas that would run otherwise are replaced by a rollout (`rollout_id`).
+
+        Args:
+            strategy: a name of STRATEGIES, or "" for the fleet's default.
+        """
         request = fleet_pb2.UpdateModelRequest(
-            model=model, etag=etag, request_id=request_id or new_request_id()
+            model=model,
+            etag=etag,
+            request_id=request_id or new_request_id(),
+            dry_run=dry_run,
+            strategy=STRATEGIES.get(strategy, fleet_pb2.STRATEGY_UNSPECIFIED),
+            supersede=supersede,
+            surge=surge,
         )
         return self._call(
             lambda: self._stub.UpdateModel(request, timeout=self.timeout_s, metadata=self.metadata)

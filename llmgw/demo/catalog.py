@@ -4,6 +4,8 @@ server; loading it through the fleet's API, and waiting until its replicas serve
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import time
 from collections.abc import Sequence
@@ -69,8 +71,9 @@ def example_models(*, gguf_source: str, gpu_class: str) -> list[Model]:
 def ensure_example_catalog(fleet: FleetClient, models: Sequence[Model]) -> list[str]:
     """Create the example models that are not in the catalog. One that is there is left as it
     is, unless `llmgw up` wrote it last (as CALLER) and it differs (e.g. the file server's port
-    changed): then it is updated, guarded by its etag. Returns a line per model saying what was
-    done.
+    changed): then it is updated, guarded by its etag, and what its replicas run differently
+    rolls out beside where a node has room, in place where none has (strategy auto). Returns a
+    line per model saying what was done.
 
     Raises:
         Unreachable, Refused: the fleet did not answer, or refused a change.
@@ -82,15 +85,23 @@ def ensure_example_catalog(fleet: FleetClient, models: Sequence[Model]) -> list[
         except Refused as refused:
             if refused.code != "NOT_FOUND":
                 raise
-            fleet.create_model(model, request_id=f"llmgw-up-{model.name}-1")
+            # The id names the content: a retry of this create is answered once, and a create
+            # of other content (the model deleted, the examples changed) is a new request.
+            fleet.create_model(model, request_id=f"llmgw-up-{model.name}-{_digest(model)}")
             said.append(f"created {model.name}")
             continue
         if got.updated_by == CALLER and not got.declared and _differs(got.model, model):
-            fleet.update_model(model, etag=got.etag)
+            fleet.update_model(model, etag=got.etag, strategy="auto")
             said.append(f"updated {model.name} (its example settings changed)")
         else:
             said.append(f"kept {model.name} (revision {got.revision}, by {got.updated_by})")
     return said
+
+
+def _digest(model: Model) -> str:
+    """A short hash of a model's content, for a request id that names it."""
+    text = json.dumps(model_data(model), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _differs(a: Model, b: Model) -> bool:

@@ -23,6 +23,7 @@ from llmgw.testing.eventually import assert_eventually
 from llmgw.testing.scripted_agent import ScriptedAgent
 from llmgw.tls import ClientTLS, ServerTLS
 from tests.support.fleet import running_fleet as _running_fleet
+from tests.support.json_keys import camel_keys
 from tests.support.planner import running_planner
 from tests.support.shapes import LLAMA_31_8B, inline_data
 
@@ -49,7 +50,7 @@ class Run:
     out: str
     err: str
 
-    def json(self) -> object:
+    def json(self) -> Any:
         """Its stdout parsed as JSON."""
         return json.loads(self.out)
 
@@ -127,7 +128,7 @@ async def test_model_create_list_show_and_history(tmp_path: Path) -> None:
 
         shown = await ctl(fleet.port, "model", "show", "qwen")
         assert shown.code == 0, shown.err
-        assert "revision:    1 (etag 1)" in shown.out
+        assert "revision:    1 (etag " in shown.out and "(etag 1)" not in shown.out
         assert "by alice" in shown.out
         assert "args: --max-model-len 8192 -tp 1" in shown.out
         assert "gpu: vllm, 1 replica(s) on 1×H100-80GB" in shown.out
@@ -137,6 +138,10 @@ async def test_model_create_list_show_and_history(tmp_path: Path) -> None:
         assert isinstance(data, dict)
         assert [m["model"]["name"] for m in data["models"]] == ["qwen"]
         assert data["models"][0]["updated_by"] == "alice"
+        assert camel_keys(data) == []
+        shown_json = (await ctl(fleet.port, "model", "show", "qwen", "--json")).json()
+        assert shown_json["model"]["model"]["context_length"] == "8192"
+        assert camel_keys(shown_json) == []
 
         history = await ctl(fleet.port, "model", "history", "qwen")
         assert history.code == 0, history.err
@@ -183,11 +188,14 @@ async def test_refusals_exit_2_with_reason_and_metadata(tmp_path: Path) -> None:
 
 
 async def test_delete_with_current_etag_removes_the_model(tmp_path: Path) -> None:
-    """Deleting at the current etag removes the model from the list; its history keeps the
-    deletion's revision."""
+    """Deleting at the current etag (opaque: not the revision number) removes the model from
+    the list; its history keeps the deletion's revision."""
     async with running_fleet(tmp_path) as (fleet, _stub):
         await ctl(fleet.port, "model", "create", str(write_model(tmp_path / "m.yaml")))
-        deleted = await ctl(fleet.port, "model", "delete", "qwen", "--etag", "1")
+        stale = await ctl(fleet.port, "model", "delete", "qwen", "--etag", "1")
+        assert stale.code == EXIT_REFUSED and "STALE_REVISION" in stale.err
+        etag = (await ctl(fleet.port, "model", "show", "qwen", "--json")).json()["model"]["etag"]
+        deleted = await ctl(fleet.port, "model", "delete", "qwen", "--etag", etag)
         assert deleted.code == 0, deleted.err
         assert "deleted model qwen (revision 2)" in deleted.out
         listed = await ctl(fleet.port, "model", "list", "--json")
@@ -381,6 +389,9 @@ async def test_model_gpus_is_followed_to_the_end_of_its_rollout(tmp_path: Path) 
                 return len(rs) == 1 and rs[0].phase == fleet_pb2.REPLICA_PHASE_READY
 
             await assert_eventually(ready, timeout_s=30, what="a READY replica")
+            dry = await ctl(fleet.port, "model", "gpus", "qwen", "2", "--dry-run", "--json")
+            assert dry.code == 0, dry.err
+            assert camel_keys(dry.json()) == []
             run = await ctl(fleet.port, "model", "gpus", "qwen", "2")
             assert run.code == 0, run.err
             lines = run.out.splitlines()
@@ -395,6 +406,9 @@ async def test_model_gpus_is_followed_to_the_end_of_its_rollout(tmp_path: Path) 
             assert [(r["id"], r["state"]) for r in listed] == [
                 (rollout_id, "ROLLOUT_STATE_SUCCEEDED")
             ]
+            assert listed[0]["to_revision"] == "2" and camel_keys(listed) == []
+            status_json = (await ctl(fleet.port, "rollout", "status", rollout_id, "--json")).json()
+            assert status_json["from_revision"] == "1" and camel_keys(status_json) == []
             status = await ctl(fleet.port, "rollout", "status", rollout_id)
             assert status.code == 0 and "succeeded" in status.out.splitlines()[0]
             watched = await ctl(fleet.port, "rollout", "watch", rollout_id, "--json")
@@ -402,6 +416,7 @@ async def test_model_gpus_is_followed_to_the_end_of_its_rollout(tmp_path: Path) 
             events = [json.loads(line) for line in watched.out.splitlines()]
             assert events[-1]["state"] == "ROLLOUT_STATE_SUCCEEDED"
             assert [e["seq"] for e in events[:-1]] == sorted(e["seq"] for e in events[:-1])
+            assert camel_keys(events) == [] and events[0]["rollout_id"] == rollout_id
         finally:
             await agent.stop()
 
@@ -578,3 +593,42 @@ async def test_beside_llmgw_up_a_plaintext_fleet_needs_plaintext(
     assert str(tmp_path / "data" / "tls") in found.err and "--plaintext" in found.err
     assert plain.code == 0, plain.err
     assert plain.json() == {}
+
+
+async def test_model_update_rolls_out_and_says_when_nothing_changes(tmp_path: Path) -> None:
+    """`model update` with the file as stored says the model is already as asked (no
+    revision); with new args it starts a rollout and follows it to success; --json prints
+    the answer with the proto's field names."""
+    path = write_model(tmp_path / "m.yaml", replicas=1)
+    async with _running_fleet(tmp_path, liveness=PATIENT) as (fleet, stub):
+        agent = ScriptedAgent(f"127.0.0.1:{fleet.port}", "node-a", gpus=4)
+        agent.start()
+        try:
+            assert (await ctl(fleet.port, "model", "create", str(path))).code == 0
+
+            async def ready() -> bool:
+                rs = (await stub.ListReplicas(fleet_pb2.ListReplicasRequest())).replicas
+                return len(rs) == 1 and rs[0].phase == fleet_pb2.REPLICA_PHASE_READY
+
+            await assert_eventually(ready, timeout_s=30, what="a READY replica")
+            same = await ctl(fleet.port, "model", "update", str(path))
+            assert same.code == 0, same.err
+            assert same.out.strip() == "model qwen is already as asked (revision 1)"
+            data = yaml.safe_load(path.read_text())
+            data["profiles"][0]["args"] += ["--max-num-seqs", "32"]
+            path.write_text(yaml.safe_dump(data))
+            dry = await ctl(fleet.port, "model", "update", str(path), "--dry-run", "--json")
+            assert dry.code == 0, dry.err
+            answer = dry.json()
+            assert answer["restarted"] == 1 and "etag" not in answer["model"]
+            assert camel_keys(answer) == []
+            run = await ctl(fleet.port, "model", "update", str(path))
+            assert run.code == 0, run.err
+            first = run.out.splitlines()[0]
+            assert first.startswith("updated model qwen (revision 2); rollout ro")
+            assert "(update, beside): succeeded" in run.out
+            assert "replica stopped" in run.out
+            rs = (await stub.ListReplicas(fleet_pb2.ListReplicasRequest())).replicas
+            assert [list(r.args)[-2:] for r in rs] == [["--max-num-seqs", "32"]]
+        finally:
+            await agent.stop()

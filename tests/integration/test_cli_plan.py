@@ -14,6 +14,7 @@ import yaml
 
 from llmgw import certs
 from llmgw.tls import ClientTLS, ServerTLS
+from tests.support.json_keys import camel_keys
 from tests.support.planner import running_planner
 from tests.support.shapes import LLAMA_31_8B, inline_data
 
@@ -81,6 +82,7 @@ async def test_context_prints_the_change_and_json_for_scripts(tmp_path: Path) ->
     answer = json.loads(jout)
     assert answer["change"]["after"] == "32768"
     assert answer["profiles"][0]["args"] == ["--max-model-len", "32768"]
+    assert answer["change"]["max_output"] and camel_keys(answer) == []
 
 
 async def test_refusal_exits_2_with_reason_and_numbers(tmp_path: Path) -> None:

@@ -47,19 +47,28 @@ def reason_of(err: grpc.aio.AioRpcError) -> str:
     return ""
 
 
+def metadata_of(err: grpc.aio.AioRpcError) -> dict[str, str]:
+    """The ErrorInfo metadata of a refusal."""
+    status = rpc_status.from_call(err)
+    assert status is not None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return dict(info.metadata)
+    return {}
+
+
 async def test_revisions_count_up_with_who_and_when(tmp_path: Path) -> None:
     """Create then update makes revisions 1 and 2, each with the caller and a time."""
     async with running_fleet(tmp_path) as (_, stub):
         created = await stub.CreateModel(
             fleet_pb2.CreateModelRequest(model=model()), metadata=(("x-llmgw-caller", "ada"),)
         )
-        assert (created.model.revision, created.model.etag, created.model.updated_by) == (
-            1,
-            "1",
-            "ada",
-        )
+        assert (created.model.revision, created.model.updated_by) == (1, "ada")
+        assert created.model.etag and created.model.etag != "1"
         updated = await stub.UpdateModel(
-            fleet_pb2.UpdateModelRequest(model=model(replicas=2), etag="1"),
+            fleet_pb2.UpdateModelRequest(model=model(replicas=2), etag=created.model.etag),
             metadata=(("x-llmgw-caller", "bob"),),
         )
         assert updated.model.revision == 2
@@ -73,12 +82,19 @@ async def test_revisions_count_up_with_who_and_when(tmp_path: Path) -> None:
 async def test_stale_etag_is_aborted_and_changes_nothing(tmp_path: Path) -> None:
     """A write with an old etag is ABORTED with STALE_REVISION and the model stays as it was."""
     async with running_fleet(tmp_path) as (_, stub):
-        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=model()))
-        await stub.UpdateModel(fleet_pb2.UpdateModelRequest(model=model(replicas=2), etag="1"))
+        created = await stub.CreateModel(fleet_pb2.CreateModelRequest(model=model()))
+        read = created.model.etag
+        await stub.UpdateModel(fleet_pb2.UpdateModelRequest(model=model(replicas=2), etag=read))
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await stub.UpdateModel(fleet_pb2.UpdateModelRequest(model=model(replicas=5), etag="1"))
+            await stub.UpdateModel(fleet_pb2.UpdateModelRequest(model=model(replicas=5), etag=read))
         assert caught.value.code() is grpc.StatusCode.ABORTED
         assert reason_of(caught.value) == "STALE_REVISION"
+        current = (await stub.GetModel(fleet_pb2.GetModelRequest(name="qwen"))).model.etag
+        assert metadata_of(caught.value) == {
+            "model": "qwen",
+            "etag": read,
+            "current_etag": current,
+        }
         got = await stub.GetModel(fleet_pb2.GetModelRequest(name="qwen"))
         assert (got.model.revision, got.model.model.profiles[0].replicas) == (2, 2)
 
@@ -94,6 +110,29 @@ async def test_retry_with_the_same_request_id_returns_the_first_answer(tmp_path:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await stub.DeleteModel(fleet_pb2.DeleteModelRequest(name="qwen", request_id="r1"))
         assert reason_of(caught.value) == "REQUEST_ID_REUSED"
+
+
+async def test_a_request_id_sent_with_another_body_is_refused(tmp_path: Path) -> None:
+    """The same request id with another body is ALREADY_EXISTS with REQUEST_ID_REUSED naming
+    the id, and changes nothing; the first body's retry still gets the first answer."""
+    async with running_fleet(tmp_path) as (_, stub):
+        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=model()))
+        first = await stub.UpdateModel(
+            fleet_pb2.UpdateModelRequest(model=model(replicas=2), request_id="r2")
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.UpdateModel(
+                fleet_pb2.UpdateModelRequest(model=model(replicas=3), request_id="r2")
+            )
+        assert caught.value.code() is grpc.StatusCode.ALREADY_EXISTS
+        assert reason_of(caught.value) == "REQUEST_ID_REUSED"
+        assert metadata_of(caught.value)["request_id"] == "r2"
+        got = await stub.GetModel(fleet_pb2.GetModelRequest(name="qwen"))
+        assert (got.model.revision, got.model.model.profiles[0].replicas) == (2, 2)
+        again = await stub.UpdateModel(
+            fleet_pb2.UpdateModelRequest(model=model(replicas=2), request_id="r2")
+        )
+        assert again == first
 
 
 @pytest.mark.parametrize(

@@ -82,8 +82,12 @@ def test_kill_9_loses_nothing_accepted(store_url: str) -> None:
                     timeout=10,
                 )
                 answers[f"req-{i}"] = answer
+            changed = model(0)
+            changed.max_output = 512
             stub.UpdateModel(
-                fleet_pb2.UpdateModelRequest(model=model(0), etag="1", request_id="upd"),
+                fleet_pb2.UpdateModelRequest(
+                    model=changed, etag=answers["req-0"].model.etag, request_id="upd"
+                ),
                 timeout=10,
             )
         proc.send_signal(signal.SIGKILL)

@@ -178,7 +178,7 @@ async def test_context_change_rolls_out_beside_and_never_drops_below_two(tmp_pat
         ]
         ro = await wait_rollout(stub, answer.rollout_id)
         assert ro.state == fleet_pb2.ROLLOUT_STATE_SUCCEEDED, ro.reason
-        assert [s.mode for s in ro.steps] == ["beside", "beside"]
+        assert [s.mode for s in ro.steps] == [fleet_pb2.ROLLOUT_MODE_BESIDE] * 2
         await assert_eventually(lambda: _is(ready_count(stub), 2), what="2 READY after")
         prober.stop()
         assert prober.low >= 2
@@ -221,7 +221,7 @@ async def test_gpus_without_room_beside_is_refused_then_in_place_completes(tmp_p
         answer = await stub.SetGPUs(fleet_pb2.SetGPUsRequest(name="vmodel", gpus=2, in_place=True))
         ro = await wait_rollout(stub, answer.rollout_id)
         assert ro.state == fleet_pb2.ROLLOUT_STATE_SUCCEEDED, ro.reason
-        assert {s.mode for s in ro.steps} == {"in_place"}
+        assert {s.mode for s in ro.steps} == {fleet_pb2.ROLLOUT_MODE_IN_PLACE}
         await assert_eventually(lambda: _is(ready_count(stub), 2), what="2 READY after")
         prober.stop()
         assert prober.low >= 1
@@ -311,22 +311,26 @@ async def test_second_change_while_rolling_out_is_aborted(tmp_path: Path) -> Non
 
 async def test_retry_returns_the_first_answer_and_stale_etag_is_aborted(tmp_path: Path) -> None:
     """A SetContext retried with its request id answers the first rollout; a stale etag is
-    ABORTED; a dry run changes nothing."""
+    ABORTED; a dry run changes nothing and predicts no etag."""
     async with cluster(tmp_path) as (_fleet, stub, _agents):
-        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=vllm_model(1)))
+        created = await stub.CreateModel(fleet_pb2.CreateModelRequest(model=vllm_model(1)))
+        read = created.model.etag
         await assert_eventually(lambda: _is(ready_count(stub), 1), what="1 READY")
         dry = await stub.SetContext(
             fleet_pb2.SetContextRequest(name="vmodel", tokens=16384, dry_run=True)
         )
         assert dry.rollout_id == "" and dry.change.after == 16384
+        assert (dry.model.revision, dry.model.etag) == (0, "")
         assert (await stub.GetModel(fleet_pb2.GetModelRequest(name="vmodel"))).model.revision == 1
-        req = fleet_pb2.SetContextRequest(name="vmodel", tokens=16384, request_id="once", etag="1")
+        req = fleet_pb2.SetContextRequest(name="vmodel", tokens=16384, request_id="once", etag=read)
         first = await stub.SetContext(req)
         again = await stub.SetContext(req)
         assert again.rollout_id == first.rollout_id
         await wait_rollout(stub, first.rollout_id)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await stub.SetContext(fleet_pb2.SetContextRequest(name="vmodel", tokens=4096, etag="1"))
+            await stub.SetContext(
+                fleet_pb2.SetContextRequest(name="vmodel", tokens=4096, etag=read)
+            )
         assert caught.value.code() is grpc.StatusCode.ABORTED
         assert reason_and_meta(caught.value)[0] == "STALE_REVISION"
 

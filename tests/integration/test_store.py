@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, replace
@@ -22,6 +23,7 @@ import psycopg
 import pytest
 
 from fleet_svc.store.base import (
+    AnswerRecord,
     ReplicaRecord,
     RolloutRecord,
     StaleRevision,
@@ -398,7 +400,7 @@ def test_racing_first_answers_keep_exactly_one(backend: Backend) -> None:
         for request_id in ids:
             first, second = (s.get_answer(request_id) for s in stores)
             assert first == second and first is not None
-            who, _, answered = first[1].decode().partition(":")
+            who, _, answered = first.answer.decode().partition(":")
             assert answered == request_id and int(who) in range(4)
     finally:
         for s in stores:
@@ -459,14 +461,66 @@ def test_first_answer_to_a_request_wins(store: Store) -> None:
     store.put_answer("req-1", "CreateModel", b"\x08\x01first\x00")
     store.put_answer("req-1", "DeleteModel", b"second")
     store.put_answer("req-2", "UpdateModel", b"")
-    assert store.get_answer("req-1") == ("CreateModel", b"\x08\x01first\x00")
-    assert store.get_answer("req-2") == ("UpdateModel", b"")
+    first, second = store.get_answer("req-1"), store.get_answer("req-2")
+    assert first is not None and (first.method, first.answer) == (
+        "CreateModel",
+        b"\x08\x01first\x00",
+    )
+    assert second is not None and (second.method, second.answer) == ("UpdateModel", b"")
 
 
 def test_answers_are_stamped_with_the_injected_clock(store: Store, backend: Backend) -> None:
     """An answer's creation time is the store's clock at the first write."""
     store.put_answer("req-1", "CreateModel", b"x")
     assert backend.raw("SELECT created_at FROM answers", ()) == [(CLOCK,)]
+
+
+def test_an_answer_keeps_its_fingerprint_and_time(store: Store) -> None:
+    """An answer reads back with the fingerprint of its request and when it was stored."""
+    store.put_answer("req-1", "SetGPUs", b"a", fingerprint="f" * 64)
+    stored = store.get_answer("req-1")
+    assert stored == AnswerRecord("SetGPUs", b"a", "f" * 64, CLOCK)
+
+
+def test_a_claimed_id_is_filled_once_and_taken_for_others(store: Store) -> None:
+    """claim_answer reserves an id once; put_answer fills the claim of the same request, and
+    neither replaces an answer already there."""
+    assert store.claim_answer("req-1", "SetGPUs", "fp")
+    assert not store.claim_answer("req-1", "SetGPUs", "fp")
+    store.put_answer("req-1", "SetGPUs", b"other", fingerprint="not-fp")
+    store.put_answer("req-1", "SetGPUs", b"answer", fingerprint="fp")
+    store.put_answer("req-1", "SetGPUs", b"later", fingerprint="fp")
+    stored = store.get_answer("req-1")
+    assert stored is not None and stored.answer == b"answer"
+
+
+def test_answers_older_than_a_time_are_pruned(store: Store, backend: Backend) -> None:
+    """prune_answers forgets the answers stored before the time it is given, and only those."""
+    store.put_answer("old", "CreateModel", b"x")
+    backend.raw("UPDATE answers SET created_at = ? WHERE request_id = ?", (CLOCK - 100, "old"))
+    store.put_answer("new", "CreateModel", b"y")
+    assert store.prune_answers(CLOCK - 50) == 1
+    assert store.get_answer("old") is None and store.get_answer("new") is not None
+
+
+def test_an_atomic_block_keeps_all_its_writes_or_none(store: Store) -> None:
+    """Writes in an atomic block that raises are all undone (a catalog revision, a rollout and
+    its event, an answer); a block that ends keeps them all, inner blocks included."""
+    with pytest.raises(RuntimeError), store.atomic():
+        store.put_model(model("m"), expect_revision=0)
+        store.put_rollout(RolloutRecord("ro-1", "m", "RUNNING", {}, 1.0, 1.0))
+        store.append_event("ro-1", 1.0, {"kind": "rollout_started"})
+        store.put_answer("req-1", "SetGPUs", b"a")
+        raise RuntimeError("the change failed half-way")
+    assert store.get_model("m") is None and store.get_rollout("ro-1") is None
+    assert store.get_answer("req-1") is None and store.list_events("ro-1") == []
+    with store.atomic():
+        store.put_model(model("m"), expect_revision=0)
+        with pytest.raises(StaleRevision), store.atomic():
+            store.put_model(model("m"), expect_revision=0)
+        store.put_answer("req-1", "SetGPUs", b"a")
+    assert [r.revision for r in store.model_history("m")] == [1]
+    assert store.get_answer("req-1") is not None
 
 
 # Rollouts and events ----------------------------------------------------------------------------
@@ -667,3 +721,42 @@ def test_a_row_broken_after_opening_is_skipped_in_listings_and_fails_the_probe(
         store.get_model("llama-3.1-8b")
     with pytest.raises(StoreDamaged, match="ro-1"):
         store.probe()
+
+
+def test_a_claim_racing_another_finds_the_id_taken_once_it_commits(backend: Backend) -> None:
+    """Two atomic blocks claiming one request id: the second waits for the first (SQLite's
+    write lock, PostgreSQL's primary key), then finds the id taken and reads its answer."""
+    backend.open().close()
+    claimed = threading.Event()
+    results: list[bool] = []
+    failures: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            mine = backend.open()
+            try:
+                with mine.atomic():
+                    results.append(mine.claim_answer("req-1", "SetGPUs", "fp"))
+                    claimed.set()
+                    time.sleep(0.2)  # hold the claim while the other tries
+                    mine.put_answer("req-1", "SetGPUs", b"first", fingerprint="fp")
+            finally:
+                mine.close()
+        except BaseException as exc:
+            failures.append(exc)
+            claimed.set()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert claimed.wait(timeout=10)
+    second = backend.open()
+    try:
+        with second.atomic():
+            results.append(second.claim_answer("req-1", "SetGPUs", "fp"))
+            seen = second.get_answer("req-1")
+    finally:
+        second.close()
+    thread.join(timeout=30)
+    assert not failures
+    assert results == [True, False]
+    assert seen is not None and seen.answer == b"first"

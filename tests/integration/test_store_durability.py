@@ -106,7 +106,9 @@ def test_acknowledged_writes_survive_sigkill(store_url: str) -> None:
             assert current is not None and current.revision >= revision, name
         for request_id in answers:
             i = int(request_id.removeprefix("req-"))
-            assert store.get_answer(request_id) == ("CreateModel", answer_bytes(i)), request_id
+            answered = store.get_answer(request_id)
+            assert answered is not None, request_id
+            assert (answered.method, answered.answer) == ("CreateModel", answer_bytes(i))
         replicas = {r.id: r for r in store.list_replicas()}
         for replica_id, restarts in last_restarts.items():
             stored = replicas[replica_id]

@@ -210,3 +210,24 @@ def test_an_outage_is_unavailable_fast_and_the_store_comes_back_on_its_own(
         assert store.get_model("m") is not None
         store.put_value("k", "v")
         assert store.get_value("k") == "v"
+
+
+def test_answers_of_a_version_2_database_read_back_without_a_fingerprint(
+    db: tuple[str, str],
+) -> None:
+    """A database an older fleet wrote (schema 2) opens migrated: its answers read back with
+    an empty fingerprint (matched by method alone)."""
+    _name, dsn = db
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert migrate(conn, dsn, MIGRATIONS[:2]) == [1, 2]
+        conn.execute(
+            "INSERT INTO answers (request_id, method, answer, created_at) VALUES (%s, %s, %s, %s)",
+            ("req-old", "SetGPUs", b"old", 1.0),
+        )
+    with PostgresStore(dsn) as store:
+        old = store.get_answer("req-old")
+        assert old is not None and (old.method, old.answer, old.fingerprint) == (
+            "SetGPUs",
+            b"old",
+            "",
+        )

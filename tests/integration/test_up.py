@@ -479,7 +479,8 @@ async def test_example_catalog_is_created_once_and_left_to_its_editors(tmp_path:
             moved = example_models(
                 gguf_source="http://127.0.0.1:2/files/x.gguf", gpu_class="H100-80GB"
             )
-            edited = fleet_pb2.UpdateModelRequest(model=moved[1], etag="1")
+            read = await stub.GetModel(fleet_pb2.GetModelRequest(name=moved[1].name))
+            edited = fleet_pb2.UpdateModelRequest(model=moved[1], etag=read.model.etag)
             edited.model.context_length = 4096
             await stub.UpdateModel(edited, metadata=(("x-llmgw-caller", "ops"),))
             assert await asyncio.to_thread(load, moved) == [

@@ -5,7 +5,7 @@ is asked or written."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -87,7 +87,7 @@ class Fleet:
 
     def __init__(self, path: Path) -> None:
         self.clock = FakeClock()
-        self.store = SQLiteStore(path / "fleet.db")
+        self.store = SQLiteStore(path / "fleet.db", clock=self.clock.wall)
         self.catalog = Catalog(self.store, self.clock.wall)
         counter = itertools.count(1)
         self.controller = Controller(
@@ -132,7 +132,8 @@ def by(name: str = "bob", **options: object) -> ChangeOptions:
 async def test_set_gpus_commits_the_planner_s_profiles_and_rolls_them_out(fleet: Fleet) -> None:
     """SetGPUs asks the planner with the live inventory, writes its profiles as the next
     revision and starts a rollout replacing the serving replica."""
-    planned, applied = await fleet.app.set_gpus("m", gpus=2, profile="", etag="1", options=by())
+    etag = fleet.app.model("m").etag
+    planned, applied = await fleet.app.set_gpus("m", gpus=2, profile="", etag=etag, options=by())
     ((_, inventory),) = fleet.planner.asked
     assert [(n.name, n.gpus, n.free_gpus) for n in inventory.nodes] == [("n1", 4, 3)]
     assert planned.report == {"gpus": 2}
@@ -143,21 +144,30 @@ async def test_set_gpus_commits_the_planner_s_profiles_and_rolls_them_out(fleet:
 
 
 async def test_a_dry_run_writes_nothing(fleet: Fleet) -> None:
-    """A dry run answers the revision it would write and starts nothing."""
+    """A dry run answers the model it would write, unwritten (revision 0, no etag: it predicts
+    neither), the replicas it would restart, and starts nothing."""
     _, applied = await fleet.app.set_gpus(
         "m", gpus=2, profile="", etag="", options=by(dry_run=True)
     )
-    assert (applied.revision.revision, applied.rollout_id, applied.restarted) == (2, "", 1)
+    assert (applied.revision.revision, applied.revision.etag) == (0, "")
+    assert applied.revision.model.profiles[0].args == ("--tensor-parallel-size", "2")
+    assert (applied.rollout_id, applied.restarted, applied.unchanged) == ("", 1, False)
     assert fleet.app.model("m").revision == 1
     assert fleet.controller.running_rollout("m") is None
 
 
 async def test_a_stale_etag_is_refused_before_the_planner_is_asked(fleet: Fleet) -> None:
-    """An etag that is not the model's revision is refused, naming both; the planner is not
-    asked and nothing is written."""
-    with pytest.raises(errors.StaleRevision) as caught:
-        await fleet.app.set_gpus("m", gpus=2, profile="", etag="7", options=by())
-    assert caught.value.message == ("model 'm' is at revision 1, not 7: read it again and retry")
+    """An etag that is not the model's is refused, naming both (the revision number is not
+    an etag); the planner is not asked and nothing is written."""
+    current = fleet.app.model("m").etag
+    for stale in ("7", "1"):
+        with pytest.raises(errors.StaleRevision) as caught:
+            await fleet.app.set_gpus("m", gpus=2, profile="", etag=stale, options=by())
+        assert caught.value.message == (
+            f"model 'm' changed since etag {stale} was read (now revision 1, etag {current}):"
+            " read it again and retry"
+        )
+        assert caught.value.metadata()["current_etag"] == current
     assert fleet.planner.asked == []
 
 
@@ -165,7 +175,9 @@ async def test_a_change_made_while_the_planner_thinks_wins(fleet: Fleet) -> None
     """When the model changes while the planner is asked, the planner's answer is not applied."""
 
     def another_writer() -> None:
-        fleet.app.update_model(ENTRY, "", "carol")
+        fleet.app.update_model(
+            ENTRY.with_model(replace(ENTRY.model, max_output=7)), "", by("carol")
+        )
 
     fleet.planner.meanwhile = another_writer
     with pytest.raises(errors.StaleRevision):
@@ -179,8 +191,8 @@ async def test_a_running_rollout_refuses_or_is_superseded(fleet: Fleet) -> None:
     _, first = await fleet.app.set_gpus("m", gpus=2, profile="", etag="", options=by())
     with pytest.raises(errors.RolloutInProgress, match="wait for it, cancel it, or supersede"):
         await fleet.app.set_gpus("m", gpus=4, profile="", etag="", options=by())
-    with pytest.raises(errors.RolloutInProgress, match="wait for it or cancel it first"):
-        fleet.app.update_model(ENTRY, "", "bob")
+    with pytest.raises(errors.RolloutInProgress, match="wait for it, cancel it, or supersede"):
+        fleet.app.update_model(ENTRY, "", by())
     with pytest.raises(errors.RolloutInProgress):
         fleet.app.delete_model("m", "", "bob")
     _, second = await fleet.app.set_gpus(
@@ -205,7 +217,7 @@ async def test_a_declared_model_is_changed_only_in_its_file(fleet: Fleet) -> Non
     fleet.catalog.declare([d], "cluster.yaml")
     changes: list[Callable[[], object]] = [
         lambda: fleet.app.create_model(d, "bob"),
-        lambda: fleet.app.update_model(d, "", "bob"),
+        lambda: fleet.app.update_model(d, "", by()),
         lambda: fleet.app.delete_model("d", "", "bob"),
     ]
     for change in changes:
@@ -220,28 +232,188 @@ async def test_create_update_delete(fleet: Fleet) -> None:
     revision, and the name can be created again after it."""
     with pytest.raises(errors.ModelExists):
         fleet.app.create_model(ENTRY, "bob")
+    changed = ENTRY.with_model(replace(ENTRY.model, max_output=7))
     with pytest.raises(errors.StaleRevision):
-        fleet.app.update_model(ENTRY, "9", "bob")
-    assert fleet.app.update_model(ENTRY, "1", "bob").revision == 2
-    assert fleet.app.delete_model("m", "2", "bob").deleted
+        fleet.app.update_model(changed, "9", by())
+    updated = fleet.app.update_model(changed, fleet.app.model("m").etag, by())
+    assert updated.revision.revision == 2 and not updated.unchanged
+    assert fleet.app.delete_model("m", updated.revision.etag, "bob").deleted
     with pytest.raises(errors.ModelNotFound):
         fleet.app.model("m")
     assert fleet.app.create_model(ENTRY, "bob").revision == 4
+
+
+def answers(runs: list[int]) -> Callable[[], Awaitable[Callable[[], bytes]]]:
+    """A prepare whose commit counts its runs and answers with the count."""
+
+    async def prepare() -> Callable[[], bytes]:
+        def commit() -> bytes:
+            runs.append(1)
+            return f"answer {len(runs)}".encode()
+
+        return commit
+
+    return prepare
 
 
 async def test_a_request_id_is_answered_once(fleet: Fleet) -> None:
     """A retried request id gets the first answer without running again; reusing it for
     another method is refused."""
     runs: list[int] = []
-
-    async def make() -> bytes:
-        runs.append(1)
-        return f"answer {len(runs)}".encode()
-
-    assert await fleet.app.once("req-1", "SetGPUs", make) == b"answer 1"
-    assert await fleet.app.once("req-1", "SetGPUs", make) == b"answer 1"
-    assert await fleet.app.once("", "SetGPUs", make) == b"answer 2"  # no id: no memory
+    make = answers(runs)
+    assert await fleet.app.once("req-1", "SetGPUs", "f1", make) == b"answer 1"
+    assert await fleet.app.once("req-1", "SetGPUs", "f1", make) == b"answer 1"
+    assert await fleet.app.once("", "SetGPUs", "f1", make) == b"answer 2"  # no id: no memory
     with pytest.raises(errors.RequestIdReused) as caught:
-        await fleet.app.once("req-1", "DeleteModel", make)
+        await fleet.app.once("req-1", "DeleteModel", "f1", make)
     assert caught.value.method == "SetGPUs"
     assert len(runs) == 2
+
+
+async def test_a_request_id_sent_with_another_body_is_refused(fleet: Fleet) -> None:
+    """The same id with another request's fingerprint is REQUEST_ID_REUSED and runs nothing;
+    the first request's retry still gets its answer."""
+    runs: list[int] = []
+    assert await fleet.app.once("req-1", "SetGPUs", "body-a", answers(runs)) == b"answer 1"
+    with pytest.raises(errors.RequestIdReused) as caught:
+        await fleet.app.once("req-1", "SetGPUs", "body-b", answers(runs))
+    assert caught.value.metadata()["request_id"] == "req-1"
+    assert "another SetGPUs request" in caught.value.message
+    assert await fleet.app.once("req-1", "SetGPUs", "body-a", answers(runs)) == b"answer 1"
+    assert runs == [1]
+
+
+async def test_a_request_id_is_new_again_after_its_window(fleet: Fleet) -> None:
+    """Past the request-id window the id's answer is pruned and the id answers afresh."""
+    runs: list[int] = []
+    fleet.app.request_id_window_s = 3600.0
+    assert await fleet.app.once("req-1", "SetGPUs", "a", answers(runs)) == b"answer 1"
+    fleet.clock.advance(3599.0)
+    assert await fleet.app.once("req-1", "SetGPUs", "a", answers(runs)) == b"answer 1"
+    fleet.clock.advance(2.0)
+    assert await fleet.app.once("req-1", "SetGPUs", "b", answers(runs)) == b"answer 2"
+    stored = fleet.store.get_answer("req-1")
+    assert stored is not None and stored.fingerprint == "b" and stored.answer == b"answer 2"
+
+
+async def test_an_answer_from_before_fingerprints_is_matched_by_method(fleet: Fleet) -> None:
+    """An answer an older fleet stored (no fingerprint) is replayed to its method, whatever
+    the body, and still refused to another method."""
+    fleet.store.put_answer("old", "SetContext", b"old answer")
+    runs: list[int] = []
+    assert await fleet.app.once("old", "SetContext", "any", answers(runs)) == b"old answer"
+    with pytest.raises(errors.RequestIdReused):
+        await fleet.app.once("old", "SetGPUs", "any", answers(runs))
+    assert runs == []
+
+
+async def test_a_change_and_its_request_id_are_one_transaction(fleet: Fleet) -> None:
+    """A commit that fails after writing the catalog leaves neither the revision nor the
+    request id: the retry runs the change again, once."""
+
+    async def prepare() -> Callable[[], bytes]:
+        def commit() -> bytes:
+            fleet.app.update_model(ENTRY.with_model(replace(ENTRY.model, max_output=7)), "", by())
+            raise RuntimeError("the fleet died before answering")
+
+        return commit
+
+    with pytest.raises(RuntimeError):
+        await fleet.app.once("req-1", "UpdateModel", "f", prepare)
+    assert fleet.store.get_answer("req-1") is None
+    assert [r.revision for r in fleet.app.history("m")] == [1]
+    runs: list[int] = []
+    assert await fleet.app.once("req-1", "UpdateModel", "f", answers(runs)) == b"answer 1"
+
+
+def settle(fleet: Fleet) -> None:
+    """Tick as an agent would answer: started replicas turn READY, stopping ones STOPPED, the
+    drain delay passes."""
+    node = fleet.controller.state.nodes["n1"]
+    for _ in range(10):
+        fleet.serve()
+        fleet.clock.advance(2.5)
+        fleet.controller.heartbeat("n1", node.cards, node.memory_bytes)
+        for r in list(fleet.controller.state.replicas.values()):
+            if r.phase is P.STOPPING:
+                fleet.controller.observe("n1", Observed(r.id, r.revision, P.STOPPED, ""))
+
+
+def finish(fleet: Fleet) -> None:
+    """Settle until no rollout of m runs."""
+    for _ in range(5):
+        settle(fleet)
+        if fleet.controller.running_rollout("m") is None:
+            return
+    raise AssertionError("the rollout of m did not end")
+
+
+async def test_a_change_that_changes_nothing_writes_nothing(fleet: Fleet) -> None:
+    """SetGPUs to the count the model has, SetContext to its context and an identical
+    UpdateModel are answered unchanged: the current revision and etag, no rollout."""
+    await fleet.app.set_gpus("m", gpus=2, profile="", etag="", options=by())
+    finish(fleet)
+    current = fleet.app.model("m")
+    _, again = await fleet.app.set_gpus("m", gpus=2, profile="", etag="", options=by())
+    same = fleet.app.update_model(current.entry, current.etag, by())
+    dry = fleet.app.update_model(current.entry, "", by(dry_run=True))
+    for applied in (again, same, dry):
+        assert applied.unchanged and applied.rollout_id == "" and applied.restarted == 0
+        assert (applied.revision.revision, applied.revision.etag) == (2, current.etag)
+    _, context = await fleet.app.set_context("m", tokens=8192, slots=0, etag="", options=by())
+    assert not context.unchanged  # the planner's max_output of 1024 is new content...
+    _, context = await fleet.app.set_context("m", tokens=8192, slots=0, etag="", options=by())
+    assert context.unchanged and context.revision.revision == 3  # ...written once
+    assert [r.revision for r in fleet.app.history("m")] == [1, 2, 3]
+    assert len(fleet.app.rollouts("m")) == 1
+
+
+async def test_the_etag_follows_the_content_not_the_revision(fleet: Fleet) -> None:
+    """A model's etag is opaque and changes with its content only: writing the first
+    content back gives the first etag again at a new revision."""
+    first = fleet.app.model("m")
+    assert first.etag and first.etag != str(first.revision)
+    other = fleet.app.update_model(
+        first.entry.with_model(replace(ENTRY.model, max_output=9)), first.etag, by()
+    )
+    assert other.revision.etag not in ("", first.etag)
+    back = fleet.app.update_model(first.entry, other.revision.etag, by())
+    assert (back.revision.revision, back.revision.etag) == (3, first.etag)
+
+
+async def test_update_model_rolls_out_what_replicas_run(fleet: Fleet) -> None:
+    """UpdateModel with new args starts a rollout replacing the serving replica, as SetGPUs
+    does; dry it only says what it would restart; beside needs room."""
+    new_args = replace(PROFILE, args=("--tensor-parallel-size", "1", "--max-model-len", "4096"))
+    changed = ENTRY.with_model(replace(ENTRY.model, profiles=(new_args,)))
+    dry = fleet.app.update_model(changed, "", by(dry_run=True))
+    assert (dry.rollout_id, dry.restarted, dry.revision.revision) == ("", 1, 0)
+    assert fleet.controller.running_rollout("m") is None
+    applied = fleet.app.update_model(changed, "", by())
+    assert applied.rollout_id and applied.restarted == 1
+    assert fleet.app.rollout(applied.rollout_id).kind == "update"
+    with pytest.raises(errors.RolloutInProgress):
+        fleet.app.update_model(ENTRY, "", by())
+    finish(fleet)
+    (replica,) = fleet.controller.state.replicas.values()
+    assert replica.id != "r1" and replica.spec.args == new_args.args
+    huge = replace(new_args, gpus_per_node=8)
+    with pytest.raises(errors.NoRoomBeside):
+        fleet.app.update_model(ENTRY.with_model(replace(ENTRY.model, profiles=(huge,))), "", by())
+
+
+async def test_a_replica_count_change_only_scales(fleet: Fleet) -> None:
+    """UpdateModel of the replica count alone writes a revision and starts no rollout: the
+    controller adds replicas beside the running one, then removes down to one, never
+    restarting the replica that serves."""
+    more = ENTRY.with_model(replace(ENTRY.model, profiles=(replace(PROFILE, replicas=3),)))
+    applied = fleet.app.update_model(more, "", by())
+    assert (applied.rollout_id, applied.restarted, applied.unchanged) == ("", 0, False)
+    fleet.serve()
+    ready = {r.id for r in fleet.controller.state.replicas.values() if r.phase is P.READY}
+    assert len(ready) == 3 and "r1" in ready
+    fleet.app.update_model(ENTRY, "", by())
+    settle(fleet)
+    left = [r for r in fleet.controller.state.replicas.values() if not r.retire]
+    assert len(left) == 1 and left[0].id in ready and left[0].phase is P.READY
+    assert fleet.app.rollouts("m") == []

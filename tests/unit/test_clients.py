@@ -199,7 +199,9 @@ class ScriptedFleet(fleet_pb2_grpc.FleetServiceServicer):
         self.watches.append(request.after_seq)
         seqs, end = self.streams[min(len(self.watches), len(self.streams)) - 1]
         for seq in seqs:
-            yield fleet_pb2.WatchRolloutResponse(rollout_id=request.id, seq=seq, kind="step")
+            yield fleet_pb2.WatchRolloutResponse(
+                rollout_id=request.id, seq=seq, kind=fleet_pb2.ROLLOUT_EVENT_KIND_STEP_DONE
+            )
         if end is not None:
             context.abort(end, "the stream is cut")
 

@@ -269,3 +269,25 @@ def test_a_path_that_cannot_be_opened_is_unavailable_not_damaged(tmp_path: Path)
     with pytest.raises(StoreUnavailable) as refused:
         open_store(str(tmp_path / "fleet.db"))
     assert str(tmp_path / "fleet.db") in str(refused.value)
+
+
+def test_answers_of_a_version_2_file_read_back_without_a_fingerprint(tmp_path: Path) -> None:
+    """A file an older fleet wrote (schema 2) opens migrated: its answers read back with an
+    empty fingerprint (matched by method alone), and new ones keep theirs."""
+    path = tmp_path / "fleet.db"
+    with closing(sqlite3.connect(path, isolation_level=None)) as raw:
+        migrate(raw, str(path), MIGRATIONS[:2])
+        raw.execute(
+            "INSERT INTO answers (request_id, method, answer, created_at) VALUES (?, ?, ?, ?)",
+            ("req-old", "SetGPUs", b"old", 1.0),
+        )
+    with SQLiteStore(path) as store:
+        old = store.get_answer("req-old")
+        assert old is not None and (old.method, old.answer, old.fingerprint) == (
+            "SetGPUs",
+            b"old",
+            "",
+        )
+        store.put_answer("req-new", "SetGPUs", b"new", fingerprint="fp")
+        new = store.get_answer("req-new")
+        assert new is not None and new.fingerprint == "fp"

@@ -85,6 +85,134 @@ ROLLOUT_STATE_CANCELLED: RolloutState.ValueType  # 4
 """Cancelled, or superseded by a newer change of the same model."""
 Global___RolloutState: _TypeAlias = RolloutState  # noqa: Y015
 
+class _RolloutMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RolloutModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RolloutMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ROLLOUT_MODE_UNSPECIFIED: _RolloutMode.ValueType  # 0
+    """Not decided yet (a waiting step of an auto rollout), or not a step's event."""
+    ROLLOUT_MODE_BESIDE: _RolloutMode.ValueType  # 1
+    """The new replica starts first, on free cards; the old one stops once the new one is ready."""
+    ROLLOUT_MODE_IN_PLACE: _RolloutMode.ValueType  # 2
+    """The old replica stops first; the new one starts on the cards it freed."""
+
+class RolloutMode(_RolloutMode, metaclass=_RolloutModeEnumTypeWrapper):
+    """How one step replaces its replica."""
+
+ROLLOUT_MODE_UNSPECIFIED: RolloutMode.ValueType  # 0
+"""Not decided yet (a waiting step of an auto rollout), or not a step's event."""
+ROLLOUT_MODE_BESIDE: RolloutMode.ValueType  # 1
+"""The new replica starts first, on free cards; the old one stops once the new one is ready."""
+ROLLOUT_MODE_IN_PLACE: RolloutMode.ValueType  # 2
+"""The old replica stops first; the new one starts on the cards it freed."""
+Global___RolloutMode: _TypeAlias = RolloutMode  # noqa: Y015
+
+class _RolloutStage:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RolloutStageEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RolloutStage.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ROLLOUT_STAGE_UNSPECIFIED: _RolloutStage.ValueType  # 0
+    """Not set."""
+    ROLLOUT_STAGE_WAITING: _RolloutStage.ValueType  # 1
+    """Not started (bounded surge: earlier steps first)."""
+    ROLLOUT_STAGE_STARTING: _RolloutStage.ValueType  # 2
+    """The new replica is created and not healthy yet."""
+    ROLLOUT_STAGE_RETIRING: _RolloutStage.ValueType  # 3
+    """The old replica is drained and stopping; the step waits until it is gone."""
+    ROLLOUT_STAGE_DONE: _RolloutStage.ValueType  # 4
+    """The new replica serves and the old one is gone."""
+    ROLLOUT_STAGE_FAILED: _RolloutStage.ValueType  # 5
+    """The new replica did not become healthy."""
+    ROLLOUT_STAGE_CANCELLED: _RolloutStage.ValueType  # 6
+    """The rollout ended before this step finished."""
+
+class RolloutStage(_RolloutStage, metaclass=_RolloutStageEnumTypeWrapper):
+    """Where one step of a rollout stands."""
+
+ROLLOUT_STAGE_UNSPECIFIED: RolloutStage.ValueType  # 0
+"""Not set."""
+ROLLOUT_STAGE_WAITING: RolloutStage.ValueType  # 1
+"""Not started (bounded surge: earlier steps first)."""
+ROLLOUT_STAGE_STARTING: RolloutStage.ValueType  # 2
+"""The new replica is created and not healthy yet."""
+ROLLOUT_STAGE_RETIRING: RolloutStage.ValueType  # 3
+"""The old replica is drained and stopping; the step waits until it is gone."""
+ROLLOUT_STAGE_DONE: RolloutStage.ValueType  # 4
+"""The new replica serves and the old one is gone."""
+ROLLOUT_STAGE_FAILED: RolloutStage.ValueType  # 5
+"""The new replica did not become healthy."""
+ROLLOUT_STAGE_CANCELLED: RolloutStage.ValueType  # 6
+"""The rollout ended before this step finished."""
+Global___RolloutStage: _TypeAlias = RolloutStage  # noqa: Y015
+
+class _RolloutEventKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RolloutEventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RolloutEventKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ROLLOUT_EVENT_KIND_UNSPECIFIED: _RolloutEventKind.ValueType  # 0
+    """Not set."""
+    ROLLOUT_EVENT_KIND_ROLLOUT_STARTED: _RolloutEventKind.ValueType  # 1
+    """The rollout was stored and starts (message: the change's kind and strategy)."""
+    ROLLOUT_EVENT_KIND_STEP_STARTED: _RolloutEventKind.ValueType  # 2
+    """A step began (replica_id: the replica it replaces, "" when it only adds one)."""
+    ROLLOUT_EVENT_KIND_MODE_CHOSEN: _RolloutEventKind.ValueType  # 3
+    """An auto rollout chose the step's mode (message: why)."""
+    ROLLOUT_EVENT_KIND_REPLICA_CREATED: _RolloutEventKind.ValueType  # 4
+    """The new replica was created (not placed yet, unless in place on the old one's node)."""
+    ROLLOUT_EVENT_KIND_REPLICA_PLACED: _RolloutEventKind.ValueType  # 5
+    """The new replica was placed on a node and cards."""
+    ROLLOUT_EVENT_KIND_REPLICA_READY: _RolloutEventKind.ValueType  # 6
+    """The new replica answers health checks."""
+    ROLLOUT_EVENT_KIND_REPLICA_DRAINING: _RolloutEventKind.ValueType  # 7
+    """A replica is taken out of routing before it stops (the old one, or a new one abandoned)."""
+    ROLLOUT_EVENT_KIND_REPLICA_STOPPED: _RolloutEventKind.ValueType  # 8
+    """The old replica is gone, its cards free."""
+    ROLLOUT_EVENT_KIND_STEP_DONE: _RolloutEventKind.ValueType  # 9
+    """The step is done: the new replica serves and the old one is gone."""
+    ROLLOUT_EVENT_KIND_ROLLOUT_SUCCEEDED: _RolloutEventKind.ValueType  # 10
+    """Every step is done (state SUCCEEDED)."""
+    ROLLOUT_EVENT_KIND_ROLLOUT_FAILED: _RolloutEventKind.ValueType  # 11
+    """A new replica did not become healthy (state FAILED; message: why)."""
+    ROLLOUT_EVENT_KIND_ROLLOUT_CANCELLED: _RolloutEventKind.ValueType  # 12
+    """Cancelled or superseded (state CANCELLED; message: why)."""
+
+class RolloutEventKind(_RolloutEventKind, metaclass=_RolloutEventKindEnumTypeWrapper):
+    """What happened in a rollout: the kind of a WatchRolloutResponse."""
+
+ROLLOUT_EVENT_KIND_UNSPECIFIED: RolloutEventKind.ValueType  # 0
+"""Not set."""
+ROLLOUT_EVENT_KIND_ROLLOUT_STARTED: RolloutEventKind.ValueType  # 1
+"""The rollout was stored and starts (message: the change's kind and strategy)."""
+ROLLOUT_EVENT_KIND_STEP_STARTED: RolloutEventKind.ValueType  # 2
+"""A step began (replica_id: the replica it replaces, "" when it only adds one)."""
+ROLLOUT_EVENT_KIND_MODE_CHOSEN: RolloutEventKind.ValueType  # 3
+"""An auto rollout chose the step's mode (message: why)."""
+ROLLOUT_EVENT_KIND_REPLICA_CREATED: RolloutEventKind.ValueType  # 4
+"""The new replica was created (not placed yet, unless in place on the old one's node)."""
+ROLLOUT_EVENT_KIND_REPLICA_PLACED: RolloutEventKind.ValueType  # 5
+"""The new replica was placed on a node and cards."""
+ROLLOUT_EVENT_KIND_REPLICA_READY: RolloutEventKind.ValueType  # 6
+"""The new replica answers health checks."""
+ROLLOUT_EVENT_KIND_REPLICA_DRAINING: RolloutEventKind.ValueType  # 7
+"""A replica is taken out of routing before it stops (the old one, or a new one abandoned)."""
+ROLLOUT_EVENT_KIND_REPLICA_STOPPED: RolloutEventKind.ValueType  # 8
+"""The old replica is gone, its cards free."""
+ROLLOUT_EVENT_KIND_STEP_DONE: RolloutEventKind.ValueType  # 9
+"""The step is done: the new replica serves and the old one is gone."""
+ROLLOUT_EVENT_KIND_ROLLOUT_SUCCEEDED: RolloutEventKind.ValueType  # 10
+"""Every step is done (state SUCCEEDED)."""
+ROLLOUT_EVENT_KIND_ROLLOUT_FAILED: RolloutEventKind.ValueType  # 11
+"""A new replica did not become healthy (state FAILED; message: why)."""
+ROLLOUT_EVENT_KIND_ROLLOUT_CANCELLED: RolloutEventKind.ValueType  # 12
+"""Cancelled or superseded (state CANCELLED; message: why)."""
+Global___RolloutEventKind: _TypeAlias = RolloutEventKind  # noqa: Y015
+
 class _NodePhase:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -174,22 +302,20 @@ class RolloutStep(_message.Message):
     PROFILE_FIELD_NUMBER: _builtins.int
     OLD_REPLICA_FIELD_NUMBER: _builtins.int
     NEW_REPLICA_FIELD_NUMBER: _builtins.int
-    MODE_FIELD_NUMBER: _builtins.int
-    STAGE_FIELD_NUMBER: _builtins.int
     NODE_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    STAGE_FIELD_NUMBER: _builtins.int
     profile: _builtins.str
     old_replica: _builtins.str
     """The replica replaced ("" when the step only adds one)."""
     new_replica: _builtins.str
     """The replica started on the new revision ("" until it is created)."""
-    mode: _builtins.str
-    """beside or in_place."""
-    stage: _builtins.str
-    """waiting, starting, retiring, done, failed, cancelled."""
     node: _builtins.str
     message: _builtins.str
+    mode: Global___RolloutMode.ValueType
+    stage: Global___RolloutStage.ValueType
     @_builtins.property
     def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -198,11 +324,11 @@ class RolloutStep(_message.Message):
         profile: _builtins.str = ...,
         old_replica: _builtins.str = ...,
         new_replica: _builtins.str = ...,
-        mode: _builtins.str = ...,
-        stage: _builtins.str = ...,
         node: _builtins.str = ...,
         gpus: _abc.Iterable[_builtins.int] | None = ...,
         message: _builtins.str = ...,
+        mode: Global___RolloutMode.ValueType = ...,
+        stage: Global___RolloutStage.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -237,7 +363,7 @@ class Rollout(_message.Message):
     id: _builtins.str
     model: _builtins.str
     kind: _builtins.str
-    """context, gpus or undo."""
+    """The change it carries out: context, gpus, update or undo."""
     strategy: Global___Strategy.ValueType
     state: Global___RolloutState.ValueType
     from_revision: _builtins.int
@@ -348,12 +474,17 @@ class SetContextResponse(_message.Message):
     CHANGE_FIELD_NUMBER: _builtins.int
     ROLLOUT_ID_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
+    UNCHANGED_FIELD_NUMBER: _builtins.int
     rollout_id: _builtins.str
+    unchanged: _builtins.bool
+    """The model already is as asked: no revision written, no rollout started."""
     @_builtins.property
     def change(self) -> _common_pb2.ContextChange: ...
     @_builtins.property
     def model(self) -> Global___CatalogModel:
-        """The model as committed (or as it would be, for a dry run)."""
+        """The model as committed (or as it would be, for a dry run: revision 0 and an empty etag,
+        as nothing was written; the current revision when the change is unchanged).
+        """
 
     def __init__(
         self,
@@ -361,10 +492,11 @@ class SetContextResponse(_message.Message):
         change: _common_pb2.ContextChange | None = ...,
         rollout_id: _builtins.str = ...,
         model: Global___CatalogModel | None = ...,
+        unchanged: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "model", b"model"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "model", b"model", "rollout_id", b"rollout_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "model", b"model", "rollout_id", b"rollout_id", "unchanged", b"unchanged"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -429,7 +561,10 @@ class SetGPUsResponse(_message.Message):
     CHANGE_FIELD_NUMBER: _builtins.int
     ROLLOUT_ID_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
+    UNCHANGED_FIELD_NUMBER: _builtins.int
     rollout_id: _builtins.str
+    unchanged: _builtins.bool
+    """The model already is as asked: no revision written, no rollout started."""
     @_builtins.property
     def change(self) -> _common_pb2.GPUsChange: ...
     @_builtins.property
@@ -440,10 +575,11 @@ class SetGPUsResponse(_message.Message):
         change: _common_pb2.GPUsChange | None = ...,
         rollout_id: _builtins.str = ...,
         model: Global___CatalogModel | None = ...,
+        unchanged: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "model", b"model"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "model", b"model", "rollout_id", b"rollout_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "model", b"model", "rollout_id", b"rollout_id", "unchanged", b"unchanged"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -571,27 +707,26 @@ class WatchRolloutResponse(_message.Message):
     ROLLOUT_ID_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
     AT_FIELD_NUMBER: _builtins.int
-    KIND_FIELD_NUMBER: _builtins.int
     REPLICA_ID_FIELD_NUMBER: _builtins.int
     NODE_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
-    MODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     PROFILE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
     rollout_id: _builtins.str
     seq: _builtins.int
-    kind: _builtins.str
-    """step_started, replica_created, replica_placed, replica_ready, replica_draining,
-    replica_stopped, mode_chosen, step_done, rollout_succeeded, rollout_failed,
-    rollout_cancelled.
-    """
     replica_id: _builtins.str
     node: _builtins.str
-    mode: _builtins.str
     message: _builtins.str
     state: Global___RolloutState.ValueType
+    """The rollout's state right after this event: RUNNING until its last event
+    (ROLLOUT_SUCCEEDED, ROLLOUT_FAILED or ROLLOUT_CANCELLED), which carries the end state.
+    """
     profile: _builtins.str
+    kind: Global___RolloutEventKind.ValueType
+    mode: Global___RolloutMode.ValueType
     @_builtins.property
     def at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -602,14 +737,14 @@ class WatchRolloutResponse(_message.Message):
         rollout_id: _builtins.str = ...,
         seq: _builtins.int = ...,
         at: _timestamp_pb2.Timestamp | None = ...,
-        kind: _builtins.str = ...,
         replica_id: _builtins.str = ...,
         node: _builtins.str = ...,
         gpus: _abc.Iterable[_builtins.int] | None = ...,
-        mode: _builtins.str = ...,
         message: _builtins.str = ...,
         state: Global___RolloutState.ValueType = ...,
         profile: _builtins.str = ...,
+        kind: Global___RolloutEventKind.ValueType = ...,
+        mode: Global___RolloutMode.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -734,7 +869,10 @@ class CatalogModel(_message.Message):
     DELETED_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
     etag: _builtins.str
-    """The revision, to send back on a write: a stale one is refused."""
+    """An opaque token derived from the model's content (not its revision number), to send back
+    on a write: one that no longer matches the model's content is refused (STALE_REVISION).
+    Empty for a dry run's model, which was not written.
+    """
     updated_by: _builtins.str
     """Who made this revision (the caller's identity)."""
     declared: _builtins.bool
@@ -899,16 +1037,30 @@ Global___ListModelsResponse: _TypeAlias = ListModelsResponse  # noqa: Y015
 
 @_typing.final
 class UpdateModelRequest(_message.Message):
-    """UpdateModelRequest replaces a model."""
+    """UpdateModelRequest replaces a model; replicas whose profile (engine, args, cards) or the
+    model's source changed are replaced by a rollout, as SetContext's are; a change of replica
+    counts only adds or removes replicas.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     MODEL_FIELD_NUMBER: _builtins.int
     ETAG_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    STRATEGY_FIELD_NUMBER: _builtins.int
+    SUPERSEDE_FIELD_NUMBER: _builtins.int
+    SURGE_FIELD_NUMBER: _builtins.int
     etag: _builtins.str
     """The etag read; empty skips the check."""
     request_id: _builtins.str
+    dry_run: _builtins.bool
+    """Answer what would change; change nothing."""
+    strategy: Global___Strategy.ValueType
+    supersede: _builtins.bool
+    """Cancel a rollout of the model in progress instead of refusing (ROLLOUT_IN_PROGRESS)."""
+    surge: _builtins.int
+    """Replicas replaced at once; 0 means one."""
     @_builtins.property
     def model(self) -> _common_pb2.Model: ...
     def __init__(
@@ -917,10 +1069,14 @@ class UpdateModelRequest(_message.Message):
         model: _common_pb2.Model | None = ...,
         etag: _builtins.str = ...,
         request_id: _builtins.str = ...,
+        dry_run: _builtins.bool = ...,
+        strategy: Global___Strategy.ValueType = ...,
+        supersede: _builtins.bool = ...,
+        surge: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["etag", b"etag", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "etag", b"etag", "model", b"model", "request_id", b"request_id", "strategy", b"strategy", "supersede", b"supersede", "surge", b"surge"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -928,21 +1084,33 @@ Global___UpdateModelRequest: _TypeAlias = UpdateModelRequest  # noqa: Y015
 
 @_typing.final
 class UpdateModelResponse(_message.Message):
-    """UpdateModelResponse is the new revision."""
+    """UpdateModelResponse is the new revision and the rollout carrying it out."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     MODEL_FIELD_NUMBER: _builtins.int
+    ROLLOUT_ID_FIELD_NUMBER: _builtins.int
+    RESTARTED_FIELD_NUMBER: _builtins.int
+    UNCHANGED_FIELD_NUMBER: _builtins.int
+    rollout_id: _builtins.str
+    """The rollout replacing replicas ("" for a dry run, or when none is replaced)."""
+    restarted: _builtins.int
+    """Replicas the rollout replaces (or would, for a dry run)."""
+    unchanged: _builtins.bool
+    """The model already is as asked: no revision written, no rollout started."""
     @_builtins.property
     def model(self) -> Global___CatalogModel: ...
     def __init__(
         self,
         *,
         model: Global___CatalogModel | None = ...,
+        rollout_id: _builtins.str = ...,
+        restarted: _builtins.int = ...,
+        unchanged: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model", "restarted", b"restarted", "rollout_id", b"rollout_id", "unchanged", b"unchanged"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -129,7 +129,7 @@ class FleetServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetModel(self, request, context):
-        """One model of the catalog, with its revision as an etag.
+        """One model of the catalog, with its revision and its etag (derived from its content).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -143,7 +143,7 @@ class FleetServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def UpdateModel(self, request, context):
-        """Replace a model (guarded by its etag).
+        """Replace a model (guarded by its etag); what its replicas run differently rolls out.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

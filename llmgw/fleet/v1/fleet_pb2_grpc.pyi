@@ -36,11 +36,11 @@ class FleetServiceStub:
     CreateModel: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.CreateModelRequest, _fleet_pb2.CreateModelResponse]
     """Add a model to the catalog."""
     GetModel: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.GetModelRequest, _fleet_pb2.GetModelResponse]
-    """One model of the catalog, with its revision as an etag."""
+    """One model of the catalog, with its revision and its etag (derived from its content)."""
     ListModels: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.ListModelsRequest, _fleet_pb2.ListModelsResponse]
     """Every model of the catalog."""
     UpdateModel: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.UpdateModelRequest, _fleet_pb2.UpdateModelResponse]
-    """Replace a model (guarded by its etag)."""
+    """Replace a model (guarded by its etag); what its replicas run differently rolls out."""
     DeleteModel: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.DeleteModelRequest, _fleet_pb2.DeleteModelResponse]
     """Remove a model and stop its replicas."""
     ListModelRevisions: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.ListModelRevisionsRequest, _fleet_pb2.ListModelRevisionsResponse]
@@ -76,11 +76,11 @@ class FleetServiceAsyncStub(FleetServiceStub):
     CreateModel: _aio.UnaryUnaryMultiCallable[_fleet_pb2.CreateModelRequest, _fleet_pb2.CreateModelResponse]  # type: ignore[assignment]
     """Add a model to the catalog."""
     GetModel: _aio.UnaryUnaryMultiCallable[_fleet_pb2.GetModelRequest, _fleet_pb2.GetModelResponse]  # type: ignore[assignment]
-    """One model of the catalog, with its revision as an etag."""
+    """One model of the catalog, with its revision and its etag (derived from its content)."""
     ListModels: _aio.UnaryUnaryMultiCallable[_fleet_pb2.ListModelsRequest, _fleet_pb2.ListModelsResponse]  # type: ignore[assignment]
     """Every model of the catalog."""
     UpdateModel: _aio.UnaryUnaryMultiCallable[_fleet_pb2.UpdateModelRequest, _fleet_pb2.UpdateModelResponse]  # type: ignore[assignment]
-    """Replace a model (guarded by its etag)."""
+    """Replace a model (guarded by its etag); what its replicas run differently rolls out."""
     DeleteModel: _aio.UnaryUnaryMultiCallable[_fleet_pb2.DeleteModelRequest, _fleet_pb2.DeleteModelResponse]  # type: ignore[assignment]
     """Remove a model and stop its replicas."""
     ListModelRevisions: _aio.UnaryUnaryMultiCallable[_fleet_pb2.ListModelRevisionsRequest, _fleet_pb2.ListModelRevisionsResponse]  # type: ignore[assignment]
@@ -125,7 +125,7 @@ class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _fleet_pb2.GetModelRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_fleet_pb2.GetModelResponse, _abc.Awaitable[_fleet_pb2.GetModelResponse]]:
-        """One model of the catalog, with its revision as an etag."""
+        """One model of the catalog, with its revision and its etag (derived from its content)."""
 
     @_abc_1.abstractmethod
     def ListModels(
@@ -141,7 +141,7 @@ class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _fleet_pb2.UpdateModelRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_fleet_pb2.UpdateModelResponse, _abc.Awaitable[_fleet_pb2.UpdateModelResponse]]:
-        """Replace a model (guarded by its etag)."""
+        """Replace a model (guarded by its etag); what its replicas run differently rolls out."""
 
     @_abc_1.abstractmethod
     def DeleteModel(

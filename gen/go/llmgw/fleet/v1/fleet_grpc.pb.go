@@ -19,11 +19,11 @@ const _ = grpc.SupportPackageIsVersion7
 type FleetServiceClient interface {
 	// Add a model to the catalog.
 	CreateModel(ctx context.Context, in *CreateModelRequest, opts ...grpc.CallOption) (*CreateModelResponse, error)
-	// One model of the catalog, with its revision as an etag.
+	// One model of the catalog, with its revision and its etag (derived from its content).
 	GetModel(ctx context.Context, in *GetModelRequest, opts ...grpc.CallOption) (*GetModelResponse, error)
 	// Every model of the catalog.
 	ListModels(ctx context.Context, in *ListModelsRequest, opts ...grpc.CallOption) (*ListModelsResponse, error)
-	// Replace a model (guarded by its etag).
+	// Replace a model (guarded by its etag); what its replicas run differently rolls out.
 	UpdateModel(ctx context.Context, in *UpdateModelRequest, opts ...grpc.CallOption) (*UpdateModelResponse, error)
 	// Remove a model and stop its replicas.
 	DeleteModel(ctx context.Context, in *DeleteModelRequest, opts ...grpc.CallOption) (*DeleteModelResponse, error)
@@ -256,11 +256,11 @@ func (c *fleetServiceClient) UndoRollout(ctx context.Context, in *UndoRolloutReq
 type FleetServiceServer interface {
 	// Add a model to the catalog.
 	CreateModel(context.Context, *CreateModelRequest) (*CreateModelResponse, error)
-	// One model of the catalog, with its revision as an etag.
+	// One model of the catalog, with its revision and its etag (derived from its content).
 	GetModel(context.Context, *GetModelRequest) (*GetModelResponse, error)
 	// Every model of the catalog.
 	ListModels(context.Context, *ListModelsRequest) (*ListModelsResponse, error)
-	// Replace a model (guarded by its etag).
+	// Replace a model (guarded by its etag); what its replicas run differently rolls out.
 	UpdateModel(context.Context, *UpdateModelRequest) (*UpdateModelResponse, error)
 	// Remove a model and stop its replicas.
 	DeleteModel(context.Context, *DeleteModelRequest) (*DeleteModelResponse, error)
