@@ -300,7 +300,7 @@ func follow(fleet fleetv1.FleetServiceClient, id string) ([]string, fleetv1.Roll
 				fail("rollout %s: event of rollout %s", id, ev.RolloutId)
 			}
 			last = ev.Seq
-			kinds = append(kinds, ev.Kind)
+			kinds = append(kinds, strings.ToLower(strings.TrimPrefix(ev.Kind.String(), "ROLLOUT_EVENT_KIND_")))
 			state = ev.State
 			if attempt == 0 {
 				break // drop the stream after one event, resume from its seq
@@ -557,7 +557,7 @@ func catalogCalls(fleet fleetv1.FleetServiceClient, model *commonv1.Model) {
 	refused("CreateModel of a model in the catalog", err, codes.AlreadyExists, "MODEL_EXISTS")
 	// REQUEST_ID_REUSED: CreateModel's request id on another method.
 	_, err = fleet.DeleteModel(ctx, &fleetv1.DeleteModelRequest{Name: model.Name, RequestId: "go-create-1"})
-	refused("DeleteModel with CreateModel's request id", err, codes.InvalidArgument, "REQUEST_ID_REUSED")
+	refused("DeleteModel with CreateModel's request id", err, codes.AlreadyExists, "REQUEST_ID_REUSED")
 }
 
 func nodesAndReplicas(fleet fleetv1.FleetServiceClient, name string, route []*fleetv1.Endpoint) {
