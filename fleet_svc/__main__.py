@@ -19,6 +19,8 @@ from fleet_svc.domain.errors import FleetError
 from fleet_svc.domain.nodes import Liveness
 from fleet_svc.store.base import StoreError
 from llmgw.logs import configure_logging
+from llmgw.metrics import add_metrics_argument
+from llmgw.probes import add_probe_argument
 from llmgw.tls import (
     ENV_CA,
     ENV_CERT,
@@ -33,8 +35,8 @@ EXIT_STORE = 3
 """The store cannot be reached or read (docs/fleet.md, "Exit codes")."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse flags, configure logging, serve until signalled."""
+def build_parser() -> argparse.ArgumentParser:
+    """The fleet's command line."""
     parser = argparse.ArgumentParser(prog="python -m fleet_svc", description=__doc__)
     parser.add_argument("--listen", default=os.environ.get("LLMGW_FLEET_LISTEN", "127.0.0.1:50052"))
     parser.add_argument(
@@ -79,7 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     to_planner.add_argument(
         "--planner-tls-key", help=f"that certificate's private key (env {ENV_KEY})"
     )
-    opts = parser.parse_args(argv)
+    add_metrics_argument(parser)
+    add_probe_argument(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, configure logging, serve until signalled."""
+    opts = build_parser().parse_args(argv)
     configure_logging(opts.log_format == "json")
     from fleet_svc.server import FleetOptions, serve
 
@@ -100,13 +109,15 @@ def main(argv: list[str] | None = None) -> int:
                     insecure=opts.insecure,
                     planner_tls=planner_tls,
                     tokens_path=opts.tokens,
+                    metrics=opts.metrics,
+                    probes=opts.probe_listen,
                 )
             )
         )
     except StoreError as exc:
         print(f"fleet: {exc}", file=sys.stderr)
         return EXIT_STORE
-    except (RuntimeError, TLSConfigError, ValueError, FleetError) as exc:
+    except (RuntimeError, TLSConfigError, ValueError, FleetError, OSError) as exc:
         print(f"fleet: {exc}", file=sys.stderr)
         return 1
     return 0
