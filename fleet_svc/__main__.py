@@ -30,6 +30,7 @@ from llmgw.tls import (
     client_tls,
     server_tls_from_args,
 )
+from llmgw.tracing import add_trace_argument, configure_tracing
 
 EXIT_STORE = 3
 """The store cannot be reached or read (docs/fleet.md, "Exit codes")."""
@@ -83,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_metrics_argument(parser)
     add_probe_argument(parser)
+    add_trace_argument(parser)
     return parser
 
 
@@ -90,9 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     """Parse flags, configure logging, serve until signalled."""
     opts = build_parser().parse_args(argv)
     configure_logging(opts.log_format == "json")
+    tracing = None
     from fleet_svc.server import FleetOptions, serve
 
     try:
+        tracing = configure_tracing("llmgw-fleet", opts.trace)
         tls = server_tls_from_args(opts)
         planner_tls = client_tls(opts.planner_tls_ca, opts.planner_tls_cert, opts.planner_tls_key)
         asyncio.run(
@@ -120,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, TLSConfigError, ValueError, FleetError, OSError) as exc:
         print(f"fleet: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
     return 0
 
 

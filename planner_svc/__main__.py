@@ -13,6 +13,7 @@ from llmgw.logs import configure_logging
 from llmgw.metrics import add_metrics_argument
 from llmgw.probes import add_probe_argument
 from llmgw.tls import TLSConfigError, add_server_tls_arguments, server_tls_from_args
+from llmgw.tracing import add_trace_argument, configure_tracing
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
 
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_metrics_argument(parser)
     add_probe_argument(parser)
+    add_trace_argument(parser)
     return parser
 
 
@@ -59,10 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     """Parse flags, configure logging, serve until signalled."""
     opts = build_parser().parse_args(argv)
     configure_logging(opts.log_format == "json")
+    tracing = None
     from planner_svc.server import serve
     from planner_svc.sources.policy import SourcePolicy
 
     try:
+        tracing = configure_tracing("llmgw-planner", opts.trace)
         tls = server_tls_from_args(opts)
         policy = SourcePolicy.from_env(
             os.environ,
@@ -82,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, TLSConfigError, ValueError, OSError) as exc:
         print(f"planner: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
     return 0
 
 

@@ -40,6 +40,7 @@ from llmgw.tls import (
     client_tls_from_args,
     identity_of_certificate,
 )
+from llmgw.tracing import add_trace_argument, configure_tracing
 
 EPILOG = """\
 cards: with --gpus or --gpus-file the agent is told its cards (stand-in cards: a stand-in
@@ -147,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_metrics_argument(parser)
     add_probe_argument(parser)
+    add_trace_argument(parser)
     return parser
 
 
@@ -262,11 +264,16 @@ def main(argv: list[str] | None = None) -> int:
         opts.node = node_of_certificate(opts) or socket.gethostname()
     configure_logging(opts.log_format == "json")
     structlog.contextvars.bind_contextvars(node=opts.node)
+    tracing = None
     try:
+        tracing = configure_tracing("llmgw-agent", opts.trace)
         asyncio.run(run_agent(opts))
-    except (ConfigError, CardSpecError, TLSConfigError, OSError) as exc:
+    except (ConfigError, CardSpecError, TLSConfigError, OSError, ValueError) as exc:
         print(f"agent: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
     return 0
 
 
