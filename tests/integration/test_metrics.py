@@ -144,6 +144,19 @@ async def test_fleet_and_planner_series_move_when_a_rollout_runs(tmp_path: Path)
             for a in agents:
                 await a.stop()
 
+        async def streams_counted() -> Samples | None:
+            now = await scrape(fleet.metrics.port)  # type: ignore[union-attr]
+            ended = sum(
+                v
+                for (name, labels), v in now.items()
+                if name == "grpc_server_handled_total" and ("grpc_method", "Connect") in labels
+            )
+            return now if ended == 2 else None
+
+        # The agents' bidirectional streams are counted once they end, as any RPC.
+        closed = await assert_eventually(streams_counted, what="both Connect streams counted")
+        assert value(closed, "llmgw_fleet_agents_connected") == 0
+
 
 async def test_planner_counts_shape_cache_hits_and_misses(tmp_path: Path) -> None:
     """Describing one GGUF file twice is one miss (a fetch) then one hit on /metrics."""
