@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -106,27 +107,31 @@ def configure_tracing(
     service: str, mode: str = "auto", environ: Mapping[str, str] | None = None
 ) -> Tracing | None:
     """Turn tracing on for this process when `mode` (and the environment) ask for it: a tracer
-    provider named `service`, made the global one, exporting in batches, and every gRPC
-    server and channel instrumented. None when tracing is off (nothing is done).
+    provider named `service` (or $OTEL_SERVICE_NAME), made the global one, exporting in
+    batches, and every gRPC server and channel instrumented. None when tracing is off
+    (nothing is done).
 
     Call it before any server or channel is made (the instrumentation wraps their
     constructors), and `shutdown()` what it returns before exiting.
     """
-    where = exporting(mode, os.environ if environ is None else environ)
+    env = os.environ if environ is None else environ
+    where = exporting(mode, env)
     if where == "off":
         return None
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    # OTEL_SERVICE_NAME, when set, names the process as the specification says it should.
+    name = env.get("OTEL_SERVICE_NAME") or service
+    provider = TracerProvider(resource=Resource.create({"service.name": name}))
     exporter: Any
     if where == "otlp":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         exporter = OTLPSpanExporter()
     else:
-        exporter = ConsoleSpanExporter()
+        exporter = ConsoleSpanExporter(out=sys.stderr)  # stdout's first line is the address
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     tracing = instrument(provider)

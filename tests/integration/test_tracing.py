@@ -5,11 +5,16 @@ and without an exporter configured nothing is instrumented."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -26,6 +31,7 @@ from tests.integration.test_rollouts import llamacpp_model
 from tests.support.fleet import running_fleet
 from tests.support.planner import running_planner
 
+ROOT = Path(__file__).resolve().parents[2]
 EXPORTER = InMemorySpanExporter()
 
 
@@ -164,3 +170,45 @@ def test_log_lines_outside_a_span_carry_no_trace_id() -> None:
         event = add_trace_ids(None, "info", {"event": "x"})
     assert event["trace_id"] == format(current.get_span_context().trace_id, "032x")
     assert event["span_id"] == format(current.get_span_context().span_id, "016x")
+
+
+async def test_a_service_asked_to_trace_exports_its_spans(tmp_path: Path) -> None:
+    """`python -m planner_svc --trace console` exports a span for a call it served (to
+    stderr), under the name OTEL_SERVICE_NAME gives, flushed when it stops on SIGTERM."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "OTEL_SERVICE_NAME": "planner-under-test",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "planner_svc",
+        "--listen",
+        "127.0.0.1:0",
+        "--trace",
+        "console",
+        "--log-format",
+        "json",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        first = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        assert first.startswith("planner listening on 127.0.0.1:"), first
+        port = int(first.rsplit(":", 1)[1])
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            await health.Check(health_pb2.HealthCheckRequest(service=""))
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0
+    text = err.decode()  # spans go to stderr with the logs
+    assert '"name": "/grpc.health.v1.Health/Check"' in text
+    assert '"service.name": "planner-under-test"' in text
