@@ -9,8 +9,8 @@ the dashboards written for it read these too.
 
 The endpoint is served from the process's own event loop (asyncio.start_server), so collectors
 read the server's state on the thread that changes it; it is off unless `--metrics HOST:PORT`
-is given, answers GET and HEAD on `/metrics` only, and reads at most 8 KiB of request head for
-at most 5 s per connection.
+is given, answers GET and HEAD on `/metrics` only, reads at most 8 KiB of request head for at
+most 5 s per connection, and serves at most 32 connections at once.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ HEAD_LIMIT_BYTES = 8 << 10
 """The most of a request's line and headers the endpoint reads."""
 READ_TIMEOUT_S = 5.0
 """How long a connection may take to send its request head."""
+MAX_CONNECTIONS = 32
+"""Connections served at once; more are closed unanswered (a scraper needs one)."""
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 """RPC latency buckets: a cached SizeContext (about a millisecond) to a cold Hub fetch."""
 
@@ -206,8 +208,14 @@ async def start_metrics_server(listen: str, registry: CollectorRegistry) -> Metr
         OSError: the address could not be bound.
     """
     host, port = split_address(listen)
+    open_connections = 0
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal open_connections
+        if open_connections >= MAX_CONNECTIONS:
+            writer.close()
+            return
+        open_connections += 1
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
             parts = head.split(b"\r\n", 1)[0].decode("latin-1").split()
@@ -223,6 +231,7 @@ async def start_metrics_server(listen: str, registry: CollectorRegistry) -> Metr
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             pass  # a slow, oversized or vanished client: close and forget it
         finally:
+            open_connections -= 1
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.demo.tiny_gguf import write_tiny_gguf
 from llmgw.fleet.v1 import fleet_pb2
+from llmgw.metrics import MAX_CONNECTIONS
 from llmgw.planner.v1 import planner_pb2
 from llmgw.probes import LIVENESS
 from llmgw.testing.eventually import assert_eventually
@@ -45,6 +46,23 @@ async def scrape(port: int) -> Samples:
         for s in family.samples:
             out[(s.name, frozenset(s.labels.items()))] = s.value
     return out
+
+
+async def closed_unanswered(reader: asyncio.StreamReader) -> bool:
+    """Whether the server closed the connection without a byte of answer (a close with the
+    request unread may reach the client as a reset)."""
+    try:
+        return await asyncio.wait_for(reader.read(), 10) == b""
+    except ConnectionResetError:
+        return True
+
+
+async def _scrapes(port: int) -> bool:
+    """Whether a scrape answers now."""
+    try:
+        return bool(await scrape(port))
+    except httpx.HTTPError:
+        return False
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
@@ -189,9 +207,26 @@ async def test_metrics_endpoint_answers_scrapes_only(tmp_path: Path) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", fleet.metrics.port)
         writer.write(b"GET /metrics HTTP/1.1\r\nX-Pad: " + b"a" * 20_000 + b"\r\n\r\n")
         await writer.drain()
-        assert await asyncio.wait_for(reader.read(), 10) == b""
+        assert await closed_unanswered(reader)
         writer.close()
         assert value(await scrape(fleet.metrics.port), "llmgw_fleet_leader") == 1
+        # Connections that send nothing hold at most MAX_CONNECTIONS places; the one past
+        # them is closed unanswered, and a scrape goes through once they are gone.
+        idle = [
+            await asyncio.open_connection("127.0.0.1", fleet.metrics.port)
+            for _ in range(MAX_CONNECTIONS)
+        ]
+        await asyncio.sleep(0.2)  # let the server accept them all
+        extra_reader, extra_writer = await asyncio.open_connection("127.0.0.1", fleet.metrics.port)
+        extra_writer.write(b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert await closed_unanswered(extra_reader)
+        extra_writer.close()
+        for _r, w in idle:
+            w.close()
+        await assert_eventually(
+            lambda: _scrapes(fleet.metrics.port),  # type: ignore[union-attr]
+            what="a scrape after the idle connections closed",
+        )
 
 
 async def test_probe_port_serves_health_alone_in_plaintext(tmp_path: Path) -> None:
