@@ -70,7 +70,9 @@ def _method_parts(full: str) -> tuple[str, str]:
     return service, method
 
 
-def _code_name(context: Any, error: BaseException | None) -> str:
+def status_code_name(context: Any, error: BaseException | None) -> str:
+    """The status code an RPC ended with, as its caller sees it: the code the handler set
+    (an abort sets one), else CANCELLED for a cancelled call, UNKNOWN for an exception, OK."""
     code = context.code()
     if isinstance(code, grpc.StatusCode):
         return code.name
@@ -152,9 +154,9 @@ class RpcMetrics(grpc.aio.ServerInterceptor):
                     async for message in behavior(request, context):
                         yield message
                 except BaseException as exc:
-                    self._done(labels, _code_name(context, exc), started_s)
+                    self._done(labels, status_code_name(context, exc), started_s)
                     raise
-                self._done(labels, _code_name(context, None), started_s)
+                self._done(labels, status_code_name(context, None), started_s)
 
             return streaming
 
@@ -166,9 +168,9 @@ class RpcMetrics(grpc.aio.ServerInterceptor):
                 if inspect.isawaitable(result):
                     result = await result
             except BaseException as exc:
-                self._done(labels, _code_name(context, exc), started_s)
+                self._done(labels, status_code_name(context, exc), started_s)
                 raise
-            self._done(labels, _code_name(context, None), started_s)
+            self._done(labels, status_code_name(context, None), started_s)
             return result
 
         return unary
