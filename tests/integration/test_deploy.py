@@ -32,8 +32,10 @@ KUBERNETES = ROOT / "deploy" / "kubernetes"
 OVERLAYS = ("dev", "prod")
 KUBERNETES_VERSION = "1.32.0"
 """The Kubernetes version the manifests are validated against (kubernetes-validate's bundled
-schemas, offline): gRPC probes are GA since 1.27, and 1.32 is the oldest minor still in the
-upstream support window when these manifests were written."""
+schemas, offline): 1.32 is the oldest minor still in the upstream support window when these
+manifests were written."""
+OLDEST_VERSION = "1.27.0"
+"""The oldest version docs/deploy.md says the manifests run on (gRPC probes are GA there)."""
 CRD_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.json"}
 """Custom resources kubernetes-validate has no schema for, and the schema each is checked
 against instead (deploy/kubernetes/schemas). A kind missing from both fails the test."""
@@ -99,26 +101,27 @@ def ours(overlay: str) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
                 yield w, c
 
 
-def validate(obj: dict[str, Any]) -> None:
-    """Validate one object: a built-in kind strictly against the pinned version's schema, a
-    custom resource against ours. Raises on anything invalid or unknown."""
+def validate(obj: dict[str, Any], version: str = KUBERNETES_VERSION) -> None:
+    """Validate one object: a built-in kind strictly against `version`'s schema, a custom
+    resource against ours. Raises on anything invalid or unknown."""
     key = (obj.get("apiVersion"), obj.get("kind"))
     if key in CRD_SCHEMAS:
         schema = json.loads((KUBERNETES / "schemas" / CRD_SCHEMAS[key]).read_text())
         jsonschema.validate(obj, schema)
         return
-    kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    kubernetes_validate.validate(obj, version, strict=True)
 
 
+@pytest.mark.parametrize("version", [KUBERNETES_VERSION, OLDEST_VERSION])
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_every_rendered_object_validates(overlay: str) -> None:
-    """Every object an overlay renders is valid for the pinned Kubernetes version (or, for a
-    custom resource, for the schema kept beside the manifests)."""
+def test_every_rendered_object_validates(overlay: str, version: str) -> None:
+    """Every object an overlay renders is valid for the pinned Kubernetes version and the
+    oldest the docs promise (a custom resource: for the schema kept beside the manifests)."""
     objects = rendered(overlay)
     assert len(objects) > 10
     for obj in objects:
         try:
-            validate(obj)
+            validate(obj, version)
         except kubernetes_validate.SchemaNotFoundError:
             pytest.fail(
                 f"{obj['kind']} ({obj['apiVersion']}) has no schema: add one to CRD_SCHEMAS"
