@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,13 +18,14 @@ import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmgw.agent.v1 import agent_pb2
 from llmgw.demo.tiny_gguf import write_tiny_gguf
 from llmgw.fleet.v1 import fleet_pb2
 from llmgw.metrics import MAX_CONNECTIONS
 from llmgw.planner.v1 import planner_pb2
 from llmgw.probes import LIVENESS
 from llmgw.testing.eventually import assert_eventually
-from llmgw.testing.fake_fleet import running_fake_fleet
+from llmgw.testing.fake_fleet import running_fake_fleet, spec
 from llmgw.testing.scripted_agent import ScriptedAgent
 from planner_svc.sources.policy import SourcePolicy
 from planner_svc.sources.resolver import ShapeResolver
@@ -32,6 +34,7 @@ from tests.support.fleet import running_fleet
 from tests.support.planner import running_planner
 
 ROOT = Path(__file__).resolve().parents[2]
+HEALTHY = agent_pb2.PROCESS_PHASE_HEALTHY
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
@@ -302,9 +305,10 @@ async def listening_ports(proc: asyncio.subprocess.Process) -> dict[str, int]:
 
 async def test_agent_process_serves_metrics_and_readiness(tmp_path: Path) -> None:
     """The agent run with --metrics and --probe-listen reports its stream as connected on
-    /metrics and as ready on its probe port once the fleet welcomed it, and its cards."""
+    /metrics and as ready on its probe port once the fleet welcomed it, its cards, and the
+    replica it runs by phase, reported at the --advertise-host address."""
     async with (
-        running_fake_fleet() as (_fleet, port),
+        running_fake_fleet() as (fleet, port),
         agent_process(port, tmp_path / "state") as proc,
     ):
         ports = await listening_ports(proc)
@@ -326,3 +330,20 @@ async def test_agent_process_serves_metrics_and_readiness(tmp_path: Path) -> Non
             await assert_eventually(ready, what="the agent ready on its probe port")
             live = await health.Check(health_pb2.HealthCheckRequest(service=LIVENESS))
             assert live.status == health_pb2.HealthCheckResponse.SERVING
+
+        # A replica it runs shows by phase, and its address names --advertise-host.
+        fleet.desire(spec("m1"))
+        up = await assert_eventually(
+            lambda: next((u for u in fleet.updates_of("m1") if u.phase == HEALTHY), None),
+            timeout_s=20,
+            what="m1 HEALTHY",
+        )
+        assert up.address.startswith("10.1.2.3:"), up.address
+
+        async def one_healthy() -> bool:
+            now = await scrape(ports["metrics_listening"])
+            return value(now, "llmgw_agent_replicas", phase="HEALTHY") == 1
+
+        await assert_eventually(one_healthy, what="one HEALTHY replica on /metrics")
+        proc.send_signal(signal.SIGTERM)  # the agent stops its engine before it exits
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
