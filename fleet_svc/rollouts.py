@@ -35,6 +35,9 @@ class Rollouts:
         """Set (and replaced) whenever a rollout records events."""
         self.saves = 0
         """Counts rollout writes (the controller ticks again after one)."""
+        self.on_end: list[Callable[[Rollout], None]] = []
+        """Called with each rollout as it ended (succeeded, failed or cancelled), once it is
+        stored: how metrics (fleet_svc/metrics.py) count outcomes without the loop knowing."""
 
     def load(self) -> None:
         """The rollouts running when the fleet stopped; a starting step gets its whole start
@@ -76,7 +79,9 @@ class Rollouts:
             ro, reason, replicas, self._clock.monotonic(), new_id=self._new_id
         )
         log.info("rollout_cancelled", rollout_id=rollout_id, reason=reason)
-        return self.save(ended, events), actions
+        ended = self.save(ended, events)
+        self._ended(ended)
+        return ended, actions
 
     def save(self, ro: Rollout, events: list[Event]) -> Rollout:
         """Store a rollout (stamped with the wall time) and its new events, each with the state
@@ -105,6 +110,13 @@ class Rollouts:
             signal, self.signal = self.signal, asyncio.Event()
             signal.set()
         return ro
+
+    def _ended(self, ro: Rollout) -> None:
+        for listener in self.on_end:
+            try:
+                listener(ro)
+            except Exception:  # an observer's bug must not stop the controller
+                log.exception("rollout_listener_failed", rollout_id=ro.id)
 
     def advance(
         self,
@@ -141,6 +153,7 @@ class Rollouts:
                 log.info(
                     "rollout_ended", rollout_id=ro.id, state=ended.state.value, reason=ended.reason
                 )
+                self._ended(ended)
             else:
                 self.running[ro.id] = ended
         return out

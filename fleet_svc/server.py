@@ -6,17 +6,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
 import structlog
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
 
 from fleet_svc.app import REQUEST_ID_WINDOW_S, FleetApp
 from fleet_svc.catalog import Catalog
 from fleet_svc.controller import Controller
 from fleet_svc.domain.nodes import Liveness
+from fleet_svc.metrics import Leadership, add_fleet_metrics, sole_leader
 from fleet_svc.planner import Planner
 from fleet_svc.rpc.agent_stream import SERVICE_NAME as AGENT_SERVICE
 from fleet_svc.rpc.agent_stream import add_agent_service
@@ -29,6 +32,8 @@ from fleet_svc.store.base import Store
 from fleet_svc.store.urls import open_store
 from fleet_svc.store_health import StoreHealth
 from llmgw.clock import Clock, SystemClock
+from llmgw.metrics import MetricsServer, RpcMetrics, start_metrics_server
+from llmgw.probes import ProbeServer, start_probe_server
 from llmgw.rpc.reflection import enable_reflection
 from llmgw.tls import ClientTLS, ServerTLS, bind, check_listen
 
@@ -70,6 +75,12 @@ class FleetOptions:
     """How the fleet dials the planner: its CA and the fleet's client pair; None: plaintext."""
     tokens_path: str = ""
     """A file of bearer-token hashes (`NAME SHA256HEX` lines); given, callers may be tokens."""
+    metrics: str = ""
+    """HOST:PORT to serve Prometheus metrics at (fleet_svc/metrics.py); "" serves none."""
+    probes: str = ""
+    """HOST:PORT of the plaintext health port for Kubernetes' probes (llmgw.probes); "": none."""
+    leadership: Callable[[], Leadership] = sole_leader
+    """Whether this fleet leads and at which epoch, as metrics report it."""
 
 
 @dataclass
@@ -86,6 +97,8 @@ class FleetServer:
     planner: Planner
     store_health: StoreHealth | None = None
     store_task: asyncio.Task[None] | None = None
+    metrics: MetricsServer | None = None
+    probes: ProbeServer | None = None
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """NOT_SERVING, close the streams, stop the loop, close the store."""
@@ -103,6 +116,10 @@ class FleetServer:
         self.controller.flush()
         self.store.close()
         await self.planner.close()
+        if self.metrics is not None:
+            await self.metrics.stop()
+        if self.probes is not None:
+            await self.probes.stop()
         log.info("fleet_stopped", port=self.port)
 
 
@@ -117,7 +134,12 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
     """
     check_listen(opts.listen, opts.tls, insecure=opts.insecure)  # before anything is opened
     authenticator = authenticator_for(opts.tls, opts.tokens_path, opts.settings_path)
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[AuthInterceptor(authenticator)])
+    registry = CollectorRegistry() if opts.metrics else None
+    # Metrics outermost, so refusals by the auth interceptor are counted too.
+    interceptors: list[grpc.aio.ServerInterceptor] = [AuthInterceptor(authenticator)]
+    if registry is not None:
+        interceptors.insert(0, RpcMetrics(registry))
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", FLEET_SERVICE, AGENT_SERVICE):
@@ -153,6 +175,11 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         server, controller, clock, node_certificates=authenticator.policy.node_certificates
     )
     port = bind(server, opts.listen, opts.tls, insecure=opts.insecure, service="fleet")
+    metrics_server = None
+    if registry is not None:
+        add_fleet_metrics(registry, controller, clock, opts.leadership)
+        metrics_server = await start_metrics_server(opts.metrics, registry)
+    probe_server = await start_probe_server(opts.probes, health_servicer) if opts.probes else None
     await server.start()
     loop_task = asyncio.create_task(controller.run())
     store_health = StoreHealth(store, health_servicer, ("", FLEET_SERVICE, AGENT_SERVICE))
@@ -176,6 +203,8 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         planner,
         store_health,
         store_task,
+        metrics_server,
+        probe_server,
     )
 
 

@@ -7,16 +7,20 @@ import sys
 
 import structlog
 
+from llmgw.tracing import add_trace_ids
+
 
 def configure_logging(json_logs: bool) -> None:
     """structlog, once: JSON lines in production, readable lines at a terminal; context
-    variables (model, rollout_id, node) merged into every event."""
+    variables (model, rollout_id, node) merged into every event, and inside a traced call
+    its trace and span ids (llmgw.tracing)."""
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer()
     )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            add_trace_ids,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso"),
             structlog.processors.format_exc_info,

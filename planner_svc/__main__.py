@@ -1,5 +1,6 @@
 """Run the planner: `python -m planner_svc --listen HOST:PORT [--tls-cert F --tls-key F
-[--tls-ca F]] [--allow-host H ...] [--allow-root DIR ...]`."""
+[--tls-ca F]] [--allow-host H ...] [--allow-root DIR ...] [--metrics HOST:PORT]
+[--probe-listen HOST:PORT]`."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ import os
 import sys
 
 from llmgw.logs import configure_logging
+from llmgw.metrics import add_metrics_argument
+from llmgw.probes import add_probe_argument
 from llmgw.tls import TLSConfigError, add_server_tls_arguments, server_tls_from_args
+from llmgw.tracing import add_trace_argument, configure_tracing
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse flags, configure logging, serve until signalled."""
+def build_parser() -> argparse.ArgumentParser:
+    """The planner's command line."""
     parser = argparse.ArgumentParser(prog="python -m planner_svc", description=__doc__)
     parser.add_argument(
         "--listen",
@@ -47,22 +51,44 @@ def main(argv: list[str] | None = None) -> int:
         help="a folder local .gguf sources may be read from (repeat); default none, or "
         "$LLMGW_PLANNER_ALLOW_ROOTS (':'-separated)",
     )
-    opts = parser.parse_args(argv)
+    add_metrics_argument(parser)
+    add_probe_argument(parser)
+    add_trace_argument(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, configure logging, serve until signalled."""
+    opts = build_parser().parse_args(argv)
     configure_logging(opts.log_format == "json")
+    tracing = None
     from planner_svc.server import serve
     from planner_svc.sources.policy import SourcePolicy
 
     try:
+        tracing = configure_tracing("llmgw-planner", opts.trace)
         tls = server_tls_from_args(opts)
         policy = SourcePolicy.from_env(
             os.environ,
             allow_hosts=opts.allow_host,
             allow_roots=opts.allow_root,
         )
-        asyncio.run(serve(opts.listen, tls=tls, insecure=opts.insecure, policy=policy))
-    except (RuntimeError, TLSConfigError, ValueError) as exc:
+        asyncio.run(
+            serve(
+                opts.listen,
+                tls=tls,
+                insecure=opts.insecure,
+                policy=policy,
+                metrics=opts.metrics,
+                probes=opts.probe_listen,
+            )
+        )
+    except (RuntimeError, TLSConfigError, ValueError, OSError) as exc:
         print(f"planner: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
     return 0
 
 

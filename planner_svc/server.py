@@ -12,9 +12,13 @@ import grpc
 import structlog
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
 
+from llmgw.metrics import MetricsServer, RpcMetrics, start_metrics_server
+from llmgw.probes import ProbeServer, start_probe_server
 from llmgw.rpc.reflection import enable_reflection
 from llmgw.tls import ServerTLS, bind
+from planner_svc.metrics import add_planner_metrics
 from planner_svc.rpc.servicer import SERVICE_NAME, Resolver, add_planner_service
 from planner_svc.sources.policy import SourcePolicy
 from planner_svc.sources.resolver import ShapeResolver
@@ -42,11 +46,19 @@ class PlannerServer:
     server: grpc.aio.Server
     port: int
     health: health.aio.HealthServicer
+    metrics: MetricsServer | None = None
+    """The `/metrics` endpoint, when asked for."""
+    probes: ProbeServer | None = None
+    """The plaintext health port for Kubernetes' probes, when asked for."""
 
     async def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Report NOT_SERVING, let calls in flight finish within `grace_s`, then stop."""
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace_s)
+        if self.metrics is not None:
+            await self.metrics.stop()
+        if self.probes is not None:
+            await self.probes.stop()
         log.info("planner_stopped", port=self.port)
 
 
@@ -57,6 +69,8 @@ async def start_planner(
     tls: ServerTLS | None = None,
     insecure: bool = False,
     policy: SourcePolicy | None = None,
+    metrics: str = "",
+    probes: str = "",
 ) -> PlannerServer:
     """Start a planner listening on `listen` (HOST:PORT; port 0 picks one).
 
@@ -68,14 +82,20 @@ async def start_planner(
         insecure: allow plaintext off loopback.
         policy: what the default resolver may fetch (default: from the environment,
             `SourcePolicy.from_env`).
+        metrics: HOST:PORT to serve Prometheus metrics at (llmgw.metrics); "" serves none.
+        probes: HOST:PORT of a plaintext health port for Kubernetes (llmgw.probes); "": none.
 
     Raises:
         TLSConfigError: plaintext off loopback without `insecure`, or unusable TLS files.
         RuntimeError: the address could not be bound.
     """
-    server = grpc.aio.server(options=SERVER_OPTIONS)
     if resolver is None:
         resolver = ShapeResolver(policy=policy or SourcePolicy.from_env(os.environ))
+    registry = CollectorRegistry() if metrics else None
+    interceptors = [RpcMetrics(registry)] if registry is not None else []
+    if registry is not None:
+        add_planner_metrics(registry, resolver)
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
     add_planner_service(server, resolver)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -86,6 +106,8 @@ async def start_planner(
     for service in ("", SERVICE_NAME):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     port = bind(server, listen, tls, insecure=insecure, service="planner")
+    metrics_server = await start_metrics_server(metrics, registry) if registry else None
+    probe_server = await start_probe_server(probes, health_servicer) if probes else None
     await server.start()
     for service in ("", SERVICE_NAME):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -95,7 +117,13 @@ async def start_planner(
         port=port,
         tls="mutual" if tls and tls.mutual else "server" if tls else "none",
     )
-    return PlannerServer(server=server, port=port, health=health_servicer)
+    return PlannerServer(
+        server=server,
+        port=port,
+        health=health_servicer,
+        metrics=metrics_server,
+        probes=probe_server,
+    )
 
 
 async def serve(
@@ -104,9 +132,13 @@ async def serve(
     tls: ServerTLS | None = None,
     insecure: bool = False,
     policy: SourcePolicy | None = None,
+    metrics: str = "",
+    probes: str = "",
 ) -> None:
     """Run a planner until SIGTERM or SIGINT, then shut it down gracefully."""
-    running = await start_planner(listen, tls=tls, insecure=insecure, policy=policy)
+    running = await start_planner(
+        listen, tls=tls, insecure=insecure, policy=policy, metrics=metrics, probes=probes
+    )
     host = listen.rsplit(":", 1)[0]
     # The first line stays `planner listening on HOST:PORT` (llmgw up and scripts read it);
     # how it listens is said by the log line bind() wrote.

@@ -14,6 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import structlog
+from grpc_health.v1 import health, health_pb2
+from prometheus_client import CollectorRegistry
 
 from fleet_svc.agent.cards import CardSpecError, discover_cards
 from fleet_svc.agent.config import (
@@ -24,9 +26,12 @@ from fleet_svc.agent.config import (
     load_config,
     missing_executables,
 )
+from fleet_svc.agent.metrics import add_agent_metrics
 from fleet_svc.agent.replicas import ReplicaSet
 from fleet_svc.agent.rpc.client import AgentClient, NodeIdentity
 from llmgw.logs import configure_logging
+from llmgw.metrics import MetricsServer, add_metrics_argument, start_metrics_server
+from llmgw.probes import LIVENESS, ProbeServer, add_probe_argument, start_probe_server
 from llmgw.tls import (
     NODE,
     IdentityError,
@@ -35,6 +40,7 @@ from llmgw.tls import (
     client_tls_from_args,
     identity_of_certificate,
 )
+from llmgw.tracing import add_trace_argument, configure_tracing
 
 EPILOG = """\
 cards: with --gpus or --gpus-file the agent is told its cards (stand-in cards: a stand-in
@@ -133,6 +139,16 @@ def build_parser() -> argparse.ArgumentParser:
         default="json" if not sys.stderr.isatty() else "console",
         help="log lines as JSON (production) or for people",
     )
+    parser.add_argument(
+        "--advertise-host",
+        default=None,
+        metavar="HOST",
+        help="the host the agent reports for its engines' addresses (overrides the config's "
+        "advertise_host; in Kubernetes the pod's IP)",
+    )
+    add_metrics_argument(parser)
+    add_probe_argument(parser)
+    add_trace_argument(parser)
     return parser
 
 
@@ -161,10 +177,29 @@ def node_of_certificate(opts: argparse.Namespace) -> str | None:
     return identity.name if identity.kind == NODE else None
 
 
+PROBE_POLL_S = 1.0
+"""How often the probe port's "" follows whether the stream to the fleet is up."""
+
+
+async def _report_connected(client: AgentClient, servicer: health.aio.HealthServicer) -> None:
+    """Keep the probe port's "" SERVING while the stream to the fleet is welcomed (readiness),
+    `llmgw.liveness` SERVING throughout."""
+    serving, not_serving = (
+        health_pb2.HealthCheckResponse.SERVING,
+        health_pb2.HealthCheckResponse.NOT_SERVING,
+    )
+    await servicer.set(LIVENESS, serving)
+    while True:
+        await servicer.set("", serving if client.connected.is_set() else not_serving)
+        await asyncio.sleep(PROBE_POLL_S)
+
+
 async def run_agent(opts: argparse.Namespace) -> None:
     """Run until SIGTERM/SIGINT, then stop (or leave) the replicas."""
     log = structlog.get_logger("fleet_svc.agent").bind(node=opts.node)
     config = build_config(opts.config, opts.demo, opts.source_root)
+    if opts.advertise_host:
+        config = replace(config, advertise_host=opts.advertise_host)
     state_dir: Path = opts.state_dir or Path.home() / ".cache" / "llmgw" / "agent" / opts.node
     state_dir.mkdir(parents=True, exist_ok=True)
     cards = discover_cards(opts.gpus, opts.gpus_file, state_dir)
@@ -192,12 +227,29 @@ async def run_agent(opts: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
+    metrics: MetricsServer | None = None
+    if opts.metrics:
+        registry = CollectorRegistry()
+        add_agent_metrics(registry, client, replicas)
+        metrics = await start_metrics_server(opts.metrics, registry)
+    probes: ProbeServer | None = None
+    watch: asyncio.Task[None] | None = None
+    if opts.probe_listen:
+        servicer = health.aio.HealthServicer()
+        probes = await start_probe_server(opts.probe_listen, servicer)
+        watch = asyncio.create_task(_report_connected(client, servicer))
     task = asyncio.create_task(client.run())
     await stopping.wait()
     log.info("agent_stopping", stop_replicas=not opts.leave_replicas)
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    for running in (task, watch):
+        if running is not None:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+    if probes is not None:
+        await probes.stop()
+    if metrics is not None:
+        await metrics.stop()
     await replicas.aclose(stop_replicas=not opts.leave_replicas)
     log.info("agent_stopped")
 
@@ -212,11 +264,16 @@ def main(argv: list[str] | None = None) -> int:
         opts.node = node_of_certificate(opts) or socket.gethostname()
     configure_logging(opts.log_format == "json")
     structlog.contextvars.bind_contextvars(node=opts.node)
+    tracing = None
     try:
+        tracing = configure_tracing("llmgw-agent", opts.trace)
         asyncio.run(run_agent(opts))
-    except (ConfigError, CardSpecError, TLSConfigError, OSError) as exc:
+    except (ConfigError, CardSpecError, TLSConfigError, OSError, ValueError) as exc:
         print(f"agent: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
     return 0
 
 

@@ -10,11 +10,13 @@ issues certificates from its local CA (llmgw.cli.certs). Exit codes:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from llmgw.cli import certs, ctl, plan, up
 from llmgw.cli.common import run_command
+from llmgw.tracing import ENV_TRACE, configure_tracing, span
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,8 +31,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `llmgw` command."""
-    return run_command(build_parser().parse_args(argv))
+    """Entry point of the `llmgw` command: with tracing asked for ($LLMGW_TRACE, or an OTLP
+    endpoint in the environment: llmgw.tracing) the command is one trace, its calls' spans
+    under it."""
+    opts = build_parser().parse_args(argv)
+    tracing = configure_tracing("llmgw-cli", os.environ.get(ENV_TRACE, "auto"))
+    try:
+        with span(f"llmgw {opts.cmd}"):
+            return run_command(opts)
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
 
 
 if __name__ == "__main__":

@@ -130,6 +130,15 @@ class Plan:
     agent: bool
     ready_timeout_s: float
     python: str = sys.executable
+    metrics_port: int = 0
+    """Prometheus metrics on `host`: the planner at this port, the fleet at the next, the
+    agent at the one after (0: no metrics)."""
+
+    def metrics(self, offset: int) -> list[str]:
+        """The `--metrics` flag of the child `offset` ports past `metrics_port`, if any."""
+        return (
+            ["--metrics", f"{self.host}:{self.metrics_port + offset}"] if self.metrics_port else []
+        )
 
     @property
     def logs(self) -> Path:
@@ -162,6 +171,8 @@ def build_plan(opts: argparse.Namespace) -> Plan:
         value = getattr(opts, flag)
         if not 0 <= value <= 65535:
             raise UpError(f"--{flag.replace('_', '-')} {value}: a port is 0..65535 (0: any free)")
+    if not (opts.metrics_port == 0 or 1 <= opts.metrics_port <= 65533):
+        raise UpError(f"--metrics-port {opts.metrics_port}: a port is 1..65533 (it takes three)")
     gpu_class_of(opts.gpus)
     return Plan(
         data=Path(opts.data).resolve(),
@@ -173,6 +184,7 @@ def build_plan(opts: argparse.Namespace) -> Plan:
         node=opts.node,
         agent=not opts.no_agent,
         ready_timeout_s=opts.ready_timeout,
+        metrics_port=opts.metrics_port,
     )
 
 
@@ -291,6 +303,7 @@ class Up:
                 f"{p.host}:{p.planner_port}",
                 *server_flags(pki.ca, pki.planner),
                 *roots,
+                *p.metrics(0),
                 *json_logs,
             ],
             env,
@@ -314,6 +327,7 @@ class Up:
                 str(p.settings),
                 *server_flags(pki.ca, pki.fleet),
                 *tls_flags("planner-", pki.ca, pki.fleet_client),
+                *p.metrics(1),
                 *json_logs,
             ],
             env,
@@ -345,6 +359,7 @@ class Up:
                     "--source-root",
                     str(p.models),
                     "--demo",
+                    *p.metrics(2),
                     *json_logs,
                 ],
                 agent_env,
@@ -420,6 +435,9 @@ class Up:
             lines.append(f"  agent    node {p.node}, {p.gpus} stand-in cards, {engine}")
         else:
             lines.append("  agent    none (--no-agent): replicas stay PENDING until one connects")
+        if p.metrics_port:
+            scrape = [f"http://{p.host}:{p.metrics_port + i}/metrics" for i in range(3)]
+            lines.append(f"  metrics  planner {scrape[0]}, fleet {scrape[1]}, agent {scrape[2]}")
         lines.append(f"  logs     {p.logs}")
         tls = shown_path(p.tls)
         lines.append(
@@ -526,6 +544,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     up.add_argument("--gpus", default="4xH100-80GB", help="the local agent's stand-in cards")
     up.add_argument("--node", default="local", help="the local agent's node name")
     up.add_argument("--no-agent", action="store_true", help="start no agent")
+    up.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="serve Prometheus metrics on --host: the planner at PORT, the fleet at PORT+1, "
+        "the agent at PORT+2 (default 0: none)",
+    )
     up.add_argument(
         "--ready-timeout",
         type=float,

@@ -162,10 +162,32 @@ class RunningUp:
         return dict(json.loads(shown.stdout)["model"]["model"])
 
 
+def free_run(n: int) -> int:
+    """The first of `n` consecutive ports nothing listens on now."""
+    for _ in range(50):
+        (first,) = free_ports(1)
+        socks = []
+        try:
+            for port in range(first, first + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError(f"no {n} consecutive free ports found")
+
+
 @contextlib.contextmanager
-def running_up(tmp_path: Path, env: dict[str, str] | None = None) -> Iterator[RunningUp]:
-    """Start `llmgw up` on free ports and wait for its ready line; after, SIGTERM it and check
-    that it stopped its children in order and that no process it started is left."""
+def running_up(
+    tmp_path: Path, env: dict[str, str] | None = None, metrics_port: int = 0
+) -> Iterator[RunningUp]:
+    """Start `llmgw up` on free ports (and its metrics from `metrics_port`, if not 0) and wait
+    for its ready line; after, SIGTERM it and check that it stopped its children in order and
+    that no process it started is left."""
     planner_port, fleet_port, files_port = free_ports(3)
     data = tmp_path / "data"
     proc = subprocess.Popen(
@@ -184,6 +206,7 @@ def running_up(tmp_path: Path, env: dict[str, str] | None = None) -> Iterator[Ru
             str(files_port),
             "--ready-timeout",
             "60",
+            *(["--metrics-port", str(metrics_port)] if metrics_port else []),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -248,8 +271,20 @@ def _env_without_llama_server(tmp_path: Path) -> dict[str, str]:
 def test_up_runs_the_examples_ready_and_stops_every_child(tmp_path: Path) -> None:
     """`llmgw up` brings both example replicas to READY (shown by `llmgw ctl`), the vLLM
     example's stand-in answers a completion, the planner reads the demo's hf:// repo, and
-    SIGTERM stops every process it started, engines included."""
-    with running_up(tmp_path, _env_without_llama_server(tmp_path)) as up:
+    SIGTERM stops every process it started, engines included; asked, each child serves
+    its metrics on loopback."""
+    metrics = free_run(3)
+    with running_up(tmp_path, _env_without_llama_server(tmp_path), metrics_port=metrics) as up:
+        assert (
+            f"  metrics  planner http://127.0.0.1:{metrics}/metrics, fleet "
+            f"http://127.0.0.1:{metrics + 1}/metrics, agent http://127.0.0.1:{metrics + 2}/metrics"
+        ) in up.banner
+        fleet_metrics = httpx.get(f"http://127.0.0.1:{metrics + 1}/metrics", timeout=10).text
+        assert 'llmgw_fleet_replicas{phase="READY"} 2.0' in fleet_metrics
+        agent_metrics = httpx.get(f"http://127.0.0.1:{metrics + 2}/metrics", timeout=10).text
+        assert "llmgw_agent_connected 1.0" in agent_metrics
+        planner_metrics = httpx.get(f"http://127.0.0.1:{metrics}/metrics", timeout=10).text
+        assert "grpc_server_handled_total" in planner_metrics
         replicas = up.replicas()
         assert sorted((r["model"], r["phase"]) for r in replicas) == [
             (GGUF_MODEL, "REPLICA_PHASE_READY"),

@@ -30,10 +30,13 @@ async def running_fleet(
     client_tls: ClientTLS | None = None,
     planner_tls: ClientTLS | None = None,
     tokens_path: str = "",
+    metrics: str = "",
+    probes: str = "",
 ) -> AsyncIterator[tuple[FleetServer, fleet_pb2_grpc.FleetServiceAsyncStub]]:
     """Start a fleet on a free port with its store in `data`; stop it after. With `tls` it
     serves TLS and the stub's channel uses `client_tls`; `planner_tls` is how it dials the
-    planner; `tokens_path` a file of bearer-token hashes it accepts."""
+    planner; `tokens_path` a file of bearer-token hashes it accepts; `metrics` and `probes`
+    where it serves /metrics and its plaintext health port ("": nowhere)."""
     server = await start_fleet(
         FleetOptions(
             listen="127.0.0.1:0",
@@ -47,6 +50,8 @@ async def running_fleet(
             tls=tls,
             planner_tls=planner_tls,
             tokens_path=tokens_path,
+            metrics=metrics,
+            probes=probes,
         )
     )
     channel: grpc.aio.Channel = aio_channel(f"127.0.0.1:{server.port}", client_tls)

@@ -19,12 +19,14 @@ async def running_planner(
     *,
     tls: ServerTLS | None = None,
     client_tls: ClientTLS | None = None,
+    metrics: str = "",
 ) -> AsyncIterator[
     tuple[PlannerServer, planner_pb2_grpc.PlannerServiceAsyncStub, grpc.aio.Channel]
 ]:
     """Start a planner on a free port; yield it, a stub and its channel; stop it after. With
-    `tls` it serves TLS and the channel uses `client_tls`."""
-    server = await start_planner("127.0.0.1:0", resolver, tls=tls)
+    `tls` it serves TLS and the channel uses `client_tls`; `metrics` is where it serves
+    /metrics ("": nowhere)."""
+    server = await start_planner("127.0.0.1:0", resolver, tls=tls, metrics=metrics)
     channel = aio_channel(f"127.0.0.1:{server.port}", client_tls)
     try:
         yield server, planner_pb2_grpc.PlannerServiceStub(channel), channel

@@ -1,0 +1,141 @@
+"""The fleet's own metrics: replicas and nodes by phase, connected agents and how long since
+each was heard, running and ended rollouts (by outcome, with durations), and leadership.
+
+Gauges are read from the controller's state at every scrape, on the event loop (the endpoint
+runs there, llmgw.metrics); rollout outcomes are counted as they end, through the controller's
+rollout listeners. Nothing here writes fleet state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from fleet_svc.controller import Controller
+from fleet_svc.domain.nodes import NodePhase
+from fleet_svc.domain.phases import ReplicaPhase
+from fleet_svc.domain.rollout import Rollout
+from llmgw.clock import Clock
+
+ROLLOUT_BUCKETS_S = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
+"""Rollout durations: a stand-in replica (seconds) to a fleet of large vLLM models (an hour)."""
+
+
+@dataclass(frozen=True)
+class Leadership:
+    """Whether this fleet leads, and the fencing epoch of the lease it holds (or last saw)."""
+
+    leading: bool
+    epoch: int
+
+
+def sole_leader() -> Leadership:
+    """The leadership of a fleet that shares its store with nobody: it leads, epoch 0."""
+    return Leadership(True, 0)
+
+
+class FleetCollector(Collector):
+    """The gauges read from the controller at each scrape."""
+
+    def __init__(
+        self, controller: Controller, clock: Clock, leadership: Callable[[], Leadership]
+    ) -> None:
+        self._controller = controller
+        self._clock = clock
+        self._leadership = leadership
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        state = self._controller.state
+        replicas = GaugeMetricFamily(
+            "llmgw_fleet_replicas", "Replicas the fleet keeps, by phase.", labels=["phase"]
+        )
+        counts = {phase: 0 for phase in ReplicaPhase}
+        for r in state.replicas.values():
+            counts[r.phase] += 1
+        for phase, n in counts.items():
+            replicas.add_metric([phase.value], n)
+        yield replicas
+
+        nodes = GaugeMetricFamily("llmgw_fleet_nodes", "Nodes known, by phase.", labels=["phase"])
+        node_counts = {phase: 0 for phase in NodePhase}
+        for view in state.nodes.values():
+            node_counts[view.phase] += 1
+        for node_phase, n in node_counts.items():
+            nodes.add_metric([node_phase.value], n)
+        yield nodes
+
+        yield GaugeMetricFamily(
+            "llmgw_fleet_agents_connected",
+            "Agents with a stream open to this fleet.",
+            value=len(state.links),
+        )
+        lag = GaugeMetricFamily(
+            "llmgw_fleet_agent_heartbeat_lag_seconds",
+            "Seconds since each connected agent was last heard (a heartbeat or any message).",
+            labels=["node"],
+        )
+        now_s = self._clock.monotonic()
+        for name in sorted(state.links):
+            heard = state.nodes.get(name)
+            if heard is not None:
+                lag.add_metric([name], max(0.0, now_s - heard.last_heard_s))
+        yield lag
+
+        yield GaugeMetricFamily(
+            "llmgw_fleet_rollouts_running",
+            "Rollouts under way.",
+            value=len(self._controller.rollouts),
+        )
+        lead = self._leadership()
+        yield GaugeMetricFamily(
+            "llmgw_fleet_leader",
+            "1 while this fleet holds the leadership (runs the controller), else 0.",
+            value=1 if lead.leading else 0,
+        )
+        yield GaugeMetricFamily(
+            "llmgw_fleet_leader_epoch",
+            "The fencing epoch of the leadership lease this fleet holds or last saw.",
+            value=lead.epoch,
+        )
+
+
+class RolloutMetrics:
+    """Counts and times rollouts as they end: `llmgw_fleet_rollouts_total{outcome}` and
+    `llmgw_fleet_rollout_duration_seconds{outcome}` (outcome SUCCEEDED, FAILED, CANCELLED)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.ended = Counter(
+            "llmgw_fleet_rollouts", "Rollouts ended, by outcome.", ["outcome"], registry=registry
+        )
+        self.seconds = Histogram(
+            "llmgw_fleet_rollout_duration_seconds",
+            "How long rollouts took from creation to their end, by outcome.",
+            ["outcome"],
+            buckets=ROLLOUT_BUCKETS_S,
+            registry=registry,
+        )
+        for outcome in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            self.ended.labels(outcome)  # every outcome's series exists from the start, at 0
+
+    def __call__(self, ro: Rollout) -> None:
+        """Count one rollout that ended."""
+        outcome = ro.state.value
+        self.ended.labels(outcome).inc()
+        if ro.created_s > 0 and ro.updated_s >= ro.created_s:
+            self.seconds.labels(outcome).observe(ro.updated_s - ro.created_s)
+
+
+def add_fleet_metrics(
+    registry: CollectorRegistry,
+    controller: Controller,
+    clock: Clock,
+    leadership: Callable[[], Leadership] = sole_leader,
+) -> None:
+    """Put the fleet's collectors in `registry`, its rollout counters listening on
+    `controller` (the RPC series are the server interceptor's, llmgw.metrics.RpcMetrics)."""
+    registry.register(FleetCollector(controller, clock, leadership))
+    controller.rollout_listeners.append(RolloutMetrics(registry))
