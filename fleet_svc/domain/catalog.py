@@ -112,20 +112,34 @@ def check_profiles(model: Model) -> None:
             )
 
 
-def node_cards(profile: Profile) -> int:
-    """The cards one replica of a GPU profile takes on its node.
+def gang_nodes(profile: Profile) -> int:
+    """The nodes one replica of `profile` spans: `nodes` when set, else its pipeline
+    stages (`pp` across nodes, as `Profile.cards` counts them), else one."""
+    if profile.nodes >= 1:
+        return profile.nodes
+    return max(profile.pp, 1)
 
-    A replica runs on one node, so this is the per-node count (cards per node, or the tensor
-    parallel size); `Profile.cards` also multiplies by the nodes a replica would span.
+
+def node_cards(profile: Profile) -> int:
+    """The cards one replica of a GPU profile takes on each of its nodes.
+
+    On one node: cards per node, or the tensor parallel size. A gang takes `gpus_per_node`
+    on each node, or, when unset, its tp × pp ranks shared evenly over its nodes.
     """
+    nodes = gang_nodes(profile)
+    if nodes > 1 and profile.gpus_per_node <= 0:
+        ranks = max(profile.tp, 1) * max(profile.pp, 1)
+        return max(-(-ranks // nodes), 1)
     return max(profile.gpus_per_node, profile.tp, 1)
 
 
 def want_of(profile: Profile) -> Want:
-    """What one replica of `profile` needs of a node: cards of its class, or RAM."""
+    """What one replica of `profile` needs of each node it runs on: cards of its class, or
+    RAM; on `gang_nodes` nodes at once."""
+    nodes = gang_nodes(profile)
     if profile.on_cpu:
-        return Want(ram_bytes=profile.min_memory_gb * GB)
-    return Want(gpu_class=profile.gpu_class, gpus=node_cards(profile))
+        return Want(ram_bytes=profile.min_memory_gb * GB, nodes=nodes)
+    return Want(gpu_class=profile.gpu_class, gpus=node_cards(profile), nodes=nodes)
 
 
 def wants_of(revisions: Iterable[Revision]) -> list[ProfileWant]:

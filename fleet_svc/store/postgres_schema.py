@@ -110,6 +110,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        version=3,
+        summary="gang membership of replicas spanning several nodes",
+        statements=(
+            # A gang's members by rank; '[]' for a replica on one node (older rows read so).
+            "ALTER TABLE replicas ADD COLUMN members JSON NOT NULL DEFAULT '[]'",
+        ),
+    ),
 )
 
 _VERSION_TABLE = """
