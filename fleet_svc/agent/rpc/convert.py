@@ -8,7 +8,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from fleet_svc.agent.admission import Rejection
 from fleet_svc.agent.cards import Card
-from fleet_svc.agent.replica import Observation, Phase, ReplicaSpec
+from fleet_svc.agent.replica import Gang, Observation, Phase, ReplicaSpec
 from llmgw.agent.v1 import agent_pb2
 
 PHASES: dict[Phase, agent_pb2.ProcessPhase.ValueType] = {
@@ -33,6 +33,11 @@ def spec_from_proto(msg: agent_pb2.ReplicaSpec) -> ReplicaSpec:
         args=tuple(msg.args),
         gpus=tuple(msg.gpus),
         source=msg.source,
+        gang=(
+            Gang(rank=msg.gang.rank, nnodes=msg.gang.nnodes, peers=tuple(msg.gang.peers))
+            if msg.HasField("gang")
+            else None
+        ),
     )
 
 
@@ -60,6 +65,7 @@ def observation_to_proto(obs: Observation) -> agent_pb2.ObservedReplica:
         model=spec.model,
         engine=spec.engine,
         since=timestamp(obs.since_s),
+        gang_address=obs.gang_address,
     )
 
 
