@@ -21,7 +21,14 @@ from fleet_svc.domain.catalog import (
     want_of,
 )
 from fleet_svc.domain.phases import HOLDS_CARDS
-from fleet_svc.domain.rollout import Rollout, RolloutState, Strategy, plan_steps, room_beside
+from fleet_svc.domain.rollout import (
+    Rollout,
+    RolloutState,
+    Strategy,
+    gang_shortfall,
+    plan_steps,
+    room_beside,
+)
 from fleet_svc.planner import Planned, Planner
 from fleet_svc.store.base import Store
 from fleet_svc.store.rows import load_rollout
@@ -376,6 +383,20 @@ class FleetApp:
                     continue
                 want = want_of(p)
                 room, most = room_beside(want, state.nodes, state.replicas)
+                short = gang_shortfall(want, state.nodes, state.replicas) if want.gang else None
+                if short is not None:
+                    raise errors.NoRoomBeside(
+                        f"no room to start a new {p.name} replica beside the old one: "
+                        f"{short.message}; --in-place stops each replica first and starts the "
+                        "new gang on the nodes it frees",
+                        name=old.name,
+                        profile=p.name,
+                        gpu_class=p.gpu_class,
+                        need_gpus=want.gpus,
+                        most_free=most,
+                        need_nodes=want.nodes,
+                        nodes_with_room=len(short.fitting),
+                    )
                 if not room:
                     raise errors.NoRoomBeside(
                         f"no node has {want.gpus} free {p.gpu_class} card"

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleet_svc.domain import errors
+from fleet_svc.domain.gang import spans_nodes
 from fleet_svc.domain.placement import Want
 from fleet_svc.domain.replicas import ReplicaSpec
+from llmgw.engines.gang import MAX_GANG_NODES
 from llmgw.model import Model, Profile
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -104,6 +106,18 @@ def check_profiles(model: Model) -> None:
         if not p.engine:
             raise errors.InvalidModel(
                 f"profile {p.name!r} names no engine", field=f"model.profiles[{i}].engine"
+            )
+        nodes = gang_nodes(p)
+        if nodes > 1 and (nodes > MAX_GANG_NODES or not spans_nodes(p.engine)):
+            raise errors.InvalidModel(
+                f"profile {p.name!r} spans {nodes} nodes, and "
+                + (
+                    f"a replica spans at most {MAX_GANG_NODES}"
+                    if nodes > MAX_GANG_NODES
+                    else f"its engine {p.engine!r} has no multi-node launch (vLLM, SGLang and "
+                    "llama.cpp have one): set nodes 1"
+                ),
+                field=f"model.profiles[{i}].nodes",
             )
         if p.replicas > MAX_REPLICAS:
             raise errors.InvalidModel(
