@@ -132,8 +132,9 @@ class Controller:
             r = replica_of(rec)
             r = replace(r, entered_s=now - max(wall - r.since_s, 0.0))
             self.state.replicas[r.id] = r
-            if r.node and r.node not in self.state.nodes:
-                self.state.nodes[r.node] = NodeView(name=r.node, last_heard_s=now)
+            for name in r.nodes:  # a gang's members' nodes too: each is lost if it never returns
+                if name not in self.state.nodes:
+                    self.state.nodes[name] = NodeView(name=name, last_heard_s=now)
         self._rollouts.load()
         log.info(
             "fleet_state_loaded", replicas=len(self.state.replicas), rollouts=len(self.rollouts)

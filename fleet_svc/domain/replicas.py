@@ -33,8 +33,8 @@ class Member:
     rank: int
     node: str
     gpus: tuple[int, ...] = ()
-    phase: ReplicaPhase = ReplicaPhase.STARTING
-    """As its agent last reported it (STARTING until it reports)."""
+    phase: ReplicaPhase = ReplicaPhase.PENDING
+    """As its agent last reported it; PENDING until its agent reports it."""
     gang_address: str = ""
     """host:port it listens on for the rest of its gang (the head's rendezvous for vLLM and
     SGLang, a worker's rpc-server for llama.cpp); "" until its agent reports one."""

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from fleet_svc.domain.control import Action, Move, Report, ReportMember
+from fleet_svc.domain.gang import launchable
 from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState
@@ -70,6 +71,17 @@ and llama.cpp's RPC backend cannot take a rank back into a running group, so one
 gone fails the whole gang, which is placed again whole."""
 
 
+def _all_gone(r: ReplicaState, gone: frozenset[int] = frozenset()) -> bool:
+    """Whether no member of gang `r` runs any more (ranks in `gone` taken as gone): each
+    reported stopped, crashed or failed, or was never sent to its node (its engine's launch
+    still waited for a peer's address) and never reported."""
+    sent = {m.rank for m in launchable(r)}
+    return all(
+        m.rank in gone or m.phase in _GONE or (m.phase is P.PENDING and m.rank not in sent)
+        for m in r.members
+    )
+
+
 def gang_reported(r: ReplicaState | None, node: str, o: Observed) -> list[Action]:
     """What an agent's report of its member of a gang changes.
 
@@ -88,8 +100,7 @@ def gang_reported(r: ReplicaState | None, node: str, o: Observed) -> list[Action
         out.append(ReportMember(r.id, member.rank, o.phase, address))
     stopping = r.phase in (P.DRAINING, P.STOPPING) or r.retire
     if stopping:
-        others = [m for m in r.members if m.rank != member.rank]
-        if o.phase in _GONE and all(m.phase in _GONE for m in others):
+        if o.phase in _GONE and _all_gone(r, frozenset({member.rank})):
             out.append(Move(r.id, P.STOPPED, "every member of the gang stopped"))
         return out
     if o.phase in _GONE:
@@ -115,7 +126,7 @@ def missing_from_hello(
             member = r.member_on(node)
             assert member is not None
             if r.phase is P.STOPPING:
-                if all(m.phase in _GONE or m.node == node for m in r.members):
+                if _all_gone(r, frozenset({member.rank})):
                     out.append(Move(r.id, P.STOPPED, "gone from its nodes"))
             elif r.phase in (P.READY, P.CRASHED, P.LOST) or member.phase is P.READY:
                 out.append(
@@ -156,10 +167,12 @@ def stopped_with_their_node(
             continue
         if r.gang:
             # Every member stopped, or its node gone: nothing of the gang holds cards.
-            if all(
-                m.phase in _GONE or (v := nodes.get(m.node)) is None or v.phase is NodePhase.LOST
+            lost = frozenset(
+                m.rank
                 for m in r.members
-            ):
+                if (v := nodes.get(m.node)) is None or v.phase is NodePhase.LOST
+            )
+            if _all_gone(r, lost):
                 out.append(Move(r.id, P.STOPPED, "every member stopped or its node is gone"))
             continue
         view = nodes.get(r.node)

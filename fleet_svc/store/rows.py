@@ -79,14 +79,14 @@ def replica_record(r: ReplicaState) -> ReplicaRecord:
 
 
 def member_of(doc: Mapping[str, Any], rank: int) -> Member:
-    """A gang member from its row's JSON (an unknown phase reads as STARTING)."""
+    """A gang member from its row's JSON (an unknown phase reads as PENDING: not reported)."""
     phase = str(doc.get("phase", ""))
     gpus = doc.get("gpus", [])
     return Member(
         rank=int(doc.get("rank", rank)),
         node=str(doc.get("node", "")),
         gpus=tuple(int(g) for g in gpus) if isinstance(gpus, list) else (),
-        phase=P(phase) if phase in P.__members__ else P.STARTING,
+        phase=P(phase) if phase in P.__members__ else P.PENDING,
         gang_address=str(doc.get("gang_address", "")),
     )
 

@@ -263,3 +263,14 @@ def test_which_engines_span_nodes() -> None:
         "sglang",
         "llamacpp",
     ]
+
+
+def test_a_member_never_sent_does_not_keep_a_stopping_gang() -> None:
+    """A llama.cpp head never sent (its worker never reported an address) counts as gone:
+    the gang is STOPPED once the worker stops; a vLLM member that was sent does not."""
+    held = gang(P.STOPPING, engine="llamacpp", phases=(P.PENDING, P.STARTING))
+    assert Move("g", P.STOPPED, "every member of the gang stopped") in gang_reported(
+        held, "b", obs(P.STOPPED)
+    )
+    sent = gang(P.STOPPING, engine="vllm", phases=(P.STARTING, P.PENDING), addresses=("a:9", ""))
+    assert gang_reported(sent, "a", obs(P.STOPPED)) == [ReportMember("g", 0, P.STOPPED, "a:9")]
