@@ -4,6 +4,7 @@ run one (llama.cpp's rpc-server)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,6 +17,25 @@ from llmgw.engines.gang import GangMember
 
 class GangRefused(Exception):
     """This agent cannot start the member as asked; the message says why."""
+
+
+PEER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,252}:[0-9]{1,5}$")
+"""A peer's gang address as the agent passes it to an engine: a host name or IPv4 address
+and a port, so it can never read as a flag or carry another value."""
+
+
+def check_peers(peers: tuple[str, ...], nnodes: int) -> None:
+    """Refuse peer addresses no engine should be given: more than the gang's nodes, or one
+    that is not HOST:PORT.
+
+    Raises:
+        GangRefused: naming the address.
+    """
+    if len(peers) > nnodes:
+        raise GangRefused(f"{len(peers)} peer addresses for a gang of {nnodes} nodes")
+    for peer in peers:
+        if peer and (not PEER.match(peer) or not 0 < int(peer.rsplit(":", 1)[1]) < 65536):
+            raise GangRefused(f"peer address {peer[:80]!r} is not HOST:PORT; refusing to pass it")
 
 
 @dataclass(frozen=True)
@@ -51,6 +71,7 @@ def member_command(
     """
     gang = spec.gang
     assert gang is not None
+    check_peers(gang.peers, gang.nnodes)
     family = registry.find(engine.rules.family) or registry.find(spec.engine)
     if family is None:
         raise GangRefused(f"engine {spec.engine} has no multi-node launch")

@@ -34,7 +34,7 @@ H100 = "H100-80GB"
 
 @asynccontextmanager
 async def gang_cluster(
-    tmp_path: Path, nodes: int, gpus: str = "2xH100-80GB"
+    tmp_path: Path, nodes: int, gpus: str = "2xH100-80GB", lost_after_s: float = 10.0
 ) -> AsyncIterator[tuple[fleet_pb2_grpc.FleetServiceAsyncStub, dict[str, Agent]]]:
     """A planner, a fleet and `nodes` real agents named node-a, node-b, ... (vLLM, SGLang
     and llama.cpp stood in for), all connected."""
@@ -49,7 +49,7 @@ async def gang_cluster(
                 planner=f"127.0.0.1:{planner.port}",
                 start_timeout_s=30.0,
                 # Agents heartbeat once a second (the Welcome's whole seconds): no flapping.
-                liveness=Liveness(interval_s=1.0, grace_heartbeats=3, lost_after_s=10.0),
+                liveness=Liveness(interval_s=1.0, grace_heartbeats=3, lost_after_s=lost_after_s),
             )
         )
         agents = {}
@@ -248,3 +248,23 @@ async def test_a_member_crash_fails_the_gang_and_it_is_placed_again(tmp_path: Pa
             )
 
         await assert_eventually(old_gone, timeout_s=30, what="the old gang's processes gone")
+
+
+async def test_a_member_node_lost_replaces_the_whole_gang(tmp_path: Path) -> None:
+    """The member's agent goes silent: once its node is LOST the gang is replaced whole on
+    nodes that are up, and the head's process on the live node is stopped."""
+    async with gang_cluster(tmp_path, nodes=3, lost_after_s=4.0) as (stub, agents):
+        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=gang_model("vllm", VLLM_ARGS)))
+        old = await one_ready_gang(stub)
+        head, member = old.members
+        agents[member.node].task.cancel()  # the node's agent stops talking; its engine runs on
+        new = await one_ready_gang(stub, exclude=old.id)
+        assert member.node not in {m.node for m in new.members}
+
+        async def head_stopped() -> bool:
+            return all(
+                o.spec.replica_id != old.id or o.phase.value == "STOPPED"
+                for o in agents[head.node].replicas.observed()
+            )
+
+        await assert_eventually(head_stopped, timeout_s=30, what="the old head stopped")
