@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from fleet_svc.agent.config import STANDIN_MODULE, standin_engine
+from fleet_svc.agent.config import STANDIN_MODULE, ConfigError, parse_engine, standin_engine
 from fleet_svc.agent.gang import GangRefused, MemberCommand, member_command, serves_http
 from fleet_svc.agent.replica import Gang, ReplicaSpec
 from fleet_svc.standin.gang import GangError, GangRole, parse_rpc_server, read_role
@@ -214,3 +214,17 @@ def test_rpc_server_takes_its_host_and_port_flags() -> None:
     """`-H HOST -p PORT`, rpc-server's defaults otherwise."""
     assert parse_rpc_server(["-H", "10.0.0.2", "-p", "50060"]) == ("10.0.0.2", 50060)
     assert parse_rpc_server([]) == ("127.0.0.1", 50052)
+
+
+def test_the_worker_program_comes_from_the_config() -> None:
+    """`worker_executable` names llama.cpp's rpc-server (found on PATH once, or absolute); a
+    name not on PATH is refused, and a llama.cpp engine without one runs no worker rank."""
+    which = {"rpc-server": "/usr/bin/rpc-server"}.get
+    base = {"executable": "/opt/llama-server", "family": "llamacpp"}
+    engine = parse_engine("llamacpp", {**base, "worker_executable": "rpc-server"}, which)
+    assert engine.worker_program == ("/usr/bin/rpc-server",)
+    with pytest.raises(ConfigError, match="worker_executable 'rpc-srv' is not on PATH"):
+        parse_engine("llamacpp", {**base, "worker_executable": "rpc-srv"}, which)
+    bare = parse_engine("llamacpp", base, which)
+    with pytest.raises(GangRefused, match="names none \\(worker_executable\\)"):
+        member_command(bare, spec("llamacpp", 1, ("", "")), "127.0.0.1", 1, "h", lambda: 2)
