@@ -20,7 +20,7 @@ from fleet_svc.domain.catalog import (
     check_profiles,
     want_of,
 )
-from fleet_svc.domain.phases import HOLDS_CARDS
+from fleet_svc.domain.control import cards_in_use
 from fleet_svc.domain.rollout import (
     Rollout,
     RolloutState,
@@ -204,15 +204,12 @@ class FleetApp:
         """The live inventory: every READY node's cards, as its agent reports them."""
         state = self._controller.state
         nodes = []
+        # Every member of a gang holds cards on its own node.
+        held, _ram = cards_in_use(state.replicas)
         for view in sorted(state.nodes.values(), key=lambda v: v.name):
             if view.phase.value != "READY":
                 continue
-            used = {
-                g
-                for r in state.replicas.values()
-                if r.node == view.name and r.phase in HOLDS_CARDS
-                for g in r.gpus
-            }
+            used = held.get(view.name, set())
             memory = [c.memory_total_bytes for c in view.cards if c.memory_total_bytes > 0]
             nodes.append(
                 Node(

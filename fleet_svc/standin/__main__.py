@@ -99,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     gang = Gang(role) if role is not None else None
     if gang is not None:
-        gang.start(opts.host)
+        # A head listens where its members are told to meet it (vLLM's master address,
+        # SGLang's dist-init host); --host is only where it serves HTTP.
+        gang.start(gang.role.rendezvous[0] or opts.host)
     if server is not None:
         threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     try:
