@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager as AsyncContextManager
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
@@ -17,7 +18,9 @@ import httpx
 import pytest
 
 from fleet_svc.agent.config import standin_engine
+from fleet_svc.agent.host import free_port
 from fleet_svc.domain.nodes import Liveness
+from fleet_svc.server import FleetServer
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from llmgw.testing.eventually import assert_eventually
@@ -268,3 +271,52 @@ async def test_a_member_node_lost_replaces_the_whole_gang(tmp_path: Path) -> Non
             )
 
         await assert_eventually(head_stopped, timeout_s=30, what="the old head stopped")
+
+
+async def test_a_restarted_fleet_keeps_the_gang_and_its_processes(tmp_path: Path) -> None:
+    """The fleet stops and starts again on its store: the same gang is READY with the same
+    members, and no member's process was started again."""
+    port = free_port("127.0.0.1")
+    liveness = Liveness(interval_s=1.0, grace_heartbeats=3, lost_after_s=10.0)
+    config = fast_config(engines={"vllm": standin_engine("vllm")})
+    async with AsyncExitStack() as stack:
+        planner, _p, _c = await stack.enter_async_context(running_planner())
+
+        def fleet() -> AsyncContextManager[
+            tuple[FleetServer, fleet_pb2_grpc.FleetServiceAsyncStub]
+        ]:
+            return running_fleet(
+                tmp_path,
+                planner=f"127.0.0.1:{planner.port}",
+                liveness=liveness,
+                listen=f"127.0.0.1:{port}",
+            )
+
+        first = await stack.enter_async_context(AsyncExitStack())
+        _fleet, stub = await first.enter_async_context(fleet())
+        agents = {}
+        for name in ("node-a", "node-b"):
+            (tmp_path / name).mkdir()
+            agents[name] = await stack.enter_async_context(
+                running_agent(port, tmp_path / name, config=config, node=name)
+            )
+        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=gang_model("vllm", VLLM_ARGS)))
+        before = await one_ready_gang(stub)
+
+        def pids() -> dict[str, int]:
+            return {
+                name: o.pid
+                for name, a in agents.items()
+                for o in a.replicas.observed()
+                if o.spec.replica_id == before.id
+            }
+
+        started = pids()
+        await first.aclose()
+        _fleet, stub = await stack.enter_async_context(fleet())
+        after = await one_ready_gang(stub)
+        assert after.id == before.id
+        assert [(m.rank, m.node, list(m.gpus)) for m in after.members] == [
+            (m.rank, m.node, list(m.gpus)) for m in before.members
+        ]
+        assert pids() == started and all(started.values())

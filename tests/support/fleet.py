@@ -30,13 +30,14 @@ async def running_fleet(
     client_tls: ClientTLS | None = None,
     planner_tls: ClientTLS | None = None,
     tokens_path: str = "",
+    listen: str = "127.0.0.1:0",
 ) -> AsyncIterator[tuple[FleetServer, fleet_pb2_grpc.FleetServiceAsyncStub]]:
     """Start a fleet on a free port with its store in `data`; stop it after. With `tls` it
     serves TLS and the stub's channel uses `client_tls`; `planner_tls` is how it dials the
     planner; `tokens_path` a file of bearer-token hashes it accepts."""
     server = await start_fleet(
         FleetOptions(
-            listen="127.0.0.1:0",
+            listen=listen,
             store_url=str(data / "fleet.db"),
             settings_path=settings,
             liveness=liveness,
