@@ -24,6 +24,7 @@ from fleet_svc.server import FleetServer
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from llmgw.testing.eventually import assert_eventually
+from llmgw.testing.scripted_agent import ScriptedAgent
 from tests.integration.test_rollouts import LLAMA_8B, reason_and_meta, wait_rollout
 from tests.support.agents import Agent, fast_config, running_agent
 from tests.support.fleet import running_fleet
@@ -320,3 +321,36 @@ async def test_a_restarted_fleet_keeps_the_gang_and_its_processes(tmp_path: Path
             (m.rank, m.node, list(m.gpus)) for m in before.members
         ]
         assert pids() == started and all(started.values())
+
+
+async def test_each_node_is_told_its_own_member_of_the_gang(tmp_path: Path) -> None:
+    """Over the agent stream each member's node gets the replica with its rank, the gang's
+    size, its own cards and the peers' addresses; the third node gets nothing."""
+    async with (
+        running_planner() as (planner, _p, _c),
+        running_fleet(tmp_path, planner=f"127.0.0.1:{planner.port}") as (fleet, stub),
+    ):
+        agents = [ScriptedAgent(f"127.0.0.1:{fleet.port}", f"node-{n}", gpus=2) for n in "abc"]
+        for a in agents:
+            a.start()
+        try:
+            await stub.CreateModel(
+                fleet_pb2.CreateModelRequest(model=gang_model("sglang", SGLANG_ARGS))
+            )
+            r = await one_ready_gang(stub)
+            told = {
+                a.node: s
+                for a in agents
+                for d in a.desired[-1:]
+                for s in d.replicas
+                if s.replica_id == r.id
+            }
+            assert sorted(told) == sorted(m.node for m in r.members)
+            for m in r.members:
+                spec = told[m.node]
+                assert (spec.gang.rank, spec.gang.nnodes) == (m.rank, 2)
+                assert list(spec.gpus) == list(m.gpus)
+                assert spec.gang.peers[0] == r.members[0].gang_address
+        finally:
+            for a in agents:
+                await a.stop()
