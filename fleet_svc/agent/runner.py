@@ -180,7 +180,7 @@ class ReplicaRunner:
                         Phase.STARTING,
                         "replica_adopted",
                         pid=adopted.pid,
-                        address=self._address(),
+                        address=self._address() if self._serves_http else "",
                         gang_address=self._gang_address(),
                         message="adopted from an earlier agent",
                     )
