@@ -5,12 +5,14 @@ Each engine that can span nodes answers `Engine.gang_launch` with a `GangLaunch`
 asks it which ranks wait for which (it sends a member to its node once the addresses it needs
 are known), the node agent asks it for the flags to add. The flags are the engines' own:
 
-- vLLM (multiprocessing backend across nodes, vLLM >= 0.11): every node runs `vllm serve` with
-  `--nnodes N --node-rank R --master-addr HEAD --master-port P`; the others add `--headless`
-  and serve no HTTP (vllm/engine/arg_utils.py adds the four flags to the ParallelConfig group;
-  vllm/entrypoints/cli/serve.py `run_headless` runs a bare MultiprocExecutor for
-  `node_rank_within_dp > 0`, joining torch.distributed at master_addr:master_port). Older vLLM
-  spans nodes only through a Ray cluster, which this launch does not drive.
+- vLLM (its multiprocessing executor across nodes, vLLM >= 0.11.1: vllm-project/vllm#23691):
+  every node runs `vllm serve` with `--nnodes N --node-rank R --master-addr HEAD --master-port
+  P`; the others add `--headless` and serve no HTTP (vllm/engine/arg_utils.py adds the four
+  flags to the ParallelConfig group; vllm/config/parallel.py picks the mp backend on CUDA when
+  nnodes > 1 and refuses Ray with it; vllm/entrypoints/cli/serve.py `run_headless` runs a bare
+  MultiprocExecutor for `node_rank_within_dp > 0`, joining torch.distributed at
+  master_addr:master_port). Older vLLM spans nodes only through a Ray cluster, which this
+  launch does not drive.
 - SGLang: every node runs `launch_server` with `--nnodes N --node-rank R --dist-init-addr
   HEAD:P` (sglang/srt/server_args.py); ranks >= 1 run their schedulers and a dummy health
   server on their --host/--port (sglang/srt/entrypoints/engine.py `_launch_subprocesses`,
