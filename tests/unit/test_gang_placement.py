@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from fleet_svc.domain.catalog import gang_nodes, node_cards, want_of
+from fleet_svc.domain.catalog import check_profiles, gang_nodes, node_cards, want_of
+from fleet_svc.domain.errors import InvalidModel
 from fleet_svc.domain.nodes import Card, NodePhase, NodeView
 from fleet_svc.domain.placement import GangShortfall, Placement, Want, nodes_with_room, place_gang
-from llmgw.model import Profile
+from llmgw.model import Model, Profile
 
 H100 = "H100-80GB"
 
@@ -130,3 +131,24 @@ def test_a_profile_spans_its_nodes_with_its_cards_shared(
     assert node_cards(profile) == cards
     want = want_of(profile)
     assert (want.nodes, want.gpus, want.gang) == (nodes, cards, nodes > 1)
+
+
+@pytest.mark.parametrize(
+    ("profile", "words"),
+    [
+        (Profile("p", "trtllm", gpu_class=H100, nodes=2), "has no multi-node launch"),
+        (Profile("p", "tei", gpu_class=H100, pp=2), "has no multi-node launch"),
+        (Profile("p", "vllm", gpu_class=H100, nodes=65), "spans at most 64"),
+        (Profile("p", "vllm", gpu_class=H100, nodes=2), ""),
+        (Profile("p", "trtllm", gpu_class=H100, nodes=1, pp=2), ""),
+    ],
+)
+def test_the_catalog_refuses_a_gang_its_engine_cannot_launch(profile: Profile, words: str) -> None:
+    """A profile spanning nodes needs an engine with a multi-node launch and at most 64 nodes."""
+    model = Model("m", profiles=(profile,))
+    if not words:
+        check_profiles(model)
+        return
+    with pytest.raises(InvalidModel) as err:
+        check_profiles(model)
+    assert words in err.value.message and err.value.field == "model.profiles[0].nodes"
