@@ -20,8 +20,15 @@ from fleet_svc.domain.catalog import (
     check_profiles,
     want_of,
 )
-from fleet_svc.domain.phases import HOLDS_CARDS
-from fleet_svc.domain.rollout import Rollout, RolloutState, Strategy, plan_steps, room_beside
+from fleet_svc.domain.control import cards_in_use
+from fleet_svc.domain.rollout import (
+    Rollout,
+    RolloutState,
+    Strategy,
+    gang_shortfall,
+    plan_steps,
+    room_beside,
+)
 from fleet_svc.planner import Planned, Planner
 from fleet_svc.store.base import Store
 from fleet_svc.store.catalog_rows import etag_of
@@ -268,15 +275,12 @@ class FleetApp:
         """The live inventory: every READY node's cards, as its agent reports them."""
         state = self._controller.state
         nodes = []
+        # Every member of a gang holds cards on its own node.
+        held, _ram = cards_in_use(state.replicas)
         for view in sorted(state.nodes.values(), key=lambda v: v.name):
             if view.phase.value != "READY":
                 continue
-            used = {
-                g
-                for r in state.replicas.values()
-                if r.node == view.name and r.phase in HOLDS_CARDS
-                for g in r.gpus
-            }
+            used = held.get(view.name, set())
             memory = [c.memory_total_bytes for c in view.cards if c.memory_total_bytes > 0]
             nodes.append(
                 Node(
@@ -487,6 +491,20 @@ class FleetApp:
                     continue
                 want = want_of(p)
                 room, most = room_beside(want, state.nodes, state.replicas)
+                short = gang_shortfall(want, state.nodes, state.replicas) if want.gang else None
+                if short is not None:
+                    raise errors.NoRoomBeside(
+                        f"no room to start a new {p.name} replica beside the old one: "
+                        f"{short.message}; --in-place stops each replica first and starts the "
+                        "new gang on the nodes it frees",
+                        name=old.name,
+                        profile=p.name,
+                        gpu_class=p.gpu_class,
+                        need_gpus=want.gpus,
+                        most_free=most,
+                        need_nodes=want.nodes,
+                        nodes_with_room=len(short.fitting),
+                    )
                 if not room:
                     raise errors.NoRoomBeside(
                         f"no node has {want.gpus} free {p.gpu_class} card"

@@ -26,16 +26,18 @@ from fleet_svc.domain.control import (
     MarkRetiring,
     Move,
     Report,
+    ReportMember,
     Retire,
     plan_actions,
     retirement,
 )
 from fleet_svc.domain.nodes import Card, Liveness, NodePhase, NodeView, node_phase
 from fleet_svc.domain.phases import IllegalTransition, ReplicaPhase, check_transition
-from fleet_svc.domain.replicas import ReplicaState
+from fleet_svc.domain.replicas import Member, ReplicaState
 from fleet_svc.domain.reports import (
     Observed,
     Rejection,
+    gang_reported,
     missing_from_hello,
     refused,
     reported,
@@ -130,8 +132,9 @@ class Controller:
             r = replica_of(rec)
             r = replace(r, entered_s=now - max(wall - r.since_s, 0.0))
             self.state.replicas[r.id] = r
-            if r.node and r.node not in self.state.nodes:
-                self.state.nodes[r.node] = NodeView(name=r.node, last_heard_s=now)
+            for name in r.nodes:  # a gang's members' nodes too: each is lost if it never returns
+                if name not in self.state.nodes:
+                    self.state.nodes[name] = NodeView(name=name, last_heard_s=now)
         self._rollouts.load()
         log.info(
             "fleet_state_loaded", replicas=len(self.state.replicas), rollouts=len(self.rollouts)
@@ -187,6 +190,7 @@ class Controller:
         gpus: tuple[int, ...] | None = None,
         address: str | None = None,
         restarts: int | None = None,
+        members: tuple[Member, ...] | None = None,
     ) -> bool:
         """Move a replica to `phase` through the transition table, saving and logging it
         (with the placement or the report that came with the move).
@@ -210,6 +214,7 @@ class Controller:
             gpus=r.gpus if gpus is None else gpus,
             address=r.address if address is None else address,
             restarts=r.restarts if restarts is None else restarts,
+            members=r.members if members is None else members,
         )
         if moved:
             new = replace(new, since_s=self._clock.wall(), entered_s=self._clock.monotonic())
@@ -241,13 +246,25 @@ class Controller:
             self._put(new)
             log.info("replica_created", replica=new.id, model=new.model, profile=new.profile)
         elif isinstance(action, Assign):
+            members = tuple(
+                Member(rank=i, node=p.node, gpus=p.gpus) for i, p in enumerate(action.members)
+            )
+            where = ", ".join(m.node for m in members) or action.placement.node
             self.transition(
                 action.replica_id,
                 P.STARTING,
-                f"placed on {action.placement.node}",
+                f"placed on {where}" + (f" (a gang of {len(members)})" if members else ""),
                 node=action.placement.node,
                 gpus=action.placement.gpus,
+                members=members,
             )
+        elif isinstance(action, ReportMember):
+            gang = self.state.replicas.get(action.replica_id)
+            if gang is not None and 0 <= action.rank < len(gang.members):
+                was = gang.members[action.rank]
+                now = replace(was, phase=action.phase, gang_address=action.gang_address)
+                if now != was:
+                    self._put(gang.with_member(now))
         elif isinstance(action, Hold):
             r = self.state.replicas.get(action.replica_id)
             if r is not None and r.reason != action.reason:
@@ -340,6 +357,18 @@ class Controller:
         """An agent's report of one replica."""
         self._heard(node)
         r = self.state.replicas.get(o.replica_id)
+        if r is not None and r.gang and node in r.nodes:
+            # A gang member's report: the gang's phase follows from all of them.
+            if o.log_tail:
+                self.state.observed_logs[r.id] = o.log_tail
+            gang = gang_reported(r, node, o)
+            self._apply_all(gang)
+            now = self.state.replicas.get(r.id)
+            if now is not None and now.phase is P.READY and now.id not in self.hub.ready:
+                self._publish(now)
+            if gang:
+                self.wake()
+            return
         if r is not None and r.node != node:
             # A node reports only its own replicas (as Kubernetes' node authorizer limits a
             # kubelet to its pods): one placed elsewhere is not this agent's to describe.

@@ -114,6 +114,9 @@ class EngineConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     module: str = ""
     source_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    worker_program: tuple[str, ...] = ()
+    """What a gang's worker ranks run when the engine splits its gang into a server and
+    workers (llama.cpp's `rpc-server`); empty: this agent runs no such worker."""
 
     def command(self, spec: ReplicaSpec, host: str, port: int) -> list[str]:
         """The argv that runs `spec` on `host:port`: program, then the filled template.
@@ -249,6 +252,7 @@ def parse_engine(
         "allow_flags",
         "refuse_flags",
         "source_args",
+        "worker_executable",
     }
     unknown = sorted(set(data) - known)
     if unknown:
@@ -297,6 +301,19 @@ def parse_engine(
     if family == "llamacpp" and not source_args:
         source_args = dict(LLAMACPP_SOURCE_ARGS)
     template = _check_template(name, _str_list(data.get("args"), "args", where) or STANDIN_TEMPLATE)
+    worker = data.get("worker_executable")
+    worker_program: tuple[str, ...] = ()
+    if worker is not None:
+        if not isinstance(worker, str) or not worker:
+            raise ConfigError(f"{where}: worker_executable must be a path (llama.cpp's rpc-server)")
+        found_worker = worker if os.path.isabs(worker) else which(worker)
+        if found_worker is None:
+            raise ConfigError(
+                f"{where}: worker_executable {worker!r} is not on PATH; give its absolute path"
+            )
+        worker_program = (found_worker,)
+    elif module == STANDIN_MODULE:
+        worker_program = (sys.executable, "-m", STANDIN_MODULE, "--rpc-server")
     return EngineConfig(
         name=name,
         program=program,
@@ -314,6 +331,7 @@ def parse_engine(
         env={str(k): str(v) for k, v in env.items()},
         module=module,
         source_args=source_args,
+        worker_program=worker_program,
     )
 
 
@@ -421,6 +439,8 @@ def standin_engine(name: str, family: str | None = None) -> EngineConfig:
         # The stand-in "loads" in seconds; a minute is ample.
         start_timeout_s=60.0,
         stop_grace_s=5.0,
+        # It stands in for llama.cpp's rpc-server too (a gang's worker ranks).
+        worker_program=(sys.executable, "-m", STANDIN_MODULE, "--rpc-server"),
     )
 
 

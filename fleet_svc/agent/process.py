@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import structlog
 
 from fleet_svc.agent import claims
-from fleet_svc.agent.replica import ReplicaSpec
+from fleet_svc.agent.replica import Gang, ReplicaSpec
 
 log = structlog.get_logger("fleet_svc.agent.process")
 
@@ -120,6 +120,8 @@ class RunRecord:
     port: int
     start_ticks: int | None
     restarts: int
+    gang_port: int = 0
+    """The port a gang member listens on for its gang (0: none)."""
 
     def to_json(self) -> str:
         """The record as JSON."""
@@ -135,6 +137,7 @@ class RunRecord:
         """
         data: dict[str, Any] = json.loads(text)
         spec = data["spec"]
+        gang = spec.get("gang")
         return cls(
             spec=ReplicaSpec(
                 replica_id=str(spec["replica_id"]),
@@ -145,11 +148,21 @@ class RunRecord:
                 args=tuple(str(a) for a in spec.get("args", ())),
                 gpus=tuple(int(g) for g in spec.get("gpus", ())),
                 source=str(spec.get("source", "")),
+                gang=(
+                    Gang(
+                        rank=int(gang["rank"]),
+                        nnodes=int(gang["nnodes"]),
+                        peers=tuple(str(p) for p in gang.get("peers", ())),
+                    )
+                    if isinstance(gang, dict)
+                    else None
+                ),
             ),
             pid=int(data["pid"]),
             port=int(data["port"]),
             start_ticks=None if data.get("start_ticks") is None else int(data["start_ticks"]),
             restarts=int(data.get("restarts", 0)),
+            gang_port=int(data.get("gang_port", 0)),
         )
 
 

@@ -7,6 +7,16 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class Gang:
+    """This node's member of a replica spanning several nodes: its rank, the gang's size,
+    and every member's gang address by rank ("" where the fleet knows none yet)."""
+
+    rank: int
+    nnodes: int
+    peers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ReplicaSpec:
     """What the fleet wants running: an engine by name, its arguments and cards.
 
@@ -22,6 +32,8 @@ class ReplicaSpec:
     args: tuple[str, ...] = ()
     gpus: tuple[int, ...] = ()
     source: str = ""
+    gang: Gang | None = None
+    """Set for a member of a gang: started with its engine's multi-node launch."""
 
     @property
     def key(self) -> tuple[str, int]:
@@ -62,3 +74,5 @@ class Observation:
     message: str = ""
     log_tail: tuple[str, ...] = field(default_factory=tuple)
     since_s: float = 0.0
+    gang_address: str = ""
+    """host:port a gang member listens on for its gang ("" when it does not)."""

@@ -25,6 +25,7 @@ import structlog
 from fleet_svc.agent.backoff import recent_crashes
 from fleet_svc.agent.cards import CardBackend
 from fleet_svc.agent.config import AgentConfig, EngineConfig
+from fleet_svc.agent.gang import GangRefused, member_command, serves_http
 from fleet_svc.agent.host import free_port
 from fleet_svc.agent.logs import ReplicaLog
 from fleet_svc.agent.process import (
@@ -111,6 +112,8 @@ class ReplicaRunner:
         self._crashes: list[float] = []
         self._restarts = adopt.restarts if adopt else 0
         self._port = adopt.port if adopt else 0
+        self._gang_port = adopt.gang_port if adopt else 0
+        self._serves_http = serves_http(engine, spec)
         self._obs = Observation(
             spec=spec, phase=Phase.STARTING, restarts=self._restarts, since_s=ctx.clock.wall()
         )
@@ -153,8 +156,14 @@ class ReplicaRunner:
         self._on_change(self._obs)
 
     def _address(self) -> str:
-        host = self._ctx.config.advertise_host or self._ctx.config.engine_host
-        return f"{host}:{self._port}"
+        return f"{self._advertise()}:{self._port}"
+
+    def _advertise(self) -> str:
+        return self._ctx.config.advertise_host or self._ctx.config.engine_host
+
+    def _gang_address(self) -> str:
+        """Where this gang member listens for its gang ("" when it does not)."""
+        return f"{self._advertise()}:{self._gang_port}" if self._gang_port else ""
 
     async def _supervise(self) -> None:
         try:
@@ -171,7 +180,8 @@ class ReplicaRunner:
                         Phase.STARTING,
                         "replica_adopted",
                         pid=adopted.pid,
-                        address=self._address(),
+                        address=self._address() if self._serves_http else "",
+                        gang_address=self._gang_address(),
                         message="adopted from an earlier agent",
                     )
                     adopted = None
@@ -196,7 +206,23 @@ class ReplicaRunner:
         """Start the engine; None (after reporting why) when it cannot be executed."""
         ctx, engine, spec = self._ctx, self._engine, self.spec
         self._port = free_port(ctx.config.engine_host, self._port)
-        argv = engine.command(spec, ctx.config.engine_host, self._port)
+        if spec.gang is not None:
+            try:
+                member = member_command(
+                    engine,
+                    spec,
+                    ctx.config.engine_host,
+                    self._port,
+                    self._advertise(),
+                    lambda: free_port(ctx.config.engine_host, self._gang_port),
+                )
+            except GangRefused as exc:
+                self._log.note(str(exc))
+                self._report(Phase.STARTING, message=str(exc), pid=0)
+                return None
+            argv, self._gang_port = member.argv, member.gang_port
+        else:
+            argv = engine.command(spec, ctx.config.engine_host, self._port)
         env = dict(os.environ)
         env.update(engine.env)
         env.update(ctx.cards.env_for(spec.gpus))
@@ -233,7 +259,8 @@ class ReplicaRunner:
             Phase.STARTING,
             "replica_started",
             pid=child.pid,
-            address=self._address(),
+            address=self._address() if self._serves_http else "",
+            gang_address=self._gang_address(),
             exit_code=0,
             message="",
             log_tail=(),
@@ -241,13 +268,19 @@ class ReplicaRunner:
         return child
 
     def _write_record(self, pid: int) -> None:
-        record = RunRecord(self.spec, pid, self._port, process_start_ticks(pid), self._restarts)
+        record = RunRecord(
+            self.spec, pid, self._port, process_start_ticks(pid), self._restarts, self._gang_port
+        )
         self._record_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._record_path.with_suffix(".tmp")
         tmp.write_text(record.to_json())
         os.replace(tmp, self._record_path)
 
     async def _probe(self) -> bool:
+        if not self._serves_http:
+            # A headless gang member or an RPC worker: running is all it shows; the head's
+            # health says whether the gang formed.
+            return True
         url = f"http://{self._ctx.config.engine_host}:{self._port}{self._engine.health_path}"
         try:
             response = await self._ctx.http.get(url, timeout=self._ctx.config.health_timeout_s)
@@ -317,6 +350,18 @@ class ReplicaRunner:
         message = why or self._exit_text(code)
         tail = tuple(self._log.tail(ctx.config.log_tail_lines))
         self._log.note(message)
+        if self.spec.gang is not None:
+            # One rank cannot rejoin a running torch.distributed group or RPC backend: the
+            # fleet fails the whole gang and places it again.
+            self._report(
+                Phase.FAILED,
+                "replica_failed",
+                pid=0,
+                exit_code=code,
+                log_tail=tail,
+                message=f"{message}; a gang member is not restarted alone",
+            )
+            return False
         if limit.exceeded(self._crashes, now):
             self._report(
                 Phase.FAILED,

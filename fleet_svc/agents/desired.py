@@ -7,6 +7,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from fleet_svc.domain.gang import launchable
 from fleet_svc.domain.phases import RUNNING
 from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.store.base import Store
@@ -19,11 +20,17 @@ VERSION_KEY = "desired_version"
 
 
 def desired_by_node(replicas: Iterable[ReplicaState]) -> dict[str, list[ReplicaState]]:
-    """Every node's desired replicas (those placed there in a running phase), by id."""
+    """Every node's desired replicas (those placed there in a running phase), by id; a gang
+    on each of its members' nodes, once the addresses that member needs are known."""
     out: dict[str, list[ReplicaState]] = {}
     for r in replicas:
-        if r.node and r.phase in RUNNING:
-            out.setdefault(r.node, []).append(r)
+        if not r.node or r.phase not in RUNNING:
+            continue
+        if r.gang:
+            for m in launchable(r):
+                out.setdefault(m.node, []).append(r)
+            continue
+        out.setdefault(r.node, []).append(r)
     for group in out.values():
         group.sort(key=lambda r: r.id)
     return out
@@ -34,7 +41,7 @@ class _Pushed:
     """The last desired set sent to a node and whether it was acknowledged."""
 
     version: int = 0
-    key: tuple[tuple[str, int], ...] = ()
+    key: tuple[tuple[str, int, tuple[str, ...]], ...] = ()
     sent_s: float = 0.0
     acked: bool = True
 
@@ -79,7 +86,8 @@ class DesiredSets:
         out = []
         for node in nodes:
             want = desired.get(node, ())
-            key = tuple((r.id, r.revision) for r in want)
+            # A gang's member is sent again when its peers' addresses become known.
+            key = tuple((r.id, r.revision, tuple(m.gang_address for m in r.members)) for r in want)
             pushed = self._pushed.setdefault(node, _Pushed())
             same = bool(pushed.version) and key == pushed.key
             if same and (pushed.acked or now_s - pushed.sent_s < RESEND_S):

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleet_svc.domain import errors
+from fleet_svc.domain.gang import spans_nodes
 from fleet_svc.domain.placement import Want
 from fleet_svc.domain.replicas import ReplicaSpec
+from llmgw.engines.gang import MAX_GANG_NODES
 from llmgw.model import Model, Profile
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -107,6 +109,18 @@ def check_profiles(model: Model) -> None:
             raise errors.InvalidModel(
                 f"profile {p.name!r} names no engine", field=f"model.profiles[{i}].engine"
             )
+        nodes = gang_nodes(p)
+        if nodes > 1 and (nodes > MAX_GANG_NODES or not spans_nodes(p.engine)):
+            raise errors.InvalidModel(
+                f"profile {p.name!r} spans {nodes} nodes, and "
+                + (
+                    f"a replica spans at most {MAX_GANG_NODES}"
+                    if nodes > MAX_GANG_NODES
+                    else f"its engine {p.engine!r} has no multi-node launch (vLLM, SGLang and "
+                    "llama.cpp have one): set nodes 1"
+                ),
+                field=f"model.profiles[{i}].nodes",
+            )
         if p.replicas > MAX_REPLICAS:
             raise errors.InvalidModel(
                 f"profile {p.name!r} wants {p.replicas} replicas, more than {MAX_REPLICAS}",
@@ -114,20 +128,34 @@ def check_profiles(model: Model) -> None:
             )
 
 
-def node_cards(profile: Profile) -> int:
-    """The cards one replica of a GPU profile takes on its node.
+def gang_nodes(profile: Profile) -> int:
+    """The nodes one replica of `profile` spans: `nodes` when set, else its pipeline
+    stages (`pp` across nodes, as `Profile.cards` counts them), else one."""
+    if profile.nodes >= 1:
+        return profile.nodes
+    return max(profile.pp, 1)
 
-    A replica runs on one node, so this is the per-node count (cards per node, or the tensor
-    parallel size); `Profile.cards` also multiplies by the nodes a replica would span.
+
+def node_cards(profile: Profile) -> int:
+    """The cards one replica of a GPU profile takes on each of its nodes.
+
+    On one node: cards per node, or the tensor parallel size. A gang takes `gpus_per_node`
+    on each node, or, when unset, its tp × pp ranks shared evenly over its nodes.
     """
+    nodes = gang_nodes(profile)
+    if nodes > 1 and profile.gpus_per_node <= 0:
+        ranks = max(profile.tp, 1) * max(profile.pp, 1)
+        return max(-(-ranks // nodes), 1)
     return max(profile.gpus_per_node, profile.tp, 1)
 
 
 def want_of(profile: Profile) -> Want:
-    """What one replica of `profile` needs of a node: cards of its class, or RAM."""
+    """What one replica of `profile` needs of each node it runs on: cards of its class, or
+    RAM; on `gang_nodes` nodes at once."""
+    nodes = gang_nodes(profile)
     if profile.on_cpu:
-        return Want(ram_bytes=profile.min_memory_gb * GB)
-    return Want(gpu_class=profile.gpu_class, gpus=node_cards(profile))
+        return Want(ram_bytes=profile.min_memory_gb * GB, nodes=nodes)
+    return Want(gpu_class=profile.gpu_class, gpus=node_cards(profile), nodes=nodes)
 
 
 def wants_of(revisions: Iterable[Revision]) -> list[ProfileWant]:

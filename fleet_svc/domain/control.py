@@ -8,7 +8,15 @@ from dataclasses import dataclass, replace
 from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import HOLDS_CARDS, ReplicaPhase
-from fleet_svc.domain.placement import Placement, Want, card_key, free_cards, place
+from fleet_svc.domain.placement import (
+    GangShortfall,
+    Placement,
+    Want,
+    card_key,
+    free_cards,
+    place,
+    place_gang,
+)
 from fleet_svc.domain.replicas import ReplicaState
 
 P = ReplicaPhase
@@ -27,10 +35,12 @@ class Create:
 
 @dataclass(frozen=True)
 class Assign:
-    """Put a pending replica on a node's cards (it becomes STARTING)."""
+    """Put a pending replica on a node's cards (it becomes STARTING); a gang on every one
+    of its members' nodes at once, the head's placement first in `members`."""
 
     replica_id: str
     placement: Placement
+    members: tuple[Placement, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,7 +95,18 @@ class Report:
     restarts: int
 
 
-Action = Create | Assign | Hold | Move | Retire | Forget | MarkRetiring | Report
+@dataclass(frozen=True)
+class ReportMember:
+    """Record what the agent of one gang member reports of it: its phase and the address it
+    listens on for its gang."""
+
+    replica_id: str
+    rank: int
+    phase: ReplicaPhase
+    gang_address: str
+
+
+Action = Create | Assign | Hold | Move | Retire | Forget | MarkRetiring | Report | ReportMember
 
 _RETIRED_TO = {
     P.READY: P.DRAINING,
@@ -122,9 +143,17 @@ def cards_in_use(
     for r in replicas.values():
         if r.id in skip or not r.node or r.phase not in HOLDS_CARDS:
             continue
-        used_cards.setdefault(r.node, set()).update(r.gpus)
-        used_ram[r.node] = used_ram.get(r.node, 0) + r.ram_bytes
+        for node, gpus in _held(r):
+            used_cards.setdefault(node, set()).update(gpus)
+            used_ram[node] = used_ram.get(node, 0) + r.ram_bytes
     return used_cards, used_ram
+
+
+def _held(r: ReplicaState) -> list[tuple[str, tuple[int, ...]]]:
+    """The (node, cards) a replica holds: one pair, or one per gang member."""
+    if r.members:
+        return [(m.node, m.gpus) for m in r.members]
+    return [(r.node, r.gpus)]
 
 
 def plan_actions(
@@ -157,15 +186,17 @@ def plan_actions(
     wanted_keys = {(w.model, w.profile) for w in wants}
 
     # Lost nodes: their replicas are gone; the counts below place replacements.
+    # A gang is lost with any of its nodes: its other members cannot go on without it.
     for r in replicas.values():
-        node = nodes.get(r.node)
-        if (
-            r.node
-            and r.phase is not P.STOPPED
-            and node is not None
-            and node.phase is NodePhase.LOST
-        ):
-            actions.append(Move(r.id, P.LOST, f"node {r.node} was lost"))
+        if r.phase is P.STOPPED:
+            continue
+        gone = [n for n in r.nodes if (v := nodes.get(n)) is not None and v.phase is NodePhase.LOST]
+        if gone:
+            why = f"node {gone[0]} was lost"
+            if r.gang:
+                rank = next(m.rank for m in r.members if m.node == gone[0])
+                why = f"node {gone[0]} (rank {rank} of its gang of {len(r.members)}) was lost"
+            actions.append(Move(r.id, P.LOST, why))
             actions.append(Forget(r.id))
 
     # Replicas of models or profiles no longer in the catalog are retired.
@@ -250,6 +281,17 @@ def _placements(
             continue
         if r.spec.prefer_node:
             want = replace(want, prefer=r.spec.prefer_node)
+        if want.gang:
+            gang = place_gang(want, by_name, used_cards, used_ram)
+            if isinstance(gang, GangShortfall):
+                out.append(Hold(r.id, gang.message))
+                continue
+            for member in gang:
+                used_cards.setdefault(member.node, set()).update(member.gpus)
+                used_ram[member.node] = used_ram.get(member.node, 0) + want.ram_bytes
+            out.append(Assign(r.id, gang[0], gang))
+            free = _FreeCards(by_name, used_cards)  # the gang took cards on several nodes
+            continue
         where = free.take(want) if not want.on_cpu else None
         if where is None:
             # Nothing fits (or a CPU replica): the full scan also says why.

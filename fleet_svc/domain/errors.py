@@ -97,15 +97,23 @@ class NoRoomBeside(FleetError):
     gpu_class: str = ""
     need_gpus: int = 0
     most_free: int = 0
+    need_nodes: int = 1
+    """Nodes a new replica needs at once (more than one for a gang)."""
+    nodes_with_room: int = 0
+    """Nodes that could take one member of it now (said for a gang)."""
 
     def metadata(self) -> dict[str, str]:
-        return {
+        meta = {
             "model": self.name,
             "profile": self.profile,
             "gpu_class": self.gpu_class,
             "need_free_gpus": str(self.need_gpus),
             "most_free_gpus": str(self.most_free),
         }
+        if self.need_nodes > 1:
+            meta["need_nodes"] = str(self.need_nodes)
+            meta["nodes_with_room"] = str(self.nodes_with_room)
+        return meta
 
 
 @dataclass

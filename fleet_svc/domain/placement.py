@@ -20,6 +20,14 @@ class Want:
     avoid: frozenset[str] = frozenset()
     prefer: str = ""
     """A node tried first (an in-place replacement goes back on the cards it freed)."""
+    nodes: int = 1
+    """Nodes one replica spans: more than one makes it a gang, `gpus` cards on each node,
+    placed on all of them or on none."""
+
+    @property
+    def gang(self) -> bool:
+        """Whether one replica spans several nodes."""
+        return self.nodes > 1
 
     @property
     def on_cpu(self) -> bool:
@@ -125,3 +133,100 @@ def place(
             else (f"no node has {need} free")
         )
     return f"no READY node has {need} ({'; '.join(seen)})"
+
+
+def need_text(want: Want) -> str:
+    """What one node of a replica needs, in words ("4 free H100 cards", "8 GB of RAM")."""
+    if want.on_cpu:
+        return f"{want.ram_bytes / 1e9:.0f} GB of RAM"
+    return f"{want.gpus} free {want.gpu_class} card{'s' if want.gpus != 1 else ''}"
+
+
+def _fits(
+    want: Want, node: NodeView, used_cards: Mapping[str, Iterable[int]], used_ram: Mapping[str, int]
+) -> tuple[int, tuple[int, ...]] | str | None:
+    """(cards left over, the cards taken) when `node` can hold one member of `want`; a
+    reason when it is of the class and cannot; None when it is not of the class at all."""
+    if node.phase is not NodePhase.READY:
+        if want.on_cpu or same_class(node.gpu_class, want.gpu_class):
+            return f"{node.name} is {node.phase.value}"
+        return None
+    if want.on_cpu:
+        free = node.memory_bytes - used_ram.get(node.name, 0)
+        if free >= want.ram_bytes:
+            return 0, ()
+        return f"{node.name} has {free / 1e9:.0f} GB of RAM free"
+    if not same_class(node.gpu_class, want.gpu_class):
+        return None
+    free_idx = free_cards(node, used_cards.get(node.name, ()))
+    if len(free_idx) < want.gpus:
+        return f"{node.name}: {len(free_idx)} free"
+    return len(free_idx) - want.gpus, tuple(free_idx[: want.gpus])
+
+
+@dataclass(frozen=True)
+class GangShortfall:
+    """Why a gang cannot be placed now: how many nodes it needs, how many could take a
+    member, and what each of the others lacks."""
+
+    want: Want
+    fitting: tuple[str, ...]
+    lacking: tuple[str, ...]
+
+    @property
+    def message(self) -> str:
+        """One sentence: what is needed, what there is, and what would fit."""
+        need = f"{self.want.nodes} READY nodes with {need_text(self.want)} each"
+        if not self.fitting and not self.lacking:
+            cls = "CPU" if self.want.on_cpu else self.want.gpu_class
+            return f"a gang needs {need}, and no node has {cls} cards"
+        have = f"{len(self.fitting)} {'has' if len(self.fitting) == 1 else 'have'} room" + (
+            f" ({', '.join(self.fitting)})" if self.fitting else ""
+        )
+        why = f"; {'; '.join(self.lacking)}" if self.lacking else ""
+        fits = (
+            f"a gang of {len(self.fitting)} nodes would fit now"
+            if len(self.fitting) > 1
+            else "no gang of two or more nodes fits now"
+        )
+        return f"a gang needs {need}: {have}{why}; {fits}"
+
+
+def place_gang(
+    want: Want,
+    nodes: Iterable[NodeView],
+    used_cards: Mapping[str, Iterable[int]],
+    used_ram: Mapping[str, int],
+) -> tuple[Placement, ...] | GangShortfall:
+    """The nodes a replica spanning `want.nodes` nodes goes on, rank 0 (the head) first, or
+    why it cannot go anywhere now: all of its members or none.
+
+    Each member takes `want.gpus` free cards (or `want.ram_bytes`) on a node of its own, as
+    `place` chooses for one node: not avoided, then the preferred node (it becomes the head),
+    then the fewest cards left over (big holes are kept for big replicas), then the name.
+    """
+    ranked: list[tuple[bool, bool, int, str, tuple[int, ...]]] = []
+    lacking: list[str] = []
+    for node in sorted(nodes, key=lambda n: n.name):
+        fit = _fits(want, node, used_cards, used_ram)
+        if fit is None:
+            continue
+        if isinstance(fit, str):
+            lacking.append(fit)
+            continue
+        left, gpus = fit
+        ranked.append((node.name in want.avoid, node.name != want.prefer, left, node.name, gpus))
+    ranked.sort()
+    if len(ranked) < want.nodes:
+        return GangShortfall(want, tuple(r[3] for r in ranked), tuple(lacking))
+    return tuple(Placement(node=r[3], gpus=r[4]) for r in ranked[: want.nodes])
+
+
+def nodes_with_room(
+    want: Want,
+    nodes: Iterable[NodeView],
+    used_cards: Mapping[str, Iterable[int]],
+    used_ram: Mapping[str, int],
+) -> int:
+    """How many READY nodes could take one more member of `want` (one node each)."""
+    return sum(1 for n in nodes if isinstance(_fits(want, n, used_cards, used_ram), tuple))

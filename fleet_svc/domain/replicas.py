@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fleet_svc.domain.phases import ReplicaPhase
 
@@ -23,6 +23,21 @@ class ReplicaSpec:
     """The rollout that started it ("" for one the counts of its profile started)."""
     attempt: int = 1
     """Which placement this is after FAILED ones of the same revision (1 for the first)."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """One node of a gang (a replica spanning several nodes): its rank, where it runs, and
+    what its agent last reported of it. Rank 0 is the head: the node the gateway routes to."""
+
+    rank: int
+    node: str
+    gpus: tuple[int, ...] = ()
+    phase: ReplicaPhase = ReplicaPhase.PENDING
+    """As its agent last reported it; PENDING until its agent reports it."""
+    gang_address: str = ""
+    """host:port it listens on for the rest of its gang (the head's rendezvous for vLLM and
+    SGLang, a worker's rpc-server for llama.cpp); "" until its agent reports one."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +64,31 @@ class ReplicaState:
     ram_bytes: int = 0
     retire: bool = False
     """Wanted gone: drained (if it was ready), then stopped."""
+    members: tuple[Member, ...] = ()
+    """A gang's nodes by rank, the head (`node`, `gpus`) first; empty for a replica on one
+    node."""
+
+    @property
+    def gang(self) -> bool:
+        """Whether the replica spans several nodes."""
+        return len(self.members) > 1
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """Every node the replica runs on, the head first."""
+        if self.members:
+            return tuple(m.node for m in self.members)
+        return (self.node,) if self.node else ()
+
+    def member_on(self, node: str) -> Member | None:
+        """The gang member on `node`, if any."""
+        return next((m for m in self.members if m.node == node), None)
+
+    def with_member(self, member: Member) -> ReplicaState:
+        """The replica with `member` (of the same rank) replaced."""
+        return replace(
+            self, members=tuple(member if m.rank == member.rank else m for m in self.members)
+        )
 
     @property
     def attempt(self) -> int:

@@ -11,7 +11,14 @@ from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.control import Action, Create, Retire, cards_in_use
 from fleet_svc.domain.nodes import NodeView
 from fleet_svc.domain.phases import ReplicaPhase
-from fleet_svc.domain.placement import Placement, Want, most_free, place
+from fleet_svc.domain.placement import (
+    GangShortfall,
+    Placement,
+    Want,
+    most_free,
+    place,
+    place_gang,
+)
 from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
 
 P = ReplicaPhase
@@ -201,8 +208,20 @@ def room_beside(
     """Whether some READY node can take one more replica of `want` now, and the most free
     cards any node of its class has."""
     used_cards, used_ram = cards_in_use(replicas)
+    if want.gang:
+        gang = place_gang(want, nodes.values(), used_cards, used_ram)
+        return not isinstance(gang, GangShortfall), most_free(want, nodes.values(), used_cards)
     where = place(want, nodes.values(), used_cards, used_ram)
     return isinstance(where, Placement), most_free(want, nodes.values(), used_cards)
+
+
+def gang_shortfall(
+    want: Want, nodes: Mapping[str, NodeView], replicas: Mapping[str, ReplicaState]
+) -> GangShortfall | None:
+    """Why a whole new gang of `want` cannot start beside the replicas now (None: it can)."""
+    used_cards, used_ram = cards_in_use(replicas)
+    gang = place_gang(want, nodes.values(), used_cards, used_ram)
+    return gang if isinstance(gang, GangShortfall) else None
 
 
 @dataclass

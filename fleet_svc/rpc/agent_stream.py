@@ -17,6 +17,7 @@ from google.protobuf import timestamp_pb2
 from fleet_svc.controller import Controller
 from fleet_svc.domain import errors
 from fleet_svc.domain.access import ANONYMOUS, NODE
+from fleet_svc.domain.gang import order_of
 from fleet_svc.domain.nodes import Card, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState
@@ -68,11 +69,15 @@ def observed_of(msg: agent_pb2.ObservedReplica) -> Observed | None:
         message=msg.message,
         log_tail=tuple(msg.log_tail),
         gpus=tuple(msg.gpus),
+        gang_address=msg.gang_address,
     )
 
 
-def spec_of(r: ReplicaState) -> agent_pb2.ReplicaSpec:
-    """What the agent is told of a replica: an engine by name, its args and cards."""
+def spec_of(r: ReplicaState, node: str = "") -> agent_pb2.ReplicaSpec:
+    """What `node`'s agent is told of a replica: an engine by name, its args and cards; for
+    a gang, that node's member: its rank, cards and peers."""
+    order = order_of(r, node) if r.gang else None
+    member = r.member_on(node) if order is not None else None
     return agent_pb2.ReplicaSpec(
         replica_id=r.id,
         revision=r.revision,
@@ -80,8 +85,13 @@ def spec_of(r: ReplicaState) -> agent_pb2.ReplicaSpec:
         profile=r.profile,
         engine=r.spec.engine,
         args=list(r.spec.args),
-        gpus=list(r.gpus),
+        gpus=list(member.gpus if member is not None else r.gpus),
         source=r.spec.source,
+        gang=(
+            agent_pb2.GangMember(rank=order.rank, nnodes=order.nnodes, peers=list(order.peers))
+            if order is not None
+            else None
+        ),
     )
 
 
@@ -97,7 +107,9 @@ class StreamLink:
         """Queue the node's whole desired set."""
         self.queue.put_nowait(
             agent_pb2.ConnectResponse(
-                desired=agent_pb2.Desired(version=version, replicas=[spec_of(r) for r in replicas])
+                desired=agent_pb2.Desired(
+                    version=version, replicas=[spec_of(r, self.node) for r in replicas]
+                )
             )
         )
 

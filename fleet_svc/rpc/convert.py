@@ -167,12 +167,29 @@ def replica(r: ReplicaState) -> fleet_pb2.Replica:
         since=timestamp(r.since_s),
         engine=r.spec.engine,
         args=list(r.spec.args),
+        members=[
+            fleet_pb2.ReplicaMember(
+                rank=m.rank,
+                node=m.node,
+                gpus=list(m.gpus),
+                phase=fleet_pb2.ReplicaPhase.Value(f"REPLICA_PHASE_{m.phase.value}"),
+                gang_address=m.gang_address,
+            )
+            for m in r.members
+        ],
     )
 
 
 def node(view: NodeView, replicas: list[ReplicaState], last_heard: float) -> fleet_pb2.Node:
     """A node as the API shows it, its free cards counted from the replicas on it."""
-    used = {g for r in replicas if r.node == view.name and r.phase in HOLDS_CARDS for g in r.gpus}
+    used = {
+        g
+        for r in replicas
+        if r.phase in HOLDS_CARDS
+        for m in (r.members or (r,))
+        if m.node == view.name
+        for g in m.gpus
+    }
     return fleet_pb2.Node(
         name=view.name,
         labels=view.labels,

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from fleet_svc.standin.gang import GangError, GangRole, read_role
 from llmgw.engines import registry
 from llmgw.engines.errors import EngineRefuses
 
@@ -43,6 +44,8 @@ class Options:
     tensor_parallel: int | None = None
     context_tokens: int | None = None
     gpus: tuple[int, ...] = ()
+    gang: GangRole | None = None
+    """Its part in a gang spanning several nodes (None: it runs alone)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -136,7 +139,11 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         gpus = tuple(int(g) for g in visible.split(",") if g.strip())
     except ValueError as exc:
         raise OptionsError(f"CUDA_VISIBLE_DEVICES={visible!r} is not a list of indices") from exc
-    if tp is not None and tp != len(gpus):
+    try:
+        gang = read_role(ns.engine, argv, len(gpus), env)
+    except GangError as exc:
+        raise OptionsError(str(exc)) from exc
+    if tp is not None and tp != len(gpus) and (gang is None or gang.rpc):
         # vLLM stops with a ValueError of this sense when the world size does not match the
         # GPUs it can use.
         raise OptionsError(
@@ -168,4 +175,5 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         tensor_parallel=tp,
         context_tokens=context,
         gpus=gpus,
+        gang=gang,
     )

@@ -47,6 +47,9 @@ class ReplicaRecord:
     restarts: int = 0
     since: float = 0.0
     spec: dict[str, Any] = field(default_factory=dict)
+    members: tuple[dict[str, Any], ...] = ()
+    """A gang's members by rank (`rank`, `node`, `gpus`, `phase`, `gang_address`); empty for
+    a replica on one node."""
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ from fleet_svc.store.verify import decoded, json_object, model_key
 
 MODEL_COLUMNS = "name, revision, spec, updated_by, updated_at, deleted, declared_in"
 REPLICA_COLUMNS = (
-    "id, model, profile, revision, node, gpus, phase, reason, address, restarts, since, spec"
+    "id, model, profile, revision, node, gpus, phase, reason, address, restarts, since, spec,"
+    " members"
 )
 ROLLOUT_COLUMNS = "id, model, state, spec, created_at, updated_at"
 EVENT_COLUMNS = "rollout_id, seq, at, event"
@@ -72,7 +73,10 @@ def replica_of_row(where: str, row: tuple[Any, ...]) -> ReplicaRecord:
     Raises:
         StoreDamaged.
     """
-    (id_, model, profile, revision, node, gpus, phase, reason, address, restarts, since, spec) = row
+    (id_, model, profile, revision, node, gpus, phase, reason, address, restarts, since, spec) = (
+        row[:12]
+    )
+    members = row[12] if len(row) > 12 else "[]"
     return decoded(
         where,
         "replicas",
@@ -90,6 +94,7 @@ def replica_of_row(where: str, row: tuple[Any, ...]) -> ReplicaRecord:
             restarts=int(restarts),
             since=float(since),
             spec=json_object(_loaded(spec)),
+            members=tuple(json_object(m) for m in _loaded(members)),
         ),
     )
 

@@ -131,6 +131,15 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX answers_by_age ON answers (created_at)",
         ),
     ),
+    Migration(
+        version=4,
+        summary="gang membership of replicas spanning several nodes",
+        statements=(
+            # A gang's members by rank as one JSON list; '[]' for a replica on one node, so
+            # the rows of older fleets read as they were.
+            "ALTER TABLE replicas ADD COLUMN members TEXT NOT NULL DEFAULT '[]'",
+        ),
+    ),
 )
 
 

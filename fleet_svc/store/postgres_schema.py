@@ -119,6 +119,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX answers_by_age ON answers (created_at)",
         ),
     ),
+    Migration(
+        version=4,
+        summary="gang membership of replicas spanning several nodes",
+        statements=(
+            # A gang's members by rank; '[]' for a replica on one node (older rows read so).
+            "ALTER TABLE replicas ADD COLUMN members JSON NOT NULL DEFAULT '[]'",
+        ),
+    ),
 )
 
 _VERSION_TABLE = """

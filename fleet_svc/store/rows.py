@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fleet_svc.domain.phases import ReplicaPhase
-from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
+from fleet_svc.domain.replicas import Member, ReplicaSpec, ReplicaState
 from fleet_svc.domain.rollout import Mode, Rollout, RolloutState, Stage, Step, Strategy
 from fleet_svc.store.base import ReplicaRecord, RolloutRecord
 
@@ -65,6 +65,29 @@ def replica_record(r: ReplicaState) -> ReplicaRecord:
         restarts=r.restarts,
         since=r.since_s,
         spec=spec,
+        members=tuple(
+            {
+                "rank": m.rank,
+                "node": m.node,
+                "gpus": list(m.gpus),
+                "phase": m.phase.value,
+                "gang_address": m.gang_address,
+            }
+            for m in r.members
+        ),
+    )
+
+
+def member_of(doc: Mapping[str, Any], rank: int) -> Member:
+    """A gang member from its row's JSON (an unknown phase reads as PENDING: not reported)."""
+    phase = str(doc.get("phase", ""))
+    gpus = doc.get("gpus", [])
+    return Member(
+        rank=int(doc.get("rank", rank)),
+        node=str(doc.get("node", "")),
+        gpus=tuple(int(g) for g in gpus) if isinstance(gpus, list) else (),
+        phase=P(phase) if phase in P.__members__ else P.PENDING,
+        gang_address=str(doc.get("gang_address", "")),
     )
 
 
@@ -87,6 +110,7 @@ def replica_of(rec: ReplicaRecord) -> ReplicaState:
         since_s=rec.since,
         ram_bytes=int(fleet.get("ram_bytes", 0)),
         retire=bool(fleet.get("retire", False)),
+        members=tuple(member_of(m, i) for i, m in enumerate(rec.members)),
     )
 
 

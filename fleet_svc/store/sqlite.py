@@ -418,12 +418,13 @@ class SQLiteStore:
     def put_replica(self, record: ReplicaRecord) -> None:
         """Insert a replica record, or replace every field of the one with the same id."""
         self._conn.execute(
-            f"INSERT INTO replicas ({_REPLICA_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            f"INSERT INTO replicas ({_REPLICA_COLUMNS})"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (id) DO UPDATE SET model = excluded.model,"
             " profile = excluded.profile, revision = excluded.revision, node = excluded.node,"
             " gpus = excluded.gpus, phase = excluded.phase, reason = excluded.reason,"
             " address = excluded.address, restarts = excluded.restarts, since = excluded.since,"
-            " spec = excluded.spec",
+            " spec = excluded.spec, members = excluded.members",
             (
                 record.id,
                 record.model,
@@ -437,6 +438,7 @@ class SQLiteStore:
                 record.restarts,
                 record.since,
                 dump_json(record.spec),
+                dump_json(list(record.members)),
             ),
         )
 

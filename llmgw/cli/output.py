@@ -104,8 +104,11 @@ def replica_rows(replicas: Sequence[Replica]) -> list[list[object]]:
             r.id,
             r.model,
             r.profile,
-            r.node or "-",
-            ",".join(str(g) for g in r.gpus) or "-",
+            # A gang's nodes and cards by rank, the head first: node-a+node-b, 0,1+0,1.
+            "+".join(m.node for m in r.members) if r.members else (r.node or "-"),
+            "+".join(",".join(str(g) for g in m.gpus) for m in r.members)
+            if r.members
+            else (",".join(str(g) for g in r.gpus) or "-"),
             short_name(r, "phase", "REPLICA_PHASE_"),
             r.address or "-",
             r.restarts,

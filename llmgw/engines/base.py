@@ -9,6 +9,7 @@ from fractions import Fraction
 from typing import Protocol
 
 from llmgw.cardclass import cuda_total
+from llmgw.engines.gang import GangLaunch, GangMember
 from llmgw.engines.grammar import Grammar, RefusedFlag
 from llmgw.shape import ModelShape
 
@@ -288,4 +289,13 @@ class Engine(Protocol):
             engine's version the profile names ("" : the newest rules known).
         Raises:
             EngineRefuses, EngineSingleCard.
+        """
+
+    def gang_launch(self, args: Sequence[str], member: GangMember) -> GangLaunch:
+        """How rank `member.rank` of a replica spanning `member.nnodes` nodes is started by
+        the engine's own multi-node launch (`llmgw.engines.gang`), given the profile's
+        `args`.
+
+        Raises:
+            EngineSingleNode: the engine cannot span nodes, or the member is no gang's.
         """

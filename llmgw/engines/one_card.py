@@ -11,6 +11,7 @@ from fractions import Fraction
 from llmgw.cardclass import GIB
 from llmgw.engines.base import Card, CardNeed, CardSplit
 from llmgw.engines.errors import EngineSingleCard
+from llmgw.engines.gang import EngineSingleNode, GangLaunch, GangMember
 from llmgw.engines.grammar import Grammar, RefusedFlag
 from llmgw.shape import ModelShape
 
@@ -30,6 +31,18 @@ class OneCardEngine:
     def __init__(self, name: str) -> None:
         self.name = name
         self.grammar = Grammar(name)
+
+    def gang_launch(self, args: Sequence[str], member: GangMember) -> GangLaunch:
+        """None: a one-card server runs on one node.
+
+        Raises:
+            EngineSingleNode: always.
+        """
+        raise EngineSingleNode(
+            f"{self.name} runs on one card of one node: serve more replicas instead",
+            engine=self.name,
+            nodes=member.nnodes,
+        )
 
     @property
     def takes_context(self) -> bool:

@@ -16,6 +16,7 @@ from typing import ClassVar
 
 from llmgw.cardclass import MIB
 from llmgw.engines.base import Card, Overhead
+from llmgw.engines.gang import GangLaunch, GangMember, sglang_launch
 from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, Grammar, RefusedFlag, switch
 from llmgw.engines.heads import TpOptions
 from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
@@ -96,6 +97,10 @@ SGLANG_GPU_BUCKETS: tuple[tuple[float, int, int, int], ...] = (
 # What the node agent refuses to pass (sglang/srt/server_args.py).
 REFUSED: tuple[RefusedFlag, ...] = (
     ADDRESS_FLAGS,
+    RefusedFlag(
+        ("--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr"),
+        "the agent sets a gang's launch flags itself (a profile spans nodes with `nodes`)",
+    ),
     RefusedFlag(
         ("--trust-remote-code",),
         "it runs Python code shipped with the model repo; allow it in the agent config "
@@ -244,6 +249,10 @@ class Sglang(TensorParallelEngine):
     pp_flag = PP_SIZE
     cache_dtype_flag = KV_CACHE_DTYPE
     cache_dtypes: ClassVar[Mapping[str, Fraction | None]] = SGLANG_CACHE_DTYPES
+
+    def gang_launch(self, args: Sequence[str], member: GangMember) -> GangLaunch:
+        """`--nnodes/--node-rank/--dist-init-addr` (`llmgw.engines.gang.sglang_launch`)."""
+        return sglang_launch(member)
 
     def tp_options(self, args: Sequence[str]) -> TpOptions:
         """--ep-size N deals the experts out whole to N ranks, so each expert's width is split

@@ -12,6 +12,7 @@ from fractions import Fraction
 from typing import ClassVar
 
 from llmgw.engines.base import Card, CardNeed, CardSplit, Overhead
+from llmgw.engines.gang import EngineSingleNode, GangLaunch, GangMember
 from llmgw.engines.grammar import Flag, Grammar, RefusedFlag
 from llmgw.engines.heads import TpOptions, tp_failure
 from llmgw.engines.kvcache import (
@@ -46,6 +47,19 @@ class TensorParallelEngine:
     """Bytes per element of each cache type the flag takes; None: the model's dtype."""
 
     # --- the protocol, shared ---------------------------------------------------------------
+
+    def gang_launch(self, args: Sequence[str], member: GangMember) -> GangLaunch:
+        """No multi-node launch unless the engine has one (vLLM, SGLang override this).
+
+        Raises:
+            EngineSingleNode: always, here.
+        """
+        raise EngineSingleNode(
+            f"{self.name} has no multi-node launch the node agent can drive: serve it on one "
+            "node (nodes 1)",
+            engine=self.name,
+            nodes=member.nnodes,
+        )
 
     @property
     def takes_context(self) -> bool:

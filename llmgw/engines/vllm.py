@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from llmgw.cardclass import GIB
 from llmgw.engines.base import Card, Overhead
+from llmgw.engines.gang import GangLaunch, GangMember, vllm_launch
 from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, Grammar, RefusedFlag, switch
 from llmgw.engines.heads import TpOptions
 from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
@@ -69,6 +70,10 @@ the planner does not size: refused as unmodelled."""
 # vllm/entrypoints/openai/cli_args.py).
 REFUSED: tuple[RefusedFlag, ...] = (
     ADDRESS_FLAGS,
+    RefusedFlag(
+        ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless"),
+        "the agent sets a gang's launch flags itself (a profile spans nodes with `nodes`)",
+    ),
     RefusedFlag(
         ("--worker-cls", "--worker-extension-cls"),
         "it makes vLLM import and run a Python class the caller names",
@@ -258,6 +263,11 @@ class Vllm(TensorParallelEngine):
     pp_flag = PIPELINE_PARALLEL_SIZE
     cache_dtype_flag = KV_CACHE_DTYPE
     cache_dtypes: ClassVar[Mapping[str, Fraction | None]] = VLLM_CACHE_DTYPES
+
+    def gang_launch(self, args: Sequence[str], member: GangMember) -> GangLaunch:
+        """`--nnodes/--node-rank/--master-addr/--master-port`, `--headless` off the head
+        (`llmgw.engines.gang.vllm_launch`)."""
+        return vllm_launch(member)
 
     def tp_options(self, args: Sequence[str]) -> TpOptions:
         """--enable-expert-parallel deals experts out whole to every rank (FusedMoE then does

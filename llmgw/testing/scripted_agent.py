@@ -142,6 +142,10 @@ class ScriptedAgent:
                         gpus=list(spec.gpus),
                         model=spec.model,
                         message=message,
+                        # A gang member says where it listens for its gang, whatever its rank.
+                        gang_address=(
+                            f"127.0.0.1:{29500 + index}" if spec.HasField("gang") else ""
+                        ),
                     )
                 )
             )

@@ -259,6 +259,34 @@ REPLICAS = [
             "gpus": [4, 5, 6, 7],
         },
     ),
+    # A gang: one replica over two nodes, each member's node, cards, phase and address.
+    ReplicaRecord(
+        id="r-gang",
+        model="llama-3.1-70b",
+        profile="two-nodes",
+        revision=2,
+        node="gpu-node-1",
+        gpus=(0, 1, 2, 3),
+        phase="READY",
+        address="10.0.1.5:8000",
+        spec={"engine": "vllm", "args": ["-tp", "4", "-pp", "2"]},
+        members=(
+            {
+                "rank": 0,
+                "node": "gpu-node-1",
+                "gpus": [0, 1, 2, 3],
+                "phase": "READY",
+                "gang_address": "10.0.1.5:29501",
+            },
+            {
+                "rank": 1,
+                "node": "gpu-node-2",
+                "gpus": [4, 5, 6, 7],
+                "phase": "READY",
+                "gang_address": "",
+            },
+        ),
+    ),
 ]
 
 
@@ -284,6 +312,46 @@ def test_replica_insert_replace_delete(store: Store, record: ReplicaRecord) -> N
     store.delete_replica(record.id)
     assert store.list_replicas() == []
     store.delete_replica(record.id)
+
+
+def test_a_replica_row_from_before_gangs_reads_as_one_node_after_migrating(
+    backend: Backend,
+) -> None:
+    """A database of the schema before gang membership (no members column) keeps its replica
+    rows: migrated forward, each reads as a replica on one node."""
+    backend.open().close()
+    backend.raw("ALTER TABLE replicas DROP COLUMN members", ())
+    if backend.kind == "sqlite":
+        backend.raw("PRAGMA user_version = 2", ())
+    else:
+        backend.raw("DELETE FROM schema_version WHERE version = 3", ())
+    backend.raw(
+        "INSERT INTO replicas (id, model, profile, revision, node, gpus, phase, reason,"
+        " address, restarts, since, spec) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            "r-old",
+            "m",
+            "p",
+            1,
+            "node-1",
+            "[0]" if backend.kind == "sqlite" else [0],
+            "READY",
+            "",
+            "10.0.0.1:8000",
+            0,
+            1.0,
+            '{"engine": "vllm"}',
+        ),
+    )
+    store = backend.open()
+    try:
+        [old] = store.list_replicas()
+        assert (old.id, old.node, old.members) == ("r-old", "node-1", ())
+        gang = replace(old, members=({"rank": 0, "node": "node-1"}, {"rank": 1, "node": "n2"}))
+        store.put_replica(gang)
+        assert store.list_replicas() == [gang]
+    finally:
+        store.close()
 
 
 def test_replicas_are_listed_by_id(store: Store) -> None:

@@ -32,6 +32,7 @@ async def running_fleet(
     tokens_path: str = "",
     metrics: str = "",
     probes: str = "",
+    listen: str = "127.0.0.1:0",
 ) -> AsyncIterator[tuple[FleetServer, fleet_pb2_grpc.FleetServiceAsyncStub]]:
     """Start a fleet on a free port with its store in `data`; stop it after. With `tls` it
     serves TLS and the stub's channel uses `client_tls`; `planner_tls` is how it dials the
@@ -39,7 +40,7 @@ async def running_fleet(
     where it serves /metrics and its plaintext health port ("": nowhere)."""
     server = await start_fleet(
         FleetOptions(
-            listen="127.0.0.1:0",
+            listen=listen,
             store_url=str(data / "fleet.db"),
             settings_path=settings,
             liveness=liveness,

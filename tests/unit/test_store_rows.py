@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleet_svc.domain.phases import ReplicaPhase
-from fleet_svc.domain.replicas import ReplicaSpec
+from fleet_svc.domain.replicas import Member, ReplicaSpec, ReplicaState
 from fleet_svc.domain.rollout import RolloutState, Stage, Strategy
 from fleet_svc.store.base import ReplicaRecord, RolloutRecord
 from fleet_svc.store.rows import load_rollout, replica_of, replica_record, rollout_record
@@ -114,3 +114,34 @@ def test_a_rollout_row_round_trips() -> None:
     )
     assert ro.old_specs["gpu"].args == ("--tensor-parallel-size", "1")
     assert rollout_record(ro) == record
+
+
+def test_a_gang_row_keeps_every_member_and_an_old_row_has_none() -> None:
+    """A gang's members (rank, node, cards, phase, gang address) survive the row; a row of an
+    earlier fleet (no members) reads as a replica on one node."""
+    g = ReplicaState(
+        id="g",
+        model="m",
+        profile="big",
+        revision=3,
+        spec=ReplicaSpec(engine="vllm"),
+        phase=ReplicaPhase.READY,
+        node="a",
+        gpus=(0, 1),
+        members=(
+            Member(0, "a", (0, 1), ReplicaPhase.READY, "10.0.0.1:29501"),
+            Member(1, "b", (2, 3), ReplicaPhase.STARTING, ""),
+        ),
+    )
+    record = replica_record(g)
+    assert record.members[1] == {
+        "rank": 1,
+        "node": "b",
+        "gpus": [2, 3],
+        "phase": "STARTING",
+        "gang_address": "",
+    }
+    back = replica_of(record)
+    assert back.members == g.members and back.gang and back.nodes == ("a", "b")
+    old = replica_of(ReplicaRecord(id="r", model="m", profile="p", revision=1, node="a"))
+    assert (old.members, old.gang, old.nodes) == ((), False, ("a",))

@@ -8,7 +8,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from fleet_svc.agent.admission import Rejection
 from fleet_svc.agent.cards import Card
-from fleet_svc.agent.replica import Observation, Phase, ReplicaSpec
+from fleet_svc.agent.replica import Gang, Observation, Phase, ReplicaSpec
 from llmgw.agent.v1 import agent_pb2
 from llmgw.common.v1 import common_pb2
 
@@ -34,6 +34,11 @@ def spec_from_proto(msg: agent_pb2.ReplicaSpec) -> ReplicaSpec:
         args=tuple(msg.args),
         gpus=tuple(msg.gpus),
         source=msg.source,
+        gang=(
+            Gang(rank=msg.gang.rank, nnodes=msg.gang.nnodes, peers=tuple(msg.gang.peers))
+            if msg.HasField("gang")
+            else None
+        ),
     )
 
 
@@ -61,6 +66,7 @@ def observation_to_proto(obs: Observation) -> agent_pb2.ObservedReplica:
         model=spec.model,
         engine=spec.engine,
         since=timestamp(obs.since_s),
+        gang_address=obs.gang_address,
     )
 
 

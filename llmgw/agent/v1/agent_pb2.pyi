@@ -88,6 +88,7 @@ class ObservedReplica(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     ENGINE_FIELD_NUMBER: _builtins.int
     SINCE_FIELD_NUMBER: _builtins.int
+    GANG_ADDRESS_FIELD_NUMBER: _builtins.int
     replica_id: _builtins.str
     revision: _builtins.int
     phase: Global___ProcessPhase.ValueType
@@ -100,6 +101,10 @@ class ObservedReplica(_message.Message):
     """Why it is in this phase, for people."""
     model: _builtins.str
     engine: _builtins.str
+    gang_address: _builtins.str
+    """host:port this gang member listens on for the rest of its gang (a head's rendezvous, a
+    llama.cpp rpc-server); empty for a replica on one node or a member that does not listen.
+    """
     @_builtins.property
     def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -124,10 +129,11 @@ class ObservedReplica(_message.Message):
         model: _builtins.str = ...,
         engine: _builtins.str = ...,
         since: _timestamp_pb2.Timestamp | None = ...,
+        gang_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "engine", b"engine", "exit_code", b"exit_code", "gpus", b"gpus", "log_tail", b"log_tail", "message", b"message", "model", b"model", "phase", b"phase", "pid", b"pid", "replica_id", b"replica_id", "restarts", b"restarts", "revision", b"revision", "since", b"since"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "engine", b"engine", "exit_code", b"exit_code", "gang_address", b"gang_address", "gpus", b"gpus", "log_tail", b"log_tail", "message", b"message", "model", b"model", "phase", b"phase", "pid", b"pid", "replica_id", b"replica_id", "restarts", b"restarts", "revision", b"revision", "since", b"since"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -369,6 +375,7 @@ class ReplicaSpec(_message.Message):
     ARGS_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
+    GANG_FIELD_NUMBER: _builtins.int
     replica_id: _builtins.str
     revision: _builtins.int
     model: _builtins.str
@@ -380,6 +387,10 @@ class ReplicaSpec(_message.Message):
     def args(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def gang(self) -> Global___GangMember:
+        """Set when the replica spans several nodes: this node's member of the gang."""
+
     def __init__(
         self,
         *,
@@ -391,14 +402,49 @@ class ReplicaSpec(_message.Message):
         args: _abc.Iterable[_builtins.str] | None = ...,
         gpus: _abc.Iterable[_builtins.int] | None = ...,
         source: _builtins.str = ...,
+        gang: Global___GangMember | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["gang", b"gang"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "engine", b"engine", "gpus", b"gpus", "model", b"model", "profile", b"profile", "replica_id", b"replica_id", "revision", b"revision", "source", b"source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "engine", b"engine", "gang", b"gang", "gpus", b"gpus", "model", b"model", "profile", b"profile", "replica_id", b"replica_id", "revision", b"revision", "source", b"source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReplicaSpec: _TypeAlias = ReplicaSpec  # noqa: Y015
+
+@_typing.final
+class GangMember(_message.Message):
+    """One node's member of a replica spanning several nodes (a gang); the agent starts it with
+    the engine's own multi-node launch (llmgw.engines.gang).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RANK_FIELD_NUMBER: _builtins.int
+    NNODES_FIELD_NUMBER: _builtins.int
+    PEERS_FIELD_NUMBER: _builtins.int
+    rank: _builtins.int
+    """0 is the head: the member the gateway routes to."""
+    nnodes: _builtins.int
+    """The nodes the gang spans (2 or more)."""
+    @_builtins.property
+    def peers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Every member's gang address by rank (host:port; empty where not known yet)."""
+
+    def __init__(
+        self,
+        *,
+        rank: _builtins.int = ...,
+        nnodes: _builtins.int = ...,
+        peers: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["nnodes", b"nnodes", "peers", b"peers", "rank", b"rank"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GangMember: _TypeAlias = GangMember  # noqa: Y015
 
 @_typing.final
 class Desired(_message.Message):

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from llmgw.engines.base import Card, CardNeed, CardSplit
+from llmgw.engines.gang import GangLaunch, GangMember, llamacpp_launch
 from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, RefusedFlag, switch
 from llmgw.engines.llamacpp import grammar as flags
 from llmgw.engines.llamacpp.cache import llamacpp_cache, llamacpp_kv_bytes
@@ -160,6 +161,11 @@ class LlamaCpp:
     split = CardSplit.LAYER_SPLIT
     default_utilisation: float | None = None
     refused_flags: tuple[RefusedFlag, ...] | None = REFUSED
+
+    def gang_launch(self, args: Sequence[str], member: GangMember) -> GangLaunch:
+        """RPC workers (`rpc-server`) off the head, `--rpc` on it
+        (`llmgw.engines.gang.llamacpp_launch`); the profile's own `--rpc` stays refused."""
+        return llamacpp_launch(member)
 
     @property
     def takes_context(self) -> bool:

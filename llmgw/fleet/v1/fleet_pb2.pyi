@@ -1341,6 +1341,7 @@ class Replica(_message.Message):
     SINCE_FIELD_NUMBER: _builtins.int
     ENGINE_FIELD_NUMBER: _builtins.int
     ARGS_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     model: _builtins.str
     profile: _builtins.str
@@ -1358,6 +1359,12 @@ class Replica(_message.Message):
     def since(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def args(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaMember]:
+        """A replica spanning several nodes (a gang): its members by rank, the head (node, gpus,
+        address above) first; empty for a replica on one node.
+        """
+
     def __init__(
         self,
         *,
@@ -1374,14 +1381,52 @@ class Replica(_message.Message):
         since: _timestamp_pb2.Timestamp | None = ...,
         engine: _builtins.str = ...,
         args: _abc.Iterable[_builtins.str] | None = ...,
+        members: _abc.Iterable[Global___ReplicaMember] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "args", b"args", "engine", b"engine", "gpus", b"gpus", "id", b"id", "model", b"model", "node", b"node", "phase", b"phase", "profile", b"profile", "reason", b"reason", "restarts", b"restarts", "revision", b"revision", "since", b"since"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "args", b"args", "engine", b"engine", "gpus", b"gpus", "id", b"id", "members", b"members", "model", b"model", "node", b"node", "phase", b"phase", "profile", b"profile", "reason", b"reason", "restarts", b"restarts", "revision", b"revision", "since", b"since"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Replica: _TypeAlias = Replica  # noqa: Y015
+
+@_typing.final
+class ReplicaMember(_message.Message):
+    """ReplicaMember is one node of a replica spanning several nodes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RANK_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    PHASE_FIELD_NUMBER: _builtins.int
+    GANG_ADDRESS_FIELD_NUMBER: _builtins.int
+    rank: _builtins.int
+    """0 is the head, the member the gateway routes to."""
+    node: _builtins.str
+    phase: Global___ReplicaPhase.ValueType
+    """As its node's agent last reported it."""
+    gang_address: _builtins.str
+    """host:port it listens on for the rest of its gang (empty when it does not listen)."""
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        rank: _builtins.int = ...,
+        node: _builtins.str = ...,
+        gpus: _abc.Iterable[_builtins.int] | None = ...,
+        phase: Global___ReplicaPhase.ValueType = ...,
+        gang_address: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang_address", b"gang_address", "gpus", b"gpus", "node", b"node", "phase", b"phase", "rank", b"rank"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaMember: _TypeAlias = ReplicaMember  # noqa: Y015
 
 @_typing.final
 class ListReplicasRequest(_message.Message):
