@@ -322,9 +322,9 @@ def test_a_replica_row_from_before_gangs_reads_as_one_node_after_migrating(
     backend.open().close()
     backend.raw("ALTER TABLE replicas DROP COLUMN members", ())
     if backend.kind == "sqlite":
-        backend.raw("PRAGMA user_version = 2", ())
+        backend.raw("PRAGMA user_version = 3", ())
     else:
-        backend.raw("DELETE FROM schema_version WHERE version = 3", ())
+        backend.raw("DELETE FROM schema_version WHERE version = 4", ())
     backend.raw(
         "INSERT INTO replicas (id, model, profile, revision, node, gpus, phase, reason,"
         " address, restarts, since, spec) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
