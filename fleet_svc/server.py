@@ -29,6 +29,7 @@ from fleet_svc.rpc.settings import declared_entries
 from fleet_svc.store.base import Store
 from fleet_svc.store.urls import open_store
 from fleet_svc.store_health import StoreHealth
+from fleet_svc.watch import HEARTBEAT_S, EndpointHub
 from llmgw.clock import Clock, SystemClock
 from llmgw.tls import ClientTLS, ServerTLS, bind, check_listen
 
@@ -68,6 +69,8 @@ class FleetOptions:
     """How the fleet dials the planner: its CA and the fleet's client pair; None: plaintext."""
     tokens_path: str = ""
     """A file of bearer-token hashes (`NAME SHA256HEX` lines); given, callers may be tokens."""
+    watch_heartbeat_s: float = HEARTBEAT_S
+    """A WatchReplicas stream's longest silence before the fleet sends it a HEARTBEAT."""
 
 
 @dataclass
@@ -137,6 +140,8 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         tick_s=opts.tick_s,
         clock=clock,
         start_timeout_s=opts.start_timeout_s,
+        hub=EndpointHub(clock.wall, heartbeat_s=opts.watch_heartbeat_s),
+        model_at=catalog.model_at,
     )
     catalog.on_change = controller.wake
     planner = GrpcPlanner(opts.planner, tls=opts.planner_tls)

@@ -160,6 +160,8 @@ class LlamaCpp:
     split = CardSplit.LAYER_SPLIT
     default_utilisation: float | None = None
     refused_flags: tuple[RefusedFlag, ...] | None = REFUSED
+    api_dialect = "llamacpp"
+    """llama-server (tools/server/server.cpp) serves /v1/* and its own /completion, /slots."""
 
     @property
     def takes_context(self) -> bool:
