@@ -122,8 +122,9 @@ class ScriptedAgent:
         spec: agent_pb2.ReplicaSpec,
         phase: agent_pb2.ProcessPhase.ValueType,
         message: str = "",
+        address: str = "",
     ) -> None:
-        """Send a ReplicaUpdate for a replica."""
+        """Send a ReplicaUpdate for a replica (at `address`, or one of its own by default)."""
         index = (
             sorted(self.running).index(spec.replica_id) if spec.replica_id in self.running else 0
         )
@@ -134,7 +135,7 @@ class ScriptedAgent:
                         replica_id=spec.replica_id,
                         revision=spec.revision,
                         phase=phase,
-                        address=f"127.0.0.1:{9000 + index}",
+                        address=address or f"127.0.0.1:{9000 + index}",
                         gpus=list(spec.gpus),
                         model=spec.model,
                         message=message,
