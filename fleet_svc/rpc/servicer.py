@@ -183,6 +183,13 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         then each change, and heartbeats while nothing changes."""
         if request.model:
             self._app.model(request.model)  # MODEL_NOT_FOUND through the table
+        remaining = context.time_remaining()
+        log.info(
+            "watch_opened",
+            model=request.model,
+            after_seq=request.after_seq,
+            deadline_s=None if remaining is None else round(remaining, 3),
+        )
         events = self._controller.hub.watch(
             request.model, after_seq=max(request.after_seq, 0), epoch=request.epoch
         )

@@ -18,6 +18,13 @@ import grpc
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
 
 
+def welcome_interval_s(welcome: agent_pb2.Welcome) -> float:
+    """The heartbeat interval a Welcome asks for (its milliseconds when given)."""
+    if welcome.heartbeat_interval_ms > 0:
+        return welcome.heartbeat_interval_ms / 1000
+    return float(welcome.heartbeat_interval_s)
+
+
 @dataclass
 class ScriptedAgent:
     """One node's agent, scripted."""
@@ -152,7 +159,7 @@ class ScriptedAgent:
             async for msg in stream:
                 kind = msg.WhichOneof("msg")
                 if kind == "welcome" and self.heartbeat_s != 0:
-                    interval = self.heartbeat_s or msg.welcome.heartbeat_interval_s
+                    interval = self.heartbeat_s or welcome_interval_s(msg.welcome)
                     beater = asyncio.create_task(self._beat(interval))
                 elif kind == "desired":
                     self._apply(msg.desired)
