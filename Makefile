@@ -49,8 +49,16 @@ lint: venv
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-logo
 
+# nginx, for the test of the fleet behind a proxy's grpc_pass (tests/integration/test_behind_nginx.py):
+# Debian's, whose grpc and http_v2 modules are built in. Installed once when missing (as root).
+.PHONY: nginx
+nginx:
+	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends nginx-light; }
+
 # Run every check and test, as CI does.
-test: venv llama-server proto-check buf-lint lint
+test: venv llama-server nginx proto-check buf-lint lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here" >&2; exit 1; fi; \
 	exit $$rc

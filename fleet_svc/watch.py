@@ -114,6 +114,10 @@ class EndpointHub:
         """How many streams watch now."""
         return len(self._watchers)
 
+    def since(self, seq: int) -> list[EndpointEvent]:
+        """The kept events numbered after `seq` (all of them if older ones were dropped)."""
+        return [e for e in self._history if e.seq > seq]
+
     def put(self, endpoint: Endpoint) -> None:
         """An endpoint is routable: ADDED when new, UPDATED when it changed, else nothing."""
         old = self._ready.get(endpoint.replica_id)
@@ -161,7 +165,7 @@ class EndpointHub:
                 f"sequence {after_seq} is older than the history kept (from {first}, the "
                 f"last {self._history.maxlen} events)"
             )
-        return [e for e in self._history if e.seq > after_seq], ""
+        return self.since(after_seq), ""
 
     async def watch(
         self, model: str = "", *, after_seq: int = 0, epoch: str = ""
