@@ -7,7 +7,7 @@ would not route (a replica not READY, a node not READY) past the events in fligh
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,8 +158,8 @@ async def test_gateway_routes_through_rollouts_a_dropped_stream_and_an_agent_cra
         checks.floor = baseline
         checks.seen.clear()
         old_revision = next(iter(router.table.values())).revision
-        answer = await stub.SetContext(fleet_pb2.SetContextRequest(name="vmodel", tokens=16384))
-        ro = await rollout(checks, stub, answer.rollout_id)
+        changed = await stub.SetContext(fleet_pb2.SetContextRequest(name="vmodel", tokens=16384))
+        ro = await rollout(checks, stub, changed.rollout_id)
         await assert_eventually(
             lambda: (
                 {(e.revision, e.context_tokens) for e in router.table.values()}
@@ -196,5 +196,5 @@ async def test_gateway_routes_through_rollouts_a_dropped_stream_and_an_agent_cra
         assert checks.violations == []
 
 
-async def _eq(value: object, want: int) -> bool:
-    return await value == want  # type: ignore[misc]
+async def _eq(value: Awaitable[int], want: int) -> bool:
+    return await value == want
