@@ -205,7 +205,8 @@ class EndpointHub:
                     queued = self._event(EventKind.HEARTBEAT)
                 else:
                     try:
-                        queued = await asyncio.wait_for(queue.get(), wait)
+                        async with asyncio.timeout(wait):  # a timer, not a task per wait
+                            queued = await queue.get()
                     except TimeoutError:
                         queued = self._event(EventKind.HEARTBEAT)
                 if queued is None:

@@ -3,6 +3,7 @@ crosses the API, checked on the way in."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import replace
 
 from google.protobuf import json_format, timestamp_pb2
@@ -224,8 +225,26 @@ def endpoint(e: Endpoint, phase: ReplicaPhase) -> fleet_pb2.Endpoint:
     )
 
 
+_CONVERTED: OrderedDict[int, tuple[EndpointEvent, fleet_pb2.WatchReplicasResponse]] = OrderedDict()
+CONVERTED_KEPT = 4096
+"""Events whose message is kept: one change goes to every watcher, converted once."""
+
+
 def endpoint_event(e: EndpointEvent) -> fleet_pb2.WatchReplicasResponse:
-    """An endpoint event as the gateway receives it."""
+    """An endpoint event as the gateway receives it (the same message for every stream that
+    sends the same event: callers must not change it)."""
+    hit = _CONVERTED.get(id(e))
+    if hit is not None and hit[0] is e:
+        return hit[1]
+    answer = _endpoint_event(e)
+    if e.kind is not EventKind.HEARTBEAT:
+        _CONVERTED[id(e)] = (e, answer)
+        if len(_CONVERTED) > CONVERTED_KEPT:
+            _CONVERTED.popitem(last=False)
+    return answer
+
+
+def _endpoint_event(e: EndpointEvent) -> fleet_pb2.WatchReplicasResponse:
     answer = fleet_pb2.WatchReplicasResponse(
         kind=_KINDS[e.kind],
         seq=e.seq,
