@@ -74,6 +74,7 @@ async def fleet_and_agent(
     """A fleet (NOT_READY after 0.6 s of silence) with one scripted agent that sends no
     heartbeats of its own (its reports are what the fleet hears)."""
     async with running_fleet(tmp_path, liveness=SLOW_LOSS) as (fleet, stub):
+        fleet.controller.hub.heartbeat_s = 0.5  # streams read it at each wait
         agent = ScriptedAgent(f"127.0.0.1:{fleet.port}", "node-a", gpus=2, heartbeat_s=0.1)
         agent.start()
         try:
@@ -195,3 +196,38 @@ async def test_reconnect_resumes_from_the_last_sequence(
     assert "epoch" in fresh.of(W.KIND_SYNCED)[0].note
     assert len(fresh.of(W.KIND_ADDED)) == 2
     fresh.stop()
+
+
+async def test_address_change_while_ready_is_an_update(
+    fleet_and_agent: tuple[fleet_pb2_grpc.FleetServiceAsyncStub, ScriptedAgent],
+) -> None:
+    """A READY replica re-reported at another address stays routable: one UPDATED with the
+    new address, no REMOVED."""
+    stub, agent = fleet_and_agent
+    await stub.CreateModel(fleet_pb2.CreateModelRequest(model=llama()))
+    reader = Reader(stub, model="llama")
+    await assert_eventually(lambda: reader.of(W.KIND_ADDED), what="ADDED")
+    first = reader.of(W.KIND_ADDED)[0].endpoint
+    agent.report(agent.running[first.replica_id], agent_pb2.PROCESS_PHASE_HEALTHY, address="h:1")
+    await assert_eventually(lambda: reader.of(W.KIND_UPDATED), what="UPDATED")
+    updated = reader.of(W.KIND_UPDATED)[0].endpoint
+    assert (updated.replica_id, updated.address) == (first.replica_id, "h:1")
+    assert not reader.of(W.KIND_REMOVED)
+    reader.stop()
+
+
+async def test_quiet_stream_gets_heartbeats_over_grpc(
+    fleet_and_agent: tuple[fleet_pb2_grpc.FleetServiceAsyncStub, ScriptedAgent],
+) -> None:
+    """With nothing changing, the stream carries HEARTBEAT messages with the latest sequence
+    and the fleet's epoch (what a proxy's read timeout needs to see)."""
+    stub, _agent = fleet_and_agent
+    await stub.CreateModel(fleet_pb2.CreateModelRequest(model=llama(replicas=0)))
+    reader = Reader(stub, model="llama")
+    await assert_eventually(lambda: reader.of(W.KIND_SYNCED), what="SYNCED")
+    synced = reader.of(W.KIND_SYNCED)[0]
+    await assert_eventually(lambda: len(reader.of(W.KIND_HEARTBEAT)) >= 2, what="heartbeats")
+    beat = reader.of(W.KIND_HEARTBEAT)[0]
+    assert (beat.seq, beat.epoch) == (synced.seq, synced.epoch) and beat.time.seconds > 0
+    assert not beat.HasField("endpoint")
+    reader.stop()
