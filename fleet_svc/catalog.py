@@ -10,7 +10,7 @@ import structlog
 
 from fleet_svc.domain import errors
 from fleet_svc.domain.catalog import Entry, ProfileWant, Revision, wants_of
-from fleet_svc.store.base import StaleRevision, Store
+from fleet_svc.store.base import StaleRevision, Store, StoreError
 from fleet_svc.store.catalog_rows import record_of, revision_of
 from llmgw.model import Model
 
@@ -49,12 +49,16 @@ class Catalog:
         return found
 
     def model_at(self, name: str, revision: int) -> Model | None:
-        """The model as its revision `revision` was (None: no such revision)."""
+        """The model as its revision `revision` was (None: no such revision, or the store
+        cannot be read now: the caller goes on without it)."""
         key = (name, revision)
         if key not in self._revisions:
-            found = next(
-                (r for r in self._store.model_history(name) if r.revision == revision), None
-            )
+            try:
+                history = self._store.model_history(name)
+            except StoreError as exc:
+                log.warning("revision_unread", model=name, revision=revision, error=str(exc))
+                return None
+            found = next((r for r in history if r.revision == revision), None)
             if len(self._revisions) >= REVISIONS_KEPT:
                 self._revisions.pop(next(iter(self._revisions)))
             self._revisions[key] = None if found is None else revision_of(found).model
