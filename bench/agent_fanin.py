@@ -49,6 +49,7 @@ from llmgw import certs
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+from llmgw.testing.scripted_agent import welcome_interval_s
 from llmgw.tls import ClientTLS, aio_channel
 
 STREAMS_PER_CHANNEL = 50
@@ -225,7 +226,7 @@ class LeanAgent:
                     return  # grpc.aio.EOF: the fleet ended the stream
                 kind = msg.WhichOneof("msg")
                 if kind == "welcome" and beater is None:
-                    beater = asyncio.create_task(self._beat(msg.welcome.heartbeat_interval_s))
+                    beater = asyncio.create_task(self._beat(welcome_interval_s(msg.welcome)))
                 elif kind == "desired":
                     await self._apply(msg.desired)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
@@ -327,10 +328,11 @@ async def change_round(
     synced = asyncio.Event()
 
     async def watch() -> None:
-        async for ev in stub.WatchReplicas(fleet_pb2.WatchReplicasRequest(model="fan")):
+        # Every model's stream: the model does not exist yet (watching it would be NOT_FOUND).
+        async for ev in stub.WatchReplicas(fleet_pb2.WatchReplicasRequest()):
             if ev.kind == KINDS.KIND_SYNCED:
                 synced.set()
-            elif ev.kind == KINDS.KIND_ADDED:
+            elif ev.kind == KINDS.KIND_ADDED and ev.endpoint.model == "fan":
                 routable.add(ev.endpoint.replica_id)
                 if len(routable) >= n:
                     all_routable.set()

@@ -19,6 +19,7 @@ from fleet_svc.app import REQUEST_ID_WINDOW_S
 from fleet_svc.domain.errors import FleetError
 from fleet_svc.domain.nodes import Liveness
 from fleet_svc.store.base import StoreError
+from fleet_svc.watch import HEARTBEAT_S
 from llmgw.logs import configure_logging
 from llmgw.metrics import add_metrics_argument
 from llmgw.probes import add_probe_argument
@@ -53,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grace-heartbeats", type=int, default=3, help="missed before NOT_READY")
     parser.add_argument("--lost-after-s", type=float, default=30.0, help="silence before LOST")
     parser.add_argument("--drain-s", type=float, default=2.0, help="drain delay before a stop")
+    parser.add_argument(
+        "--watch-heartbeat-s",
+        type=float,
+        default=HEARTBEAT_S,
+        help="longest silence on a WatchReplicas stream before a HEARTBEAT (keep it under "
+        "every proxy's read timeout)",
+    )
     parser.add_argument(
         "--planner",
         default=os.environ.get("LLMGW_PLANNER", "127.0.0.1:50051"),
@@ -123,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                     tokens_path=opts.tokens,
                     metrics=opts.metrics,
                     probes=opts.probe_listen,
+                    watch_heartbeat_s=opts.watch_heartbeat_s,
                 )
             )
         )

@@ -10,10 +10,14 @@ import structlog
 
 from fleet_svc.domain import errors
 from fleet_svc.domain.catalog import Entry, ProfileWant, Revision, wants_of
-from fleet_svc.store.base import StaleRevision, Store
+from fleet_svc.store.base import StaleRevision, Store, StoreError
 from fleet_svc.store.catalog_rows import record_of, revision_of
+from llmgw.model import Model
 
 log = structlog.get_logger(__name__)
+
+REVISIONS_KEPT = 256
+"""Past revisions `model_at` keeps read (a revision never changes once written)."""
 
 
 class Catalog:
@@ -26,6 +30,7 @@ class Catalog:
         """Declared model name -> the settings file that declares it."""
         self.on_change: Callable[[], None] = lambda: None
         self._wants: list[ProfileWant] | None = None
+        self._revisions: dict[tuple[str, int], Model | None] = {}
 
     def find(self, name: str) -> Revision | None:
         """The model's latest revision, None when absent or deleted."""
@@ -42,6 +47,22 @@ class Catalog:
         if found is None:
             raise errors.ModelNotFound(f"no model {name!r} in the catalog", name=name)
         return found
+
+    def model_at(self, name: str, revision: int) -> Model | None:
+        """The model as its revision `revision` was (None: no such revision, or the store
+        cannot be read now: the caller goes on without it)."""
+        key = (name, revision)
+        if key not in self._revisions:
+            try:
+                history = self._store.model_history(name)
+            except StoreError as exc:
+                log.warning("revision_unread", model=name, revision=revision, error=str(exc))
+                return None
+            found = next((r for r in history if r.revision == revision), None)
+            if len(self._revisions) >= REVISIONS_KEPT:
+                self._revisions.pop(next(iter(self._revisions)))
+            self._revisions[key] = None if found is None else revision_of(found).model
+        return self._revisions[key]
 
     def all(self) -> list[Revision]:
         """Every current model."""

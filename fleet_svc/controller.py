@@ -31,6 +31,7 @@ from fleet_svc.domain.control import (
     plan_actions,
     retirement,
 )
+from fleet_svc.domain.endpoints import endpoint_of, removal_reason, routable
 from fleet_svc.domain.nodes import Card, Liveness, NodePhase, NodeView, node_phase
 from fleet_svc.domain.phases import IllegalTransition, ReplicaPhase, check_transition
 from fleet_svc.domain.replicas import Member, ReplicaState
@@ -47,8 +48,9 @@ from fleet_svc.domain.rollout import Rollout
 from fleet_svc.rollouts import Rollouts
 from fleet_svc.store.base import Store
 from fleet_svc.store.rows import replica_of, replica_record
-from fleet_svc.watch import EndpointEvent, EndpointHub
+from fleet_svc.watch import EndpointHub
 from llmgw.clock import Clock
+from llmgw.model import Model
 
 log = structlog.get_logger(__name__)
 P = ReplicaPhase
@@ -96,10 +98,13 @@ class Controller:
         tick_s: float = 0.5,
         new_id: Callable[[], str] | None = None,
         start_timeout_s: float = 600.0,
+        model_at: Callable[[str, int], Model | None] | None = None,
     ) -> None:
         self._store = store
         self._wants = wants
-        self.hub = hub or EndpointHub()
+        self.hub = hub or EndpointHub(clock.wall)
+        self._model_at = model_at or (lambda name, revision: None)
+        """A model as one of its revisions was (for an endpoint's context and max output)."""
         self.liveness = liveness or Liveness()
         self._drain_s = drain_s
         self.start_timeout_s = start_timeout_s
@@ -170,15 +175,25 @@ class Controller:
         self._publish(r)
 
     def _publish(self, r: ReplicaState) -> None:
-        """Tell WatchReplicas: a READY replica with an address is routable, any other is not."""
-        if r.phase is P.READY and r.address:
-            self.hub.add(
-                EndpointEvent(
-                    True, r.id, r.model, r.profile, r.address, r.revision, r.node, r.phase.value
-                )
-            )
-        else:
-            self.hub.remove(r.id)
+        """Tell WatchReplicas: a READY replica with an address on a READY node is routable,
+        any other is not (domain.endpoints says why it left)."""
+        view = self.state.nodes.get(r.node)
+        node = view.phase if view is not None else None
+        if routable(r, node):
+            assert view is not None
+            model = self._model_at(r.model, r.revision)
+            self.hub.put(endpoint_of(r, model=model, gpu_class=view.gpu_class))
+        elif r.id in self.hub:
+            self.hub.remove(r.id, removal_reason(r, node, wanted=self._wanted(r.model, r.profile)))
+
+    def _wanted(self, model: str, profile: str) -> bool:
+        return any(w.model == model and w.profile == profile for w in self._wants())
+
+    def _publish_node(self, node: str) -> None:
+        """A node's phase changed: its replicas leave routing or come back."""
+        for r in list(self.state.replicas.values()):
+            if r.node == node:
+                self._publish(r)
 
     def transition(
         self,
@@ -235,7 +250,16 @@ class Controller:
         self._changes += 1
         r = self.state.replicas.pop(replica_id, None)
         if r is not None:
-            self.hub.remove(replica_id)
+            if replica_id in self.hub:
+                view = self.state.nodes.get(r.node)
+                self.hub.remove(
+                    replica_id,
+                    removal_reason(
+                        None,
+                        view.phase if view is not None else None,
+                        wanted=self._wanted(r.model, r.profile),
+                    ),
+                )
             self._unsaved[replica_id] = None
             log.info("replica_forgotten", replica=replica_id, model=r.model, phase=r.phase.value)
 
@@ -330,6 +354,7 @@ class Controller:
         self._apply_all(
             missing_from_hello(list(self.state.replicas.values()), view.name, frozenset(seen))
         )
+        self._publish_node(view.name)  # READY again: its running replicas are routable again
         log.info("agent_connected", node=view.name, cards=len(view.cards), replicas=len(seen))
         self.wake()
 
@@ -387,7 +412,7 @@ class Controller:
             return
         self._apply(change)
         now = self.state.replicas.get(change.replica_id)
-        if now is not None and now.phase is P.READY and now.id not in self.hub.ready:
+        if now is not None and now.phase is P.READY and now.id not in self.hub:
             # READY since before a fleet restart: routable again only once its agent says so.
             self._publish(now)
         self.wake()
@@ -493,6 +518,7 @@ class Controller:
                     reason=why,
                 )
                 view.phase, view.reason = phase, why
+                self._publish_node(view.name)
         wants = self._wants()
         self._apply_all(
             self._rollouts.advance(

@@ -31,6 +31,7 @@ from fleet_svc.rpc.settings import declared_entries
 from fleet_svc.store.base import Store
 from fleet_svc.store.urls import open_store
 from fleet_svc.store_health import StoreHealth
+from fleet_svc.watch import HEARTBEAT_S, EndpointHub
 from llmgw.clock import Clock, SystemClock
 from llmgw.metrics import MetricsServer, RpcMetrics, start_metrics_server
 from llmgw.probes import ProbeServer, start_probe_server
@@ -81,6 +82,8 @@ class FleetOptions:
     """HOST:PORT of the plaintext health port for Kubernetes' probes (llmgw.probes); "": none."""
     leadership: Callable[[], Leadership] = sole_leader
     """Whether this fleet leads and at which epoch, as metrics report it."""
+    watch_heartbeat_s: float = HEARTBEAT_S
+    """A WatchReplicas stream's longest silence before the fleet sends it a HEARTBEAT."""
 
 
 @dataclass
@@ -159,6 +162,8 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         tick_s=opts.tick_s,
         clock=clock,
         start_timeout_s=opts.start_timeout_s,
+        hub=EndpointHub(clock.wall, heartbeat_s=opts.watch_heartbeat_s),
+        model_at=catalog.model_at,
     )
     catalog.on_change = controller.wake
     planner = GrpcPlanner(opts.planner, tls=opts.planner_tls)

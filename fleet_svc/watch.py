@@ -1,35 +1,67 @@
-"""The endpoint hub: which replicas are routable, told to every WatchReplicas stream."""
+"""The endpoint hub: which replicas are routable, numbered changes told to every WatchReplicas
+stream, a bounded history to resume from, and heartbeats on idle streams."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import enum
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import structlog
+
+from fleet_svc.domain.endpoints import Endpoint, EndpointReason
 
 log = structlog.get_logger(__name__)
 
 WATCHER_QUEUE = 10_000
 """Events a watcher may fall behind by before it is cut off (it reconnects for a snapshot)."""
+HISTORY = 4096
+"""Events kept to resume a watcher from (every model's together)."""
+HEARTBEAT_S = 5.0
+"""Silence after which an idle stream gets a HEARTBEAT: well under the 15 s read timeouts
+proxies hold streams to (nginx's `grpc_read_timeout` defaults to 60 s; meshes often cut
+idle HTTP/2 streams after 15-60 s)."""
+
+
+class EventKind(enum.Enum):
+    """What an event of the endpoint stream says."""
+
+    ADDED = "ADDED"
+    """The endpoint is routable (a replica id the watcher holds is replaced: upsert)."""
+    UPDATED = "UPDATED"
+    """An endpoint already ADDED changed what a router reads (its address, its ready time)."""
+    REMOVED = "REMOVED"
+    """The endpoint must no longer be routed to; `reason` says why."""
+    SYNCED = "SYNCED"
+    """The snapshot (or the events missed since a resumed sequence) has been sent."""
+    HEARTBEAT = "HEARTBEAT"
+    """Nothing happened for the heartbeat interval; carries the latest sequence."""
 
 
 @dataclass(frozen=True)
 class EndpointEvent:
-    """An endpoint that became routable (`added`) or must no longer be routed to."""
+    """One message of the endpoint stream."""
 
-    added: bool
-    replica_id: str
-    model: str
-    profile: str
-    address: str
-    revision: int
-    node: str
-    phase: str
+    kind: EventKind
+    seq: int
+    at_s: float
+    """When the hub made it, on the wall clock."""
+    epoch: str
+    endpoint: Endpoint | None = None
+    reason: EndpointReason | None = None
+    resumed: bool = False
+    """On SYNCED: the missed events were sent again (False: a fresh snapshot)."""
+    note: str = ""
+    """On SYNCED: why a resume could not be honoured."""
 
-
-SYNCED = EndpointEvent(False, "", "", "", "", 0, "", "")
-"""Sent after the snapshot: every ready endpoint has been told once."""
+    @property
+    def model(self) -> str:
+        """The endpoint's model ("" for SYNCED and HEARTBEAT)."""
+        return self.endpoint.model if self.endpoint is not None else ""
 
 
 class WatcherTooSlow(Exception):
@@ -37,74 +69,156 @@ class WatcherTooSlow(Exception):
 
 
 class EndpointHub:
-    """Keeps the ready endpoints and fans their changes out to watchers."""
+    """Keeps the routable endpoints, numbers their changes and fans them out to watchers.
 
-    def __init__(self) -> None:
-        self._ready: dict[str, EndpointEvent] = {}
+    Args:
+        wall: the wall clock that stamps events.
+        history: how many events are kept to resume from.
+        heartbeat_s: a stream's longest silence before it gets a HEARTBEAT.
+        epoch: names this hub's numbering (a fresh random one by default).
+    """
+
+    def __init__(
+        self,
+        wall: Callable[[], float] = time.time,
+        *,
+        history: int = HISTORY,
+        heartbeat_s: float = HEARTBEAT_S,
+        epoch: str = "",
+    ) -> None:
+        if heartbeat_s <= 0:
+            raise ValueError("the heartbeat interval must be positive")
+        self._wall = wall
+        self.heartbeat_s = heartbeat_s
+        self.epoch = epoch or uuid.uuid4().hex[:16]
+        self._ready: dict[str, Endpoint] = {}
+        self._seq = 0
+        self._history: deque[EndpointEvent] = deque(maxlen=max(history, 1))
         self._watchers: set[asyncio.Queue[EndpointEvent | None]] = set()
 
     @property
-    def ready(self) -> dict[str, EndpointEvent]:
-        """The routable endpoints by replica id."""
+    def ready(self) -> dict[str, Endpoint]:
+        """The routable endpoints by replica id (a copy)."""
         return dict(self._ready)
 
-    def add(self, event: EndpointEvent) -> None:
-        """An endpoint became ready: tell every watcher."""
-        if self._ready.get(event.replica_id) == event:
-            return
-        self._ready[event.replica_id] = event
-        self._publish(event)
+    def __contains__(self, replica_id: object) -> bool:
+        return replica_id in self._ready
 
-    def remove(self, replica_id: str) -> None:
-        """An endpoint must no longer be routed to: tell every watcher (before it stops)."""
+    @property
+    def seq(self) -> int:
+        """The latest event's number (0 before any)."""
+        return self._seq
+
+    @property
+    def watchers(self) -> int:
+        """How many streams watch now."""
+        return len(self._watchers)
+
+    def since(self, seq: int) -> list[EndpointEvent]:
+        """The kept events numbered after `seq` (all of them if older ones were dropped)."""
+        return [e for e in self._history if e.seq > seq]
+
+    def put(self, endpoint: Endpoint) -> None:
+        """An endpoint is routable: ADDED when new, UPDATED when it changed, else nothing."""
+        old = self._ready.get(endpoint.replica_id)
+        if old == endpoint:
+            return
+        self._ready[endpoint.replica_id] = endpoint
+        self._publish(EventKind.ADDED if old is None else EventKind.UPDATED, endpoint)
+
+    def remove(self, replica_id: str, reason: EndpointReason) -> None:
+        """An endpoint must no longer be routed to: REMOVED with `reason` (before it stops)."""
         old = self._ready.pop(replica_id, None)
         if old is not None:
-            self._publish(
-                EndpointEvent(
-                    False,
-                    old.replica_id,
-                    old.model,
-                    old.profile,
-                    old.address,
-                    old.revision,
-                    old.node,
-                    "REMOVED",
-                )
-            )
+            self._publish(EventKind.REMOVED, old, reason)
 
-    def _publish(self, event: EndpointEvent) -> None:
+    def _event(self, kind: EventKind, **fields: object) -> EndpointEvent:
+        return EndpointEvent(kind, self._seq, self._wall(), self.epoch, **fields)  # type: ignore[arg-type]
+
+    def _publish(
+        self, kind: EventKind, endpoint: Endpoint, reason: EndpointReason | None = None
+    ) -> None:
+        self._seq += 1
+        event = self._event(kind, endpoint=endpoint, reason=reason)
+        self._history.append(event)
         for queue in list(self._watchers):
             if queue.qsize() >= WATCHER_QUEUE:
-                # Cut it off: the None tells its stream to end; it watches again for a snapshot.
+                # Cut it off: the None tells its stream to end; it watches again to resume.
                 self._watchers.discard(queue)
                 queue.put_nowait(None)
                 log.warning("watcher_dropped", reason="too slow", behind=queue.qsize())
                 continue
             queue.put_nowait(event)
 
-    async def watch(self, model: str = "") -> AsyncIterator[EndpointEvent]:
-        """The ready endpoints of `model` (all when ""), SYNCED, then every change.
+    def _missed(self, after_seq: int, epoch: str) -> tuple[list[EndpointEvent] | None, str]:
+        """The events after `after_seq` of `epoch`, or None and why they cannot be sent."""
+        if epoch != self.epoch:
+            return None, (
+                f"epoch {epoch!r} is not this fleet's ({self.epoch}): the fleet restarted or "
+                "another instance answers"
+            )
+        if after_seq > self._seq:
+            return None, f"sequence {after_seq} is past this fleet's last ({self._seq})"
+        first = self._history[0].seq if self._history else self._seq + 1
+        if after_seq < first - 1:
+            return None, (
+                f"sequence {after_seq} is older than the history kept (from {first}, the "
+                f"last {self._history.maxlen} events)"
+            )
+        return self.since(after_seq), ""
+
+    async def watch(
+        self, model: str = "", *, after_seq: int = 0, epoch: str = ""
+    ) -> AsyncIterator[EndpointEvent]:
+        """The endpoints of `model` (every model's when ""): the events after `after_seq` of
+        `epoch` when the history still holds them, else a snapshot of ADDED events; then
+        SYNCED; then every change, and a HEARTBEAT after each `heartbeat_s` of silence.
 
         Raises:
             WatcherTooSlow: the watcher fell more than WATCHER_QUEUE events behind.
         """
         queue: asyncio.Queue[EndpointEvent | None] = asyncio.Queue()
-        snapshot = [e for e in self._ready.values() if not model or e.model == model]
+        # Registered and read in one step (no await between): no change falls in a gap.
+        missed, note = self._missed(after_seq, epoch) if after_seq > 0 else (None, "")
+        if missed is not None:
+            first = [e for e in missed if not model or e.model == model]
+        else:
+            first = [
+                self._event(EventKind.ADDED, endpoint=e)
+                for e in self._ready.values()
+                if not model or e.model == model
+            ]
+        synced = self._event(EventKind.SYNCED, resumed=missed is not None, note=note)
         self._watchers.add(queue)
+        loop = asyncio.get_running_loop()
         try:
-            for event in snapshot:
+            for event in first:
                 yield event
-            yield SYNCED
+            yield synced
+            last_sent = loop.time()
             while True:
-                queued = await queue.get()
+                wait = last_sent + self.heartbeat_s - loop.time()
+                queued: EndpointEvent | None
+                if not queue.empty():
+                    queued = queue.get_nowait()
+                elif wait <= 0:
+                    queued = self._event(EventKind.HEARTBEAT)
+                else:
+                    try:
+                        async with asyncio.timeout(wait):  # a timer, not a task per wait
+                            queued = await queue.get()
+                    except TimeoutError:
+                        queued = self._event(EventKind.HEARTBEAT)
                 if queued is None:
                     raise WatcherTooSlow("the watcher fell behind and was cut off: watch again")
-                if not model or queued.model == model:
-                    yield queued
+                if model and queued.endpoint is not None and queued.model != model:
+                    # Another model's change: this stream still needs its heartbeat on time.
+                    if loop.time() - last_sent < self.heartbeat_s:
+                        continue
+                    # Numbered as the event it stands for: later ones may still be queued.
+                    seq = queued.seq
+                    queued = EndpointEvent(EventKind.HEARTBEAT, seq, self._wall(), self.epoch)
+                yield queued
+                last_sent = loop.time()
         finally:
             self._watchers.discard(queue)
-
-    @property
-    def watchers(self) -> int:
-        """How many streams watch now."""
-        return len(self._watchers)

@@ -160,6 +160,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         yield agent_pb2.ConnectResponse(
             welcome=agent_pb2.Welcome(
                 heartbeat_interval_s=max(int(liveness.interval_s), 1),
+                heartbeat_interval_ms=max(round(liveness.interval_s * 1000), 1),
                 grace_heartbeats=liveness.grace_heartbeats,
             )
         )

@@ -4,6 +4,7 @@ crosses the API, checked on the way in."""
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from dataclasses import replace
 
 from google.protobuf import json_format, timestamp_pb2
@@ -11,12 +12,14 @@ from google.protobuf.message import Message
 
 from fleet_svc.domain import errors
 from fleet_svc.domain.catalog import Entry, Revision, check_name, check_profiles
+from fleet_svc.domain.endpoints import Endpoint
 from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import HOLDS_CARDS, ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.rollout import EventKind, Mode, Rollout, Stage, Strategy
 from fleet_svc.store.base import EventRecord
 from fleet_svc.watch import EndpointEvent
+from fleet_svc.watch import EventKind as EndpointKind
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2
 from llmgw.model import InvalidValue, Inventory
@@ -214,25 +217,78 @@ def node(view: NodeView, replicas: list[ReplicaState], last_heard: float) -> fle
     )
 
 
-def endpoint_event(e: EndpointEvent, synced: bool) -> fleet_pb2.WatchReplicasResponse:
-    """An endpoint event as the gateway receives it."""
-    if synced:
-        return fleet_pb2.WatchReplicasResponse(kind=fleet_pb2.WatchReplicasResponse.KIND_SYNCED)
-    phase = ReplicaPhase.READY if e.added else ReplicaPhase.DRAINING
-    return fleet_pb2.WatchReplicasResponse(
-        kind=fleet_pb2.WatchReplicasResponse.KIND_ADDED
-        if e.added
-        else fleet_pb2.WatchReplicasResponse.KIND_REMOVED,
-        endpoint=fleet_pb2.Endpoint(
-            replica_id=e.replica_id,
-            model=e.model,
-            profile=e.profile,
-            address=e.address,
-            phase=fleet_pb2.ReplicaPhase.Value(f"REPLICA_PHASE_{phase.value}"),
-            revision=e.revision,
-            node=e.node,
-        ),
+_KINDS = {
+    EndpointKind.ADDED: fleet_pb2.WatchReplicasResponse.KIND_ADDED,
+    EndpointKind.UPDATED: fleet_pb2.WatchReplicasResponse.KIND_UPDATED,
+    EndpointKind.REMOVED: fleet_pb2.WatchReplicasResponse.KIND_REMOVED,
+    EndpointKind.SYNCED: fleet_pb2.WatchReplicasResponse.KIND_SYNCED,
+    EndpointKind.HEARTBEAT: fleet_pb2.WatchReplicasResponse.KIND_HEARTBEAT,
+}
+_DIALECTS = {
+    "openai": fleet_pb2.API_DIALECT_OPENAI,
+    "llamacpp": fleet_pb2.API_DIALECT_LLAMACPP,
+    "tei": fleet_pb2.API_DIALECT_TEI,
+}
+
+
+def endpoint(e: Endpoint, phase: ReplicaPhase) -> fleet_pb2.Endpoint:
+    """An endpoint as the gateway routes by it."""
+    return fleet_pb2.Endpoint(
+        replica_id=e.replica_id,
+        model=e.model,
+        profile=e.profile,
+        address=e.address,
+        phase=fleet_pb2.ReplicaPhase.Value(f"REPLICA_PHASE_{phase.value}"),
+        revision=e.revision,
+        node=e.node,
+        engine=e.engine,
+        api_dialect=_DIALECTS.get(e.api_dialect, fleet_pb2.API_DIALECT_UNSPECIFIED),
+        context_tokens=e.context_tokens,
+        max_output=e.max_output,
+        slots=e.slots,
+        cards=e.cards,
+        gpus=list(e.gpus),
+        gpu_class=e.gpu_class,
+        weight=e.weight,
+        ready_since=timestamp(e.ready_since_s),
     )
+
+
+_CONVERTED: OrderedDict[int, tuple[EndpointEvent, fleet_pb2.WatchReplicasResponse]] = OrderedDict()
+CONVERTED_KEPT = 4096
+"""Events whose message is kept: one change goes to every watcher, converted once."""
+
+
+def endpoint_event(e: EndpointEvent) -> fleet_pb2.WatchReplicasResponse:
+    """An endpoint event as the gateway receives it (the same message for every stream that
+    sends the same event: callers must not change it)."""
+    hit = _CONVERTED.get(id(e))
+    if hit is not None and hit[0] is e:
+        return hit[1]
+    answer = _endpoint_event(e)
+    if e.kind is not EndpointKind.HEARTBEAT:
+        _CONVERTED[id(e)] = (e, answer)
+        if len(_CONVERTED) > CONVERTED_KEPT:
+            _CONVERTED.popitem(last=False)
+    return answer
+
+
+def _endpoint_event(e: EndpointEvent) -> fleet_pb2.WatchReplicasResponse:
+    answer = fleet_pb2.WatchReplicasResponse(
+        kind=_KINDS[e.kind],
+        seq=e.seq,
+        time=timestamp(e.at_s),
+        epoch=e.epoch,
+        resumed=e.resumed,
+        note=e.note,
+    )
+    if e.endpoint is not None:
+        removed = e.kind is EndpointKind.REMOVED
+        phase = ReplicaPhase.DRAINING if removed else ReplicaPhase.READY
+        answer.endpoint.CopyFrom(endpoint(e.endpoint, phase))
+    if e.reason is not None:
+        answer.reason = fleet_pb2.EndpointReason.Value(f"ENDPOINT_REASON_{e.reason.value}")
+    return answer
 
 
 __all__ = ["NodePhase", "catalog_model", "endpoint_event", "node", "replica", "timestamp"]

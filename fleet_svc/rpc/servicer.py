@@ -17,7 +17,7 @@ from fleet_svc.rpc import convert
 from fleet_svc.rpc.auth import current_caller
 from fleet_svc.rpc.status import refusals_as_status, stream_refusals_as_status
 from fleet_svc.store.base import Store
-from fleet_svc.watch import SYNCED, WatcherTooSlow
+from fleet_svc.watch import WatcherTooSlow
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 
@@ -210,10 +210,23 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
     async def WatchReplicas(
         self, request: fleet_pb2.WatchReplicasRequest, context: Context
     ) -> AsyncIterator[fleet_pb2.WatchReplicasResponse]:
-        """Ready endpoints: a snapshot, SYNCED, then additions and removals as they happen."""
+        """Routable endpoints: a snapshot (or the events missed since `after_seq`), SYNCED,
+        then each change, and heartbeats while nothing changes."""
+        if request.model:
+            self._app.model(request.model)  # MODEL_NOT_FOUND through the table
+        remaining = context.time_remaining()
+        log.info(
+            "watch_opened",
+            model=request.model,
+            after_seq=request.after_seq,
+            deadline_s=None if remaining is None else round(remaining, 3),
+        )
+        events = self._controller.hub.watch(
+            request.model, after_seq=max(request.after_seq, 0), epoch=request.epoch
+        )
         try:
-            async for event in self._controller.hub.watch(request.model):
-                yield convert.endpoint_event(event, event is SYNCED)
+            async for event in events:
+                yield convert.endpoint_event(event)
         except WatcherTooSlow as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
 

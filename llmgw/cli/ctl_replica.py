@@ -67,6 +67,8 @@ def replica_watch(opts: argparse.Namespace) -> int:
                 kind = short_name(event, "kind", "KIND_")
                 if opts.json:
                     line = json.dumps(as_data(event), separators=(",", ":"))
+                elif kind == "HEARTBEAT":
+                    continue  # the fleet's keepalive on a quiet stream: nothing to show
                 elif kind == "SYNCED":
                     line = "SYNCED   every ready endpoint above; changes follow"
                 else:
@@ -75,6 +77,8 @@ def replica_watch(opts: argparse.Namespace) -> int:
                         f"{kind:<8} {e.model}/{e.profile} {e.replica_id} {e.address} "
                         f"node={e.node} revision={e.revision}"
                     )
+                    if kind == "REMOVED":
+                        line += " reason=" + short_name(event, "reason", "ENDPOINT_REASON_")
                 print(line, flush=True)
         except KeyboardInterrupt:
             return 0

@@ -183,11 +183,16 @@ class FleetClient:
             lambda: self._stub.ListReplicas(request, timeout=self.timeout_s, metadata=self.metadata)
         )
 
-    def watch_replicas(self, model: str = "") -> Generator[ReplicaEvent, None, None]:
-        """The ready endpoints, then SYNCED, then each change, until the stream ends or the
-        iterator is closed (which cancels the stream). Not resumed when it drops."""
+    def watch_replicas(
+        self, model: str = "", *, after_seq: int = 0, epoch: str = ""
+    ) -> Generator[ReplicaEvent, None, None]:
+        """The ready endpoints (or the events after `after_seq` of `epoch`), then SYNCED,
+        then each change and heartbeats, until the stream ends or the iterator is closed
+        (which cancels the stream). Not resumed when it drops: call again with the last
+        `seq` and `epoch` seen."""
         stream = self._stub.WatchReplicas(
-            fleet_pb2.WatchReplicasRequest(model=model), metadata=self.metadata
+            fleet_pb2.WatchReplicasRequest(model=model, after_seq=after_seq, epoch=epoch),
+            metadata=self.metadata,
         )
         try:
             with translated(SERVICE, self.address, secure=self._secure):

@@ -213,6 +213,11 @@ class Engine(Protocol):
         """Flags the node agent refuses to pass (None: the agent does not run this engine)."""
 
     @property
+    def api_dialect(self) -> str:
+        """The HTTP API its server speaks, for the gateway: "openai" (OpenAI-compatible
+        routes), "llamacpp" (llama-server's native routes beside those), "tei"."""
+
+    @property
     def takes_context(self) -> bool:
         """Whether a context is set through the arguments."""
 

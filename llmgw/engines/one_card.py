@@ -28,8 +28,9 @@ class OneCardEngine:
     default_utilisation: float | None = None
     refused_flags: tuple[RefusedFlag, ...] | None = None
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, api_dialect: str = "openai") -> None:
         self.name = name
+        self.api_dialect = api_dialect
         self.grammar = Grammar(name)
 
     def gang_launch(self, args: Sequence[str], member: GangMember) -> GangLaunch:
@@ -146,6 +147,7 @@ class OneCardEngine:
         )
 
 
-TEI = OneCardEngine("tei")
+# text-embeddings-inference's router serves /embed and /rerank beside /v1/embeddings.
+TEI = OneCardEngine("tei", api_dialect="tei")
 INFINITY = OneCardEngine("infinity")
 EMBEDDINGS = OneCardEngine("embeddings")

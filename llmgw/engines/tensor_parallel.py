@@ -32,6 +32,8 @@ class TensorParallelEngine:
     aliases: tuple[str, ...] = ()
     grammar: Grammar = Grammar("")
     split: CardSplit = CardSplit.TENSOR_PARALLEL
+    api_dialect: str = "openai"
+    """vLLM's, SGLang's and trtllm-serve's servers all answer the OpenAI-compatible routes."""
     default_utilisation: float | None = None
     refused_flags: tuple[RefusedFlag, ...] | None = None
 

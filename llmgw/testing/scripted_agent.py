@@ -20,6 +20,13 @@ from llmgw.common.v1 import common_pb2
 from llmgw.tls import ClientTLS, aio_channel
 
 
+def welcome_interval_s(welcome: agent_pb2.Welcome) -> float:
+    """The heartbeat interval a Welcome asks for (its milliseconds when given)."""
+    if welcome.heartbeat_interval_ms > 0:
+        return welcome.heartbeat_interval_ms / 1000
+    return float(welcome.heartbeat_interval_s)
+
+
 @dataclass
 class ScriptedAgent:
     """One node's agent, scripted."""
@@ -126,8 +133,9 @@ class ScriptedAgent:
         spec: agent_pb2.ReplicaSpec,
         phase: agent_pb2.ProcessPhase.ValueType,
         message: str = "",
+        address: str = "",
     ) -> None:
-        """Send a ReplicaUpdate for a replica."""
+        """Send a ReplicaUpdate for a replica (at `address`, or one of its own by default)."""
         index = (
             sorted(self.running).index(spec.replica_id) if spec.replica_id in self.running else 0
         )
@@ -138,7 +146,7 @@ class ScriptedAgent:
                         replica_id=spec.replica_id,
                         revision=spec.revision,
                         phase=phase,
-                        address=f"127.0.0.1:{9000 + index}",
+                        address=address or f"127.0.0.1:{9000 + index}",
                         gpus=list(spec.gpus),
                         model=spec.model,
                         message=message,
@@ -159,7 +167,7 @@ class ScriptedAgent:
             async for msg in stream:
                 kind = msg.WhichOneof("msg")
                 if kind == "welcome" and self.heartbeat_s != 0:
-                    interval = self.heartbeat_s or msg.welcome.heartbeat_interval_s
+                    interval = self.heartbeat_s or welcome_interval_s(msg.welcome)
                     beater = asyncio.create_task(self._beat(interval))
                 elif kind == "desired":
                     self._apply(msg.desired)

@@ -220,27 +220,33 @@ async def test_fleet_restart_keeps_catalog_and_replicas(tmp_path: Path) -> None:
 
 
 async def test_watch_sends_ready_endpoints_and_removes_before_stopping(tmp_path: Path) -> None:
-    """WatchReplicas: snapshot, SYNCED, ADDED when ready; on delete REMOVED comes before the
-    agent is told to stop the replica."""
+    """WatchReplicas: snapshot, SYNCED, ADDED when ready; on delete REMOVED (reason DELETED)
+    comes before the agent is told to stop the replica."""
     async with running_fleet(tmp_path, drain_s=0.5) as (fleet, stub):
         agent = ScriptedAgent(f"127.0.0.1:{fleet.port}", "node-a", gpus=4)
         agent.start()
-        events: list[tuple[int, str]] = []
+        events: list[tuple[int, str, int]] = []
+        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=model(replicas=0)))
         stream = stub.WatchReplicas(fleet_pb2.WatchReplicasRequest(model="qwen"))
 
         async def read() -> None:
             async for ev in stream:
-                events.append((ev.kind, ev.endpoint.replica_id))
+                events.append((ev.kind, ev.endpoint.replica_id, ev.reason))
 
         reader = asyncio.create_task(read())
-        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=model(replicas=1)))
+        await assert_eventually(lambda: bool(events), what="SYNCED")
+        current = await stub.GetModel(fleet_pb2.GetModelRequest(name="qwen"))
+        await stub.UpdateModel(
+            fleet_pb2.UpdateModelRequest(model=model(replicas=1), etag=current.model.etag)
+        )
         added = fleet_pb2.WatchReplicasResponse.KIND_ADDED
         removed = fleet_pb2.WatchReplicasResponse.KIND_REMOVED
-        await assert_eventually(lambda: any(k == added for k, _ in events), what="ADDED")
+        await assert_eventually(lambda: any(k == added for k, _, _ in events), what="ADDED")
         assert events[0][0] == fleet_pb2.WatchReplicasResponse.KIND_SYNCED
-        rid = next(r for k, r in events if k == added)
+        rid = next(r for k, r, _ in events if k == added)
         await stub.DeleteModel(fleet_pb2.DeleteModelRequest(name="qwen"))
-        await assert_eventually(lambda: (removed, rid) in events, what="REMOVED")
+        deleted = fleet_pb2.ENDPOINT_REASON_DELETED
+        await assert_eventually(lambda: (removed, rid, deleted) in events, what="REMOVED")
         assert rid in agent.running, "removed from routing while still running (draining)"
         await assert_eventually(lambda: rid not in agent.running, what="stopped after the drain")
         reader.cancel()

@@ -23,7 +23,7 @@ from llmgw import certs
 from llmgw.agent.v1 import agent_pb2_grpc
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from llmgw.testing.eventually import assert_eventually
-from llmgw.testing.scripted_agent import ScriptedAgent
+from llmgw.testing.scripted_agent import ScriptedAgent, welcome_interval_s
 from llmgw.tls import ClientTLS, ServerTLS, aio_channel
 
 FAST = Liveness(interval_s=0.2, grace_heartbeats=3, lost_after_s=1.5)
@@ -133,7 +133,7 @@ class TLSAgent(ScriptedAgent):
             async for msg in stream:
                 kind = msg.WhichOneof("msg")
                 if kind == "welcome" and self.heartbeat_s != 0:
-                    interval = self.heartbeat_s or msg.welcome.heartbeat_interval_s
+                    interval = self.heartbeat_s or welcome_interval_s(msg.welcome)
                     beater = asyncio.create_task(self._beat(interval))
                 elif kind == "desired":
                     self._apply(msg.desired)

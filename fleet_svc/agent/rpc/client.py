@@ -235,7 +235,9 @@ class AgentClient:
                 call.cancel()
 
     def _welcome(self, welcome: agent_pb2.Welcome) -> None:
-        if welcome.heartbeat_interval_s > 0:
+        if welcome.heartbeat_interval_ms > 0:
+            self.heartbeat_interval_s = welcome.heartbeat_interval_ms / 1000
+        elif welcome.heartbeat_interval_s > 0:
             self.heartbeat_interval_s = float(welcome.heartbeat_interval_s)
         if welcome.grace_heartbeats > 0:
             self.grace_heartbeats = welcome.grace_heartbeats

@@ -479,19 +479,26 @@ class Welcome(_message.Message):
 
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
     GRACE_HEARTBEATS_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
     heartbeat_interval_s: _builtins.int
     """Seconds between heartbeats each side sends."""
     grace_heartbeats: _builtins.int
     """Heartbeats missed before the fleet marks the node NOT_READY."""
+    heartbeat_interval_ms: _builtins.int
+    """The same interval in milliseconds (0: use heartbeat_interval_s). Set by fleets whose
+    interval is not whole seconds: an agent beating at the rounded-up second would be
+    judged by the shorter interval and flap NOT_READY (and its endpoints out of routing).
+    """
     def __init__(
         self,
         *,
         heartbeat_interval_s: _builtins.int = ...,
         grace_heartbeats: _builtins.int = ...,
+        heartbeat_interval_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["grace_heartbeats", b"grace_heartbeats", "heartbeat_interval_s", b"heartbeat_interval_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grace_heartbeats", b"grace_heartbeats", "heartbeat_interval_ms", b"heartbeat_interval_ms", "heartbeat_interval_s", b"heartbeat_interval_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

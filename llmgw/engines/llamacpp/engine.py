@@ -161,6 +161,8 @@ class LlamaCpp:
     split = CardSplit.LAYER_SPLIT
     default_utilisation: float | None = None
     refused_flags: tuple[RefusedFlag, ...] | None = REFUSED
+    api_dialect = "llamacpp"
+    """llama-server (tools/server/server.cpp) serves /v1/* and its own /completion, /slots."""
 
     def gang_launch(self, args: Sequence[str], member: GangMember) -> GangLaunch:
         """RPC workers (`rpc-server`) off the head, `--rpc` on it

@@ -293,6 +293,90 @@ REPLICA_PHASE_LOST: ReplicaPhase.ValueType  # 9
 """Its node was lost; a replacement is placed elsewhere."""
 Global___ReplicaPhase: _TypeAlias = ReplicaPhase  # noqa: Y015
 
+class _ApiDialect:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ApiDialectEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ApiDialect.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    API_DIALECT_UNSPECIFIED: _ApiDialect.ValueType  # 0
+    """Not known (an engine the fleet does not know)."""
+    API_DIALECT_OPENAI: _ApiDialect.ValueType  # 1
+    """OpenAI-compatible routes (/v1/completions, /v1/chat/completions, /v1/models): vLLM,
+    SGLang, trtllm-serve, embedding servers with /v1/embeddings.
+    """
+    API_DIALECT_LLAMACPP: _ApiDialect.ValueType  # 2
+    """llama.cpp's llama-server: the OpenAI-compatible routes and its native ones
+    (/completion, /tokenize, /slots).
+    """
+    API_DIALECT_TEI: _ApiDialect.ValueType  # 3
+    """Hugging Face text-embeddings-inference: native /embed, /rerank beside /v1/embeddings."""
+
+class ApiDialect(_ApiDialect, metaclass=_ApiDialectEnumTypeWrapper):
+    """The HTTP API an endpoint speaks."""
+
+API_DIALECT_UNSPECIFIED: ApiDialect.ValueType  # 0
+"""Not known (an engine the fleet does not know)."""
+API_DIALECT_OPENAI: ApiDialect.ValueType  # 1
+"""OpenAI-compatible routes (/v1/completions, /v1/chat/completions, /v1/models): vLLM,
+SGLang, trtllm-serve, embedding servers with /v1/embeddings.
+"""
+API_DIALECT_LLAMACPP: ApiDialect.ValueType  # 2
+"""llama.cpp's llama-server: the OpenAI-compatible routes and its native ones
+(/completion, /tokenize, /slots).
+"""
+API_DIALECT_TEI: ApiDialect.ValueType  # 3
+"""Hugging Face text-embeddings-inference: native /embed, /rerank beside /v1/embeddings."""
+Global___ApiDialect: _TypeAlias = ApiDialect  # noqa: Y015
+
+class _EndpointReason:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _EndpointReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EndpointReason.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ENDPOINT_REASON_UNSPECIFIED: _EndpointReason.ValueType  # 0
+    """Not set (ADDED, UPDATED, SYNCED, HEARTBEAT)."""
+    ENDPOINT_REASON_DRAINING: _EndpointReason.ValueType  # 1
+    """Taken out before it stops: a rollout replaced it, its profile shrank, or it was asked
+    to stop.
+    """
+    ENDPOINT_REASON_FAILED: _EndpointReason.ValueType  # 2
+    """Its engine crashed, failed health checks or was refused; the agent may restart it
+    under the same replica id (then it is ADDED again, at its new address).
+    """
+    ENDPOINT_REASON_NODE_NOT_READY: _EndpointReason.ValueType  # 3
+    """Its node's agent missed heartbeats or disconnected: not routed until the node is READY
+    again (then it is ADDED again if it still runs).
+    """
+    ENDPOINT_REASON_NODE_LOST: _EndpointReason.ValueType  # 4
+    """Its node was lost; a replacement is placed elsewhere under a new id."""
+    ENDPOINT_REASON_DELETED: _EndpointReason.ValueType  # 5
+    """Its model was deleted from the catalog, or the profile removed."""
+
+class EndpointReason(_EndpointReason, metaclass=_EndpointReasonEnumTypeWrapper):
+    """Why an endpoint left routing."""
+
+ENDPOINT_REASON_UNSPECIFIED: EndpointReason.ValueType  # 0
+"""Not set (ADDED, UPDATED, SYNCED, HEARTBEAT)."""
+ENDPOINT_REASON_DRAINING: EndpointReason.ValueType  # 1
+"""Taken out before it stops: a rollout replaced it, its profile shrank, or it was asked
+to stop.
+"""
+ENDPOINT_REASON_FAILED: EndpointReason.ValueType  # 2
+"""Its engine crashed, failed health checks or was refused; the agent may restart it
+under the same replica id (then it is ADDED again, at its new address).
+"""
+ENDPOINT_REASON_NODE_NOT_READY: EndpointReason.ValueType  # 3
+"""Its node's agent missed heartbeats or disconnected: not routed until the node is READY
+again (then it is ADDED again if it still runs).
+"""
+ENDPOINT_REASON_NODE_LOST: EndpointReason.ValueType  # 4
+"""Its node was lost; a replacement is placed elsewhere under a new id."""
+ENDPOINT_REASON_DELETED: EndpointReason.ValueType  # 5
+"""Its model was deleted from the catalog, or the profile removed."""
+Global___EndpointReason: _TypeAlias = EndpointReason  # noqa: Y015
+
 @_typing.final
 class RolloutStep(_message.Message):
     """One replica's replacement in a rollout."""
@@ -1478,15 +1562,32 @@ class WatchReplicasRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MODEL_FIELD_NUMBER: _builtins.int
+    AFTER_SEQ_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     model: _builtins.str
+    """A model's name ("" for every model). A model not in the catalog is NOT_FOUND
+    (MODEL_NOT_FOUND).
+    """
+    after_seq: _builtins.int
+    """Resume after this sequence number (the last `seq` received, a heartbeat's included):
+    the events since are sent again, then SYNCED with `resumed` true. 0, another `epoch`, or
+    a sequence older than the history the fleet keeps: a fresh snapshot, SYNCED with
+    `resumed` false and `note` saying why.
+    """
+    epoch: _builtins.str
+    """The `epoch` of the stream `after_seq` came from (a fleet process numbers its events
+    from 1 under an epoch of its own).
+    """
     def __init__(
         self,
         *,
         model: _builtins.str = ...,
+        after_seq: _builtins.int = ...,
+        epoch: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "epoch", b"epoch", "model", b"model"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1505,6 +1606,16 @@ class Endpoint(_message.Message):
     PHASE_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
     NODE_FIELD_NUMBER: _builtins.int
+    ENGINE_FIELD_NUMBER: _builtins.int
+    API_DIALECT_FIELD_NUMBER: _builtins.int
+    CONTEXT_TOKENS_FIELD_NUMBER: _builtins.int
+    MAX_OUTPUT_FIELD_NUMBER: _builtins.int
+    SLOTS_FIELD_NUMBER: _builtins.int
+    CARDS_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    GPU_CLASS_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    READY_SINCE_FIELD_NUMBER: _builtins.int
     replica_id: _builtins.str
     model: _builtins.str
     profile: _builtins.str
@@ -1512,6 +1623,34 @@ class Endpoint(_message.Message):
     phase: Global___ReplicaPhase.ValueType
     revision: _builtins.int
     node: _builtins.str
+    engine: _builtins.str
+    """The engine the replica runs (e.g. "vllm", "llamacpp")."""
+    api_dialect: Global___ApiDialect.ValueType
+    """The HTTP API the endpoint speaks."""
+    context_tokens: _builtins.int
+    """The context one request may use (prompt and output), in tokens."""
+    max_output: _builtins.int
+    """The most tokens one request may generate (0: the model does not say)."""
+    slots: _builtins.int
+    """Requests served at full context at once (llama.cpp's --parallel; 1 for engines that
+    batch by memory).
+    """
+    cards: _builtins.int
+    """How many cards the replica runs on (0 for a CPU replica)."""
+    gpu_class: _builtins.str
+    """The class of its cards, e.g. "H100-80GB" ("" on a CPU node)."""
+    weight: _builtins.int
+    """Its share of a model's traffic relative to the model's other endpoints: 100 per card,
+    10 for a CPU replica (docs/gateway.md).
+    """
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The card indexes on its node (what CUDA_VISIBLE_DEVICES names)."""
+
+    @_builtins.property
+    def ready_since(self) -> _timestamp_pb2.Timestamp:
+        """When it became READY (the fleet's clock)."""
+
     def __init__(
         self,
         *,
@@ -1522,10 +1661,20 @@ class Endpoint(_message.Message):
         phase: Global___ReplicaPhase.ValueType = ...,
         revision: _builtins.int = ...,
         node: _builtins.str = ...,
+        engine: _builtins.str = ...,
+        api_dialect: Global___ApiDialect.ValueType = ...,
+        context_tokens: _builtins.int = ...,
+        max_output: _builtins.int = ...,
+        slots: _builtins.int = ...,
+        cards: _builtins.int = ...,
+        gpus: _abc.Iterable[_builtins.int] | None = ...,
+        gpu_class: _builtins.str = ...,
+        weight: _builtins.int = ...,
+        ready_since: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ready_since", b"ready_since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "model", b"model", "node", b"node", "phase", b"phase", "profile", b"profile", "replica_id", b"replica_id", "revision", b"revision"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "api_dialect", b"api_dialect", "cards", b"cards", "context_tokens", b"context_tokens", "engine", b"engine", "gpu_class", b"gpu_class", "gpus", b"gpus", "max_output", b"max_output", "model", b"model", "node", b"node", "phase", b"phase", "profile", b"profile", "ready_since", b"ready_since", "replica_id", b"replica_id", "revision", b"revision", "slots", b"slots", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1551,6 +1700,12 @@ class WatchReplicasResponse(_message.Message):
         """The endpoint is going away: stop routing to it (sent before it is stopped)."""
         KIND_SYNCED: WatchReplicasResponse._Kind.ValueType  # 3
         """Every ready endpoint has been sent once: the snapshot is complete."""
+        KIND_UPDATED: WatchReplicasResponse._Kind.ValueType  # 4
+        """An endpoint already ADDED changed what a router reads (its address, its ready time):
+        replace it.
+        """
+        KIND_HEARTBEAT: WatchReplicasResponse._Kind.ValueType  # 5
+        """Nothing happened for the heartbeat interval; carries the latest `seq` to resume from."""
 
     class Kind(_Kind, metaclass=_KindEnumTypeWrapper):
         """What happened to an endpoint."""
@@ -1563,21 +1718,58 @@ class WatchReplicasResponse(_message.Message):
     """The endpoint is going away: stop routing to it (sent before it is stopped)."""
     KIND_SYNCED: WatchReplicasResponse.Kind.ValueType  # 3
     """Every ready endpoint has been sent once: the snapshot is complete."""
+    KIND_UPDATED: WatchReplicasResponse.Kind.ValueType  # 4
+    """An endpoint already ADDED changed what a router reads (its address, its ready time):
+    replace it.
+    """
+    KIND_HEARTBEAT: WatchReplicasResponse.Kind.ValueType  # 5
+    """Nothing happened for the heartbeat interval; carries the latest `seq` to resume from."""
 
     KIND_FIELD_NUMBER: _builtins.int
     ENDPOINT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    TIME_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    RESUMED_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
     kind: Global___WatchReplicasResponse.Kind.ValueType
+    reason: Global___EndpointReason.ValueType
+    """Why a REMOVED endpoint left."""
+    seq: _builtins.int
+    """The event's number in `epoch`, rising by one per change of any model's endpoints. A
+    snapshot's ADDED events, SYNCED and a heartbeat carry the latest number.
+    """
+    epoch: _builtins.str
+    """Which fleet process numbered the events: resume only within one epoch."""
+    resumed: _builtins.bool
+    """On SYNCED: true when the events after the asked `after_seq` were sent again; false when
+    this was a fresh snapshot (replace every endpoint held with the ones sent since the
+    stream opened).
+    """
+    note: _builtins.str
+    """On SYNCED after a resume that could not be honoured: why a snapshot was sent instead."""
     @_builtins.property
     def endpoint(self) -> Global___Endpoint: ...
+    @_builtins.property
+    def time(self) -> _timestamp_pb2.Timestamp:
+        """When the fleet made the event (its clock)."""
+
     def __init__(
         self,
         *,
         kind: Global___WatchReplicasResponse.Kind.ValueType = ...,
         endpoint: Global___Endpoint | None = ...,
+        reason: Global___EndpointReason.ValueType = ...,
+        seq: _builtins.int = ...,
+        time: _timestamp_pb2.Timestamp | None = ...,
+        epoch: _builtins.str = ...,
+        resumed: _builtins.bool = ...,
+        note: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint", "time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint", "kind", b"kind"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint", "epoch", b"epoch", "kind", b"kind", "note", b"note", "reason", b"reason", "resumed", b"resumed", "seq", b"seq", "time", b"time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
