@@ -161,18 +161,37 @@ class ModelShape:
     parallel: ParallelDims = field(default_factory=ParallelDims)
     """What tensor parallel splits besides the attention heads (`engines.heads`)."""
 
+    distinct_layers: tuple[tuple[Layer, int], ...] = field(init=False, compare=False, repr=False)
+    """Each distinct layer geometry (first appearance first) and how many layers have it."""
+    has_recurrent: bool = field(init=False, compare=False, repr=False)
+    """Whether some layer keeps recurrent state (a hybrid or recurrent model)."""
+    sizing_memo: dict[object, object] = field(init=False, compare=False, repr=False)
+    """What sizing works out once per shape and setting (tensor parallel size, cache type),
+    never per context: `engines.kvcache` keeps it here, bounded, so it lives as long as the
+    shape and no longer."""
+
     def __post_init__(self) -> None:
         # Models repeat a few layer geometries many times: share one object per geometry, so
         # per-layer sizing can remember each by identity instead of hashing every layer.
         shared: dict[Layer, Layer] = {}
         by_id: dict[int, Layer] = {}
+        counts: dict[int, int] = {}
         layers = []
         for la in self.layers:
             one = by_id.get(id(la))
             if one is None:
                 one = by_id[id(la)] = shared.setdefault(la, la)
             layers.append(one)
+            counts[id(one)] = counts.get(id(one), 0) + 1
         object.__setattr__(self, "layers", tuple(layers))
+        distinct = {id(la): la for la in layers}
+        object.__setattr__(
+            self, "distinct_layers", tuple((la, counts[i]) for i, la in distinct.items())
+        )
+        object.__setattr__(
+            self, "has_recurrent", any(la.kind is LayerKind.RECURRENT for la in layers)
+        )
+        object.__setattr__(self, "sizing_memo", {})
 
     @property
     def block_count(self) -> int:
