@@ -3,6 +3,7 @@ the longest context and the fewest cards that fit."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,8 +50,19 @@ def measure(
     cards: int,
 ) -> Fit:
     """The need of `profile` served with `args` (already set for `tokens`/`slots`) on
-    `cards` cards of its class."""
+    `cards` cards of its class.
+
+    A need is a pure function of these, so the last few are kept with the shape (bounded,
+    `NEEDS_KEPT`): a change sizes the profile as it stands as well as at the new context, and
+    the profile as it stands is the same for every context asked of it; a context not
+    measured before is computed."""
     card = card_of(profile.gpu_class, inventory)
+    key = (engine.name, tuple(args), tokens, slots, cards, card, profile.engine_version)
+    kept = _needs_of(shape)
+    need = kept.get(key)
+    if need is not None:
+        kept.move_to_end(key)
+        return Fit(need)
     need = card_need(
         engine.name,
         shape,
@@ -62,7 +74,28 @@ def measure(
         card=card,
         engine_version=profile.engine_version,
     )
+    if len(key[1]) <= NEEDS_ARGS_KEPT and sum(map(len, key[1])) <= NEEDS_ARGS_CHARS_KEPT:
+        kept[key] = need
+        while len(kept) > NEEDS_KEPT:
+            kept.popitem(last=False)
     return Fit(need)
+
+
+NEEDS_KEPT = 32
+"""Needs kept per shape (the profiles as they stand, and the last contexts measured)."""
+
+NEEDS_ARGS_KEPT = 64
+NEEDS_ARGS_CHARS_KEPT = 4096
+"""Needs of argument lists longer than these are not kept (the memory held stays bounded)."""
+
+
+def _needs_of(shape: ModelShape) -> OrderedDict[object, CardNeed]:
+    """The needs kept with `shape` (in its `sizing_memo`)."""
+    kept = shape.sizing_memo.get("needs")
+    if not isinstance(kept, OrderedDict):
+        kept = OrderedDict()
+        shape.sizing_memo["needs"] = kept
+    return kept
 
 
 def longest_context(
