@@ -141,14 +141,17 @@ def test_a_named_version_changes_the_rules() -> None:
 
 
 def test_kv_is_answered_without_weights() -> None:
-    """With the files' sizes unknown the memory is not checked, but the KV figures come back."""
+    """With the files' sizes unknown the memory is not checked, but the KV figures and the
+    pool the budget leaves before any weights come back, flagged."""
     shape = replace(LLAMA_31_8B, weights_bytes=0)
     change = size_context(llama(), shape, tokens=16_384, slots=1, inventory=H100)
     msg = context_change_to_proto(change)
     gpu, cpu = msg.profiles[0].memory, msg.profiles[1].memory
     assert gpu.kv_bytes == gpu.kv_per_card_bytes == 16_384 * 131_072
     assert gpu.verdict == common_pb2.FIT_VERDICT_NOT_CHECKED
-    assert gpu.kv_pool_bytes == 0 and gpu.weights_bytes == 0
+    assert gpu.weights_unknown and gpu.weights_bytes == 0
+    assert gpu.kv_pool_bytes == gpu.budget_bytes - gpu.overhead_bytes  # before any weights
+    assert gpu.kv_token_capacity > 0 and cpu.weights_unknown
     assert cpu.kv_bytes == 16_384 * 131_072
     assert "not checked" in change.note
     assert change.updated[1].min_memory_gb == 0  # not rewritten from a figure without weights
