@@ -4,6 +4,7 @@ numbers sane. Pure: no grpc, no I/O; the proto mappings live in `llmgw.rpc.commo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from llmgw.refusal import Refusal
@@ -30,6 +31,31 @@ def checked_count(value: int, field: str, maximum: int = MAX_COUNT) -> int:
     if value < 0 or value > maximum:
         raise InvalidValue(f"{field} is {value}: it must be between 0 and {maximum}", field=field)
     return value
+
+
+MAX_ENGINE_VERSIONS = 64
+MAX_VERSION_CHARS = 64
+"""A node's engine versions: at most 64 engines, names and versions of at most 64 characters."""
+
+
+def checked_versions(versions: Mapping[str, str], field: str) -> tuple[tuple[str, str], ...]:
+    """A node's (engine, version) pairs, sorted by engine, refused when past the bounds.
+
+    Raises:
+        InvalidValue: too many, or a name or version too long, naming `field`.
+    """
+    if len(versions) > MAX_ENGINE_VERSIONS:
+        raise InvalidValue(
+            f"{field} names {len(versions)} engines: at most {MAX_ENGINE_VERSIONS}", field=field
+        )
+    for name, version in versions.items():
+        if len(name) > MAX_VERSION_CHARS or len(version) > MAX_VERSION_CHARS:
+            raise InvalidValue(
+                f"{field}[{name[:MAX_VERSION_CHARS]!r}]: engine names and versions are at most "
+                f"{MAX_VERSION_CHARS} characters",
+                field=field,
+            )
+    return tuple(sorted(versions.items()))
 
 
 @dataclass(frozen=True)
@@ -92,6 +118,8 @@ class Node:
     memory_bytes: int = 0
     gpu_cuda_memory_bytes: int = 0
     """One card's memory as CUDA reports it (below NVML's `gpu_memory_bytes`); 0: not known."""
+    engine_versions: tuple[tuple[str, str], ...] = ()
+    """(engine, version) the node runs, as its agent reported them, sorted by engine."""
 
 
 @dataclass(frozen=True)
@@ -108,3 +136,13 @@ class Inventory:
     def largest_count(self, gpu_class: str) -> int:
         """The most cards any node of the class has (0 when none)."""
         return max((n.gpus for n in self.of_class(gpu_class)), default=0)
+
+    def engine_versions(self, gpu_class: str, engine: str) -> tuple[str, ...]:
+        """The versions of `engine` the nodes of `gpu_class` report (distinct, sorted; an
+        engine's aliases are the caller's to resolve). Nodes of no class count for a CPU
+        profile's empty class."""
+        want = gpu_class.strip().lower()
+        nodes = self.of_class(gpu_class) if want else self.nodes
+        return tuple(
+            sorted({v for n in nodes for name, v in n.engine_versions if name == engine and v})
+        )

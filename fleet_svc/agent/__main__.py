@@ -26,6 +26,7 @@ from fleet_svc.agent.config import (
 )
 from fleet_svc.agent.replicas import ReplicaSet
 from fleet_svc.agent.rpc.client import AgentClient, NodeIdentity
+from fleet_svc.agent.versions import reported_versions, with_versions
 from llmgw.logs import configure_logging
 from llmgw.tls import (
     NODE,
@@ -164,7 +165,7 @@ def node_of_certificate(opts: argparse.Namespace) -> str | None:
 async def run_agent(opts: argparse.Namespace) -> None:
     """Run until SIGTERM/SIGINT, then stop (or leave) the replicas."""
     log = structlog.get_logger("fleet_svc.agent").bind(node=opts.node)
-    config = build_config(opts.config, opts.demo, opts.source_root)
+    config = await with_versions(build_config(opts.config, opts.demo, opts.source_root))
     state_dir: Path = opts.state_dir or Path.home() / ".cache" / "llmgw" / "agent" / opts.node
     state_dir.mkdir(parents=True, exist_ok=True)
     cards = discover_cards(opts.gpus, opts.gpus_file, state_dir)
@@ -183,6 +184,7 @@ async def run_agent(opts: argparse.Namespace) -> None:
         cards=len(replicas.card_indices),
         card_source=cards.kind,
         engines=sorted(config.engines),
+        engine_versions=reported_versions(config),
         adopted=[s.replica_id for s in adopted],
         state_dir=str(state_dir),
     )

@@ -29,6 +29,9 @@ from llmgw.llama_server import find_llama_server as find_llama_server
 
 STANDIN_MODULE = "fleet_svc.standin"
 
+MAX_VERSION_CHARS = 64
+"""An engine's version as the config may write it (and the agent reports it)."""
+
 PLACEHOLDERS = frozenset(
     {"model", "port", "host", "args", "source", "source_args", "engine", "replica_id", "profile"}
 )
@@ -114,6 +117,9 @@ class EngineConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     module: str = ""
     source_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    version: str = ""
+    """The engine's version as the node reports it (the config's `version`, else found at
+    start: `fleet_svc.agent.versions`); "" when not known."""
 
     def command(self, spec: ReplicaSpec, host: str, port: int) -> list[str]:
         """The argv that runs `spec` on `host:port`: program, then the filled template.
@@ -249,6 +255,7 @@ def parse_engine(
         "allow_flags",
         "refuse_flags",
         "source_args",
+        "version",
     }
     unknown = sorted(set(data) - known)
     if unknown:
@@ -297,6 +304,14 @@ def parse_engine(
     if family == "llamacpp" and not source_args:
         source_args = dict(LLAMACPP_SOURCE_ARGS)
     template = _check_template(name, _str_list(data.get("args"), "args", where) or STANDIN_TEMPLATE)
+    version = data.get("version", "")
+    if isinstance(version, int | float) and not isinstance(version, bool):
+        version = str(version)
+    if not isinstance(version, str) or len(version) > MAX_VERSION_CHARS or "\n" in version:
+        raise ConfigError(
+            f"{where}: version must be a string of at most {MAX_VERSION_CHARS} characters, "
+            'e.g. "0.10.2"'
+        )
     return EngineConfig(
         name=name,
         program=program,
@@ -314,6 +329,7 @@ def parse_engine(
         env={str(k): str(v) for k, v in env.items()},
         module=module,
         source_args=source_args,
+        version=version.strip(),
     )
 
 

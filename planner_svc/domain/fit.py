@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmgw.engines.base import CardNeed, Engine
+from llmgw.engines.versions import parse_version
 from llmgw.model import Inventory, Profile
 from llmgw.shape import ModelShape
 from planner_svc.domain.cards import GIB, card_of
@@ -57,7 +58,8 @@ def measure(
     the profile as it stands is the same for every context asked of it; a context not
     measured before is computed."""
     card = card_of(profile.gpu_class, inventory)
-    key = (engine.name, tuple(args), tokens, slots, cards, card, profile.engine_version)
+    version = engine_version(engine, profile, inventory)
+    key = (engine.name, tuple(args), tokens, slots, cards, card, version)
     kept = _needs_of(shape)
     need = kept.get(key)
     if need is not None:
@@ -72,13 +74,30 @@ def measure(
         cards=cards,
         card_memory_bytes=card.nvml_bytes,
         card=card,
-        engine_version=profile.engine_version,
+        engine_version=version,
     )
+    if version and not profile.engine_version.strip():
+        need = replace(
+            need, rules=f"{need.rules}; {version} is what the {profile.gpu_class} nodes run"
+        )
     if len(key[1]) <= NEEDS_ARGS_KEPT and sum(map(len, key[1])) <= NEEDS_ARGS_CHARS_KEPT:
         kept[key] = need
         while len(kept) > NEEDS_KEPT:
             kept.popitem(last=False)
     return Fit(need)
+
+
+def engine_version(engine: Engine, profile: Profile, inventory: Inventory) -> str:
+    """The engine version whose rules size `profile`: the one it names, else the one the nodes
+    of its class report running (the oldest, when they differ: by their version numbers, a
+    replica may land on any of them), else "" (the newest rules known)."""
+    if profile.engine_version.strip():
+        return profile.engine_version
+    names = (engine.name, *engine.aliases)
+    reported = {v for name in names for v in inventory.engine_versions(profile.gpu_class, name)}
+    if not reported:
+        return ""
+    return min(reported, key=lambda v: (parse_version(v) or (1 << 30, 0, 0), v))
 
 
 NEEDS_KEPT = 32

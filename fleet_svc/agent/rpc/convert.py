@@ -71,6 +71,7 @@ def card_to_proto(card: Card) -> agent_pb2.Card:
         model=card.model,
         memory_total_bytes=card.memory_total_bytes,
         memory_used_bytes=card.memory_used_bytes,
+        cuda_memory_total_bytes=card.cuda_memory_total_bytes,
     )
 
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1allmgw/agent/v1/agent.proto\x12\x0ellmgw.agent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"i\n\x04\x43\x61rd\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x03\x12\x19\n\x11memory_used_bytes\x18\x05 \x01(\x03\"\xa2\x02\n\x0fObservedReplica\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12+\n\x05phase\x18\x03 \x01(\x0e\x32\x1c.llmgw.agent.v1.ProcessPhase\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x05\x12\x0c\n\x04gpus\x18\x06 \x03(\x05\x12\x10\n\x08restarts\x18\x07 \x01(\x05\x12\x11\n\texit_code\x18\x08 \x01(\x05\x12\x0f\n\x07message\x18\t \x01(\t\x12\x10\n\x08log_tail\x18\n \x03(\t\x12\r\n\x05model\x18\x0b \x01(\t\x12\x0e\n\x06\x65ngine\x18\x0c \x01(\t\x12)\n\x05since\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xc6\x02\n\x05Hello\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x31\n\x06labels\x18\x02 \x03(\x0b\x32!.llmgw.agent.v1.Hello.LabelsEntry\x12#\n\x05\x63\x61rds\x18\x03 \x03(\x0b\x32\x14.llmgw.agent.v1.Card\x12\x31\n\x08replicas\x18\x04 \x03(\x0b\x32\x1f.llmgw.agent.v1.ObservedReplica\x12\x0f\n\x07\x65ngines\x18\x05 \x03(\t\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x03\x12\x19\n\x11memory_free_bytes\x18\x07 \x01(\x03\x12\x15\n\ragent_version\x18\x08 \x01(\t\x12\x17\n\x0f\x61pplied_version\x18\t \x01(\x03\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x85\x01\n\tHeartbeat\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12+\n\x07sent_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12#\n\x05\x63\x61rds\x18\x03 \x03(\x0b\x32\x14.llmgw.agent.v1.Card\x12\x19\n\x11memory_free_bytes\x18\x04 \x01(\x03\"C\n\x03\x41\x63k\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12+\n\x08rejected\x18\x02 \x03(\x0b\x32\x19.llmgw.agent.v1.Rejection\"R\n\tRejection\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"A\n\rReplicaUpdate\x12\x30\n\x07replica\x18\x01 \x01(\x0b\x32\x1f.llmgw.agent.v1.ObservedReplica\"\xc4\x01\n\x0e\x43onnectRequest\x12&\n\x05hello\x18\x01 \x01(\x0b\x32\x15.llmgw.agent.v1.HelloH\x00\x12.\n\theartbeat\x18\x02 \x01(\x0b\x32\x19.llmgw.agent.v1.HeartbeatH\x00\x12\"\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x13.llmgw.agent.v1.AckH\x00\x12/\n\x06update\x18\x04 \x01(\x0b\x32\x1d.llmgw.agent.v1.ReplicaUpdateH\x00\x42\x05\n\x03msg\"\x8f\x01\n\x0bReplicaSpec\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07profile\x18\x04 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x05 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x06 \x03(\t\x12\x0c\n\x04gpus\x18\x07 \x03(\x05\x12\x0e\n\x06source\x18\x08 \x01(\t\"I\n\x07\x44\x65sired\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12-\n\x08replicas\x18\x02 \x03(\x0b\x32\x1b.llmgw.agent.v1.ReplicaSpec\"A\n\x07Welcome\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x05\x12\x18\n\x10grace_heartbeats\x18\x02 \x01(\x05\"\xa0\x01\n\x0f\x43onnectResponse\x12*\n\x07welcome\x18\x01 \x01(\x0b\x32\x17.llmgw.agent.v1.WelcomeH\x00\x12*\n\x07\x64\x65sired\x18\x02 \x01(\x0b\x32\x17.llmgw.agent.v1.DesiredH\x00\x12.\n\theartbeat\x18\x03 \x01(\x0b\x32\x19.llmgw.agent.v1.HeartbeatH\x00\x42\x05\n\x03msg*\xed\x01\n\x0cProcessPhase\x12\x1d\n\x19PROCESS_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n\x16PROCESS_PHASE_STARTING\x10\x01\x12\x19\n\x15PROCESS_PHASE_HEALTHY\x10\x02\x12\x1b\n\x17PROCESS_PHASE_UNHEALTHY\x10\x03\x12\x19\n\x15PROCESS_PHASE_CRASHED\x10\x04\x12\x1a\n\x16PROCESS_PHASE_STOPPING\x10\x05\x12\x19\n\x15PROCESS_PHASE_STOPPED\x10\x06\x12\x18\n\x14PROCESS_PHASE_FAILED\x10\x07\x32^\n\x0c\x41gentService\x12N\n\x07\x43onnect\x12\x1e.llmgw.agent.v1.ConnectRequest\x1a\x1f.llmgw.agent.v1.ConnectResponse(\x01\x30\x01\x42=Z;gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/agent/v1;agentv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1allmgw/agent/v1/agent.proto\x12\x0ellmgw.agent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8a\x01\n\x04\x43\x61rd\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x03\x12\x19\n\x11memory_used_bytes\x18\x05 \x01(\x03\x12\x1f\n\x17\x63uda_memory_total_bytes\x18\x06 \x01(\x03\"\xa2\x02\n\x0fObservedReplica\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12+\n\x05phase\x18\x03 \x01(\x0e\x32\x1c.llmgw.agent.v1.ProcessPhase\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x05\x12\x0c\n\x04gpus\x18\x06 \x03(\x05\x12\x10\n\x08restarts\x18\x07 \x01(\x05\x12\x11\n\texit_code\x18\x08 \x01(\x05\x12\x0f\n\x07message\x18\t \x01(\t\x12\x10\n\x08log_tail\x18\n \x03(\t\x12\r\n\x05model\x18\x0b \x01(\t\x12\x0e\n\x06\x65ngine\x18\x0c \x01(\t\x12)\n\x05since\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xc1\x03\n\x05Hello\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x31\n\x06labels\x18\x02 \x03(\x0b\x32!.llmgw.agent.v1.Hello.LabelsEntry\x12#\n\x05\x63\x61rds\x18\x03 \x03(\x0b\x32\x14.llmgw.agent.v1.Card\x12\x31\n\x08replicas\x18\x04 \x03(\x0b\x32\x1f.llmgw.agent.v1.ObservedReplica\x12\x0f\n\x07\x65ngines\x18\x05 \x03(\t\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x03\x12\x19\n\x11memory_free_bytes\x18\x07 \x01(\x03\x12\x15\n\ragent_version\x18\x08 \x01(\t\x12\x17\n\x0f\x61pplied_version\x18\t \x01(\x03\x12\x42\n\x0f\x65ngine_versions\x18\n \x03(\x0b\x32).llmgw.agent.v1.Hello.EngineVersionsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x35\n\x13\x45ngineVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x85\x01\n\tHeartbeat\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12+\n\x07sent_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12#\n\x05\x63\x61rds\x18\x03 \x03(\x0b\x32\x14.llmgw.agent.v1.Card\x12\x19\n\x11memory_free_bytes\x18\x04 \x01(\x03\"C\n\x03\x41\x63k\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12+\n\x08rejected\x18\x02 \x03(\x0b\x32\x19.llmgw.agent.v1.Rejection\"R\n\tRejection\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"A\n\rReplicaUpdate\x12\x30\n\x07replica\x18\x01 \x01(\x0b\x32\x1f.llmgw.agent.v1.ObservedReplica\"\xc4\x01\n\x0e\x43onnectRequest\x12&\n\x05hello\x18\x01 \x01(\x0b\x32\x15.llmgw.agent.v1.HelloH\x00\x12.\n\theartbeat\x18\x02 \x01(\x0b\x32\x19.llmgw.agent.v1.HeartbeatH\x00\x12\"\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x13.llmgw.agent.v1.AckH\x00\x12/\n\x06update\x18\x04 \x01(\x0b\x32\x1d.llmgw.agent.v1.ReplicaUpdateH\x00\x42\x05\n\x03msg\"\x8f\x01\n\x0bReplicaSpec\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07profile\x18\x04 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x05 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x06 \x03(\t\x12\x0c\n\x04gpus\x18\x07 \x03(\x05\x12\x0e\n\x06source\x18\x08 \x01(\t\"I\n\x07\x44\x65sired\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12-\n\x08replicas\x18\x02 \x03(\x0b\x32\x1b.llmgw.agent.v1.ReplicaSpec\"A\n\x07Welcome\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x05\x12\x18\n\x10grace_heartbeats\x18\x02 \x01(\x05\"\xa0\x01\n\x0f\x43onnectResponse\x12*\n\x07welcome\x18\x01 \x01(\x0b\x32\x17.llmgw.agent.v1.WelcomeH\x00\x12*\n\x07\x64\x65sired\x18\x02 \x01(\x0b\x32\x17.llmgw.agent.v1.DesiredH\x00\x12.\n\theartbeat\x18\x03 \x01(\x0b\x32\x19.llmgw.agent.v1.HeartbeatH\x00\x42\x05\n\x03msg*\xed\x01\n\x0cProcessPhase\x12\x1d\n\x19PROCESS_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n\x16PROCESS_PHASE_STARTING\x10\x01\x12\x19\n\x15PROCESS_PHASE_HEALTHY\x10\x02\x12\x1b\n\x17PROCESS_PHASE_UNHEALTHY\x10\x03\x12\x19\n\x15PROCESS_PHASE_CRASHED\x10\x04\x12\x1a\n\x16PROCESS_PHASE_STOPPING\x10\x05\x12\x19\n\x15PROCESS_PHASE_STOPPED\x10\x06\x12\x18\n\x14PROCESS_PHASE_FAILED\x10\x07\x32^\n\x0c\x41gentService\x12N\n\x07\x43onnect\x12\x1e.llmgw.agent.v1.ConnectRequest\x1a\x1f.llmgw.agent.v1.ConnectResponse(\x01\x30\x01\x42=Z;gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/agent/v1;agentv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,34 +35,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._serialized_options = b'Z;gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/agent/v1;agentv1'
   _globals['_HELLO_LABELSENTRY']._loaded_options = None
   _globals['_HELLO_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_PROCESSPHASE']._serialized_start=1815
-  _globals['_PROCESSPHASE']._serialized_end=2052
-  _globals['_CARD']._serialized_start=79
-  _globals['_CARD']._serialized_end=184
-  _globals['_OBSERVEDREPLICA']._serialized_start=187
-  _globals['_OBSERVEDREPLICA']._serialized_end=477
-  _globals['_HELLO']._serialized_start=480
-  _globals['_HELLO']._serialized_end=806
-  _globals['_HELLO_LABELSENTRY']._serialized_start=761
-  _globals['_HELLO_LABELSENTRY']._serialized_end=806
-  _globals['_HEARTBEAT']._serialized_start=809
-  _globals['_HEARTBEAT']._serialized_end=942
-  _globals['_ACK']._serialized_start=944
-  _globals['_ACK']._serialized_end=1011
-  _globals['_REJECTION']._serialized_start=1013
-  _globals['_REJECTION']._serialized_end=1095
-  _globals['_REPLICAUPDATE']._serialized_start=1097
-  _globals['_REPLICAUPDATE']._serialized_end=1162
-  _globals['_CONNECTREQUEST']._serialized_start=1165
-  _globals['_CONNECTREQUEST']._serialized_end=1361
-  _globals['_REPLICASPEC']._serialized_start=1364
-  _globals['_REPLICASPEC']._serialized_end=1507
-  _globals['_DESIRED']._serialized_start=1509
-  _globals['_DESIRED']._serialized_end=1582
-  _globals['_WELCOME']._serialized_start=1584
-  _globals['_WELCOME']._serialized_end=1649
-  _globals['_CONNECTRESPONSE']._serialized_start=1652
-  _globals['_CONNECTRESPONSE']._serialized_end=1812
-  _globals['_AGENTSERVICE']._serialized_start=2054
-  _globals['_AGENTSERVICE']._serialized_end=2148
+  _globals['_HELLO_ENGINEVERSIONSENTRY']._loaded_options = None
+  _globals['_HELLO_ENGINEVERSIONSENTRY']._serialized_options = b'8\001'
+  _globals['_PROCESSPHASE']._serialized_start=1972
+  _globals['_PROCESSPHASE']._serialized_end=2209
+  _globals['_CARD']._serialized_start=80
+  _globals['_CARD']._serialized_end=218
+  _globals['_OBSERVEDREPLICA']._serialized_start=221
+  _globals['_OBSERVEDREPLICA']._serialized_end=511
+  _globals['_HELLO']._serialized_start=514
+  _globals['_HELLO']._serialized_end=963
+  _globals['_HELLO_LABELSENTRY']._serialized_start=863
+  _globals['_HELLO_LABELSENTRY']._serialized_end=908
+  _globals['_HELLO_ENGINEVERSIONSENTRY']._serialized_start=910
+  _globals['_HELLO_ENGINEVERSIONSENTRY']._serialized_end=963
+  _globals['_HEARTBEAT']._serialized_start=966
+  _globals['_HEARTBEAT']._serialized_end=1099
+  _globals['_ACK']._serialized_start=1101
+  _globals['_ACK']._serialized_end=1168
+  _globals['_REJECTION']._serialized_start=1170
+  _globals['_REJECTION']._serialized_end=1252
+  _globals['_REPLICAUPDATE']._serialized_start=1254
+  _globals['_REPLICAUPDATE']._serialized_end=1319
+  _globals['_CONNECTREQUEST']._serialized_start=1322
+  _globals['_CONNECTREQUEST']._serialized_end=1518
+  _globals['_REPLICASPEC']._serialized_start=1521
+  _globals['_REPLICASPEC']._serialized_end=1664
+  _globals['_DESIRED']._serialized_start=1666
+  _globals['_DESIRED']._serialized_end=1739
+  _globals['_WELCOME']._serialized_start=1741
+  _globals['_WELCOME']._serialized_end=1806
+  _globals['_CONNECTRESPONSE']._serialized_start=1809
+  _globals['_CONNECTRESPONSE']._serialized_end=1969
+  _globals['_AGENTSERVICE']._serialized_start=2211
+  _globals['_AGENTSERVICE']._serialized_end=2305
 # @@protoc_insertion_point(module_scope)
