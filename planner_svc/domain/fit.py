@@ -59,7 +59,8 @@ def measure(
     measured before is computed."""
     card = card_of(profile.gpu_class, inventory)
     version = engine_version(engine, profile, inventory)
-    key = (engine.name, tuple(args), tokens, slots, cards, card, version)
+    from_nodes = bool(version) and not profile.engine_version.strip()
+    key = (engine.name, tuple(args), tokens, slots, cards, card, version, from_nodes)
     kept = _needs_of(shape)
     need = kept.get(key)
     if need is not None:
@@ -76,7 +77,7 @@ def measure(
         card=card,
         engine_version=version,
     )
-    if version and not profile.engine_version.strip():
+    if from_nodes:
         need = replace(
             need, rules=f"{need.rules}; {version} is what the {profile.gpu_class} nodes run"
         )

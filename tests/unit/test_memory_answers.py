@@ -181,3 +181,53 @@ def test_within_the_margin_is_said() -> None:
     memory = context_change_to_proto(change).profiles[0].memory
     assert memory.verdict == common_pb2.FIT_VERDICT_WITHIN_MARGIN
     assert "could go either way" in memory.verdict_note or "may refuse" in memory.verdict_note
+
+
+def node(name: str, versions: tuple[tuple[str, str], ...], cuda_bytes: int = 0) -> Node:
+    """An H100 node that reports the engine versions it runs (and its CUDA total)."""
+    return Node(
+        name,
+        "H100-80GB",
+        gpus=8,
+        free_gpus=8,
+        gpu_memory_bytes=81559 * MIB,
+        gpu_cuda_memory_bytes=cuda_bytes,
+        engine_versions=versions,
+    )
+
+
+def gpu_memory(model: Model, inventory: Inventory) -> common_pb2.Memory:
+    """The GPU profile's memory at 8192 tokens against `inventory`."""
+    change = size_context(model, LLAMA_31_8B, tokens=8192, slots=1, inventory=inventory)
+    return context_change_to_proto(change).profiles[0].memory
+
+
+def test_a_profile_naming_no_version_takes_its_nodes_version() -> None:
+    """Without a version of its own a profile is sized by the rules of the vLLM its nodes
+    report (0.10.2: 0.90 of the card), and the rules say where the version came from."""
+    memory = gpu_memory(llama(), Inventory(nodes=(node("n1", (("vllm", "0.10.2"),)),)))
+    assert memory.budget_bytes == int(81090 * MIB * 0.9)
+    assert "0.8 to 0.10" in memory.rules and "what the H100-80GB nodes run" in memory.rules
+
+
+def test_the_profiles_own_version_wins_and_mixed_nodes_take_the_oldest() -> None:
+    """A profile's version wins over its nodes'; nodes that differ give the oldest's rules."""
+    mixed = Inventory(
+        nodes=(
+            node("n1", (("vllm", "0.21.0"),)),
+            node("n2", (("vllm", "0.10.2"), ("sglang", "0.4"))),
+        )
+    )
+    assert gpu_memory(llama(), mixed).budget_bytes == int(81090 * MIB * 0.9)
+    named = replace(llama().profiles[0], engine_version="0.21.0")
+    memory = gpu_memory(replace(llama(), profiles=(named,)), mixed)
+    assert memory.budget_bytes == int(81090 * MIB * 0.92)
+    assert "nodes run" not in memory.rules
+
+
+def test_the_nodes_reported_cuda_total_starts_the_budget() -> None:
+    """A CUDA total the node reported is the one vLLM's budget starts from, said so."""
+    memory = gpu_memory(llama(), Inventory(nodes=(node("n1", (), cuda_bytes=81000 * MIB),)))
+    assert memory.card_total_bytes == 81000 * MIB
+    assert memory.budget_bytes == int(81000 * MIB * 0.92)
+    assert "reported by the node" in memory.rules
