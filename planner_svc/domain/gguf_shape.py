@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from gguf import Keys
 
-from llmgw.shape import Layer, LayerKind, ModelShape, ParallelDims
+from llmgw.shape import Compute, Layer, LayerKind, ModelShape, ParallelDims
 from planner_svc.domain.errors import InvalidShape
 
 # src/llama-hparams.h: LLAMA_MAX_LAYERS; llama.cpp refuses a block_count above it.
@@ -323,6 +323,7 @@ class _Reader:
             notes=tuple(self.notes),
             mla_expanded=mla,
             parallel=self._parallel(n_layer, attention_heads, dims.k, dims.v, mla is not None),
+            compute=self._compute(n_layer, n_embd),
         )
 
     def _parallel(
@@ -344,10 +345,7 @@ class _Reader:
         else:
             expert = expert_ff or ff
             dense = ff if expert_ff and dense_lead > 0 else 0
-        tokens = self.md.get(Keys.Tokenizer.LIST)
-        vocab = self.integer(Keys.LLM.VOCAB_SIZE, default=0, maximum=1 << 24) or (
-            len(tokens) if isinstance(tokens, list) else 0
-        )
+        vocab = self._vocab()
         return ParallelDims(
             vocab=vocab,
             dense_intermediate=dense,
@@ -355,6 +353,41 @@ class _Reader:
             shared_intermediate=shared if experts else 0,
             q_head_dim=0 if mla else k_dim,
             o_head_dim=0 if mla else v_dim,
+        )
+
+    def _vocab(self) -> int:
+        """The vocabulary: {arch}.vocab_size, else the tokenizer's token list's length (kept
+        as a list, or summarised by the header reader with its `length`)."""
+        tokens = self.md.get(Keys.Tokenizer.LIST)
+        listed = len(tokens) if isinstance(tokens, list) else getattr(tokens, "length", 0)
+        listed = listed if isinstance(listed, int) and 0 < listed <= 1 << 24 else 0
+        return self.integer(Keys.LLM.VOCAB_SIZE, default=0, maximum=1 << 24) or listed
+
+    def _compute(self, n_layer: int, n_embd: int) -> Compute:
+        """The widths a forward pass follows (llmgw.shape.Compute), for the activation and
+        compute-buffer estimates: embedding_length, feed_forward_length (the widest layer's;
+        a mixture-of-experts file without expert_feed_forward_length gives the expert's width
+        there, as Mixtral's do), expert_count, expert_used_count, expert and shared-expert
+        widths, leading_dense_block_count, the vocabulary. A GGUF holds no vision encoder
+        (that is a separate mmproj file)."""
+        ff = max(self.per_layer(Keys.LLM.FEED_FORWARD_LENGTH, n_layer, [0], _MAX_FF), default=0)
+        experts = self.integer(Keys.LLM.EXPERT_COUNT, default=0, maximum=1 << 20)
+        used = self.integer(Keys.LLM.EXPERT_USED_COUNT, default=0, maximum=1 << 20)
+        expert_ff = self.integer(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, default=0, maximum=_MAX_FF)
+        dense_lead = self.integer(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, default=0, maximum=n_layer)
+        shared = self.integer(
+            Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, default=0, maximum=_MAX_FF
+        ) or expert_ff * self.integer(Keys.LLM.EXPERT_SHARED_COUNT, default=0, maximum=1 << 10)
+        moe = experts > 1
+        return Compute(
+            hidden_size=n_embd,
+            intermediate_size=ff,
+            vocab_size=self._vocab(),
+            experts=experts if moe else 0,
+            experts_per_token=used if moe else 0,
+            expert_intermediate_size=(expert_ff or ff) if moe else 0,
+            shared_intermediate_size=shared if moe else 0,
+            dense_layers=dense_lead if moe else 0,
         )
 
     def _trained_context(self) -> int:
