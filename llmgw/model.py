@@ -122,16 +122,36 @@ class Node:
     """(engine, version) the node runs, as its agent reported them, sorted by engine."""
 
 
+MAX_CLASSES_KEPT = 64
+"""Card classes an inventory remembers its nodes of (a request names a few)."""
+
+
 @dataclass(frozen=True)
 class Inventory:
     """The nodes the planner plans against."""
 
     nodes: tuple[Node, ...] = field(default_factory=tuple)
+    _classes: dict[str, tuple[Node, ...]] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+    """`of_class` answers, kept for the inventory's life (one request's): sizing a profile asks
+    its class's nodes several times."""
 
     def of_class(self, gpu_class: str) -> tuple[Node, ...]:
         """Nodes whose cards are of `gpu_class` (compared case-insensitively)."""
+        hit = self._classes.get(gpu_class)
+        if hit is not None:
+            return hit
         want = gpu_class.strip().lower()
-        return tuple(n for n in self.nodes if n.gpu_class.strip().lower() == want and n.gpus > 0)
+        found = tuple(n for n in self.nodes if n.gpu_class.strip().lower() == want and n.gpus > 0)
+        if len(self._classes) < MAX_CLASSES_KEPT:
+            self._classes[gpu_class] = found
+        return found
+
+    @property
+    def reports_versions(self) -> bool:
+        """Whether any node reported an engine version."""
+        return any(n.engine_versions for n in self.nodes)
 
     def largest_count(self, gpu_class: str) -> int:
         """The most cards any node of the class has (0 when none)."""

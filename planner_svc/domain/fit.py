@@ -94,6 +94,8 @@ def engine_version(engine: Engine, profile: Profile, inventory: Inventory) -> st
     replica may land on any of them), else "" (the newest rules known)."""
     if profile.engine_version.strip():
         return profile.engine_version
+    if not inventory.reports_versions:
+        return ""
     names = (engine.name, *engine.aliases)
     reported = {v for name in names for v in inventory.engine_versions(profile.gpu_class, name)}
     if not reported:
