@@ -44,6 +44,8 @@ def checked_versions(versions: Mapping[str, str], field: str) -> tuple[tuple[str
     Raises:
         InvalidValue: too many, or a name or version too long, naming `field`.
     """
+    if not versions:
+        return ()
     if len(versions) > MAX_ENGINE_VERSIONS:
         raise InvalidValue(
             f"{field} names {len(versions)} engines: at most {MAX_ENGINE_VERSIONS}", field=field
