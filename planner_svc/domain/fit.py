@@ -81,7 +81,8 @@ def measure(
         need = replace(
             need, rules=f"{need.rules}; {version} is what the {profile.gpu_class} nodes run"
         )
-    if len(key[1]) <= NEEDS_ARGS_KEPT and sum(map(len, key[1])) <= NEEDS_ARGS_CHARS_KEPT:
+    small = len(need.devices) <= NEEDS_DEVICES_KEPT and len(key[1]) <= NEEDS_ARGS_KEPT
+    if small and sum(map(len, key[1])) <= NEEDS_ARGS_CHARS_KEPT:
         kept[key] = need
         while len(kept) > NEEDS_KEPT:
             kept.popitem(last=False)
@@ -108,7 +109,9 @@ NEEDS_KEPT = 32
 
 NEEDS_ARGS_KEPT = 64
 NEEDS_ARGS_CHARS_KEPT = 4096
-"""Needs of argument lists longer than these are not kept (the memory held stays bounded)."""
+NEEDS_DEVICES_KEPT = 64
+"""Needs of argument lists longer than these, or placed on more devices, are not kept (the
+memory held stays bounded: at most NEEDS_KEPT small needs a shape)."""
 
 
 def _needs_of(shape: ModelShape) -> OrderedDict[object, CardNeed]:

@@ -12,10 +12,12 @@ from llmgw.cardclass import DRIVER_RESERVE_MIB, DRIVER_RESERVE_SPREAD_MIB, MIB, 
 from llmgw.common.v1 import common_pb2
 from llmgw.engines.base import Card, CardNeed, Verdict
 from llmgw.engines.versions import parse_version, pick
+from llmgw.engines.vllm import VLLM
 from llmgw.engines.vllm_memory import VLLM_RULES
 from llmgw.model import Inventory, Model, Node, Profile
 from planner_svc.domain.cards import card_of
 from planner_svc.domain.context import size_context
+from planner_svc.domain.fit import NEEDS_KEPT, measure
 from planner_svc.domain.memory import card_need
 from planner_svc.rpc.convert import context_change_to_proto
 from tests.support.shapes import LLAMA_31_8B
@@ -231,3 +233,21 @@ def test_the_nodes_reported_cuda_total_starts_the_budget() -> None:
     assert memory.card_total_bytes == 81000 * MIB
     assert memory.budget_bytes == int(81000 * MIB * 0.92)
     assert "reported by the node" in memory.rules
+
+
+def test_needs_kept_with_the_shape_are_bounded_and_never_answer_a_new_context() -> None:
+    """A need measured again comes from the shape's memory, a context not measured before is
+    computed (its own KV), and the memory keeps at most NEEDS_KEPT needs."""
+    shape = replace(LLAMA_31_8B, trained_context=0)  # a shape of its own, nothing kept yet
+    profile = llama().profiles[0]
+
+    def kv_at(tokens: int) -> int:
+        args = ("--max-model-len", str(tokens))
+        return measure(
+            VLLM, profile, shape, H100, args=args, tokens=tokens, slots=1, cards=1
+        ).need.kv_bytes
+
+    assert kv_at(8192) == kv_at(8192) == 8192 * 131_072
+    for tokens in range(1024, 1024 + 64 * (NEEDS_KEPT + 8), 64):
+        assert kv_at(tokens) == tokens * 131_072
+    assert len(shape.sizing_memo["needs"]) == NEEDS_KEPT  # type: ignore[arg-type]
