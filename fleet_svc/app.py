@@ -282,6 +282,7 @@ class FleetApp:
                 continue
             used = held.get(view.name, set())
             memory = [c.memory_total_bytes for c in view.cards if c.memory_total_bytes > 0]
+            cuda = [c.cuda_memory_total_bytes for c in view.cards if c.cuda_memory_total_bytes > 0]
             nodes.append(
                 Node(
                     name=view.name,
@@ -290,6 +291,9 @@ class FleetApp:
                     free_gpus=sum(1 for c in view.cards if c.index not in used),
                     gpu_memory_bytes=min(memory) if memory else 0,
                     memory_bytes=view.memory_bytes,
+                    # Every card's CUDA total or none: one card unread leaves CUDA's unknown.
+                    gpu_cuda_memory_bytes=min(cuda) if len(cuda) == len(view.cards) else 0,
+                    engine_versions=tuple(sorted(view.engine_versions.items())),
                 )
             )
         return Inventory(nodes=tuple(nodes))

@@ -4,6 +4,7 @@ numbers sane. Pure: no grpc, no I/O; the proto mappings live in `llmgw.rpc.commo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from llmgw.refusal import Refusal
@@ -30,6 +31,33 @@ def checked_count(value: int, field: str, maximum: int = MAX_COUNT) -> int:
     if value < 0 or value > maximum:
         raise InvalidValue(f"{field} is {value}: it must be between 0 and {maximum}", field=field)
     return value
+
+
+MAX_ENGINE_VERSIONS = 64
+MAX_VERSION_CHARS = 64
+"""A node's engine versions: at most 64 engines, names and versions of at most 64 characters."""
+
+
+def checked_versions(versions: Mapping[str, str], field: str) -> tuple[tuple[str, str], ...]:
+    """A node's (engine, version) pairs, sorted by engine, refused when past the bounds.
+
+    Raises:
+        InvalidValue: too many, or a name or version too long, naming `field`.
+    """
+    if not versions:
+        return ()
+    if len(versions) > MAX_ENGINE_VERSIONS:
+        raise InvalidValue(
+            f"{field} names {len(versions)} engines: at most {MAX_ENGINE_VERSIONS}", field=field
+        )
+    for name, version in versions.items():
+        if len(name) > MAX_VERSION_CHARS or len(version) > MAX_VERSION_CHARS:
+            raise InvalidValue(
+                f"{field}[{name[:MAX_VERSION_CHARS]!r}]: engine names and versions are at most "
+                f"{MAX_VERSION_CHARS} characters",
+                field=field,
+            )
+    return tuple(sorted(versions.items()))
 
 
 @dataclass(frozen=True)
@@ -92,6 +120,12 @@ class Node:
     memory_bytes: int = 0
     gpu_cuda_memory_bytes: int = 0
     """One card's memory as CUDA reports it (below NVML's `gpu_memory_bytes`); 0: not known."""
+    engine_versions: tuple[tuple[str, str], ...] = ()
+    """(engine, version) the node runs, as its agent reported them, sorted by engine."""
+
+
+MAX_CLASSES_KEPT = 64
+"""Card classes an inventory remembers its nodes of (a request names a few)."""
 
 
 @dataclass(frozen=True)
@@ -99,12 +133,38 @@ class Inventory:
     """The nodes the planner plans against."""
 
     nodes: tuple[Node, ...] = field(default_factory=tuple)
+    _classes: dict[str, tuple[Node, ...]] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+    """`of_class` answers, kept for the inventory's life (one request's): sizing a profile asks
+    its class's nodes several times."""
 
     def of_class(self, gpu_class: str) -> tuple[Node, ...]:
         """Nodes whose cards are of `gpu_class` (compared case-insensitively)."""
+        hit = self._classes.get(gpu_class)
+        if hit is not None:
+            return hit
         want = gpu_class.strip().lower()
-        return tuple(n for n in self.nodes if n.gpu_class.strip().lower() == want and n.gpus > 0)
+        found = tuple(n for n in self.nodes if n.gpu_class.strip().lower() == want and n.gpus > 0)
+        if len(self._classes) < MAX_CLASSES_KEPT:
+            self._classes[gpu_class] = found
+        return found
+
+    @property
+    def reports_versions(self) -> bool:
+        """Whether any node reported an engine version."""
+        return any(n.engine_versions for n in self.nodes)
 
     def largest_count(self, gpu_class: str) -> int:
         """The most cards any node of the class has (0 when none)."""
         return max((n.gpus for n in self.of_class(gpu_class)), default=0)
+
+    def engine_versions(self, gpu_class: str, engine: str) -> tuple[str, ...]:
+        """The versions of `engine` the nodes of `gpu_class` report (distinct, sorted; an
+        engine's aliases are the caller's to resolve). Nodes of no class count for a CPU
+        profile's empty class."""
+        want = gpu_class.strip().lower()
+        nodes = self.of_class(gpu_class) if want else self.nodes
+        return tuple(
+            sorted({v for n in nodes for name, v in n.engine_versions if name == engine and v})
+        )

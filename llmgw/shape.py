@@ -135,6 +135,28 @@ class ParallelDims:
 
 
 @dataclass(frozen=True)
+class WeightsLayout:
+    """Where a GGUF's tensor bytes sit, in llama.cpp's layers (src/llama-arch.cpp LLM_TENSOR_INFOS
+    gives each tensor its layer: input, repeating or output).
+
+    `layer_bytes[i]` is block i's tensors (`blk.i.*`); `input_bytes` the input layer's (token
+    embeddings and their norm, position embeddings: always on the CPU) and of names llama.cpp's
+    table does not list (counted there too); `output_bytes` the output layer's own tensors (the
+    output norm, the head); `head_copy_bytes`, for a model whose head is tied to its token
+    embeddings, the copy of them llama.cpp loads as the head on the output layer's device (0
+    when untied; on the CPU it is the embeddings' own mapped bytes); `per_layer_copy_bytes`
+    what every repeating layer's device holds a copy of (rope_freqs, rope_factors_*: created
+    once per layer with TENSOR_DUPLICATED).
+    """
+
+    layer_bytes: tuple[int, ...]
+    input_bytes: int = 0
+    output_bytes: int = 0
+    per_layer_copy_bytes: int = 0
+    head_copy_bytes: int = 0
+
+
+@dataclass(frozen=True)
 class ModelShape:
     """What sizes a model's memory and decides its tensor parallel.
 
@@ -160,19 +182,40 @@ class ModelShape:
     """Widths the engines' activation peaks follow (None: not read)."""
     parallel: ParallelDims = field(default_factory=ParallelDims)
     """What tensor parallel splits besides the attention heads (`engines.heads`)."""
+    weights_layout: WeightsLayout | None = None
+    """A GGUF's tensor bytes by llama.cpp layer (None: not read; weights are then spread evenly)."""
+
+    distinct_layers: tuple[tuple[Layer, int], ...] = field(init=False, compare=False, repr=False)
+    """Each distinct layer geometry (first appearance first) and how many layers have it."""
+    has_recurrent: bool = field(init=False, compare=False, repr=False)
+    """Whether some layer keeps recurrent state (a hybrid or recurrent model)."""
+    sizing_memo: dict[object, object] = field(init=False, compare=False, repr=False)
+    """What sizing works out once per shape and setting (tensor parallel size, cache type),
+    never per context: `engines.kvcache` keeps it here, bounded, so it lives as long as the
+    shape and no longer."""
 
     def __post_init__(self) -> None:
         # Models repeat a few layer geometries many times: share one object per geometry, so
         # per-layer sizing can remember each by identity instead of hashing every layer.
         shared: dict[Layer, Layer] = {}
         by_id: dict[int, Layer] = {}
+        counts: dict[int, int] = {}
         layers = []
         for la in self.layers:
             one = by_id.get(id(la))
             if one is None:
                 one = by_id[id(la)] = shared.setdefault(la, la)
             layers.append(one)
+            counts[id(one)] = counts.get(id(one), 0) + 1
         object.__setattr__(self, "layers", tuple(layers))
+        distinct = {id(la): la for la in layers}
+        object.__setattr__(
+            self, "distinct_layers", tuple((la, counts[i]) for i, la in distinct.items())
+        )
+        object.__setattr__(
+            self, "has_recurrent", any(la.kind is LayerKind.RECURRENT for la in layers)
+        )
+        object.__setattr__(self, "sizing_memo", {})
 
     @property
     def block_count(self) -> int:

@@ -29,6 +29,7 @@ from fleet_svc.agent.config import (
 from fleet_svc.agent.metrics import add_agent_metrics
 from fleet_svc.agent.replicas import ReplicaSet
 from fleet_svc.agent.rpc.client import AgentClient, NodeIdentity
+from fleet_svc.agent.versions import reported_versions, with_versions
 from llmgw.logs import configure_logging
 from llmgw.metrics import MetricsServer, add_metrics_argument, start_metrics_server
 from llmgw.probes import LIVENESS, ProbeServer, add_probe_argument, start_probe_server
@@ -197,7 +198,7 @@ async def _report_connected(client: AgentClient, servicer: health.aio.HealthServ
 async def run_agent(opts: argparse.Namespace) -> None:
     """Run until SIGTERM/SIGINT, then stop (or leave) the replicas."""
     log = structlog.get_logger("fleet_svc.agent").bind(node=opts.node)
-    config = build_config(opts.config, opts.demo, opts.source_root)
+    config = await with_versions(build_config(opts.config, opts.demo, opts.source_root))
     if opts.advertise_host:
         config = replace(config, advertise_host=opts.advertise_host)
     state_dir: Path = opts.state_dir or Path.home() / ".cache" / "llmgw" / "agent" / opts.node
@@ -218,6 +219,7 @@ async def run_agent(opts: argparse.Namespace) -> None:
         cards=len(replicas.card_indices),
         card_source=cards.kind,
         engines=sorted(config.engines),
+        engine_versions=reported_versions(config),
         adopted=[s.replica_id for s in adopted],
         state_dir=str(state_dir),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
 import re
 from collections.abc import Callable, Sequence
@@ -13,7 +14,7 @@ from typing import Any, Protocol
 import yaml
 
 from fleet_svc.agent import claims
-from llmgw.cardclass import class_memory_bytes
+from llmgw.cardclass import KNOWN_CARDS, class_memory_bytes
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -36,6 +37,16 @@ class Card:
     model: str
     memory_total_bytes: int
     memory_used_bytes: int = 0
+    cuda_memory_total_bytes: int = 0
+    """The total CUDA reports (below NVML's `memory_total_bytes`); 0: not read."""
+
+
+def card_class_cuda_bytes(model: str) -> int:
+    """The CUDA total an engine log printed for a card of class `model` (llmgw/cardclass.py
+    KNOWN_CARDS, each figure cited there); 0 when no log gives one (the planner then derives
+    it from NVML's, with its margin)."""
+    known = KNOWN_CARDS.get(model.strip().lower())
+    return known.cuda_mib * MIB if known is not None else 0
 
 
 def card_class_bytes(model: str) -> int:
@@ -83,17 +94,20 @@ def parse_gpu_spec(spec: str) -> list[Card]:
         if len(cards) + count > MAX_CARDS:
             raise CardSpecError(f"card spec {spec!r} names more than {MAX_CARDS} cards")
         memory = card_class_bytes(model)
+        cuda = card_class_cuda_bytes(model)
         for _ in range(count):
             index = len(cards)
-            cards.append(Card(index, _standin_uuid(index, model), model, memory))
+            cards.append(Card(index, _standin_uuid(index, model), model, memory, 0, cuda))
     return cards
 
 
 def parse_gpus_file(data: Any, where: str = "the cards file") -> list[Card]:
     """Cards from the parsed YAML of a cards file.
 
-    The file holds `cards:`, a list of entries `{model, count?, memory_total_bytes?, uuid?}`
-    (count defaults to 1; memory to the class's; uuid to a stable stand-in one).
+    The file holds `cards:`, a list of entries `{model, count?, memory_total_bytes?,
+    cuda_memory_total_bytes?, uuid?}` (count defaults to 1; memory to the class's NVML total;
+    the CUDA total to the class's logged one, else 0 when memory is given or none is logged;
+    uuid to a stable stand-in one).
 
     Raises:
         CardSpecError: the data does not have that shape.
@@ -112,10 +126,19 @@ def parse_gpus_file(data: Any, where: str = "the cards file") -> list[Card]:
         memory = entry.get("memory_total_bytes")
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise CardSpecError(f"{where}: card entry {n} `count` must be a whole number >= 1")
+        cuda = entry.get("cuda_memory_total_bytes")
         if memory is None:
             memory = card_class_bytes(model)
+            cuda = card_class_cuda_bytes(model) if cuda is None else cuda
         elif not isinstance(memory, int) or isinstance(memory, bool) or memory <= 0:
             raise CardSpecError(f"{where}: card entry {n} `memory_total_bytes` must be > 0")
+        if cuda is None:
+            cuda = 0  # a told NVML total of a card no log gives: the planner derives CUDA's
+        elif not isinstance(cuda, int) or isinstance(cuda, bool) or not 0 < cuda <= memory:
+            raise CardSpecError(
+                f"{where}: card entry {n} `cuda_memory_total_bytes` must be > 0 and at most "
+                "its memory_total_bytes (CUDA reports less than NVML)"
+            )
         uuid = entry.get("uuid")
         if uuid is not None and (not isinstance(uuid, str) or count != 1):
             raise CardSpecError(f"{where}: card entry {n} `uuid` is a string, on one card only")
@@ -123,7 +146,7 @@ def parse_gpus_file(data: Any, where: str = "the cards file") -> list[Card]:
             raise CardSpecError(f"{where} names more than {MAX_CARDS} cards")
         for _ in range(count):
             index = len(cards)
-            cards.append(Card(index, uuid or _standin_uuid(index, model), model, memory))
+            cards.append(Card(index, uuid or _standin_uuid(index, model), model, memory, 0, cuda))
     return cards
 
 
@@ -203,12 +226,14 @@ class StandinCards:
 
 
 class NvmlCards:
-    """Real cards read through NVML (the `pynvml` module of the nvidia-ml-py package)."""
+    """Real cards read through NVML (the `pynvml` module of the nvidia-ml-py package), with
+    each card's CUDA total by its UUID (`cuda_totals`, read once: it does not change)."""
 
     kind = "nvml"
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(self, nvml: Any, cuda_totals_by_uuid: dict[str, int] | None = None) -> None:
         self._nvml = nvml
+        self._cuda = cuda_totals_by_uuid or {}
 
     def read(self) -> list[Card]:
         """Every device NVML lists, with its memory total and use."""
@@ -217,13 +242,15 @@ class NvmlCards:
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
             cards.append(
                 Card(
                     index=index,
-                    uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+                    uuid=uuid,
                     model=_text(nvml.nvmlDeviceGetName(handle)),
                     memory_total_bytes=int(memory.total),
                     memory_used_bytes=int(memory.used),
+                    cuda_memory_total_bytes=self._cuda.get(uuid.lower(), 0),
                 )
             )
         return cards
@@ -256,7 +283,55 @@ def open_nvml(import_module: Callable[[str], Any] = importlib.import_module) -> 
             return None
     except Exception:  # pynvml raises NVMLError subclasses for a missing driver or library
         return None
-    return NvmlCards(nvml)
+    return NvmlCards(nvml, cuda_totals(load_libcuda()))
+
+
+def load_libcuda() -> Any:
+    """The CUDA driver library (libcuda.so.1), None when it does not load."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
+def cuda_totals(lib: Any) -> dict[str, int]:
+    """Each CUDA device's total memory by its UUID as NVML writes it ("gpu-…", lower case),
+    from the CUDA driver: cuInit, then per device cuDeviceTotalMem_v2 and cuDeviceGetUuid.
+
+    cuDeviceTotalMem is the figure torch's total_memory and cudaMemGetInfo's total report
+    (H100 80GB: 79.19 GiB where NVML says 81,559 MiB); it needs no CUDA context, so nothing is
+    allocated on the cards. Devices are matched to NVML's by UUID, since CUDA may number them
+    in another order (CUDA_DEVICE_ORDER). Empty when `lib` is None or any call fails.
+    """
+    if lib is None:
+        return {}
+    try:
+        if lib.cuInit(0) != 0:
+            return {}
+        count = ctypes.c_int(0)
+        if lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+            return {}
+        totals: dict[str, int] = {}
+        for ordinal in range(min(count.value, MAX_CARDS)):
+            device = ctypes.c_int(0)
+            total = ctypes.c_size_t(0)
+            raw = (ctypes.c_ubyte * 16)()
+            if lib.cuDeviceGet(ctypes.byref(device), ordinal) != 0:
+                continue
+            if lib.cuDeviceTotalMem_v2(ctypes.byref(total), device) != 0:
+                continue
+            if lib.cuDeviceGetUuid(raw, device) != 0:
+                continue
+            totals[_nvml_uuid(bytes(raw))] = int(total.value)
+        return totals
+    except (AttributeError, OSError, ctypes.ArgumentError):
+        return {}
+
+
+def _nvml_uuid(raw: bytes) -> str:
+    """A CUDA device UUID's 16 bytes as NVML writes them: gpu-8-4-4-4-12 hex digits."""
+    h = raw.hex()
+    return f"gpu-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
 def discover_cards(

@@ -29,6 +29,9 @@ from llmgw.llama_server import find_llama_server as find_llama_server
 
 STANDIN_MODULE = "fleet_svc.standin"
 
+MAX_VERSION_CHARS = 64
+"""An engine's version as the config may write it (and the agent reports it)."""
+
 PLACEHOLDERS = frozenset(
     {"model", "port", "host", "args", "source", "source_args", "engine", "replica_id", "profile"}
 )
@@ -117,6 +120,9 @@ class EngineConfig:
     worker_program: tuple[str, ...] = ()
     """What a gang's worker ranks run when the engine splits its gang into a server and
     workers (llama.cpp's `rpc-server`); empty: this agent runs no such worker."""
+    version: str = ""
+    """The engine's version as the node reports it (the config's `version`, else found at
+    start: `fleet_svc.agent.versions`); "" when not known."""
 
     def command(self, spec: ReplicaSpec, host: str, port: int) -> list[str]:
         """The argv that runs `spec` on `host:port`: program, then the filled template.
@@ -253,6 +259,7 @@ def parse_engine(
         "refuse_flags",
         "source_args",
         "worker_executable",
+        "version",
     }
     unknown = sorted(set(data) - known)
     if unknown:
@@ -314,6 +321,14 @@ def parse_engine(
         worker_program = (found_worker,)
     elif module == STANDIN_MODULE:
         worker_program = (sys.executable, "-m", STANDIN_MODULE, "--rpc-server")
+    version = data.get("version", "")
+    if isinstance(version, int | float) and not isinstance(version, bool):
+        version = str(version)
+    if not isinstance(version, str) or len(version) > MAX_VERSION_CHARS or "\n" in version:
+        raise ConfigError(
+            f"{where}: version must be a string of at most {MAX_VERSION_CHARS} characters, "
+            'e.g. "0.10.2"'
+        )
     return EngineConfig(
         name=name,
         program=program,
@@ -332,6 +347,7 @@ def parse_engine(
         module=module,
         source_args=source_args,
         worker_program=worker_program,
+        version=version.strip(),
     )
 
 

@@ -26,6 +26,8 @@ class Card:
     model: str = ""
     memory_total_bytes: int = 0
     memory_used_bytes: int = 0
+    cuda_memory_total_bytes: int = 0
+    """The total CUDA reports, below NVML's `memory_total_bytes` (0: not reported)."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,8 @@ class NodeView:
     labels: dict[str, str] = field(default_factory=dict)
     cards: tuple[Card, ...] = ()
     engines: tuple[str, ...] = ()
+    engine_versions: dict[str, str] = field(default_factory=dict)
+    """Engine name -> the version the node runs, as its agent reported it."""
     memory_bytes: int = 0
     memory_free_bytes: int = 0
     connected: bool = False

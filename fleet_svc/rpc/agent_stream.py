@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -52,7 +52,26 @@ def card_of(msg: common_pb2.Card) -> Card:
         model=msg.model,
         memory_total_bytes=msg.memory_total_bytes,
         memory_used_bytes=msg.memory_used_bytes,
+        cuda_memory_total_bytes=msg.cuda_memory_total_bytes,
     )
+
+
+MAX_ENGINE_VERSIONS = 64
+MAX_VERSION_CHARS = 64
+"""What of a Hello's engine versions the fleet keeps: at most 64 engines, names and versions
+of at most 64 characters (anything past that is not a version: it is dropped and logged)."""
+
+
+def engine_versions_of(node: str, versions: Mapping[str, str]) -> dict[str, str]:
+    """The engine versions a Hello reports, bounded (`MAX_ENGINE_VERSIONS`)."""
+    kept: dict[str, str] = {}
+    for name, version in sorted(versions.items()):
+        ok = 0 < len(name) <= MAX_VERSION_CHARS and 0 < len(version) <= MAX_VERSION_CHARS
+        if not ok or len(kept) >= MAX_ENGINE_VERSIONS:
+            log.warning("engine_version_dropped", node=node, engine=name[:MAX_VERSION_CHARS])
+            continue
+        kept[name] = version
+    return kept
 
 
 def observed_of(msg: agent_pb2.ObservedReplica) -> Observed | None:
@@ -153,6 +172,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             labels=dict(hello.labels),
             cards=tuple(card_of(c) for c in hello.cards),
             engines=tuple(hello.engines),
+            engine_versions=engine_versions_of(node, hello.engine_versions),
             memory_bytes=hello.memory_bytes,
             memory_free_bytes=hello.memory_free_bytes,
         )

@@ -134,6 +134,8 @@ def inventory_to_proto(inventory: Inventory) -> common_pb2.Inventory:
                 free_gpus=n.free_gpus,
                 gpu_memory_bytes=n.gpu_memory_bytes,
                 memory_bytes=n.memory_bytes,
+                gpu_cuda_memory_bytes=n.gpu_cuda_memory_bytes,
+                engine_versions=dict(n.engine_versions),
             )
             for n in inventory.nodes
         ]
@@ -203,6 +205,7 @@ def node(view: NodeView, replicas: list[ReplicaState], last_heard: float) -> fle
                 model=c.model,
                 memory_total_bytes=c.memory_total_bytes,
                 memory_used_bytes=c.memory_used_bytes,
+                cuda_memory_total_bytes=c.cuda_memory_total_bytes,
             )
             for c in view.cards
         ],

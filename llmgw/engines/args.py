@@ -4,6 +4,7 @@ any of their aliases and, for engines that read `_` as `-`, either spelling."""
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from collections.abc import Sequence
 
 
@@ -44,45 +45,79 @@ def get_arg(args: Sequence[str], names: Sequence[str], *, folded: bool = False) 
     Returns:
         The value as written; "" for a flag given last with no value.
     """
-    if len(args) > _REMEMBERED_ARGS or sum(map(len, args)) > _REMEMBERED_CHARS:
-        return _find_arg(tuple(args), tuple(names), folded)
-    return _remembered_arg(tuple(args), tuple(names), folded)
-
-
-# Sizing one request reads the same profile's flags some twenty times (context, tensor
-# parallel, dtypes, utilisation, for the profile before and after), so lookups are remembered:
-# at most 4,096 of them, each for an argument list of at most 64 arguments and 4 KiB, so the
-# memory held stays bounded whatever requests arrive (a longer list is read every time).
-_REMEMBERED_ARGS = 64
-_REMEMBERED_CHARS = 4096
-
-
-def _find_arg(args: tuple[str, ...], names: tuple[str, ...], folded: bool) -> str | None:
-    """`get_arg` itself: a scan of the arguments."""
-    wanted = _wanted(names, folded)
-    value: str | None = None
-    i = 0
-    while i < len(args):
-        hit, inline = _matches(args[i], wanted, folded)
-        if hit:
-            if inline is not None:
-                value = inline
-            elif i + 1 < len(args) and not is_flag(args[i + 1]):
-                value = args[i + 1]
-                i += 1
-            else:
-                value = ""
-        i += 1
-    return value
-
-
-_remembered_arg = functools.lru_cache(maxsize=4096)(_find_arg)
+    index = _index_of(args, folded)
+    last: tuple[int, str] | None = None
+    for name in _spellings(tuple(names)) if folded else names:
+        hit = index.get(name)
+        if hit is not None and (last is None or hit[0] > last[0]):
+            last = hit
+    return None if last is None else last[1]
 
 
 def has_flag(args: Sequence[str], names: Sequence[str], *, folded: bool = False) -> bool:
     """Whether any of the flag `names` is present (as a switch or with a value)."""
-    wanted = _wanted(names, folded)
-    return any(_matches(a, wanted, folded)[0] for a in args)
+    index = _index_of(args, folded)
+    return any(n in index for n in (_spellings(tuple(names)) if folded else names))
+
+
+@functools.lru_cache(maxsize=512)
+def _spellings(names: tuple[str, ...]) -> tuple[str, ...]:
+    """A flag's names folded (the engines' flag tables are constants: a few hundred at most;
+    the bound keeps a caller's own names from growing it)."""
+    return tuple(fold(n) for n in names)
+
+
+FlagIndex = dict[str, tuple[int, str]]
+"""Each flag an argument list names (folded where the engine folds) -> the position of its
+last occurrence and the value written there ("" for a switch)."""
+
+
+def _index(args: tuple[str, ...], folded: bool) -> FlagIndex:
+    """One scan of the arguments: every flag's last occurrence and its value (its `=value`,
+    else the next argument when that is not a flag, else ""). A value is indexed under its
+    own text too; no flag name is a value, so lookups by flag never meet one."""
+    index: FlagIndex = {}
+    n = len(args)
+    for i, arg in enumerate(args):
+        flag, inline = split_flag(arg)
+        if inline is None:
+            inline = args[i + 1] if i + 1 < n and not is_flag(args[i + 1]) else ""
+        index[fold(flag) if folded else flag] = (i, inline)
+    return index
+
+
+# Sizing one request reads the same profile's flags some twenty times (context, tensor
+# parallel, dtypes, utilisation, for the profile before and after), so each list is indexed
+# once and its index remembered: at most 1,024 of them, each for an argument list of at most
+# 64 arguments and 4 KiB, so the memory held stays bounded whatever requests arrive (a longer
+# list is indexed every time).
+_REMEMBERED_ARGS = 64
+_REMEMBERED_CHARS = 4096
+_REMEMBERED_LISTS = 1024
+
+_remembered: OrderedDict[tuple[tuple[str, ...], bool], FlagIndex] = OrderedDict()
+_last: tuple[tuple[str, ...], bool, FlagIndex] = ((), False, {})
+"""The tuple asked last (held, so its identity cannot be reused; a tuple, so it cannot have
+changed) and its index: the lookups of one sizing mostly ask the same arguments in a row."""
+
+
+def _index_of(args: Sequence[str], folded: bool) -> FlagIndex:
+    """The index of `args`, remembered for short lists."""
+    global _last
+    last_args, last_folded, last_index = _last
+    if args is last_args and folded is last_folded:
+        return last_index
+    key = args if isinstance(args, tuple) else tuple(args)
+    index = _remembered.get((key, folded))
+    if index is None:
+        index = _index(key, folded)
+        if len(key) > _REMEMBERED_ARGS or sum(map(len, key)) > _REMEMBERED_CHARS:
+            return index
+        _remembered[(key, folded)] = index
+        if len(_remembered) > _REMEMBERED_LISTS:
+            _remembered.popitem(last=False)
+    _last = (key, folded, index)
+    return index
 
 
 def get_int(

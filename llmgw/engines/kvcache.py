@@ -36,14 +36,46 @@ def token_bytes(layer: Layer, tp: int, dtype: Fraction) -> Fraction:
 def token_bytes_on_card(shape: ModelShape, tp: int, dtype: Fraction) -> int:
     """What one cached token takes on one card, every KV layer at full width (recurrent
     state is not per token and is left out)."""
-    # Each distinct layer sized once, times how often it recurs (ModelShape shares one object
-    # per distinct layer): exact, as the sum is of Fractions.
-    counts: dict[int, tuple[Layer, int]] = {}
-    for la in shape.layers:
-        if la.has_kv:
-            seen = counts.get(id(la))
-            counts[id(la)] = (la, seen[1] + 1 if seen else 1)
-    return math.ceil(sum(token_bytes(la, tp, dtype) * n for la, n in counts.values()))
+    return _costs(shape, tp, dtype).token_bytes
+
+
+@dataclass(frozen=True)
+class _LayerCosts:
+    """Per distinct layer of a shape, for one tensor parallel size and cache type: a token's
+    bytes on a card as the exact fraction num / den (0 / 1 for a layer without KV) and the
+    recurrent state per sequence on a card; `token_bytes` the ceiling of their sum."""
+
+    layers: tuple[tuple[Layer, int, int, int], ...]
+    token_bytes: int
+
+
+_COSTS_KEPT = 64
+"""Settings remembered per shape (tensor parallel sizes x cache types asked of it)."""
+
+
+def _costs(shape: ModelShape, tp: int, dtype: Fraction) -> _LayerCosts:
+    """Per distinct layer, what a token and a sequence cost on one of `tp` cards: worked out
+    once per shape and setting (a context changes none of it), so sizing a context multiplies
+    integers instead of summing Fractions."""
+    key = ("kv", tp, dtype)
+    memo = shape.sizing_memo
+    hit = memo.get(key)
+    if isinstance(hit, _LayerCosts):
+        return hit
+    rows = []
+    total = Fraction(0)
+    for layer, count in shape.distinct_layers:
+        num, den = 0, 1
+        if layer.has_kv:
+            per_token = Fraction(token_bytes(layer, tp, dtype))
+            num, den = per_token.numerator, per_token.denominator
+            total += per_token * count
+        rows.append((layer, num, den, -(-layer.state_bytes // tp)))
+    costs = _LayerCosts(tuple(rows), math.ceil(total))
+    if len(memo) >= _COSTS_KEPT:
+        memo.clear()
+    memo[key] = costs
+    return costs
 
 
 def ceil_to(n: int, step: int) -> int:
@@ -90,17 +122,14 @@ def layer_bytes_on_card(
     shape: ModelShape, pool: CachePool, *, tp: int, dtype: Fraction
 ) -> list[int]:
     """Each layer's KV and recurrent state on one card (state split by tp like its heads)."""
-    # Models repeat a few layer geometries many times: size each distinct layer once (the
-    # Fraction arithmetic is most of a SizeContext's time otherwise).
-    sized: dict[int, int] = {}  # by id: ModelShape shares one object per distinct layer
-    out = []
-    for layer in shape.layers:
-        bytes_ = sized.get(id(layer))
-        if bytes_ is None:
-            kv = math.ceil(pool.held(layer) * token_bytes(layer, tp, dtype)) if layer.has_kv else 0
-            bytes_ = sized[id(layer)] = kv + pool.sequences * -(-layer.state_bytes // tp)
-        out.append(bytes_)
-    return out
+    # Each distinct layer sized once (ModelShape shares one object per geometry), exactly:
+    # ceil(held x num / den) in integers.
+    sequences = pool.sequences
+    sized = {
+        id(layer): (-(-pool.held(layer) * num // den) if num else 0) + sequences * state
+        for layer, num, den, state in _costs(shape, tp, dtype).layers
+    }
+    return [sized[id(layer)] for layer in shape.layers]
 
 
 def fullest_stage(per_layer: list[int], stages: int) -> int:

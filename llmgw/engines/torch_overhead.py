@@ -118,8 +118,29 @@ class ForwardCost:
         )
 
 
+_COSTS_KEPT = 64
+"""Settings remembered per shape (tensor parallel sizes x expert parallel asked of it)."""
+
+
 def forward_cost(shape: ModelShape, *, tp: int, expert_parallel: bool = False) -> ForwardCost:
-    """What a token of the profiling pass holds on one of `tp` cards (see the module text)."""
+    """What a token of the profiling pass holds on one of `tp` cards (see the module text).
+
+    Worked out once per shape and setting (the context changes none of it): kept in the
+    shape's `sizing_memo`, bounded."""
+    key = ("forward", tp, expert_parallel)
+    memo = shape.sizing_memo
+    hit = memo.get(key)
+    if isinstance(hit, ForwardCost):
+        return hit
+    cost = _forward_cost(shape, tp=tp, expert_parallel=expert_parallel)
+    if len(memo) >= _COSTS_KEPT:
+        memo.clear()
+    memo[key] = cost
+    return cost
+
+
+def _forward_cost(shape: ModelShape, *, tp: int, expert_parallel: bool) -> ForwardCost:
+    """`forward_cost` itself."""
     compute = shape.compute or Compute()
     hidden = activation_width(shape)
     known = compute.hidden_size > 0

@@ -46,7 +46,7 @@ def pick(rules: tuple[R, ...], text: str) -> tuple[R, str]:
     if version is not None:
         for rule in rules:
             if rule.holds(version):
-                return rule, f"{rule.label} (the profile names {text.strip()})"
+                return rule, f"{rule.label} (version {text.strip()})"
     newest = rules[-1]
     said = "no version named" if not (text or "").strip() else f"{text.strip()!r} not known"
     return newest, f"{newest.label} ({said}: the newest rules known)"

@@ -41,7 +41,7 @@ from llmgw.engines.torch_overhead import (
     vocab_size,
 )
 from llmgw.engines.versions import Ranged, pick
-from llmgw.shape import LayerKind, ModelShape
+from llmgw.shape import ModelShape
 
 MAX_NUM_BATCHED_TOKENS = ("--max-num-batched-tokens",)
 MAX_NUM_SEQS = ("--max-num-seqs",)
@@ -227,7 +227,7 @@ def vllm_overhead(
             estimate = GRAPH_ESTIMATE_BYTES_PER_MOE_LAYER if moe else GRAPH_ESTIMATE_BYTES_PER_LAYER
             graph_margin = layers * estimate
     non_torch = rules.non_torch_bytes + (NON_TORCH_NCCL_BYTES if tp > 1 else 0)
-    hybrid = any(la.kind is LayerKind.RECURRENT for la in shape.layers)
+    hybrid = shape.has_recurrent
     if hybrid:
         non_torch += HYBRID_NON_TORCH_BYTES
     util = grammar.fraction(args, GPU_MEMORY_UTILIZATION) or (

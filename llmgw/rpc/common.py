@@ -5,7 +5,15 @@ both convert here, once, at their process edge."""
 from __future__ import annotations
 
 from llmgw.common.v1 import common_pb2
-from llmgw.model import InvalidValue, Inventory, Model, Node, Profile, checked_count
+from llmgw.model import (
+    InvalidValue,
+    Inventory,
+    Model,
+    Node,
+    Profile,
+    checked_count,
+    checked_versions,
+)
 from llmgw.shape import InvalidShape, Layer, LayerKind, ModelShape
 
 MAX_LAYERS = 4096
@@ -97,6 +105,7 @@ def inventory_from_proto(msg: common_pb2.Inventory) -> Inventory:
                 gpu_cuda_memory_bytes=checked_count(
                     n.gpu_cuda_memory_bytes, f"{where}.gpu_cuda_memory_bytes", 1 << 50
                 ),
+                engine_versions=checked_versions(n.engine_versions, f"{where}.engine_versions"),
             )
         )
     return Inventory(nodes=tuple(nodes))

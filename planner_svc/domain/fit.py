@@ -3,10 +3,12 @@ the longest context and the fewest cards that fit."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmgw.engines.base import CardNeed, Engine
+from llmgw.engines.versions import parse_version
 from llmgw.model import Inventory, Profile
 from llmgw.shape import ModelShape
 from planner_svc.domain.cards import GIB, card_of
@@ -49,8 +51,21 @@ def measure(
     cards: int,
 ) -> Fit:
     """The need of `profile` served with `args` (already set for `tokens`/`slots`) on
-    `cards` cards of its class."""
+    `cards` cards of its class.
+
+    A need is a pure function of these, so the last few are kept with the shape (bounded,
+    `NEEDS_KEPT`): a change sizes the profile as it stands as well as at the new context, and
+    the profile as it stands is the same for every context asked of it; a context not
+    measured before is computed."""
     card = card_of(profile.gpu_class, inventory)
+    version = engine_version(engine, profile, inventory)
+    from_nodes = bool(version) and not profile.engine_version.strip()
+    key = (engine.name, tuple(args), tokens, slots, cards, card, version, from_nodes)
+    kept = _needs_of(shape)
+    need = kept.get(key)
+    if need is not None:
+        kept.move_to_end(key)
+        return Fit(need)
     need = card_need(
         engine.name,
         shape,
@@ -60,9 +75,52 @@ def measure(
         cards=cards,
         card_memory_bytes=card.nvml_bytes,
         card=card,
-        engine_version=profile.engine_version,
+        engine_version=version,
     )
+    if from_nodes:
+        need = replace(
+            need, rules=f"{need.rules}; {version} is what the {profile.gpu_class} nodes run"
+        )
+    small = len(need.devices) <= NEEDS_DEVICES_KEPT and len(key[1]) <= NEEDS_ARGS_KEPT
+    if small and sum(map(len, key[1])) <= NEEDS_ARGS_CHARS_KEPT:
+        kept[key] = need
+        while len(kept) > NEEDS_KEPT:
+            kept.popitem(last=False)
     return Fit(need)
+
+
+def engine_version(engine: Engine, profile: Profile, inventory: Inventory) -> str:
+    """The engine version whose rules size `profile`: the one it names, else the one the nodes
+    of its class report running (the oldest, when they differ: by their version numbers, a
+    replica may land on any of them), else "" (the newest rules known)."""
+    if profile.engine_version.strip():
+        return profile.engine_version
+    if not inventory.reports_versions:
+        return ""
+    names = (engine.name, *engine.aliases)
+    reported = {v for name in names for v in inventory.engine_versions(profile.gpu_class, name)}
+    if not reported:
+        return ""
+    return min(reported, key=lambda v: (parse_version(v) or (1 << 30, 0, 0), v))
+
+
+NEEDS_KEPT = 32
+"""Needs kept per shape (the profiles as they stand, and the last contexts measured)."""
+
+NEEDS_ARGS_KEPT = 64
+NEEDS_ARGS_CHARS_KEPT = 4096
+NEEDS_DEVICES_KEPT = 64
+"""Needs of argument lists longer than these, or placed on more devices, are not kept (the
+memory held stays bounded: at most NEEDS_KEPT small needs a shape)."""
+
+
+def _needs_of(shape: ModelShape) -> OrderedDict[object, CardNeed]:
+    """The needs kept with `shape` (in its `sizing_memo`)."""
+    kept = shape.sizing_memo.get("needs")
+    if not isinstance(kept, OrderedDict):
+        kept = OrderedDict()
+        shape.sizing_memo["needs"] = kept
+    return kept
 
 
 def longest_context(

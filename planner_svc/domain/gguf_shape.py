@@ -11,12 +11,12 @@ through the same range checks, and the per-architecture tables sit next to the r
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NoReturn
 
 from gguf import Keys
 
-from llmgw.shape import Layer, LayerKind, ModelShape, ParallelDims
+from llmgw.shape import Compute, Layer, LayerKind, ModelShape, ParallelDims, WeightsLayout
 from planner_svc.domain.errors import InvalidShape
 
 # src/llama-hparams.h: LLAMA_MAX_LAYERS; llama.cpp refuses a block_count above it.
@@ -126,6 +126,8 @@ def shape_from_gguf(
     file_bytes: int = 0,
     tensor_bytes: int = 0,
     source: str = "",
+    block_tensor_bytes: Mapping[int, int] | None = None,
+    named_tensor_bytes: Mapping[str, int] | None = None,
 ) -> ModelShape:
     """Read a GGUF header's metadata as the shape llama.cpp would give the model.
 
@@ -134,6 +136,9 @@ def shape_from_gguf(
         file_bytes: the file's size, used as the weights' size when `tensor_bytes` is 0.
         tensor_bytes: the tensors' data size summed from the tensor infos (0 when unknown).
         source: where the metadata came from, carried into errors.
+        block_tensor_bytes: the tensor infos' data sizes summed per block (`blk.N.*`), and
+        named_tensor_bytes: the other tensors' by name; both absent when the tensor table was
+            not read (then `weights_layout` is None).
     Returns:
         A `ModelShape` with format "gguf", one `Layer` per block, cache dtype 2 bytes.
     Raises:
@@ -141,7 +146,67 @@ def shape_from_gguf(
             per-layer array has the wrong length, or the architecture is one whose cache this
             reader does not model.
     """
-    return _Reader(metadata, source).shape(file_bytes=file_bytes, tensor_bytes=tensor_bytes)
+    shape = _Reader(metadata, source).shape(file_bytes=file_bytes, tensor_bytes=tensor_bytes)
+    if not block_tensor_bytes and not named_tensor_bytes:
+        return shape
+    layout = weights_layout(
+        shape.block_count, block_tensor_bytes or {}, named_tensor_bytes or {}, source
+    )
+    return replace(shape, weights_layout=layout)
+
+
+# src/llama-arch.cpp LLM_TENSOR_INFOS: the layer each tensor outside the blocks belongs to.
+_INPUT_TENSORS = frozenset(
+    {"token_embd", "token_embd_norm", "token_types", "position_embd", "per_layer_token_embd"}
+)
+_OUTPUT_TENSORS = frozenset(
+    {"output", "output_norm", "cls", "cls_out", "enc_output_norm", "dec_output_norm"}
+)
+# Created for every repeating layer with TENSOR_DUPLICATED (src/llama-model.cpp load_tensors:
+# `rope_freqs` "i != 0 ? TENSOR_DUPLICATED : 0"), so each layer's device holds a copy.
+_PER_LAYER_TENSORS = frozenset({"rope_freqs", "rope_factors_long", "rope_factors_short"})
+
+
+def weights_layout(
+    n_layer: int,
+    block_bytes: Mapping[int, int],
+    named_bytes: Mapping[str, int],
+    source: str = "",
+) -> WeightsLayout:
+    """The tensor bytes by llama.cpp layer (`llmgw.shape.WeightsLayout`).
+
+    Raises:
+        InvalidShape: a block tensor past `block_count` (llama.cpp refuses such a file: it
+            would not be loaded), or a negative size.
+    """
+    past = [i for i in block_bytes if i >= n_layer or i < 0]
+    if past:
+        raise InvalidShape(
+            message=f"The GGUF holds tensors of block {min(past)} but its block_count is "
+            f"{n_layer}; llama.cpp would refuse the file (wrong number of tensors).",
+            source=source,
+        )
+    if any(b < 0 for b in (*block_bytes.values(), *named_bytes.values())):
+        raise InvalidShape(message="Tensor sizes cannot be negative.", source=source)
+    inputs = outputs = copies = 0
+    for name, nbytes in named_bytes.items():
+        base = name.split(".", 1)[0]
+        if base in _OUTPUT_TENSORS:
+            outputs += nbytes
+        elif base in _PER_LAYER_TENSORS:
+            copies += nbytes
+        else:
+            inputs += nbytes  # input-layer tensors, and names the table does not list
+    # A head tied to the token embeddings: llama.cpp loads token_embd.weight again as the
+    # output tensor (TENSOR_DUPLICATED, re-classified as LLM_TENSOR_OUTPUT by the loader).
+    tied = "output.weight" not in named_bytes and "token_embd.weight" in named_bytes
+    return WeightsLayout(
+        layer_bytes=tuple(block_bytes.get(i, 0) for i in range(n_layer)),
+        input_bytes=inputs,
+        output_bytes=outputs,
+        per_layer_copy_bytes=copies,
+        head_copy_bytes=named_bytes["token_embd.weight"] if tied else 0,
+    )
 
 
 class _Reader:
@@ -323,6 +388,7 @@ class _Reader:
             notes=tuple(self.notes),
             mla_expanded=mla,
             parallel=self._parallel(n_layer, attention_heads, dims.k, dims.v, mla is not None),
+            compute=self._compute(n_layer, n_embd),
         )
 
     def _parallel(
@@ -344,10 +410,7 @@ class _Reader:
         else:
             expert = expert_ff or ff
             dense = ff if expert_ff and dense_lead > 0 else 0
-        tokens = self.md.get(Keys.Tokenizer.LIST)
-        vocab = self.integer(Keys.LLM.VOCAB_SIZE, default=0, maximum=1 << 24) or (
-            len(tokens) if isinstance(tokens, list) else 0
-        )
+        vocab = self._vocab()
         return ParallelDims(
             vocab=vocab,
             dense_intermediate=dense,
@@ -355,6 +418,41 @@ class _Reader:
             shared_intermediate=shared if experts else 0,
             q_head_dim=0 if mla else k_dim,
             o_head_dim=0 if mla else v_dim,
+        )
+
+    def _vocab(self) -> int:
+        """The vocabulary: {arch}.vocab_size, else the tokenizer's token list's length (kept
+        as a list, or summarised by the header reader with its `length`)."""
+        tokens = self.md.get(Keys.Tokenizer.LIST)
+        listed = len(tokens) if isinstance(tokens, list) else getattr(tokens, "length", 0)
+        listed = listed if isinstance(listed, int) and 0 < listed <= 1 << 24 else 0
+        return self.integer(Keys.LLM.VOCAB_SIZE, default=0, maximum=1 << 24) or listed
+
+    def _compute(self, n_layer: int, n_embd: int) -> Compute:
+        """The widths a forward pass follows (llmgw.shape.Compute), for the activation and
+        compute-buffer estimates: embedding_length, feed_forward_length (the widest layer's;
+        a mixture-of-experts file without expert_feed_forward_length gives the expert's width
+        there, as Mixtral's do), expert_count, expert_used_count, expert and shared-expert
+        widths, leading_dense_block_count, the vocabulary. A GGUF holds no vision encoder
+        (that is a separate mmproj file)."""
+        ff = max(self.per_layer(Keys.LLM.FEED_FORWARD_LENGTH, n_layer, [0], _MAX_FF), default=0)
+        experts = self.integer(Keys.LLM.EXPERT_COUNT, default=0, maximum=1 << 20)
+        used = self.integer(Keys.LLM.EXPERT_USED_COUNT, default=0, maximum=1 << 20)
+        expert_ff = self.integer(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, default=0, maximum=_MAX_FF)
+        dense_lead = self.integer(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, default=0, maximum=n_layer)
+        shared = self.integer(
+            Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, default=0, maximum=_MAX_FF
+        ) or expert_ff * self.integer(Keys.LLM.EXPERT_SHARED_COUNT, default=0, maximum=1 << 10)
+        moe = experts > 1
+        return Compute(
+            hidden_size=n_embd,
+            intermediate_size=ff,
+            vocab_size=self._vocab(),
+            experts=experts if moe else 0,
+            experts_per_token=used if moe else 0,
+            expert_intermediate_size=(expert_ff or ff) if moe else 0,
+            shared_intermediate_size=shared if moe else 0,
+            dense_layers=dense_lead if moe else 0,
         )
 
     def _trained_context(self) -> int:

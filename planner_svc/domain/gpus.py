@@ -69,9 +69,11 @@ def plan_gpus(
         )
     chosen = _chosen_profiles(model, profile)
     notes = [note] if note else []
-    sized = shape if shape is not None and shape.weights_bytes > 0 else None
-    if shape is not None and sized is None and not note:
-        notes.append("its files' sizes are not known, so the memory it needs is not checked")
+    if shape is not None and shape.weights_bytes <= 0 and not note:
+        notes.append(
+            "its files' sizes are not known, so the memory it needs is not checked "
+            "(the KV cache's figures are given)"
+        )
     if not inventory.nodes:
         notes.append("no inventory was given, so no node was checked for the cards")
     changes: list[ProfileChange] = []
@@ -80,7 +82,7 @@ def plan_gpus(
         if p.name not in chosen:
             updated.append(p)
             continue
-        new_profile, change = _replan_profile(model, p, shape, sized, gpus, inventory, notes)
+        new_profile, change = _replan_profile(model, p, shape, gpus, inventory, notes)
         updated.append(new_profile)
         changes.append(change)
     return GPUsChange(
@@ -122,12 +124,13 @@ def _replan_profile(
     model: Model,
     profile: Profile,
     shape: ModelShape | None,
-    sized: ModelShape | None,
     gpus: int,
     inventory: Inventory,
     notes: list[str],
 ) -> tuple[Profile, ProfileChange]:
-    """One profile on `gpus` cards, refused where the engine, nodes, heads or cards say no."""
+    """One profile on `gpus` cards, refused where the engine, nodes, heads or cards say no
+    (the cards only when the weights are known: without them the KV figures and the rest of
+    the breakdown come back, unchecked)."""
     engine = engine_of(profile)
     if engine.single_card and gpus != 1:
         raise errors.EngineSingleCard(
@@ -181,8 +184,9 @@ def _replan_profile(
         args=args,
         args_before=profile.args,
     )
-    if sized is None:
+    if shape is None:
         return new_profile, change
+    sized = shape
     tokens = current_tokens(engine, profile, model)
     slots = engine.slots(profile.args)
     if tokens <= 0:
@@ -198,6 +202,8 @@ def _replan_profile(
         change, before=before.describe(), after=after.describe(), need=after, need_before=before
     )
     card = after.card
+    if not after.weights_known:
+        return new_profile, change
     if card is None or card.budget_bytes <= 0:
         if card is not None:
             notes.append(

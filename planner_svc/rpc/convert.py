@@ -39,9 +39,9 @@ def _memory(need: ProfileNeed, profile: str = "") -> common_pb2.Memory | None:
             non_torch_bytes=c.non_torch_bytes,
             cuda_graph_bytes=c.cuda_graph_bytes,
             other_bytes=c.other_bytes,
-            kv_pool_bytes=c.kv_pool_bytes if need.weights_known else 0,
-            kv_token_capacity=c.kv_token_capacity if need.weights_known else 0,
-            max_concurrency=c.max_concurrency if need.weights_known else 0.0,
+            kv_pool_bytes=c.kv_pool_bytes,
+            kv_token_capacity=c.kv_token_capacity,
+            max_concurrency=c.max_concurrency,
             margin_bytes=c.margin_bytes,
             verdict=_VERDICTS[verdict],
             verdict_note=(
@@ -64,6 +64,7 @@ def _memory(need: ProfileNeed, profile: str = "") -> common_pb2.Memory | None:
                 )
                 for d in c.devices
             ],
+            weights_unknown=not need.weights_known,
         )
     if need.ram is not None:
         r = need.ram
@@ -77,6 +78,7 @@ def _memory(need: ProfileNeed, profile: str = "") -> common_pb2.Memory | None:
             cards=0,
             verdict=_VERDICTS[Verdict.NOT_CHECKED],
             rules="RAM: weights + KV + 1 GiB + 5 % of the weights (DESIGN §5)",
+            weights_unknown=not need.weights_known,
         )
     if need.ram_bytes:
         return common_pb2.Memory(ram_bytes=need.ram_bytes)

@@ -9,8 +9,9 @@ from (a local file, HTTP ranges) is the source's business: planner_svc/sources/g
 
 from __future__ import annotations
 
+import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
 
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUFValueType, Keys
@@ -102,6 +103,18 @@ class GGUFHeader:
     tensor_bytes: int
     bytes_fetched: int
     version: int = 3
+    tensor_sizes: TensorSizes = field(default_factory=lambda: TensorSizes({}, {}))
+    """The tensors' data sizes by block and by name (`TensorSizes`)."""
+
+
+@dataclass(frozen=True)
+class TensorSizes:
+    """Tensor data sizes as llama.cpp places them: per block (`blk.N.*` summed by N) and the
+    other tensors by name (token_embd.weight, output.weight, rope_freqs.weight, ...). Past
+    `MAX_NAMED_TENSORS` names the rest are summed under "" (a real file has a few dozen)."""
+
+    by_block: dict[int, int]
+    by_name: dict[str, int]
 
 
 class _Window:
@@ -243,7 +256,7 @@ class _Parser:
             if key == Keys.General.ALIGNMENT:
                 alignment = self._check_alignment(vtype, metadata[key])
 
-        tensor_bytes, data_end = await self._tensor_infos(tensor_count, alignment)
+        tensor_bytes, data_end, sizes = await self._tensor_infos(tensor_count, alignment)
         # gguf.cpp pads to the alignment only when there are tensors.
         end = self.pos
         header_bytes = -(-end // alignment) * alignment if tensor_count else end
@@ -261,6 +274,7 @@ class _Parser:
             tensor_bytes=tensor_bytes,
             bytes_fetched=self.window.reader.bytes_fetched,
             version=version,
+            tensor_sizes=sizes,
         )
 
     def _bad_magic(self, magic: bytes) -> NoReturn:
@@ -361,11 +375,13 @@ class _Parser:
         self.pos = pos
         return kept if keep else ArraySummary(GGUFValueType.STRING, count)
 
-    async def _tensor_infos(self, count: int, alignment: int) -> tuple[int, int]:
-        """Walk the tensor infos; return (sum of data sizes, end of the last tensor's data)."""
+    async def _tensor_infos(self, count: int, alignment: int) -> tuple[int, int, TensorSizes]:
+        """Walk the tensor infos; return (sum of data sizes, end of the last tensor's data,
+        the sizes by block and name)."""
         total = 0
         expected_offset = 0
         data_end = 0
+        table = TensorSizes({}, {})
         for i in range(count):
             name = await self.string(f"the name of tensor {i}")
             n_dims = await self.u32(f"the dimensions of tensor {name!r}")
@@ -405,6 +421,24 @@ class _Parser:
                     f"{expected_offset:,}; the header is corrupt."
                 )
             total += nbytes
+            _add_size(table, name, nbytes)
             data_end = offset + nbytes
             expected_offset = offset + -(-nbytes // alignment) * alignment
-        return total, data_end
+        return total, data_end, table
+
+
+MAX_NAMED_TENSORS = 1024
+"""Tensors outside the blocks kept by name (see `TensorSizes`)."""
+
+_BLOCK = re.compile(r"blk\.(\d{1,9})\.")
+
+
+def _add_size(sizes: TensorSizes, name: str, nbytes: int) -> None:
+    """Count a tensor's bytes under its block, or under its name."""
+    block = _BLOCK.match(name)
+    if block is not None:
+        index = int(block.group(1))
+        sizes.by_block[index] = sizes.by_block.get(index, 0) + nbytes
+        return
+    key = name if name in sizes.by_name or len(sizes.by_name) < MAX_NAMED_TENSORS else ""
+    sizes.by_name[key] = sizes.by_name.get(key, 0) + nbytes

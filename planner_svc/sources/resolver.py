@@ -300,11 +300,14 @@ class ShapeResolver:
             if _is_http(source) and _transport_failure(error):
                 raise network_failure(source) from None
             raise
+        sizes = getattr(header, "tensor_sizes", None)
         shape = shape_from_gguf(
             header.metadata,
             file_bytes=header.file_bytes,
             tensor_bytes=header.tensor_bytes,
             source=source,
+            block_tensor_bytes=getattr(sizes, "by_block", None),
+            named_tensor_bytes=getattr(sizes, "by_name", None),
         )
         if shape.weights_bytes == 0 and files:
             shape = replace(shape, weights_bytes=weight_bytes_from_files(files, source=source))

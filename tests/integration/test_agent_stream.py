@@ -6,6 +6,7 @@ import itertools
 import os
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -31,14 +32,23 @@ def card_used(heartbeat: agent_pb2.Heartbeat, index: int) -> int:
 
 async def test_desired_replica_runs_healthy_and_answers(tmp_path: Path) -> None:
     """A desired replica is started, reported HEALTHY with an address whose /v1/models lists
-    its model, and the Hello named the node, its cards and engines."""
-    async with running_fake_fleet() as (fleet, port), running_agent(port, tmp_path) as agent:
+    its model, and the Hello named the node, its cards (NVML's and CUDA's totals) and engines
+    (with the versions the config gives)."""
+    engines = dict(fast_config().engines)
+    engines["vllm"] = replace(engines["vllm"], version="0.10.2")
+    config = fast_config(engines=engines)
+    async with (
+        running_fake_fleet() as (fleet, port),
+        running_agent(port, tmp_path, config=config) as agent,
+    ):
         await assert_eventually(lambda: fleet.streams, what="the agent connecting")
         hello = fleet.hellos[0]
         assert hello.node_name == "node-1"
         assert [c.model for c in hello.cards] == ["H100-80GB", "H100-80GB"]
         assert hello.cards[0].memory_total_bytes == 81559 << 20
+        assert hello.cards[0].cuda_memory_total_bytes == 81090 << 20
         assert set(hello.engines) == {"standin", "vllm"}
+        assert dict(hello.engine_versions) == {"vllm": "0.10.2"}
         assert hello.labels["zone"] == "test"
 
         version = fleet.desire(spec("r1", model="tiny"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from fleet_svc.agent.cards import (
     NvmlCards,
     StandinCards,
     card_class_bytes,
+    cuda_totals,
     discover_cards,
     parse_gpu_spec,
     parse_gpus_file,
@@ -119,6 +121,7 @@ class FakeNvml:
     def __init__(self, devices: list[tuple[str, int, int]], init_error: bool = False) -> None:
         self.devices = devices
         self.init_error = init_error
+        self.uuids: list[str] = []
 
     def nvmlInit(self) -> None:
         if self.init_error:
@@ -137,7 +140,7 @@ class FakeNvml:
         return self.devices[handle][0].encode()  # older nvidia-ml-py returns bytes
 
     def nvmlDeviceGetUUID(self, handle: int) -> str:
-        return f"GPU-{handle}"
+        return self.uuids[handle] if self.uuids else f"GPU-{handle}"
 
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> _Memory:
         _, total, used = self.devices[handle]
@@ -208,3 +211,87 @@ def test_unreadable_claims_are_dropped(tmp_path: Path) -> None:
     (folder / "123.json").write_text("{not json")
     assert claims.used_bytes(tmp_path, 0) == 0
     assert not (folder / "123.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("spec", "cuda_bytes"),
+    [("2xH100-80GB", 81090 * MIB), ("A100-80GB", 81152 * MIB), ("L4-24GB", 0)],
+)
+def test_standin_cards_report_the_logged_cuda_total(spec: str, cuda_bytes: int) -> None:
+    """A stand-in card of a class an engine log gives a CUDA total for reports it; one no log
+    covers reports none (the planner derives it, with its margin)."""
+    assert {c.cuda_memory_total_bytes for c in parse_gpu_spec(spec)} == {cuda_bytes}
+
+
+def test_cards_file_takes_a_cuda_total_and_refuses_one_above_nvml() -> None:
+    """A cards file may give the CUDA total; one above the NVML total is refused, and a told
+    NVML total without it leaves CUDA's unknown."""
+    (told,) = parse_gpus_file(
+        {
+            "cards": [
+                {
+                    "model": "X-80GB",
+                    "memory_total_bytes": 80 * GIB,
+                    "cuda_memory_total_bytes": 79 * GIB,
+                }
+            ]
+        }
+    )
+    assert told.cuda_memory_total_bytes == 79 * GIB
+    (bare,) = parse_gpus_file({"cards": [{"model": "H100-80GB", "memory_total_bytes": 80 * GIB}]})
+    assert bare.cuda_memory_total_bytes == 0
+    (known,) = parse_gpus_file({"cards": [{"model": "H100-80GB"}]})
+    assert known.cuda_memory_total_bytes == 81090 * MIB
+    with pytest.raises(CardSpecError, match="at most its memory_total_bytes"):
+        parse_gpus_file(
+            {
+                "cards": [
+                    {"model": "X", "memory_total_bytes": GIB, "cuda_memory_total_bytes": 2 * GIB}
+                ]
+            }
+        )
+
+
+class FakeLibcuda:
+    """The CUDA driver calls `cuda_totals` makes, over (uuid bytes, total) per ordinal; the
+    out-parameters are written through ctypes' byref objects as the real library would."""
+
+    def __init__(self, devices: list[tuple[bytes, int]], init_result: int = 0) -> None:
+        self.devices = devices
+        self.init_result = init_result
+
+    def cuInit(self, flags: int) -> int:
+        return self.init_result
+
+    def cuDeviceGetCount(self, count: Any) -> int:
+        count._obj.value = len(self.devices)
+        return 0
+
+    def cuDeviceGet(self, device: Any, ordinal: int) -> int:
+        device._obj.value = ordinal
+        return 0
+
+    def cuDeviceTotalMem_v2(self, total: Any, device: ctypes.c_int) -> int:
+        total._obj.value = self.devices[device.value][1]
+        return 0
+
+    def cuDeviceGetUuid(self, raw: Any, device: ctypes.c_int) -> int:
+        raw[:] = list(self.devices[device.value][0])
+        return 0
+
+
+def test_nvml_cards_carry_cuda_totals_matched_by_uuid() -> None:
+    """CUDA's totals are matched to NVML's cards by UUID, whatever order CUDA numbers them in;
+    a failing driver gives none."""
+    first, second = bytes(range(16)), bytes(range(16, 32))
+    lib = FakeLibcuda([(second, 23000 * MIB), (first, 81090 * MIB)])  # CUDA's order differs
+    totals = cuda_totals(lib)
+    uuid = "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
+    assert totals[uuid.lower()] == 81090 * MIB
+    nvml = FakeNvml([("NVIDIA H100 80GB HBM3", 81559 * MIB, 0)])
+    nvml.uuids = [uuid]
+    (card,) = NvmlCards(nvml, totals).read()
+    assert card.cuda_memory_total_bytes == 81090 * MIB
+    assert card.memory_total_bytes == 81559 * MIB
+    assert cuda_totals(FakeLibcuda([(first, 1)], init_result=100)) == {}
+    assert cuda_totals(None) == {}

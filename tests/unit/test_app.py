@@ -417,3 +417,24 @@ async def test_a_replica_count_change_only_scales(fleet: Fleet) -> None:
     left = [r for r in fleet.controller.state.replicas.values() if not r.retire]
     assert len(left) == 1 and left[0].id in ready and left[0].phase is P.READY
     assert fleet.app.rollouts("m") == []
+
+
+def test_inventory_carries_the_agents_cuda_totals_and_engine_versions(tmp_path: Path) -> None:
+    """The live inventory gives the planner each node's CUDA total (the smallest card's, and
+    none when a card did not report one) and the engine versions its agent reported."""
+    f = Fleet(tmp_path)
+    cards = tuple(
+        Card(i, model="H100-80GB", memory_total_bytes=81559 << 20, cuda_memory_total_bytes=c)
+        for i, c in enumerate((81090 << 20, 81000 << 20))
+    )
+    f.controller.agent_connected(
+        NodeView(name="n2", cards=cards, engine_versions={"vllm": "0.10.2"}), [], Link()
+    )
+    half = (cards[0], replace(cards[1], cuda_memory_total_bytes=0))
+    f.controller.agent_connected(NodeView(name="n3", cards=half), [], Link())
+    nodes = {n.name: n for n in f.app.inventory().nodes}
+    assert nodes["n2"].gpu_cuda_memory_bytes == 81000 << 20
+    assert nodes["n2"].engine_versions == (("vllm", "0.10.2"),)
+    assert nodes["n3"].gpu_cuda_memory_bytes == 0
+    assert nodes["n1"].engine_versions == ()
+    f.store.close()

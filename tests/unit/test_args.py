@@ -61,9 +61,9 @@ def test_remembered_lookups_answer_as_a_scan_and_stay_bounded() -> None:
     assert args_module.get_arg(short, ("--tensor-parallel-size", "-tp"), folded=True) == "2"
     assert args_module.get_arg(short, ("--max-model-len",)) == "8192"
     long = ["--x", "1"] * 100 + ["--max-model-len", "4096"]
-    before = args_module._remembered_arg.cache_info().currsize
+    before = len(args_module._remembered)
     assert args_module.get_arg(long, ("--max-model-len",)) == "4096"
-    assert args_module._remembered_arg.cache_info().currsize == before
+    assert len(args_module._remembered) == before
     huge = ["--max-model-len", "1" * 10_000]
     assert args_module.get_arg(huge, ("--max-model-len",)) == "1" * 10_000
-    assert args_module._remembered_arg.cache_info().currsize == before
+    assert len(args_module._remembered) == before

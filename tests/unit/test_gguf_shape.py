@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from gguf import GGUFValueType
 
-from llmgw.shape import LayerKind, ModelShape
+from llmgw.shape import Compute, LayerKind, ModelShape
 from planner_svc.domain.errors import InvalidShape
 from planner_svc.domain.gguf_shape import shape_from_gguf
+from planner_svc.sources.gguf_header import ArraySummary
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
 FULL, SLIDING, MLA = LayerKind.FULL, LayerKind.SLIDING, LayerKind.MLA
@@ -825,3 +827,48 @@ def test_negative_sizes_are_refused() -> None:
     """Negative file or tensor sizes are refused rather than turned into negative weights."""
     with pytest.raises(InvalidShape):
         shape_from_gguf(LLAMA, file_bytes=-1)
+
+
+def test_widths_for_the_activation_estimates_are_read() -> None:
+    """A GGUF's embedding and FFN widths and vocabulary become the shape's compute widths; a
+    mixture of experts also gets its expert counts and widths (Mixtral's expert width is its
+    feed_forward_length), and a tokenizer list the reader summarised gives the vocabulary."""
+    llama = shape_from_gguf(fixture("Meta-Llama-3.1-8B-Instruct-Q4_K_M"))
+    assert llama.compute == Compute(4096, 14336, 128256)
+    mixtral = geometry(
+        "llama",
+        {
+            "block_count": 32,
+            "context_length": 32768,
+            "embedding_length": 4096,
+            "feed_forward_length": 14336,
+            "attention.head_count": 32,
+            "attention.head_count_kv": 8,
+            "expert_count": 8,
+            "expert_used_count": 2,
+            "tokenizer.ggml.tokens": ArraySummary(GGUFValueType.STRING, 32000),
+        },
+    )
+    assert shape_from_gguf(mixtral).compute == Compute(4096, 14336, 32000, 8, 2, 14336)
+    lite = geometry(
+        "deepseek2",
+        {
+            "block_count": 27,
+            "context_length": 163840,
+            "embedding_length": 2048,
+            "feed_forward_length": 10944,
+            "attention.head_count": 16,
+            "attention.head_count_kv": 1,
+            "attention.key_length": 576,
+            "attention.value_length": 512,
+            "attention.key_length_mla": 192,
+            "attention.value_length_mla": 128,
+            "expert_count": 64,
+            "expert_used_count": 6,
+            "expert_feed_forward_length": 1408,
+            "expert_shared_count": 2,
+            "leading_dense_block_count": 1,
+            "vocab_size": 102400,
+        },
+    )
+    assert shape_from_gguf(lite).compute == Compute(2048, 10944, 102400, 64, 6, 1408, 2816, 1)

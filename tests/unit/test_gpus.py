@@ -3,8 +3,11 @@ one-card engines, counts no node has, and cards too small."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from llmgw.common.v1 import common_pb2
 from llmgw.model import Inventory, Model, Node, Profile
 from planner_svc.domain import errors
 from planner_svc.domain.gpus import plan_gpus
@@ -155,3 +158,23 @@ def test_without_shape_heads_are_not_checked_and_noted() -> None:
     change = plan_gpus(model(VLLM), None, gpus=3, profile="", inventory=NODES, note="unread")
     assert change.updated[0].tp == 3
     assert "heads are not known" in change.note
+
+
+def test_unknown_weights_still_answer_memory_unchecked() -> None:
+    """With the files' sizes unknown PlanGPUs gives the KV figures, the pool and its capacity
+    (the budget beside the overhead, weights counted as 0), says so, and refuses nothing for
+    memory even where known weights would not fit (70B on one H100)."""
+    shape = replace(LLAMA_31_70B, weights_bytes=0)
+    change = plan_gpus(model(VLLM), shape, gpus=1, profile="", inventory=NODES)
+    memory = profile_change_to_proto(change.profiles[0]).memory
+    assert memory.weights_unknown
+    assert memory.verdict == common_pb2.FIT_VERDICT_NOT_CHECKED
+    assert memory.weights_bytes == memory.weights_per_card_bytes == 0
+    assert memory.kv_per_card_bytes == 8192 * 327_680  # 80 layers × 8 KV heads × 256 × 2 B
+    assert memory.activation_bytes > 0 and memory.budget_bytes > 0
+    assert memory.kv_pool_bytes == memory.budget_bytes - memory.overhead_bytes
+    assert memory.kv_token_capacity > 0
+    assert memory.max_concurrency == memory.kv_token_capacity / 8192
+    assert "sizes are not known" in change.note and "KV cache's figures are given" in change.note
+    known = plan_gpus(model(VLLM), LLAMA_31_70B, gpus=4, profile="", inventory=NODES)
+    assert not profile_change_to_proto(known.profiles[0]).memory.weights_unknown

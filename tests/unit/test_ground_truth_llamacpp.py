@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,8 @@ from llmgw.engines.llamacpp import (
     llamacpp_overhead_bytes,
     settings_from_args,
 )
-from llmgw.shape import Layer, LayerKind, ModelShape
+from llmgw.engines.llamacpp.overhead import VOCAB_BOUND, activation_width
+from llmgw.shape import Compute, Layer, LayerKind, ModelShape
 from tests.oracle.llamacpp_run import printed_mib
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ground_truth" / "observations.jsonl"
@@ -171,3 +173,37 @@ def test_overhead_bounds_printed_compute_buffers(row_id: str) -> None:
     buffers = [v for k, v in row["printed"].items() if "compute" in k]
     overhead = llamacpp_overhead_bytes(shape_from_arch(row), row_args(row), 1)
     assert overhead >= max(buffers) * MIB
+
+
+# The widths a GGUF's header gives (embedding_length, feed_forward_length, expert counts and
+# widths, vocabulary), as each model's Hugging Face config.json states them.
+WIDTHS = {
+    "qwen3-8b": Compute(4096, 12288, 151936),  # Qwen/Qwen3-8B
+    "llama-3.x-70b": Compute(8192, 28672, 128256),  # meta-llama/Llama-3.1-70B
+    "llama-3.1-405b": Compute(16384, 53248, 128256),  # meta-llama/Llama-3.1-405B
+    "qwen2.5-3b": Compute(2048, 11008, 151936),  # Qwen/Qwen2.5-3B-Instruct
+    "qwen2.5-32b": Compute(5120, 27648, 152064),  # Qwen/Qwen2.5-32B-Instruct
+    "phi-3-mini": Compute(3072, 8192, 32064),  # microsoft/Phi-3-mini-4k-instruct
+    "gpt-oss-120b": Compute(2880, 2880, 201088, 128, 4, 2880),  # openai/gpt-oss-120b
+    "gemma-3-4b": Compute(2560, 10240, 262208),  # google/gemma-3-4b-it
+    # deepseek-ai/DeepSeek-V2-Lite-Chat: 64 routed experts of 1408, 6 a token, 2 shared, the
+    # first layer dense (10944).
+    "deepseek-v2-lite": Compute(2048, 10944, 102400, 64, 6, 1408, 2 * 1408, 1),
+    "mixtral-8x7b": Compute(4096, 14336, 32000, 8, 2, 14336),  # mistralai/Mixtral-8x7B-v0.1
+}
+
+
+@pytest.mark.parametrize("row_id", COMPUTE_ROWS)
+def test_overhead_from_the_models_widths_bounds_printed_compute_buffers(row_id: str) -> None:
+    """With the widths a GGUF header gives (hidden, FFN, experts, vocabulary) the estimate
+    still bounds every compute buffer the row printed, and comes closer to it where the
+    vocabulary is below the 262144 bound (its own logits counted, not the bound's)."""
+    row = ROWS[row_id]
+    buffers = [v for k, v in row["printed"].items() if "compute" in k]
+    bare = shape_from_arch(row)
+    compute = WIDTHS[row["arch_key"]]
+    sized = llamacpp_overhead_bytes(replace(bare, compute=compute), row_args(row), 1)
+    assert sized >= max(buffers) * MIB
+    if compute.vocab_size < VOCAB_BOUND:  # every row but Gemma 3's (262,208 tokens)
+        assert sized < llamacpp_overhead_bytes(bare, row_args(row), 1)
+    assert activation_width(compute, compute.hidden_size) >= 12 * compute.hidden_size

@@ -12,10 +12,12 @@ from llmgw.cardclass import DRIVER_RESERVE_MIB, DRIVER_RESERVE_SPREAD_MIB, MIB, 
 from llmgw.common.v1 import common_pb2
 from llmgw.engines.base import Card, CardNeed, Verdict
 from llmgw.engines.versions import parse_version, pick
+from llmgw.engines.vllm import VLLM
 from llmgw.engines.vllm_memory import VLLM_RULES
 from llmgw.model import Inventory, Model, Node, Profile
 from planner_svc.domain.cards import card_of
 from planner_svc.domain.context import size_context
+from planner_svc.domain.fit import NEEDS_KEPT, measure
 from planner_svc.domain.memory import card_need
 from planner_svc.rpc.convert import context_change_to_proto
 from tests.support.shapes import LLAMA_31_8B
@@ -141,14 +143,17 @@ def test_a_named_version_changes_the_rules() -> None:
 
 
 def test_kv_is_answered_without_weights() -> None:
-    """With the files' sizes unknown the memory is not checked, but the KV figures come back."""
+    """With the files' sizes unknown the memory is not checked, but the KV figures and the
+    pool the budget leaves before any weights come back, flagged."""
     shape = replace(LLAMA_31_8B, weights_bytes=0)
     change = size_context(llama(), shape, tokens=16_384, slots=1, inventory=H100)
     msg = context_change_to_proto(change)
     gpu, cpu = msg.profiles[0].memory, msg.profiles[1].memory
     assert gpu.kv_bytes == gpu.kv_per_card_bytes == 16_384 * 131_072
     assert gpu.verdict == common_pb2.FIT_VERDICT_NOT_CHECKED
-    assert gpu.kv_pool_bytes == 0 and gpu.weights_bytes == 0
+    assert gpu.weights_unknown and gpu.weights_bytes == 0
+    assert gpu.kv_pool_bytes == gpu.budget_bytes - gpu.overhead_bytes  # before any weights
+    assert gpu.kv_token_capacity > 0 and cpu.weights_unknown
     assert cpu.kv_bytes == 16_384 * 131_072
     assert "not checked" in change.note
     assert change.updated[1].min_memory_gb == 0  # not rewritten from a figure without weights
@@ -178,3 +183,71 @@ def test_within_the_margin_is_said() -> None:
     memory = context_change_to_proto(change).profiles[0].memory
     assert memory.verdict == common_pb2.FIT_VERDICT_WITHIN_MARGIN
     assert "could go either way" in memory.verdict_note or "may refuse" in memory.verdict_note
+
+
+def node(name: str, versions: tuple[tuple[str, str], ...], cuda_bytes: int = 0) -> Node:
+    """An H100 node that reports the engine versions it runs (and its CUDA total)."""
+    return Node(
+        name,
+        "H100-80GB",
+        gpus=8,
+        free_gpus=8,
+        gpu_memory_bytes=81559 * MIB,
+        gpu_cuda_memory_bytes=cuda_bytes,
+        engine_versions=versions,
+    )
+
+
+def gpu_memory(model: Model, inventory: Inventory) -> common_pb2.Memory:
+    """The GPU profile's memory at 8192 tokens against `inventory`."""
+    change = size_context(model, LLAMA_31_8B, tokens=8192, slots=1, inventory=inventory)
+    return context_change_to_proto(change).profiles[0].memory
+
+
+def test_a_profile_naming_no_version_takes_its_nodes_version() -> None:
+    """Without a version of its own a profile is sized by the rules of the vLLM its nodes
+    report (0.10.2: 0.90 of the card), and the rules say where the version came from."""
+    memory = gpu_memory(llama(), Inventory(nodes=(node("n1", (("vllm", "0.10.2"),)),)))
+    assert memory.budget_bytes == int(81090 * MIB * 0.9)
+    assert "0.8 to 0.10" in memory.rules and "what the H100-80GB nodes run" in memory.rules
+
+
+def test_the_profiles_own_version_wins_and_mixed_nodes_take_the_oldest() -> None:
+    """A profile's version wins over its nodes'; nodes that differ give the oldest's rules."""
+    mixed = Inventory(
+        nodes=(
+            node("n1", (("vllm", "0.21.0"),)),
+            node("n2", (("vllm", "0.10.2"), ("sglang", "0.4"))),
+        )
+    )
+    assert gpu_memory(llama(), mixed).budget_bytes == int(81090 * MIB * 0.9)
+    named = replace(llama().profiles[0], engine_version="0.21.0")
+    memory = gpu_memory(replace(llama(), profiles=(named,)), mixed)
+    assert memory.budget_bytes == int(81090 * MIB * 0.92)
+    assert "nodes run" not in memory.rules
+
+
+def test_the_nodes_reported_cuda_total_starts_the_budget() -> None:
+    """A CUDA total the node reported is the one vLLM's budget starts from, said so."""
+    memory = gpu_memory(llama(), Inventory(nodes=(node("n1", (), cuda_bytes=81000 * MIB),)))
+    assert memory.card_total_bytes == 81000 * MIB
+    assert memory.budget_bytes == int(81000 * MIB * 0.92)
+    assert "reported by the node" in memory.rules
+
+
+def test_needs_kept_with_the_shape_are_bounded_and_never_answer_a_new_context() -> None:
+    """A need measured again comes from the shape's memory, a context not measured before is
+    computed (its own KV), and the memory keeps at most NEEDS_KEPT needs."""
+    shape = replace(LLAMA_31_8B, trained_context=0)  # a shape of its own, nothing kept yet
+    profile = llama().profiles[0]
+
+    def kv_at(tokens: int) -> int:
+        args = ("--max-model-len", str(tokens))
+        return measure(
+            VLLM, profile, shape, H100, args=args, tokens=tokens, slots=1, cards=1
+        ).need.kv_bytes
+
+    assert kv_at(8192) == kv_at(8192) == 8192 * 131_072
+    for tokens in range(1024, 1024 + 64 * (NEEDS_KEPT + 8), 64):
+        assert kv_at(tokens) == tokens * 131_072
+    assert len(shape.sizing_memo["needs"]) == NEEDS_KEPT  # type: ignore[arg-type]

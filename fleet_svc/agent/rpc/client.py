@@ -28,6 +28,7 @@ from fleet_svc.agent.rpc.convert import (
     spec_from_proto,
     timestamp,
 )
+from fleet_svc.agent.versions import reported_versions
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
 from llmgw.clients.errors import Refused, Unreachable, translated_async
 from llmgw.clock import Clock, SystemClock
@@ -120,6 +121,7 @@ class AgentClient:
             memory_free_bytes=host.memory_free_bytes(),
             agent_version=AGENT_VERSION,
             applied_version=self.applied_version,
+            engine_versions=reported_versions(self.replicas.config),
         )
 
     def heartbeat(self) -> agent_pb2.Heartbeat:

@@ -78,6 +78,7 @@ def card_to_proto(card: Card) -> common_pb2.Card:
         model=card.model,
         memory_total_bytes=card.memory_total_bytes,
         memory_used_bytes=card.memory_used_bytes,
+        cuda_memory_total_bytes=card.cuda_memory_total_bytes,
     )
 
 

@@ -165,6 +165,26 @@ class Hello(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class EngineVersionsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     NODE_NAME_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
     CARDS_FIELD_NUMBER: _builtins.int
@@ -174,6 +194,7 @@ class Hello(_message.Message):
     MEMORY_FREE_BYTES_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     APPLIED_VERSION_FIELD_NUMBER: _builtins.int
+    ENGINE_VERSIONS_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     memory_bytes: _builtins.int
     memory_free_bytes: _builtins.int
@@ -190,6 +211,12 @@ class Hello(_message.Message):
     def engines(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The engines this agent's config lets it run."""
 
+    @_builtins.property
+    def engine_versions(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The version of each engine it runs (engine name -> version, from its config or the
+        engine's --version); an engine whose version could not be told is absent.
+        """
+
     def __init__(
         self,
         *,
@@ -202,10 +229,11 @@ class Hello(_message.Message):
         memory_free_bytes: _builtins.int = ...,
         agent_version: _builtins.str = ...,
         applied_version: _builtins.int = ...,
+        engine_versions: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "applied_version", b"applied_version", "cards", b"cards", "engines", b"engines", "labels", b"labels", "memory_bytes", b"memory_bytes", "memory_free_bytes", b"memory_free_bytes", "node_name", b"node_name", "replicas", b"replicas"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "applied_version", b"applied_version", "cards", b"cards", "engine_versions", b"engine_versions", "engines", b"engines", "labels", b"labels", "memory_bytes", b"memory_bytes", "memory_free_bytes", b"memory_free_bytes", "node_name", b"node_name", "replicas", b"replicas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -252,6 +252,26 @@ class InventoryNode(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class EngineVersionsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     NAME_FIELD_NUMBER: _builtins.int
     GPU_CLASS_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
@@ -259,6 +279,7 @@ class InventoryNode(_message.Message):
     GPU_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     GPU_CUDA_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    ENGINE_VERSIONS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     gpu_class: _builtins.str
     gpus: _builtins.int
@@ -271,6 +292,12 @@ class InventoryNode(_message.Message):
     """Memory of one card as CUDA reports it to torch (cudaMemGetInfo total), below
     gpu_memory_bytes (NVML's); 0 when not reported.
     """
+    @_builtins.property
+    def engine_versions(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The version of each engine this node runs (engine name -> version, as its agent
+        reported it); a profile that names no version is sized by these rules.
+        """
+
     def __init__(
         self,
         *,
@@ -281,10 +308,11 @@ class InventoryNode(_message.Message):
         gpu_memory_bytes: _builtins.int = ...,
         memory_bytes: _builtins.int = ...,
         gpu_cuda_memory_bytes: _builtins.int = ...,
+        engine_versions: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["free_gpus", b"free_gpus", "gpu_class", b"gpu_class", "gpu_cuda_memory_bytes", b"gpu_cuda_memory_bytes", "gpu_memory_bytes", b"gpu_memory_bytes", "gpus", b"gpus", "memory_bytes", b"memory_bytes", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine_versions", b"engine_versions", "free_gpus", b"free_gpus", "gpu_class", b"gpu_class", "gpu_cuda_memory_bytes", b"gpu_cuda_memory_bytes", "gpu_memory_bytes", b"gpu_memory_bytes", "gpus", b"gpus", "memory_bytes", b"memory_bytes", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -301,12 +329,18 @@ class Card(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     MEMORY_TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     MEMORY_USED_BYTES_FIELD_NUMBER: _builtins.int
+    CUDA_MEMORY_TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     uuid: _builtins.str
     model: _builtins.str
     """The card's model, e.g. "H100-80GB"."""
     memory_total_bytes: _builtins.int
+    """NVML's total (nvidia-smi memory.total)."""
     memory_used_bytes: _builtins.int
+    cuda_memory_total_bytes: _builtins.int
+    """The total CUDA reports (cuDeviceTotalMem; what torch and vLLM read), below NVML's; 0 when
+    the agent could not read it.
+    """
     def __init__(
         self,
         *,
@@ -315,10 +349,11 @@ class Card(_message.Message):
         model: _builtins.str = ...,
         memory_total_bytes: _builtins.int = ...,
         memory_used_bytes: _builtins.int = ...,
+        cuda_memory_total_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "model", b"model", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cuda_memory_total_bytes", b"cuda_memory_total_bytes", "index", b"index", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "model", b"model", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -376,6 +411,7 @@ class Memory(_message.Message):
     OUTSIDE_BUDGET_BYTES_FIELD_NUMBER: _builtins.int
     OUTSIDE_ROOM_BYTES_FIELD_NUMBER: _builtins.int
     DEVICES_FIELD_NUMBER: _builtins.int
+    WEIGHTS_UNKNOWN_FIELD_NUMBER: _builtins.int
     weights_bytes: _builtins.int
     """Weights of the whole replica."""
     kv_bytes: _builtins.int
@@ -422,6 +458,11 @@ class Memory(_message.Message):
     0.21: CUDA graphs), and the room it has there.
     """
     outside_room_bytes: _builtins.int
+    weights_unknown: _builtins.bool
+    """The model's files' sizes are not known: the weights count as 0, so the KV pool, its
+    token capacity and concurrency are what the budget leaves beside the engine's overhead
+    before any weights (an upper bound), and the verdict is not checked.
+    """
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___DevicePlacement]:
         """Per device, for an engine that places whole layers (llama.cpp); empty for the others."""
@@ -453,10 +494,11 @@ class Memory(_message.Message):
         outside_budget_bytes: _builtins.int = ...,
         outside_room_bytes: _builtins.int = ...,
         devices: _abc.Iterable[Global___DevicePlacement] | None = ...,
+        weights_unknown: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["activation_bytes", b"activation_bytes", "budget_bytes", b"budget_bytes", "card_total_bytes", b"card_total_bytes", "cards", b"cards", "cuda_graph_bytes", b"cuda_graph_bytes", "devices", b"devices", "kv_bytes", b"kv_bytes", "kv_per_card_bytes", b"kv_per_card_bytes", "kv_pool_bytes", b"kv_pool_bytes", "kv_token_capacity", b"kv_token_capacity", "margin_bytes", b"margin_bytes", "max_concurrency", b"max_concurrency", "non_torch_bytes", b"non_torch_bytes", "other_bytes", b"other_bytes", "outside_budget_bytes", b"outside_budget_bytes", "outside_room_bytes", b"outside_room_bytes", "overhead_bytes", b"overhead_bytes", "per_card_bytes", b"per_card_bytes", "ram_bytes", b"ram_bytes", "rules", b"rules", "verdict", b"verdict", "verdict_note", b"verdict_note", "weights_bytes", b"weights_bytes", "weights_per_card_bytes", b"weights_per_card_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activation_bytes", b"activation_bytes", "budget_bytes", b"budget_bytes", "card_total_bytes", b"card_total_bytes", "cards", b"cards", "cuda_graph_bytes", b"cuda_graph_bytes", "devices", b"devices", "kv_bytes", b"kv_bytes", "kv_per_card_bytes", b"kv_per_card_bytes", "kv_pool_bytes", b"kv_pool_bytes", "kv_token_capacity", b"kv_token_capacity", "margin_bytes", b"margin_bytes", "max_concurrency", b"max_concurrency", "non_torch_bytes", b"non_torch_bytes", "other_bytes", b"other_bytes", "outside_budget_bytes", b"outside_budget_bytes", "outside_room_bytes", b"outside_room_bytes", "overhead_bytes", b"overhead_bytes", "per_card_bytes", b"per_card_bytes", "ram_bytes", b"ram_bytes", "rules", b"rules", "verdict", b"verdict", "verdict_note", b"verdict_note", "weights_bytes", b"weights_bytes", "weights_per_card_bytes", b"weights_per_card_bytes", "weights_unknown", b"weights_unknown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from llmgw.engines.llamacpp.cache import LlamaCppCache, llamacpp_cache
 from llmgw.engines.llamacpp.grammar import MIB, settings_from_args
-from llmgw.shape import ModelShape
+from llmgw.shape import Compute, ModelShape
 
 LLAMACPP_RESERVE_BYTES = 1024 * MIB
 """What a llama-server card keeps free: `--fit-target` "target margin per device ...
@@ -27,7 +27,16 @@ MASK_BYTES = 12
 # Rows of hidden-size f32 activations alive at once in a layer's graph, per ubatch token,
 # beside the scores (norms, Q/K/V, attention output, FFN gate/up/act at up to ~4x hidden).
 ACTIVATION_ROWS = 12
-# Logits of one ubatch: ubatch x vocab x f32. The shape does not carry the vocabulary; 262144
+# With the model's widths known (`ModelShape.compute`: a GGUF's embedding_length,
+# feed_forward_length, expert counts and widths): hidden-size rows (residual, norm, attention
+# output and its projection, the FFN's output, the expert-weighted sum) beside the FFN's gate,
+# up and activation at its width on the card: the dense MLP's, or the routed experts' together
+# (src/llama-graph.cpp build_ffn / build_moe_ffn: [n_ff, tokens] f32 each, for every routed
+# expert of each token in build_moe_ffn) with the shared expert and the router's logits; the
+# larger of that and ACTIVATION_ROWS hidden rows.
+HIDDEN_ROWS = 6
+MLP_ROWS = 3
+# Logits of one ubatch: ubatch x vocab x f32. Without the vocabulary in the shape, 262144
 # (Gemma 3's, the largest in common use) bounds it.
 VOCAB_BOUND = 262_144
 # Fixed allowance per card: the backend's own buffers, graph metadata, host staging.
@@ -44,8 +53,9 @@ def llamacpp_overhead_bytes(
     (all cards print about the same size: ground truth gt-002, gt-003). The estimate is an
     upper bound: attention scores when flash attention is off (cells x ubatch x heads x 4 B,
     the dominant term at long contexts; per stream, as the ubatch is split over the streams),
-    the mask, activations, logits for a 262144-token vocabulary (counted on every card), and
-    a fixed 64 MiB.
+    the mask, activations (`activation_width`: from the model's widths when the shape has
+    them), logits over its vocabulary (262144 tokens when not known; counted on every card),
+    and a fixed 64 MiB.
 
     Args:
         shape: the model's shape.
@@ -63,13 +73,29 @@ def llamacpp_overhead_bytes(
         cache = llamacpp_cache(shape, settings_from_args(args))
     ubatch = cache.ubatch_tokens
     heads = max(shape.attention_heads, 1)
-    hidden = max(heads * max(shape.head_dim_k, shape.head_dim_v), 1)
+    compute = shape.compute or Compute()
+    hidden = compute.hidden_size or max(heads * max(shape.head_dim_k, shape.head_dim_v), 1)
     # src/llama-context.cpp:628-629 (sched_reserve): the worst case is one ubatch over the
     # widest cache (the full one; the SWA cache is never wider) of each stream; splitting the
     # ubatch over the streams rounds each share up.
     cell_tokens = max(cache.full_cells, cache.swa_cells) * (ubatch + cache.streams)
     scores = 0 if cache.flash_attn else cell_tokens * heads * SCORE_BYTES
     mask = cell_tokens * MASK_BYTES
-    activations = ACTIVATION_ROWS * ubatch * hidden * SCORE_BYTES
-    logits = ubatch * VOCAB_BOUND * SCORE_BYTES
+    activations = activation_width(compute, hidden) * ubatch * SCORE_BYTES
+    logits = ubatch * (compute.vocab_size or VOCAB_BOUND) * SCORE_BYTES
     return scores + mask + activations + logits + FIXED_OVERHEAD_BYTES
+
+
+def activation_width(compute: Compute, hidden: int) -> int:
+    """f32 values per ubatch token alive at a layer's peak: ACTIVATION_ROWS hidden rows, or,
+    with the FFN's widths known, HIDDEN_ROWS hidden rows beside MLP_ROWS rows of the widest
+    FFN (dense, or the routed experts' with the shared expert and the router), whichever is
+    larger."""
+    dense = compute.intermediate_size if not compute.experts or compute.dense_layers else 0
+    routed = 0
+    if compute.experts:
+        width = compute.expert_intermediate_size or compute.intermediate_size
+        routed = max(compute.experts_per_token, 1) * width + compute.shared_intermediate_size
+        routed += compute.experts  # the router's logits (and probabilities beside them)
+    ffn = max(dense, routed)
+    return max(ACTIVATION_ROWS * hidden, HIDDEN_ROWS * hidden + MLP_ROWS * ffn)

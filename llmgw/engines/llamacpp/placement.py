@@ -141,10 +141,11 @@ def placement(
     """What llama.cpp puts on each of `devices` cards for `shape` run with `args` (already set
     for the context and slots), then on the CPU if anything stays there.
 
-    Weights per layer are estimated as weights / (n_layer + 2): the shape carries no tensor
-    sizes, and the token embeddings (on the CPU) and the output layer are each about a layer.
-    KV is exact (`llamacpp_layer_bytes`); `compute_bytes` (the per-card compute buffer
-    estimate) is put on every card that holds a layer. `settings` and `cache` are
+    Weights per device are exact when the shape carries its GGUF's tensor table
+    (`weights_per_device`), else estimated as weights / (n_layer + 2) a layer (the token
+    embeddings, on the CPU, and the output layer each about a layer). KV is exact
+    (`llamacpp_layer_bytes`); `compute_bytes` (the per-card compute buffer estimate) is put on
+    every card that holds a layer. `settings` and `cache` are
     `settings_from_args(args)` and its `llamacpp_cache`, when the caller has them.
 
     Raises:
@@ -157,8 +158,8 @@ def placement(
     gpu_layers = settings.n_gpu_layers if settings.n_gpu_layers >= 0 else -1
     where = _layer_devices(n, gpu_layers, tuple(points), False)
     kv = llamacpp_layer_bytes(shape, settings, cache)
-    per_layer = shape.weights_bytes // (n + 2) if n else 0
     count = max(devices, 1)
+    weights_on = weights_per_device(shape, where, count)
     # One pass over the layers: (layers, first, last, KV) per device, the CPU last.
     held = [[0, 0, 0, 0] for _ in range(count + 1)]
     for il in range(n):
@@ -172,9 +173,7 @@ def placement(
     for device in [*range(count), CPU]:
         layers, first, last, kv_bytes = held[device]
         output = where[n] == device
-        weights = per_layer * (layers + output)
-        if device == CPU:
-            weights = shape.weights_bytes - sum(p.weights_bytes for p in out)
+        weights = weights_on[device]
         out.append(
             DevicePlacement(
                 device="CPU" if device == CPU else f"GPU{device}",
@@ -190,6 +189,37 @@ def placement(
     return tuple(out)
 
 
+def weights_per_device(shape: ModelShape, where: Sequence[int], devices: int) -> list[int]:
+    """The weights each of `devices` devices holds, the CPU last, for layers placed as `where`
+    (`layer_devices`: one entry per layer, then the output layer).
+
+    With the GGUF's tensor table (`ModelShape.weights_layout`) a device holds its layers'
+    `blk.N.*` tensors, a copy of the per-layer tensors (rope_freqs) for each of them, and the
+    output layer's tensors if it has the output layer; the CPU also holds the input layer
+    (token embeddings). That is llama.cpp's "model buffer size" per device
+    (src/llama-model.cpp load_tensors: each tensor in its layer's buffer type), before each
+    backend's padding of a tensor (at most its alignment, plus one row to 512 elements for
+    quantized rows not already a multiple on CUDA). A tied head on the CPU is the embeddings'
+    mapped bytes, not a second copy. Without the table: weights / (n_layer + 2) a layer, the
+    CPU holding what is left.
+    """
+    n = shape.block_count
+    out = [0] * (devices + 1)  # CPU (-1) is the last entry
+    layout = shape.weights_layout
+    if layout is None or len(layout.layer_bytes) != n:
+        per_layer = shape.weights_bytes // (n + 2) if n else 0
+        for device in where:
+            if device != CPU:
+                out[device] += per_layer
+        out[CPU] = shape.weights_bytes - sum(out[:devices])
+        return out
+    for il in range(n):
+        out[where[il]] += layout.layer_bytes[il] + layout.per_layer_copy_bytes
+    out[CPU] += layout.input_bytes
+    out[where[n]] += layout.output_bytes + (layout.head_copy_bytes if where[n] != CPU else 0)
+    return out
+
+
 __all__ = [
     "CPU",
     "EngineRefuses",
@@ -197,4 +227,5 @@ __all__ = [
     "placement",
     "proportions_from_args",
     "split_points",
+    "weights_per_device",
 ]
