@@ -218,6 +218,32 @@ async def test_a_rollout_reaches_the_agents_replica_start_and_stop(
     ]
 
 
+async def test_an_untraced_fleet_sends_agents_no_trace_context(tmp_path: Path) -> None:
+    """With tracing off in the fleet, a rollout's desired sets carry no traceparent, for the
+    replicas it starts or the ones it stops."""
+    async with (
+        running_planner() as (planner, _p, _c),
+        running_fleet(tmp_path, planner=f"127.0.0.1:{planner.port}") as (fleet, stub),
+    ):
+        agent = ScriptedAgent(f"127.0.0.1:{fleet.port}", "plain-node", gpus=2)
+        agent.start()
+        try:
+            await stub.CreateModel(fleet_pb2.CreateModelRequest(model=standin_model(1)))
+            await assert_eventually(lambda: n_ready(stub, 1), timeout_s=30, what="1 READY")
+            answer = await stub.SetContext(
+                fleet_pb2.SetContextRequest(name="vmodel", tokens=10_000)
+            )
+            ro = await wait_rollout(stub, answer.rollout_id)
+            assert ro.state == fleet_pb2.ROLLOUT_STATE_SUCCEEDED, ro.reason
+            await assert_eventually(lambda: n_ready(stub, 1), timeout_s=30, what="old gone")
+        finally:
+            await agent.stop()
+    started = {spec.replica_id for d in agent.desired for spec in d.replicas}
+    assert len(started) == 2  # the first replica, and the rollout's
+    assert all(spec.traceparent == "" for d in agent.desired for spec in d.replicas)
+    assert all(not d.stop_traceparents for d in agent.desired)
+
+
 def test_no_trace_context_outside_a_span() -> None:
     """Outside a span there is no traceparent to carry, and an empty or malformed one starts
     no child span; inside one it is that span's, in the W3C format."""
