@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -33,7 +33,7 @@ from fleet_svc.domain.control import (
 )
 from fleet_svc.domain.endpoints import endpoint_of, removal_reason, routable
 from fleet_svc.domain.nodes import Card, Liveness, NodePhase, NodeView, node_phase
-from fleet_svc.domain.phases import IllegalTransition, ReplicaPhase, check_transition
+from fleet_svc.domain.phases import RUNNING, IllegalTransition, ReplicaPhase, check_transition
 from fleet_svc.domain.replicas import Member, ReplicaState
 from fleet_svc.domain.reports import (
     Observed,
@@ -62,11 +62,22 @@ MAX_BURST = 20
 class AgentLink(Protocol):
     """The controller's handle on one agent's stream."""
 
-    def send_desired(self, version: int, replicas: Sequence[ReplicaState]) -> None:
-        """Queue the node's whole desired set."""
+    def send_desired(
+        self,
+        version: int,
+        replicas: Sequence[ReplicaState],
+        stop_traces: Mapping[str, str],
+    ) -> None:
+        """Queue the node's whole desired set, with the trace context of each replica of
+        the node it no longer holds (by id; only those stopped by a traced request)."""
 
     def close(self, reason: str) -> None:
         """End the stream (a newer connection for the node replaced it)."""
+
+
+def _going(r: ReplicaState) -> bool:
+    """Whether a replica is on its way out (retiring, draining or stopping)."""
+    return r.retire or r.phase in (P.DRAINING, P.STOPPING)
 
 
 @dataclass
@@ -99,6 +110,7 @@ class Controller:
         new_id: Callable[[], str] | None = None,
         start_timeout_s: float = 600.0,
         model_at: Callable[[str, int], Model | None] | None = None,
+        trace_context: Callable[[], str] = lambda: "",
     ) -> None:
         self._store = store
         self._wants = wants
@@ -120,6 +132,13 @@ class Controller:
         """Replicas changed (None: forgotten) since the last flush to the store."""
         self._wake = asyncio.Event()
         self._rollouts = Rollouts(store, clock, self._new_id)
+        self._trace_context = trace_context
+        """The trace context of the request running now ("" when untraced): llmgw.tracing's
+        current_traceparent where the fleet traces."""
+        self._causes: dict[str, str] = {}
+        """Model -> the trace context of the request that started its running rollout: the
+        replicas that rollout starts and stops carry it to their agents (in memory only)."""
+        self._rollouts.on_end.append(self._rollout_ended)
         self._load()
 
     def wall_of(self, monotonic_s: float) -> float:
@@ -169,6 +188,10 @@ class Controller:
     # -- the one place replicas change -----------------------------------------------------
 
     def _put(self, r: ReplicaState) -> None:
+        old = self.state.replicas.get(r.id)
+        if old is None or (_going(r) and not _going(old)):
+            # A new command for the agent (start it, or stop it): the request behind it now.
+            r = replace(r, trace=self._causes.get(r.model, ""))
         self._changes += 1
         self.state.replicas[r.id] = r
         self._unsaved[r.id] = r
@@ -450,9 +473,16 @@ class Controller:
         """The rollout changing `model` now, if any."""
         return self._rollouts.of_model(model)
 
+    def _rollout_ended(self, ro: Rollout) -> None:
+        self._causes.pop(ro.model, None)
+
     def start_rollout(self, ro: Rollout) -> None:
-        """Persist a new rollout and start it on the next tick."""
+        """Persist a new rollout and start it on the next tick (the replicas it starts and
+        stops carry the trace context of the request calling this)."""
         self._rollouts.start(ro)
+        cause = self._trace_context()
+        if cause:
+            self._causes[ro.model] = cause
         self.flush(keep=True)
         self.wake()
 
@@ -547,7 +577,12 @@ class Controller:
         """Send each connected node its desired set when it changed (or was not acked)."""
         desired = desired_by_node(self.state.replicas.values())
         for send in self.desired.due(desired, list(self.state.links), now):
-            self.state.links[send.node].send_desired(send.version, send.replicas)
+            stop_traces = {
+                r.id: r.trace
+                for r in self.state.replicas.values()
+                if send.node in r.nodes and r.trace and r.phase not in RUNNING
+            }
+            self.state.links[send.node].send_desired(send.version, send.replicas, stop_traces)
             log.info(
                 "desired_sent", node=send.node, version=send.version, replicas=len(send.replicas)
             )

@@ -37,6 +37,7 @@ from llmgw.metrics import MetricsServer, RpcMetrics, start_metrics_server
 from llmgw.probes import ProbeServer, start_probe_server
 from llmgw.rpc.reflection import enable_reflection
 from llmgw.tls import ClientTLS, ServerTLS, bind, check_listen
+from llmgw.tracing import current_traceparent
 
 log = structlog.get_logger(__name__)
 
@@ -164,6 +165,7 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         start_timeout_s=opts.start_timeout_s,
         hub=EndpointHub(clock.wall, heartbeat_s=opts.watch_heartbeat_s),
         model_at=catalog.model_at,
+        trace_context=current_traceparent,
     )
     catalog.on_change = controller.wake
     planner = GrpcPlanner(opts.planner, tls=opts.planner_tls)

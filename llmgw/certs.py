@@ -9,6 +9,11 @@ Identities follow `llmgw.tls`: a node's certificate carries the URI SAN
 `spiffe://llmgw/node/NAME`, a caller's `spiffe://llmgw/user/NAME`; a server's carries the DNS
 names and IP addresses clients dial (always `localhost` and `127.0.0.1`). Private keys are
 written mode 0600, and the CA's key never leaves the CA directory.
+
+Each pair has its own files, named after what it is for (`SERVICE`, `node-NAME`, `USER`): a
+name that would make two roles share files (a caller called `fleet` beside the fleet's server
+pair, a caller called `ca`) is refused, never answered with the other role's certificate or
+written over it.
 """
 
 from __future__ import annotations
@@ -235,10 +240,76 @@ def _write(path: Path, data: bytes, *, private: bool) -> None:
     os.replace(tmp, path)
 
 
+def _use(cert: x509.Certificate) -> tuple[frozenset[str], frozenset[str]]:
+    """What a leaf is for: its extended key usages and its URI SANs (llmgw identities)."""
+    try:
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        eku = frozenset(u.dotted_string for u in usages)
+    except x509.ExtensionNotFound:
+        eku = frozenset()
+    try:
+        alt = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        uris = frozenset(alt.get_values_for_type(x509.UniformResourceIdentifier))
+    except x509.ExtensionNotFound:
+        uris = frozenset()
+    return eku, uris
+
+
+def _check_replaces(cert_path: Path, pair: Pair) -> None:
+    """A pair written over `cert_path` must be for what the certificate there is for (a
+    rotation): not a caller's pair over a server's, nor one identity's over another's.
+
+    Raises:
+        CertError: the file there is another role's certificate, or not one.
+    """
+    if not cert_path.exists():
+        return
+    try:
+        old = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise CertError(
+            f"{cert_path} is there and is not a certificate ({exc}); not writing over it"
+        ) from exc
+    new = x509.load_pem_x509_certificate(pair.cert_pem)
+    if _use(old) != _use(new):
+        raise CertError(
+            f"{cert_path} holds the certificate of {_describe(old)}, not of "
+            f"{_describe(new)}: each role needs its own pair; pick another name "
+            "(or another output folder)"
+        )
+
+
+def _describe(cert: x509.Certificate) -> str:
+    """A certificate's role for people: its llmgw identities, else its purposes."""
+    eku, uris = _use(cert)
+    if uris:
+        return " ".join(sorted(uris))
+    names = {
+        ExtendedKeyUsageOID.SERVER_AUTH.dotted_string: "server",
+        ExtendedKeyUsageOID.CLIENT_AUTH.dotted_string: "client",
+    }
+    uses = "/".join(sorted(names.get(u, u) for u in eku)) or "no-purpose"
+    return f"a {uses} ({cert.subject.rfc4514_string()})"
+
+
+RESERVED_STEM = CA_CERT.removesuffix(".crt")
+"""`ca`: the CA's own files; no pair is written under that name."""
+
+
 def write_pair(folder: Path, stem: str, pair: Pair) -> tuple[Path, Path]:
-    """Write `STEM.crt` and `STEM.key` (0600) under `folder`; returns their paths."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write `STEM.crt` and `STEM.key` (0600) under `folder`; returns their paths.
+
+    Raises:
+        CertError: `stem` is the CA's (`ca`), or `STEM.crt` is there for another role
+            (a server's, another identity's).
+    """
+    if stem == RESERVED_STEM:
+        raise CertError(
+            f"{stem!r} names the CA's own files ({CA_CERT}, {CA_KEY}): pick another name"
+        )
     cert_path, key_path = folder / f"{stem}.crt", folder / f"{stem}.key"
+    _check_replaces(cert_path, pair)
+    folder.mkdir(parents=True, exist_ok=True)
     # The key first: a server watching the pair sees a new cert only once its key is there.
     _write(key_path, pair.key_pem, private=True)
     _write(cert_path, pair.cert_pem, private=False)
@@ -309,6 +380,30 @@ def issue_client_files(user: str, ca_dir: Path, out_dir: Path | None = None) -> 
     return write_pair(out_dir or ca_dir, user, issue_client(ca, user))
 
 
+def _check_stems(servers: Sequence[str], nodes: Sequence[str], clients: Sequence[str]) -> None:
+    """Every role make_local_tls is asked for gets files of its own.
+
+    Raises:
+        CertError: naming both roles and the files they would share.
+    """
+    owners = {RESERVED_STEM: "the CA"}
+    roles = (
+        ("server", servers, lambda n: n),
+        ("node", nodes, lambda n: f"node-{n}"),
+        ("client", clients, lambda n: n),
+    )
+    for kind, names, stem_of in roles:
+        for name in dict.fromkeys(names):
+            stem, role = stem_of(name), f"{kind} {name!r}"
+            if stem in owners:
+                raise CertError(
+                    f"{role} and {owners[stem]} would share {stem}.crt/.key, and a "
+                    "certificate is for one role (a server's has server use only, a caller's "
+                    f"client use and its own identity): name the {kind} differently"
+                )
+            owners[stem] = role
+
+
 @dataclass(frozen=True)
 class LocalTLS:
     """What `make_local_tls` wrote: the CA and one pair per role, as paths."""
@@ -330,7 +425,13 @@ def make_local_tls(
 ) -> LocalTLS:
     """`llmgw up`'s `DATA/tls/`: a CA (kept if there), `SERVICE.crt/.key` per server,
     `node-NAME.crt/.key` per agent, `USER.crt/.key` per caller. Pairs already there are kept
-    (a restart keeps the certificates clients were given)."""
+    (a restart keeps the certificates clients were given).
+
+    Raises:
+        CertError: two roles would share files (a caller named as a server, `node-X` as a
+            caller beside node `X`, anything named `ca`); nothing is written then.
+    """
+    _check_stems(servers, nodes, clients)
     ca = init_ca(folder)
 
     def kept_or(stem: str, name: str, make: Callable[[Authority, str], Pair]) -> tuple[Path, Path]:

@@ -10,8 +10,11 @@ turns it off whatever the flag says.
 
 How far one trace reaches: `llmgw ctl` → fleet → planner is one trace (each hop's client span
 the parent of the next server span). The agent's Connect stream is traced from the agent (its
-client span) to the fleet (the server span of the stream); the desired sets the fleet pushes
-down that stream are messages on it, not calls, so they carry no trace context of their own.
+client span) to the fleet (the server span of the stream). The desired sets the fleet pushes
+down that stream are messages, not calls, so the fleet carries the context itself: a rollout
+keeps the `traceparent` of the request that started it (`current_traceparent`), its replicas
+carry it in the desired set, and the agent starts and stops them in child spans
+(`child_span`), so a SetContext's trace reaches the agent's start of the new replica.
 
 Only this module imports the SDK and the instrumentation, and only when tracing is on; the
 log processor needs the API alone.
@@ -23,11 +26,12 @@ import argparse
 import os
 import sys
 from collections.abc import Iterator, Mapping, MutableMapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 MODES = ("auto", "off", "otlp", "console")
 ENV_TRACE = "LLMGW_TRACE"
@@ -145,6 +149,67 @@ def span(name: str, **attributes: str) -> Iterator[None]:
     no-op while tracing is off."""
     with trace.get_tracer("llmgw").start_as_current_span(name, attributes=attributes):
         yield
+
+
+_W3C = TraceContextTextMapPropagator()
+"""The W3C trace-context format, whatever global propagator is set."""
+
+
+def current_traceparent() -> str:
+    """The W3C `traceparent` of the span running now, to carry where no call's metadata goes
+    (a message on a stream); "" outside a span (so when tracing is off)."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return ""
+    carrier: dict[str, str] = {}
+    _W3C.inject(carrier)
+    return carrier.get("traceparent", "")
+
+
+def child_span(name: str, traceparent: str, **attributes: str | int) -> trace.Span | None:
+    """A span started (not made current: see `trace.use_span`) as a child of `traceparent`,
+    under the global provider; None for an empty or malformed `traceparent` (nothing to
+    join). The caller ends it."""
+    if not traceparent:
+        return None
+    parent = _W3C.extract({"traceparent": traceparent})
+    if not trace.get_current_span(parent).get_span_context().is_valid:
+        return None
+    return trace.get_tracer("llmgw").start_span(name, context=parent, attributes=attributes)
+
+
+@contextmanager
+def in_span(span: trace.Span | None) -> Iterator[None]:
+    """`span` made current for the block (not ended after it), so log lines written there
+    carry its ids; nothing for None."""
+    if span is None:
+        yield
+        return
+    with trace.use_span(span, end_on_exit=False):
+        yield
+
+
+def end_span(span: trace.Span, error: str = "") -> None:
+    """End `span`, marked as failed with `error` when one is given."""
+    if error:
+        span.set_status(trace.Status(trace.StatusCode.ERROR, error))
+    span.end()
+
+
+class ChildSpans:
+    """`child_span`, `in_span` and `end_span` as one object, for code that must not import
+    OpenTelemetry itself (the agent's runners are handed one where the agent traces)."""
+
+    def start(self, name: str, traceparent: str, **attributes: str | int) -> trace.Span | None:
+        """See `child_span`."""
+        return child_span(name, traceparent, **attributes)
+
+    def current(self, span: Any) -> AbstractContextManager[None]:
+        """See `in_span`."""
+        return in_span(span)
+
+    def end(self, span: Any, error: str = "") -> None:
+        """See `end_span`."""
+        end_span(span, error)
 
 
 def add_trace_ids(

@@ -29,6 +29,7 @@ from fleet_svc.agent.config import (
 from fleet_svc.agent.metrics import add_agent_metrics
 from fleet_svc.agent.replicas import ReplicaSet
 from fleet_svc.agent.rpc.client import AgentClient, NodeIdentity
+from fleet_svc.agent.runner import Spans
 from fleet_svc.agent.versions import reported_versions, with_versions
 from llmgw.logs import configure_logging
 from llmgw.metrics import MetricsServer, add_metrics_argument, start_metrics_server
@@ -41,7 +42,7 @@ from llmgw.tls import (
     client_tls_from_args,
     identity_of_certificate,
 )
-from llmgw.tracing import add_trace_argument, configure_tracing
+from llmgw.tracing import ChildSpans, add_trace_argument, configure_tracing
 
 EPILOG = """\
 cards: with --gpus or --gpus-file the agent is told its cards (stand-in cards: a stand-in
@@ -195,8 +196,9 @@ async def _report_connected(client: AgentClient, servicer: health.aio.HealthServ
         await asyncio.sleep(PROBE_POLL_S)
 
 
-async def run_agent(opts: argparse.Namespace) -> None:
-    """Run until SIGTERM/SIGINT, then stop (or leave) the replicas."""
+async def run_agent(opts: argparse.Namespace, spans: Spans | None = None) -> None:
+    """Run until SIGTERM/SIGINT, then stop (or leave) the replicas; `spans` where the agent
+    traces (its replicas' starts and stops join the fleet's traces)."""
     log = structlog.get_logger("fleet_svc.agent").bind(node=opts.node)
     config = await with_versions(build_config(opts.config, opts.demo, opts.source_root))
     if opts.advertise_host:
@@ -209,7 +211,7 @@ async def run_agent(opts: argparse.Namespace) -> None:
         tls = replace(tls, server_name=opts.tls_server_name)
     if tls is not None:
         tls.credentials()  # unreadable files fail now, not at every reconnection
-    replicas = ReplicaSet(config, cards, state_dir)
+    replicas = ReplicaSet(config, cards, state_dir, spans=spans)
     adopted = replicas.adopt()
     client = AgentClient(opts.fleet, NodeIdentity(opts.node, dict(opts.label)), replicas, tls=tls)
     log.info(
@@ -269,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     tracing = None
     try:
         tracing = configure_tracing("llmgw-agent", opts.trace)
-        asyncio.run(run_agent(opts))
+        asyncio.run(run_agent(opts, ChildSpans() if tracing is not None else None))
     except (ConfigError, CardSpecError, TLSConfigError, OSError, ValueError) as exc:
         print(f"agent: {exc}", file=sys.stderr)
         return 2

@@ -34,6 +34,9 @@ class ReplicaSpec:
     source: str = ""
     gang: Gang | None = None
     """Set for a member of a gang: started with its engine's multi-node launch."""
+    traceparent: str = ""
+    """The W3C trace context of the request that asked for it ("" untraced): its start and
+    health checks are a child span of that trace. Not part of the command (`key`)."""
 
     @property
     def key(self) -> tuple[str, int]:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import os
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -18,7 +18,7 @@ from fleet_svc.agent.config import AgentConfig
 from fleet_svc.agent.process import AdoptedProcess, read_records
 from fleet_svc.agent.reconcile import plan_changes
 from fleet_svc.agent.replica import Observation, ReplicaSpec
-from fleet_svc.agent.runner import ReplicaRunner, RunnerContext
+from fleet_svc.agent.runner import NoSpans, ReplicaRunner, RunnerContext, Spans
 from llmgw.clock import Clock, SystemClock
 
 log = structlog.get_logger("fleet_svc.agent.replicas")
@@ -39,6 +39,7 @@ class ReplicaSet:
         state_dir: Path,
         clock: Clock | None = None,
         rand: Callable[[], float] = random.random,
+        spans: Spans | None = None,
     ) -> None:
         self.config = config
         self.cards = cards
@@ -51,6 +52,7 @@ class ReplicaSet:
             rand=rand,
             # No proxies from the environment: health checks go to loopback engines.
             http=httpx.AsyncClient(trust_env=False),
+            spans=spans or NoSpans(),
         )
         self._runners: dict[str, ReplicaRunner] = {}
         self._stopping: dict[ReplicaRunner, asyncio.Task[None]] = {}
@@ -99,8 +101,12 @@ class ReplicaSet:
             adopted.append(record.spec)
         return adopted
 
-    def apply(self, desired: Sequence[ReplicaSpec]) -> list[Rejection]:
+    def apply(
+        self, desired: Sequence[ReplicaSpec], stop_traces: Mapping[str, str] | None = None
+    ) -> list[Rejection]:
         """Make the replicas match `desired` (the node's whole set); returns the refused specs.
+        A replica stopped whose id `stop_traces` holds is stopped in a child span of that
+        trace context.
 
         Idempotent per (replica_id, revision): a spec already running is left alone. A
         replica's new revision starts once its old process is gone, as does a replica whose
@@ -115,7 +121,8 @@ class ReplicaSet:
         )
         for replica_id in changes.stop:
             runner = self._runners.pop(replica_id)
-            self._stopping[runner] = asyncio.create_task(self._stop(runner))
+            cause = (stop_traces or {}).get(replica_id, "")
+            self._stopping[runner] = asyncio.create_task(self._stop(runner, cause))
         for spec in changes.start:
             after = [
                 task
@@ -136,9 +143,9 @@ class ReplicaSet:
             )
         return list(changes.rejected)
 
-    async def _stop(self, runner: ReplicaRunner) -> None:
+    async def _stop(self, runner: ReplicaRunner, traceparent: str = "") -> None:
         try:
-            await runner.stop()
+            await runner.stop(traceparent)
         finally:
             self._stopping.pop(runner, None)
 

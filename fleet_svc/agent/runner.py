@@ -15,9 +15,10 @@ import json
 import os
 import signal
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import structlog
@@ -51,6 +52,33 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 UNKNOWN_EXIT = -1
 
 
+class Spans(Protocol):
+    """Where a runner's spans come from: llmgw.tracing.ChildSpans where the agent traces
+    (OpenTelemetry stays out of the agent's core), NoSpans where it does not."""
+
+    def start(self, name: str, traceparent: str, **attributes: str | int) -> Any:
+        """A span started as a child of `traceparent`; None when there is none to join."""
+
+    def current(self, span: Any) -> AbstractContextManager[None]:
+        """`span` (or None) made current for a block, so log lines there carry its ids."""
+
+    def end(self, span: Any, error: str = "") -> None:
+        """End a span that `start` returned, failed with `error` when one is given."""
+
+
+class NoSpans:
+    """No tracing: no span is ever started."""
+
+    def start(self, name: str, traceparent: str, **attributes: str | int) -> Any:
+        return None
+
+    def current(self, span: Any) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def end(self, span: Any, error: str = "") -> None:
+        pass
+
+
 @dataclass(frozen=True)
 class RunnerContext:
     """What every runner of an agent shares."""
@@ -61,6 +89,7 @@ class RunnerContext:
     clock: Clock
     rand: Callable[[], float]
     http: httpx.AsyncClient
+    spans: Spans = field(default_factory=NoSpans)
 
     @property
     def records_dir(self) -> Path:
@@ -118,6 +147,23 @@ class ReplicaRunner:
             spec=spec, phase=Phase.STARTING, restarts=self._restarts, since_s=ctx.clock.wall()
         )
         self._bound = log.bind(replica_id=spec.replica_id, revision=spec.revision)
+        self._start_span = ctx.spans.start("agent replica start", spec.traceparent, **self._attrs())
+        """The start (and health checks until healthy) as part of the request that asked for
+        it; None when untraced, and once it ended."""
+
+    def _attrs(self) -> dict[str, str | int]:
+        spec = self.spec
+        return {
+            "llmgw.replica_id": spec.replica_id,
+            "llmgw.revision": spec.revision,
+            "llmgw.model": spec.model,
+            "llmgw.engine": spec.engine,
+        }
+
+    def _end_start_span(self, error: str = "") -> None:
+        if self._start_span is not None:
+            self._ctx.spans.end(self._start_span, error)
+            self._start_span = None
 
     @property
     def observation(self) -> Observation:
@@ -135,6 +181,16 @@ class ReplicaRunner:
             self._task = asyncio.create_task(self._supervise(), name=f"replica-{self.spec.key}")
 
     def _report(self, phase: Phase, event: str | None = None, **fields: Any) -> None:
+        with self._ctx.spans.current(self._start_span):
+            self._observe(phase, event, **fields)
+        if self._start_span is not None:
+            self._start_span.add_event(phase.value, {"message": self._obs.message})
+            if phase is Phase.HEALTHY:
+                self._end_start_span()
+            elif phase is Phase.FAILED:
+                self._end_start_span(self._obs.message)
+
+    def _observe(self, phase: Phase, event: str | None = None, **fields: Any) -> None:
         changed = phase != self._obs.phase
         self._obs = replace(
             self._obs,
@@ -398,12 +454,24 @@ class ReplicaRunner:
             return f"the engine was killed by signal {-code}"
         return f"the engine exited with code {code}"
 
-    async def stop(self) -> None:
+    async def stop(self, traceparent: str = "") -> None:
         """Stop the engine: SIGTERM to its group, SIGKILL after the engine's grace; report
-        STOPPED once the process is gone and its cards are released. Safe to call twice."""
+        STOPPED once the process is gone and its cards are released. Safe to call twice.
+        With `traceparent` (the request that stopped it) the stop is a child span of it."""
         if self._stop_task is None:
-            self._stop_task = asyncio.create_task(self._stop())
+            self._stop_task = asyncio.create_task(self._traced_stop(traceparent))
         await asyncio.shield(self._stop_task)
+
+    async def _traced_stop(self, traceparent: str) -> None:
+        self._end_start_span()  # stopped before it turned healthy: the start ends here
+        spans = self._ctx.spans
+        span = spans.start("agent replica stop", traceparent, **self._attrs())
+        with spans.current(span):
+            try:
+                await self._stop()
+            finally:
+                if span is not None:
+                    spans.end(span)
 
     async def _stop(self) -> None:
         self._stopping = True
@@ -427,6 +495,7 @@ class ReplicaRunner:
     async def detach(self) -> None:
         """Stop watching and leave the engine running, its run record in place, for the next
         agent on this node to adopt (the agent's `--leave-replicas` shutdown)."""
+        self._end_start_span()
         self._stopping = True
         if self._task is not None:
             self._task.cancel()

@@ -90,6 +90,10 @@ class ReplicaState:
             self, members=tuple(member if m.rank == member.rank else m for m in self.members)
         )
 
+    trace: str = ""
+    """Opaque here: the trace context of the request behind its latest command (its start,
+    or its stop once retired), handed to its agent; "" when untraced. Not stored."""
+
     @property
     def attempt(self) -> int:
         """Which placement of its revision this is (see `ReplicaSpec.attempt`)."""

@@ -111,6 +111,7 @@ def spec_of(r: ReplicaState, node: str = "") -> agent_pb2.ReplicaSpec:
             if order is not None
             else None
         ),
+        traceparent=r.trace,
     )
 
 
@@ -122,12 +123,19 @@ class StreamLink:
         self.queue: asyncio.Queue[agent_pb2.ConnectResponse | None] = asyncio.Queue()
         self.closed_reason = ""
 
-    def send_desired(self, version: int, replicas: Sequence[ReplicaState]) -> None:
-        """Queue the node's whole desired set."""
+    def send_desired(
+        self,
+        version: int,
+        replicas: Sequence[ReplicaState],
+        stop_traces: Mapping[str, str],
+    ) -> None:
+        """Queue the node's whole desired set (and the trace context of the stops it asks)."""
         self.queue.put_nowait(
             agent_pb2.ConnectResponse(
                 desired=agent_pb2.Desired(
-                    version=version, replicas=[spec_of(r, self.node) for r in replicas]
+                    version=version,
+                    replicas=[spec_of(r, self.node) for r in replicas],
+                    stop_traceparents=stop_traces,
                 )
             )
         )

@@ -1,6 +1,7 @@
 """OpenTelemetry traces: one `llmgw ctl` command is one trace through the fleet to the planner,
-the agent's stream is traced into the fleet, log lines inside a traced call carry its trace id,
-and without an exporter configured nothing is instrumented."""
+the agent's stream is traced into the fleet, a SetContext's trace reaches the agent's start
+and stop of its replicas, log lines inside a traced call carry its trace id, and without an
+exporter configured nothing is instrumented."""
 
 from __future__ import annotations
 
@@ -26,8 +27,18 @@ from llmgw.cli.main import main as llmgw_main
 from llmgw.fleet.v1 import fleet_pb2
 from llmgw.testing.eventually import assert_eventually
 from llmgw.testing.scripted_agent import ScriptedAgent
-from llmgw.tracing import Tracing, add_trace_ids, configure_tracing, exporting, instrument
-from tests.integration.test_rollouts import llamacpp_model
+from llmgw.tracing import (
+    ChildSpans,
+    Tracing,
+    add_trace_ids,
+    configure_tracing,
+    current_traceparent,
+    exporting,
+    instrument,
+)
+from tests.integration.test_rollouts import llamacpp_model, wait_rollout
+from tests.integration.test_rollouts_real_agents import n_ready, replicas, standin_model
+from tests.support.agents import running_agent
 from tests.support.fleet import running_fleet
 from tests.support.planner import running_planner
 
@@ -144,6 +155,108 @@ async def test_agent_stream_is_traced_into_the_fleet(tmp_path: Path, traced: Tra
         client, server = await assert_eventually(connect_spans, what="both Connect spans")
     assert server.context.trace_id == client.context.trace_id
     assert server.parent is not None and server.parent.span_id == client.context.span_id
+
+
+async def test_a_rollout_reaches_the_agents_replica_start_and_stop(
+    tmp_path: Path, traced: Tracing
+) -> None:
+    """A SetContext's trace holds the real agent's start of the new replica (a child of the
+    fleet's SetContext span, ended once healthy) and its stop of the old one; the agent's log
+    lines for both carry that trace id."""
+    capture = LogCapture()
+    saved = structlog.get_config()
+    structlog.configure(processors=[add_trace_ids, capture])
+    state = tmp_path / "agent"
+    state.mkdir()
+    try:
+        async with (
+            running_planner() as (planner, _p, _c),
+            running_fleet(tmp_path, planner=f"127.0.0.1:{planner.port}") as (fleet, stub),
+            running_agent(fleet.port, state, gpus="2xH100-80GB", spans=ChildSpans()),
+        ):
+            await stub.CreateModel(fleet_pb2.CreateModelRequest(model=standin_model(1)))
+            await assert_eventually(lambda: n_ready(stub, 1), timeout_s=30, what="1 READY")
+            (old,) = await replicas(stub)
+            EXPORTER.clear()
+            answer = await stub.SetContext(
+                fleet_pb2.SetContextRequest(name="vmodel", tokens=10_000)
+            )
+            ro = await wait_rollout(stub, answer.rollout_id)
+            assert ro.state == fleet_pb2.ROLLOUT_STATE_SUCCEEDED, ro.reason
+
+            def agent_spans() -> dict[str, ReadableSpan] | None:
+                found = {
+                    s.name: s for s in EXPORTER.get_finished_spans() if s.name.startswith("agent ")
+                }
+                return found if len(found) == 2 else None
+
+            spans = await assert_eventually(agent_spans, what="the agent's start and stop")
+            (new,) = await replicas(stub)
+    finally:
+        structlog.configure(**saved)
+    set_context = server_span(EXPORTER.get_finished_spans(), "SetContext")
+    trace_id = set_context.context.trace_id
+    start, stop = spans["agent replica start"], spans["agent replica stop"]
+    assert start.attributes is not None and stop.attributes is not None
+    assert start.attributes["llmgw.replica_id"] == new.id
+    assert stop.attributes["llmgw.replica_id"] == old.id
+    for span in (start, stop):
+        assert span.context.trace_id == trace_id
+        assert span.parent is not None and span.parent.span_id == set_context.context.span_id
+    assert [e.name for e in start.events][-1] == "HEALTHY"
+    hex_id = format(trace_id, "032x")
+    in_trace = {
+        (e["event"], e.get("replica_id")) for e in capture.entries if e.get("trace_id") == hex_id
+    }
+    assert {("replica_started", new.id), ("replica_healthy", new.id)} <= in_trace
+    assert ("replica_stopped", old.id) in in_trace
+    # The replica started before, by no traced rollout, logged no trace id.
+    assert not [
+        e
+        for e in capture.entries
+        if e.get("replica_id") == old.id and e["event"] == "replica_started" and "trace_id" in e
+    ]
+
+
+async def test_an_untraced_fleet_sends_agents_no_trace_context(tmp_path: Path) -> None:
+    """With tracing off in the fleet, a rollout's desired sets carry no traceparent, for the
+    replicas it starts or the ones it stops."""
+    async with (
+        running_planner() as (planner, _p, _c),
+        running_fleet(tmp_path, planner=f"127.0.0.1:{planner.port}") as (fleet, stub),
+    ):
+        agent = ScriptedAgent(f"127.0.0.1:{fleet.port}", "plain-node", gpus=2)
+        agent.start()
+        try:
+            await stub.CreateModel(fleet_pb2.CreateModelRequest(model=standin_model(1)))
+            await assert_eventually(lambda: n_ready(stub, 1), timeout_s=30, what="1 READY")
+            answer = await stub.SetContext(
+                fleet_pb2.SetContextRequest(name="vmodel", tokens=10_000)
+            )
+            ro = await wait_rollout(stub, answer.rollout_id)
+            assert ro.state == fleet_pb2.ROLLOUT_STATE_SUCCEEDED, ro.reason
+            await assert_eventually(lambda: n_ready(stub, 1), timeout_s=30, what="old gone")
+        finally:
+            await agent.stop()
+    started = {spec.replica_id for d in agent.desired for spec in d.replicas}
+    assert len(started) == 2  # the first replica, and the rollout's
+    assert all(spec.traceparent == "" for d in agent.desired for spec in d.replicas)
+    assert all(not d.stop_traceparents for d in agent.desired)
+
+
+def test_no_trace_context_outside_a_span() -> None:
+    """Outside a span there is no traceparent to carry, and an empty or malformed one starts
+    no child span; inside one it is that span's, in the W3C format."""
+    assert current_traceparent() == ""
+    spans = ChildSpans()
+    assert spans.start("x", "") is None
+    assert spans.start("x", "00-not-a-trace-01") is None
+    provider = TracerProvider()
+    with provider.get_tracer("t").start_as_current_span("work") as current:
+        carried = current_traceparent()
+    context = current.get_span_context()
+    flags = int(context.trace_flags)
+    assert carried == f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}"
 
 
 def test_nothing_is_traced_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,6 +17,7 @@ from fleet_svc.agent.cards import StandinCards, parse_gpu_spec
 from fleet_svc.agent.config import AgentConfig, standin_engine
 from fleet_svc.agent.replicas import ReplicaSet
 from fleet_svc.agent.rpc.client import AgentClient, NodeIdentity
+from fleet_svc.agent.runner import Spans
 
 
 def fast_config(**overrides: Any) -> AgentConfig:
@@ -56,11 +57,13 @@ async def running_agent(
     config: AgentConfig | None = None,
     node: str = "node-1",
     reconnect: Backoff = FAST_RECONNECT,
+    spans: Spans | None = None,
 ) -> AsyncIterator[Agent]:
     """Run a real agent (stand-in cards, the stream client, real engine processes) against
-    the fleet on `port`; on exit stop its replicas and wait until they are gone."""
+    the fleet on `port`, its replicas' starts and stops traced through `spans` when given;
+    on exit stop its replicas and wait until they are gone."""
     cards = StandinCards(parse_gpu_spec(gpus), state_dir)
-    replicas = ReplicaSet(config or fast_config(), cards, state_dir)
+    replicas = ReplicaSet(config or fast_config(), cards, state_dir, spans=spans)
     client = AgentClient(
         f"127.0.0.1:{port}", NodeIdentity(node, {"zone": "test"}), replicas, backoff=reconnect
     )

@@ -5,7 +5,7 @@ is asked or written."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -75,7 +75,9 @@ class ScriptedPlanner:
 class Link:
     """A fake agent stream that drops what it is sent."""
 
-    def send_desired(self, version: int, replicas: Sequence[ReplicaState]) -> None:
+    def send_desired(
+        self, version: int, replicas: Sequence[ReplicaState], stop_traces: Mapping[str, str]
+    ) -> None:
         pass
 
     def close(self, reason: str) -> None:

@@ -115,6 +115,43 @@ def test_local_tls_is_laid_out_for_llmgw_up_and_kept(tmp_path: Path) -> None:
     assert again.clients["admin"] == made.clients["admin"]
 
 
+def test_local_tls_refuses_roles_that_would_share_files(tmp_path: Path) -> None:
+    """A caller named like a server (`fleet`), `node-X` beside node X, or anything named
+    `ca` is a CertError naming both roles, and nothing is written; distinct names are fine."""
+    clashes: list[tuple[dict[str, tuple[str, ...]], str]] = [
+        ({"clients": ("admin", "fleet")}, "client 'fleet' and server 'fleet'"),
+        ({"nodes": ("gpu-1",), "clients": ("node-gpu-1",)}, "client 'node-gpu-1' and node"),
+        ({"servers": ("ca",)}, "server 'ca' and the CA"),
+        ({"clients": ("ca",)}, "client 'ca' and the CA"),
+    ]
+    for i, (roles, message) in enumerate(clashes):
+        folder = tmp_path / str(i)
+        with pytest.raises(certs.CertError, match=message):
+            certs.make_local_tls(folder, **roles)
+        assert not folder.exists()
+    made = certs.make_local_tls(tmp_path / "ok", clients=("fleet-client", "admin", "admin"))
+    (client_cert, _key) = made.clients["fleet-client"]
+    assert ExtendedKeyUsageOID.CLIENT_AUTH in usages(load(client_cert.read_bytes()))
+    assert ExtendedKeyUsageOID.SERVER_AUTH in usages(load(made.servers["fleet"][0].read_bytes()))
+
+
+def test_issuing_never_writes_over_another_roles_pair(tmp_path: Path) -> None:
+    """`llmgw certs client fleet` in DATA/tls would replace the fleet's server pair, `client
+    ca` the CA: both refused with the files untouched; a caller's pair over another caller's
+    too; issuing the same caller again rotates its pair."""
+    made = certs.make_local_tls(tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(certs.CertError, match=r"fleet\.crt holds the certificate of a server"):
+        certs.issue_client_files("fleet", tmp_path)
+    with pytest.raises(certs.CertError, match="names the CA's own files"):
+        certs.issue_client_files("ca", tmp_path)
+    with pytest.raises(certs.CertError, match="spiffe://llmgw/user/admin"):
+        certs.write_pair(tmp_path, "admin", certs.issue_client(certs.load_ca(tmp_path), "eve"))
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert certs.issue_client_files("admin", tmp_path) == made.clients["admin"]
+    assert made.clients["admin"][0].read_bytes() != before["admin.crt"]
+
+
 def test_the_cli_functions_issue_from_an_existing_ca(tmp_path: Path) -> None:
     """`llmgw certs node|client NAME --ca-dir DIR` write pairs signed by the CA in DIR; a
     folder without a CA is a CertError saying so."""

@@ -4,7 +4,7 @@ link: placement and desired sets, drains, resends and node liveness, without sle
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -35,7 +35,9 @@ class Link:
         self.sent: list[tuple[int, list[str]]] = []
         self.closed = ""
 
-    def send_desired(self, version: int, replicas: Sequence[ReplicaState]) -> None:
+    def send_desired(
+        self, version: int, replicas: Sequence[ReplicaState], stop_traces: Mapping[str, str]
+    ) -> None:
         self.sent.append((version, [r.id for r in replicas]))
 
     def close(self, reason: str) -> None:

@@ -258,7 +258,7 @@ class AgentClient:
         # Level-triggered: every Desired is the node's whole set and is applied, even one of a
         # lower version than the last (a fleet restored from an older state is still the fleet).
         specs = [spec_from_proto(r) for r in desired.replicas]
-        rejected = self.replicas.apply(specs)
+        rejected = self.replicas.apply(specs, dict(desired.stop_traceparents))
         self.applied_version = desired.version
         outbox.put_nowait(agent_pb2.ConnectRequest(ack=ack_to_proto(desired.version, rejected)))
         self._log.info(

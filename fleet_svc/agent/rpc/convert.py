@@ -39,6 +39,7 @@ def spec_from_proto(msg: agent_pb2.ReplicaSpec) -> ReplicaSpec:
             if msg.HasField("gang")
             else None
         ),
+        traceparent=msg.traceparent,
     )
 
 

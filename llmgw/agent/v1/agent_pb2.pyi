@@ -404,6 +404,7 @@ class ReplicaSpec(_message.Message):
     GPUS_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
     GANG_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     replica_id: _builtins.str
     revision: _builtins.int
     model: _builtins.str
@@ -411,6 +412,11 @@ class ReplicaSpec(_message.Message):
     engine: _builtins.str
     source: _builtins.str
     """The model's weights: a local path or URL the engine loads, or an hf:// repo."""
+    traceparent: _builtins.str
+    """The W3C `traceparent` of the request that asked for this replica (a SetContext's
+    rollout): the agent starts it and checks its health in a child span of that trace.
+    Empty when the fleet does not trace or no request asked for it.
+    """
     @_builtins.property
     def args(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -431,10 +437,11 @@ class ReplicaSpec(_message.Message):
         gpus: _abc.Iterable[_builtins.int] | None = ...,
         source: _builtins.str = ...,
         gang: Global___GangMember | None = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["gang", b"gang"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "engine", b"engine", "gang", b"gang", "gpus", b"gpus", "model", b"model", "profile", b"profile", "replica_id", b"replica_id", "revision", b"revision", "source", b"source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "engine", b"engine", "gang", b"gang", "gpus", b"gpus", "model", b"model", "profile", b"profile", "replica_id", b"replica_id", "revision", b"revision", "source", b"source", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -480,20 +487,49 @@ class Desired(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class StopTraceparentsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     VERSION_FIELD_NUMBER: _builtins.int
     REPLICAS_FIELD_NUMBER: _builtins.int
+    STOP_TRACEPARENTS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     @_builtins.property
     def replicas(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaSpec]: ...
+    @_builtins.property
+    def stop_traceparents(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Replica id -> the W3C `traceparent` of the request that stopped it, for replicas of
+        the node this set no longer holds: the agent stops each in a child span of that trace.
+        Empty when the fleet does not trace.
+        """
+
     def __init__(
         self,
         *,
         version: _builtins.int = ...,
         replicas: _abc.Iterable[Global___ReplicaSpec] | None = ...,
+        stop_traceparents: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["replicas", b"replicas", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["replicas", b"replicas", "stop_traceparents", b"stop_traceparents", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
