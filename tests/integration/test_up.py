@@ -311,7 +311,7 @@ def test_up_runs_the_examples_ready_and_stops_every_child(tmp_path: Path) -> Non
             cwd=up.beside,
         )
         assert described.returncode == 0, described.stderr
-        assert json.loads(described.stdout)["shape"]["kvHeads"] == 8
+        assert json.loads(described.stdout)["shape"]["kv_heads"] == 8
         assert (up.data / "fleet.db").is_file()
 
         # The fleet reaches the planner (over mutual TLS, as user `fleet`), which reads both
