@@ -17,6 +17,7 @@ import sys
 
 from fleet_svc.domain.errors import FleetError
 from fleet_svc.domain.nodes import Liveness
+from fleet_svc.leadership import LEASE_S, RENEW_S
 from fleet_svc.store.base import StoreError
 from llmgw.logs import configure_logging
 from llmgw.tls import (
@@ -60,6 +61,25 @@ def main(argv: list[str] | None = None) -> int:
         default=600.0,
         help="how long a rollout's new replica may take to turn healthy",
     )
+    shared = parser.add_argument_group(
+        "several fleets on one PostgreSQL (one leads; see docs/fleet.md, Leadership)"
+    )
+    shared.add_argument(
+        "--lease-s", type=float, default=LEASE_S, help="how long a leader's lease lasts unrenewed"
+    )
+    shared.add_argument(
+        "--renew-s",
+        type=float,
+        default=RENEW_S,
+        help="how often the leader renews its lease and followers try for it",
+    )
+    shared.add_argument(
+        "--advertise",
+        default=os.environ.get("LLMGW_FLEET_ADVERTISE", ""),
+        metavar="HOST:PORT",
+        help="where callers reach this fleet, told to callers of the others while it leads"
+        " (default: the --listen host, or this host's name for a wildcard, and the bound port)",
+    )
     parser.add_argument("--log-format", choices=("json", "console"), default="json")
     add_server_tls_arguments(parser)
     parser.add_argument(
@@ -100,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                     insecure=opts.insecure,
                     planner_tls=planner_tls,
                     tokens_path=opts.tokens,
+                    lease_s=opts.lease_s,
+                    renew_s=opts.renew_s,
+                    advertise=opts.advertise,
                 )
             )
         )

@@ -43,7 +43,7 @@ from fleet_svc.domain.reports import (
 )
 from fleet_svc.domain.rollout import Rollout
 from fleet_svc.rollouts import Rollouts
-from fleet_svc.store.base import Store
+from fleet_svc.store.base import NotLeader, Store, StoreError
 from fleet_svc.store.rows import replica_of, replica_record
 from fleet_svc.watch import EndpointEvent, EndpointHub
 from llmgw.clock import Clock
@@ -113,6 +113,12 @@ class Controller:
         """Replicas changed (None: forgotten) since the last flush to the store."""
         self._wake = asyncio.Event()
         self._rollouts = Rollouts(store, clock, self._new_id)
+        self.leading: Callable[[], bool] = lambda: True
+        """Whether this fleet leads now (fleet_svc.leadership); a tick does nothing while not."""
+        self.on_fenced: Callable[[NotLeader], None] = lambda exc: None
+        """Called when a write met the store's fence: another fleet leads."""
+        self._failing = ""
+        """The store problem the last tick failed with ("" when it did not)."""
         self._load()
 
     def wall_of(self, monotonic_s: float) -> float:
@@ -136,6 +142,42 @@ class Controller:
         log.info(
             "fleet_state_loaded", replicas=len(self.state.replicas), rollouts=len(self.rollouts)
         )
+
+    def reload(self) -> None:
+        """Forget what is held in memory and load it again from the store: a fleet elected
+        leader takes over the state its predecessor left (its agents say hello to it next).
+        Endpoints the store holds READY stay routable meanwhile: they were the last leader's
+        word, and the gateway should not lose them for a change of leader."""
+        self.state = FleetState()
+        self._unsaved = {}
+        self._failing = ""
+        self.desired = DesiredSets(self._store)
+        self._load()
+        self._publish_all()
+
+    def follow(self) -> None:
+        """Refresh replicas and running rollouts from the store, for a fleet that does not
+        lead: its reads (ListReplicas, GetRollout) and watches (WatchReplicas, WatchRollout)
+        then answer what the leader wrote."""
+        now, wall = self._clock.monotonic(), self._clock.wall()
+        replicas = {}
+        for rec in self._store.list_replicas():
+            r = replica_of(rec)
+            replicas[r.id] = replace(r, entered_s=now - max(wall - r.since_s, 0.0))
+        self.state.replicas = replicas
+        self._publish_all()
+        self._rollouts.follow()
+
+    def _publish_all(self) -> None:
+        for rid in set(self.hub.ready) - set(self.state.replicas):
+            self.hub.remove(rid)
+        for r in self.state.replicas.values():
+            self._publish(r)
+
+    def drop_agents(self, reason: str) -> None:
+        """End every agent's stream (this fleet stopped leading: they go to the leader)."""
+        for link in list(self.state.links.values()):
+            link.close(reason)
 
     def flush(self) -> None:
         """Write every replica changed since the last flush, in one transaction.
@@ -423,13 +465,33 @@ class Controller:
             self._wake.clear()
             before = self._changes + self._rollouts.saves
             try:
-                self.tick()
+                if self.leading():
+                    self.tick()
+                    self._tick_passed()
+            except StoreError as exc:
+                self._tick_failed(exc)
             except Exception:
                 log.exception("tick_failed")
             burst = burst + 1 if self._changes + self._rollouts.saves != before else 0
             if 0 < burst < MAX_BURST:
                 self._wake.set()
             await asyncio.sleep(0)  # let the streams and RPCs run between ticks
+
+    def _tick_failed(self, exc: StoreError) -> None:
+        """One log line per change of store problem, not a traceback every tick (the store
+        is down for as long as it is; store_health says so too)."""
+        if isinstance(exc, NotLeader):
+            log.warning("tick_fenced", problem=exc.problem)
+            self.on_fenced(exc)
+            return
+        if exc.problem != self._failing:
+            log.error("tick_failed", store=exc.where, problem=exc.problem)
+            self._failing = exc.problem
+
+    def _tick_passed(self) -> None:
+        if self._failing:
+            log.info("tick_recovered", problem_was=self._failing)
+            self._failing = ""
 
     def _next_wait_s(self) -> float:
         """Until the next tick: the interval, or sooner when a drain delay ends."""
