@@ -1,0 +1,177 @@
+"""Two fleets on one PostgreSQL database: one leads, the other answers reads and watches from
+the store and refuses changes and agent streams with NOT_LEADER naming the leader; clients
+given both addresses find the leader; a clean stop hands leadership over within a renewal."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import grpc
+import pytest
+
+from fleet_svc.server import FleetOptions, FleetServer, start_fleet
+from llmgw.clients.fleet import FleetClient
+from llmgw.common.v1 import common_pb2
+from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+from llmgw.testing.eventually import assert_eventually
+from llmgw.testing.scripted_agent import ScriptedAgent
+from tests.integration.test_rollouts import reason_and_meta
+from tests.support.fleet import FAST
+from tests.support.postgres import fresh_database
+
+LEASE_S, RENEW_S = 1.5, 0.3
+"""A short lease for tests: a clean stop is taken over within a renewal."""
+
+
+def small_model(replicas: int = 0) -> common_pb2.Model:
+    """A catalog model of one vLLM card a replica."""
+    return common_pb2.Model(
+        name="m",
+        source="hf://org/m",
+        profiles=[
+            common_pb2.Profile(
+                name="p",
+                engine="vllm",
+                gpu_class="H100-80GB",
+                gpus_per_node=1,
+                replicas=replicas,
+            )
+        ],
+    )
+
+
+async def start(dsn: str) -> FleetServer:
+    """A fleet in this process on the database, with the short lease."""
+    return await start_fleet(
+        FleetOptions(
+            listen="127.0.0.1:0",
+            store_url=dsn,
+            tick_s=0.05,
+            planner="127.0.0.1:1",
+            liveness=FAST,
+            drain_s=0.1,
+            lease_s=LEASE_S,
+            renew_s=RENEW_S,
+        )
+    )
+
+
+@asynccontextmanager
+async def two_fleets() -> AsyncIterator[tuple[FleetServer, FleetServer, AsyncExitStack]]:
+    """Two fleets on a fresh database: (the leader, the follower), and the stack that stops
+    them (a test may stop one itself: a second stop does nothing harmful)."""
+    with fresh_database() as (_name, dsn):
+        async with AsyncExitStack() as stack:
+            first = await start(dsn)
+            stack.push_async_callback(first.stop, 0.2)
+            second = await start(dsn)
+            stack.push_async_callback(second.stop, 0.2)
+            assert (first.is_leader, second.is_leader) == (True, False)
+            yield first, second, stack
+
+
+def stub_of(fleet: FleetServer, stack: AsyncExitStack) -> fleet_pb2_grpc.FleetServiceAsyncStub:
+    """An asyncio stub on a plaintext channel to the fleet (closed with the stack)."""
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{fleet.port}")
+    stack.push_async_callback(channel.close)
+    return fleet_pb2_grpc.FleetServiceStub(channel)
+
+
+async def test_the_follower_refuses_changes_naming_the_leader_and_serves_reads() -> None:
+    """A change sent to the follower is refused UNAVAILABLE with NOT_LEADER and the leader's
+    address, and writes nothing; ListNodes is refused the same way; the model the leader
+    created is listed and read on the follower."""
+    async with two_fleets() as (leader, follower, stack):
+        on_leader, on_follower = stub_of(leader, stack), stub_of(follower, stack)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await on_follower.CreateModel(fleet_pb2.CreateModelRequest(model=small_model()))
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        reason, meta = reason_and_meta(refused.value)
+        assert reason == "NOT_LEADER"
+        assert meta["leader_address"] == f"127.0.0.1:{leader.port}"
+        assert (await on_leader.ListModels(fleet_pb2.ListModelsRequest())).models == []
+        with pytest.raises(grpc.aio.AioRpcError) as nodes:
+            await on_follower.ListNodes(fleet_pb2.ListNodesRequest())
+        assert reason_and_meta(nodes.value)[0] == "NOT_LEADER"
+        await on_leader.CreateModel(fleet_pb2.CreateModelRequest(model=small_model()))
+        got = await on_follower.GetModel(fleet_pb2.GetModelRequest(name="m"))
+        assert got.model.revision == 1
+        listed = await on_follower.ListModels(fleet_pb2.ListModelsRequest())
+        assert [m.model.name for m in listed.models] == ["m"]
+
+
+async def test_a_client_given_both_addresses_finds_the_leader() -> None:
+    """FleetClient with `follower,leader` creates a model (sent on to the leader NOT_LEADER
+    names) and keeps calling the leader after."""
+    async with two_fleets() as (leader, follower, _stack):
+        both = f"127.0.0.1:{follower.port},127.0.0.1:{leader.port}"
+
+        def create() -> tuple[int, str]:
+            with FleetClient(both) as client:
+                answer = client.create_model(small_model())
+                return answer.model.revision, client.address
+
+        revision, address = await asyncio.to_thread(create)
+        assert (revision, address) == (1, f"127.0.0.1:{leader.port}")
+
+
+async def test_an_agent_on_the_follower_is_refused_and_watches_there_see_the_leaders_replicas() -> (
+    None
+):
+    """An agent stream opened on the follower ends NOT_LEADER; with the agent on the leader,
+    the follower's WatchReplicas and ListReplicas show the replica the leader made READY."""
+    async with two_fleets() as (leader, follower, stack):
+        on_leader, on_follower = stub_of(leader, stack), stub_of(follower, stack)
+        wrong = ScriptedAgent(f"127.0.0.1:{follower.port}", "node-0")
+        wrong.start()
+        await asyncio.wait_for(wrong.closed.wait(), 10)
+        assert wrong.close_code is grpc.StatusCode.UNAVAILABLE and not wrong.desired
+        agent = ScriptedAgent(f"127.0.0.1:{leader.port}", "node-0")
+        agent.start()
+        stack.push_async_callback(agent.stop)
+        watch = on_follower.WatchReplicas(fleet_pb2.WatchReplicasRequest(model="m"))
+        stack.callback(watch.cancel)
+        first = await watch.read()
+        assert first.kind == fleet_pb2.WatchReplicasResponse.KIND_SYNCED  # nothing ready yet
+        await on_leader.CreateModel(fleet_pb2.CreateModelRequest(model=small_model(replicas=1)))
+        added = await asyncio.wait_for(watch.read(), 10)
+        assert added.kind == fleet_pb2.WatchReplicasResponse.KIND_ADDED
+        assert added.endpoint.model == "m"
+        listed = await on_follower.ListReplicas(fleet_pb2.ListReplicasRequest(model="m"))
+        assert [r.phase for r in listed.replicas] == [fleet_pb2.REPLICA_PHASE_READY]
+
+
+async def test_a_clean_stop_hands_over_and_the_new_leader_takes_the_state_and_the_agent() -> None:
+    """The leader stops (releasing its lease): the follower leads within a couple of renewals
+    at the next epoch, lists the replica its predecessor stored, accepts changes, and an
+    agent moved over to it is told the same replica."""
+    async with two_fleets() as (leader, follower, stack):
+        on_follower = stub_of(follower, stack)
+        agent = ScriptedAgent(f"127.0.0.1:{leader.port}", "node-0")
+        agent.start()
+        stack.push_async_callback(agent.stop)
+        await stub_of(leader, stack).CreateModel(
+            fleet_pb2.CreateModelRequest(model=small_model(replicas=1))
+        )
+        await assert_eventually(lambda: agent.running, what="the replica on the agent")
+        before = set(agent.running)
+        epoch = leader.epoch
+        await leader.stop(0.2)
+        await assert_eventually(lambda: follower.is_leader, timeout_s=5, what="the new leader")
+        assert follower.epoch == epoch + 1
+        await agent.stop()
+        agent.address = f"127.0.0.1:{follower.port}"
+        agent.start()
+
+        async def settled() -> bool:
+            rs = (await on_follower.ListReplicas(fleet_pb2.ListReplicasRequest())).replicas
+            return [(r.id, r.phase) for r in rs] == [
+                (rid, fleet_pb2.REPLICA_PHASE_READY) for rid in before
+            ]
+
+        await assert_eventually(settled, what="the one replica READY on the new leader")
+        assert set(agent.running) == before, "no replica replaced or doubled by the handover"
+        await on_follower.DeleteModel(fleet_pb2.DeleteModelRequest(name="m"))
+        await assert_eventually(lambda: not agent.running, what="the replica stopped")
