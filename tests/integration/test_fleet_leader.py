@@ -134,9 +134,11 @@ async def test_an_agent_on_the_follower_is_refused_and_watches_there_see_the_lea
         watch = on_follower.WatchReplicas(fleet_pb2.WatchReplicasRequest(model="m"))
         stack.callback(watch.cancel)
         first = await watch.read()
+        assert isinstance(first, fleet_pb2.WatchReplicasResponse)
         assert first.kind == fleet_pb2.WatchReplicasResponse.KIND_SYNCED  # nothing ready yet
         await on_leader.CreateModel(fleet_pb2.CreateModelRequest(model=small_model(replicas=1)))
         added = await asyncio.wait_for(watch.read(), 10)
+        assert isinstance(added, fleet_pb2.WatchReplicasResponse)
         assert added.kind == fleet_pb2.WatchReplicasResponse.KIND_ADDED
         assert added.endpoint.model == "m"
         listed = await on_follower.ListReplicas(fleet_pb2.ListReplicasRequest(model="m"))
