@@ -173,6 +173,7 @@ class PostgresStore:
                 the DSN, its password left out, and the server's reason).
             SchemaTooNew: the database was migrated by a newer fleet; it is left untouched.
             StoreDamaged: a migration failed.
+            ValueError: `dsn` is not a connection string libpq reads.
         """
         self.where = redact_dsn(dsn)
         self._clock = clock
@@ -185,8 +186,15 @@ class PostgresStore:
             "connect_timeout": CONNECT_TIMEOUT_S,
             "options": f"-c synchronous_commit=on -c statement_timeout={STATEMENT_TIMEOUT_MS}"
             f" -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}",
-            "application_name": "llmgw-fleet",
         }
+        # Named in pg_stat_activity as the DSN says (`?application_name=fleet-a`: one name per
+        # fleet sharing the database), else as a fleet.
+        try:
+            named = "application_name" in psycopg.conninfo.conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError as exc:
+            raise ValueError(f"the fleet store {self.where}: {first_line(exc)}") from exc
+        if not named:
+            kwargs["application_name"] = "llmgw-fleet"
         # One direct connection first: its failure carries the server's reason ("connection
         # refused", "database … does not exist"), where the pool would only time out.
         try:
