@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 
 import grpc
 import pytest
@@ -18,6 +19,7 @@ from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from llmgw.testing.eventually import assert_eventually
 from llmgw.testing.scripted_agent import ScriptedAgent
 from tests.integration.test_rollouts import reason_and_meta
+from tests.support.agents import running_agent
 from tests.support.fleet import FAST
 from tests.support.postgres import fresh_database
 
@@ -103,14 +105,15 @@ async def test_the_follower_refuses_changes_naming_the_leader_and_serves_reads()
 
 
 async def test_a_client_given_both_addresses_finds_the_leader() -> None:
-    """FleetClient with `follower,leader` creates a model (sent on to the leader NOT_LEADER
-    names) and keeps calling the leader after."""
+    """FleetClient given a dead address, the follower and the leader creates a model (passing
+    over the dead one, sent on to the leader NOT_LEADER names) and keeps calling the leader."""
     async with two_fleets() as (leader, follower, _stack):
-        both = f"127.0.0.1:{follower.port},127.0.0.1:{leader.port}"
+        both = f"127.0.0.1:1,127.0.0.1:{follower.port},127.0.0.1:{leader.port}"
 
         def create() -> tuple[int, str]:
             with FleetClient(both) as client:
                 answer = client.create_model(small_model())
+                client.get_model("m")
                 return answer.model.revision, client.address
 
         revision, address = await asyncio.to_thread(create)
@@ -177,3 +180,19 @@ async def test_a_clean_stop_hands_over_and_the_new_leader_takes_the_state_and_th
         assert set(agent.running) == before, "no replica replaced or doubled by the handover"
         await on_follower.DeleteModel(fleet_pb2.DeleteModelRequest(name="m"))
         await assert_eventually(lambda: not agent.running, what="the replica stopped")
+
+
+async def test_a_real_agent_given_both_fleets_finds_the_leader_and_follows_a_handover(
+    tmp_path: Path,
+) -> None:
+    """The agent's stream client given `follower,leader` is refused by the follower and
+    connects to the leader; when the leader stops it is at the new leader within seconds."""
+    async with two_fleets() as (leader, follower, _stack):
+        both = f"127.0.0.1:{follower.port},127.0.0.1:{leader.port}"
+        async with running_agent(0, tmp_path, fleet=both) as agent:
+            await assert_eventually(lambda: "node-1" in leader.controller.state.links)
+            assert agent.client.fleet == f"127.0.0.1:{leader.port}"
+            await leader.stop(0.2)
+            await assert_eventually(lambda: "node-1" in follower.controller.state.links)
+            assert agent.client.fleet == f"127.0.0.1:{follower.port}"
+            assert follower.is_leader

@@ -56,13 +56,18 @@ async def running_agent(
     config: AgentConfig | None = None,
     node: str = "node-1",
     reconnect: Backoff = FAST_RECONNECT,
+    fleet: str = "",
 ) -> AsyncIterator[Agent]:
     """Run a real agent (stand-in cards, the stream client, real engine processes) against
-    the fleet on `port`; on exit stop its replicas and wait until they are gone."""
+    the fleet on `port` (or the fleet addresses `fleet` names); on exit stop its replicas and
+    wait until they are gone."""
     cards = StandinCards(parse_gpu_spec(gpus), state_dir)
     replicas = ReplicaSet(config or fast_config(), cards, state_dir)
     client = AgentClient(
-        f"127.0.0.1:{port}", NodeIdentity(node, {"zone": "test"}), replicas, backoff=reconnect
+        fleet or f"127.0.0.1:{port}",
+        NodeIdentity(node, {"zone": "test"}),
+        replicas,
+        backoff=reconnect,
     )
     task = asyncio.create_task(client.run())
     try:
