@@ -3,9 +3,9 @@
 --planner-tls-key F] [--tokens FILE]`.
 
 Exit codes: 0 stopped by SIGTERM/SIGINT; 1 a configuration it cannot use (a bad settings file,
-an unknown store URL); 2 bad flags (argparse); 3 the store cannot be reached, is damaged, or was
-written by a newer fleet (one line on stderr names the file or the DSN, password left out, and
-what is wrong).
+an unknown store URL, a DSN libpq cannot parse); 2 bad flags (argparse); 3 the store cannot be
+reached, is damaged, or was written by a newer fleet (one line on stderr names the file or the
+DSN, password left out, and what is wrong).
 """
 
 from __future__ import annotations
