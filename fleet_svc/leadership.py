@@ -162,7 +162,11 @@ class Leadership:
             self.epoch = lease.epoch
             self._store.fence(lease.epoch)
             log.info("leader_elected", epoch=lease.epoch, holder=self.holder, address=self.address)
-            self.on_elected(lease.epoch)
+            try:
+                self.on_elected(lease.epoch)
+            except StoreError as exc:
+                # It could not take over (the state did not load): lead next time, not now.
+                self._depose(f"taking over failed: {exc.problem}")
 
     def deposed(self, exc: NotLeader) -> None:
         """A write met the fence: another fleet leads; stop leading now."""
@@ -180,7 +184,10 @@ class Leadership:
         """Attempt every RENEW_S until cancelled."""
         while True:
             await asyncio.sleep(self.renew_s)
-            await self.attempt()
+            try:
+                await self.attempt()
+            except Exception:  # the election outlives any one attempt's surprise
+                log.exception("lease_attempt_failed")
 
     async def release(self) -> None:
         """Stop leading and end the lease now (a clean stop: another need not wait it out)."""

@@ -206,3 +206,24 @@ def test_only_not_leader_names_a_leader() -> None:
     other = Unreachable(address="a", detail="d", reason="STORE_UNAVAILABLE", metadata={})
     assert leader_hint(refused) == "" and leader_hint(other) == ""
     assert leader_hint(not_leader("b:1")) == "b:1"
+
+
+async def test_a_takeover_that_cannot_load_the_state_leads_at_the_next_attempt() -> None:
+    """When taking over fails on the store (the state does not load), the fleet does not lead
+    meanwhile and is elected again at its next attempt, keeping the lease it holds."""
+    table = LeaseTable(Clock())
+    a, _store, seen = fleet(table, "a")
+    fail = [True]
+
+    def elected(epoch: int) -> None:
+        if fail.pop():
+            raise StoreUnavailable("db", "connection reset")
+        seen.append(f"elected {epoch}")
+
+    a.on_elected = elected
+    await a.attempt()
+    assert not a.is_leader and seen == ["deposed"]
+    fail.append(False)
+    table.clock.now += 2
+    await a.attempt()
+    assert a.is_leader and seen == ["deposed", "elected 1"]
