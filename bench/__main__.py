@@ -149,10 +149,11 @@ BENCHES: dict[str, Bench] = {
     ),
     "fleet_failover": Bench(
         fleet_failover.run,
-        r"^(lead_(min|median|max)_s|agents_(median|max)_s|lost|doubled|stuck|restarted|trials)$",
+        r"^(lead_(min|median|max)_s|agents_(median|max)_s|lost|doubled|stuck|restarted|"
+        r"agents_not_back|trials)$",
         (
             Goal(r"^lead_max_s$", "<= 10 s", lambda v: v <= 10.0),
-            Goal(r"^(lost|doubled|stuck|restarted)$", "none", lambda v: v == 0),
+            Goal(r"^(lost|doubled|stuck|restarted|agents_not_back)$", "none", lambda v: v == 0),
         ),
     ),
     "fleet_spread": Bench(

@@ -9,7 +9,8 @@ cards each run the `base` model's replicas. Each trial:
 
 1. asks the leader for a change: CreateModel of `extra` (two replicas) on odd trials,
    DeleteModel of it on even ones, and at once
-2. kills the leader with SIGKILL (and starts a replacement fleet, so three stay);
+2. kills the leader with SIGKILL (and starts a replacement on its address, as a restarted pod
+   keeps its name, so three stay and the agents' list of fleets stays true);
 3. times until the database holds a live lease at a higher epoch (`lead_s`: the issue's goal
    is <= 10 s; the lease bounds it by L + R), and until every agent was welcomed again by the
    new leader (`agents_s`);
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import statistics
 import tempfile
 import time
@@ -81,13 +83,15 @@ class Cluster:
         self._stubs: dict[str, tuple[grpc.aio.Channel, fleet_pb2_grpc.FleetServiceAsyncStub]] = {}
         self._started = 0
 
-    async def start_one(self) -> ChildServer:
+    async def start_one(self, listen: str = "127.0.0.1:0") -> ChildServer:
+        """One more fleet (on `listen`: a replacement takes its predecessor's address, as a
+        restarted pod keeps its name, so the agents' list of fleets stays true)."""
         self._started += 1
         child = await start_child(
             "fleet_svc",
             [
                 "--listen",
-                "127.0.0.1:0",
+                listen,
                 "--store",
                 self.dsn,
                 "--heartbeat-s",
@@ -167,14 +171,18 @@ async def trial(
     old.process.kill()
     await old.process.wait()
     cluster.fleets.remove(old)
-    replacement = asyncio.create_task(cluster.start_one())
+    replacement = asyncio.create_task(cluster.start_one(old.address))
     new, _ = await cluster.leader(above=epoch)
     lead_s = time.perf_counter() - killed_at
     while not all(a.joined.is_set() and a.welcomed_at > killed_at for a in agents):
         if time.perf_counter() - killed_at > SETTLE_S + lead_s:
             break
         await asyncio.sleep(0.02)
-    agents_s = max(a.welcomed_at for a in agents) - killed_at
+    back = all(a.joined.is_set() and a.welcomed_at > killed_at for a in agents)
+    agents_s = max(a.welcomed_at for a in agents) - killed_at if back else math.nan
+    for a in agents:
+        if not (a.joined.is_set() and a.welcomed_at > killed_at):
+            print(f"  {a.node} not back: trying {a.fleets.current}, errors {a.errors[-3:]}")
     await replacement
     new_stub = cluster.stub(new.address)
     deadline = time.perf_counter() + SETTLE_S
@@ -246,7 +254,7 @@ async def measure(trials: int, folder: Path, *, lease_s: float, renew_s: float) 
         with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)".encode())
     lead = [r["lead_s"] for r in rows]
-    back = [r["agents_s"] for r in rows]
+    back = [r["agents_s"] for r in rows if not math.isnan(r["agents_s"])] or [math.nan]
     return {
         "trials": trials,
         "lease_s": lease_s,
@@ -259,6 +267,7 @@ async def measure(trials: int, folder: Path, *, lease_s: float, renew_s: float) 
         "doubled": sum(r["doubled"] for r in rows),
         "stuck": sum(r["stuck"] for r in rows),
         "restarted": sum(r["restarted"] for r in rows),
+        "agents_not_back": sum(math.isnan(r["agents_s"]) for r in rows),
         "lead_max_over_lease": max(lead) / lease_s,
     }
 
@@ -271,7 +280,8 @@ def report(f: dict[str, float]) -> None:
         f" {f['lead_max_s']:.2f} s (max / lease {f['lead_max_over_lease']:.2f});"
         f" agents back median/max {f['agents_median_s']:.2f} / {f['agents_max_s']:.2f} s;"
         f" lost {f['lost']:.0f}, doubled {f['doubled']:.0f}, stuck {f['stuck']:.0f},"
-        f" base replicas restarted {f['restarted']:.0f}"
+        f" base replicas restarted {f['restarted']:.0f}; trials with an agent not back"
+        f" {f['agents_not_back']:.0f}"
     )
 
 

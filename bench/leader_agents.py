@@ -45,6 +45,8 @@ class FollowingAgent:
     latency_s: float | None = None
     """From `changed_at` to this agent's Ack of a desired set holding `watch_model`."""
     streams: int = 0
+    errors: list[str] = field(default_factory=list)
+    """What a stream failed with that was not a gRPC status (a bug here, shown in the report)."""
     _channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
     _out: asyncio.Queue[agent_pb2.ConnectRequest] = field(default_factory=asyncio.Queue)
     _task: asyncio.Task[None] | None = None
@@ -142,7 +144,11 @@ class FollowingAgent:
     async def run(self) -> None:
         """Keep a stream to the leader open until cancelled."""
         while True:
-            failure = await self._session()
+            try:
+                failure = await self._session()
+            except Exception as exc:  # counted, and the agent carries on as a real one does
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                failure = Unreachable(address=self.fleets.current, detail=str(exc))
             named = failure is not None and self.fleets.after(failure)
             if failure is None:
                 self.fleets.after(Unreachable(address=self.fleets.current, detail="ended"))
