@@ -18,9 +18,10 @@ from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from llmgw.testing.eventually import assert_eventually
 from llmgw.testing.scripted_agent import ScriptedAgent
-from tests.integration.test_rollouts import reason_and_meta
+from tests.integration.test_rollouts import reason_and_meta, vllm_model
 from tests.support.agents import running_agent
 from tests.support.fleet import FAST
+from tests.support.planner import running_planner
 from tests.support.postgres import fresh_database
 
 LEASE_S, RENEW_S = 1.5, 0.3
@@ -44,14 +45,14 @@ def small_model(replicas: int = 0) -> common_pb2.Model:
     )
 
 
-async def start(dsn: str) -> FleetServer:
+async def start(dsn: str, planner: str = "127.0.0.1:1") -> FleetServer:
     """A fleet in this process on the database, with the short lease."""
     return await start_fleet(
         FleetOptions(
             listen="127.0.0.1:0",
             store_url=dsn,
             tick_s=0.05,
-            planner="127.0.0.1:1",
+            planner=planner,
             liveness=FAST,
             drain_s=0.1,
             lease_s=LEASE_S,
@@ -61,14 +62,16 @@ async def start(dsn: str) -> FleetServer:
 
 
 @asynccontextmanager
-async def two_fleets() -> AsyncIterator[tuple[FleetServer, FleetServer, AsyncExitStack]]:
+async def two_fleets(
+    planner: str = "127.0.0.1:1",
+) -> AsyncIterator[tuple[FleetServer, FleetServer, AsyncExitStack]]:
     """Two fleets on a fresh database: (the leader, the follower), and the stack that stops
     them (a test may stop one itself: a second stop does nothing harmful)."""
     with fresh_database() as (_name, dsn):
         async with AsyncExitStack() as stack:
-            first = await start(dsn)
+            first = await start(dsn, planner)
             stack.push_async_callback(first.stop, 0.2)
-            second = await start(dsn)
+            second = await start(dsn, planner)
             stack.push_async_callback(second.stop, 0.2)
             assert (first.is_leader, second.is_leader) == (True, False)
             yield first, second, stack
@@ -196,3 +199,43 @@ async def test_a_real_agent_given_both_fleets_finds_the_leader_and_follows_a_han
             await assert_eventually(lambda: "node-1" in follower.controller.state.links)
             assert agent.client.fleet == f"127.0.0.1:{follower.port}"
             assert follower.is_leader
+
+
+async def test_a_rollout_watched_on_the_follower_streams_every_event_to_its_end() -> None:
+    """A SetContext rollout made on the leader, watched on the follower from the start: the
+    follower's stream carries the same events as the leader's, in order, and ends with the
+    rollout's success."""
+    async with (
+        running_planner() as (planner, _p, _c),
+        two_fleets(f"127.0.0.1:{planner.port}") as (leader, follower, stack),
+    ):
+        on_leader, on_follower = stub_of(leader, stack), stub_of(follower, stack)
+        agent = ScriptedAgent(f"127.0.0.1:{leader.port}", "node-0", gpus=4)
+        agent.start()
+        stack.push_async_callback(agent.stop)
+        await on_leader.CreateModel(fleet_pb2.CreateModelRequest(model=vllm_model(2)))
+
+        async def two_ready() -> bool:
+            rs = (await on_leader.ListReplicas(fleet_pb2.ListReplicasRequest())).replicas
+            return sum(r.phase == fleet_pb2.REPLICA_PHASE_READY for r in rs) == 2
+
+        await assert_eventually(two_ready, what="two READY replicas")
+        answer = await on_leader.SetContext(
+            fleet_pb2.SetContextRequest(name="vmodel", tokens=16384)
+        )
+        watched = [
+            (e.seq, e.kind, e.state)
+            async for e in on_follower.WatchRollout(
+                fleet_pb2.WatchRolloutRequest(id=answer.rollout_id)
+            )
+        ]
+        assert watched[-1][2] == fleet_pb2.ROLLOUT_STATE_SUCCEEDED, watched
+        on_the_leader = [
+            (e.seq, e.kind, e.state)
+            async for e in on_leader.WatchRollout(
+                fleet_pb2.WatchRolloutRequest(id=answer.rollout_id)
+            )
+        ]
+        assert watched == on_the_leader
+        got = await on_follower.GetRollout(fleet_pb2.GetRolloutRequest(id=answer.rollout_id))
+        assert got.rollout.state == fleet_pb2.ROLLOUT_STATE_SUCCEEDED
