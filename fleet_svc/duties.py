@@ -115,9 +115,15 @@ class Duties:
 
     async def _follow(self) -> None:
         """Read the store every FOLLOW_S until cancelled (one log line per change of problem)."""
+        digest = None
         while True:
             try:
-                self.controller.follow()
+                # Read the rows again only when the server's digest of them moved: a follower
+                # then costs one small query per FOLLOW_S while nothing changes.
+                now = self.leadership.state_digest() if self.leadership is not None else None
+                if now is None or now != digest:
+                    self.controller.follow()
+                    digest = now
                 if self._failing:
                     log.info("follow_recovered")
                     self._failing = ""

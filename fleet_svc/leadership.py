@@ -57,6 +57,9 @@ class LeasedStore(Protocol):
     def fence(self, epoch: int | None) -> None:
         """Fence every later write with `epoch`."""
 
+    def state_digest(self) -> str:
+        """A digest of the replica and rollout rows: it changes when they do."""
+
 
 class Following(NotLeader):
     """A call that needs the leader reached a fleet that follows: it changed nothing; the
@@ -130,6 +133,14 @@ class Leadership:
         if self.is_leader:
             return None
         return Following(self._store.where, self.leader, self.leader_address)
+
+    def state_digest(self) -> str:
+        """The store's digest of what a follower reads (it changes when the leader writes).
+
+        Raises:
+            StoreError: the store cannot be read.
+        """
+        return self._store.state_digest()
 
     async def attempt(self) -> None:
         """Take or renew the lease once and act on the answer."""

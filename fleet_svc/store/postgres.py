@@ -279,6 +279,14 @@ class PostgresStore:
         with self.link.connection() as conn:
             release_lease(conn, holder)
 
+    @_guarded
+    def state_digest(self) -> str:
+        """A digest of every replica and rollout row, computed by the server (no row leaves
+        it): a fleet that follows reads those rows again only when this changed."""
+        with self.link.connection() as conn:
+            row = conn.execute(_STATE_DIGEST).fetchone()
+        return "" if row is None else f"{row[0]}/{row[1]}"
+
     def fence(self, epoch: int | None) -> None:
         """Fence every later write with `epoch` (None: stop fencing): each is made only while
         `epoch` is the lease's, else refused with NotLeader."""
@@ -539,6 +547,14 @@ class PostgresStore:
         self.damage = self.damage or damage
         return out
 
+
+_STATE_DIGEST = (
+    "SELECT (SELECT md5(coalesce(string_agg(concat_ws('|', "
+    + REPLICA_COLUMNS.replace(", gpus,", ", gpus::text,").replace(", spec", ", spec::text")
+    + "), ',' ORDER BY id), '')) FROM replicas),"
+    " (SELECT md5(coalesce(string_agg(concat_ws('|', id, state, updated_at), ','"
+    " ORDER BY id), '')) FROM rollouts)"
+)
 
 _UPSERT_REPLICA = (
     f"INSERT INTO replicas ({REPLICA_COLUMNS})"

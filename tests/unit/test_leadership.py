@@ -68,6 +68,9 @@ class FakeLeasedStore:
     def fence(self, epoch: int | None) -> None:
         self.fences.append(epoch)
 
+    def state_digest(self) -> str:
+        return ""
+
 
 def fleet(table: LeaseTable, name: str) -> tuple[Leadership, FakeLeasedStore, list[str]]:
     """A fleet's Leadership on the table, and the events its callbacks saw."""
