@@ -176,13 +176,14 @@ def test_the_state_digest_moves_with_every_replica_and_rollout_write_and_only_th
         store.acquire_lease("a", "a:1", 5)
         store.put_value("desired_version", "3")
         assert store.state_digest() in seen and len(seen) == 2
-        for change in (
+        changes: list[Callable[[], None]] = [
             lambda: store.put_replica(replace(r, phase="READY")),
             lambda: store.put_replica(replace(r, phase="READY", address="10.0.0.1:8000")),
             lambda: store.put_rollout(RolloutRecord("ro-1", "m", "RUNNING", {}, 1.0, 1.0)),
             lambda: store.put_rollout(RolloutRecord("ro-1", "m", "SUCCEEDED", {}, 1.0, 2.0)),
             lambda: store.delete_replica("r-1"),
-        ):
+        ]
+        for change in changes:
             change()
             now = store.state_digest()
             assert now not in seen
