@@ -4,7 +4,7 @@ A fleet on a store without a lease (SQLite: one fleet per file) always leads. On
 (PostgreSQL) it leads only while its Leadership holds the lease: then it loads the state its
 predecessor left, writes the settings file's models, runs the controller and serves the agents;
 deposed, it stops the controller, ends the agents' streams (they are told where the leader is)
-and, like every follower, reads the store every FOLLOW_S so its reads and watches show what the
+and, like every follower, polls the store every FOLLOW_S so its reads and watches show what the
 leader wrote.
 """
 
@@ -25,9 +25,10 @@ from fleet_svc.store.base import NotLeader, StoreError
 log = structlog.get_logger(__name__)
 
 FOLLOW_S = 0.5
-"""How often a follower reads replicas and rollouts from the store (polling, not LISTEN/NOTIFY:
-one pair of small SELECTs per half second per follower, and nothing to lose on a reconnect);
-a watch on a follower lags the leader's by at most this."""
+"""How often a follower asks the store whether replicas or rollouts changed (the server's
+digest of them) and, when they did, reads them (polling, not LISTEN/NOTIFY: one small query
+per half second per follower while nothing changes, and nothing to lose on a reconnect); a
+watch on a follower lags the leader's by at most this."""
 
 
 class Duties:
