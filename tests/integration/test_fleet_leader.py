@@ -5,6 +5,7 @@ given both addresses find the leader; a clean stop hands leadership over within 
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -18,6 +19,7 @@ from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from llmgw.testing.eventually import assert_eventually
 from llmgw.testing.scripted_agent import ScriptedAgent
+from tests.integration.test_cli_ctl import _env, write_model
 from tests.integration.test_rollouts import reason_and_meta, vllm_model
 from tests.support.agents import running_agent
 from tests.support.fleet import FAST
@@ -239,3 +241,33 @@ async def test_a_rollout_watched_on_the_follower_streams_every_event_to_its_end(
         assert watched == on_the_leader
         got = await on_follower.GetRollout(fleet_pb2.GetRolloutRequest(id=answer.rollout_id))
         assert got.rollout.state == fleet_pb2.ROLLOUT_STATE_SUCCEEDED
+
+
+async def test_llmgw_ctl_given_every_fleet_in_llmgw_fleet_changes_the_catalog(
+    tmp_path: Path,
+) -> None:
+    """`llmgw ctl model create` with LLMGW_FLEET naming the follower first creates the model
+    (at the leader), and `model list` through the same list shows it."""
+    async with two_fleets() as (leader, follower, _stack):
+        env = _env(LLMGW_FLEET=f"127.0.0.1:{follower.port},127.0.0.1:{leader.port}")
+
+        async def llmgw_ctl(*args: str) -> tuple[int, str, str]:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "llmgw.cli.main",
+                "ctl",
+                *args,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+            )
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            return int(proc.returncode or 0), out.decode(), err.decode()
+
+        code, out, err = await llmgw_ctl("model", "create", str(write_model(tmp_path / "m.yaml")))
+        assert code == 0, err
+        assert "created model qwen (revision 1)" in out
+        code, out, err = await llmgw_ctl("model", "list")
+        assert code == 0, err
+        assert out.splitlines()[1].split()[0] == "qwen"
