@@ -135,10 +135,10 @@ async def measure(n: int, folder: Path, window_s: float) -> dict[str, float]:
             f" ({row['hops']:.0f} NOT_LEADER hops)",
             flush=True,
         )
-    figures["cpu_per_agent_ratio"] = (
-        figures["cpu_ms_per_agent_s@3"] / figures["cpu_ms_per_agent_s@1"]
+    figures["cpu_per_agent_ratio"] = ratio(
+        figures["cpu_ms_per_agent_s@3"], figures["cpu_ms_per_agent_s@1"]
     )
-    figures["ack_p99_ratio"] = figures["ack_p99_ms@3"] / figures["ack_p99_ms@1"]
+    figures["ack_p99_ratio"] = ratio(figures["ack_p99_ms@3"], figures["ack_p99_ms@1"])
     figures["agents"] = n
     print(
         f"three fleets / one, N={n}: CPU per agent {figures['cpu_per_agent_ratio']:.2f},"
