@@ -11,6 +11,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import grpc
+import psycopg
 import pytest
 
 from fleet_svc.server import FleetOptions, FleetServer, start_fleet
@@ -271,3 +272,38 @@ async def test_llmgw_ctl_given_every_fleet_in_llmgw_fleet_changes_the_catalog(
         code, out, err = await llmgw_ctl("model", "list")
         assert code == 0, err
         assert out.splitlines()[1].split()[0] == "qwen"
+
+
+async def test_a_leader_that_loses_its_lease_ends_its_agents_streams_and_they_follow(
+    tmp_path: Path,
+) -> None:
+    """The lease is taken from a running leader (as after a pause past it): the follower
+    leads at the next epoch, the old leader is deposed and ends its agents' streams
+    UNAVAILABLE (NOT_LEADER), and the real agent given both fleets is at the new leader."""
+    async with two_fleets() as (leader, follower, stack):
+        both = f"127.0.0.1:{leader.port},127.0.0.1:{follower.port}"
+        scripted = ScriptedAgent(f"127.0.0.1:{leader.port}", "node-9")
+        scripted.start()
+        stack.push_async_callback(scripted.stop)
+        async with running_agent(0, tmp_path, fleet=both) as agent:
+            await assert_eventually(lambda: "node-1" in leader.controller.state.links)
+            await assert_eventually(lambda: "node-9" in leader.controller.state.links)
+            epoch = leader.epoch
+            taker = follower.duties.leadership
+            assert taker is not None
+            with psycopg.connect(leader.store.where, autocommit=True) as conn:
+                # What the follower's own attempt does once the lease ran out: take it, at
+                # the next epoch (done here so the old leader cannot renew first).
+                conn.execute(
+                    "UPDATE leases SET holder = %s, address = %s, epoch = epoch + 1,"
+                    " expires_at = clock_timestamp() + interval '5 seconds'",
+                    (taker.holder, taker.address),
+                )
+            await assert_eventually(lambda: follower.is_leader, timeout_s=5, what="a takeover")
+            assert follower.epoch == epoch + 1
+            await assert_eventually(lambda: not leader.is_leader, timeout_s=5)
+            await asyncio.wait_for(scripted.closed.wait(), 10)
+            assert scripted.close_code is grpc.StatusCode.UNAVAILABLE
+            await assert_eventually(lambda: "node-1" in follower.controller.state.links)
+            assert agent.client.fleet == f"127.0.0.1:{follower.port}"
+            assert not leader.controller.state.links
