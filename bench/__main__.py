@@ -21,7 +21,15 @@ from pathlib import Path
 
 import grpc
 
-from bench import agent_fanin, planner_throughput, rollout_overhead, watch_replicas
+from bench import (
+    agent_fanin,
+    fleet_failover,
+    fleet_spread,
+    planner_throughput,
+    rollout_overhead,
+    store_pg,
+    watch_replicas,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 Figures = dict[str, float]
@@ -136,6 +144,22 @@ BENCHES: dict[str, Bench] = {
             Goal(r"_overhead_s@", "< 0.5 s/replica", lambda v: v < 0.5),
             Goal(r"^parallel_ratio$", "~1 (parallel)", lambda v: v <= 1.25),
         ),
+    ),
+    "store_pg": Bench(
+        store_pg.run, r"^(set_context|list_replicas)_(sqlite_ms|postgresql_ms|pg_over_sqlite)$"
+    ),
+    "fleet_failover": Bench(
+        fleet_failover.run,
+        r"^(lead_(min|median|max)_s|agents_(median|max)_s|lost|doubled|stuck|restarted|"
+        r"agents_not_back|trials)$",
+        (
+            Goal(r"^lead_max_s$", "<= 10 s", lambda v: v <= 10.0),
+            Goal(r"^(lost|doubled|stuck|restarted|agents_not_back)$", "none", lambda v: v == 0),
+        ),
+    ),
+    "fleet_spread": Bench(
+        fleet_spread.run,
+        r"^(cpu_ms_per_agent_s|ack_p99_ms)@|^(cpu_per_agent_ratio|ack_p99_ratio|agents)$",
     ),
 }
 

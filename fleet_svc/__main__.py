@@ -3,9 +3,9 @@
 --planner-tls-key F] [--tokens FILE]`.
 
 Exit codes: 0 stopped by SIGTERM/SIGINT; 1 a configuration it cannot use (a bad settings file,
-an unknown store URL); 2 bad flags (argparse); 3 the store cannot be reached, is damaged, or was
-written by a newer fleet (one line on stderr names the file or the DSN, password left out, and
-what is wrong).
+an unknown store URL, a DSN libpq cannot parse); 2 bad flags (argparse); 3 the store cannot be
+reached, is damaged, or was written by a newer fleet (one line on stderr names the file or the
+DSN, password left out, and what is wrong).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import sys
 from fleet_svc.app import REQUEST_ID_WINDOW_S
 from fleet_svc.domain.errors import FleetError
 from fleet_svc.domain.nodes import Liveness
+from fleet_svc.leadership import LEASE_S, RENEW_S
 from fleet_svc.store.base import StoreError
 from fleet_svc.watch import HEARTBEAT_S
 from llmgw.logs import configure_logging
@@ -78,6 +79,25 @@ def build_parser() -> argparse.ArgumentParser:
         default=REQUEST_ID_WINDOW_S,
         help="how long a request id's first answer is kept for retries (default: a day)",
     )
+    shared = parser.add_argument_group(
+        "several fleets on one PostgreSQL (one leads; see docs/fleet.md, Leadership)"
+    )
+    shared.add_argument(
+        "--lease-s", type=float, default=LEASE_S, help="how long a leader's lease lasts unrenewed"
+    )
+    shared.add_argument(
+        "--renew-s",
+        type=float,
+        default=RENEW_S,
+        help="how often the leader renews its lease and followers try for it",
+    )
+    shared.add_argument(
+        "--advertise",
+        default=os.environ.get("LLMGW_FLEET_ADVERTISE", ""),
+        metavar="HOST:PORT",
+        help="where callers reach this fleet, told to callers of the others while it leads"
+        " (default: the --listen host, or this host's name for a wildcard, and the bound port)",
+    )
     parser.add_argument("--log-format", choices=("json", "console"), default="json")
     add_server_tls_arguments(parser)
     parser.add_argument(
@@ -132,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
                     metrics=opts.metrics,
                     probes=opts.probe_listen,
                     watch_heartbeat_s=opts.watch_heartbeat_s,
+                    lease_s=opts.lease_s,
+                    renew_s=opts.renew_s,
+                    advertise=opts.advertise,
                 )
             )
         )

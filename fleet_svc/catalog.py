@@ -145,6 +145,11 @@ class Catalog:
                 )
             self.declared[entry.name] = path
 
+    def forget_wants(self) -> None:
+        """Read the wants from the store again at the next ask (another fleet may have changed
+        the catalog: this one was following while it led)."""
+        self._wants = None
+
     def wants(self) -> list[ProfileWant]:
         """Every profile's wanted replicas, for the controller (kept until the catalog changes:
         the controller asks every tick)."""

@@ -31,7 +31,7 @@ from fleet_svc.domain.control import (
     plan_actions,
     retirement,
 )
-from fleet_svc.domain.endpoints import endpoint_of, removal_reason, routable
+from fleet_svc.domain.endpoints import EndpointReason, endpoint_of, removal_reason, routable
 from fleet_svc.domain.nodes import Card, Liveness, NodePhase, NodeView, node_phase
 from fleet_svc.domain.phases import RUNNING, IllegalTransition, ReplicaPhase, check_transition
 from fleet_svc.domain.replicas import Member, ReplicaState
@@ -46,7 +46,7 @@ from fleet_svc.domain.reports import (
 )
 from fleet_svc.domain.rollout import Rollout
 from fleet_svc.rollouts import Rollouts
-from fleet_svc.store.base import Store
+from fleet_svc.store.base import NotLeader, Store, StoreError
 from fleet_svc.store.rows import replica_of, replica_record
 from fleet_svc.watch import EndpointHub
 from llmgw.clock import Clock
@@ -139,6 +139,16 @@ class Controller:
         """Model -> the trace context of the request that started its running rollout: the
         replicas that rollout starts and stops carry it to their agents (in memory only)."""
         self._rollouts.on_end.append(self._rollout_ended)
+        self.leading: Callable[[], bool] = lambda: True
+        """Whether this fleet leads now (fleet_svc.leadership); a tick does nothing while not."""
+        self.on_fenced: Callable[[NotLeader], None] = lambda exc: None
+        """Called when a write met the store's fence: another fleet leads."""
+        self._failing = ""
+        """The store problem the last tick failed with ("" when it did not)."""
+        self._reloaded_s = self._clock.monotonic()
+        """When this fleet last loaded its state from the store (started or took over)."""
+        self._trusting = True
+        """Whether replicas on nodes not heard from are still routed (see _unknown_node_phase)."""
         self._load()
 
     def wall_of(self, monotonic_s: float) -> float:
@@ -163,6 +173,44 @@ class Controller:
         log.info(
             "fleet_state_loaded", replicas=len(self.state.replicas), rollouts=len(self.rollouts)
         )
+
+    def reload(self) -> None:
+        """Forget what is held in memory and load it again from the store: a fleet elected
+        leader takes over the state its predecessor left (its agents say hello to it next).
+        Endpoints the store holds READY stay routable meanwhile: they were the last leader's
+        word, and the gateway should not lose them for a change of leader."""
+        self.state = FleetState()
+        self._unsaved = {}
+        self._failing = ""
+        self.desired = DesiredSets(self._store)
+        self._reloaded_s = self._clock.monotonic()
+        self._trusting = True
+        self._load()
+        self._publish_all()
+
+    def follow(self) -> None:
+        """Refresh replicas and running rollouts from the store, for a fleet that does not
+        lead: its reads (ListReplicas, GetRollout) and watches (WatchReplicas, WatchRollout)
+        then answer what the leader wrote."""
+        now, wall = self._clock.monotonic(), self._clock.wall()
+        replicas = {}
+        for rec in self._store.list_replicas():
+            r = replica_of(rec)
+            replicas[r.id] = replace(r, entered_s=now - max(wall - r.since_s, 0.0))
+        self.state.replicas = replicas
+        self._publish_all()
+        self._rollouts.follow()
+
+    def _publish_all(self) -> None:
+        for rid in set(self.hub.ready) - set(self.state.replicas):
+            self.hub.remove(rid, EndpointReason.DRAINING)
+        for r in self.state.replicas.values():
+            self._publish(r)
+
+    def drop_agents(self, reason: str) -> None:
+        """End every agent's stream (this fleet stopped leading: they go to the leader)."""
+        for link in list(self.state.links.values()):
+            link.close(reason)
 
     def flush(self, *, keep: bool = False) -> None:
         """Write every replica changed since the last flush, in one transaction.
@@ -201,13 +249,23 @@ class Controller:
         """Tell WatchReplicas: a READY replica with an address on a READY node is routable,
         any other is not (domain.endpoints says why it left)."""
         view = self.state.nodes.get(r.node)
-        node = view.phase if view is not None else None
+        node = view.phase if view is not None else self._unknown_node_phase()
         if routable(r, node):
-            assert view is not None
             model = self._model_at(r.model, r.revision)
-            self.hub.put(endpoint_of(r, model=model, gpu_class=view.gpu_class))
+            gpu_class = view.gpu_class if view is not None else ""
+            self.hub.put(endpoint_of(r, model=model, gpu_class=gpu_class))
         elif r.id in self.hub:
             self.hub.remove(r.id, removal_reason(r, node, wanted=self._wanted(r.model, r.profile)))
+
+    def _unknown_node_phase(self) -> NodePhase | None:
+        """The phase to route by for a node whose agent this fleet has not heard from.
+
+        A follower hears from no agent: it routes the replicas the leader wrote READY. A
+        fleet that just took over (reload) trusts them too until its agents had the grace of
+        a few missed heartbeats to say hello; after that an unknown node is not routed to."""
+        if not self.leading():
+            return NodePhase.READY
+        return NodePhase.READY if self._trusting else None
 
     def _wanted(self, model: str, profile: str) -> bool:
         return any(w.model == model and w.profile == profile for w in self._wants())
@@ -517,13 +575,33 @@ class Controller:
             self._wake.clear()
             before = self._changes + self._rollouts.saves
             try:
-                self.tick()
+                if self.leading():
+                    self.tick()
+                    self._tick_passed()
+            except StoreError as exc:
+                self._tick_failed(exc)
             except Exception:
                 log.exception("tick_failed")
             burst = burst + 1 if self._changes + self._rollouts.saves != before else 0
             if 0 < burst < MAX_BURST:
                 self._wake.set()
             await asyncio.sleep(0)  # let the streams and RPCs run between ticks
+
+    def _tick_failed(self, exc: StoreError) -> None:
+        """One log line per change of store problem, not a traceback every tick (the store
+        is down for as long as it is; store_health says so too)."""
+        if isinstance(exc, NotLeader):
+            log.warning("tick_fenced", problem=exc.problem)
+            self.on_fenced(exc)
+            return
+        if exc.problem != self._failing:
+            log.error("tick_failed", store=exc.where, problem=exc.problem)
+            self._failing = exc.problem
+
+    def _tick_passed(self) -> None:
+        if self._failing:
+            log.info("tick_recovered", problem_was=self._failing)
+            self._failing = ""
 
     def _next_wait_s(self) -> float:
         """Until the next tick: the interval, or sooner when a drain delay ends."""
@@ -537,6 +615,9 @@ class Controller:
     def tick(self) -> None:
         """Snapshot -> plan -> dispatch."""
         now = self._clock.monotonic()
+        if self._trusting and now - self._reloaded_s >= self.liveness.grace_s:
+            self._trusting = False  # nodes still silent now leave routing
+            self._publish_all()
         for view in self.state.nodes.values():
             phase, why = node_phase(view, now, self.liveness)
             if phase is not view.phase:

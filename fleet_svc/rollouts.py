@@ -38,11 +38,15 @@ class Rollouts:
         self.on_end: list[Callable[[Rollout], None]] = []
         """Called with each rollout as it ended (succeeded, failed or cancelled), once it is
         stored: how metrics (fleet_svc/metrics.py) count outcomes without the loop knowing."""
+        self._seen: dict[str, float] = {}
+        """Rollout id -> when it last changed, as `follow` last read it."""
 
     def load(self) -> None:
         """The rollouts running when the fleet stopped; a starting step gets its whole start
         timeout again (the monotonic time it started at is gone with the old process)."""
         now = self._clock.monotonic()
+        self.running = {}
+        self._seen = {}
         for stored in self._store.list_rollouts():
             if stored.state == "RUNNING":
                 ro = load_rollout(stored)
@@ -50,6 +54,17 @@ class Rollouts:
                     replace(s, started_s=now) if s.stage is Stage.STARTING else s for s in ro.steps
                 )
                 self.running[stored.id] = replace(ro, steps=steps)
+
+    def follow(self) -> None:
+        """Read the running rollouts from the store (a fleet that does not lead: another
+        writes them), waking watchers when any rollout changed since the last read."""
+        stored = self._store.list_rollouts()
+        seen = {r.id: r.updated_at for r in stored}
+        self.running = {r.id: load_rollout(r) for r in stored if r.state == "RUNNING"}
+        if seen != self._seen:
+            self._seen = seen
+            signal, self.signal = self.signal, asyncio.Event()
+            signal.set()
 
     @property
     def managed(self) -> frozenset[tuple[str, str]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable
+import socket
 from dataclasses import dataclass, field
 
 import grpc
@@ -19,11 +19,15 @@ from fleet_svc.app import REQUEST_ID_WINDOW_S, FleetApp
 from fleet_svc.catalog import Catalog
 from fleet_svc.controller import Controller
 from fleet_svc.domain.nodes import Liveness
-from fleet_svc.metrics import Leadership, add_fleet_metrics, sole_leader
+from fleet_svc.duties import Duties
+from fleet_svc.leadership import LEASE_S, RENEW_S, Leadership, LeasedStore
+from fleet_svc.metrics import Leadership as LeaderStatus
+from fleet_svc.metrics import add_fleet_metrics
 from fleet_svc.planner import Planner
 from fleet_svc.rpc.agent_stream import SERVICE_NAME as AGENT_SERVICE
 from fleet_svc.rpc.agent_stream import add_agent_service
 from fleet_svc.rpc.auth import AuthInterceptor, authenticator_for
+from fleet_svc.rpc.leader_gate import LeaderGate
 from fleet_svc.rpc.planner import GrpcPlanner
 from fleet_svc.rpc.servicer import SERVICE_NAME as FLEET_SERVICE
 from fleet_svc.rpc.servicer import add_fleet_service
@@ -81,10 +85,15 @@ class FleetOptions:
     """HOST:PORT to serve Prometheus metrics at (fleet_svc/metrics.py); "" serves none."""
     probes: str = ""
     """HOST:PORT of the plaintext health port for Kubernetes' probes (llmgw.probes); "": none."""
-    leadership: Callable[[], Leadership] = sole_leader
-    """Whether this fleet leads and at which epoch, as metrics report it."""
     watch_heartbeat_s: float = HEARTBEAT_S
     """A WatchReplicas stream's longest silence before the fleet sends it a HEARTBEAT."""
+    lease_s: float = LEASE_S
+    """On a shared store (PostgreSQL): how long the leader's lease lasts unrenewed."""
+    renew_s: float = RENEW_S
+    """On a shared store: how often the leader renews and followers try for the lease."""
+    advertise: str = ""
+    """HOST:PORT where this fleet is called, told to callers of a follower while it leads;
+    "": the listen host (this host's name when that is a wildcard) and the bound port."""
 
 
 @dataclass
@@ -97,12 +106,29 @@ class FleetServer:
     controller: Controller
     catalog: Catalog
     store: Store
-    loop_task: asyncio.Task[None]
+    duties: Duties
     planner: Planner
     store_health: StoreHealth | None = None
     store_task: asyncio.Task[None] | None = None
     metrics: MetricsServer | None = None
     probes: ProbeServer | None = None
+
+    @property
+    def loop_task(self) -> asyncio.Task[None]:
+        """The task running the controller (while leading) or following the store."""
+        task = self.duties.task
+        assert task is not None, "a started fleet runs one loop or the other"
+        return task
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this fleet leads now (always, on a store without a lease)."""
+        return self.duties.is_leader
+
+    @property
+    def epoch(self) -> int:
+        """The epoch it leads at (0 while following, and on a store without a lease)."""
+        return self.duties.epoch
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """NOT_SERVING, close the streams, stop the loop, close the store."""
@@ -114,10 +140,7 @@ class FleetServer:
         for link in list(self.controller.state.links.values()):
             link.close("")
         await self.server.stop(grace_s)
-        self.loop_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.loop_task
-        self.controller.flush()
+        await self.duties.stop()
         self.store.close()
         await self.planner.close()
         if self.metrics is not None:
@@ -138,9 +161,10 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
     """
     check_listen(opts.listen, opts.tls, insecure=opts.insecure)  # before anything is opened
     authenticator = authenticator_for(opts.tls, opts.tokens_path, opts.settings_path)
+    gate = LeaderGate(lambda: None)
     registry = CollectorRegistry() if opts.metrics else None
-    # Metrics outermost, so refusals by the auth interceptor are counted too.
-    interceptors: list[grpc.aio.ServerInterceptor] = [AuthInterceptor(authenticator)]
+    # Metrics outermost, so refusals by the auth interceptor and the leader gate are counted.
+    interceptors: list[grpc.aio.ServerInterceptor] = [AuthInterceptor(authenticator), gate]
     if registry is not None:
         interceptors.insert(0, RpcMetrics(registry))
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
@@ -153,8 +177,9 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
     store = open_store(opts.store_url)
     clock = clock or SystemClock()
     catalog = Catalog(store, clock.wall)
-    if opts.settings_path:
-        catalog.declare(declared_entries(opts.settings_path), opts.settings_path)
+    declared = declared_entries(opts.settings_path) if opts.settings_path else []
+    for entry in declared:
+        catalog.declared[entry.name] = opts.settings_path
     controller = Controller(
         store,
         catalog.wants,
@@ -178,17 +203,34 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         request_id_window_s=opts.request_id_window_s,
     )
     add_fleet_service(server, app, store, controller)
+    leadership = (
+        Leadership(store, "", lease_s=opts.lease_s, renew_s=opts.renew_s)
+        if isinstance(store, LeasedStore)
+        else None
+    )
+    duties = Duties(
+        controller, catalog, leadership, declared=declared, settings_path=opts.settings_path
+    )
+    gate.refusal = duties.refusal
     add_agent_service(
-        server, controller, clock, node_certificates=authenticator.policy.node_certificates
+        server,
+        controller,
+        clock,
+        node_certificates=authenticator.policy.node_certificates,
+        refusal=duties.refusal,
     )
     port = bind(server, opts.listen, opts.tls, insecure=opts.insecure, service="fleet")
+    if leadership is not None:
+        leadership.address = opts.advertise or advertised(opts.listen, port)
     metrics_server = None
     if registry is not None:
-        add_fleet_metrics(registry, controller, clock, opts.leadership)
+        add_fleet_metrics(
+            registry, controller, clock, lambda: LeaderStatus(duties.is_leader, duties.epoch)
+        )
         metrics_server = await start_metrics_server(opts.metrics, registry)
     probe_server = await start_probe_server(opts.probes, health_servicer) if opts.probes else None
     await server.start()
-    loop_task = asyncio.create_task(controller.run())
+    await duties.start()
     store_health = StoreHealth(store, health_servicer, ("", FLEET_SERVICE, AGENT_SERVICE))
     await store_health.check()
     store_task = asyncio.create_task(store_health.run())
@@ -198,6 +240,8 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         port=port,
         store=store.where,
         tls="mutual" if opts.tls and opts.tls.mutual else "server" if opts.tls else "none",
+        leader=duties.is_leader,
+        epoch=duties.epoch,
     )
     return FleetServer(
         server,
@@ -206,13 +250,22 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         controller,
         catalog,
         store,
-        loop_task,
+        duties,
         planner,
         store_health,
         store_task,
         metrics_server,
         probe_server,
     )
+
+
+def advertised(listen: str, port: int) -> str:
+    """Where callers reach a fleet listening on `listen` at `port`: its host, or this host's
+    name for a wildcard host (0.0.0.0, [::])."""
+    host = listen.rsplit(":", 1)[0]
+    if host in ("", "0.0.0.0", "[::]", "::"):
+        host = socket.gethostname()
+    return f"{host}:{port}"
 
 
 async def serve(opts: FleetOptions) -> None:

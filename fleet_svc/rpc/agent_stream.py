@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -24,6 +24,7 @@ from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.reports import Observed, Rejection
 from fleet_svc.rpc.auth import current_caller
 from fleet_svc.rpc.status import stream_refusals_as_status
+from fleet_svc.store.base import NotLeader
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
 from llmgw.clock import Clock
 from llmgw.common.v1 import common_pb2
@@ -150,10 +151,18 @@ class StreamLink:
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     """Serves Connect: one stream per node agent."""
 
-    def __init__(self, controller: Controller, clock: Clock, *, node_certificates: bool) -> None:
+    def __init__(
+        self,
+        controller: Controller,
+        clock: Clock,
+        *,
+        node_certificates: bool,
+        refusal: Callable[[], NotLeader | None] = lambda: None,
+    ) -> None:
         self._controller = controller
         self._clock = clock
         self._node_certificates = node_certificates
+        self._refusal = refusal
 
     @stream_refusals_as_status
     async def Connect(
@@ -209,7 +218,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     await task
             self._controller.agent_disconnected(node, link)
         if link.closed_reason and not context.done():
-            raise errors.StreamReplaced(link.closed_reason, node=node)
+            # Ended by this fleet: it stopped leading (the agent is told where the leader
+            # is), or a newer stream from the node replaced this one.
+            raise self._refusal() or errors.StreamReplaced(link.closed_reason, node=node)
 
     def _check_node(self, node: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         """A Hello is for the node the stream's certificate names, and nobody else's.
@@ -288,10 +299,17 @@ SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
 
 
 def add_agent_service(
-    server: grpc.aio.Server, controller: Controller, clock: Clock, *, node_certificates: bool
+    server: grpc.aio.Server,
+    controller: Controller,
+    clock: Clock,
+    *,
+    node_certificates: bool,
+    refusal: Callable[[], NotLeader | None] = lambda: None,
 ) -> None:
     """Serve the agents' Connect stream on `server` (`node_certificates`: every Hello needs
-    its node's certificate)."""
+    its node's certificate; `refusal`: what a stream this fleet ends is told when it does not
+    lead, None while it does)."""
     agent_pb2_grpc.add_AgentServiceServicer_to_server(
-        AgentServicer(controller, clock, node_certificates=node_certificates), server
+        AgentServicer(controller, clock, node_certificates=node_certificates, refusal=refusal),
+        server,
     )

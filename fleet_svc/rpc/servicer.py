@@ -4,6 +4,8 @@ streams as for the unary calls."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeAlias, TypeVar
 
@@ -26,6 +28,12 @@ log = structlog.get_logger(__name__)
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 M = TypeVar("M", bound=Message)
+
+WATCH_REREAD_S = 1.0
+"""A rollout's watch reads its events again at least this often, woken or not."""
+END_SETTLE_READS = 5
+"""Reads of an ended rollout's events, WATCH_REREAD_S apart, before a watch ends without the
+event that says how it ended."""
 
 
 def caller_of(context: Context) -> str:
@@ -333,18 +341,27 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         """A rollout's events after `after_seq`, then live ones until it ends."""
         self._app.rollout(request.id)
         seq = max(request.after_seq, 0)
+        last_state = "RUNNING"
+        settle = END_SETTLE_READS
         while True:
             signal = self._controller.rollout_signal
             for event in self._store.list_events(request.id, seq):
-                seq = event.seq
+                seq, last_state = event.seq, str(event.event.get("state", "RUNNING"))
                 yield convert.rollout_event(event)
             if request.id not in self._controller.rollouts:
-                # Ended: every event is stored before the rollout leaves the running set.
+                # Ended. The leader stores every event before the rollout leaves its running
+                # set; a fleet that follows may read the ended rollout just before its last
+                # event lands, so it reads again until an event says how it ended.
                 for event in self._store.list_events(request.id, seq):
-                    seq = event.seq
+                    seq, last_state = event.seq, str(event.event.get("state", "RUNNING"))
                     yield convert.rollout_event(event)
-                return
-            await signal.wait()
+                settle -= 1
+                if last_state != "RUNNING" or settle <= 0:
+                    return
+            with contextlib.suppress(TimeoutError):
+                # Woken by the rollout's events, or read again after a while: on a fleet that
+                # follows, the signal comes from polling the store (Controller.follow).
+                await asyncio.wait_for(signal.wait(), WATCH_REREAD_S)
 
     @refusals_as_status
     async def CancelRollout(

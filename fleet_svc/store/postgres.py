@@ -175,6 +175,7 @@ class PostgresStore:
                 the DSN, its password left out, and the server's reason).
             SchemaTooNew: the database was migrated by a newer fleet; it is left untouched.
             StoreDamaged: a migration failed.
+            ValueError: `dsn` is not a connection string libpq reads.
         """
         self.where = redact_dsn(dsn)
         self._clock = clock
@@ -187,8 +188,15 @@ class PostgresStore:
             "connect_timeout": CONNECT_TIMEOUT_S,
             "options": f"-c synchronous_commit=on -c statement_timeout={STATEMENT_TIMEOUT_MS}"
             f" -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}",
-            "application_name": "llmgw-fleet",
         }
+        # Named in pg_stat_activity as the DSN says (`?application_name=fleet-a`: one name per
+        # fleet sharing the database), else as a fleet.
+        try:
+            named = "application_name" in psycopg.conninfo.conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError as exc:
+            raise ValueError(f"the fleet store {self.where}: {first_line(exc)}") from exc
+        if not named:
+            kwargs["application_name"] = "llmgw-fleet"
         # One direct connection first: its failure carries the server's reason ("connection
         # refused", "database … does not exist"), where the pool would only time out.
         try:
@@ -272,6 +280,14 @@ class PostgresStore:
         """End `holder`'s lease now (a clean stop)."""
         with self.link.connection() as conn:
             release_lease(conn, holder)
+
+    @_guarded
+    def state_digest(self) -> str:
+        """A digest of every replica and rollout row, computed by the server (no row leaves
+        it): a fleet that follows reads those rows again only when this changed."""
+        with self.link.connection() as conn:
+            row = conn.execute(_STATE_DIGEST).fetchone()
+        return "" if row is None else f"{row[0]}/{row[1]}"
 
     def fence(self, epoch: int | None) -> None:
         """Fence every later write with `epoch` (None: stop fencing): each is made only while
@@ -582,6 +598,14 @@ class PostgresStore:
         self.damage = self.damage or damage
         return out
 
+
+_STATE_DIGEST = (
+    "SELECT (SELECT md5(coalesce(string_agg(concat_ws('|', "
+    + REPLICA_COLUMNS.replace(", gpus,", ", gpus::text,").replace(", spec", ", spec::text")
+    + "), ',' ORDER BY id), '')) FROM replicas),"
+    " (SELECT md5(coalesce(string_agg(concat_ws('|', id, state, updated_at), ','"
+    " ORDER BY id), '')) FROM rollouts)"
+)
 
 _UPSERT_REPLICA = (
     f"INSERT INTO replicas ({REPLICA_COLUMNS})"

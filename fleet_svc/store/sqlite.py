@@ -139,6 +139,12 @@ class SQLiteStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreUnavailable(self.where, f"cannot create its folder: {exc}") from exc
+        if self.path.exists() and not self.path.is_file():
+            raise StoreUnavailable(
+                self.where,
+                "it is a folder (or another non-file), not a database file: name a"
+                " file in it, e.g. fleet.db",
+            )
         if self.path.is_file() and self.path.stat().st_size == 0:
             # SQLite would take an empty file for a new database and the fleet would serve an
             # empty catalog over replicas still running. A file this store made is never empty

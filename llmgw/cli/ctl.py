@@ -1,6 +1,8 @@
 """`llmgw ctl`: operate a running fleet (its catalog, nodes, replicas and rollouts).
 
-Every command calls the fleet at `--fleet HOST:PORT` (or $LLMGW_FLEET) as the identity of its
+Every command calls the fleet at `--fleet HOST:PORT` (or $LLMGW_FLEET; several fleets sharing
+one store: `HOST:PORT,HOST:PORT...` or a name resolving to each, and the leader is found) as
+the identity of its
 client certificate (`--tls-ca/--tls-cert/--tls-key`, or LLMGW_TLS_CA/CERT/KEY) or of a bearer
 token (`--token`, or LLMGW_TOKEN); with none given, beside a default `llmgw up` (or with
 $LLMGW_DATA naming its data folder) it takes DATA/tls/admin.crt/.key and ca.crt by itself.
@@ -33,7 +35,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     ctl.add_argument(
         "--fleet",
         default=os.environ.get("LLMGW_FLEET", DEFAULT_FLEET),
-        help="fleet address HOST:PORT (env LLMGW_FLEET; default %(default)s)",
+        help="fleet address HOST:PORT, or several separated by commas (the leader is found;"
+        " env LLMGW_FLEET; default %(default)s)",
     )
     ctl.add_argument(
         "--as",

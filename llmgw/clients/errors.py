@@ -125,6 +125,8 @@ class Unreachable(ClientError):
             PLANNER_UNAVAILABLE: the planner behind it did not answer); None when nobody did.
         tls: what went wrong in the TLS handshake, for people (`tls_problem`); "" when the
             failure was not about TLS.
+        metadata: the `ErrorInfo` facts of a service that answered UNAVAILABLE itself (a fleet
+            that does not lead names the leader's address); None when nobody did.
     """
 
     address: str
@@ -133,6 +135,7 @@ class Unreachable(ClientError):
     code: str = "UNAVAILABLE"
     reason: str | None = None
     tls: str = ""
+    metadata: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         if self.tls:
@@ -190,6 +193,7 @@ def decode(
             code=code.name,
             reason=reason,
             tls=tls,
+            metadata=metadata,
         )
     return Refused(reason=reason, message=details, metadata=metadata, code=code.name, status=status)
 

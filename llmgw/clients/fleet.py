@@ -7,6 +7,12 @@ identity allowed to act for others (the gateway). Every call fails with `Unreach
 carries a request id fixed before its first attempt, so a retry is answered with the first
 answer. A rollout's watch resumes after a dropped stream for up to
 RESUME_FOR_S, from the last event it saw.
+
+Given several fleet addresses (`a:1,b:1`, or a name resolving to several), the client finds
+the leader itself (llmgw.clients.leader): a fleet that does not lead answers NOT_LEADER naming
+the leader, and the client goes there; one that does not answer is passed over for the next.
+While no fleet leads (an election, up to the lease and a renewal: about 8 s) it keeps asking,
+for up to FIND_LEADER_S.
 """
 
 from __future__ import annotations
@@ -22,7 +28,15 @@ import grpc
 
 from llmgw.clients.auth import bearer_metadata
 from llmgw.clients.convert import Model, ReplicaEvent, Rollout, RolloutEvent
-from llmgw.clients.errors import Unreachable, call, retried, translated
+from llmgw.clients.errors import (
+    RETRY_ATTEMPTS,
+    RETRY_BACKOFF_S,
+    Unreachable,
+    decode,
+    retried,
+    translated,
+)
+from llmgw.clients.leader import Fleets, fleet_addresses, not_leader
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from llmgw.tls import ClientTLS, sync_channel
 
@@ -35,6 +49,11 @@ RESUME_FOR_S = 60.0
 restarting takes seconds); an event received starts the allowance afresh."""
 RECONNECT_S = 1.0
 """The wait between two attempts to resume a watch."""
+FIND_LEADER_S = 12.0
+"""How long a call keeps looking for the leader while fleets answer NOT_LEADER: longer than
+an election after a leader's death (its 6 s lease and a 2 s renewal, docs/fleet.md)."""
+ELECTION_POLL_S = 0.5
+"""The wait between two asks while no fleet names a leader."""
 STRATEGIES: dict[str, fleet_pb2.Strategy.ValueType] = {
     "beside": fleet_pb2.STRATEGY_BESIDE,
     "in-place": fleet_pb2.STRATEGY_IN_PLACE,
@@ -54,7 +73,8 @@ class FleetClient:
     """The fleet at `address`. Close it (or use `with`).
 
     Args:
-        address: HOST:PORT.
+        address: HOST:PORT, or several separated by commas (fleets sharing one store: the
+            client finds the one that leads), or a name resolving to several addresses.
         caller: whom the calls are made for, sent as `x-llmgw-caller` ("" sends no name).
         timeout_s: how long each unary call waits for its answer.
         tls: the CA to trust and the client pair to present; None speaks plaintext.
@@ -78,7 +98,7 @@ class FleetClient:
         sleep: Callable[[float], None] = time.sleep,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.address = address
+        self._fleets = Fleets(fleet_addresses(address))
         self.timeout_s = timeout_s
         self.metadata: tuple[tuple[str, str], ...] = (
             ((CALLER_KEY, caller),) if caller else ()
@@ -86,11 +106,59 @@ class FleetClient:
         self._sleep = sleep
         self._monotonic = monotonic
         self._secure = tls is not None
-        self._channel = sync_channel(address, tls)
-        self._stub = fleet_pb2_grpc.FleetServiceStub(self._channel)
+        self._tls = tls
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, fleet_pb2_grpc.FleetServiceStub] = {}
+        self._stub  # noqa: B018 (the first channel now: a TLS file that cannot be read is said here)
+
+    @property
+    def address(self) -> str:
+        """The fleet address calls go to now (the leader, once found)."""
+        return self._fleets.current
+
+    @property
+    def _channel(self) -> grpc.Channel:
+        self._stub  # noqa: B018 (opens the channel)
+        return self._channels[self.address]
+
+    @property
+    def _stub(self) -> fleet_pb2_grpc.FleetServiceStub:
+        address = self.address
+        stub = self._stubs.get(address)
+        if stub is None:
+            self._channels[address] = sync_channel(address, self._tls)
+            stub = self._stubs[address] = fleet_pb2_grpc.FleetServiceStub(self._channels[address])
+        return stub
 
     def _call(self, fn: Callable[[], T]) -> T:
-        return call(fn, SERVICE, self.address, sleep=self._sleep, secure=self._secure)
+        """One unary call: tried again on UNAVAILABLE (RETRY_ATTEMPTS per address known, with
+        the usual backoff), at the leader a NOT_LEADER answer names or else the next address,
+        and while fleets say none leads, every ELECTION_POLL_S for up to FIND_LEADER_S.
+
+        Raises:
+            Unreachable, Refused: the last attempt's failure.
+        """
+        deadline = self._monotonic() + FIND_LEADER_S
+        plain = 0
+        while True:
+            try:
+                return fn()
+            except grpc.RpcError as err:
+                failure = decode(err, SERVICE, self.address, secure=self._secure)
+                if not retried(failure):
+                    raise failure from err
+                if not not_leader(failure):
+                    plain += 1
+                    if plain >= RETRY_ATTEMPTS * len(self._fleets.addresses):
+                        raise failure from err
+                elif self._monotonic() >= deadline:
+                    raise failure from err
+                if self._fleets.after(failure):
+                    continue
+                if not_leader(failure):
+                    self._sleep(ELECTION_POLL_S)
+                elif len(self._fleets.addresses) == 1 or plain % len(self._fleets.addresses) == 0:
+                    self._sleep(RETRY_BACKOFF_S[min(plain // len(self._fleets.addresses), 2) - 1])
 
     # -- the catalog ---------------------------------------------------------------------
 
@@ -339,6 +407,8 @@ class FleetClient:
                 failing_since = now if failing_since is None else failing_since
                 if not retried(failure) or now - failing_since >= RESUME_FOR_S:
                     raise
+                # Any fleet answers a watch: resume at the next one (a leader named, or in turn).
+                self._fleets.after(failure)
             finally:
                 stream.cancel()
             self._sleep(RECONNECT_S)
@@ -369,8 +439,11 @@ class FleetClient:
             ready.cancel()
 
     def close(self) -> None:
-        """Close the channel."""
-        self._channel.close()
+        """Close the channels."""
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+        self._stubs.clear()
 
     def __enter__(self) -> FleetClient:
         return self

@@ -7,9 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import pytest
@@ -17,6 +19,8 @@ import pytest
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from tests.support.postgres import fresh_database
+
+T = TypeVar("T")
 
 
 @contextmanager
@@ -99,7 +103,22 @@ def test_kill_9_loses_nothing_accepted(store_url: str) -> None:
             assert sorted(m.model.name for m in listed) == sorted(f"m{i}" for i in range(20))
             m0 = stub.GetModel(fleet_pb2.GetModelRequest(name="m0"), timeout=10).model
             assert m0.revision == 2
-            again = stub.CreateModel(
-                fleet_pb2.CreateModelRequest(model=model(7), request_id="req-7"), timeout=10
+            again = leader_call(
+                lambda: stub.CreateModel(
+                    fleet_pb2.CreateModelRequest(model=model(7), request_id="req-7"), timeout=10
+                )
             )
             assert again == answers["req-7"]
+
+
+def leader_call(fn: Callable[[], T]) -> T:
+    """`fn()` once the fleet leads: on PostgreSQL a restarted fleet waits out the lease its
+    killed predecessor held (a few seconds) and answers NOT_LEADER meanwhile."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return fn()
+        except grpc.RpcError as err:
+            if err.code() is not grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)

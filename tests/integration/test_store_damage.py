@@ -120,6 +120,35 @@ def test_a_store_file_it_cannot_read_exits_3_with_one_line_naming_it(
     assert what in line
 
 
+def test_a_folder_given_as_the_store_exits_3_saying_so(tmp_path: Path) -> None:
+    """A folder where the store file should be stops the fleet with exit code 3 and one line
+    naming it and what to give instead."""
+    proc = run_fleet(str(tmp_path))
+    assert proc.returncode == EXIT_STORE, proc.stderr
+    [line] = said(proc)
+    assert line.startswith(f"fleet: the fleet store {tmp_path}: it is a folder"), line
+
+
+def test_a_missing_postgresql_database_exits_3_naming_it() -> None:
+    """A DSN naming a database the server does not have stops the fleet with exit code 3 and
+    the server's own words naming the database."""
+    proc = run_fleet("postgresql://postgres@127.0.0.1:5432/llmgw_test_no_such_database")
+    assert proc.returncode == EXIT_STORE, proc.stderr
+    [line] = said(proc)
+    assert line.startswith("fleet: the fleet store postgresql://postgres@127.0.0.1:5432/"), line
+    assert 'database "llmgw_test_no_such_database" does not exist' in line
+
+
+def test_a_dsn_libpq_cannot_read_exits_1_naming_it() -> None:
+    """A connection string libpq cannot parse is a configuration error: exit code 1, one line
+    naming it and what is wrong."""
+    proc = run_fleet("postgresql://postgres@127.0.0.1:5432/db?no_such_option=1")
+    assert proc.returncode == 1, proc.stderr
+    [line] = said(proc)
+    assert line.startswith("fleet: the fleet store postgresql://postgres@127.0.0.1:5432/db"), line
+    assert "no_such_option" in line
+
+
 def test_an_unreachable_postgresql_exits_3_naming_the_dsn_without_its_password() -> None:
     """A PostgreSQL that refuses the connection stops the fleet with exit code 3 and one line
     naming the DSN with its password replaced and the server's reason."""

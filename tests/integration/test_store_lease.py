@@ -10,12 +10,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from fleet_svc.store.base import NotLeader
+from fleet_svc.store.base import NotLeader, ReplicaRecord, RolloutRecord
 from fleet_svc.store.postgres import PostgresStore
 from tests.support.postgres import fresh_database
 
@@ -160,3 +161,30 @@ def test_a_leader_paused_past_its_lease_writes_nothing_once_resumed(dsn: str) ->
     resumed = a_out.split("fenced 1", 1)
     assert len(resumed) == 2, "A's writes after the pause never met the fence: " + a_out[-2000:]
     assert "follower 2 b" in resumed[1] and "wrote" not in resumed[1], resumed[1][:2000]
+
+
+def test_the_state_digest_moves_with_every_replica_and_rollout_write_and_only_then(
+    dsn: str,
+) -> None:
+    """What followers poll: the same while nothing is written (the lease renewed, values put),
+    different after a replica changes phase or address, is deleted, or a rollout is saved."""
+    with PostgresStore(dsn) as store:
+        empty = store.state_digest()
+        r = ReplicaRecord("r-1", "m", "p", 1, node="n1", gpus=(0,), phase="STARTING")
+        store.put_replica(r)
+        seen = {empty, store.state_digest()}
+        store.acquire_lease("a", "a:1", 5)
+        store.put_value("desired_version", "3")
+        assert store.state_digest() in seen and len(seen) == 2
+        changes: list[Callable[[], None]] = [
+            lambda: store.put_replica(replace(r, phase="READY")),
+            lambda: store.put_replica(replace(r, phase="READY", address="10.0.0.1:8000")),
+            lambda: store.put_rollout(RolloutRecord("ro-1", "m", "RUNNING", {}, 1.0, 1.0)),
+            lambda: store.put_rollout(RolloutRecord("ro-1", "m", "SUCCEEDED", {}, 1.0, 2.0)),
+            lambda: store.delete_replica("r-1"),
+        ]
+        for change in changes:
+            change()
+            now = store.state_digest()
+            assert now not in seen
+            seen.add(now)

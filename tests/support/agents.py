@@ -58,14 +58,18 @@ async def running_agent(
     node: str = "node-1",
     reconnect: Backoff = FAST_RECONNECT,
     spans: Spans | None = None,
+    fleet: str = "",
 ) -> AsyncIterator[Agent]:
     """Run a real agent (stand-in cards, the stream client, real engine processes) against
-    the fleet on `port`, its replicas' starts and stops traced through `spans` when given;
-    on exit stop its replicas and wait until they are gone."""
+    the fleet on `port` (or the fleet addresses `fleet` names), its replicas' starts and stops
+    traced through `spans` when given; on exit stop its replicas and wait until they are gone."""
     cards = StandinCards(parse_gpu_spec(gpus), state_dir)
     replicas = ReplicaSet(config or fast_config(), cards, state_dir, spans=spans)
     client = AgentClient(
-        f"127.0.0.1:{port}", NodeIdentity(node, {"zone": "test"}), replicas, backoff=reconnect
+        fleet or f"127.0.0.1:{port}",
+        NodeIdentity(node, {"zone": "test"}),
+        replicas,
+        backoff=reconnect,
     )
     task = asyncio.create_task(client.run())
     try:

@@ -10,6 +10,7 @@ pauses it with SIGSTOP past its lease and checks it writes nothing once resumed.
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 
@@ -28,15 +29,22 @@ def main(argv: list[str]) -> int:
     leading = False
     epoch = 0
     renew_at = 0.0
+    resumed = [False]
+    # Resumed from a pause (SIGCONT), a leader acts on what it last knew (its lease) before its
+    # renewal: the next step is a write, which is what the fence is for. Without the flag a
+    # pause landing between a write and the renewal check would renew first and never write.
+    signal.signal(signal.SIGCONT, lambda *_: resumed.__setitem__(0, True))
     while True:
         try:
-            # The write before the renewal: a leader resumed from a pause acts on what it last
-            # knew (its lease) before its timer fires, which is what the fence is for.
             if leading:
                 n += 1
                 key = f"{holder}-{epoch}-{n}"
                 store.put_answer(key, "Lead", str(time.time()).encode())
                 print(f"wrote {key}", flush=True)
+            if resumed[0] and leading:
+                resumed[0] = False
+                continue  # write again before any renewal
+            resumed[0] = False
             if time.monotonic() >= renew_at:
                 lease = store.acquire_lease(holder, f"{holder}.example:50052", lease_s)
                 renew_at = time.monotonic() + lease_s / 3

@@ -65,7 +65,7 @@ async def test_rollout_overhead_reports_both_variants_and_the_parallel_pair(
 
 
 def test_the_runner_knows_every_benchmark_and_refuses_unknown_names() -> None:
-    """`python -m bench` lists all six benchmarks and refuses a name it does not know."""
+    """`python -m bench` lists all nine benchmarks and refuses a name it does not know."""
     assert set(bench_main.BENCHES) == {
         "planner_throughput",
         "gguf_header",
@@ -73,6 +73,9 @@ def test_the_runner_knows_every_benchmark_and_refuses_unknown_names() -> None:
         "agent_fanin",
         "watch_replicas",
         "rollout_overhead",
+        "store_pg",
+        "fleet_failover",
+        "fleet_spread",
     }
     with pytest.raises(SystemExit) as refused:
         bench_main.main(["no_such_bench"])

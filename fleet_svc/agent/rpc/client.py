@@ -4,6 +4,12 @@ One `AgentClient.run()` keeps an `AgentService.Connect` stream open: it opens wi
 node's full state), applies each Desired and answers it with an Ack, sends a ReplicaUpdate on
 every change of a replica and a Heartbeat on the interval the Welcome gave. When the stream
 drops it connects again after a backoff and says Hello again; replicas keep running meanwhile.
+
+Given several fleet addresses (fleets sharing one store, one leading), it finds the leader
+itself (llmgw.clients.leader): a fleet that does not lead refuses the stream with NOT_LEADER
+naming the leader, and the agent goes there at once; one that does not answer is passed over
+for the next address, the backoff held to SEARCH_CAP_S so an election's end is not missed by
+long.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from fleet_svc.agent.rpc.convert import (
 )
 from fleet_svc.agent.versions import reported_versions
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
-from llmgw.clients.errors import Refused, Unreachable, translated_async
+from llmgw.clients.errors import ClientError, Refused, Unreachable, translated_async
+from llmgw.clients.leader import Fleets, fleet_addresses, not_leader
 from llmgw.clock import Clock, SystemClock
 from llmgw.tls import ClientTLS, aio_channel
 
@@ -51,6 +58,11 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
 # Reconnecting: first retry after about half a second, doubling to at most 30 s.
 RECONNECT_BACKOFF = Backoff(base_s=0.5, factor=2.0, cap_s=30.0, jitter=0.2)
 
+SEARCH_CAP_S = 2.0
+"""The longest wait between two attempts while several fleets are tried for the leader."""
+ELECTION_POLL_S = 0.5
+"""The wait before asking again when a fleet said it does not lead and named no leader."""
+
 # Heartbeats every this many seconds until a Welcome says otherwise.
 DEFAULT_HEARTBEAT_S = 10
 DEFAULT_GRACE_HEARTBEATS = 3
@@ -68,7 +80,8 @@ class AgentClient:
     """The node agent's side of `AgentService.Connect`.
 
     Args:
-        fleet: the fleet's HOST:PORT.
+        fleet: the fleet's HOST:PORT, or several separated by commas (or a name resolving to
+            several addresses): the agent connects to the one that leads.
         node: the node's name and labels.
         replicas: the replica set Desired messages are applied to.
         tls: the CA to check the fleet against and the node's certificate (mTLS: the
@@ -90,7 +103,7 @@ class AgentClient:
         *,
         tls: ClientTLS | None = None,
     ) -> None:
-        self.fleet = fleet
+        self._fleets = Fleets(fleet_addresses(fleet))
         self.node = node
         self.replicas = replicas
         self._tls = tls
@@ -108,6 +121,11 @@ class AgentClient:
         self._welcomed_last = False
         self._log = log.bind(node=node.name, fleet=fleet)
         replicas.listener = self._replica_changed
+
+    @property
+    def fleet(self) -> str:
+        """The fleet address the agent connects to now (the leader, once found)."""
+        return self._fleets.current
 
     def hello(self) -> agent_pb2.Hello:
         """The node's full state, as sent at the start of every stream."""
@@ -145,13 +163,20 @@ class AgentClient:
         structlog.contextvars.bind_contextvars(node=self.node.name)
         attempt = 0
         while True:
+            failure: ClientError | None = None
             try:
                 async with translated_async("fleet", self.fleet):
                     await self._session()
                 self._log.info("stream_ended", welcomed=self._welcomed_last)
             except Unreachable as exc:
+                failure = exc
                 self._log.info(
-                    "stream_lost", code=exc.code, detail=exc.detail, welcomed=self._welcomed_last
+                    "stream_lost",
+                    code=exc.code,
+                    detail=exc.detail,
+                    reason=exc.reason,
+                    fleet=self.fleet,
+                    welcomed=self._welcomed_last,
                 )
             except Refused as exc:
                 # The fleet ended the stream with a status (a Hello it cannot read, a
@@ -174,10 +199,25 @@ class AgentClient:
                 self.connected.clear()
             if self._welcomed_last:
                 attempt = 0
-            delay_s = self._backoff.delay_s(attempt, self._rand())
+            delay_s = self._next_delay_s(failure, attempt)
             attempt += 1
-            self._log.info("reconnect_scheduled", delay_s=round(delay_s, 3), attempt=attempt)
+            self._log.info(
+                "reconnect_scheduled", delay_s=round(delay_s, 3), attempt=attempt, fleet=self.fleet
+            )
             await self._clock.sleep(delay_s)
+
+    def _next_delay_s(self, failure: ClientError | None, attempt: int) -> float:
+        """How long to wait before the next connection, moving on to another fleet when this
+        one does not lead or did not answer (and there is another to try)."""
+        backoff_s = self._backoff.delay_s(attempt, self._rand())
+        searching = failure is not None and (not_leader(failure) or len(self._fleets.addresses) > 1)
+        if failure is None or not searching:
+            return backoff_s
+        if self._fleets.after(failure):
+            return 0.0  # told where the leader is: go there now
+        if not_leader(failure):
+            return ELECTION_POLL_S
+        return min(backoff_s, SEARCH_CAP_S)
 
     def _channel(self) -> grpc.aio.Channel:
         return aio_channel(self.fleet, self._tls, self._options)

@@ -1,0 +1,170 @@
+"""Bench: N agents spread over three fleets on one PostgreSQL against the same N on one fleet:
+the fleets' CPU per agent and the time from a catalog change to every agent's acknowledgement.
+
+Both setups run fleet child processes on a fresh database each (LLMGW_BENCH_PG's server): one
+fleet, or three (one leads; the other two follow the store every 0.5 s). The N simulated agents
+(bench/leader_agents.py) are given every fleet's address, agent i trying fleet i mod 3 first:
+two in three are refused NOT_LEADER with the leader's address and go there, so every stream ends
+on the leader — one leader serves all agents; the other fleets are standbys that answer reads
+and watches. What three fleets cost is then the followers' polling and the agents' one extra
+hop, which this measures:
+
+- CPU: every fleet process's user + system time over a window with the agents connected and
+  beating, less the same window before they joined, per agent (ms of CPU per second per agent);
+- ack: a CreateModel of N one-card replicas (one per node), to each agent's Ack of the desired
+  set holding its replica (p50/p99).
+
+Ratios: three fleets ÷ one fleet, same N, same run. N defaults to 100 quick and 1,000 full; 1,000
+streams and their heartbeats in one Python process beside three fleets is near what 2 shared
+cores carry, so N is a flag.
+
+Run: `.venv/bin/python -m bench.fleet_spread [--agents N] [--window-s S]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import psycopg
+
+from bench.agent_fanin import fan_model, percentile
+from bench.fleet_failover import Cluster
+from bench.leader_agents import FollowingAgent, agents_over
+from bench.store_pg import ADMIN_DSN
+from llmgw.fleet.v1 import fleet_pb2
+
+WAIT_S = 180.0
+
+
+async def cpu_over(cluster: Cluster, window_s: float) -> float:
+    """All the cluster's fleets' CPU over `window_s`, as a fraction of one core."""
+    before = sum(f.cpu_s() for f in cluster.fleets)
+    start = time.perf_counter()
+    await asyncio.sleep(window_s)
+    return (sum(f.cpu_s() for f in cluster.fleets) - before) / (time.perf_counter() - start)
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Poll an async predicate every 50 ms for up to WAIT_S."""
+    deadline = time.perf_counter() + WAIT_S
+    while not await check():
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"{what} did not happen within {WAIT_S:.0f} s")
+        await asyncio.sleep(0.05)
+
+
+async def measure_one(n: int, fleets: int, folder: Path, window_s: float) -> dict[str, float]:
+    """`fleets` fleets on a fresh database with `n` agents: CPU per agent and ack latencies."""
+    dbname = "llmgw_bench_" + uuid.uuid4().hex[:10]
+    dsn = ADMIN_DSN.rsplit("/", 1)[0] + "/" + dbname
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {dbname}".encode())
+    cluster = Cluster(dsn, folder, 6.0, 2.0)
+    agents: list[FollowingAgent] = []
+    try:
+        for _ in range(fleets):
+            await cluster.start_one()
+        leader, _ = await cluster.leader()
+        await asyncio.sleep(1.0)  # first ticks, lazy imports
+        idle = await cpu_over(cluster, window_s)
+        agents = agents_over([f.address for f in cluster.fleets], n, heartbeat_s=2.0)
+        started = time.perf_counter()
+        for a in agents:
+            a.start()
+
+        async def all_joined() -> bool:
+            return all(a.joined.is_set() for a in agents)
+
+        await until(all_joined, f"all {n} agents welcomed")
+        join_s = time.perf_counter() - started
+        hops = sum(a.streams for a in agents) - n
+        await asyncio.sleep(2.0)
+        busy = await cpu_over(cluster, window_s)
+        stub = cluster.stub(leader.address)
+        start = time.perf_counter()
+        for a in agents:
+            a.latency_s, a.changed_at, a.watch_model = None, start, "fan"
+        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=fan_model(n)), timeout=60)
+
+        async def all_acked() -> bool:
+            return all(a.latency_s is not None for a in agents)
+
+        await until(all_acked, f"all {n} agents acknowledging the change")
+        latencies = [a.latency_s for a in agents if a.latency_s is not None]
+    finally:
+        for a in agents:
+            await a.stop()
+        with contextlib.suppress(grpc.aio.AioRpcError):  # a channel a stopped fleet cut
+            await cluster.close()
+        with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)".encode())
+    return {
+        "cpu_ms_per_agent_s": (busy - idle) * 1e3 / n,
+        "cpu_idle_pct": idle * 100,
+        "ack_p50_ms": percentile(latencies, 50) * 1e3,
+        "ack_p99_ms": percentile(latencies, 99) * 1e3,
+        "join_s": join_s,
+        "hops": hops,
+    }
+
+
+def ratio(a: float, b: float) -> float:
+    """a / b, NaN when b is 0 (a window too short for /proc's 10 ms ticks to see any CPU)."""
+    return a / b if b > 0 else math.nan
+
+
+async def measure(n: int, folder: Path, window_s: float) -> dict[str, float]:
+    """One fleet, then three; the figures and the three ÷ one ratios."""
+    figures: dict[str, float] = {}
+    for fleets in (1, 3):
+        row = await measure_one(n, fleets, folder / f"f{fleets}", window_s)
+        figures |= {f"{k}@{fleets}": v for k, v in row.items()}
+        print(
+            f"{fleets} fleet(s), N={n}: CPU idle {row['cpu_idle_pct']:.1f}% of a core, per agent"
+            f" {row['cpu_ms_per_agent_s']:.3f} ms/s; ack p50 {row['ack_p50_ms']:.1f} ms, p99"
+            f" {row['ack_p99_ms']:.1f} ms; all joined in {row['join_s']:.2f} s"
+            f" ({row['hops']:.0f} NOT_LEADER hops)",
+            flush=True,
+        )
+    figures["cpu_per_agent_ratio"] = ratio(
+        figures["cpu_ms_per_agent_s@3"], figures["cpu_ms_per_agent_s@1"]
+    )
+    figures["ack_p99_ratio"] = ratio(figures["ack_p99_ms@3"], figures["ack_p99_ms@1"])
+    figures["agents"] = n
+    print(
+        f"three fleets / one, N={n}: CPU per agent {figures['cpu_per_agent_ratio']:.2f},"
+        f" ack p99 {figures['ack_p99_ratio']:.2f}"
+    )
+    return figures
+
+
+def run(full: bool = False, agents: int = 0, window_s: float = 0.0) -> dict[str, float]:
+    """Quick: N = 100, 5 s windows; full: N = 1,000, 10 s windows."""
+    n = agents or (1000 if full else 100)
+    window = window_s or (10.0 if full else 5.0)
+    with tempfile.TemporaryDirectory(prefix="bench-spread-") as tmp:
+        for f in (1, 3):
+            (Path(tmp) / f"f{f}").mkdir()
+        return asyncio.run(measure(n, Path(tmp), window))
+
+
+def main() -> None:
+    """Parse flags and run."""
+    parser = argparse.ArgumentParser(prog="python -m bench.fleet_spread", description=__doc__)
+    parser.add_argument("--agents", type=int, default=100)
+    parser.add_argument("--window-s", type=float, default=5.0)
+    opts = parser.parse_args()
+    run(agents=opts.agents, window_s=opts.window_s)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""What a fleet does as leader and as follower: run the controller, or follow the store.
+
+A fleet on a store without a lease (SQLite: one fleet per file) always leads. On a leased store
+(PostgreSQL) it leads only while its Leadership holds the lease: then it loads the state its
+predecessor left, writes the settings file's models, runs the controller and serves the agents;
+deposed, it stops the controller, ends the agents' streams (they are told where the leader is)
+and, like every follower, polls the store every FOLLOW_S so its reads and watches show what the
+leader wrote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+
+import structlog
+
+from fleet_svc.catalog import Catalog
+from fleet_svc.controller import Controller
+from fleet_svc.domain.catalog import Entry
+from fleet_svc.leadership import Leadership
+from fleet_svc.store.base import NotLeader, StoreError
+
+log = structlog.get_logger(__name__)
+
+FOLLOW_S = 0.5
+"""How often a follower asks the store whether replicas or rollouts changed (the server's
+digest of them) and, when they did, reads them (polling, not LISTEN/NOTIFY: one small query
+per half second per follower while nothing changes, and nothing to lose on a reconnect); a
+watch on a follower lags the leader's by at most this."""
+
+
+class Duties:
+    """Runs the controller while this fleet leads, follows the store while it does not."""
+
+    def __init__(
+        self,
+        controller: Controller,
+        catalog: Catalog,
+        leadership: Leadership | None = None,
+        *,
+        declared: Sequence[Entry] = (),
+        settings_path: str = "",
+        follow_s: float = FOLLOW_S,
+    ) -> None:
+        self.controller = controller
+        self.catalog = catalog
+        self.leadership = leadership
+        self._declared = tuple(declared)
+        self._settings_path = settings_path
+        self._follow_s = follow_s
+        self._task: asyncio.Task[None] | None = None
+        """The controller's loop while leading, the follower's loop while not."""
+        self._lease_task: asyncio.Task[None] | None = None
+        self._failing = ""
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The controller's loop while leading, the follower's loop while not."""
+        return self._task
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this fleet leads now (always, on a store without a lease)."""
+        return self.leadership is None or self.leadership.is_leader
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this fleet leads at: 0 while it follows, and on a store without a lease."""
+        return 0 if self.leadership is None else self.leadership.epoch
+
+    def refusal(self) -> NotLeader | None:
+        """What a call needing the leader is told here; None while this fleet leads."""
+        return None if self.leadership is None else self.leadership.refusal()
+
+    async def start(self) -> None:
+        """Lead at once (no lease), or try for the lease once and go on from the answer."""
+        leadership = self.leadership
+        if leadership is None:
+            self._declare()
+            self._task = asyncio.create_task(self.controller.run())
+            return
+        leadership.on_elected = self._elected
+        leadership.on_deposed = self._deposed
+        self.controller.leading = lambda: leadership.is_leader
+        self.controller.on_fenced = leadership.deposed
+        await leadership.attempt()
+        if not leadership.is_leader:
+            self._deposed("another fleet leads")
+        self._lease_task = asyncio.create_task(leadership.run())
+
+    def _declare(self) -> None:
+        if self._settings_path:
+            self.catalog.declare(self._declared, self._settings_path)
+
+    def _elected(self, epoch: int) -> None:
+        self._cancel()
+        self.controller.reload()
+        self.catalog.forget_wants()
+        try:
+            self._declare()
+        except StoreError as exc:
+            log.error("declared_models_not_written", problem=exc.problem)
+        self._task = asyncio.create_task(self.controller.run())
+
+    def _deposed(self, why: str) -> None:
+        self._cancel()
+        self.controller.drop_agents(why)
+        self._task = asyncio.create_task(self._follow())
+
+    def _cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _follow(self) -> None:
+        """Read the store every FOLLOW_S until cancelled (one log line per change of problem)."""
+        digest = None
+        while True:
+            try:
+                # Read the rows again only when the server's digest of them moved: a follower
+                # then costs one small query per FOLLOW_S while nothing changes.
+                now = self.leadership.state_digest() if self.leadership is not None else None
+                if now is None or now != digest:
+                    self.controller.follow()
+                    digest = now
+                if self._failing:
+                    log.info("follow_recovered")
+                    self._failing = ""
+            except StoreError as exc:
+                if exc.problem != self._failing:
+                    log.warning("follow_failed", problem=exc.problem)
+                    self._failing = exc.problem
+            await asyncio.sleep(self._follow_s)
+
+    async def stop(self) -> None:
+        """Stop leading (ending the lease at once, so another need not wait it out) and stop
+        the loops; a leader writes what it still held first."""
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lease_task
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.is_leader:
+            try:
+                self.controller.flush()
+            except StoreError as exc:
+                log.warning("final_flush_failed", problem=exc.problem)
+        if self.leadership is not None:
+            self.leadership.on_deposed = lambda why: None
+            await self.leadership.release()
