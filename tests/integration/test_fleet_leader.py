@@ -137,16 +137,20 @@ async def test_an_agent_on_the_follower_is_refused_and_watches_there_see_the_lea
         wrong.start()
         await asyncio.wait_for(wrong.closed.wait(), 10)
         assert wrong.close_code is grpc.StatusCode.UNAVAILABLE and not wrong.desired
-        agent = ScriptedAgent(f"127.0.0.1:{leader.port}", "node-0")
-        agent.start()
-        stack.push_async_callback(agent.stop)
+        # The model first (a watch of a model the catalog lacks is NOT_FOUND), with no agent
+        # yet: nothing is ready when the follower's watch opens.
+        await on_leader.CreateModel(fleet_pb2.CreateModelRequest(model=small_model(replicas=1)))
         watch = on_follower.WatchReplicas(fleet_pb2.WatchReplicasRequest(model="m"))
         stack.callback(watch.cancel)
         first = await watch.read()
         assert isinstance(first, fleet_pb2.WatchReplicasResponse)
         assert first.kind == fleet_pb2.WatchReplicasResponse.KIND_SYNCED  # nothing ready yet
-        await on_leader.CreateModel(fleet_pb2.CreateModelRequest(model=small_model(replicas=1)))
+        agent = ScriptedAgent(f"127.0.0.1:{leader.port}", "node-0")
+        agent.start()
+        stack.push_async_callback(agent.stop)
         added = await asyncio.wait_for(watch.read(), 10)
+        while added.kind == fleet_pb2.WatchReplicasResponse.KIND_HEARTBEAT:
+            added = await asyncio.wait_for(watch.read(), 10)
         assert isinstance(added, fleet_pb2.WatchReplicasResponse)
         assert added.kind == fleet_pb2.WatchReplicasResponse.KIND_ADDED
         assert added.endpoint.model == "m"
