@@ -28,4 +28,7 @@ def configure_logging(json_logs: bool) -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # Each module's logger binds its processors once, on its first line, not on every
+        # line (configured once per process, before any line is written).
+        cache_logger_on_first_use=True,
     )

@@ -46,8 +46,12 @@ def get_arg(args: Sequence[str], names: Sequence[str], *, folded: bool = False) 
         The value as written; "" for a flag given last with no value.
     """
     index = _index_of(args, folded)
+    spelled = _spellings(tuple(names)) if folded else names
+    if len(spelled) == 1:  # most flags have one name: one lookup
+        hit = index.get(spelled[0])
+        return None if hit is None else hit[1]
     last: tuple[int, str] | None = None
-    for name in _spellings(tuple(names)) if folded else names:
+    for name in spelled:
         hit = index.get(name)
         if hit is not None and (last is None or hit[0] > last[0]):
             last = hit

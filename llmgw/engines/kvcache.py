@@ -57,7 +57,9 @@ def _costs(shape: ModelShape, tp: int, dtype: Fraction) -> _LayerCosts:
     """Per distinct layer, what a token and a sequence cost on one of `tp` cards: worked out
     once per shape and setting (a context changes none of it), so sizing a context multiplies
     integers instead of summing Fractions."""
-    key = ("kv", tp, dtype)
+    # The cache type by its exact numerator and denominator: a Fraction's own hash costs a
+    # modular inverse, asked twice a sizing.
+    key = ("kv", tp, dtype.numerator, dtype.denominator)
     memo = shape.sizing_memo
     hit = memo.get(key)
     if isinstance(hit, _LayerCosts):

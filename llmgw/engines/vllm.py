@@ -336,7 +336,7 @@ def vllm_token_capacity(
     if available_kv_bytes <= 0:
         return 0
     per_token = token_bytes_on_card(shape, tp, VLLM.cache_dtype_bytes(args, shape))
-    block = VLLM.pool(args, tokens=0, sequences=1, card_memory_bytes=0).block
+    block = GRAMMAR.count(args, BLOCK_SIZE) or VLLM_BLOCK_TOKENS  # the pool's block (`pool`)
     if per_token == 0:
         return 0
     return available_kv_bytes // (per_token * block) * block

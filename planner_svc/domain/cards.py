@@ -20,10 +20,27 @@ def card_memory_bytes(gpu_class: str, inventory: Inventory) -> int:
     return class_memory_bytes(gpu_class)
 
 
+_last: tuple[str, Inventory, Card] | None = None
+"""The card asked last, with its class and inventory (held, so the inventory's identity
+cannot be reused; frozen, so it cannot have changed): one sizing asks it for the profile as
+it stands and at the new context, and the servicer hands every request with the same
+inventory message the same `Inventory` (`planner_svc.rpc.decoded`)."""
+
+
 def card_of(gpu_class: str, inventory: Inventory) -> Card:
     """One card of `gpu_class` with both totals: NVML's (`card_memory_bytes`) and CUDA's (the
     smallest a node of the class reports, else the card table's logged figure, else derived
     from NVML's; `llmgw.cardclass.cuda_total`)."""
+    global _last
+    if _last is not None and _last[1] is inventory and _last[0] == gpu_class:
+        return _last[2]
+    card = _card_of(gpu_class, inventory)
+    _last = (gpu_class, inventory, card)
+    return card
+
+
+def _card_of(gpu_class: str, inventory: Inventory) -> Card:
+    """`card_of` itself."""
     nvml = card_memory_bytes(gpu_class, inventory)
     cuda = [
         n.gpu_cuda_memory_bytes

@@ -251,16 +251,15 @@ def _resize_profile(
     use_slots = slots or engine.slots(profile.args)
     args = tuple(engine.with_context(profile.args, tokens, use_slots))
     new_profile = replace(profile, args=args)
-    change = ProfileChange(
-        profile=profile.name,
-        engine=profile.engine,
-        before="",
-        after="",
-        args=args,
-        args_before=profile.args,
-    )
     if shape is None:
-        return new_profile, change
+        return new_profile, ProfileChange(
+            profile=profile.name,
+            engine=profile.engine,
+            before="",
+            after="",
+            args=args,
+            args_before=profile.args,
+        )
     old_tokens = current_tokens(engine, profile, model)
     before = ProfileNeed()
     if old_tokens >= 1:
@@ -279,10 +278,13 @@ def _resize_profile(
     after = profile_need(
         engine, profile, shape, inventory, args=args, tokens=tokens, slots=use_slots
     )
-    change = replace(
-        change,
+    change = ProfileChange(
+        profile=profile.name,
+        engine=profile.engine,
         before=before.describe() if not profile.on_cpu else f"{profile.min_memory_gb} GB of RAM",
         after=after.describe(),
+        args=args,
+        args_before=profile.args,
         need=after,
         need_before=before,
     )

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from llmgw.common.v1 import common_pb2
-from llmgw.engines.base import Verdict
+from llmgw.engines.base import CardNeed, Verdict
 from planner_svc.domain.context import (
     ContextChange,
     ProfileChange,
@@ -21,51 +23,78 @@ _VERDICTS = {
 }
 
 
+_BUILT_KEPT = 8
+_built: OrderedDict[int, tuple[CardNeed, bool, str, common_pb2.Memory]] = OrderedDict()
+"""The last card needs converted (by identity; each entry holds its need, so the identity
+cannot be reused while it is kept): the profile as it stands is the same need, kept by
+`domain.fit.measure`, in every answer about that profile. The message kept is only ever
+copied from, never handed out."""
+
+
 def _memory(need: ProfileNeed, profile: str = "") -> common_pb2.Memory | None:
-    """A profile's need in bytes, None when it was not sized."""
+    """A profile's need in bytes, None when it was not sized (the caller copies it: the
+    message may be kept for the next answer)."""
     if need.card is not None:
-        c = need.card
-        verdict = c.verdict if need.weights_known else Verdict.NOT_CHECKED
-        return common_pb2.Memory(
-            weights_bytes=c.weights_bytes,
-            kv_bytes=c.kv_bytes,
-            per_card_bytes=c.per_card_bytes,
-            budget_bytes=c.budget_bytes,
-            cards=c.cards,
-            overhead_bytes=c.overhead_bytes,
-            weights_per_card_bytes=c.weights_per_card_bytes,
-            kv_per_card_bytes=c.kv_per_card_bytes,
-            activation_bytes=c.activation_bytes,
-            non_torch_bytes=c.non_torch_bytes,
-            cuda_graph_bytes=c.cuda_graph_bytes,
-            other_bytes=c.other_bytes,
-            kv_pool_bytes=c.kv_pool_bytes,
-            kv_token_capacity=c.kv_token_capacity,
-            max_concurrency=c.max_concurrency,
-            margin_bytes=c.margin_bytes,
-            verdict=_VERDICTS[verdict],
-            verdict_note=(
-                within_margin_note(profile or "this", c) if verdict is Verdict.WITHIN_MARGIN else ""
-            ),
-            rules=c.rules,
-            card_total_bytes=c.card_total_bytes,
-            outside_budget_bytes=c.outside_bytes,
-            outside_room_bytes=c.outside_room_bytes,
-            devices=[
-                common_pb2.DevicePlacement(
-                    device=d.device,
-                    layers=d.layers,
-                    first_layer=d.first_layer,
-                    last_layer=d.last_layer,
-                    output=d.output,
-                    weights_bytes=d.weights_bytes,
-                    kv_bytes=d.kv_bytes,
-                    compute_bytes=d.compute_bytes,
-                )
-                for d in c.devices
-            ],
-            weights_unknown=not need.weights_known,
-        )
+        hit = _built.get(id(need.card))
+        if hit is not None and hit[0] is need.card and hit[1:3] == (need.weights_known, profile):
+            _built.move_to_end(id(need.card))
+            return hit[3]
+        msg = _card_memory(need.card, need.weights_known, profile)
+        _built[id(need.card)] = (need.card, need.weights_known, profile, msg)
+        _built.move_to_end(id(need.card))
+        while len(_built) > _BUILT_KEPT:
+            _built.popitem(last=False)
+        return msg
+    return _ram_memory(need)
+
+
+def _card_memory(c: CardNeed, weights_known: bool, profile: str) -> common_pb2.Memory:
+    """A card need as the contract carries it."""
+    verdict = c.verdict if weights_known else Verdict.NOT_CHECKED
+    return common_pb2.Memory(
+        weights_bytes=c.weights_bytes,
+        kv_bytes=c.kv_bytes,
+        per_card_bytes=c.per_card_bytes,
+        budget_bytes=c.budget_bytes,
+        cards=c.cards,
+        overhead_bytes=c.overhead_bytes,
+        weights_per_card_bytes=c.weights_per_card_bytes,
+        kv_per_card_bytes=c.kv_per_card_bytes,
+        activation_bytes=c.activation_bytes,
+        non_torch_bytes=c.non_torch_bytes,
+        cuda_graph_bytes=c.cuda_graph_bytes,
+        other_bytes=c.other_bytes,
+        kv_pool_bytes=c.kv_pool_bytes,
+        kv_token_capacity=c.kv_token_capacity,
+        max_concurrency=c.max_concurrency,
+        margin_bytes=c.margin_bytes,
+        verdict=_VERDICTS[verdict],
+        verdict_note=(
+            within_margin_note(profile or "this", c) if verdict is Verdict.WITHIN_MARGIN else ""
+        ),
+        rules=c.rules,
+        card_total_bytes=c.card_total_bytes,
+        outside_budget_bytes=c.outside_bytes,
+        outside_room_bytes=c.outside_room_bytes,
+        devices=[
+            common_pb2.DevicePlacement(
+                device=d.device,
+                layers=d.layers,
+                first_layer=d.first_layer,
+                last_layer=d.last_layer,
+                output=d.output,
+                weights_bytes=d.weights_bytes,
+                kv_bytes=d.kv_bytes,
+                compute_bytes=d.compute_bytes,
+            )
+            for d in c.devices
+        ],
+        weights_unknown=not weights_known,
+    )
+
+
+def _ram_memory(need: ProfileNeed) -> common_pb2.Memory | None:
+    """A CPU profile's need (or a bare RAM figure), None when it was not sized."""
     if need.ram is not None:
         r = need.ram
         return common_pb2.Memory(

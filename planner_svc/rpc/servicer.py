@@ -19,7 +19,7 @@ from llmgw.shape import ModelShape
 from planner_svc.domain import errors
 from planner_svc.domain.context import check_context_request, size_context
 from planner_svc.domain.gpus import plan_gpus
-from planner_svc.rpc import convert
+from planner_svc.rpc import convert, decoded
 from planner_svc.rpc.status import refusals_as_status
 
 log = structlog.get_logger(__name__)
@@ -40,6 +40,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
     def __init__(self, resolver: Resolver) -> None:
         self._resolver = resolver
         self._answers = _Answers()
+        self._model_of, self._inventory_of = decoded.decoders()
 
     async def _resolve(self, msg: common_pb2.Model) -> ModelShape | errors.SourceUnreachable | None:
         """The shape of a model's source (None for an inline shape or no source); a source
@@ -85,9 +86,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         hit = self._answers.get(key)
         if isinstance(hit, planner_pb2.SizeContextResponse):
             return hit
-        model = common.model_from_proto(request.model)
+        model = self._model_of(request.model)
         check_context_request(request.tokens, request.slots)
-        inventory = common.inventory_from_proto(request.inventory)
+        inventory = self._inventory_of(request.inventory)
         shape, note = self._shape_of(model, resolved)
         change = size_context(
             model, shape, tokens=request.tokens, slots=request.slots, inventory=inventory, note=note
@@ -111,8 +112,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         hit = self._answers.get(key)
         if isinstance(hit, planner_pb2.PlanGPUsResponse):
             return hit
-        model = common.model_from_proto(request.model)
-        inventory = common.inventory_from_proto(request.inventory)
+        model = self._model_of(request.model)
+        inventory = self._inventory_of(request.inventory)
         shape, note = self._shape_of(model, resolved)
         change = plan_gpus(
             model,
