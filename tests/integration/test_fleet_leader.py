@@ -149,9 +149,10 @@ async def test_an_agent_on_the_follower_is_refused_and_watches_there_see_the_lea
         agent.start()
         stack.push_async_callback(agent.stop)
         added = await asyncio.wait_for(watch.read(), 10)
+        assert isinstance(added, fleet_pb2.WatchReplicasResponse)
         while added.kind == fleet_pb2.WatchReplicasResponse.KIND_HEARTBEAT:
             added = await asyncio.wait_for(watch.read(), 10)
-        assert isinstance(added, fleet_pb2.WatchReplicasResponse)
+            assert isinstance(added, fleet_pb2.WatchReplicasResponse)
         assert added.kind == fleet_pb2.WatchReplicasResponse.KIND_ADDED
         assert added.endpoint.model == "m"
         listed = await on_follower.ListReplicas(fleet_pb2.ListReplicasRequest(model="m"))
