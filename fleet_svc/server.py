@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 from dataclasses import dataclass, field
 
@@ -26,10 +27,13 @@ from fleet_svc.rpc.planner import GrpcPlanner
 from fleet_svc.rpc.servicer import SERVICE_NAME as FLEET_SERVICE
 from fleet_svc.rpc.servicer import add_fleet_service
 from fleet_svc.rpc.settings import declared_entries
+from fleet_svc.rpc.status import DOMAIN
 from fleet_svc.store.base import Store
 from fleet_svc.store.urls import open_store
 from fleet_svc.store_health import StoreHealth
 from llmgw.clock import Clock, SystemClock
+from llmgw.limits import Limits
+from llmgw.rpc.intake import IntakeInterceptor, server_options
 from llmgw.tls import ClientTLS, ServerTLS, bind, check_listen
 
 log = structlog.get_logger(__name__)
@@ -68,6 +72,9 @@ class FleetOptions:
     """How the fleet dials the planner: its CA and the fleet's client pair; None: plaintext."""
     tokens_path: str = ""
     """A file of bearer-token hashes (`NAME SHA256HEX` lines); given, callers may be tokens."""
+    limits: Limits | None = None
+    """How large a request may be (docs/errors.md); None: from the environment
+    (`Limits.from_env`)."""
 
 
 @dataclass
@@ -115,7 +122,12 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
     """
     check_listen(opts.listen, opts.tls, insecure=opts.insecure)  # before anything is opened
     authenticator = authenticator_for(opts.tls, opts.tokens_path, opts.settings_path)
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[AuthInterceptor(authenticator)])
+    limits = opts.limits or Limits.from_env(os.environ)
+    # The intake first: a request too large or malformed is refused before anything reads it.
+    server = grpc.aio.server(
+        options=SERVER_OPTIONS + server_options(limits),
+        interceptors=[IntakeInterceptor(DOMAIN, limits), AuthInterceptor(authenticator)],
+    )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", FLEET_SERVICE, AGENT_SERVICE):
@@ -141,7 +153,7 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
     catalog.on_change = controller.wake
     planner = GrpcPlanner(opts.planner, tls=opts.planner_tls)
     app = FleetApp(catalog, controller, store, planner, clock.wall)
-    add_fleet_service(server, app, store, controller)
+    add_fleet_service(server, app, store, controller, limits)
     add_agent_service(
         server, controller, clock, node_certificates=authenticator.policy.node_certificates
     )

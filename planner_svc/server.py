@@ -14,8 +14,11 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from llmgw.limits import Limits
+from llmgw.rpc.intake import IntakeInterceptor, server_options
 from llmgw.tls import ServerTLS, bind
-from planner_svc.rpc.servicer import SERVICE_NAME, Resolver, add_planner_service
+from planner_svc.rpc.servicer import SERVICE_NAME, PlannerServicer, Resolver, add_planner_service
+from planner_svc.rpc.status import DOMAIN
 from planner_svc.sources.policy import SourcePolicy
 from planner_svc.sources.resolver import ShapeResolver
 
@@ -42,6 +45,7 @@ class PlannerServer:
     server: grpc.aio.Server
     port: int
     health: health.aio.HealthServicer
+    servicer: PlannerServicer
 
     async def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Report NOT_SERVING, let calls in flight finish within `grace_s`, then stop."""
@@ -57,6 +61,7 @@ async def start_planner(
     tls: ServerTLS | None = None,
     insecure: bool = False,
     policy: SourcePolicy | None = None,
+    limits: Limits | None = None,
 ) -> PlannerServer:
     """Start a planner listening on `listen` (HOST:PORT; port 0 picks one).
 
@@ -68,15 +73,21 @@ async def start_planner(
         insecure: allow plaintext off loopback.
         policy: what the default resolver may fetch (default: from the environment,
             `SourcePolicy.from_env`).
+        limits: how large a request may be and how many bytes of answers are remembered
+            (default: from the environment, `Limits.from_env`; docs/errors.md).
 
     Raises:
         TLSConfigError: plaintext off loopback without `insecure`, or unusable TLS files.
         RuntimeError: the address could not be bound.
     """
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    limits = limits or Limits.from_env(os.environ)
+    server = grpc.aio.server(
+        options=SERVER_OPTIONS + server_options(limits),
+        interceptors=[IntakeInterceptor(DOMAIN, limits)],
+    )
     if resolver is None:
         resolver = ShapeResolver(policy=policy or SourcePolicy.from_env(os.environ))
-    add_planner_service(server, resolver)
+    servicer = add_planner_service(server, resolver, limits)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (
@@ -99,7 +110,7 @@ async def start_planner(
         port=port,
         tls="mutual" if tls and tls.mutual else "server" if tls else "none",
     )
-    return PlannerServer(server=server, port=port, health=health_servicer)
+    return PlannerServer(server=server, port=port, health=health_servicer, servicer=servicer)
 
 
 async def serve(

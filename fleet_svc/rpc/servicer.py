@@ -17,9 +17,10 @@ from fleet_svc.rpc import convert
 from fleet_svc.rpc.auth import current_caller
 from fleet_svc.rpc.status import refusals_as_status, stream_refusals_as_status
 from fleet_svc.store.base import Store
-from fleet_svc.watch import SYNCED, WatcherTooSlow
+from fleet_svc.watch import SYNCED
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+from llmgw.limits import DEFAULT_LIMITS, Limits
 
 log = structlog.get_logger(__name__)
 
@@ -50,10 +51,13 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
     """Serves the fleet's whole API: the catalog, nodes and replicas, SetContext, SetGPUs and
     rollouts."""
 
-    def __init__(self, app: FleetApp, store: Store, controller: Controller) -> None:
+    def __init__(
+        self, app: FleetApp, store: Store, controller: Controller, limits: Limits = DEFAULT_LIMITS
+    ) -> None:
         self._app = app
         self._store = store
         self._controller = controller
+        self._limits = limits
 
     async def _once(
         self,
@@ -78,7 +82,8 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         """Add a model."""
 
         async def make() -> fleet_pb2.CreateModelResponse:
-            rev = self._app.create_model(convert.accepted_entry(request.model), caller_of(context))
+            entry = convert.accepted_entry(request.model, self._limits)
+            rev = self._app.create_model(entry, caller_of(context))
             return fleet_pb2.CreateModelResponse(model=convert.catalog_model(rev))
 
         return await self._once(
@@ -110,9 +115,8 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         """Replace a model, guarded by its etag."""
 
         async def make() -> fleet_pb2.UpdateModelResponse:
-            rev = self._app.update_model(
-                convert.accepted_entry(request.model), request.etag, caller_of(context)
-            )
+            entry = convert.accepted_entry(request.model, self._limits)
+            rev = self._app.update_model(entry, request.etag, caller_of(context))
             return fleet_pb2.UpdateModelResponse(model=convert.catalog_model(rev))
 
         return await self._once(
@@ -180,11 +184,9 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         self, request: fleet_pb2.WatchReplicasRequest, context: Context
     ) -> AsyncIterator[fleet_pb2.WatchReplicasResponse]:
         """Ready endpoints: a snapshot, SYNCED, then additions and removals as they happen."""
-        try:
-            async for event in self._controller.hub.watch(request.model):
-                yield convert.endpoint_event(event, event is SYNCED)
-        except WatcherTooSlow as exc:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        # A watcher cut off for falling behind (WatcherTooSlow) ends through the error table.
+        async for event in self._controller.hub.watch(request.model):
+            yield convert.endpoint_event(event, event is SYNCED)
 
     # -- planned changes and rollouts ------------------------------------------------------------
 
@@ -333,7 +335,13 @@ SERVICE_NAME = fleet_pb2.DESCRIPTOR.services_by_name["FleetService"].full_name
 
 
 def add_fleet_service(
-    server: grpc.aio.Server, app: FleetApp, store: Store, controller: Controller
+    server: grpc.aio.Server,
+    app: FleetApp,
+    store: Store,
+    controller: Controller,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> None:
-    """Serve the fleet API on `server`."""
-    fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetServicer(app, store, controller), server)
+    """Serve the fleet API on `server`, holding models to `limits`."""
+    fleet_pb2_grpc.add_FleetServiceServicer_to_server(
+        FleetServicer(app, store, controller, limits), server
+    )
