@@ -14,7 +14,7 @@ from grpc_status import rpc_status
 from fleet_svc.domain import errors
 from fleet_svc.store.base import NotLeader, StoreDamaged, StoreError, StoreUnavailable
 from fleet_svc.watch import WATCHER_QUEUE, WatcherTooSlow
-from llmgw.rpc.status import INTERNAL, build_status, guarded
+from llmgw.rpc.status import INTERNAL, build_status, guarded, subclasses
 
 log = structlog.get_logger(__name__)
 
@@ -167,3 +167,21 @@ def stream_refusals_as_status(method: StreamMethod[S, Q, R]) -> StreamMethod[S, 
         await context.abort_with_status(rpc_status.to_status(status))
 
     return wrapper
+
+
+def example_statuses() -> list[status_pb2.Status]:
+    """One status for every class the tables answer (each fleet refusal built with its
+    defaults, each store failure, a watcher cut off): the reasons, codes and metadata keys
+    docs/errors.md must list. REFUSED is among them only for the root, FleetError, which
+    nothing raises as such."""
+    out = [to_status(cls("example")) for cls in subclasses(errors.FleetError)]
+    for failure in (
+        StoreUnavailable("data/fleet.db", "example"),
+        StoreDamaged("data/fleet.db", "example"),
+        NotLeader("db", 1, leader_epoch=2, leader="fleet-b", leader_address="10.0.0.2:50052"),
+    ):
+        status = store_status(failure)
+        assert status is not None
+        out.append(status)
+    out.append(watcher_status(WatcherTooSlow("example")))
+    return out

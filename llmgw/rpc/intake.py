@@ -51,6 +51,39 @@ def server_options(limits: Limits) -> list[tuple[str, int]]:
     return [("grpc.max_receive_message_length", core_limit(limits))]
 
 
+def too_large(domain: str, size: int, limit: int, method: str) -> status_pb2.Status:
+    """A request of `size` bytes past the server's `limit`: RESOURCE_EXHAUSTED, as gRPC core
+    answers past its own limit, but with ErrorInfo naming the limit."""
+    return build_status(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "MESSAGE_TOO_LARGE",
+        domain,
+        f"the request is {size} bytes, more than this server's max_message_bytes ({limit}): "
+        "send a smaller one",
+        {"limit": "max_message_bytes", "maximum": str(limit), "count": str(size), "method": method},
+    )
+
+
+def malformed(domain: str, type_name: str, method: str) -> status_pb2.Status:
+    """A request whose bytes do not parse as the method's message: INVALID_ARGUMENT."""
+    return build_status(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "MALFORMED_MESSAGE",
+        domain,
+        f"the request's bytes do not parse as {type_name}: send the message the method "
+        "takes, encoded as protobuf",
+        {"message_type": type_name, "method": method},
+    )
+
+
+def example_statuses(domain: str) -> list[status_pb2.Status]:
+    """One status of each reason the intake answers with (for docs/errors.md's test)."""
+    return [
+        too_large(domain, 5 << 20, 4 << 20, "/pkg.Service/Method"),
+        malformed(domain, "pkg.Request", "/pkg.Service/Method"),
+    ]
+
+
 class IntakeInterceptor(grpc.aio.ServerInterceptor):
     """Refuses requests too large or malformed, with ErrorInfo in `domain`, before any other
     interceptor or servicer sees them. Put it first in the server's interceptors."""
@@ -77,37 +110,14 @@ class IntakeInterceptor(grpc.aio.ServerInterceptor):
 
         def read(raw: bytes) -> Any:
             if len(raw) > limit:
-                return _Refused(
-                    build_status(
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        "MESSAGE_TOO_LARGE",
-                        self.domain,
-                        f"the request is {len(raw)} bytes, more than this server's "
-                        f"max_message_bytes ({limit}): send a smaller one",
-                        {
-                            "limit": "max_message_bytes",
-                            "maximum": str(limit),
-                            "count": str(len(raw)),
-                            "method": method,
-                        },
-                    )
-                )
+                return _Refused(too_large(self.domain, len(raw), limit, method))
             if deserialize is None:
                 return raw
             try:
                 return deserialize(raw)
             except Exception as exc:  # DecodeError, or whatever else a parser may raise
                 log.info("request_undecodable", method=method, error=str(exc))
-                return _Refused(
-                    build_status(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        "MALFORMED_MESSAGE",
-                        self.domain,
-                        f"the request's bytes do not parse as {type_name}: send the message "
-                        "the method takes, encoded as protobuf",
-                        {"message_type": type_name, "method": method},
-                    )
-                )
+                return _Refused(malformed(self.domain, type_name, method))
 
         return read
 
