@@ -376,6 +376,12 @@ class BrokenPlanner(planner_pb2_grpc.PlannerServiceServicer):
     async def SizeContext(self, request: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.INTERNAL, "Value out of range: 75557864908110299345715")
 
+    async def PlanGPUs(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.INTERNAL, "Value out of range")
+
+    async def DescribeModel(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.INTERNAL, "Value out of range")
+
 
 async def test_a_planner_failure_is_the_fleet_s_planner_failed(tmp_path: Path) -> None:
     """When the planner answers INTERNAL, the fleet's dry run answers its own INTERNAL with
@@ -434,7 +440,7 @@ async def test_a_bad_request_is_refused_before_its_slow_source_is_fetched(
     odd = [common_pb2.Profile(name="x", engine="nope", gpu_class="H100-80GB")]
     model = common_pb2.Model(name="m", source=url, context_length=4096, profiles=cpu)
     async with running_planner() as (_server, stub, _channel):
-        cases = [
+        cases: list[tuple[Any, str]] = [
             (
                 stub.SizeContext(planner_pb2.SizeContextRequest(model=model, tokens=0), timeout=20),
                 "CONTEXT_TOO_SHORT",
