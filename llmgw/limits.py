@@ -36,10 +36,13 @@ class Limits:
     (the largest reference catalogs have a handful of profiles of a few dozen arguments) and
     small enough that one request's work stays in milliseconds."""
 
-    max_message_bytes: int = 4 << 20
-    """A request's serialized bytes (gRPC's own default receive limit, 4 MiB). The server's
-    gRPC core limit is set to twice this, so a request between the two is refused with
-    ErrorInfo (MESSAGE_TOO_LARGE); one past twice is refused by gRPC core without it."""
+    max_message_bytes: int = 1 << 20
+    """A request's serialized bytes. 1 MiB, a quarter of gRPC's default receive limit (4 MiB):
+    an answer carries each profile's arguments three times (the change's before and after, the
+    updated profile), so it is about three times its request, and stays under the 4 MiB every
+    gRPC caller (the Go gateway, grpcurl) accepts by default. gRPC core's own limit is set well
+    above this (`llmgw.rpc.intake.core_limit`), so a request past it is refused with ErrorInfo
+    (MESSAGE_TOO_LARGE)."""
     max_profiles: int = 64
     """Profiles of one model."""
     max_args: int = 256

@@ -7,9 +7,9 @@ grpc's asyncio server decodes a request with the handler's `request_deserializer
 interceptor or servicer code runs, and turns an exception there into UNKNOWN. So the
 interceptor swaps in a deserializer that never raises: it returns a `_Refused` holding the
 status, and the handler it wraps answers that status instead of calling the servicer. gRPC
-core's own receive limit (`grpc.max_receive_message_length`) is raised to twice ours
-(`core_limit`), so a message between the two reaches this check and is refused with details;
-one past twice is refused by core itself, without them."""
+core's own receive limit (`grpc.max_receive_message_length`) is raised above ours
+(`core_limit`: twice ours, at least 16 MiB), so a message between the two reaches this check
+and is refused with details; one past core's is refused by core itself, without them."""
 
 from __future__ import annotations
 
@@ -40,10 +40,17 @@ class _Refused:
         self.status = status
 
 
+CORE_LIMIT_FLOOR_BYTES = 16 << 20
+"""gRPC core's receive limit is at least this: a caller sending what gRPC's default 4 MiB
+lets through, or a little more, is told our limit with ErrorInfo rather than core's bare
+RESOURCE_EXHAUSTED. Core holds a message up to this before the intake sees it."""
+
+
 def core_limit(limits: Limits) -> int:
-    """gRPC core's receive limit for a server holding to `limits`: twice ours, so the
-    requests past ours but not past twice are refused here, with ErrorInfo."""
-    return 2 * limits.max_message_bytes
+    """gRPC core's receive limit for a server holding to `limits`: twice ours, and at least
+    CORE_LIMIT_FLOOR_BYTES; a request past ours but not past this is refused here, with
+    ErrorInfo."""
+    return max(2 * limits.max_message_bytes, CORE_LIMIT_FLOOR_BYTES)
 
 
 def server_options(limits: Limits) -> list[tuple[str, int]]:

@@ -18,6 +18,7 @@ from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2
 from llmgw.limits import Limits
 from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
+from llmgw.rpc.intake import core_limit
 from llmgw.testing.range_server import RangeServer
 from planner_svc.server import start_planner
 from planner_svc.sources.policy import ENV_HOSTS
@@ -168,9 +169,10 @@ async def test_bytes_that_do_not_parse_are_invalid_argument_on_the_fleet_and_its
 
 async def test_a_request_past_the_byte_limit_names_the_limit() -> None:
     """A request past max_message_bytes is RESOURCE_EXHAUSTED MESSAGE_TOO_LARGE naming the
-    limit, its maximum and the request's size; past twice the limit gRPC core refuses it
-    itself (RESOURCE_EXHAUSTED, no ErrorInfo), as docs/errors.md says."""
-    limits = Limits(max_message_bytes=64 << 10, max_arg_bytes=1 << 20)
+    limit, its maximum and the request's size; past gRPC core's own limit (twice ours, at
+    least 16 MiB) core refuses it itself (RESOURCE_EXHAUSTED, no ErrorInfo), as
+    docs/errors.md says."""
+    limits = Limits(max_message_bytes=64 << 10, max_arg_bytes=32 << 20)
     server = await start_planner("127.0.0.1:0", limits=limits)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
     stub = planner_pb2_grpc.PlannerServiceStub(channel)
@@ -178,7 +180,7 @@ async def test_a_request_past_the_byte_limit_names_the_limit() -> None:
         small = planner_pb2.SizeContextRequest(model=gpu_model(), tokens=16_384, inventory=H100)
         answer = await stub.SizeContext(small)
         assert answer.change.after == 16_384
-        for extra, has_info in ((100 << 10, True), (200 << 10, False)):
+        for extra, has_info in ((100 << 10, True), (8 << 20, True), (core_limit(limits), False)):
             big = gpu_model()
             big.profiles[0].args.extend(["--served-model-name", "x" * extra])
             request = planner_pb2.SizeContextRequest(model=big, tokens=16_384, inventory=H100)
@@ -199,8 +201,9 @@ async def test_a_request_past_the_byte_limit_names_the_limit() -> None:
 
 
 async def test_the_default_limit_refuses_five_mebibytes_with_details() -> None:
-    """With the default limits a 5 MiB request (past gRPC's own 4 MiB default) is refused
-    with ErrorInfo, not core's bare RESOURCE_EXHAUSTED."""
+    """With the default limits a 5 MiB request (past gRPC's own 4 MiB default, the issue's
+    case) is refused with ErrorInfo naming the 1 MiB limit, not core's bare
+    RESOURCE_EXHAUSTED."""
     async with running_planner() as (_server, stub, _channel):
         big = gpu_model()
         big.profiles[0].args.extend(["--served-model-name", "x" * (5 << 20)])
@@ -209,10 +212,15 @@ async def test_the_default_limit_refuses_five_mebibytes_with_details() -> None:
     info = info_of(caught.value)
     assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert info is not None and info.reason == "MESSAGE_TOO_LARGE"
-    assert info.metadata["maximum"] == str(4 << 20)
+    assert info.metadata["maximum"] == str(1 << 20)
 
 
 # -- the count limits -------------------------------------------------------------------------
+
+
+def _bare_profiles(n: int) -> list[common_pb2.Profile]:
+    """`n` profiles with a name only: 60,000 of them fit under the byte limit."""
+    return [common_pb2.Profile(name=f"p{i}") for i in range(n)]
 
 
 def _profiles(n: int) -> list[common_pb2.Profile]:
@@ -227,7 +235,7 @@ def _profiles(n: int) -> list[common_pb2.Profile]:
     [
         pytest.param(gpu_model(profiles=_profiles(65)), "max_profiles", "model.profiles", 65),
         pytest.param(
-            gpu_model(profiles=_profiles(60_000)), "max_profiles", "model.profiles", 60_000
+            gpu_model(profiles=_bare_profiles(60_000)), "max_profiles", "model.profiles", 60_000
         ),
         pytest.param(
             gpu_model(
@@ -476,7 +484,9 @@ async def test_a_bad_request_is_refused_before_its_slow_source_is_fetched(
             (
                 stub.SizeContext(
                     planner_pb2.SizeContextRequest(
-                        model=common_pb2.Model(name="m", source=url, profiles=_profiles(60_000)),
+                        model=common_pb2.Model(
+                            name="m", source=url, profiles=_bare_profiles(60_000)
+                        ),
                         tokens=4096,
                     ),
                     timeout=20,
