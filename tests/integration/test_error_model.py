@@ -4,6 +4,7 @@ planner failure the fleet does not pass on as a refusal."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from llmgw.fleet.v1 import fleet_pb2
 from llmgw.limits import Limits
 from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
 from llmgw.rpc.intake import core_limit
+from llmgw.testing.eventually import assert_eventually
 from llmgw.testing.range_server import RangeServer
 from planner_svc.server import start_planner
 from planner_svc.sources.policy import ENV_HOSTS
@@ -507,3 +509,113 @@ async def test_a_bad_request_is_refused_before_its_slow_source_is_fetched(
         )
         assert answer.change.after == 8192
         assert range_server.requests, "the valid request reads the source"
+
+
+async def test_garbage_after_hello_ends_an_agent_stream_invalid_argument(tmp_path: Path) -> None:
+    """An agent stream whose Hello parses but whose next message does not ends with
+    INVALID_ARGUMENT MALFORMED_MESSAGE, and the node's link is dropped."""
+    hello = agent_pb2.ConnectRequest(
+        hello=agent_pb2.Hello(
+            node_name="node-g", cards=[agent_pb2.Card(index=0, model="H100-80GB")]
+        )
+    )
+    async with running_fleet(tmp_path) as (fleet, _stub):
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{fleet.port}")
+        welcomed = asyncio.Event()
+
+        async def messages() -> AsyncIterator[bytes]:
+            yield hello.SerializeToString()
+            await welcomed.wait()
+            yield b"\xff\xff\xff\xff"
+            await asyncio.Event().wait()  # the agent's side stays open
+
+        connect = channel.stream_stream(
+            "/llmgw.agent.v1.AgentService/Connect",
+            request_serializer=lambda b: b,
+            response_deserializer=agent_pb2.ConnectResponse.FromString,
+        )
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                async for msg in connect(messages()):
+                    if msg.WhichOneof("msg") == "welcome":
+                        welcomed.set()
+            assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            info = info_of(caught.value)
+            assert info is not None and info.reason == "MALFORMED_MESSAGE"
+            await assert_eventually(
+                lambda: "node-g" not in fleet.controller.state.links, what="link dropped"
+            )
+        finally:
+            await channel.close()
+
+
+@pytest.mark.parametrize(
+    ("request_", "reason", "metadata"),
+    [
+        pytest.param(
+            planner_pb2.SizeContextRequest(model=gpu_model(), tokens=(1 << 24) + 1),
+            "CONTEXT_OVER_LIMIT",
+            {"tokens": str((1 << 24) + 1), "maximum": str(1 << 24)},
+            id="context-over-limit",
+        ),
+        pytest.param(
+            planner_pb2.PlanGPUsRequest(
+                model=gpu_model(
+                    profiles=[common_pb2.Profile(name="cpu", engine="llamacpp", cpu_only=True)]
+                ),
+                gpus=2,
+                profile="cpu",
+            ),
+            "PROFILE_ON_CPU",
+            {"profile": "cpu"},
+            id="profile-on-cpu",
+        ),
+        pytest.param(
+            planner_pb2.PlanGPUsRequest(
+                model=gpu_model(
+                    profiles=[common_pb2.Profile(name="cpu", engine="llamacpp", cpu_only=True)]
+                ),
+                gpus=2,
+            ),
+            "NO_GPU_PROFILE",
+            {"model": "llama-8b"},
+            id="no-gpu-profile",
+        ),
+        pytest.param(
+            planner_pb2.PlanGPUsRequest(model=gpu_model(), gpus=2000),
+            "GPU_COUNT_OUT_OF_RANGE",
+            {"gpus": "2000", "minimum": "1", "maximum": "1024"},
+            id="gpu-count",
+        ),
+    ],
+)
+async def test_the_formerly_bare_reasons_carry_their_numbers(
+    request_: Any, reason: str, metadata: dict[str, str]
+) -> None:
+    """CONTEXT_OVER_LIMIT, PROFILE_ON_CPU, NO_GPU_PROFILE and GPU_COUNT_OUT_OF_RANGE answer
+    INVALID_ARGUMENT with their facts in ErrorInfo and the field named in BadRequest."""
+    async with running_planner() as (_server, stub, _channel):
+        call = (
+            stub.SizeContext(request_)
+            if isinstance(request_, planner_pb2.SizeContextRequest)
+            else stub.PlanGPUs(request_)
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    info = info_of(caught.value)
+    assert info is not None
+    assert (info.reason, dict(info.metadata)) == (reason, metadata)
+    status = rpc_status.from_call(caught.value)
+    assert status is not None
+    fields = []
+    for detail in status.details:
+        bad = error_details_pb2.BadRequest()
+        if detail.Unpack(bad):
+            fields = [v.field for v in bad.field_violations]
+    assert fields == ["profile" if "PROFILE" in reason else request_field(reason)]
+
+
+def request_field(reason: str) -> str:
+    """The request field a refusal names."""
+    return {"CONTEXT_OVER_LIMIT": "tokens", "GPU_COUNT_OUT_OF_RANGE": "gpus"}[reason]
