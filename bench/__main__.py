@@ -115,7 +115,8 @@ BENCHES: dict[str, Bench] = {
     ),
     "planner_memory": Bench(
         planner_memory.run,
-        r"^(request_mib|answer_mib|start_rss_mib|growth_mib|cache_bound_mib|growth_over_bound|"
+        r"^(request_mib|answer_mib|start_rss_mib|growth_mib|nocache_growth_mib|late_growth_mib|"
+        r"cache_bound_mib|growth_over_bound|"
         r"health_idle_p50_ms|health_busy_p50_ms|health_busy_max_ms)$",
         (Goal(r"^growth_over_bound$", "<= 1 (within the cache bound)", lambda v: v <= 1.0),),
     ),

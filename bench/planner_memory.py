@@ -9,8 +9,11 @@ answer (~2.8 MiB) enters the cache and pushes older ones out.
 
 - start: the child's RSS after `warmup` such requests (imports, gRPC's buffers and the
   allocator's high-water mark for one request are part of any running planner);
-- then `requests` more, RSS sampled every quarter; growth = last - start, reported against
-  the cache's byte bound (goal: growth within the bound, i.e. growth / bound <= 1);
+- then `requests` more, RSS sampled every quarter; growth = last - start;
+- the baseline, in the same run: a planner whose cache keeps nothing (a bound of 1 byte), sent
+  the same requests; its growth is what a planner grows by without remembering answers
+  (allocator, gRPC). Goal: the subject's growth beyond the baseline's is within the cache's
+  byte bound (growth_over_bound <= 1), and flat after the cache is full;
 - stall: health Checks sent back to back while one large SizeContext is in flight, their
   p50/max latency against the same Checks on an idle planner (same run).
 
@@ -68,11 +71,14 @@ async def health_latencies(
     return out
 
 
-async def measure(requests: int, warmup: int, cache_mib: int, folder: Path) -> dict[str, float]:
-    """Run the planner, send the requests, return the figures."""
-    env = {"LLMGW_ANSWER_CACHE_BYTES": str(cache_mib * MIB)}
+async def rss_run(
+    requests: int, warmup: int, cache_bytes: int, folder: Path, *, stall: bool
+) -> dict[str, float]:
+    """One planner with its answer cache bounded to `cache_bytes`: RSS after the warm-up and
+    every quarter of `requests`; with `stall`, the health latencies beside large requests."""
+    env = {"LLMGW_ANSWER_CACHE_BYTES": str(cache_bytes)}
     child = await start_child(
-        "planner_svc", ["--listen", "127.0.0.1:0"], folder / "planner.log", env=env
+        "planner_svc", ["--listen", "127.0.0.1:0"], folder / f"planner-{cache_bytes}.log", env=env
     )
     options = [("grpc.max_receive_message_length", ANSWER_BYTES)]
     channel = grpc.aio.insecure_channel(child.address, options=options)
@@ -95,24 +101,37 @@ async def measure(requests: int, warmup: int, cache_mib: int, folder: Path) -> d
                 figures["answer_mib"] = answer.ByteSize() / MIB
             if i in marks:
                 figures[f"rss_mib@{i}"] = child.rss_bytes() / MIB
-        end_rss = child.rss_bytes()
-        figures["growth_mib"] = (end_rss - start_rss) / MIB
-        figures["cache_bound_mib"] = float(cache_mib)
-        figures["growth_over_bound"] = (end_rss - start_rss) / (cache_mib * MIB)
-        idle = await health_latencies(health, 50)
-        busy: list[float] = []
-        for i in range(5):
-            call = asyncio.ensure_future(stub.SizeContext(large_request(requests + 1 + i)))
-            busy += await health_latencies(health, call)
-            await call
-        figures["health_idle_p50_ms"] = statistics.median(idle) * 1e3
-        figures["health_busy_p50_ms"] = statistics.median(busy) * 1e3
-        figures["health_busy_max_ms"] = max(busy) * 1e3
-        figures["health_busy_checks"] = float(len(busy))
-        figures["busy_over_idle_p50"] = statistics.median(busy) / statistics.median(idle)
+        figures["growth_mib"] = (child.rss_bytes() - start_rss) / MIB
+        if stall:
+            idle = await health_latencies(health, 50)
+            busy: list[float] = []
+            for i in range(5):
+                call = asyncio.ensure_future(stub.SizeContext(large_request(requests + 1 + i)))
+                busy += await health_latencies(health, call)
+                await call
+            figures["health_idle_p50_ms"] = statistics.median(idle) * 1e3
+            figures["health_busy_p50_ms"] = statistics.median(busy) * 1e3
+            figures["health_busy_max_ms"] = max(busy) * 1e3
+            figures["health_busy_checks"] = float(len(busy))
+            figures["busy_over_idle_p50"] = statistics.median(busy) / statistics.median(idle)
     finally:
         await channel.close()
         await child.stop()
+    return figures
+
+
+async def measure(requests: int, warmup: int, cache_mib: int, folder: Path) -> dict[str, float]:
+    """The baseline (a planner whose cache keeps nothing: 1 byte) and the subject (a cache of
+    `cache_mib`), the same requests to each; the figures of both, the baseline's prefixed
+    `nocache_`, and the subject's growth beyond the baseline's against the cache's bound."""
+    baseline = await rss_run(requests, warmup, 1, folder, stall=False)
+    figures = await rss_run(requests, warmup, cache_mib * MIB, folder, stall=True)
+    figures.update({f"nocache_{k}": v for k, v in baseline.items() if "rss" in k or "growth" in k})
+    figures["cache_bound_mib"] = float(cache_mib)
+    figures["growth_over_bound"] = (figures["growth_mib"] - baseline["growth_mib"]) / cache_mib
+    quarter = requests // 4
+    if quarter:
+        figures["late_growth_mib"] = figures[f"rss_mib@{requests}"] - figures[f"rss_mib@{quarter}"]
     return figures
 
 
@@ -128,9 +147,19 @@ def report(figures: dict[str, float], requests: int) -> None:
         if key.startswith("rss_mib@"):
             print(f"  RSS after {key.split('@')[1]:>5} requests    {value:10.1f} MiB")
     print(
-        f"  growth                      {figures['growth_mib']:10.1f} MiB "
-        f"= {figures['growth_over_bound']:.2f} x the cache bound (goal <= 1)"
+        f"  growth                      {figures['growth_mib']:10.1f} MiB; with a cache that "
+        f"keeps nothing {figures['nocache_growth_mib']:.1f} MiB (start "
+        f"{figures['nocache_start_rss_mib']:.1f} MiB)"
     )
+    print(
+        f"  growth beyond the no-cache planner's = {figures['growth_over_bound']:.2f} x the "
+        "cache bound (goal <= 1)"
+    )
+    if "late_growth_mib" in figures:
+        print(
+            f"  growth from the first quarter to the end {figures['late_growth_mib']:.1f} MiB "
+            "(flat: ~0)"
+        )
     print(
         f"  health Check p50 idle {figures['health_idle_p50_ms']:.2f} ms, while a large "
         f"request is planned {figures['health_busy_p50_ms']:.2f} ms (max "

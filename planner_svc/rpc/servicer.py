@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Protocol, TypeAlias, TypeVar
 
@@ -44,6 +48,17 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         self._resolver = resolver
         self._limits = limits
         self._answers = _Answers(limit_bytes=limits.answer_cache_bytes)
+        # Planning is pure Python: on the event loop, one large request would hold every other
+        # call (health checks included) for its whole length. One worker thread, not a pool:
+        # the GIL lets only one plan run at a time anyway, and each extra thread would keep a
+        # malloc arena of its own (RSS that a pool of six kept and never returned).
+        self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="planning")
+
+    async def _planned(self, plan: Callable[[], T]) -> T:
+        """`plan()`, run on the planning thread (its context variables with it)."""
+        context = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._planner, context.run, plan)
 
     async def _resolve(self, msg: common_pb2.Model) -> ModelShape | errors.SourceUnreachable | None:
         """The shape of a model's source (None for an inline shape or no source); a source
@@ -94,14 +109,16 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         if hit is not None:
             return hit
         shape, note = self._shape_of(model, resolved)
-        change = await asyncio.to_thread(
-            size_context,
-            model,
-            shape,
-            tokens=request.tokens,
-            slots=request.slots,
-            inventory=inventory,
-            note=note,
+        change = await self._planned(
+            functools.partial(
+                size_context,
+                model,
+                shape,
+                tokens=request.tokens,
+                slots=request.slots,
+                inventory=inventory,
+                note=note,
+            )
         )
         log.info("context_sized", model=model.name, before=change.before, after=change.after)
         answer = planner_pb2.SizeContextResponse(
@@ -126,14 +143,16 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         if hit is not None:
             return hit
         shape, note = self._shape_of(model, resolved)
-        change = await asyncio.to_thread(
-            plan_gpus,
-            model,
-            shape,
-            gpus=request.gpus,
-            profile=request.profile,
-            inventory=inventory,
-            note=note,
+        change = await self._planned(
+            functools.partial(
+                plan_gpus,
+                model,
+                shape,
+                gpus=request.gpus,
+                profile=request.profile,
+                inventory=inventory,
+                note=note,
+            )
         )
         log.info("gpus_planned", model=model.name, gpus=change.gpus)
         answer = planner_pb2.PlanGPUsResponse(
@@ -174,6 +193,7 @@ so that many small answers are bounded as well as a few large ones."""
 
 MemoKey: TypeAlias = tuple[str, bytes, int]
 M = TypeVar("M", bound=Message)
+T = TypeVar("T")
 
 
 def _memo_key(request: Message, resolved: object) -> MemoKey | None:
