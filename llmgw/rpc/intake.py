@@ -192,8 +192,15 @@ async def _results(value: Any) -> AsyncIterator[Any]:
     """A streaming handler's messages: an async iterator's, a plain iterator's, or none (a
     coroutine that wrote them with context.write)."""
     if hasattr(value, "__aiter__"):
-        async for message in value:
-            yield message
+        try:
+            async for message in value:
+                yield message
+        finally:
+            # Closed with this one (a call cancelled between messages), so the handler's own
+            # cleanup (a watcher leaving the hub) runs now, not when it is collected.
+            close = getattr(value, "aclose", None)
+            if close is not None:
+                await close()
     elif inspect.isawaitable(value):
         await value
     else:

@@ -50,8 +50,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         self._answers = _Answers(limit_bytes=limits.answer_cache_bytes)
         # Planning is pure Python: on the event loop, one large request would hold every other
         # call (health checks included) for its whole length. One worker thread, not a pool:
-        # the GIL lets only one plan run at a time anyway, and each extra thread would keep a
-        # malloc arena of its own (RSS that a pool of six kept and never returned).
+        # the GIL lets only one plan run at a time anyway, so more threads would only hold
+        # more requests' work in memory at once.
         self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="planning")
 
     async def _planned(self, plan: Callable[[], T]) -> T:
