@@ -81,9 +81,10 @@ async def test_rollout_overhead_reports_both_variants_and_the_parallel_pair(
 
 
 def test_the_runner_knows_every_benchmark_and_refuses_unknown_names() -> None:
-    """`python -m bench` lists all six benchmarks and refuses a name it does not know."""
+    """`python -m bench` lists all seven benchmarks and refuses a name it does not know."""
     assert set(bench_main.BENCHES) == {
         "planner_throughput",
+        "planner_memory",
         "gguf_header",
         "shape_resolution",
         "agent_fanin",
