@@ -23,6 +23,7 @@ import grpc
 from llmgw.clients.auth import bearer_metadata
 from llmgw.clients.convert import Model, ReplicaEvent, Rollout, RolloutEvent
 from llmgw.clients.errors import Unreachable, call, retried, translated
+from llmgw.clients.planner import CHANNEL_OPTIONS
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from llmgw.tls import ClientTLS, sync_channel
 
@@ -86,7 +87,9 @@ class FleetClient:
         self._sleep = sleep
         self._monotonic = monotonic
         self._secure = tls is not None
-        self._channel = sync_channel(address, tls)
+        # A change's answer carries its profiles' arguments before and after, as the
+        # planner's does: the same receive limit.
+        self._channel = sync_channel(address, tls, CHANNEL_OPTIONS)
         self._stub = fleet_pb2_grpc.FleetServiceStub(self._channel)
 
     def _call(self, fn: Callable[[], T]) -> T:

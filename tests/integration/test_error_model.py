@@ -619,3 +619,37 @@ async def test_the_formerly_bare_reasons_carry_their_numbers(
 def request_field(reason: str) -> str:
     """The request field a refusal names."""
     return {"CONTEXT_OVER_LIMIT": "tokens", "GPU_COUNT_OUT_OF_RANGE": "gpus"}[reason]
+
+
+async def test_the_fleet_s_bad_context_is_refused_before_the_planner_fetches(
+    tmp_path: Path, range_server: RangeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SetContext `tokens: 0` through the fleet, its model's source stalling for a minute, is
+    the planner's CONTEXT_TOO_SHORT within a 20 s deadline, and the source is never asked."""
+    monkeypatch.setenv(ENV_HOSTS, "127.0.0.1:*")
+    tiny_gguf(tmp_path / "m.gguf")
+    range_server.stall_s = 60.0
+    model = common_pb2.Model(
+        name="m",
+        source=range_server.url("m.gguf"),
+        context_length=4096,
+        profiles=[
+            common_pb2.Profile(name="cpu", engine="llamacpp", args=["-c", "4096"], cpu_only=True)
+        ],
+    )
+    async with (
+        running_planner() as (planner, _p, _c),
+        running_fleet(tmp_path / "fleet", planner=f"127.0.0.1:{planner.port}") as (_f, stub),
+    ):
+        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=model))
+        for dry_run in (True, False):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.SetContext(
+                    fleet_pb2.SetContextRequest(name="m", tokens=0, dry_run=dry_run), timeout=20
+                )
+            assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            info = info_of(caught.value)
+            assert info is not None
+            assert (info.reason, info.domain) == ("CONTEXT_TOO_SHORT", "planner.llmgw.dev")
+        range_server.wait_idle()
+        assert range_server.requests == []
