@@ -25,6 +25,7 @@ from bench import (
     agent_fanin,
     fleet_failover,
     fleet_spread,
+    planner_memory,
     planner_throughput,
     rollout_overhead,
     store_pg,
@@ -114,6 +115,13 @@ BENCHES: dict[str, Bench] = {
         r"^(health_per_s|inline_per_s|gguf_per_s|distinct_per_s|inline_ratio|gguf_ratio|"
         r"distinct_ratio|\w+_cpu_ratio)$",
         (Goal(r"^(inline|gguf|distinct)_ratio$", ">= 0.8 of health", lambda v: v >= 0.8),),
+    ),
+    "planner_memory": Bench(
+        planner_memory.run,
+        r"^(request_mib|answer_mib|start_rss_mib|growth_mib|nocache_growth_mib|late_growth_mib|"
+        r"cache_bound_mib|growth_over_bound|"
+        r"health_idle_p50_ms|health_busy_p50_ms|health_busy_max_ms)$",
+        (Goal(r"^growth_over_bound$", "<= 1 (within the cache bound)", lambda v: v <= 1.0),),
     ),
     "gguf_header": Bench(
         gguf_header,

@@ -104,10 +104,12 @@ def process_rss_bytes(pid: int) -> int:
     raise RuntimeError(f"/proc/{pid}/status has no VmRSS line")
 
 
-async def start_child(module: str, args: Sequence[str], log_path: Path) -> ChildServer:
+async def start_child(
+    module: str, args: Sequence[str], log_path: Path, *, env: dict[str, str] | None = None
+) -> ChildServer:
     """Start `python -m module args...` and wait for its `listening on HOST:PORT` line.
 
-    Its stderr (the JSON log) goes to `log_path`.
+    Its stderr (the JSON log) goes to `log_path`; `env` adds to this process's environment.
 
     Raises:
         RuntimeError: it exited or stayed silent for START_TIMEOUT_S.
@@ -119,7 +121,7 @@ async def start_child(module: str, args: Sequence[str], log_path: Path) -> Child
         module,
         *args,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)},
         stdout=asyncio.subprocess.PIPE,
         stderr=log,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 from dataclasses import dataclass, field
@@ -32,13 +33,16 @@ from fleet_svc.rpc.planner import GrpcPlanner
 from fleet_svc.rpc.servicer import SERVICE_NAME as FLEET_SERVICE
 from fleet_svc.rpc.servicer import add_fleet_service
 from fleet_svc.rpc.settings import declared_entries
+from fleet_svc.rpc.status import DOMAIN
 from fleet_svc.store.base import Store
 from fleet_svc.store.urls import open_store
 from fleet_svc.store_health import StoreHealth
 from fleet_svc.watch import HEARTBEAT_S, EndpointHub
 from llmgw.clock import Clock, SystemClock
+from llmgw.limits import Limits
 from llmgw.metrics import MetricsServer, RpcMetrics, start_metrics_server
 from llmgw.probes import ProbeServer, start_probe_server
+from llmgw.rpc.intake import IntakeInterceptor, server_options
 from llmgw.rpc.reflection import enable_reflection
 from llmgw.tls import ClientTLS, ServerTLS, bind, check_listen
 from llmgw.tracing import current_traceparent
@@ -94,6 +98,9 @@ class FleetOptions:
     advertise: str = ""
     """HOST:PORT where this fleet is called, told to callers of a follower while it leads;
     "": the listen host (this host's name when that is a wildcard) and the bound port."""
+    limits: Limits | None = None
+    """How large a request may be (docs/errors.md); None: from the environment
+    (`Limits.from_env`)."""
 
 
 @dataclass
@@ -164,10 +171,18 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
     gate = LeaderGate(lambda: None)
     registry = CollectorRegistry() if opts.metrics else None
     # Metrics outermost, so refusals by the auth interceptor and the leader gate are counted.
-    interceptors: list[grpc.aio.ServerInterceptor] = [AuthInterceptor(authenticator), gate]
+    # Then the intake: a request too large or malformed is refused before anything reads it.
+    limits = opts.limits or Limits.from_env(os.environ)
+    interceptors: list[grpc.aio.ServerInterceptor] = [
+        IntakeInterceptor(DOMAIN, limits),
+        AuthInterceptor(authenticator),
+        gate,
+    ]
     if registry is not None:
         interceptors.insert(0, RpcMetrics(registry))
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
+    server = grpc.aio.server(
+        options=SERVER_OPTIONS + server_options(limits), interceptors=interceptors
+    )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", FLEET_SERVICE, AGENT_SERVICE):
@@ -202,7 +217,7 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         clock.wall,
         request_id_window_s=opts.request_id_window_s,
     )
-    add_fleet_service(server, app, store, controller)
+    add_fleet_service(server, app, store, controller, limits)
     leadership = (
         Leadership(store, "", lease_s=opts.lease_s, renew_s=opts.renew_s)
         if isinstance(store, LeasedStore)

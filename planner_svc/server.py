@@ -14,12 +14,15 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
+from llmgw.limits import Limits
 from llmgw.metrics import MetricsServer, RpcMetrics, start_metrics_server
 from llmgw.probes import ProbeServer, start_probe_server
+from llmgw.rpc.intake import IntakeInterceptor, server_options
 from llmgw.rpc.reflection import enable_reflection
 from llmgw.tls import ServerTLS, bind
 from planner_svc.metrics import add_planner_metrics
-from planner_svc.rpc.servicer import SERVICE_NAME, Resolver, add_planner_service
+from planner_svc.rpc.servicer import SERVICE_NAME, PlannerServicer, Resolver, add_planner_service
+from planner_svc.rpc.status import DOMAIN
 from planner_svc.sources.policy import SourcePolicy
 from planner_svc.sources.resolver import ShapeResolver
 
@@ -46,6 +49,7 @@ class PlannerServer:
     server: grpc.aio.Server
     port: int
     health: health.aio.HealthServicer
+    servicer: PlannerServicer
     metrics: MetricsServer | None = None
     """The `/metrics` endpoint, when asked for."""
     probes: ProbeServer | None = None
@@ -71,6 +75,7 @@ async def start_planner(
     policy: SourcePolicy | None = None,
     metrics: str = "",
     probes: str = "",
+    limits: Limits | None = None,
 ) -> PlannerServer:
     """Start a planner listening on `listen` (HOST:PORT; port 0 picks one).
 
@@ -84,19 +89,27 @@ async def start_planner(
             `SourcePolicy.from_env`).
         metrics: HOST:PORT to serve Prometheus metrics at (llmgw.metrics); "" serves none.
         probes: HOST:PORT of a plaintext health port for Kubernetes (llmgw.probes); "": none.
+        limits: how large a request may be and how many bytes of answers are remembered
+            (default: from the environment, `Limits.from_env`; docs/errors.md).
 
     Raises:
         TLSConfigError: plaintext off loopback without `insecure`, or unusable TLS files.
         RuntimeError: the address could not be bound.
     """
+    limits = limits or Limits.from_env(os.environ)
     if resolver is None:
         resolver = ShapeResolver(policy=policy or SourcePolicy.from_env(os.environ))
     registry = CollectorRegistry() if metrics else None
-    interceptors = [RpcMetrics(registry)] if registry is not None else []
+    # Metrics outermost (every call counted), then the intake: a request too large or
+    # malformed is refused before anything reads it.
+    interceptors: list[grpc.aio.ServerInterceptor] = [IntakeInterceptor(DOMAIN, limits)]
     if registry is not None:
+        interceptors.insert(0, RpcMetrics(registry))
         add_planner_metrics(registry, resolver)
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
-    add_planner_service(server, resolver)
+    server = grpc.aio.server(
+        options=SERVER_OPTIONS + server_options(limits), interceptors=interceptors
+    )
+    servicer = add_planner_service(server, resolver, limits)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
@@ -121,6 +134,7 @@ async def start_planner(
         server=server,
         port=port,
         health=health_servicer,
+        servicer=servicer,
         metrics=metrics_server,
         probes=probe_server,
     )

@@ -206,3 +206,33 @@ class NodeIdentityMismatch(FleetError):
 
     def metadata(self) -> dict[str, str]:
         return {"node": self.node, "identity": self.identity}
+
+
+@dataclass
+class ModelTooLarge(InvalidModel):
+    """A model holds more profiles, arguments, files or nodes than the fleet's limits allow
+    (`llmgw.limits.Limits`; `limit` names which)."""
+
+    limit: str = ""
+    maximum: int = 0
+    count: int = 0
+
+    def metadata(self) -> dict[str, str]:
+        return {
+            "field": self.field,
+            "limit": self.limit,
+            "maximum": str(self.maximum),
+            "count": str(self.count),
+        }
+
+
+@dataclass
+class PlannerFailed(FleetError):
+    """The planner answered a change with an error that is not a refusal (INTERNAL, UNKNOWN,
+    a status without the planner's ErrorInfo): nothing changed, and the planner's log says
+    why. `code` is the planner's status code's name."""
+
+    code: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"planner_code": self.code}

@@ -279,6 +279,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     log.warning("agent_hello_repeated", node=node)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
+        except grpc.aio.AbortError:
+            # The intake refused a message that did not parse (llmgw/rpc/intake.py) and has
+            # already ended the call with its status: the stream is over, not broken.
+            log.info("agent_stream_refused", node=node)
         except Exception:
             log.exception("agent_stream_failed", node=node)
         link.close("")

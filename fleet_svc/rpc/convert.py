@@ -22,6 +22,7 @@ from fleet_svc.watch import EndpointEvent
 from fleet_svc.watch import EventKind as EndpointKind
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2
+from llmgw.limits import DEFAULT_LIMITS, LimitExceeded, Limits
 from llmgw.model import InvalidValue, Inventory
 from llmgw.rpc.common import model_from_proto, profile_to_proto
 from llmgw.shape import InvalidShape
@@ -45,15 +46,20 @@ def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
     return ts
 
 
-def entry_in(msg: common_pb2.Model) -> Entry:
+def entry_in(msg: common_pb2.Model, limits: Limits = DEFAULT_LIMITS) -> Entry:
     """A catalog model from the API, refused when the fleet could not run it.
 
     Raises:
         InvalidModel: a bad name, profile or number, or an inline shape that sizes nothing.
+        ModelTooLarge: more profiles, arguments or files than `limits` allow.
     """
     check_name(msg.name)
     try:
-        model = model_from_proto(msg)
+        model = model_from_proto(msg, limits)
+    except LimitExceeded as exc:
+        raise errors.ModelTooLarge(
+            exc.message, field=exc.field, limit=exc.limit, maximum=exc.maximum, count=exc.count
+        ) from exc
     except (InvalidValue, InvalidShape) as exc:
         raise errors.InvalidModel(exc.message, field=getattr(exc, "field", "model")) from exc
     check_profiles(model)
@@ -84,14 +90,14 @@ def check_source(source: str) -> None:
         raise errors.InvalidSource(exc.message, field="model.source", source=source) from exc
 
 
-def accepted_entry(msg: common_pb2.Model) -> Entry:
+def accepted_entry(msg: common_pb2.Model, limits: Limits = DEFAULT_LIMITS) -> Entry:
     """A model as CreateModel, UpdateModel and the settings file accept it: `entry_in`, and
     its source checked (`check_source`).
 
     Raises:
         InvalidModel, InvalidSource.
     """
-    entry = entry_in(msg)
+    entry = entry_in(msg, limits)
     check_source(entry.model.source)
     return entry
 

@@ -20,14 +20,28 @@ PLANNER_TIMEOUT_S = 60.0
 """How long the fleet waits for the planner (a cold Hugging Face fetch can be slow)."""
 
 
+# The codes a planner refusal comes with (planner_svc/rpc/status.py, docs/errors.md). Any
+# other code, or one without an ErrorInfo reason, is the planner failing, not refusing.
+_REFUSAL_CODES = frozenset(
+    {"INVALID_ARGUMENT", "FAILED_PRECONDITION", "NOT_FOUND", "OUT_OF_RANGE", "RESOURCE_EXHAUSTED"}
+)
+
+
 def _failed(exc: Unreachable | Refused) -> Exception:
-    """What a failed call becomes: unavailable (nothing changed, retry) or the planner's
-    refusal, passed on with its whole status."""
+    """What a failed call becomes: unavailable (nothing changed, retry), the planner's
+    refusal passed on with its whole status, or, for a planner failure (INTERNAL, UNKNOWN, a
+    status without ErrorInfo), the fleet's own PLANNER_FAILED: a caller never sees a planner
+    bug as if it were a refusal of its request."""
     if isinstance(exc, Unreachable):
         return errors.PlannerUnavailable(
             f"the planner at {exc.address} did not answer ({exc.code}); nothing changed: try again"
         )
-    return PlannerRefused(exc.status)
+    if exc.reason and exc.code in _REFUSAL_CODES:
+        return PlannerRefused(exc.status)
+    return errors.PlannerFailed(
+        f"the planner failed on this change ({exc.code}); nothing changed: its log has the details",
+        code=exc.code,
+    )
 
 
 class GrpcPlanner:

@@ -19,9 +19,9 @@ from fleet_svc.rpc import convert
 from fleet_svc.rpc.auth import current_caller
 from fleet_svc.rpc.status import refusals_as_status, stream_refusals_as_status
 from fleet_svc.store.base import Store
-from fleet_svc.watch import WatcherTooSlow
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+from llmgw.limits import DEFAULT_LIMITS, Limits
 
 log = structlog.get_logger(__name__)
 
@@ -67,10 +67,13 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
     """Serves the fleet's whole API: the catalog, nodes and replicas, SetContext, SetGPUs and
     rollouts."""
 
-    def __init__(self, app: FleetApp, store: Store, controller: Controller) -> None:
+    def __init__(
+        self, app: FleetApp, store: Store, controller: Controller, limits: Limits = DEFAULT_LIMITS
+    ) -> None:
         self._app = app
         self._store = store
         self._controller = controller
+        self._limits = limits
 
     async def _once(
         self,
@@ -104,7 +107,9 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         """Add a model."""
 
         def make() -> fleet_pb2.CreateModelResponse:
-            rev = self._app.create_model(convert.accepted_entry(request.model), caller_of(context))
+            rev = self._app.create_model(
+                convert.accepted_entry(request.model, self._limits), caller_of(context)
+            )
             return fleet_pb2.CreateModelResponse(model=convert.catalog_model(rev))
 
         return await self._once(request, "CreateModel", fleet_pb2.CreateModelResponse, now(make))
@@ -135,7 +140,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
 
         def make() -> fleet_pb2.UpdateModelResponse:
             applied = self._app.update_model(
-                convert.accepted_entry(request.model),
+                convert.accepted_entry(request.model, self._limits),
                 request.etag,
                 ChangeOptions(
                     by=caller_of(context),
@@ -232,11 +237,9 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         events = self._controller.hub.watch(
             request.model, after_seq=max(request.after_seq, 0), epoch=request.epoch
         )
-        try:
-            async for event in events:
-                yield convert.endpoint_event(event)
-        except WatcherTooSlow as exc:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        # A watcher cut off for falling behind (WatcherTooSlow) ends through the error table.
+        async for event in events:
+            yield convert.endpoint_event(event)
 
     # -- planned changes and rollouts ------------------------------------------------------------
 
@@ -406,7 +409,13 @@ SERVICE_NAME = fleet_pb2.DESCRIPTOR.services_by_name["FleetService"].full_name
 
 
 def add_fleet_service(
-    server: grpc.aio.Server, app: FleetApp, store: Store, controller: Controller
+    server: grpc.aio.Server,
+    app: FleetApp,
+    store: Store,
+    controller: Controller,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> None:
-    """Serve the fleet API on `server`."""
-    fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetServicer(app, store, controller), server)
+    """Serve the fleet API on `server`, holding models to `limits`."""
+    fleet_pb2_grpc.add_FleetServiceServicer_to_server(
+        FleetServicer(app, store, controller, limits), server
+    )

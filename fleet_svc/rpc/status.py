@@ -13,7 +13,8 @@ from grpc_status import rpc_status
 
 from fleet_svc.domain import errors
 from fleet_svc.store.base import NotLeader, StoreDamaged, StoreError, StoreUnavailable
-from llmgw.rpc.status import INTERNAL, build_status, guarded
+from fleet_svc.watch import WATCHER_QUEUE, WatcherTooSlow
+from llmgw.rpc.status import INTERNAL, build_status, guarded, subclasses
 
 log = structlog.get_logger(__name__)
 
@@ -27,6 +28,7 @@ _TABLE: tuple[tuple[type[errors.FleetError], grpc.StatusCode, str], ...] = (
     (errors.ModelDeclared, grpc.StatusCode.FAILED_PRECONDITION, "MODEL_DECLARED"),
     (errors.StaleRevision, grpc.StatusCode.ABORTED, "STALE_REVISION"),
     (errors.InvalidSource, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SOURCE"),
+    (errors.ModelTooLarge, grpc.StatusCode.INVALID_ARGUMENT, "LIMIT_EXCEEDED"),
     (errors.InvalidModel, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_MODEL"),
     (errors.RequestIdReused, grpc.StatusCode.ALREADY_EXISTS, "REQUEST_ID_REUSED"),
     (errors.RolloutInProgress, grpc.StatusCode.ABORTED, "ROLLOUT_IN_PROGRESS"),
@@ -40,6 +42,9 @@ _TABLE: tuple[tuple[type[errors.FleetError], grpc.StatusCode, str], ...] = (
     (errors.NodeIdentityMismatch, grpc.StatusCode.PERMISSION_DENIED, "NODE_IDENTITY_MISMATCH"),
     # The planner being down is not a refusal: nothing changed and a retry may succeed.
     (errors.PlannerUnavailable, grpc.StatusCode.UNAVAILABLE, "PLANNER_UNAVAILABLE"),
+    # The planner failing (not refusing): the fleet's own INTERNAL, with its reason, never the
+    # planner's status passed on as if it were a refusal.
+    (errors.PlannerFailed, grpc.StatusCode.INTERNAL, "PLANNER_FAILED"),
     (errors.FleetError, grpc.StatusCode.FAILED_PRECONDITION, "REFUSED"),
 )
 
@@ -71,7 +76,8 @@ def to_status(exc: errors.FleetError) -> status_pb2.Status:
 
 
 class PlannerRefused(Exception):
-    """The planner refused a change: its status reaches the caller unchanged."""
+    """The planner refused a change: its status reaches the caller unchanged (only a refusal:
+    `fleet_svc.rpc.planner` turns a planner failure into PlannerFailed)."""
 
     def __init__(self, status: status_pb2.Status) -> None:
         super().__init__(status.message)
@@ -99,7 +105,26 @@ def store_status(exc: StoreError) -> status_pb2.Status | None:
     return None
 
 
+WATCHER_TOO_SLOW = "WATCHER_TOO_SLOW"
+"""The reason a WatchReplicas stream is cut off with: it fell `watch.WATCHER_QUEUE` events
+behind."""
+
+
+def watcher_status(exc: WatcherTooSlow) -> status_pb2.Status:
+    """A watcher cut off for falling behind: RESOURCE_EXHAUSTED (its queue is the resource),
+    with the limit it passed; the gateway watches again and gets a fresh snapshot."""
+    return build_status(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        WATCHER_TOO_SLOW,
+        DOMAIN,
+        str(exc),
+        {"limit": "watcher_queue", "maximum": str(WATCHER_QUEUE)},
+    )
+
+
 def _status_of(exc: Exception) -> status_pb2.Status | None:
+    if isinstance(exc, WatcherTooSlow):
+        return watcher_status(exc)
     if isinstance(exc, PlannerRefused):
         return exc.status
     if isinstance(exc, StoreError):
@@ -142,3 +167,21 @@ def stream_refusals_as_status(method: StreamMethod[S, Q, R]) -> StreamMethod[S, 
         await context.abort_with_status(rpc_status.to_status(status))
 
     return wrapper
+
+
+def example_statuses() -> list[status_pb2.Status]:
+    """One status for every class the tables answer (each fleet refusal built with its
+    defaults, each store failure, a watcher cut off): the reasons, codes and metadata keys
+    docs/errors.md must list. REFUSED is among them only for the root, FleetError, which
+    nothing raises as such."""
+    out = [to_status(cls("example")) for cls in subclasses(errors.FleetError)]
+    for failure in (
+        StoreUnavailable("data/fleet.db", "example"),
+        StoreDamaged("data/fleet.db", "example"),
+        NotLeader("db", 1, leader_epoch=2, leader="fleet-b", leader_address="10.0.0.2:50052"),
+    ):
+        status = store_status(failure)
+        assert status is not None
+        out.append(status)
+    out.append(watcher_status(WatcherTooSlow("example")))
+    return out

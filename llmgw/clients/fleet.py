@@ -37,6 +37,7 @@ from llmgw.clients.errors import (
     translated,
 )
 from llmgw.clients.leader import Fleets, fleet_addresses, not_leader
+from llmgw.clients.planner import CHANNEL_OPTIONS
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from llmgw.tls import ClientTLS, sync_channel
 
@@ -126,7 +127,9 @@ class FleetClient:
         address = self.address
         stub = self._stubs.get(address)
         if stub is None:
-            self._channels[address] = sync_channel(address, self._tls)
+            # A change's answer carries its profiles' arguments before and after, as the
+            # planner's does: the same receive limit.
+            self._channels[address] = sync_channel(address, self._tls, CHANNEL_OPTIONS)
             stub = self._stubs[address] = fleet_pb2_grpc.FleetServiceStub(self._channels[address])
         return stub
 

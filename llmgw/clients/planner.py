@@ -28,6 +28,12 @@ DEFAULT_TIMEOUT_S = 60.0
 """How long a call waits for its answer: a cold Hugging Face fetch behind DescribeModel can be
 slow."""
 
+ANSWER_BYTES = 64 << 20
+"""The largest answer a client takes (gRPC's default is 4 MiB): an answer carries each profile's
+arguments before and after, so it can be a few times its request, which the planner holds to
+4 MiB by default (llmgw.limits)."""
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", ANSWER_BYTES)]
+
 
 class PlannerClient:
     """The planner at `address`, called from blocking code. Close it (or use `with`).
@@ -55,7 +61,7 @@ class PlannerClient:
         self.timeout_s = timeout_s
         self.metadata = bearer_metadata(token)
         self._secure = tls is not None
-        self._channel = sync_channel(address, tls)
+        self._channel = sync_channel(address, tls, CHANNEL_OPTIONS)
         self._stub = planner_pb2_grpc.PlannerServiceStub(self._channel)
 
     def _call(self, fn: Callable[[], T]) -> T:
@@ -132,7 +138,7 @@ class AsyncPlannerClient:
     ) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = aio_channel(address, tls)
+        self._channel = aio_channel(address, tls, CHANNEL_OPTIONS)
         self._stub = planner_pb2_grpc.PlannerServiceStub(self._channel)
 
     async def size_context(

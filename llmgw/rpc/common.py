@@ -5,6 +5,7 @@ both convert here, once, at their process edge."""
 from __future__ import annotations
 
 from llmgw.common.v1 import common_pb2
+from llmgw.limits import DEFAULT_LIMITS, Limits
 from llmgw.model import (
     InvalidValue,
     Inventory,
@@ -37,11 +38,21 @@ _KIND_VALUES: dict[LayerKind, common_pb2.LayerKind.ValueType] = {
 }
 
 
-def profile_from_proto(msg: common_pb2.Profile, index: int) -> Profile:
-    """A domain profile, its numbers checked."""
+def profile_from_proto(
+    msg: common_pb2.Profile, index: int, limits: Limits = DEFAULT_LIMITS
+) -> Profile:
+    """A domain profile, its numbers and sizes checked.
+
+    Raises:
+        InvalidValue: a missing name, or a number out of range.
+        LimitExceeded: more arguments, or a longer one, than `limits` allow.
+    """
     where = f"model.profiles[{index}]"
     if not msg.name:
         raise InvalidValue(f"{where} has no name: name every profile", field=where)
+    limits.check_count(len(msg.args), "max_args", f"{where}.args")
+    for i, arg in enumerate(msg.args):
+        limits.check_count(len(arg), "max_arg_bytes", f"{where}.args[{i}]")
     return Profile(
         name=msg.name,
         engine=msg.engine,
@@ -58,15 +69,19 @@ def profile_from_proto(msg: common_pb2.Profile, index: int) -> Profile:
     )
 
 
-def model_from_proto(msg: common_pb2.Model) -> Model:
-    """A domain model, its numbers checked.
+def model_from_proto(msg: common_pb2.Model, limits: Limits = DEFAULT_LIMITS) -> Model:
+    """A domain model, its numbers checked; its sizes (profiles, arguments, files) checked
+    against `limits` before anything is built from them.
 
     Raises:
-        InvalidRequest: a missing name, or a number out of range.
+        InvalidValue: a missing name, or a number out of range.
+        LimitExceeded: more profiles, arguments or files than `limits` allow.
         InvalidShape: an inline shape that cannot size anything.
     """
     if not msg.name:
         raise InvalidValue("the request names no model: set model.name", field="model.name")
+    limits.check_count(len(msg.profiles), "max_profiles", "model.profiles")
+    limits.check_count(len(msg.origin.files), "max_files", "model.origin.files")
     files = []
     for i, f in enumerate(msg.origin.files):
         files.append((f.path, checked_count(f.bytes, f"model.origin.files[{i}].bytes", 1 << 50)))
@@ -81,13 +96,19 @@ def model_from_proto(msg: common_pb2.Model) -> Model:
         files=tuple(files),
         context_length=checked_count(msg.context_length, "model.context_length", 1 << 40),
         max_output=checked_count(msg.max_output, "model.max_output", 1 << 40),
-        profiles=tuple(profile_from_proto(p, i) for i, p in enumerate(msg.profiles)),
+        profiles=tuple(profile_from_proto(p, i, limits) for i, p in enumerate(msg.profiles)),
         shape=shape_from_proto(msg.shape) if msg.HasField("shape") else None,
     )
 
 
-def inventory_from_proto(msg: common_pb2.Inventory) -> Inventory:
-    """A domain inventory, its numbers checked."""
+def inventory_from_proto(msg: common_pb2.Inventory, limits: Limits = DEFAULT_LIMITS) -> Inventory:
+    """A domain inventory, its numbers checked (and its node count against `limits`).
+
+    Raises:
+        InvalidValue: a number out of range.
+        LimitExceeded: more nodes than `limits` allow.
+    """
+    limits.check_count(len(msg.nodes), "max_nodes", "inventory.nodes")
     nodes = []
     for i, n in enumerate(msg.nodes):
         where = f"inventory.nodes[{i}]"

@@ -116,3 +116,27 @@ def _code_tuple(code: int) -> tuple[int, str]:
         if c.value[0] == code:
             return c.value
     return grpc.StatusCode.UNKNOWN.value
+
+
+E = TypeVar("E", bound=Exception)
+
+
+def subclasses(root: type[E]) -> list[type[E]]:
+    """`root` and every class below it that is loaded, each once, roots first."""
+    seen: list[type[E]] = []
+    todo = [root]
+    while todo:
+        cls = todo.pop(0)
+        if cls not in seen:
+            seen.append(cls)
+            todo.extend(cls.__subclasses__())
+    return seen
+
+
+def error_info(status: status_pb2.Status) -> error_details_pb2.ErrorInfo | None:
+    """The ErrorInfo a status carries (None when it carries none)."""
+    for detail in status.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return info
+    return None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from llmgw.engines import registry
 from llmgw.engines.base import Engine, Verdict
@@ -25,6 +25,10 @@ MAX_SLOTS = 64
 
 MAX_TOKENS = 1 << 24
 """A ceiling on any context, trained or not: past it a number is a typo, not a plan."""
+
+MAX_NEED_BYTES = 1 << 60
+"""A ceiling on any memory figure (1 EiB): far past any machine, and below int64's 2^63 so
+every figure and sum the contract carries (`Memory.*_bytes`, `min_memory_gb`) fits its field."""
 
 MAX_OUTPUT_CAP_TOKENS = 32_768
 """The default max_output is a quarter of the context, at most this (the reference's rule)."""
@@ -91,7 +95,7 @@ def check_context_request(tokens: int, slots: int) -> None:
 
     Raises:
         ContextTooShort: tokens < 256.
-        InvalidRequest: tokens past MAX_TOKENS.
+        ContextOverLimit: tokens past MAX_TOKENS.
         SlotsOutOfRange: slots not in 0..64.
     """
     if tokens < MIN_CONTEXT_TOKENS:
@@ -100,16 +104,45 @@ def check_context_request(tokens: int, slots: int) -> None:
             tokens=tokens,
         )
     if tokens > MAX_TOKENS:
-        raise errors.InvalidRequest(
+        raise errors.ContextOverLimit(
             f"a context of {tokens} tokens is past any model's ({MAX_TOKENS}): check the number",
-            field="tokens",
-            reason="CONTEXT_OVER_LIMIT",
+            tokens=tokens,
+            maximum=MAX_TOKENS,
         )
     if slots < 0 or slots > MAX_SLOTS:
         raise errors.SlotsOutOfRange(
             f"{slots} slots is out of range: slots are 1 to {MAX_SLOTS} (0 keeps the current)",
             slots=slots,
         )
+
+
+def check_size_request(model: Model, *, tokens: int, slots: int) -> None:
+    """Refuse a SizeContext request on what needs no shape: its numbers, and each profile's
+    engine (known, and taking a context). Made before a source is fetched.
+
+    Raises:
+        ContextTooShort, ContextOverLimit, SlotsOutOfRange, UnknownEngine, EngineNoContext.
+    """
+    check_context_request(tokens, slots)
+    for profile in model.profiles:
+        _context_engine(profile)
+
+
+def _context_engine(profile: Profile) -> Engine:
+    """The profile's engine, refused when it takes no context this way.
+
+    Raises:
+        UnknownEngine, EngineNoContext.
+    """
+    engine = engine_of(profile)
+    if not engine.takes_context:
+        raise errors.EngineNoContext(
+            f"a {profile.engine} profile ({profile.name}) does not take a context this way: "
+            "change that profile's arguments, or remove it first",
+            profile=profile.name,
+            engine=profile.engine,
+        )
+    return engine
 
 
 def size_context(
@@ -215,6 +248,7 @@ def profile_need(
     if profile.on_cpu:
         pool = engine.pool_tokens(tokens, slots)
         ram = ram_need(shape, pool, sequences=max(slots, 1))
+        _check_in_range(profile, ram.total_bytes, ram.kv_bytes, ram.weights_bytes)
         return ProfileNeed(ram_bytes=ram.total_bytes, ram=ram, weights_known=known)
     fit = measure(
         engine,
@@ -226,7 +260,30 @@ def profile_need(
         slots=slots,
         cards=profile.cards,
     )
-    return ProfileNeed(card=fit.need, weights_known=known)
+    need = fit.need
+    _check_in_range(
+        profile,
+        *(getattr(need, f.name) for f in fields(need) if isinstance(getattr(need, f.name), int)),
+    )
+    return ProfileNeed(card=need, weights_known=known)
+
+
+def _check_in_range(profile: Profile, *figures: int) -> None:
+    """Refuse a need whose figures are past MAX_NEED_BYTES (a huge inline shape times a long
+    context), before they reach a field they would overflow.
+
+    Raises:
+        MemoryOutOfRange: the largest figure is past the ceiling.
+    """
+    largest = max(figures, default=0)
+    if largest > MAX_NEED_BYTES:
+        raise errors.MemoryOutOfRange(
+            f"the {profile.name} profile would need {largest} bytes, past any machine's "
+            f"{MAX_NEED_BYTES}: check the model's shape and the context asked for",
+            profile=profile.name,
+            need_bytes=largest,
+            maximum_bytes=MAX_NEED_BYTES,
+        )
 
 
 def _resize_profile(
@@ -240,14 +297,7 @@ def _resize_profile(
     notes: list[str],
 ) -> tuple[Profile, ProfileChange]:
     """One profile for the new context, refused where its cards would not hold it."""
-    engine = engine_of(profile)
-    if not engine.takes_context:
-        raise errors.EngineNoContext(
-            f"a {profile.engine} profile ({profile.name}) does not take a context this way: "
-            "change that profile's arguments, or remove it first",
-            profile=profile.name,
-            engine=profile.engine,
-        )
+    engine = _context_engine(profile)
     use_slots = slots or engine.slots(profile.args)
     args = tuple(engine.with_context(profile.args, tokens, use_slots))
     new_profile = replace(profile, args=args)

@@ -62,6 +62,75 @@ class SlotsOutOfRange(InvalidRequest):
 
 
 @dataclass
+class ContextOverLimit(InvalidRequest):
+    """tokens past any model's context (`context.MAX_TOKENS`): a typo, not a plan."""
+
+    tokens: int = 0
+    maximum: int = 0
+    field: str = "tokens"
+    reason: str = "CONTEXT_OVER_LIMIT"
+
+    def metadata(self) -> dict[str, str]:
+        return {"tokens": str(self.tokens), "maximum": str(self.maximum)}
+
+
+@dataclass
+class GPUCountOutOfRange(InvalidRequest):
+    """A card count per replica below 1 or past `gpus.MAX_GPUS`."""
+
+    gpus: int = 0
+    maximum: int = 0
+    field: str = "gpus"
+    reason: str = "GPU_COUNT_OUT_OF_RANGE"
+
+    def metadata(self) -> dict[str, str]:
+        return {"gpus": str(self.gpus), "minimum": "1", "maximum": str(self.maximum)}
+
+
+@dataclass
+class ProfileOnCPU(InvalidRequest):
+    """PlanGPUs names a profile that runs in RAM (cpu_only, or no gpu_class)."""
+
+    profile: str = ""
+    field: str = "profile"
+    reason: str = "PROFILE_ON_CPU"
+
+    def metadata(self) -> dict[str, str]:
+        return {"profile": self.profile}
+
+
+@dataclass
+class NoGPUProfile(InvalidRequest):
+    """PlanGPUs names no profile, and the model has no GPU profile to plan."""
+
+    model: str = ""
+    field: str = "profile"
+    reason: str = "NO_GPU_PROFILE"
+
+    def metadata(self) -> dict[str, str]:
+        return {"model": self.model}
+
+
+@dataclass
+class MemoryOutOfRange(InvalidRequest):
+    """A profile's memory need is past what any machine holds (`context.MAX_NEED_BYTES`): the
+    shape or the context is absurd, and the numbers would not fit the contract's fields."""
+
+    profile: str = ""
+    need_bytes: int = 0
+    maximum_bytes: int = 0
+    field: str = "model.shape"
+    reason: str = "MEMORY_OUT_OF_RANGE"
+
+    def metadata(self) -> dict[str, str]:
+        return {
+            "profile": self.profile,
+            "need_bytes": str(self.need_bytes),
+            "maximum_bytes": str(self.maximum_bytes),
+        }
+
+
+@dataclass
 class ContextOverTrained(PlannerError):
     """tokens > the context the model was trained for."""
 

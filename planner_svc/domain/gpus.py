@@ -61,13 +61,7 @@ def plan_gpus(
         InvalidRequest, ProfileNotFound, EngineSingleCard, GPUCountUnavailable,
         HeadsNotDivisible, CardsTooSmall, UnknownEngine.
     """
-    if gpus < 1 or gpus > MAX_GPUS:
-        raise errors.InvalidRequest(
-            f"{gpus} cards a replica is out of range: ask for 1 to {MAX_GPUS}",
-            field="gpus",
-            reason="GPU_COUNT_OUT_OF_RANGE",
-        )
-    chosen = _chosen_profiles(model, profile)
+    chosen = check_gpus_request(model, gpus=gpus, profile=profile)
     notes = [note] if note else []
     if shape is not None and shape.weights_bytes <= 0 and not note:
         notes.append(
@@ -94,6 +88,22 @@ def plan_gpus(
     )
 
 
+def check_gpus_request(model: Model, *, gpus: int, profile: str) -> set[str]:
+    """The profiles a PlanGPUs request is about, refused when its numbers or names are wrong:
+    the checks that need no shape, so they are made before a source is fetched.
+
+    Raises:
+        GPUCountOutOfRange, ProfileNotFound, ProfileOnCPU, NoGPUProfile.
+    """
+    if gpus < 1 or gpus > MAX_GPUS:
+        raise errors.GPUCountOutOfRange(
+            f"{gpus} cards a replica is out of range: ask for 1 to {MAX_GPUS}",
+            gpus=gpus,
+            maximum=MAX_GPUS,
+        )
+    return _chosen_profiles(model, profile)
+
+
 def _chosen_profiles(model: Model, name: str) -> set[str]:
     """The profiles a request is about: the one named, or every GPU profile."""
     if name:
@@ -104,18 +114,16 @@ def _chosen_profiles(model: Model, name: str) -> set[str]:
                 f"{model.name} has no profile {name!r} (it has: {have})", profile=name
             )
         if match[0].on_cpu:
-            raise errors.InvalidRequest(
+            raise errors.ProfileOnCPU(
                 f"the {name} profile runs on CPUs: give it a gpu_class before planning cards",
-                field="profile",
-                reason="PROFILE_ON_CPU",
+                profile=name,
             )
         return {name}
     chosen = {p.name for p in model.profiles if not p.on_cpu}
     if not chosen:
-        raise errors.InvalidRequest(
-            f"{model.name} has no GPU profile to plan cards for",
-            field="profile",
-            reason="NO_GPU_PROFILE",
+        raise errors.NoGPUProfile(
+            f"{model.name} has no GPU profile to plan cards for: give a profile a gpu_class",
+            model=model.name,
         )
     return chosen
 
@@ -246,4 +254,4 @@ def _replan_profile(
     return new_profile, change
 
 
-__all__ = ["GPUsChange", "ProfileNeed", "plan_gpus"]
+__all__ = ["GPUsChange", "ProfileNeed", "check_gpus_request", "plan_gpus"]

@@ -19,6 +19,7 @@ from typing import Generic, TypeVar
 from google.protobuf.message import Message
 
 from llmgw.common.v1 import common_pb2
+from llmgw.limits import DEFAULT_LIMITS, Limits
 from llmgw.model import Inventory, Model
 from llmgw.rpc import common
 
@@ -60,17 +61,22 @@ class Decoded(Generic[T]):
         return value
 
 
-def _model(msg: Message) -> Model:
-    assert isinstance(msg, common_pb2.Model)
-    return common.model_from_proto(msg)
+def _converters(
+    limits: Limits,
+) -> tuple[Callable[[Message], Model], Callable[[Message], Inventory]]:
+    def model(msg: Message) -> Model:
+        assert isinstance(msg, common_pb2.Model)
+        return common.model_from_proto(msg, limits)
+
+    def inventory(msg: Message) -> Inventory:
+        assert isinstance(msg, common_pb2.Inventory)
+        return common.inventory_from_proto(msg, limits)
+
+    return model, inventory
 
 
-def _inventory(msg: Message) -> Inventory:
-    assert isinstance(msg, common_pb2.Inventory)
-    return common.inventory_from_proto(msg)
-
-
-def decoders() -> tuple[Decoded[Model], Decoded[Inventory]]:
+def decoders(limits: Limits = DEFAULT_LIMITS) -> tuple[Decoded[Model], Decoded[Inventory]]:
     """A fresh pair of memories: models (`common.model_from_proto`) and inventories
-    (`common.inventory_from_proto`), one pair per servicer."""
-    return Decoded(_model), Decoded(_inventory)
+    (`common.inventory_from_proto`), each checked against `limits`, one pair per servicer."""
+    model, inventory = _converters(limits)
+    return Decoded(model), Decoded(inventory)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
+import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 import grpc
 import structlog
@@ -12,13 +18,14 @@ from google.protobuf.message import Message
 
 from llmgw.common.v1 import common_pb2
 from llmgw.engines.llamacpp import LLAMACPP_VERSION
+from llmgw.limits import DEFAULT_LIMITS, Limits
 from llmgw.model import Model
 from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
 from llmgw.rpc import common
 from llmgw.shape import ModelShape
 from planner_svc.domain import errors
-from planner_svc.domain.context import check_context_request, size_context
-from planner_svc.domain.gpus import plan_gpus
+from planner_svc.domain.context import check_size_request, size_context
+from planner_svc.domain.gpus import check_gpus_request, plan_gpus
 from planner_svc.rpc import convert, decoded
 from planner_svc.rpc.status import refusals_as_status
 
@@ -37,10 +44,22 @@ class Resolver(Protocol):
 class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
     """Answers SizeContext, PlanGPUs and DescribeModel."""
 
-    def __init__(self, resolver: Resolver) -> None:
+    def __init__(self, resolver: Resolver, limits: Limits = DEFAULT_LIMITS) -> None:
         self._resolver = resolver
-        self._answers = _Answers()
-        self._model_of, self._inventory_of = decoded.decoders()
+        self._limits = limits
+        self._answers = _Answers(limit_bytes=limits.answer_cache_bytes)
+        self._model_of, self._inventory_of = decoded.decoders(limits)
+        # Planning is pure Python: on the event loop, one large request would hold every other
+        # call (health checks included) for its whole length. One worker thread, not a pool:
+        # the GIL lets only one plan run at a time anyway, so more threads would only hold
+        # more requests' work in memory at once.
+        self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="planning")
+
+    async def _planned(self, plan: Callable[[], T]) -> T:
+        """`plan()`, run on the planning thread (its context variables with it)."""
+        context = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._planner, context.run, plan)
 
     async def _resolve(self, msg: common_pb2.Model) -> ModelShape | errors.SourceUnreachable | None:
         """The shape of a model's source (None for an inline shape or no source); a source
@@ -81,17 +100,26 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         self, request: planner_pb2.SizeContextRequest, context: Context
     ) -> planner_pb2.SizeContextResponse:
         """A new context for a model: each profile's engine arguments and memory."""
+        # Everything that needs no shape is checked first: a refusal costs no fetch.
+        model = self._model_of(request.model)
+        inventory = self._inventory_of(request.inventory)
+        check_size_request(model, tokens=request.tokens, slots=request.slots)
         resolved = await self._resolve(request.model)
         key = _memo_key(request, resolved)
-        hit = self._answers.get(key)
-        if isinstance(hit, planner_pb2.SizeContextResponse):
+        hit = self._answers.get(key, planner_pb2.SizeContextResponse)
+        if hit is not None:
             return hit
-        model = self._model_of(request.model)
-        check_context_request(request.tokens, request.slots)
-        inventory = self._inventory_of(request.inventory)
         shape, note = self._shape_of(model, resolved)
-        change = size_context(
-            model, shape, tokens=request.tokens, slots=request.slots, inventory=inventory, note=note
+        change = await self._planned(
+            functools.partial(
+                size_context,
+                model,
+                shape,
+                tokens=request.tokens,
+                slots=request.slots,
+                inventory=inventory,
+                note=note,
+            )
         )
         log.info("context_sized", model=model.name, before=change.before, after=change.after)
         answer = planner_pb2.SizeContextResponse(
@@ -107,21 +135,25 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         self, request: planner_pb2.PlanGPUsRequest, context: Context
     ) -> planner_pb2.PlanGPUsResponse:
         """N cards of one node per replica for one profile or every GPU profile."""
-        resolved = await self._resolve(request.model)
-        key = _memo_key(request, resolved)
-        hit = self._answers.get(key)
-        if isinstance(hit, planner_pb2.PlanGPUsResponse):
-            return hit
         model = self._model_of(request.model)
         inventory = self._inventory_of(request.inventory)
+        check_gpus_request(model, gpus=request.gpus, profile=request.profile)
+        resolved = await self._resolve(request.model)
+        key = _memo_key(request, resolved)
+        hit = self._answers.get(key, planner_pb2.PlanGPUsResponse)
+        if hit is not None:
+            return hit
         shape, note = self._shape_of(model, resolved)
-        change = plan_gpus(
-            model,
-            shape,
-            gpus=request.gpus,
-            profile=request.profile,
-            inventory=inventory,
-            note=note,
+        change = await self._planned(
+            functools.partial(
+                plan_gpus,
+                model,
+                shape,
+                gpus=request.gpus,
+                profile=request.profile,
+                inventory=inventory,
+                note=note,
+            )
         )
         log.info("gpus_planned", model=model.name, gpus=change.gpus)
         answer = planner_pb2.PlanGPUsResponse(
@@ -153,51 +185,88 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
 
 
 ANSWERS_KEPT = 1024
-"""Answers remembered for requests asked again (a gateway asks the same plan many times)."""
+"""Answers remembered for requests asked again (a gateway asks the same plan many times), at
+most; their bytes are bounded too (`Limits.answer_cache_bytes`)."""
+
+ENTRY_OVERHEAD_BYTES = 256
+"""What one remembered answer costs beside its bytes (the key tuple, the dict slot), counted
+so that many small answers are bounded as well as a few large ones."""
+
+MemoKey: TypeAlias = tuple[str, bytes, int]
+M = TypeVar("M", bound=Message)
+T = TypeVar("T")
 
 
-def _memo_key(request: Message, resolved: object) -> tuple[str, bytes, int] | None:
-    """What an answer depends on: the request, and which cached shape its source resolved to
-    (None when the source could not be read: such answers are not remembered)."""
+def _memo_key(request: Message, resolved: object) -> MemoKey | None:
+    """What an answer depends on: the request (by its digest, so a 4 MiB request does not
+    keep 4 MiB of key), and which cached shape its source resolved to (None when the source
+    could not be read: such answers are not remembered)."""
     if isinstance(resolved, errors.SourceUnreachable):
         return None
-    return (type(request).__name__, request.SerializeToString(deterministic=True), id(resolved))
+    digest = hashlib.sha256(request.SerializeToString(deterministic=True)).digest()
+    return (type(request).__name__, digest, id(resolved))
 
 
 class _Answers:
-    """A bounded memory of answers: the planner is a pure function of the request and the
-    shape, so a request asked again against the same cached shape gets the same answer. An
+    """A memory of answers bounded in entries and in bytes: the planner is a pure function of
+    the request and the shape, so a request asked again against the same cached shape gets the
+    same answer. Answers are kept serialized, so the bytes counted are the bytes held. An
     entry holds its shape, so the shape's identity in the key cannot be reused while it lives;
     when the shape cache refetches a source, the new shape makes new keys."""
 
-    def __init__(self, limit: int = ANSWERS_KEPT) -> None:
+    def __init__(self, limit: int = ANSWERS_KEPT, limit_bytes: int = 64 << 20) -> None:
         self._limit = limit
-        self._kept: OrderedDict[tuple[str, bytes, int], tuple[Message, object]] = OrderedDict()
+        self._limit_bytes = limit_bytes
+        self._kept: OrderedDict[MemoKey, tuple[bytes, object]] = OrderedDict()
+        self.held_bytes = 0
+        """The bytes the kept answers count for (answers + keys + ENTRY_OVERHEAD_BYTES each)."""
 
-    def get(self, key: tuple[str, bytes, int] | None) -> Message | None:
-        """The answer remembered for `key`, if any."""
+    def get(self, key: MemoKey | None, kind: type[M]) -> M | None:
+        """The answer remembered for `key`, if any, as a `kind` message."""
         if key is None:
             return None
         hit = self._kept.get(key)
         if hit is None:
             return None
         self._kept.move_to_end(key)
-        return hit[0]
+        return kind.FromString(hit[0])
 
-    def put(self, key: tuple[str, bytes, int] | None, answer: Message, shape: object) -> None:
-        """Remember an answer (the least recently used beyond the limit is forgotten)."""
+    def put(self, key: MemoKey | None, answer: Message, shape: object) -> None:
+        """Remember an answer; the least recently used are forgotten beyond the limits, and
+        an answer larger than the whole byte limit is not kept."""
         if key is None:
             return
-        self._kept[key] = (answer, shape)
-        self._kept.move_to_end(key)
-        while len(self._kept) > self._limit:
-            self._kept.popitem(last=False)
+        data = answer.SerializeToString()
+        cost = _cost(key, data)
+        if cost > self._limit_bytes:
+            return
+        old = self._kept.pop(key, None)
+        if old is not None:
+            self.held_bytes -= _cost(key, old[0])
+        self._kept[key] = (data, shape)
+        self.held_bytes += cost
+        while len(self._kept) > self._limit or self.held_bytes > self._limit_bytes:
+            old_key, (old_data, _) = self._kept.popitem(last=False)
+            self.held_bytes -= _cost(old_key, old_data)
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
+def _cost(key: MemoKey, data: bytes) -> int:
+    """The bytes one remembered answer counts for."""
+    return len(data) + len(key[1]) + len(key[0]) + ENTRY_OVERHEAD_BYTES
 
 
 SERVICE_NAME = planner_pb2.DESCRIPTOR.services_by_name["PlannerService"].full_name
 """The planner's full service name, for health and reflection."""
 
 
-def add_planner_service(server: grpc.aio.Server, resolver: Resolver) -> None:
-    """Serve the planner's RPCs on `server`, resolving shapes with `resolver`."""
-    planner_pb2_grpc.add_PlannerServiceServicer_to_server(PlannerServicer(resolver), server)
+def add_planner_service(
+    server: grpc.aio.Server, resolver: Resolver, limits: Limits = DEFAULT_LIMITS
+) -> PlannerServicer:
+    """Serve the planner's RPCs on `server`, resolving shapes with `resolver`, holding
+    requests to `limits`; the servicer, for its answer cache's figures."""
+    servicer = PlannerServicer(resolver, limits)
+    planner_pb2_grpc.add_PlannerServiceServicer_to_server(servicer, server)
+    return servicer

@@ -7,7 +7,7 @@ import grpc
 from google.rpc import status_pb2
 
 from llmgw.refusal import Refusal
-from llmgw.rpc.status import build_status, guarded
+from llmgw.rpc.status import build_status, guarded, subclasses
 from planner_svc.domain import errors
 
 DOMAIN = "planner.llmgw.dev"
@@ -96,3 +96,22 @@ def _status_of(exc: Exception) -> status_pb2.Status | None:
 refusals_as_status = guarded(_status_of)
 """Applies the table to a servicer method: planner exceptions become their status with
 details; anything else is logged with its traceback and answered INTERNAL."""
+
+
+_ROOTS: tuple[type[Refusal], ...] = (
+    errors.PlannerError,
+    errors.EngineError,
+    errors.InvalidValue,
+    errors.InvalidShape,
+)
+
+
+def example_statuses() -> list[status_pb2.Status]:
+    """One status for every class the table answers (each refusal class loaded, built with
+    its defaults): the reasons, codes and metadata keys docs/errors.md must list. REFUSED is
+    among them only for the roots, which nothing raises as such."""
+    out = []
+    for root in _ROOTS:
+        for cls in subclasses(root):
+            out.append(to_status(cls("example")))
+    return out

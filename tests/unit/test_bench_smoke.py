@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from bench import __main__ as bench_main
-from bench import agent_fanin, planner_throughput, rollout_overhead, watch_replicas
+from bench import (
+    agent_fanin,
+    planner_memory,
+    planner_throughput,
+    rollout_overhead,
+    watch_replicas,
+)
 
 
 def assert_sane(figures: dict[str, float], positive: tuple[str, ...]) -> None:
@@ -32,6 +38,16 @@ async def test_planner_throughput_reports_rates_and_ratios(tmp_path: Path) -> No
     figures = await planner_throughput.measure(rounds=2, calls=20, concurrency=4, folder=tmp_path)
     assert {"health_per_s", "inline_ratio", "gguf_ratio", "gguf_cpu_us"} <= set(figures)
     assert_sane(figures, ("health_", "inline_", "gguf_"))
+
+
+async def test_planner_memory_reports_rss_growth_against_the_cache_bound(tmp_path: Path) -> None:
+    """Distinct large requests run against a child planner; its RSS, the growth over the
+    cache bound and the health latencies beside a large request come back."""
+    figures = await planner_memory.measure(requests=4, warmup=1, cache_mib=4, folder=tmp_path)
+    assert {"start_rss_mib", "rss_mib@4", "growth_over_bound", "busy_over_idle_p50"} <= set(figures)
+    assert figures["cache_bound_mib"] == 4
+    assert figures["request_mib"] > 0.5
+    assert_sane(figures, ("start_rss", "rss_mib", "health_", "request_", "answer_"))
 
 
 async def test_agent_fanin_reports_cpu_memory_and_ack_latency(tmp_path: Path) -> None:
@@ -65,9 +81,10 @@ async def test_rollout_overhead_reports_both_variants_and_the_parallel_pair(
 
 
 def test_the_runner_knows_every_benchmark_and_refuses_unknown_names() -> None:
-    """`python -m bench` lists all nine benchmarks and refuses a name it does not know."""
+    """`python -m bench` lists all ten benchmarks and refuses a name it does not know."""
     assert set(bench_main.BENCHES) == {
         "planner_throughput",
+        "planner_memory",
         "gguf_header",
         "shape_resolution",
         "agent_fanin",

@@ -11,8 +11,16 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 
 from fleet_svc.domain import errors
-from fleet_svc.rpc.status import code_and_reason, store_status, stream_refusals_as_status
+from fleet_svc.rpc.planner import _failed as planner_failure
+from fleet_svc.rpc.status import (
+    PlannerRefused,
+    code_and_reason,
+    store_status,
+    stream_refusals_as_status,
+)
 from fleet_svc.store.base import NotLeader, StoreDamaged, StoreError, StoreUnavailable
+from fleet_svc.watch import WATCHER_QUEUE, WatcherTooSlow
+from llmgw.clients.errors import Refused
 
 
 class Aborted(Exception):
@@ -141,3 +149,48 @@ def test_a_store_failure_under_a_call_has_its_own_status(
     assert info.metadata["store"] in ("db.sqlite", "postgresql://h/db")
     if reason == "NOT_LEADER":
         assert info.metadata["leader_address"] == "10.0.0.2:50052"
+
+
+async def test_a_watcher_cut_off_ends_resource_exhausted_with_its_limit() -> None:
+    """WatchReplicas' cut-off of a slow watcher goes through the table: RESOURCE_EXHAUSTED,
+    reason WATCHER_TOO_SLOW, and the queue limit it passed in the metadata."""
+    got, context = await run(WatcherTooSlow("the watcher fell behind and was cut off"))
+    assert got == [7]
+    assert context.status.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    message = status_pb2.Status.FromString(
+        dict(context.status.trailing_metadata)["grpc-status-details-bin"]
+    )
+    info = _info(message)
+    assert info.reason == "WATCHER_TOO_SLOW"
+    assert dict(info.metadata) == {"limit": "watcher_queue", "maximum": str(WATCHER_QUEUE)}
+
+
+def _refused(code: str, reason: str | None) -> Refused:
+    status = status_pb2.Status(code=getattr(grpc.StatusCode, code).value[0], message="m")
+    return Refused(reason=reason, message="m", metadata=None, code=code, status=status)
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "passed_on"),
+    [
+        ("FAILED_PRECONDITION", "CARDS_TOO_SMALL", True),
+        ("INVALID_ARGUMENT", "MEMORY_OUT_OF_RANGE", True),
+        ("NOT_FOUND", "PROFILE_NOT_FOUND", True),
+        ("INTERNAL", None, False),
+        ("UNKNOWN", None, False),
+        ("INVALID_ARGUMENT", None, False),  # no ErrorInfo: not the planner's refusal
+    ],
+)
+def test_only_a_planner_refusal_is_passed_on(
+    code: str, reason: str | None, passed_on: bool
+) -> None:
+    """A planner refusal reaches the caller with its own status; a planner failure (INTERNAL,
+    UNKNOWN, no ErrorInfo) becomes the fleet's INTERNAL PLANNER_FAILED naming the code."""
+    failed = planner_failure(_refused(code, reason))
+    if passed_on:
+        assert isinstance(failed, PlannerRefused)
+        assert failed.status.code == getattr(grpc.StatusCode, code).value[0]
+        return
+    assert isinstance(failed, errors.PlannerFailed)
+    assert code_and_reason(failed) == (grpc.StatusCode.INTERNAL, "PLANNER_FAILED")
+    assert failed.metadata() == {"planner_code": code}
