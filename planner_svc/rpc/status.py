@@ -6,6 +6,7 @@ from __future__ import annotations
 import grpc
 from google.rpc import status_pb2
 
+from llmgw.engines.gang import EngineSingleNode
 from llmgw.refusal import Refusal
 from llmgw.rpc.status import build_status, guarded, subclasses
 from planner_svc.domain import errors
@@ -31,6 +32,7 @@ _TABLE: tuple[tuple[type[Refusal], grpc.StatusCode, str | None], ...] = (
     (errors.CardsTooSmall, grpc.StatusCode.FAILED_PRECONDITION, "CARDS_TOO_SMALL"),
     (errors.GPUCountUnavailable, grpc.StatusCode.FAILED_PRECONDITION, "GPU_COUNT_UNAVAILABLE"),
     (errors.EngineSingleCard, grpc.StatusCode.FAILED_PRECONDITION, "ENGINE_SINGLE_CARD"),
+    (EngineSingleNode, grpc.StatusCode.FAILED_PRECONDITION, "ENGINE_SINGLE_NODE"),
     (errors.EngineRefuses, grpc.StatusCode.FAILED_PRECONDITION, "ENGINE_REFUSES"),
     (errors.SourceUnreachable, grpc.StatusCode.FAILED_PRECONDITION, "SOURCE_UNREACHABLE"),
     (errors.ProfileNotFound, grpc.StatusCode.NOT_FOUND, "PROFILE_NOT_FOUND"),
