@@ -671,17 +671,21 @@ async def test_go_client_given_the_follower_first_finds_the_leader(go: str, tmp_
     Go client decodes the follower's NOT_LEADER (a change, ListNodes, an agent's Connect)
     naming the leader, creates a model and changes its context through the follower's
     redirect (a retry with the request id answers the same rollout), and routes from the
-    follower's WatchReplicas and follows the rollout on the follower to the new revision."""
+    follower's WatchReplicas and follows the rollout on the follower to the new revision; its
+    `go test` reads --fleet values (a list, a headless Service) as the Python clients do."""
     pki = Pki(tmp_path / "tls")
     with gopath() as (client_dir, env):
         code, _, err = await run(
             [go, "build", "-o", str(tmp_path / "client"), "."], client_dir, env, 240
         )
         assert code == 0, err
+        # leader_test.go: how a --fleet value (a list, a headless Service) is read.
+        code, out, err = await run([go, "test", "."], client_dir, env, 240)
+        assert code == 0, out + err
         async with two_fleets(tmp_path, pki) as (leader, follower):
             config = {
                 "scenario": "leader",
-                "fleets": ["127.0.0.1:1", follower, leader],
+                "fleets": f"127.0.0.1:1,{follower},{leader}",
                 "follower": follower,
                 "leader": leader,
                 "ca": str(pki.local.ca_cert),

@@ -8,6 +8,7 @@ package main
 import (
 	"context"
 	"io"
+	"net"
 	"time"
 
 	"google.golang.org/grpc"
@@ -35,7 +36,9 @@ func reportRedirects(gateway string, l *Leader) {
 }
 
 func gatewayOn(cfg *Config) *Leader {
-	l, err := newLeader(cfg.Fleets, func(target string, block bool) (*grpc.ClientConn, error) {
+	fleets, err := fleetAddresses(cfg.Fleets, net.LookupHost)
+	must(err, "the fleets")
+	l, err := newLeader(fleets, func(target string, block bool) (*grpc.ClientConn, error) {
 		return dialTLS(cfg, target, "admin", block)
 	})
 	must(err, "find the leader among "+cfg.Follower)

@@ -21,6 +21,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
+	"strconv"
+	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -185,4 +188,50 @@ func (l *Leader) NewStream(ctx context.Context, desc *grpc.StreamDesc, method st
 func errorCode(err error) codes.Code {
 	code, _, _ := errorInfo(err)
 	return code
+}
+
+// fleetAddresses is the fleets a --fleet value names, as llmgw/clients/leader.py reads it:
+// HOST:PORT entries separated by commas (each once, in order); a lone entry whose host is a
+// name resolving to several addresses (a Kubernetes headless Service) stands for each of them.
+// lookup is net.LookupHost, or a stand-in.
+func fleetAddresses(spec string, lookup func(string) ([]string, error)) ([]string, error) {
+	var entries []string
+	seen := map[string]bool{}
+	for _, e := range strings.Split(spec, ",") {
+		e = strings.TrimSpace(e)
+		if e == "" || seen[e] {
+			continue
+		}
+		host, port, err := net.SplitHostPort(e)
+		if err != nil || host == "" || port == "" {
+			return nil, fmt.Errorf("fleet address %q is not HOST:PORT", e)
+		}
+		if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			return nil, fmt.Errorf("fleet address %q is not HOST:PORT", e)
+		}
+		seen[e] = true
+		entries = append(entries, e)
+	}
+	if len(entries) == 0 {
+		return nil, fmt.Errorf("no fleet address given: HOST:PORT[,HOST:PORT...]")
+	}
+	if len(entries) > 1 {
+		return entries, nil
+	}
+	host, port, _ := net.SplitHostPort(entries[0])
+	if net.ParseIP(host) != nil {
+		return entries, nil
+	}
+	ips, err := lookup(host)
+	if err != nil || len(ips) < 2 {
+		return entries, nil // one address (or none yet): grpc resolves the name itself
+	}
+	var out []string
+	for _, ip := range ips {
+		if at := net.JoinHostPort(ip, port); !seen[at] {
+			seen[at] = true
+			out = append(out, at)
+		}
+	}
+	return out, nil
 }

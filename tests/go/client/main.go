@@ -69,10 +69,10 @@ type Config struct {
 	Refusals   []Refusal       `json:"refusals"`
 	CallerMeta string          `json:"caller_key"`
 	// The leader run (leader.go, followLeader): "leader" runs it instead of the rest.
-	Scenario string   `json:"scenario"`
-	Fleets   []string `json:"fleets"`   // every fleet address, the follower first
-	Follower string   `json:"follower"` // where watches are read
-	Leader   string   `json:"leader"`   // what NOT_LEADER must name
+	Scenario string `json:"scenario"`
+	Fleets   string `json:"fleets"`   // every fleet, as --fleet names them: the follower first
+	Follower string `json:"follower"` // where watches are read
+	Leader   string `json:"leader"`   // what NOT_LEADER must name
 }
 
 var out = json.NewEncoder(os.Stdout)
