@@ -28,11 +28,14 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 const (
 	reasonNotLeader = "NOT_LEADER"
 	leaderAddress   = "leader_address"
+	// maxAddresses bounds the addresses kept, given and sent to (as llmgw/clients/leader.py).
+	maxAddresses = 16
 )
 
 // Redirect is one call a follower sent on to the leader.
@@ -116,6 +119,9 @@ func (l *Leader) moveTo(address string) {
 		known = known || a == address
 	}
 	if !known {
+		if len(l.addresses) >= maxAddresses {
+			l.addresses = l.addresses[:len(l.addresses)-1]
+		}
 		l.addresses = append(l.addresses, address)
 	}
 	l.current = address
@@ -168,9 +174,12 @@ func (l *Leader) Invoke(ctx context.Context, method string, args, reply interfac
 		if derr != nil {
 			return err // the refusal as it came: the caller retries later
 		}
-		return next.Invoke(ctx, method, args, reply, opts...)
+		if err = next.Invoke(ctx, method, args, reply, opts...); status.Code(err) == codes.Unavailable {
+			l.moveOn(to)
+		}
+		return err
 	}
-	if status := errorCode(err); status == codes.Unavailable {
+	if status.Code(err) == codes.Unavailable {
 		l.moveOn(at)
 	}
 	return err
@@ -183,11 +192,6 @@ func (l *Leader) NewStream(ctx context.Context, desc *grpc.StreamDesc, method st
 		return nil, err
 	}
 	return conn.NewStream(ctx, desc, method, opts...)
-}
-
-func errorCode(err error) codes.Code {
-	code, _, _ := errorInfo(err)
-	return code
 }
 
 // fleetAddresses is the fleets a --fleet value names, as llmgw/clients/leader.py reads it:
