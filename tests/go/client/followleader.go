@@ -91,18 +91,19 @@ func followLeader(cfg *Config) {
 	if created.Model.Revision != 1 || first.Current() != cfg.Leader {
 		fail("CreateModel through the follower: revision %d, calling %s", created.Model.Revision, first.Current())
 	}
+	ready := router.await(model.Name, "one endpoint on the follower", func(eps []*fleetv1.Endpoint) bool {
+		return len(eps) == 1 && eps[0].Address != ""
+	})
+	report(map[string]interface{}{"kind": "route", "model": model.Name, "addresses": addresses(ready), "revision": ready[0].Revision})
+	// ListNodes, the leader's alone, now that its agent runs the replica.
 	ctx, cancel = deadline()
 	nodes, err := fleet.ListNodes(ctx, &fleetv1.ListNodesRequest{})
 	cancel()
 	must(err, "ListNodes at the leader")
 	if len(nodes.Nodes) == 0 {
-		fail("the leader lists no node")
+		fail("the leader lists no node, its replica on %s", ready[0].Node)
 	}
 	reportRedirects("first", first)
-	ready := router.await(model.Name, "one endpoint on the follower", func(eps []*fleetv1.Endpoint) bool {
-		return len(eps) == 1 && eps[0].Address != ""
-	})
-	report(map[string]interface{}{"kind": "route", "model": model.Name, "addresses": addresses(ready), "revision": ready[0].Revision})
 
 	// A second gateway, the same list: a context change through the follower, retried with
 	// its request_id (the first answer again, nothing started twice).
