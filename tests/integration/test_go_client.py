@@ -710,6 +710,7 @@ async def test_go_client_given_the_follower_first_finds_the_leader(go: str, tmp_
         "Connect on a follower",
     }
     assert {x["reason"] for x in refusals_seen} == DECODED_BY_THE_LEADER_RUN
+    assert table_reasons() >= DECODED_BY_THE_LEADER_RUN, "a reason the tables no longer name"
     for x in refusals_seen:
         assert (x["code"], x["domain"]) == ("Unavailable", "fleet.llmgw.dev"), x
         assert x["metadata"]["leader_address"] == leader, x
