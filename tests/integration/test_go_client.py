@@ -1,7 +1,8 @@
 """The Go stubs (gen/go) as a gateway team uses them: a Go client (tests/go/client), built
 with Debian's Go packages in GOPATH mode, calls every planner and fleet RPC over mutual TLS,
 follows rollouts with WatchRollout, routes from WatchReplicas, and decodes ErrorInfo from
-every refusal reason of both services' tables that a caller can provoke."""
+every refusal reason of both services' tables that a caller can provoke; and, given two fleets
+on one PostgreSQL with the follower first, finds the leader through NOT_LEADER's ErrorInfo."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from planner_svc.rpc import status as planner_status
 from planner_svc.server import PlannerServer, start_planner
 from planner_svc.sources.policy import SourcePolicy
 from tests.support.fleet import FAST
+from tests.support.postgres import fresh_database
 from tests.support.shapes import LLAMA_31_8B, inline
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,8 +52,9 @@ NOT_PROVOKED = {
     # test_store_damage.py and test_store_lease.py provoke them against the store itself).
     "STORE_UNAVAILABLE": "needs the store to go away under a running fleet",
     "STORE_DAMAGED": "needs a damaged store page under a running fleet",
-    "NOT_LEADER": "needs a second fleet taking the store's lease",
 }
+# Reasons the leader run (two fleets on one PostgreSQL) decodes, not the main run.
+DECODED_BY_THE_LEADER_RUN = {"NOT_LEADER"}
 # The planner's InvalidValue refusals take their reason from the error (planner_svc/domain).
 PLANNER_VALUE_REASONS = {
     "CONTEXT_OVER_LIMIT",
@@ -617,7 +620,7 @@ async def test_go_client_calls_every_rpc_routes_and_decodes_every_refusal(
     assert routes[-1]["addresses"] and routes[-1]["addresses"][0].startswith("127.0.0.1:")
 
     decoded = {x["reason"]: x for x in lines if x["kind"] == "refusal"}
-    missing = table_reasons() - set(NOT_PROVOKED) - set(decoded)
+    missing = table_reasons() - set(NOT_PROVOKED) - DECODED_BY_THE_LEADER_RUN - set(decoded)
     assert not missing, (
         "reasons in the status tables the Go client never decoded: add a case to refusals() "
         f"or the Go client, or say in NOT_PROVOKED why none can be: {sorted(missing)}"
@@ -630,3 +633,97 @@ async def test_go_client_calls_every_rpc_routes_and_decodes_every_refusal(
     assert decoded["CONTEXT_TOO_SHORT"]["metadata"] == {"tokens": "16", "minimum": "256"}
     assert decoded["GPU_COUNT_UNAVAILABLE"]["metadata"]["largest"] == "4"
     assert str(tmp_path / "settings.yaml") in decoded["MODEL_DECLARED"]["message"]
+
+
+LEASE_S, RENEW_S = 1.5, 0.3
+"""The leader run's lease (as tests/integration/test_fleet_leader.py's)."""
+
+
+@asynccontextmanager
+async def two_fleets(tmp: Path, pki: Pki) -> AsyncIterator[tuple[str, str]]:
+    """A planner and two fleets on a fresh PostgreSQL database over mutual TLS, with a
+    scripted agent (node a, 4 H100s) on the leader: (the leader's, the follower's address)."""
+    settings = tmp / "settings.yaml"
+    settings.write_text(SETTINGS)
+    with fresh_database() as (_name, dsn):
+        async with AsyncExitStack() as stack:
+            planner: PlannerServer = await start_planner("127.0.0.1:0", tls=pki.server("planner"))
+            stack.push_async_callback(planner.stop, 0.5)
+            fleets: list[FleetServer] = []
+            for _ in range(2):
+                opts = fleet_options(tmp, pki, f"127.0.0.1:{planner.port}", settings)
+                opts.store_url, opts.lease_s, opts.renew_s = dsn, LEASE_S, RENEW_S
+                fleets.append(await start_fleet(opts))
+                stack.push_async_callback(fleets[-1].stop, 0.5)
+            leader, follower = fleets
+            assert (leader.is_leader, follower.is_leader) == (True, False)
+            at = f"127.0.0.1:{leader.port}"
+            agent = ScriptedAgent(at, "a", gpu_class=H100, gpus=4, tls=pki.node("a"))
+            agent.start()
+            stack.push_async_callback(agent.stop)
+            yield at, f"127.0.0.1:{follower.port}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_go_client_given_the_follower_first_finds_the_leader(go: str, tmp_path: Path) -> None:
+    """Given a dead address, the follower and the leader (two fleets on one PostgreSQL), the
+    Go client decodes the follower's NOT_LEADER (a change, ListNodes, an agent's Connect)
+    naming the leader, creates a model and changes its context through the follower's
+    redirect (a retry with the request id answers the same rollout), and routes from the
+    follower's WatchReplicas and follows the rollout on the follower to the new revision; its
+    `go test` reads --fleet values (a list, a headless Service) as the Python clients do."""
+    pki = Pki(tmp_path / "tls")
+    with gopath() as (client_dir, env):
+        code, _, err = await run(
+            [go, "build", "-o", str(tmp_path / "client"), "."], client_dir, env, 240
+        )
+        assert code == 0, err
+        # leader_test.go: how a --fleet value (a list, a headless Service) is read.
+        code, out, err = await run([go, "test", "."], client_dir, env, 240)
+        assert code == 0, out + err
+        async with two_fleets(tmp_path, pki) as (leader, follower):
+            config = {
+                "scenario": "leader",
+                "fleets": f"127.0.0.1:1,{follower},{leader}",
+                "follower": follower,
+                "leader": leader,
+                "ca": str(pki.local.ca_cert),
+                "pairs": pki.pairs(),
+                "node": "spare",
+                "model": as_json(llama("go-led")),
+            }
+            path = tmp_path / "config.json"
+            path.write_text(json.dumps(config))
+            code, out, err = await run(
+                [str(tmp_path / "client"), "-config", str(path)], tmp_path, env, 240
+            )
+    lines = [json.loads(line) for line in out.splitlines() if line.strip()]
+    failures = [x["message"] for x in lines if x["kind"] == "failure"]
+    assert code == 0 and not failures, (failures, err[:4000])
+    assert lines[-1] == {"kind": "done"}
+
+    refusals_seen = [x for x in lines if x["kind"] == "refusal"]
+    assert {x["case"] for x in refusals_seen} == {
+        "CreateModel on a follower",
+        "ListNodes on a follower",
+        "Connect on a follower",
+    }
+    assert {x["reason"] for x in refusals_seen} == DECODED_BY_THE_LEADER_RUN
+    assert table_reasons() >= DECODED_BY_THE_LEADER_RUN, "a reason the tables no longer name"
+    for x in refusals_seen:
+        assert (x["code"], x["domain"]) == ("Unavailable", "fleet.llmgw.dev"), x
+        assert x["metadata"]["leader_address"] == leader, x
+        assert x["metadata"]["leader"], x
+    redirects = {x["gateway"]: x for x in lines if x["kind"] == "redirects"}
+    for gateway, method in (("first", "CreateModel"), ("second", "SetContext")):
+        assert redirects[gateway]["current"] == leader
+        assert redirects[gateway]["redirects"] == [
+            {"method": f"/llmgw.fleet.v1.FleetService/{method}", "from": follower, "to": leader}
+        ], redirects[gateway]
+    (rollout,) = [x for x in lines if x["kind"] == "rollout"]
+    assert rollout["state"] == "ROLLOUT_STATE_SUCCEEDED" and rollout["to_revision"] == 2
+    assert rollout["events"][-1] == "rollout_succeeded"
+    routes = [x for x in lines if x["kind"] == "route"]
+    assert [r["revision"] for r in routes] == [1, 2]
+    assert routes[-1]["context_tokens"] == 16384

@@ -68,6 +68,11 @@ type Config struct {
 	GGUFURL    string          `json:"gguf_url"`
 	Refusals   []Refusal       `json:"refusals"`
 	CallerMeta string          `json:"caller_key"`
+	// The leader run (leader.go, followLeader): "leader" runs it instead of the rest.
+	Scenario string `json:"scenario"`
+	Fleets   string `json:"fleets"`   // every fleet, as --fleet names them: the follower first
+	Follower string `json:"follower"` // where watches are read
+	Leader   string `json:"leader"`   // what NOT_LEADER must name
 }
 
 var out = json.NewEncoder(os.Stdout)
@@ -95,6 +100,14 @@ func called(service, method string) {
 }
 
 func dial(cfg *Config, target, who string) *grpc.ClientConn {
+	conn, err := dialTLS(cfg, target, who, true)
+	must(err, "dial "+target+" as "+who)
+	return conn
+}
+
+// dialTLS dials target over mutual TLS with who's pair: blocking until connected (or refused,
+// or 20 s passed) when block is set, else connecting on the first call.
+func dialTLS(cfg *Config, target, who string, block bool) (*grpc.ClientConn, error) {
 	pem, err := ioutil.ReadFile(cfg.CA)
 	must(err, "read CA")
 	roots := x509.NewCertPool()
@@ -112,11 +125,13 @@ func dial(cfg *Config, target, who string) *grpc.ClientConn {
 		RootCAs:      roots,
 		MinVersion:   tls.VersionTLS12,
 	})
+	if !block {
+		return grpc.Dial(target, grpc.WithTransportCredentials(creds))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	conn, err := grpc.DialContext(ctx, target, grpc.WithTransportCredentials(creds), grpc.WithBlock())
-	must(err, "dial "+target+" as "+who)
-	return conn
+	return grpc.DialContext(ctx, target, grpc.WithTransportCredentials(creds), grpc.WithBlock(),
+		grpc.FailOnNonTempDialError(true))
 }
 
 func deadline() (context.Context, context.CancelFunc) {
@@ -332,6 +347,11 @@ func main() {
 	must(err, "read config")
 	var cfg Config
 	must(json.Unmarshal(raw, &cfg), "decode config")
+	if cfg.Scenario == "leader" {
+		followLeader(&cfg)
+		report(map[string]interface{}{"kind": "done"})
+		return
+	}
 
 	plannerConn := dial(&cfg, cfg.Planner, "admin")
 	fleetConn := dial(&cfg, cfg.Fleet, "admin")
