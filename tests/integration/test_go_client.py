@@ -52,6 +52,11 @@ NOT_PROVOKED = {
     # test_store_damage.py and test_store_lease.py provoke them against the store itself).
     "STORE_UNAVAILABLE": "needs the store to go away under a running fleet",
     "STORE_DAMAGED": "needs a damaged store page under a running fleet",
+    # tests/integration/test_error_model.py runs a planner that fails for this one.
+    "PLANNER_FAILED": "needs a planner answering INTERNAL (failing, not refusing)",
+    # The fleet's catalog refuses such a gang first (INVALID_MODEL, decoded); the planner's
+    # table names the engines' refusal so it never falls to the catch-all.
+    "ENGINE_SINGLE_NODE": "raised only when a gang is launched; the catalog refuses it before",
 }
 # Reasons the leader run (two fleets on one PostgreSQL) decodes, not the main run.
 DECODED_BY_THE_LEADER_RUN = {"NOT_LEADER"}
@@ -154,7 +159,20 @@ def refusals(gguf_url: str) -> list[dict[str, Any]]:
     p = "planner"
     bad = "INVALID_ARGUMENT"
     pre = "FAILED_PRECONDITION"
+    many = llama("many")
+    many.profiles.extend(
+        common_pb2.Profile(name=f"gpu-{i}", engine="vllm", gpu_class=H100, gpus_per_node=1)
+        for i in range(64)
+    )
     return [
+        refusal(
+            "65 profiles",
+            p,
+            "SizeContext",
+            sc(model=many, tokens=8192, inventory=INVENTORY),
+            bad,
+            "LIMIT_EXCEEDED",
+        ),
         refusal(
             "16 tokens",
             p,
