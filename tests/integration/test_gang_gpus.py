@@ -1,0 +1,49 @@
+"""SetGPUs on a replica spanning nodes, end to end: the real planner re-splits its tp × pp over
+nodes × the cards asked, the real fleet rolls the gang out, and real agents start stand-in
+members that check the world size as vLLM does (tp × pp = nodes × the cards each sees)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from llmgw.fleet.v1 import fleet_pb2
+from tests.integration.test_gangs import gang_cluster, gang_model, one_ready_gang
+from tests.integration.test_rollouts import wait_rollout
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        # tp already spanned both nodes (4 ranks over 2 × 2 cards): it keeps spanning them.
+        (("--max-model-len", "8192", "-tp", "4"), '"-tp", "2"'),
+        # One pipeline stage a node, tp within it.
+        (("--max-model-len", "8192", "-tp", "2", "-pp", "2"), '"-tp", "1", "-pp", "2"'),
+    ],
+    ids=["tp-across-nodes", "stage-a-node"],
+)
+async def test_set_gpus_on_a_vllm_gang_rolls_out_what_the_engine_accepts(
+    tmp_path: Path, args: Sequence[str], want: str
+) -> None:
+    """SetGPUs 1 on a 2-node vLLM gang of 2 cards a node: the rollout succeeds, the new
+    gang takes one card on each node, and both members run the re-split tp × pp."""
+    async with gang_cluster(tmp_path, nodes=2) as (stub, _agents):
+        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=gang_model("vllm", args)))
+        old = await one_ready_gang(stub)
+        assert all(len(m.gpus) == 2 for m in old.members)
+        answer = await stub.SetGPUs(fleet_pb2.SetGPUsRequest(name="big", gpus=1, in_place=True))
+        (profile,) = answer.model.model.profiles
+        assert (profile.nodes, profile.gpus_per_node) == (2, 1)
+        assert profile.tp * max(profile.pp, 1) == 2
+        ro = await wait_rollout(stub, answer.rollout_id)
+        assert ro.state == fleet_pb2.ROLLOUT_STATE_SUCCEEDED, ro.reason
+        new = await one_ready_gang(stub, exclude=old.id)
+        assert all(len(m.gpus) == 1 for m in new.members)
+        for m in new.members:
+            log = (tmp_path / m.node / "logs" / f"{new.id}.log").read_text()
+            assert want in log, log[-2000:]
+            assert "world size" not in log
