@@ -21,6 +21,7 @@ from planner_svc.domain.fit import (
     card_counts,
     fewest_cards,
     longest_context,
+    measure,
 )
 
 MAX_GPUS = 1024
@@ -155,6 +156,8 @@ def _replan_profile(
             largest=largest,
         )
     nodes = gang_nodes(profile)
+    if nodes > 1 and inventory.nodes:
+        _check_gang_nodes(profile, inventory, gpus, nodes)
     if nodes > 1 and isinstance(engine, TensorParallelEngine):
         args, new_profile = _split_gang(model, profile, engine, shape, gpus, nodes, largest, notes)
     else:
@@ -208,17 +211,24 @@ def _replan_profile(
             cards=new_profile.cards,
             limit_tokens=sized.trained_context or tokens,
         )
-        fewest = fewest_cards(
-            engine, profile, sized, inventory, args=profile.args, tokens=tokens, slots=slots
-        )
+        gang = nodes > 1 and isinstance(engine, TensorParallelEngine)
+        if nodes > 1 and isinstance(engine, TensorParallelEngine):
+            fewest = _fewest_gang_cards(
+                engine, profile, sized, inventory, nodes=nodes, tokens=tokens, slots=slots
+            )
+        else:
+            fewest = fewest_cards(
+                engine, profile, sized, inventory, args=profile.args, tokens=tokens, slots=slots
+            )
         gib = 1 << 30
         remedies = []
+        each = f" on each of {nodes} nodes" if gang else ""
         if longest:
-            remedies.append(f"a context of at most {longest} tokens on {gpus} cards")
+            remedies.append(f"a context of at most {longest} tokens on {gpus} cards{each}")
         if fewest:
-            remedies.append(f"{fewest} cards for {tokens} tokens")
+            remedies.append(f"{fewest} cards{each} for {tokens} tokens")
         raise errors.CardsTooSmall(
-            f"on {gpus} {profile.gpu_class} cards the {profile.name} profile needs "
+            f"on {gpus} {profile.gpu_class} cards{each} the {profile.name} profile needs "
             f"{card.per_card_bytes / gib:.1f} GiB a card for its weights and {tokens} tokens, "
             f"more than the {card.budget_bytes / gib:.1f} GiB usable: "
             + (", or ".join(remedies) if remedies else "no count of one node holds it"),
@@ -230,6 +240,82 @@ def _replan_profile(
             fewest_cards=fewest,
         )
     return new_profile, change
+
+
+def _asks_tp_across(engine: TensorParallelEngine, profile: Profile, nodes: int) -> bool:
+    """Whether a gang's profile runs tensor parallel over all its nodes now (its cards a
+    node, or its tp × pp ranks shared over its nodes)."""
+    ranks = max(profile.tp, 1) * max(profile.pp, 1)
+    before = profile.gpus_per_node or max(-(-ranks // nodes), 1)
+    return gang_split.asks_tp_across(engine, profile.args, nodes, before)
+
+
+def _gang_largest(inventory: Inventory, gpu_class: str, nodes: int) -> int:
+    """The most cards a node a gang of `nodes` nodes of the class can take: the `nodes`-th
+    largest node's count (0 when the class has fewer nodes)."""
+    counts = sorted((n.gpus for n in inventory.of_class(gpu_class)), reverse=True)
+    return counts[nodes - 1] if len(counts) >= nodes else 0
+
+
+def _check_gang_nodes(profile: Profile, inventory: Inventory, gpus: int, nodes: int) -> None:
+    """Refuse `gpus` cards a node for a gang when fewer than `nodes` nodes of its class have
+    that many (the fleet could never place it).
+
+    Raises:
+        GPUCountUnavailable: with the most cards a node a gang of that size could take.
+    """
+    most = _gang_largest(inventory, profile.gpu_class, nodes)
+    if gpus <= most:
+        return
+    have = sum(1 for n in inventory.of_class(profile.gpu_class) if n.gpus >= gpus)
+    fits = (
+        f"a gang of {nodes} takes at most {most} cards a node"
+        if most
+        else f"the inventory has {len(inventory.of_class(profile.gpu_class))} such nodes"
+    )
+    raise errors.GPUCountUnavailable(
+        f"the {profile.name} profile spans {nodes} nodes, and {have} {profile.gpu_class} "
+        f"node(s) have {gpus} cards: {fits}",
+        profile=profile.name,
+        gpu_class=profile.gpu_class,
+        gpus=gpus,
+        largest=most,
+    )
+
+
+def _fewest_gang_cards(
+    engine: TensorParallelEngine,
+    profile: Profile,
+    shape: ModelShape,
+    inventory: Inventory,
+    *,
+    nodes: int,
+    tokens: int,
+    slots: int,
+) -> int:
+    """The fewest cards a node (a split of `gang_split` existing) on which a gang of `nodes`
+    holds `tokens`; 0 when no count its nodes have does."""
+    across = _asks_tp_across(engine, profile, nodes)
+    for c in range(1, _gang_largest(inventory, profile.gpu_class, nodes) + 1):
+        answer = gang_split.choose(
+            engine, shape, profile.args, nodes=nodes, gpus_per_node=c, tp_across=across
+        )
+        if answer.split is None:
+            continue
+        trial = gang_split.with_split(engine, profile.args, answer.split)
+        fit = measure(
+            engine,
+            profile,
+            shape,
+            inventory,
+            args=trial,
+            tokens=tokens,
+            slots=slots,
+            cards=c * nodes,
+        )
+        if fit.fits:
+            return c
+    return 0
 
 
 def _check_heads(
@@ -293,9 +379,7 @@ def _split_gang(
     Raises:
         HeadsNotDivisible: no split of the rule passes the engine's checks.
     """
-    ranks = max(profile.tp, 1) * max(profile.pp, 1)
-    before = profile.gpus_per_node or max(-(-ranks // nodes), 1)
-    across = gang_split.asks_tp_across(engine, profile.args, nodes, before)
+    across = _asks_tp_across(engine, profile, nodes)
     answer = gang_split.choose(
         engine, shape, profile.args, nodes=nodes, gpus_per_node=gpus, tp_across=across
     )

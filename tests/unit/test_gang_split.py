@@ -15,7 +15,7 @@ from llmgw.model import Inventory, Model, Node, Profile
 from llmgw.shape import ModelShape
 from planner_svc.domain import errors, gang_split
 from planner_svc.domain.gpus import plan_gpus
-from tests.support.shapes import LLAMA_31_8B, QWEN25_7B, dense
+from tests.support.shapes import LLAMA_31_8B, LLAMA_31_70B, QWEN25_7B, dense
 
 H100 = "H100-80GB"
 CLUSTER = Inventory(
@@ -203,3 +203,33 @@ def test_a_llamacpp_gang_keeps_its_nodes_and_splits_layers() -> None:
     (p,) = change.updated
     assert (p.nodes, p.gpus_per_node) == (2, 4)
     assert "--split-mode" in p.args
+
+
+def test_too_few_nodes_with_the_cards_is_refused_with_what_a_gang_could_take() -> None:
+    """A 3-node gang asking 8 cards a node where only two nodes have 8 is refused, naming 4
+    (the third largest node's cards) as the most it could take."""
+    inventory = Inventory(
+        nodes=tuple(
+            Node(n, H100, gpus=g, free_gpus=g, gpu_memory_bytes=81559 << 20)
+            for n, g in (("a", 8), ("b", 8), ("c", 4))
+        )
+    )
+    m = gang("vllm", ("-tp", "2", "-pp", "3"), nodes=3)
+    with pytest.raises(errors.GPUCountUnavailable) as caught:
+        plan_gpus(m, LLAMA_31_8B, gpus=8, profile="", inventory=inventory)
+    assert caught.value.largest == 4
+    assert "2 H100-80GB node(s) have 8 cards" in caught.value.message
+    (p,) = plan_gpus(m, LLAMA_31_8B, gpus=4, profile="", inventory=inventory).updated
+    assert (p.tp, p.pp) == (4, 3)
+
+
+def test_cards_too_small_on_a_gang_names_the_cards_a_node_that_hold_it() -> None:
+    """Llama 3.1 70B over 2 nodes of 1 H100 does not fit at 8192 tokens: the refusal names the
+    cards a node (2, re-split) that hold it, not a count of one node."""
+    m = gang("vllm", ("--max-model-len", "8192", "-tp", "2", "-pp", "2"))
+    with pytest.raises(errors.CardsTooSmall) as caught:
+        plan_gpus(m, LLAMA_31_70B, gpus=1, profile="", inventory=CLUSTER)
+    assert caught.value.fewest_cards == 2
+    assert "2 cards on each of 2 nodes for 8192 tokens" in caught.value.message
+    (p,) = plan_gpus(m, LLAMA_31_70B, gpus=2, profile="", inventory=CLUSTER).updated
+    assert (p.tp, p.pp, p.cards) == (2, 2, 4)
