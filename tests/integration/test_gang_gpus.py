@@ -7,11 +7,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import grpc
 import pytest
 
 from llmgw.fleet.v1 import fleet_pb2
 from tests.integration.test_gangs import gang_cluster, gang_model, one_ready_gang
-from tests.integration.test_rollouts import wait_rollout
+from tests.integration.test_rollouts import reason_and_meta, wait_rollout
+from tests.support.shapes import dense, inline
 
 pytestmark = pytest.mark.slow
 
@@ -47,3 +49,30 @@ async def test_set_gpus_on_a_vllm_gang_rolls_out_what_the_engine_accepts(
             log = (tmp_path / m.node / "logs" / f"{new.id}.log").read_text()
             assert want in log, log[-2000:]
             assert "world size" not in log
+
+
+async def test_set_gpus_with_no_split_is_refused_and_nothing_changes(tmp_path: Path) -> None:
+    """Three heads and two layers over two nodes: 2 cards a node split no heads with tp 2 and
+    need four stages with tp 1, so SetGPUs 2 is refused with both reasons and the cards a
+    node that split (1); the model's revision and its gang stay."""
+    tiny = dense(
+        "tiny", layers=2, heads=3, kv_heads=3, head_dim=64, trained=8192, weights_bytes=1 << 20
+    )
+    model = gang_model("vllm", ("--max-model-len", "8192", "-tp", "1", "-pp", "2"), gpus_per_node=1)
+    model.shape.CopyFrom(inline(tiny))
+    async with gang_cluster(tmp_path, nodes=2) as (stub, _agents):
+        created = await stub.CreateModel(fleet_pb2.CreateModelRequest(model=model))
+        old = await one_ready_gang(stub)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.SetGPUs(fleet_pb2.SetGPUsRequest(name="big", gpus=2, in_place=True))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        reason, meta = reason_and_meta(caught.value)
+        assert reason == "HEADS_NOT_DIVISIBLE"
+        assert meta["valid_counts"] == "1"
+        message = caught.value.details() or ""
+        assert (
+            "tp 2 x pp 2:" in message and "4 pipeline stages is more than its 2 layers" in message
+        )
+        got = await stub.GetModel(fleet_pb2.GetModelRequest(name="big"))
+        assert got.model.revision == created.model.revision
+        assert (await one_ready_gang(stub)).id == old.id
