@@ -19,22 +19,24 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize(
-    ("args", "want"),
+    ("engine", "args", "want"),
     [
         # tp already spanned both nodes (4 ranks over 2 × 2 cards): it keeps spanning them.
-        (("--max-model-len", "8192", "-tp", "4"), '"-tp", "2"'),
+        ("vllm", ("--max-model-len", "8192", "-tp", "4"), '"-tp", "2"'),
         # One pipeline stage a node, tp within it.
-        (("--max-model-len", "8192", "-tp", "2", "-pp", "2"), '"-tp", "1", "-pp", "2"'),
+        ("vllm", ("--max-model-len", "8192", "-tp", "2", "-pp", "2"), '"-tp", "1", "-pp", "2"'),
+        # SGLang's tp_size is the whole replica's, over --nnodes.
+        ("sglang", ("--context-length", "8192", "--tp-size", "4"), '"--tp-size", "2"'),
     ],
-    ids=["tp-across-nodes", "stage-a-node"],
+    ids=["vllm-tp-across-nodes", "vllm-stage-a-node", "sglang-tp-over-nnodes"],
 )
-async def test_set_gpus_on_a_vllm_gang_rolls_out_what_the_engine_accepts(
-    tmp_path: Path, args: Sequence[str], want: str
+async def test_set_gpus_on_a_gang_rolls_out_what_the_engine_accepts(
+    tmp_path: Path, engine: str, args: Sequence[str], want: str
 ) -> None:
-    """SetGPUs 1 on a 2-node vLLM gang of 2 cards a node: the rollout succeeds, the new
+    """SetGPUs 1 on a 2-node vLLM (or SGLang) gang of 2 cards a node: the rollout succeeds, the new
     gang takes one card on each node, and both members run the re-split tp × pp."""
     async with gang_cluster(tmp_path, nodes=2) as (stub, _agents):
-        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=gang_model("vllm", args)))
+        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=gang_model(engine, args)))
         old = await one_ready_gang(stub)
         assert all(len(m.gpus) == 2 for m in old.members)
         answer = await stub.SetGPUs(fleet_pb2.SetGPUsRequest(name="big", gpus=1, in_place=True))
