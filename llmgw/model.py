@@ -86,7 +86,11 @@ class Profile:
 
     @property
     def cards(self) -> int:
-        """Cards of one replica: per node (or tensor parallel) times nodes (or pipeline)."""
+        """Cards of one replica: per node (or tensor parallel) times nodes (or pipeline); a
+        replica on several nodes with its cards a node set takes those on each (its tp × pp
+        may then span nodes or stack stages on one: `planner_svc/domain/gang_split.py`)."""
+        if self.nodes > 1 and self.gpus_per_node > 0:
+            return self.gpus_per_node * self.nodes
         return max(self.gpus_per_node, self.tp, 1) * max(self.nodes, self.pp, 1)
 
 

@@ -140,10 +140,13 @@ def node_cards(profile: Profile) -> int:
     """The cards one replica of a GPU profile takes on each of its nodes.
 
     On one node: cards per node, or the tensor parallel size. A gang takes `gpus_per_node`
-    on each node, or, when unset, its tp × pp ranks shared evenly over its nodes.
+    on each node — its tp may span nodes, so tp is no floor there — or, when unset, its
+    tp × pp ranks shared evenly over its nodes.
     """
     nodes = gang_nodes(profile)
-    if nodes > 1 and profile.gpus_per_node <= 0:
+    if nodes > 1:
+        if profile.gpus_per_node > 0:
+            return profile.gpus_per_node
         ranks = max(profile.tp, 1) * max(profile.pp, 1)
         return max(-(-ranks // nodes), 1)
     return max(profile.gpus_per_node, profile.tp, 1)

@@ -285,7 +285,9 @@ def add_commands(groups: Any) -> None:
     )
     history.add_argument("name")
 
-    gpus = add_ctl_command(commands, "gpus", "cards of one node each replica uses", model_change)
+    gpus = add_ctl_command(
+        commands, "gpus", "cards each replica uses on each of its nodes", model_change
+    )
     gpus.add_argument("model")
     gpus.add_argument("gpus", type=int)
     gpus.add_argument("--profile", help="only this profile (default: every GPU profile)")

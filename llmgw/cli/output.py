@@ -76,7 +76,10 @@ def cards_of(p: Profile) -> str:
     """A profile's cards for people: `2×H100-80GB (tp 2)` or `CPU, 16 GB RAM`."""
     if p.cpu_only or not p.gpu_class:
         return f"CPU, {p.min_memory_gb} GB RAM" if p.min_memory_gb else "CPU"
-    count = max(p.gpus_per_node, p.tp, 1)
+    # A replica on several nodes takes its cards a node on each (its tp may span them).
+    count = (
+        p.gpus_per_node if p.nodes > 1 and p.gpus_per_node > 0 else max(p.gpus_per_node, p.tp, 1)
+    )
     extra = [f"tp {p.tp}"] if p.tp else []
     extra += [f"pp {p.pp}"] if p.pp else []
     extra += [f"{p.nodes} nodes"] if p.nodes > 1 else []

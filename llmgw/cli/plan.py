@@ -95,7 +95,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     cmd.set_defaults(run=context)
     cmd = psub.add_parser("gpus", help="plan N cards a replica")
     _model_flags(cmd)
-    cmd.add_argument("gpus", type=int, help="cards of one node each replica uses")
+    cmd.add_argument("gpus", type=int, help="cards each replica uses on each of its nodes")
     cmd.add_argument("--profile", help="only this profile (default: every GPU profile)")
     cmd.set_defaults(run=gpus)
     return plan

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from llmgw.engines.base import Engine
 from llmgw.engines.tensor_parallel import TensorParallelEngine
 from llmgw.model import Inventory, Model, Profile
 from llmgw.shape import ModelShape
-from planner_svc.domain import errors
+from planner_svc.domain import errors, gang_split
 from planner_svc.domain.context import (
     ProfileChange,
     ProfileNeed,
@@ -20,6 +21,7 @@ from planner_svc.domain.fit import (
     card_counts,
     fewest_cards,
     longest_context,
+    measure,
 )
 
 MAX_GPUS = 1024
@@ -161,29 +163,16 @@ def _replan_profile(
             gpus=gpus,
             largest=largest,
         )
-    if engine.splits_by_heads and shape is not None:
-        if not engine.splits_heads(gpus, shape, profile.args):
-            largest_count = largest or max(DEFAULT_MAX_CARDS, gpus)
-            valid = tuple(card_counts(engine, shape, largest_count, profile.args))
-            failed = (
-                engine.tp_failure(gpus, shape, profile.args)
-                if isinstance(engine, TensorParallelEngine)
-                else None
-            ) or "its heads do not split evenly"
-            raise errors.HeadsNotDivisible(
-                f"tensor parallel {gpus} cannot load {model.name}: {failed}; the counts that "
-                "pass every check are " + (", ".join(str(n) for n in valid) or "none"),
-                gpus=gpus,
-                attention_heads=shape.attention_heads,
-                kv_heads=shape.kv_heads,
-                valid_counts=valid,
-                check=failed,
-            )
-    elif engine.splits_by_heads:
-        notes.append("its heads are not known, so tensor parallel is not checked against them")
-    args = tuple(engine.with_cards(profile.args, gpus))
-    tp = engine.replica_tp(gpus, profile.tp)
-    new_profile = replace(profile, args=args, gpus_per_node=gpus, tp=tp)
+    nodes = gang_nodes(profile)
+    if nodes > 1 and inventory.nodes:
+        _check_gang_nodes(profile, inventory, gpus, nodes)
+    if nodes > 1 and isinstance(engine, TensorParallelEngine):
+        args, new_profile = _split_gang(model, profile, engine, shape, gpus, nodes, largest, notes)
+    else:
+        _check_heads(model, profile, engine, shape, gpus, largest, notes)
+        args = tuple(engine.with_cards(profile.args, gpus))
+        tp = engine.replica_tp(gpus, profile.tp)
+        new_profile = replace(profile, args=args, gpus_per_node=gpus, tp=tp)
     change = ProfileChange(
         profile=profile.name,
         engine=profile.engine,
@@ -227,20 +216,27 @@ def _replan_profile(
             inventory,
             args=args,
             slots=slots,
-            cards=gpus,
+            cards=new_profile.cards,
             limit_tokens=sized.trained_context or tokens,
         )
-        fewest = fewest_cards(
-            engine, profile, sized, inventory, args=profile.args, tokens=tokens, slots=slots
-        )
+        gang = nodes > 1 and isinstance(engine, TensorParallelEngine)
+        if nodes > 1 and isinstance(engine, TensorParallelEngine):
+            fewest = _fewest_gang_cards(
+                engine, profile, sized, inventory, nodes=nodes, tokens=tokens, slots=slots
+            )
+        else:
+            fewest = fewest_cards(
+                engine, profile, sized, inventory, args=profile.args, tokens=tokens, slots=slots
+            )
         gib = 1 << 30
         remedies = []
+        each = f" on each of {nodes} nodes" if gang else ""
         if longest:
-            remedies.append(f"a context of at most {longest} tokens on {gpus} cards")
+            remedies.append(f"a context of at most {longest} tokens on {gpus} cards{each}")
         if fewest:
-            remedies.append(f"{fewest} cards for {tokens} tokens")
+            remedies.append(f"{fewest} cards{each} for {tokens} tokens")
         raise errors.CardsTooSmall(
-            f"on {gpus} {profile.gpu_class} cards the {profile.name} profile needs "
+            f"on {gpus} {profile.gpu_class} cards{each} the {profile.name} profile needs "
             f"{card.per_card_bytes / gib:.1f} GiB a card for its weights and {tokens} tokens, "
             f"more than the {card.budget_bytes / gib:.1f} GiB usable: "
             + (", or ".join(remedies) if remedies else "no count of one node holds it"),
@@ -252,6 +248,180 @@ def _replan_profile(
             fewest_cards=fewest,
         )
     return new_profile, change
+
+
+def _asks_tp_across(engine: TensorParallelEngine, profile: Profile, nodes: int) -> bool:
+    """Whether a gang's profile runs tensor parallel over all its nodes now (its cards a
+    node, or its tp × pp ranks shared over its nodes)."""
+    ranks = max(profile.tp, 1) * max(profile.pp, 1)
+    before = profile.gpus_per_node or max(-(-ranks // nodes), 1)
+    return gang_split.asks_tp_across(engine, profile.args, nodes, before)
+
+
+def _gang_largest(inventory: Inventory, gpu_class: str, nodes: int) -> int:
+    """The most cards a node a gang of `nodes` nodes of the class can take: the `nodes`-th
+    largest node's count (0 when the class has fewer nodes)."""
+    counts = sorted((n.gpus for n in inventory.of_class(gpu_class)), reverse=True)
+    return counts[nodes - 1] if len(counts) >= nodes else 0
+
+
+def _check_gang_nodes(profile: Profile, inventory: Inventory, gpus: int, nodes: int) -> None:
+    """Refuse `gpus` cards a node for a gang when fewer than `nodes` nodes of its class have
+    that many (the fleet could never place it).
+
+    Raises:
+        GPUCountUnavailable: with the most cards a node a gang of that size could take.
+    """
+    most = _gang_largest(inventory, profile.gpu_class, nodes)
+    if gpus <= most:
+        return
+    have = sum(1 for n in inventory.of_class(profile.gpu_class) if n.gpus >= gpus)
+    fits = (
+        f"a gang of {nodes} takes at most {most} cards a node"
+        if most
+        else f"the inventory has {len(inventory.of_class(profile.gpu_class))} such nodes"
+    )
+    raise errors.GPUCountUnavailable(
+        f"the {profile.name} profile spans {nodes} nodes, and {have} {profile.gpu_class} "
+        f"node(s) have {gpus} cards: {fits}",
+        profile=profile.name,
+        gpu_class=profile.gpu_class,
+        gpus=gpus,
+        largest=most,
+    )
+
+
+def _fewest_gang_cards(
+    engine: TensorParallelEngine,
+    profile: Profile,
+    shape: ModelShape,
+    inventory: Inventory,
+    *,
+    nodes: int,
+    tokens: int,
+    slots: int,
+) -> int:
+    """The fewest cards a node (a split of `gang_split` existing) on which a gang of `nodes`
+    holds `tokens`; 0 when no count its nodes have does."""
+    across = _asks_tp_across(engine, profile, nodes)
+    for c in range(1, _gang_largest(inventory, profile.gpu_class, nodes) + 1):
+        answer = gang_split.choose(
+            engine, shape, profile.args, nodes=nodes, gpus_per_node=c, tp_across=across
+        )
+        if answer.split is None:
+            continue
+        trial = gang_split.with_split(engine, profile.args, answer.split)
+        fit = measure(
+            engine,
+            profile,
+            shape,
+            inventory,
+            args=trial,
+            tokens=tokens,
+            slots=slots,
+            cards=c * nodes,
+        )
+        if fit.fits:
+            return c
+    return 0
+
+
+def _check_heads(
+    model: Model,
+    profile: Profile,
+    engine: Engine,
+    shape: ModelShape | None,
+    gpus: int,
+    largest: int,
+    notes: list[str],
+) -> None:
+    """Refuse tensor parallel over `gpus` cards of one node that the engine would not load.
+
+    Raises:
+        HeadsNotDivisible: a check of `heads.tp_failure` fails.
+    """
+    if not engine.splits_by_heads:
+        return
+    if shape is None:
+        notes.append("its heads are not known, so tensor parallel is not checked against them")
+        return
+    if engine.splits_heads(gpus, shape, profile.args):
+        return
+    largest_count = largest or max(DEFAULT_MAX_CARDS, gpus)
+    valid = tuple(card_counts(engine, shape, largest_count, profile.args))
+    failed = (
+        engine.tp_failure(gpus, shape, profile.args)
+        if isinstance(engine, TensorParallelEngine)
+        else None
+    ) or "its heads do not split evenly"
+    raise errors.HeadsNotDivisible(
+        f"tensor parallel {gpus} cannot load {model.name}: {failed}; the counts that "
+        "pass every check are " + (", ".join(str(n) for n in valid) or "none"),
+        gpus=gpus,
+        attention_heads=shape.attention_heads,
+        kv_heads=shape.kv_heads,
+        valid_counts=valid,
+        check=failed,
+    )
+
+
+def gang_nodes(profile: Profile) -> int:
+    """The nodes one replica of `profile` spans: `nodes` when set, else its pipeline stages
+    (as `Profile.cards` and the fleet's placement count them), else one."""
+    return profile.nodes if profile.nodes >= 1 else max(profile.pp, 1)
+
+
+def _split_gang(
+    model: Model,
+    profile: Profile,
+    engine: TensorParallelEngine,
+    shape: ModelShape | None,
+    gpus: int,
+    nodes: int,
+    largest: int,
+    notes: list[str],
+) -> tuple[tuple[str, ...], Profile]:
+    """A gang's profile on `gpus` cards of each of its `nodes` nodes, its tp × pp re-split
+    over them by `gang_split`'s rule (so the world the engine forms is nodes × gpus).
+
+    Raises:
+        HeadsNotDivisible: no split of the rule passes the engine's checks.
+    """
+    across = _asks_tp_across(engine, profile, nodes)
+    answer = gang_split.choose(
+        engine, shape, profile.args, nodes=nodes, gpus_per_node=gpus, tp_across=across
+    )
+    if shape is None:
+        notes.append("its heads are not known, so tensor parallel is not checked against them")
+    if answer.split is None:
+        valid = gang_split.counts_that_split(
+            engine,
+            shape,
+            profile.args,
+            nodes=nodes,
+            largest=largest or max(DEFAULT_MAX_CARDS, gpus),
+            tp_across=across,
+        )
+        raise errors.HeadsNotDivisible(
+            f"no split of {nodes} nodes x {gpus} cards ({nodes * gpus} ranks) into tensor x "
+            f"pipeline parallel loads {model.name}: {answer.refusals()}; the cards a node that "
+            "split are " + (", ".join(str(n) for n in valid) or "none"),
+            gpus=gpus,
+            attention_heads=shape.attention_heads if shape else 0,
+            kv_heads=shape.kv_heads if shape else 0,
+            valid_counts=valid,
+            check=answer.refused[0][1] if answer.refused else "",
+        )
+    split = answer.split
+    if answer.preferred is not None and split != answer.preferred:
+        notes.append(
+            f"the {profile.name} profile runs tp {split.tp} x pp {split.pp} over {nodes} nodes: "
+            f"tp {answer.preferred.tp} x pp {answer.preferred.pp} fails ({answer.refused[0][1]})"
+        )
+    args = tuple(gang_split.with_split(engine, profile.args, split))
+    return args, replace(
+        profile, args=args, gpus_per_node=gpus, tp=split.tp, pp=split.pp, nodes=nodes
+    )
 
 
 __all__ = ["GPUsChange", "ProfileNeed", "check_gpus_request", "plan_gpus"]

@@ -1,8 +1,12 @@
-"""`llmgw ctl replica list` shows a gang's nodes and cards by rank, the head first."""
+"""`llmgw ctl replica list` shows a gang's nodes and cards by rank, the head first; a gang
+profile shows its cards a node."""
 
 from __future__ import annotations
 
-from llmgw.cli.output import REPLICA_HEADERS, replica_rows
+import pytest
+
+from llmgw.cli.output import REPLICA_HEADERS, cards_of, replica_rows
+from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2
 
 
@@ -22,3 +26,28 @@ def test_a_gang_row_lists_every_member_and_a_one_node_row_its_node() -> None:
     rows = replica_rows([gang, single])
     assert (rows[0][node], rows[0][cards]) == ("node-a+node-b", "0,1+2,3")
     assert (rows[1][node], rows[1][cards]) == ("node-c", "4")
+
+
+@pytest.mark.parametrize(
+    ("profile", "shown"),
+    [
+        (
+            common_pb2.Profile(
+                name="g", engine="vllm", gpu_class="H100", gpus_per_node=1, tp=2, pp=1, nodes=2
+            ),
+            "1×H100",
+        ),
+        (
+            common_pb2.Profile(
+                name="g", engine="vllm", gpu_class="H100", gpus_per_node=8, tp=4, pp=4, nodes=2
+            ),
+            "8×H100",
+        ),
+        (common_pb2.Profile(name="s", engine="vllm", gpu_class="H100", tp=4), "4×H100 (tp 4)"),
+    ],
+)
+def test_a_gang_profile_shows_its_cards_a_node_even_when_tp_spans_nodes(
+    profile: common_pb2.Profile, shown: str
+) -> None:
+    """A gang's cards are those on each node, not its tp (which may span them)."""
+    assert cards_of(profile).startswith(shown)

@@ -121,6 +121,10 @@ def test_no_room_for_the_whole_gang_places_none_and_says_what_fits(
         (Profile("p", "vllm", gpu_class=H100, tp=8, pp=2), 2, 8),
         (Profile("p", "llamacpp", gpu_class=H100, gpus_per_node=2, pp=2, nodes=1), 1, 2),
         (Profile("p", "vllm", gpu_class=H100, tp=4), 1, 4),
+        # tp across both nodes (as PlanGPUs leaves it): each node takes its cards, not tp.
+        (Profile("p", "vllm", gpu_class=H100, gpus_per_node=1, tp=2, pp=1, nodes=2), 2, 1),
+        # two stages a node: tp below the cards of a node.
+        (Profile("p", "vllm", gpu_class=H100, gpus_per_node=8, tp=4, pp=4, nodes=2), 2, 8),
     ],
 )
 def test_a_profile_spans_its_nodes_with_its_cards_shared(
