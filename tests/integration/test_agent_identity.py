@@ -18,9 +18,9 @@ from llmgw.agent.v1 import agent_pb2
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2
 from llmgw.testing.eventually import assert_eventually
+from llmgw.testing.scripted_agent import ScriptedAgent
 from tests.integration.test_fleet_tls import (
     Pki,
-    TLSAgent,
     fleet_stub,
     make_pki,
     tls_agent,
@@ -54,7 +54,7 @@ def model(replicas: int) -> common_pb2.Model:
     )
 
 
-async def start(agent: TLSAgent) -> TLSAgent:
+async def start(agent: ScriptedAgent) -> ScriptedAgent:
     """Start a scripted agent."""
     agent.start()
     return agent

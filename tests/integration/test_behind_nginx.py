@@ -23,9 +23,10 @@ from llmgw.agent.v1 import agent_pb2
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from llmgw.testing.eventually import assert_eventually
+from llmgw.testing.scripted_agent import ScriptedAgent
 from llmgw.tls import ClientTLS, aio_channel
 from tests.integration.test_fleet_auth import error_info
-from tests.integration.test_fleet_tls import FAST, Pki, TLSAgent, make_pki, tls_agent
+from tests.integration.test_fleet_tls import FAST, Pki, make_pki, tls_agent
 from tests.integration.test_watch_replicas import Reader
 from tests.support.nginx import ProxyTLS, Route, running_nginx
 from tests.support.planner import running_planner
@@ -75,7 +76,7 @@ class Mesh:
     data: Path
     planner: str
     fleet: FleetServer
-    agent: TLSAgent
+    agent: ScriptedAgent
     routes: list[Route]
     channels: list[grpc.aio.Channel]
 

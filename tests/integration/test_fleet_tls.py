@@ -20,10 +20,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from fleet_svc.domain.nodes import Liveness
 from fleet_svc.server import FleetOptions, FleetServer, start_fleet
 from llmgw import certs
-from llmgw.agent.v1 import agent_pb2_grpc
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from llmgw.testing.eventually import assert_eventually
-from llmgw.testing.scripted_agent import ScriptedAgent, welcome_interval_s
+from llmgw.testing.scripted_agent import ScriptedAgent
 from llmgw.tls import ClientTLS, ServerTLS, aio_channel
 
 FAST = Liveness(interval_s=0.2, grace_heartbeats=3, lost_after_s=1.5)
@@ -120,37 +119,9 @@ async def fleet_stub(
         await channel.close()
 
 
-class TLSAgent(ScriptedAgent):
-    """The scripted agent over a TLS channel (llmgw.testing's dials plaintext)."""
-
-    tls: ClientTLS | None = None
-
-    async def _run(self) -> None:
-        channel = aio_channel(self.address, self.tls)
-        beater: asyncio.Task[None] | None = None
-        try:
-            stream = agent_pb2_grpc.AgentServiceStub(channel).Connect(self._requests())
-            async for msg in stream:
-                kind = msg.WhichOneof("msg")
-                if kind == "welcome" and self.heartbeat_s != 0:
-                    interval = self.heartbeat_s or welcome_interval_s(msg.welcome)
-                    beater = asyncio.create_task(self._beat(interval))
-                elif kind == "desired":
-                    self._apply(msg.desired)
-        except grpc.aio.AioRpcError as err:
-            self.close_code = err.code()
-        finally:
-            if beater is not None:
-                beater.cancel()
-            self.closed.set()
-            await channel.close()
-
-
-def tls_agent(port: int, node: str, tls: ClientTLS | None, gpus: int = 2) -> TLSAgent:
+def tls_agent(port: int, node: str, tls: ClientTLS | None, gpus: int = 2) -> ScriptedAgent:
     """A scripted agent of `node` dialling the fleet with `tls`."""
-    agent = TLSAgent(f"127.0.0.1:{port}", node, gpus=gpus)
-    agent.tls = tls
-    return agent
+    return ScriptedAgent(f"127.0.0.1:{port}", node, gpus=gpus, tls=tls)
 
 
 async def health(port: int, tls: ClientTLS | None) -> int:
