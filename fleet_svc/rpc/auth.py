@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from fleet_svc.domain.access import (
 )
 from fleet_svc.rpc.settings import read_roles
 from fleet_svc.rpc.status import to_status
+from llmgw.rpc.handlers import admitted
 from llmgw.tls import IdentityError, ServerTLS, check_name, peer_identity
 
 log = structlog.get_logger(__name__)
@@ -335,28 +336,4 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 return answer
 
             return handler._replace(unary_unary=unary_unary)
-        if handler.unary_stream is not None:
-            inner_us = handler.unary_stream
-
-            async def unary_stream(request: Any, context: Context) -> AsyncIterator[Any]:
-                await self._admit(method, request, context)
-                async for message in inner_us(request, context):
-                    yield message
-
-            return handler._replace(unary_stream=unary_stream)
-        if handler.stream_stream is not None:
-            inner_ss = handler.stream_stream
-
-            async def stream_stream(requests: Any, context: Context) -> AsyncIterator[Any]:
-                await self._admit(method, None, context)
-                async for message in inner_ss(requests, context):
-                    yield message
-
-            return handler._replace(stream_stream=stream_stream)
-        inner_su = handler.stream_unary
-
-        async def stream_unary(requests: Any, context: Context) -> Any:
-            await self._admit(method, None, context)
-            return await inner_su(requests, context)
-
-        return handler._replace(stream_unary=stream_unary)
+        return admitted(handler, lambda request, context: self._admit(method, request, context))

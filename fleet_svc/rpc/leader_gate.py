@@ -9,7 +9,7 @@ agents' Connect stream are the leader's.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -19,6 +19,7 @@ from grpc_status import rpc_status
 from fleet_svc.domain.access import AGENT, FLEET, MUTATIONS
 from fleet_svc.rpc.status import store_status
 from fleet_svc.store.base import NotLeader
+from llmgw.rpc.handlers import admitted
 
 log = structlog.get_logger(__name__)
 
@@ -47,7 +48,9 @@ class LeaderGate(grpc.aio.ServerInterceptor):
         method: str = handler_call_details.method
         if handler is None or method not in LEADER_ONLY:
             return handler
-        wrapped: grpc.RpcMethodHandler[Any, Any] = self._wrapped(handler, method)
+        wrapped: grpc.RpcMethodHandler[Any, Any] = admitted(
+            handler, lambda request, context: self._admit(method, context)
+        )
         return wrapped
 
     async def _admit(self, method: str, context: Any) -> None:
@@ -63,23 +66,3 @@ class LeaderGate(grpc.aio.ServerInterceptor):
             leader_address=refused.leader_address,
         )
         await context.abort_with_status(rpc_status.to_status(status))
-
-    def _wrapped(self, handler: Any, method: str) -> Any:
-        if handler.unary_unary is not None:
-            inner_uu = handler.unary_unary
-
-            async def unary_unary(request: Any, context: Any) -> Any:
-                await self._admit(method, context)
-                return await inner_uu(request, context)
-
-            return handler._replace(unary_unary=unary_unary)
-        if handler.stream_stream is not None:
-            inner_ss = handler.stream_stream
-
-            async def stream_stream(requests: Any, context: Any) -> AsyncIterator[Any]:
-                await self._admit(method, context)
-                async for message in inner_ss(requests, context):
-                    yield message
-
-            return handler._replace(stream_stream=stream_stream)
-        return handler  # no server-streaming or client-streaming RPC needs the leader
