@@ -28,6 +28,7 @@ from tests.support.fleet import running_fleet
 from tests.support.gguf_files import write_gguf
 from tests.support.planner import running_planner
 from tests.support.shapes import LLAMA_31_8B, inline
+from tests.support.shapes import llama_8b_model as gpu_model
 
 LLAMA_8B = inline(LLAMA_31_8B)
 H100 = common_pb2.Inventory(
@@ -57,35 +58,6 @@ def info_of(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo | None:
         if detail.Unpack(info):
             return info
     return None
-
-
-def gpu_model(**fields: Any) -> common_pb2.Model:
-    """Llama-3.1-8B inline, one vLLM profile on one H100."""
-    model = common_pb2.Model(
-        name="llama-8b",
-        context_length=8192,
-        shape=LLAMA_8B,
-        profiles=[
-            common_pb2.Profile(
-                name="gpu",
-                engine="vllm",
-                args=["--max-model-len", "8192"],
-                gpu_class="H100-80GB",
-                gpus_per_node=1,
-            )
-        ],
-    )
-    for key, value in fields.items():
-        if key == "profiles":
-            del model.profiles[:]
-            model.profiles.extend(value)
-        elif key == "shape":
-            model.ClearField("shape")
-            if value is not None:
-                model.shape.CopyFrom(value)
-        else:
-            setattr(model, key, value)
-    return model
 
 
 def raw_method(channel: grpc.aio.Channel, method: str) -> Any:

@@ -21,6 +21,7 @@ from llmgw.planner.v1 import planner_pb2
 from llmgw.shape import ModelShape
 from tests.support.planner import running_planner
 from tests.support.shapes import LLAMA_31_8B, inline
+from tests.support.shapes import llama_8b_model as llama_model
 
 SERVICE = "llmgw.planner.v1.PlannerService"
 
@@ -33,27 +34,6 @@ INVENTORY = common_pb2.Inventory(
         )
     ]
 )
-
-
-def llama_model(**overrides: Any) -> common_pb2.Model:
-    """Llama-3.1-8B with one vLLM profile on one H100, its shape inline."""
-    model = common_pb2.Model(
-        name="llama-8b",
-        context_length=8192,
-        shape=LLAMA_8B,
-        profiles=[
-            common_pb2.Profile(
-                name="gpu",
-                engine="vllm",
-                args=["--max-model-len", "8192"],
-                gpu_class="H100-80GB",
-                gpus_per_node=1,
-            )
-        ],
-    )
-    for key, value in overrides.items():
-        setattr(model, key, value)
-    return model
 
 
 def error_info(err: grpc.aio.AioRpcError) -> tuple[error_details_pb2.ErrorInfo, list[Any]]:

@@ -87,3 +87,34 @@ def inline(shape: ModelShape) -> common_pb2.ModelShape:
 def inline_data(shape: ModelShape) -> dict[str, object]:
     """`inline(shape)` as a model file writes it (YAML or JSON data, proto field names)."""
     return {field.name: value for field, value in inline(shape).ListFields()}
+
+
+def llama_8b_model(**fields: object) -> common_pb2.Model:
+    """Llama-3.1-8B with its shape inline and one vLLM profile on one H100; `fields` replace
+    the model's (`profiles` a list of Profile messages, `shape` a ModelShape message or None
+    for no inline shape)."""
+    model = common_pb2.Model(
+        name="llama-8b",
+        context_length=8192,
+        shape=inline(LLAMA_31_8B),
+        profiles=[
+            common_pb2.Profile(
+                name="gpu",
+                engine="vllm",
+                args=["--max-model-len", "8192"],
+                gpu_class="H100-80GB",
+                gpus_per_node=1,
+            )
+        ],
+    )
+    for key, value in fields.items():
+        if key == "profiles":
+            del model.profiles[:]
+            model.profiles.extend(value)  # type: ignore[arg-type]
+        elif key == "shape":
+            model.ClearField("shape")
+            if value is not None:
+                model.shape.CopyFrom(value)  # type: ignore[arg-type]
+        else:
+            setattr(model, key, value)
+    return model
