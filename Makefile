@@ -84,8 +84,20 @@ nginx:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -qq --no-install-recommends nginx-light; }
 
+# PostgreSQL's server programs for the store tests: without LLMGW_TEST_PG_DSN the test run
+# initdb's a private cluster of its own under /tmp on a free port and stops it at the end
+# (tests/support/postgres.py); no server need be running. Debian's postgresql is installed
+# once when its initdb is missing (as root).
+.PHONY: postgres
+postgres:
+	@if [ -z "$$LLMGW_TEST_PG_DSN" ] && [ -z "$$LLMGW_TEST_PGBIN" ] \
+	  && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	  echo "apt-get install postgresql"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends postgresql; fi
+
 # Run every check and test, as CI does.
-test: venv llama-server go-tools nginx proto-check buf-lint lint kubectl
+test: venv llama-server go-tools nginx postgres proto-check buf-lint lint kubectl
 	$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here" >&2; exit 1; fi; \
 	exit $$rc

@@ -42,7 +42,7 @@ import psycopg
 
 from bench.leader_agents import FollowingAgent, agents_over
 from bench.planner_throughput import ChildServer, start_child
-from bench.store_pg import ADMIN_DSN
+from bench.store_pg import admin_dsn
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 
@@ -214,8 +214,8 @@ async def trial(
 async def measure(trials: int, folder: Path, *, lease_s: float, renew_s: float) -> dict[str, float]:
     """Every trial on one cluster; the figures over them."""
     dbname = "llmgw_bench_" + uuid.uuid4().hex[:10]
-    dsn = ADMIN_DSN.rsplit("/", 1)[0] + "/" + dbname
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+    dsn = admin_dsn().rsplit("/", 1)[0] + "/" + dbname
+    with psycopg.connect(admin_dsn(), autocommit=True) as admin:
         admin.execute(f"CREATE DATABASE {dbname}".encode())
     cluster = Cluster(dsn, folder, lease_s, renew_s)
     agents: list[FollowingAgent] = []
@@ -251,7 +251,7 @@ async def measure(trials: int, folder: Path, *, lease_s: float, renew_s: float) 
         for a in agents:
             await a.stop()
         await cluster.close()
-        with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+        with psycopg.connect(admin_dsn(), autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)".encode())
     lead = [r["lead_s"] for r in rows]
     back = [r["agents_s"] for r in rows if not math.isnan(r["agents_s"])] or [math.nan]

@@ -39,7 +39,7 @@ import psycopg
 from bench.agent_fanin import fan_model, percentile
 from bench.fleet_failover import Cluster
 from bench.leader_agents import FollowingAgent, agents_over
-from bench.store_pg import ADMIN_DSN
+from bench.store_pg import admin_dsn
 from llmgw.fleet.v1 import fleet_pb2
 
 WAIT_S = 180.0
@@ -65,8 +65,8 @@ async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
 async def measure_one(n: int, fleets: int, folder: Path, window_s: float) -> dict[str, float]:
     """`fleets` fleets on a fresh database with `n` agents: CPU per agent and ack latencies."""
     dbname = "llmgw_bench_" + uuid.uuid4().hex[:10]
-    dsn = ADMIN_DSN.rsplit("/", 1)[0] + "/" + dbname
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+    dsn = admin_dsn().rsplit("/", 1)[0] + "/" + dbname
+    with psycopg.connect(admin_dsn(), autocommit=True) as admin:
         admin.execute(f"CREATE DATABASE {dbname}".encode())
     cluster = Cluster(dsn, folder, 6.0, 2.0)
     agents: list[FollowingAgent] = []
@@ -105,7 +105,7 @@ async def measure_one(n: int, fleets: int, folder: Path, window_s: float) -> dic
             await a.stop()
         with contextlib.suppress(grpc.aio.AioRpcError):  # a channel a stopped fleet cut
             await cluster.close()
-        with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+        with psycopg.connect(admin_dsn(), autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)".encode())
     return {
         "cpu_ms_per_agent_s": (busy - idle) * 1e3 / n,

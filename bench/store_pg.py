@@ -1,8 +1,9 @@
 """Bench: the fleet on PostgreSQL against the fleet on SQLite: SetContext and ListReplicas.
 
 Two fleets run as child processes beside one planner (also a child): one on a SQLite file, one
-on a fresh PostgreSQL database (created here on LLMGW_BENCH_PG's server, default
-postgresql://postgres@127.0.0.1:5432/postgres, and dropped after). Each holds the same catalog:
+on a fresh PostgreSQL database (created here on LLMGW_BENCH_PG's server, else the test run's
+LLMGW_TEST_PG_DSN, else postgresql://postgres@127.0.0.1:5432/postgres; dropped after). Each
+holds the same catalog:
 
 - `ctx`, Llama-3.1-8B with an inline shape and no replicas: a SetContext on it is one planner
   call plus the store's part of a change (the model read, its etag checked, the new revision's
@@ -36,7 +37,15 @@ from bench.planner_throughput import LLAMA_8B, ChildServer, start_child
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 
-ADMIN_DSN = os.environ.get("LLMGW_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+def admin_dsn() -> str:
+    """The server the PostgreSQL benches make their databases on: LLMGW_BENCH_PG, else the
+    test run's (LLMGW_TEST_PG_DSN), else a server at 127.0.0.1:5432."""
+    return os.environ.get("LLMGW_BENCH_PG") or os.environ.get(
+        "LLMGW_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
+    )
+
+
 """Where the bench's database is created and dropped (a maintenance database)."""
 
 
@@ -144,8 +153,8 @@ async def wait_replicas(fleet: FleetUnderTest, want: int) -> None:
 async def measure(calls: int, rounds: int, replicas: int, folder: Path) -> dict[str, float]:
     """Both fleets, interleaved rounds; median seconds per call and the ratios."""
     dbname = "llmgw_bench_" + uuid.uuid4().hex[:10]
-    dsn = ADMIN_DSN.rsplit("/", 1)[0] + "/" + dbname
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+    dsn = admin_dsn().rsplit("/", 1)[0] + "/" + dbname
+    with psycopg.connect(admin_dsn(), autocommit=True) as admin:
         admin.execute(f"CREATE DATABASE {dbname}".encode())
     planner = await start_child(
         "planner_svc", ["--listen", "127.0.0.1:0", "--log-format", "json"], folder / "planner.log"
@@ -185,7 +194,7 @@ async def measure(calls: int, rounds: int, replicas: int, folder: Path) -> dict[
             await f.channel.close()
             await f.child.stop()
         await planner.stop()
-        with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+        with psycopg.connect(admin_dsn(), autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)".encode())
 
 

@@ -15,3 +15,10 @@ def range_server(tmp_path: Path) -> Iterator[RangeServer]:
     """A range-serving HTTP server on 127.0.0.1 for the files a test writes under `tmp_path`."""
     with RangeServer(tmp_path) as server:
         yield server
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop the PostgreSQL server the run started for its store tests, if it started one."""
+    from tests.support.postgres import stop_own_server
+
+    stop_own_server()

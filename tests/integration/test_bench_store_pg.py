@@ -23,7 +23,7 @@ def test_the_store_bench_measures_both_stores_and_cleans_up(tmp_path: Path) -> N
         pg_ms = figures[f"{what}_postgresql_ms"]
         assert 0 < sqlite_ms < 10_000 and 0 < pg_ms < 10_000
         assert math.isclose(figures[f"{what}_pg_over_sqlite"], pg_ms / sqlite_ms)
-    with psycopg.connect(store_pg.ADMIN_DSN, autocommit=True) as conn:
+    with psycopg.connect(store_pg.admin_dsn(), autocommit=True) as conn:
         left = conn.execute(
             "SELECT datname FROM pg_database WHERE datname LIKE 'llmgw_bench_%'"
         ).fetchall()

@@ -1,5 +1,5 @@
 """Nothing the fleet accepted is lost when it is killed with SIGKILL and started again, on
-either store (a SQLite file, or a fresh PostgreSQL database at 127.0.0.1:5432)."""
+either store (a SQLite file, or a fresh PostgreSQL database on the test server)."""
 
 from __future__ import annotations
 

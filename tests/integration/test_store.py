@@ -1,7 +1,7 @@
 """The store suite, run against both stores (SQLite and PostgreSQL): revisions and etags,
 answers, replicas, values, rollouts and events, racing writers, and rows that do not decode.
 
-PostgreSQL is the server at 127.0.0.1:5432 (tests/support/postgres.py): each test gets a fresh
+PostgreSQL is the test server (tests/support/postgres.py): each test gets a fresh
 database, dropped after. Where only one store has something to test (SQLite's file and pragmas,
 PostgreSQL's connections), it is in tests/unit/test_store_sqlite.py or
 tests/integration/test_store_postgres.py.

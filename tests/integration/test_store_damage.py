@@ -26,7 +26,7 @@ from fleet_svc.store.migrations import latest_version
 from fleet_svc.store.postgres import PostgresStore
 from fleet_svc.store.sqlite import SQLiteStore
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
-from tests.support.postgres import fresh_database
+from tests.support.postgres import dsn_of, fresh_database
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PAGE_BYTES = 4096
@@ -132,20 +132,22 @@ def test_a_folder_given_as_the_store_exits_3_saying_so(tmp_path: Path) -> None:
 def test_a_missing_postgresql_database_exits_3_naming_it() -> None:
     """A DSN naming a database the server does not have stops the fleet with exit code 3 and
     the server's own words naming the database."""
-    proc = run_fleet("postgresql://postgres@127.0.0.1:5432/llmgw_test_no_such_database")
+    dsn = dsn_of("llmgw_test_no_such_database")
+    proc = run_fleet(dsn)
     assert proc.returncode == EXIT_STORE, proc.stderr
     [line] = said(proc)
-    assert line.startswith("fleet: the fleet store postgresql://postgres@127.0.0.1:5432/"), line
+    assert line.startswith(f"fleet: the fleet store {dsn}: "), line
     assert 'database "llmgw_test_no_such_database" does not exist' in line
 
 
 def test_a_dsn_libpq_cannot_read_exits_1_naming_it() -> None:
     """A connection string libpq cannot parse is a configuration error: exit code 1, one line
     naming it and what is wrong."""
-    proc = run_fleet("postgresql://postgres@127.0.0.1:5432/db?no_such_option=1")
+    dsn = dsn_of("db") + "?no_such_option=1"
+    proc = run_fleet(dsn)
     assert proc.returncode == 1, proc.stderr
     [line] = said(proc)
-    assert line.startswith("fleet: the fleet store postgresql://postgres@127.0.0.1:5432/db"), line
+    assert line.startswith(f"fleet: the fleet store {dsn_of('db')}"), line
     assert "no_such_option" in line
 
 

@@ -1,6 +1,6 @@
 """PostgreSQL going away under a running fleet: health NOT_SERVING meanwhile, the fleet
-reconnects on its own, and nothing it accepted is lost (a real fleet on a fresh database at
-127.0.0.1:5432; the server itself is never restarted, other sessions use it: its connections
+reconnects on its own, and nothing it accepted is lost (a real fleet on a fresh database on the
+test server, tests/support/postgres.py; the server itself is never restarted: its connections
 to the test's database are ended, and the database refuses new ones for a while)."""
 
 from __future__ import annotations

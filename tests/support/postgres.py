@@ -1,50 +1,101 @@
-"""Throw-away PostgreSQL databases for tests, on the server at 127.0.0.1:5432 (trust auth).
+"""Throw-away PostgreSQL databases for tests.
 
-Each test gets a database of its own, created here and dropped after (connections to it are
-ended first), so tests never see each other's rows and the server is left as found. When the
-server is not reachable the test FAILS saying so, unless LLMGW_SKIP_POSTGRES=1 asks to skip:
+The server is LLMGW_TEST_PG_DSN's (a DSN of any database on it, as a role that may create
+databases) when that is set. Otherwise the test run starts a server of its own on first use
+(tests/support/private_postgres.py: initdb into a folder under /tmp, a free port, trust auth on
+127.0.0.1 only), exports its DSN to the run's child processes, and stops it when the run ends;
+no server need be running on the machine. Each test gets a database of its own, created here
+and dropped after (connections to it are ended first), so tests never see each other's rows.
+When no server can be had the test FAILS saying so, unless LLMGW_SKIP_POSTGRES=1 asks to skip:
 a store suite that quietly skipped half its cases would prove nothing.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
-from psycopg import sql
+from psycopg import conninfo, sql
 
-HOST = os.environ.get("LLMGW_TEST_PGHOST", "127.0.0.1")
-PORT = int(os.environ.get("LLMGW_TEST_PGPORT", "5432"))
-USER = os.environ.get("LLMGW_TEST_PGUSER", "postgres")
-ADMIN_DSN = f"postgresql://{USER}@{HOST}:{PORT}/postgres"
-"""Where databases are created and dropped from (the maintenance database)."""
+from tests.support.private_postgres import NoServer, PrivateServer, discard, start_private_server
+
+DSN_ENV = "LLMGW_TEST_PG_DSN"
+BENCH_ENV = "LLMGW_BENCH_PG"
+"""bench/'s server (bench/store_pg.py): pointed at the run's server when the run starts one."""
 SKIP_ENV = "LLMGW_SKIP_POSTGRES"
 PREFIX = "llmgw_test_"
 
+_lock = threading.Lock()
+_own: PrivateServer | None = None
+
+
+def _unreachable(message: str) -> None:
+    if os.environ.get(SKIP_ENV) == "1":
+        pytest.skip(message)
+    pytest.fail(message)
+
+
+def admin_dsn() -> str:
+    """The DSN databases are created and dropped from: LLMGW_TEST_PG_DSN, or the run's own
+    server's `postgres` database, started here the first time it is needed."""
+    global _own
+    with _lock:
+        given = os.environ.get(DSN_ENV)
+        if given:
+            return given
+        try:
+            _own = start_private_server()
+        except NoServer as why:
+            _unreachable(f"no PostgreSQL for the store tests: {why}; or set {SKIP_ENV}=1")
+            raise
+        atexit.register(discard, _own)
+        os.environ[DSN_ENV] = _own.dsn
+        os.environ.setdefault(BENCH_ENV, _own.dsn)
+        return _own.dsn
+
+
+def stop_own_server() -> None:
+    """Stop the server this run started, if it started one (pytest_sessionfinish)."""
+    global _own
+    with _lock:
+        if _own is not None:
+            discard(_own)
+            if os.environ.get(DSN_ENV) == _own.dsn:
+                del os.environ[DSN_ENV]
+            if os.environ.get(BENCH_ENV) == _own.dsn:
+                del os.environ[BENCH_ENV]
+            _own = None
+
 
 def dsn_of(dbname: str) -> str:
-    """A DSN for one database on the test server."""
-    return f"postgresql://{USER}@{HOST}:{PORT}/{dbname}"
+    """A DSN for one database on the test server (a URL when the server's DSN is one)."""
+    base = admin_dsn()
+    if base.startswith(("postgresql://", "postgres://")):
+        parts = urlsplit(base)
+        return urlunsplit(parts._replace(path="/" + dbname))
+    return conninfo.make_conninfo(base, dbname=dbname)
 
 
 def admin() -> psycopg.Connection[tuple[object, ...]]:
     """An autocommit connection to the maintenance database; fails (or skips) the test when
     the server cannot be reached."""
+    dsn = admin_dsn()
     try:
-        return psycopg.connect(ADMIN_DSN, autocommit=True, connect_timeout=3)
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=3)
     except psycopg.OperationalError as exc:
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        message = (
-            f"PostgreSQL is not reachable at {HOST}:{PORT} as {USER} ({why}): the store tests run"
-            f" against it; start it, or set {SKIP_ENV}=1 to skip them"
+        _unreachable(
+            f"PostgreSQL is not reachable at {dsn} ({why}): the store tests run against it;"
+            f" unset {DSN_ENV} for a server of the run's own, or set {SKIP_ENV}=1 to skip them"
         )
-        if os.environ.get(SKIP_ENV) == "1":
-            pytest.skip(message)
-        pytest.fail(message)
+        raise
 
 
 def terminate(dbname: str) -> int:

@@ -1,6 +1,8 @@
-"""A PostgreSQL server of a test's own (initdb into a temporary folder, pg_ctl on a free port),
-for tests that stop and start the server: the machine's shared server on 5432 is never
-restarted, other sessions use it.
+"""A PostgreSQL server of a test's own (initdb into a temporary folder, pg_ctl on a free port).
+
+Two uses: the test run's own server, which holds every test's throw-away databases when
+LLMGW_TEST_PG_DSN names none (tests/support/postgres.py starts it on first use and stops it
+when the run ends), and a server for one test that stops and starts it (test_store_restart).
 
 initdb refuses to run as root, so as root the cluster is made and run as the `postgres` user
 (runuser); a test skips, saying why, where neither is possible.
@@ -22,8 +24,21 @@ from pathlib import Path
 
 import pytest
 
-BIN = Path(os.environ.get("LLMGW_TEST_PGBIN", "/usr/lib/postgresql/15/bin"))
-"""Where initdb and pg_ctl are (Debian's postgresql-15 package)."""
+
+def _server_programs() -> Path:
+    """Where initdb and pg_ctl are: LLMGW_TEST_PGBIN, else the newest of Debian's
+    /usr/lib/postgresql/N/bin (the `postgresql` package; `make postgres` installs it)."""
+    given = os.environ.get("LLMGW_TEST_PGBIN")
+    if given:
+        return Path(given)
+    found = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/initdb"),
+        key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0,
+    )
+    return found[-1].parent if found else Path("/usr/lib/postgresql/15/bin")
+
+
+BIN = _server_programs()
 RUN_AS = "postgres"
 
 
@@ -57,7 +72,7 @@ class PrivateServer:
         """Start it and wait until it accepts connections."""
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.folder}"
-            " -c fsync=off -c full_page_writes=off"
+            " -c fsync=off -c full_page_writes=off -c max_connections=400"
         )
         self._ctl("-o", options, "-l", str(self.folder / "server.log"), "-w", "start")
 
@@ -66,20 +81,36 @@ class PrivateServer:
         self._ctl("-m", mode, "-w", "stop")
 
 
-@contextmanager
-def private_postgres() -> Iterator[PrivateServer]:
-    """A fresh private server, started; stopped and removed after."""
+class NoServer(Exception):
+    """A private server cannot be made here; the message says why."""
+
+
+def _account() -> str | None:
+    """The account initdb and the server run as: None for this process's own, `postgres` as
+    root (initdb refuses root)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam(RUN_AS)
+    except KeyError:
+        why = f"initdb refuses root and there is no {RUN_AS!r} user to run it as"
+        raise NoServer(why) from None
+    if shutil.which("runuser") is None:
+        raise NoServer("initdb refuses root and runuser is not installed")
+    return RUN_AS
+
+
+def start_private_server() -> PrivateServer:
+    """initdb a fresh cluster into a new folder under /tmp and start it on a free port.
+
+    Raises NoServer when the server programs or an account to run them are missing. The
+    caller stops it and removes `folder` (`discard`)."""
     if not (BIN / "initdb").exists():
-        pytest.skip(f"no PostgreSQL server programs at {BIN} (set LLMGW_TEST_PGBIN)")
-    user: str | None = None
-    if os.geteuid() == 0:
-        try:
-            pwd.getpwnam(RUN_AS)
-        except KeyError:
-            pytest.skip(f"initdb refuses root and there is no {RUN_AS!r} user to run it as")
-        if shutil.which("runuser") is None:
-            pytest.skip("initdb refuses root and runuser is not installed")
-        user = RUN_AS
+        raise NoServer(
+            f"no PostgreSQL server programs at {BIN} (`make postgres` installs Debian's"
+            " postgresql; or set LLMGW_TEST_PGBIN, or LLMGW_TEST_PG_DSN for a running server)"
+        )
+    user = _account()
     # Under /tmp itself: pytest's own folders are private to root, which the server's user
     # could not enter.
     folder = Path(tempfile.mkdtemp(prefix="llmgw-pg-"))
@@ -103,10 +134,28 @@ def private_postgres() -> Iterator[PrivateServer]:
             initdb = ["runuser", "-u", user, "--", *initdb]
         subprocess.run(initdb, check=True, capture_output=True, timeout=120)
         server.start()
-        try:
-            yield server
-        finally:
-            with contextlib.suppress(subprocess.CalledProcessError):  # stopped already
-                server.stop("immediate")
-    finally:
+    except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return server
+
+
+def discard(server: PrivateServer) -> None:
+    """Stop `server` (if it still runs) and remove its folder."""
+    with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
+        server.stop("immediate")  # a stopped server makes pg_ctl fail: nothing to do
+    shutil.rmtree(server.folder, ignore_errors=True)
+
+
+@contextmanager
+def private_postgres() -> Iterator[PrivateServer]:
+    """A fresh private server, started; stopped and removed after. The test skips, saying
+    why, where no server can be made."""
+    try:
+        server = start_private_server()
+    except NoServer as why:
+        pytest.skip(str(why))
+    try:
+        yield server
+    finally:
+        discard(server)
