@@ -41,14 +41,16 @@ go-tools: venv
 	$(PY) scripts/gen_protos.py --go-tools
 
 # The Go modules, in module mode with their committed go.sum (module mode's default -mod=readonly:
-# a missing or stale requirement fails rather than being fetched): go.mod tidy, go vet, go test. gen/go's
+# a missing or stale requirement fails rather than being fetched): gofmt, go.mod tidy, go vet and
+# go test. gen/go's
 # client/ tests that need live services are run by tests/integration/test_go_client_pkg.py,
 # which starts them; here they say they are skipped.
 GO_MODULES := gen/go tests/go/client
 go-test: go-tools
 	@set -e; for m in $(GO_MODULES); do \
 	  echo "go: $$m"; \
-	  (cd $$m && go mod tidy -diff && go vet ./... && go test ./...); \
+	  (cd $$m && test -z "$$(gofmt -l .)" || { gofmt -l . >&2; echo "gofmt: files above" >&2; exit 1; }; \
+	   go mod tidy -diff && go vet ./... && go test ./...); \
 	done
 
 # Regenerate the Python and Go code of the protos (committed: llmgw/*/v1, gen/go).

@@ -26,6 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTOS = ROOT / "protos"
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
 GO_SUFFIXES = (".pb.go",)
+# The published gRPC service config (round_robin, the retry policy), and its copy beside the
+# Go client package, which embeds it (go:embed cannot reach outside its module): written by
+# --out, compared by --check.
+SERVICE_CONFIG = Path("llmgw/clients/service_config.json")
+GO_SERVICE_CONFIG = Path("gen/go/client/service_config.json")
 # The Go tree, and the module path every proto's go_package starts with (gen/go/go.mod).
 GO_DIR = Path("gen/go")
 GO_MODULE = "gitea.mynodes.xyz/ilker/llmgw/gen/go"
@@ -116,7 +121,9 @@ def go_plugins() -> dict[str, Path]:
         found[tool] = path
     got = protoc_version()
     if got != PROTOC:
-        raise SystemExit(f"grpcio-tools' protoc answers {got!r}; the committed Go code needs {PROTOC!r}")
+        raise SystemExit(
+            f"grpcio-tools' protoc answers {got!r}; the committed Go code needs {PROTOC!r}"
+        )
     return found
 
 
@@ -237,6 +244,7 @@ def main() -> int:
                 stale.unlink()
         generate_python(out)
         generate_go(out)
+        (out / GO_SERVICE_CONFIG).write_bytes((ROOT / SERVICE_CONFIG).read_bytes())
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         fresh = generate_python(Path(tmp)) + generate_go(Path(tmp))
@@ -246,6 +254,8 @@ def main() -> int:
             for p in fresh
             if (ROOT / p).exists() and not filecmp.cmp(Path(tmp) / p, ROOT / p, False)
         ]
+        if (ROOT / GO_SERVICE_CONFIG).read_bytes() != (ROOT / SERVICE_CONFIG).read_bytes():
+            drift.append(GO_SERVICE_CONFIG)
         if drift:
             for p in drift:
                 print(f"generated code drifted from protos/: {p}", file=sys.stderr)

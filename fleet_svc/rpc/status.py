@@ -99,12 +99,17 @@ def store_status(exc: StoreError) -> status_pb2.Status | None:
     for cls, code, reason in _STORE_TABLE:
         if isinstance(exc, cls):
             metadata = {"store": exc.where}
+            delay = None
             if isinstance(exc, NotLeader):
                 metadata.update(leader=exc.leader, leader_address=exc.leader_address)
-            return build_status(code, reason, DOMAIN, str(exc), metadata)
+                # Named, the leader answers now; during an election, in about a renewal.
+                delay = 0.0 if exc.leader_address else None
+            return build_status(code, reason, DOMAIN, str(exc), metadata, retry_delay_s=delay)
     return None
 
 
+WATCHER_RETRY_S = 0.1
+"""A watcher cut off may watch again at once: it resumes, or gets a snapshot."""
 WATCHER_TOO_SLOW = "WATCHER_TOO_SLOW"
 """The reason a WatchReplicas stream is cut off with: it fell `watch.WATCHER_QUEUE` events
 behind."""
@@ -119,6 +124,7 @@ def watcher_status(exc: WatcherTooSlow) -> status_pb2.Status:
         DOMAIN,
         str(exc),
         {"limit": "watcher_queue", "maximum": str(WATCHER_QUEUE)},
+        retry_delay_s=WATCHER_RETRY_S,
     )
 
 
