@@ -19,6 +19,19 @@ DEFAULT_LISTEN = "127.0.0.1:50051"
 
 
 SWITCH_INTERVAL_S = 0.001
+MAX_DRAIN_DELAY_S = 300.0
+"""The longest --drain-delay taken (a pod's termination grace bounds it anyway)."""
+
+
+def drain_delay(value: str) -> float:
+    """A --drain-delay: seconds, 0 to MAX_DRAIN_DELAY_S."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not 0 <= seconds <= MAX_DRAIN_DELAY_S:
+        raise argparse.ArgumentTypeError(f"{value} s is not within 0 to {MAX_DRAIN_DELAY_S:g} s")
+    return seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="a folder local .gguf sources may be read from (repeat); default none, or "
         "$LLMGW_PLANNER_ALLOW_ROOTS (':'-separated)",
     )
+    parser.add_argument(
+        "--drain-delay",
+        type=drain_delay,
+        default=os.environ.get("LLMGW_DRAIN_DELAY_S", "0"),
+        metavar="SECONDS",
+        help="on SIGTERM, report NOT_SERVING and keep serving this long before stopping, so a "
+        "readiness probe sees it and the Service stops sending (default %(default)s; "
+        "deploy/ sets it above the readiness probe's period times its failure threshold)",
+    )
     add_metrics_argument(parser)
     add_probe_argument(parser)
     add_trace_argument(parser)
@@ -88,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 policy=policy,
                 metrics=opts.metrics,
                 probes=opts.probe_listen,
+                drain_s=opts.drain_delay,
             )
         )
     except (RuntimeError, TLSConfigError, ValueError, OSError) as exc:
