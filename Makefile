@@ -71,6 +71,26 @@ buf-lint: venv $(BUF)
 	$(PY) scripts/gen_protos.py --descriptor-set build/protos.binpb
 	cd protos && $(abspath $(BUF)) lint $(abspath build/protos.binpb) --path llmgw --config buf.yaml
 
+# buf breaking: the protos against the last tagged release's (git describe --tags; its protos/
+# built into an image the same way), or, while no tag exists, against the committed baseline
+# image protos/breaking-baseline.binpb (the protos as of the Go module's move to current grpc-go;
+# `make proto-baseline` writes it anew, for a release). FILE rules (protos/buf.yaml), only the
+# files under llmgw/: google/api is the imports'.
+buf-breaking: venv $(BUF)
+	$(PY) scripts/gen_protos.py --descriptor-set build/protos.binpb
+	@set -e; tag=$$(git describe --tags --abbrev=0 2>/dev/null || true); \
+	if [ -n "$$tag" ]; then \
+	  tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; git archive "$$tag" protos | tar -x -C $$tmp; \
+	  $(PY) scripts/gen_protos.py --descriptor-set build/baseline.binpb --protos $$tmp/protos; \
+	  against=$(abspath build/baseline.binpb); echo "buf breaking against tag $$tag"; \
+	else against=$(abspath protos/breaking-baseline.binpb); echo "buf breaking against $$against (no tag)"; fi; \
+	cd protos && $(abspath $(BUF)) breaking $(abspath build/protos.binpb) --against $$against \
+	  --path llmgw --config buf.yaml
+
+.PHONY: proto-baseline buf-breaking
+proto-baseline: venv
+	$(PY) scripts/gen_protos.py --descriptor-set protos/breaking-baseline.binpb
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -106,13 +126,21 @@ postgres:
 	  apt-get install -y -qq --no-install-recommends postgresql; fi
 
 # Run every check and test, as CI does.
-test: venv llama-server go-tools go-test nginx postgres proto-check buf-lint lint kubectl
+test: venv llama-server go-tools go-test nginx postgres proto-check buf-lint buf-breaking lint kubectl
 	$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here" >&2; exit 1; fi; \
 	exit $$rc
 
 bench: venv
 	$(PY) -m bench
+
+# The image's lock (deploy/constraints.txt): pip resolves the runtime and the gpu extra against
+# the package index, installing nothing; scripts/write_lock.py writes the pins.
+.PHONY: lock
+lock: venv
+	@tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && \
+	$(PY) -m pip install -q --dry-run --ignore-installed --report $$tmp/report.json '.[gpu]' && \
+	$(PY) scripts/write_lock.py $$tmp/report.json
 
 # llama.cpp, built once from the llama.cpp that the pinned llama-cpp-python sdist vendors, into
 # ~/.cache/llmgw/llama.cpp: bin/llama-server (where the agent and `llmgw up` find it) and the

@@ -68,9 +68,9 @@ def includes() -> list[Path]:
     return [wkt, googleapis]
 
 
-def sources() -> list[str]:
-    """The protos, relative to protos/."""
-    return sorted(p.relative_to(PROTOS).as_posix() for p in PROTOS.rglob("*.proto"))
+def sources(protos: Path = PROTOS) -> list[str]:
+    """The protos, relative to protos/ (or another tree's protos folder)."""
+    return sorted(p.relative_to(protos).as_posix() for p in protos.rglob("*.proto"))
 
 
 def generate_python(out: Path) -> list[Path]:
@@ -192,19 +192,20 @@ def generate_go(out: Path) -> list[Path]:
     return sorted(p.relative_to(out) for p in go_out.rglob("*") if p.name.endswith(GO_SUFFIXES))
 
 
-def write_descriptor_set(path: Path) -> None:
+def write_descriptor_set(path: Path, protos: Path = PROTOS) -> None:
     """The protos and everything they import, with source info, as one FileDescriptorSet: the
     input `buf lint` and `buf generate` read offline (buf alone would fetch google/api from
-    the Buf Schema Registry; here it comes from googleapis-common-protos)."""
+    the Buf Schema Registry; here it comes from googleapis-common-protos). `protos` is another
+    tree's protos folder for the baseline `buf breaking` compares against."""
     path.parent.mkdir(parents=True, exist_ok=True)
     args = [
         "protoc",
-        f"-I{PROTOS}",
+        f"-I{protos}",
         *(f"-I{inc}" for inc in includes()),
         "--include_imports",
         "--include_source_info",
         f"--descriptor_set_out={path}",
-        *sources(),
+        *sources(protos),
     ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
@@ -227,6 +228,9 @@ def main() -> int:
         "--descriptor-set", type=Path, help="write the protos as a FileDescriptorSet (for buf)"
     )
     parser.add_argument(
+        "--protos", type=Path, default=PROTOS, help="the protos folder --descriptor-set reads"
+    )
+    parser.add_argument(
         "--go-tools", action="store_true", help="install the pinned Go plugins (make go-tools)"
     )
     opts = parser.parse_args()
@@ -234,7 +238,7 @@ def main() -> int:
         install_go_tools()
         return 0
     if opts.descriptor_set is not None:
-        write_descriptor_set(opts.descriptor_set.resolve())
+        write_descriptor_set(opts.descriptor_set.resolve(), opts.protos.resolve())
         return 0
     if opts.out is not None:
         out = opts.out.resolve()
