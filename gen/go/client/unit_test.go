@@ -186,3 +186,21 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestSafeToRetry: a fleet write only with its request id; a read always; not a message never.
+func TestSafeToRetry(t *testing.T) {
+	for _, c := range []struct {
+		args any
+		want bool
+	}{
+		{&fleetv1.SetContextRequest{Name: "m", Tokens: 8192}, false},
+		{&fleetv1.SetContextRequest{Name: "m", Tokens: 8192, RequestId: "r1"}, true},
+		{&fleetv1.DeleteModelRequest{Name: "m"}, false},
+		{&fleetv1.GetModelRequest{Name: "m"}, true},
+		{"not a message", false},
+	} {
+		if got := safeToRetry(c.args); got != c.want {
+			t.Errorf("safeToRetry(%T %v) = %v", c.args, c.args, got)
+		}
+	}
+}
