@@ -9,7 +9,8 @@ before its first attempt (the fleet answers a repeated id with its first answer)
 
 The Python clients dial with it for its load balancing, and run its retry policy themselves
 (llmgw.clients.errors.call: RETRY_ATTEMPTS and RETRY_BACKOFF_S come from here) rather than
-through gRPC core's retries, which would stack on theirs and cannot move to another fleet.
+through gRPC core's, which would stack on theirs and cannot move to another fleet: their
+channels get the config less its retry policies.
 """
 
 from __future__ import annotations
@@ -45,8 +46,15 @@ def retry_policy() -> tuple[int, tuple[float, ...]]:
     return attempts, waits
 
 
-CHANNEL_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.service_config", SERVICE_CONFIG),
-    ("grpc.enable_retries", 0),
-]
-"""The channel options that apply it: its load balancing, and no retries of core's own."""
+def without_retry_policies() -> str:
+    """The config less its retryPolicy entries: what a client that runs the policy itself
+    dials with. gRPC core keeps its transparent retries (of a call that never reached a
+    server), which turning retries off (grpc.enable_retries 0) would stop too."""
+    config = json.loads(SERVICE_CONFIG)
+    for method_config in config["methodConfig"]:
+        method_config.pop("retryPolicy", None)
+    return json.dumps(config, separators=(",", ":"))
+
+
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [("grpc.service_config", without_retry_policies())]
+"""The channel options that apply it: its load balancing; the retries are the clients' own."""

@@ -101,6 +101,12 @@ def test_service_config_names_every_unary_method_under_its_rule() -> None:
             for m in named:
                 assert methods.pop(m) is want_write, m
     assert not methods, f"unary methods the service config does not name: {sorted(methods)}"
+    # The Python clients' channels: the load balancing, not the retry policies (they run
+    # those themselves, llmgw.clients.errors.call).
+    (name, channel_config), *_ = service_config.CHANNEL_OPTIONS
+    assert name == "grpc.service_config"
+    assert json.loads(channel_config)["loadBalancingConfig"] == config["loadBalancingConfig"]
+    assert "retryPolicy" not in channel_config
     go_copy = ROOT / "gen" / "go" / "client" / "service_config.json"
     assert go_copy.read_bytes() == service_config.SERVICE_CONFIG.encode()
 

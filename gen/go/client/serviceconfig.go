@@ -33,12 +33,32 @@ func Dial(target string, creds credentials.TransportCredentials, opts ...grpc.Di
 	return grpc.NewClient(target, all...)
 }
 
-// LeaderDialOptions are the options of a Leader's connections: the service config's load
-// balancing, and no retries of grpc's own (Leader follows the config's policy itself, moving
-// to another fleet between attempts and honouring RetryInfo).
+// LeaderDialOptions are the options of a Leader's connections: the service config less its
+// retry policies (Leader follows them itself, moving to another fleet between attempts and
+// honouring RetryInfo; grpc.WithDisableRetry would also stop grpc's transparent retry of a
+// call that never reached a server).
 func LeaderDialOptions() []grpc.DialOption {
-	return []grpc.DialOption{grpc.WithDefaultServiceConfig(ServiceConfig), grpc.WithDisableRetry()}
+	return []grpc.DialOption{grpc.WithDefaultServiceConfig(leaderServiceConfig)}
 }
+
+// leaderServiceConfig is ServiceConfig without its retryPolicy entries.
+var leaderServiceConfig = func() string {
+	var config map[string]any
+	if err := json.Unmarshal([]byte(ServiceConfig), &config); err != nil {
+		panic(err)
+	}
+	methods, _ := config["methodConfig"].([]any)
+	for _, m := range methods {
+		if mc, ok := m.(map[string]any); ok {
+			delete(mc, "retryPolicy")
+		}
+	}
+	out, err := json.Marshal(config)
+	if err != nil {
+		panic(err)
+	}
+	return string(out)
+}()
 
 // RetryPolicy is one retryPolicy of the service config.
 type RetryPolicy struct {

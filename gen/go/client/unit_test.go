@@ -3,6 +3,7 @@ package client
 import (
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -202,5 +203,17 @@ func TestSafeToRetry(t *testing.T) {
 		if got := safeToRetry(c.args); got != c.want {
 			t.Errorf("safeToRetry(%T %v) = %v", c.args, c.args, got)
 		}
+	}
+}
+
+// TestLeaderServiceConfig: a Leader's connections keep the load balancing and lose the retry
+// policies (Leader runs them itself).
+func TestLeaderServiceConfig(t *testing.T) {
+	p, err := Policies(leaderServiceConfig)
+	if err != nil || len(p) != 0 {
+		t.Fatalf("the leader's config retries %v (%v)", p, err)
+	}
+	if !strings.Contains(leaderServiceConfig, `"round_robin"`) {
+		t.Fatalf("the leader's config lost its load balancing: %s", leaderServiceConfig)
 	}
 }
