@@ -21,6 +21,7 @@ import yaml
 from fleet_svc.agent.admission import REFUSAL_TABLES, STANDIN_FLAGS, ArgRules
 from fleet_svc.agent.backoff import Backoff, RestartLimit
 from fleet_svc.agent.replica import ReplicaSpec
+from llmgw.engines.revision import args_revision, revision_flag, source_revision
 
 # How llama-server is found (the operator's $LLMGW_LLAMA_SERVER, PATH, the build cache) is
 # shared with `llmgw up`; the agent's callers import it from here.
@@ -74,12 +75,35 @@ LLAMACPP_SOURCE_ARGS: dict[str, tuple[str, ...]] = {
 
 def source_parts(source: str) -> tuple[str, str]:
     """A source's kind (one of SOURCE_KINDS) and the value an engine is given for it:
-    `hf://ORG/NAME[@REV]` -> ("hf", "ORG/NAME"), a URL as it is, anything else a path."""
+    `hf://ORG/NAME[@REV]` -> ("hf", "ORG/NAME") (the revision goes by the engine's revision
+    flag: `EngineConfig.command`), a URL as it is, anything else a path."""
     if source.startswith("hf://"):
         return "hf", source[len("hf://") :].split("@", 1)[0]
     if source.startswith(("http://", "https://")):
         return "url", source
     return "path", source
+
+
+def pin_items(
+    items: Sequence[str], revision: str, flag: Sequence[str], args: Sequence[str], family: str
+) -> list[str] | None:
+    """What follows an hf source's items so the engine loads `revision`: nothing when there is
+    none to pin, when the items carry `{revision}` themselves, or when the profile's arguments
+    pin it already (the fleet refuses any other revision there); else the family's revision
+    flag and the revision. None: the engine has no way to be given it."""
+    if not revision or any("{revision}" in item for item in items):
+        return []
+    if args_revision(family, args) is not None:
+        return []
+    if not flag:
+        return None
+    return [flag[0], revision]
+
+
+DEFAULT_MODELS_PATH = "/v1/models"
+"""Where vLLM, SGLang, trtllm-serve and llama-server list the models they serve (an
+OpenAI-shaped `{"data": [{"id": NAME}, ...]}`); llama-server in router mode, started with no
+model, answers /health 200 and lists none."""
 
 
 class ConfigError(ValueError):
@@ -96,6 +120,19 @@ def _not_a_flag(value: str) -> None:
 def uses_source(template: tuple[str, ...]) -> bool:
     """Whether a template passes the replica's source to the engine."""
     return any("{source}" in part or part == "{source_args}" for part in template)
+
+
+def pins_revision(
+    template: tuple[str, ...], source_args: Mapping[str, tuple[str, ...]], family: str
+) -> bool:
+    """Whether a revision an hf:// source pins reaches the engine (`ArgRules.pins_revision`):
+    a template passing the whole `{source}` (pin included) or none at all does; one passing
+    `{source_args}` does when its hf items carry `{revision}` or the family has a revision
+    flag (vLLM, SGLang, TensorRT-LLM: `--revision`; llama.cpp's -hf takes none)."""
+    if "{source_args}" not in template:
+        return True
+    hf_items = source_args.get("hf", ("{value}",))
+    return any("{revision}" in item for item in hf_items) or bool(revision_flag(family))
 
 
 @dataclass(frozen=True)
@@ -123,6 +160,22 @@ class EngineConfig:
     version: str = ""
     """The engine's version as the node reports it (the config's `version`, else found at
     start: `fleet_svc.agent.versions`); "" when not known."""
+    revision_flag: tuple[str, ...] = ()
+    """How the engine is given a pinned revision of an hf:// source (its family's flag,
+    `llmgw.engines.revision`); () when it has none."""
+    models_path: str = DEFAULT_MODELS_PATH
+    """The engine's list of the models it serves (OpenAI's `GET /v1/models`): a replica is
+    HEALTHY only once its health path answers 200 and this list names its served model; ""
+    for an engine that has no such list (health alone then)."""
+
+    def served_name(self, spec: ReplicaSpec) -> str:
+        """The name the engine serves `spec`'s model under: the catalog's (`{model}`, given as
+        vLLM's and SGLang's --served-model-name, llama-server's --alias), except for
+        TensorRT-LLM, whose `trtllm-serve` has no such flag and serves the model under the
+        name it was given (tensorrt_llm/commands/serve.py: OpenAIServer(model=model))."""
+        if self.rules.family == "trtllm" and spec.source and uses_source(self.template):
+            return source_parts(spec.source)[1]
+        return spec.model or spec.replica_id
 
     def command(self, spec: ReplicaSpec, host: str, port: int) -> list[str]:
         """The argv that runs `spec` on `host:port`: program, then the filled template.
@@ -132,6 +185,7 @@ class EngineConfig:
         the items `source_args` gives for the source's kind, `{value}` filled (the bare value
         for a kind it does not name).
         """
+        revision = source_revision(spec.source)
         values = {
             "model": spec.model or spec.replica_id,
             "port": str(port),
@@ -149,7 +203,21 @@ class EngineConfig:
                 kind, value = source_parts(spec.source)
                 _not_a_flag(value)
                 items = self.source_args.get(kind, ("{value}",))
-                argv.extend(item.replace("{value}", value) for item in items)
+                # `{revision}` in an item is the pin; with none, items holding it are left out.
+                argv.extend(
+                    item.replace("{value}", value).replace("{revision}", revision)
+                    for item in items
+                    if revision or "{revision}" not in item
+                )
+                if kind == "hf":
+                    pin = pin_items(
+                        items, revision, self.revision_flag, spec.args, self.rules.family
+                    )
+                    if pin is None:
+                        # Admission refuses such a replica (`ArgRules.pins_revision`): never
+                        # start an engine on another revision than the one sized.
+                        raise ValueError(f"engine {self.name} cannot be given revision {revision}")
+                    argv.extend(pin)
             else:
                 if part == "{source}":
                     _not_a_flag(spec.source)
@@ -229,8 +297,10 @@ def module_engine(
             family,
             extra=STANDIN_FLAGS if module == STANDIN_MODULE else (),
             needs_source=uses_source(checked),
+            pins_revision=pins_revision(checked, extra.get("source_args", {}), family),
         ),
         module=module,
+        revision_flag=revision_flag(family),
         **extra,
     )
 
@@ -260,6 +330,7 @@ def parse_engine(
         "source_args",
         "worker_executable",
         "version",
+        "models_path",
     }
     unknown = sorted(set(data) - known)
     if unknown:
@@ -292,6 +363,9 @@ def parse_engine(
     health_path = data.get("health_path", "/health")
     if not isinstance(health_path, str) or not health_path.startswith("/"):
         raise ConfigError(f"{where}: health_path must start with /")
+    models_path = data.get("models_path", DEFAULT_MODELS_PATH)
+    if not isinstance(models_path, str) or (models_path and not models_path.startswith("/")):
+        raise ConfigError(f'{where}: models_path must start with / (or be "" for none)')
     env = data.get("env", {}) or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
         raise ConfigError(f"{where}: env must map names to values")
@@ -339,7 +413,9 @@ def parse_engine(
             refuse=dict(refuse),
             extra=STANDIN_FLAGS if module == STANDIN_MODULE else (),
             needs_source=uses_source(template),
+            pins_revision=pins_revision(template, source_args, family),
         ),
+        revision_flag=revision_flag(family),
         health_path=health_path,
         start_timeout_s=_number(data, "start_timeout_s", 600.0, where),
         stop_grace_s=_number(data, "stop_grace_s", 30.0, where),
@@ -348,6 +424,7 @@ def parse_engine(
         source_args=source_args,
         worker_program=worker_program,
         version=version.strip(),
+        models_path=models_path,
     )
 
 
@@ -481,7 +558,7 @@ def default_config(
                 name="llamacpp",
                 program=(llama_server,),
                 template=_check_template("llamacpp", LLAMACPP_TEMPLATE),
-                rules=ArgRules("llamacpp", needs_source=True),
+                rules=ArgRules("llamacpp", needs_source=True, pins_revision=False),
                 source_args=LLAMACPP_SOURCE_ARGS,
                 start_timeout_s=300.0,
                 stop_grace_s=10.0,

@@ -29,6 +29,7 @@ from fleet_svc.agent.config import AgentConfig, EngineConfig
 from fleet_svc.agent.gang import GangRefused, member_command, serves_http
 from fleet_svc.agent.host import free_port
 from fleet_svc.agent.logs import ReplicaLog
+from fleet_svc.agent.model_list import ModelListError, served_models
 from fleet_svc.agent.process import (
     AdoptedProcess,
     ChildProcess,
@@ -344,6 +345,24 @@ class ReplicaRunner:
             return False
         return response.status_code == 200
 
+    async def _missing_model(self) -> str:
+        """Why the engine does not serve the replica's model yet ("" once its model list names
+        it, or when it has no list or serves no HTTP): an engine can answer its health path
+        with no model loaded (llama-server in router mode)."""
+        path = self._engine.models_path
+        if not self._serves_http or not path:
+            return ""
+        name = self._engine.served_name(self.spec)
+        url = f"http://{self._ctx.config.engine_host}:{self._port}{path}"
+        try:
+            listed = await served_models(self._ctx.http, url, self._ctx.config.health_timeout_s)
+        except ModelListError as exc:
+            return f"{path} answers no model list ({exc}); waiting for it to name {name}"
+        if name in listed:
+            return ""
+        shown = ", ".join(sorted(listed)[:5]) or "none"
+        return f"the engine answers {self._engine.health_path} but {path} lists {shown}, not {name}"
+
     async def _watch(self, proc: EngineProcess) -> tuple[int, str]:
         """Health-check `proc` until it exits; its exit code and, when the agent ended it,
         why."""
@@ -358,13 +377,19 @@ class ReplicaRunner:
                     code = exited.result()
                     return (UNKNOWN_EXIT if code is None else code), ""
                 self._log.cap()
-                if await self._probe():
+                healthy = await self._probe()
+                missing = ""
+                if healthy and self._obs.phase != Phase.HEALTHY:
+                    missing = await self._missing_model()
+                if healthy and not missing:
                     failures = 0
                     if self._obs.phase != Phase.HEALTHY and not exited.done():
                         self._report(Phase.HEALTHY, "replica_healthy", message="")
                     continue
                 phase = self._obs.phase
                 if phase == Phase.STARTING:
+                    if missing and missing != self._obs.message and not exited.done():
+                        self._report(Phase.STARTING, "replica_model_missing", message=missing)
                     waited_s = self._ctx.clock.monotonic() - started_s
                     if waited_s > self._engine.start_timeout_s:
                         # Stuck loading: end it and count it as a crash, so backoff and the
@@ -372,6 +397,8 @@ class ReplicaRunner:
                         why = (
                             f"{self._engine.health_path} did not answer 200 within "
                             f"{self._engine.start_timeout_s:g} s"
+                            if not missing
+                            else f"{missing}, {self._engine.start_timeout_s:g} s after it started"
                         )
                         self._log.note(why + "; killing it")
                         signal_group(proc.pid, signal.SIGKILL)

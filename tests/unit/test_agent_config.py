@@ -172,7 +172,7 @@ def test_llama_server_is_found_from_the_environment_then_path(tmp_path: Path) ->
     [
         ("/models/tiny.gguf", ["-m", "/models/tiny.gguf"]),
         ("http://127.0.0.1:8000/tiny.gguf", ["-mu", "http://127.0.0.1:8000/tiny.gguf"]),
-        ("hf://ggml-org/tiny-GGUF@main", ["-hf", "ggml-org/tiny-GGUF"]),
+        ("hf://ggml-org/tiny-GGUF", ["-hf", "ggml-org/tiny-GGUF"]),
     ],
 )
 def test_llama_server_gets_the_source_in_the_form_it_takes(source: str, items: list[str]) -> None:
