@@ -20,6 +20,7 @@ import yaml
 
 from fleet_svc.agent.admission import REFUSAL_TABLES, STANDIN_FLAGS, ArgRules
 from fleet_svc.agent.backoff import Backoff, RestartLimit
+from fleet_svc.agent.fetch import DEFAULT_FETCH_MAX_BYTES
 from fleet_svc.agent.replica import ReplicaSpec
 from llmgw.engines.revision import args_revision, revision_flag, source_revision
 
@@ -163,10 +164,22 @@ class EngineConfig:
     revision_flag: tuple[str, ...] = ()
     """How the engine is given a pinned revision of an hf:// source (its family's flag,
     `llmgw.engines.revision`); () when it has none."""
+    fetch_urls: bool = False
+    """An http(s) source is fetched by the agent into its model cache (`fleet_svc.agent.fetch`)
+    and the engine given the local file (its `path` source_args) instead of the URL: the
+    default for llama.cpp, whose own fetching needs a build with TLS."""
     models_path: str = DEFAULT_MODELS_PATH
     """The engine's list of the models it serves (OpenAI's `GET /v1/models`): a replica is
     HEALTHY only once its health path answers 200 and this list names its served model; ""
     for an engine that has no such list (health alone then)."""
+
+    def fetches(self, source: str) -> bool:
+        """Whether the agent fetches `source` for this engine before starting it."""
+        return (
+            self.fetch_urls
+            and "{source_args}" in self.template
+            and source.startswith(("http://", "https://"))
+        )
 
     def served_name(self, spec: ReplicaSpec) -> str:
         """The name the engine serves `spec`'s model under: the catalog's (`{model}`, given as
@@ -245,6 +258,8 @@ class AgentConfig:
     advertise_host: str = ""
     # Folders local model sources may be in (real paths); none: no local source runs.
     source_roots: tuple[str, ...] = ()
+    # The largest file the agent fetches into its model cache (engines with fetch_urls).
+    fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES
 
     def arg_rules(self) -> dict[str, ArgRules]:
         """Engine name -> its argument rules: what admission needs."""
@@ -331,6 +346,7 @@ def parse_engine(
         "worker_executable",
         "version",
         "models_path",
+        "fetch_urls",
     }
     unknown = sorted(set(data) - known)
     if unknown:
@@ -366,6 +382,9 @@ def parse_engine(
     models_path = data.get("models_path", DEFAULT_MODELS_PATH)
     if not isinstance(models_path, str) or (models_path and not models_path.startswith("/")):
         raise ConfigError(f'{where}: models_path must start with / (or be "" for none)')
+    fetch_urls = data.get("fetch_urls", family == "llamacpp")
+    if not isinstance(fetch_urls, bool):
+        raise ConfigError(f"{where}: fetch_urls must be true or false")
     env = data.get("env", {}) or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
         raise ConfigError(f"{where}: env must map names to values")
@@ -425,6 +444,7 @@ def parse_engine(
         worker_program=worker_program,
         version=version.strip(),
         models_path=models_path,
+        fetch_urls=fetch_urls,
     )
 
 
@@ -480,6 +500,7 @@ def parse_config(
         engine_host=str(data.get("engine_host", "127.0.0.1")),
         advertise_host=str(data.get("advertise_host", "")),
         source_roots=source_roots(_str_list(data.get("source_roots"), "source_roots", where)),
+        fetch_max_bytes=int(_number(data, "fetch_max_bytes", DEFAULT_FETCH_MAX_BYTES, where)),
     )
 
 
@@ -562,6 +583,7 @@ def default_config(
                 source_args=LLAMACPP_SOURCE_ARGS,
                 start_timeout_s=300.0,
                 stop_grace_s=10.0,
+                fetch_urls=True,
             )
     if demo:
         for name in ("vllm", "sglang", "trtllm", "llamacpp"):

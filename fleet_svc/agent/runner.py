@@ -26,6 +26,7 @@ import structlog
 from fleet_svc.agent.backoff import recent_crashes
 from fleet_svc.agent.cards import CardBackend
 from fleet_svc.agent.config import AgentConfig, EngineConfig
+from fleet_svc.agent.fetch import FetchError, ModelCache, file_name
 from fleet_svc.agent.gang import GangRefused, member_command, serves_http
 from fleet_svc.agent.host import free_port
 from fleet_svc.agent.logs import ReplicaLog
@@ -91,6 +92,9 @@ class RunnerContext:
     rand: Callable[[], float]
     http: httpx.AsyncClient
     spans: Spans = field(default_factory=NoSpans)
+    models: ModelCache | None = None
+    """Where URL sources are fetched to for engines that have the agent fetch them (None:
+    such a replica cannot start)."""
 
     @property
     def records_dir(self) -> Path:
@@ -243,8 +247,12 @@ class ReplicaRunner:
                     )
                     adopted = None
                 else:
-                    self._spawning = asyncio.create_task(self._spawn())
-                    proc = await asyncio.shield(self._spawning)
+                    # Fetched outside the shielded start: a stop cancels a long download.
+                    spec = await self._fetched()
+                    proc = None
+                    if spec is not None:
+                        self._spawning = asyncio.create_task(self._spawn(spec))
+                        proc = await asyncio.shield(self._spawning)
                 if proc is None:
                     code, why = UNKNOWN_EXIT, self._obs.message
                 else:
@@ -259,9 +267,49 @@ class ReplicaRunner:
             self._bound.exception("replica_supervision_failed")
             self._report(Phase.FAILED, message=f"the agent failed to supervise it: {exc}")
 
-    async def _spawn(self) -> EngineProcess | None:
-        """Start the engine; None (after reporting why) when it cannot be executed."""
-        ctx, engine, spec = self._ctx, self._engine, self.spec
+    async def _fetched(self) -> ReplicaSpec | None:
+        """The spec to start: as it is, or, for an engine the agent fetches URL sources for,
+        with the source replaced by the cached file (fetched first, progress reported as
+        STARTING messages); None (after reporting why) when it cannot be fetched."""
+        spec = self.spec
+        if not self._engine.fetches(spec.source):
+            return spec
+        name = file_name(spec.source)
+        cache = self._ctx.models
+        if cache is None:
+            self._report(Phase.STARTING, message=f"no model cache to fetch {name} into", pid=0)
+            return None
+        shown = -1
+
+        def progress(got: int, size: int) -> None:
+            nonlocal shown
+            percent = got * 100 // size if size else 100
+            if percent // 5 != shown // 5:
+                shown = percent
+                self._report(
+                    Phase.STARTING,
+                    message=f"fetching {name}: {got / 1e6:.0f} of {size / 1e6:.0f} MB",
+                    pid=0,
+                )
+
+        self._report(Phase.STARTING, "replica_fetching", message=f"fetching {name}", pid=0)
+        try:
+            fetched = await cache.fetch(spec.source, progress)
+        except FetchError as exc:
+            why = f"could not fetch {name}: {exc}"
+            self._log.note(why)
+            self._report(Phase.STARTING, "replica_fetch_failed", message=why, pid=0)
+            return None
+        self._log.note(
+            f"fetched {spec.source} to {fetched.path} ({fetched.size_bytes} bytes, sha256 "
+            f"{fetched.sha256}{', commit ' + fetched.commit if fetched.commit else ''})"
+        )
+        return replace(spec, source=str(fetched.path))
+
+    async def _spawn(self, spec: ReplicaSpec) -> EngineProcess | None:
+        """Start the engine on `spec` (the replica's, its source fetched); None (after
+        reporting why) when it cannot be executed."""
+        ctx, engine = self._ctx, self._engine
         self._port = free_port(ctx.config.engine_host, self._port)
         if spec.gang is not None:
             try:
