@@ -427,7 +427,9 @@ class ReplicaRunner:
                 self._log.cap()
                 healthy = await self._probe()
                 missing = ""
-                if healthy and self._obs.phase != Phase.HEALTHY:
+                if healthy and self._obs.phase == Phase.STARTING:
+                    # Only until it first serves: a model list is what readiness needs, and
+                    # an engine back from UNHEALTHY was serving it already.
                     missing = await self._missing_model()
                 if healthy and not missing:
                     failures = 0

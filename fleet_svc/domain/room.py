@@ -19,9 +19,11 @@ from llmgw.model import Model
 
 @dataclass(frozen=True)
 class InPlaceRoom:
-    """The most cards of a class any READY node could free for one new replica of a profile
-    once that profile's replicas (and the replicas already retiring) are stopped; `node` has
-    them, `cards` is its count of the class, `held` the cards other replicas keep there."""
+    """The most cards of a class any node could free for one new replica of a profile once
+    that profile's replicas (and the replicas already retiring) are stopped; `node` has them,
+    `cards` is its count of the class, `held` the cards other replicas keep there. Nodes READY
+    or NOT_READY count (one whose agent reconnects comes back with its cards); LOST ones do
+    not."""
 
     most: int
     node: str = ""
@@ -29,6 +31,8 @@ class InPlaceRoom:
     held: int = 0
     nodes_with_room: int = 0
     """Nodes where that many cards could be free (a gang needs `Want.nodes` of them)."""
+    known: int = 0
+    """Nodes of the class counted (0: the fleet knows none yet, and cannot judge)."""
 
 
 def room_in_place(
@@ -38,8 +42,8 @@ def room_in_place(
     nodes: Mapping[str, NodeView],
     replicas: Mapping[str, ReplicaState],
 ) -> InPlaceRoom:
-    """How much room an in-place change of `profile` could ever get: per READY node of the
-    class, its cards less those held by replicas that stay (other models' and profiles',
+    """How much room an in-place change of `profile` could ever get: per node of the class
+    not LOST, its cards less those held by replicas that stay (other models' and profiles',
     not retiring). Optimistic by design: it counts every replica of the profile as stopped,
     so a change refused on it cannot fit whatever order the steps take."""
     skip = frozenset(
@@ -47,10 +51,11 @@ def room_in_place(
     )
     used_cards, _ = cards_in_use(replicas, skip)
     best = InPlaceRoom(most=0)
-    fitting = 0
+    fitting = known = 0
     for node in sorted(nodes.values(), key=lambda n: n.name):
-        if node.phase is not NodePhase.READY or not same_class(node.gpu_class, want.gpu_class):
+        if node.phase is NodePhase.LOST or not same_class(node.gpu_class, want.gpu_class):
             continue
+        known += 1
         indices = {c.index for c in node.cards}
         held = len(indices & set(used_cards.get(node.name, ())))
         could = len(indices) - held
@@ -58,7 +63,7 @@ def room_in_place(
             fitting += 1
         if could > best.most or not best.node:
             best = InPlaceRoom(most=could, node=node.name, cards=len(indices), held=held)
-    return replace(best, nodes_with_room=fitting)
+    return replace(best, nodes_with_room=fitting, known=known)
 
 
 def check_room(
@@ -95,14 +100,16 @@ def check_room(
         if strategy is Strategy.AUTO and room_beside(want, nodes, replicas)[0]:
             continue
         room = room_in_place(want, old.name, p.name, nodes, replicas)
-        if room.nodes_with_room >= want.nodes:
+        if room.nodes_with_room >= want.nodes or room.known == 0:
+            # No node of the class known (a fleet started again before its agents said
+            # hello): nothing to judge by, and the replicas wait for nodes either way.
             continue
         cards = f"card{'s' if want.gpus != 1 else ''}"
         where = (
             f"the most any node could free is {room.most} ({room.node} has {room.cards} "
             f"{p.gpu_class} cards, other replicas keep {room.held})"
             if room.node
-            else f"no READY node has {p.gpu_class} cards"
+            else f"no node has {p.gpu_class} cards"
         )
         span = f" on each of {want.nodes} nodes" if want.nodes > 1 else ""
         raise errors.NoRoomInPlace(

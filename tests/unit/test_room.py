@@ -53,8 +53,9 @@ def model(gpus: int) -> Model:
         ([node("a", 4)], [replica("o", "other", "a", (1,))], 4, 3),
         # The other replica is retiring: its card is counted free.
         ([node("a", 4)], [replica("o", "other", "a", (1,), retire=True)], 4, 4),
-        # A NOT_READY node counts for nothing.
-        ([node("a", 2), node("b", 8, NodePhase.NOT_READY)], [], 4, 2),
+        # A LOST node counts for nothing; a NOT_READY one comes back with its cards.
+        ([node("a", 2), node("b", 8, NodePhase.LOST)], [], 4, 2),
+        ([node("a", 2), node("b", 8, NodePhase.NOT_READY)], [], 4, 8),
         # The best node is another one than m's.
         ([node("a", 2), node("b", 4)], [replica("o", "other", "b", (0,))], 4, 3),
     ],
@@ -82,3 +83,12 @@ def test_an_in_place_or_auto_change_that_can_never_fit_is_refused(strategy: Stra
     assert caught.value.metadata()["most_gpus"] == "3"
     assert "nothing was stopped" in caught.value.message
     check_room(model(1), model(3), {"gpu"}, strategy, nodes, replicas)
+
+
+def test_with_no_node_of_the_class_known_nothing_is_refused() -> None:
+    """A fleet that knows no node of the class yet (its agents not back after a restart)
+    cannot judge, and lets the change go on: its replicas wait for nodes either way."""
+    replicas = {"m1": replica("m1", "m", "a", (0,))}
+    check_room(model(1), model(4), {"gpu"}, Strategy.IN_PLACE, {}, replicas)
+    lost = {"a": node("a", 8, NodePhase.LOST)}
+    check_room(model(1), model(4), {"gpu"}, Strategy.IN_PLACE, lost, replicas)
