@@ -182,13 +182,16 @@ class EngineConfig:
         )
 
     def served_name(self, spec: ReplicaSpec) -> str:
-        """The name the engine serves `spec`'s model under: the catalog's (`{model}`, given as
-        vLLM's and SGLang's --served-model-name, llama-server's --alias), except for
-        TensorRT-LLM, whose `trtllm-serve` has no such flag and serves the model under the
-        name it was given (tensorrt_llm/commands/serve.py: OpenAIServer(model=model))."""
+        """The name the engine serves `spec`'s model under: the catalog's where the template
+        gives it (`{model}`: vLLM's and SGLang's --served-model-name, llama-server's
+        --alias); for TensorRT-LLM, whose `trtllm-serve` has no such flag, the name it was
+        given the model by (tensorrt_llm/commands/serve.py: OpenAIServer(model=model)); ""
+        when the template does not say (then any model listed will do)."""
         if self.rules.family == "trtllm" and spec.source and uses_source(self.template):
             return source_parts(spec.source)[1]
-        return spec.model or spec.replica_id
+        if any("{model}" in part for part in self.template):
+            return spec.model or spec.replica_id
+        return ""
 
     def command(self, spec: ReplicaSpec, host: str, port: int) -> list[str]:
         """The argv that runs `spec` on `host:port`: program, then the filled template.

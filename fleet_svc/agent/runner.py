@@ -406,10 +406,13 @@ class ReplicaRunner:
             listed = await served_models(self._ctx.http, url, self._ctx.config.health_timeout_s)
         except ModelListError as exc:
             return f"{path} answers no model list ({exc}); waiting for it to name {name}"
-        if name in listed:
+        if name in listed or (not name and listed):
             return ""
+        health = self._engine.health_path
+        if not name:
+            return f"the engine answers {health} but {path} lists no model"
         shown = ", ".join(sorted(listed)[:5]) or "none"
-        return f"the engine answers {self._engine.health_path} but {path} lists {shown}, not {name}"
+        return f"the engine answers {health} but {path} lists {shown}, not {name}"
 
     async def _watch(self, proc: EngineProcess) -> tuple[int, str]:
         """Health-check `proc` until it exits; its exit code and, when the agent ended it,
