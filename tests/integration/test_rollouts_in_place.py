@@ -10,6 +10,7 @@ import sys
 import grpc
 import pytest
 
+from llmgw.agent.v1 import agent_pb2
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from llmgw.testing.eventually import assert_eventually
@@ -141,3 +142,33 @@ async def test_cli_following_an_in_place_change_says_why_its_replica_waits(
         assert waiting, "".join(seen) + out.decode() + err.decode()
         assert "waiting [gpu]" in waiting and "2" in waiting.split(" pending: ", 1)[1]
         assert proc.returncode == 5, err.decode()
+
+
+async def test_failed_in_place_rollout_starts_the_old_revision_again_on_its_cards(
+    tmp_path: object,
+) -> None:
+    """An in-place gpus 2 whose new engine crashes fails the rollout, and the old revision
+    comes back READY on one card with its old args (not placed as the new one would be)."""
+
+    def crash_new(spec: agent_pb2.ReplicaSpec) -> agent_pb2.ProcessPhase.ValueType:
+        return (
+            agent_pb2.PROCESS_PHASE_CRASHED
+            if spec.revision >= 2
+            else agent_pb2.PROCESS_PHASE_HEALTHY
+        )
+
+    async with cluster(tmp_path, gpus_per_node=4, nodes=1, phase_for=crash_new) as (  # type: ignore[arg-type]
+        _fleet,
+        stub,
+        _agents,
+    ):
+        created = await stub.CreateModel(fleet_pb2.CreateModelRequest(model=vllm_model(1)))
+        await assert_eventually(lambda: _ready(stub, "vmodel", 1), what="1 READY")
+        answer = await stub.SetGPUs(fleet_pb2.SetGPUsRequest(name="vmodel", gpus=2, in_place=True))
+        ro = await wait_rollout(stub, answer.rollout_id)
+        assert ro.state == fleet_pb2.ROLLOUT_STATE_FAILED, ro.reason
+        await assert_eventually(lambda: _ready(stub, "vmodel", 1), what="the old revision READY")
+        [back] = await _of(stub, "vmodel")
+        assert back.revision == created.model.revision
+        assert len(back.gpus) == 1
+        assert "--tensor-parallel-size" not in list(back.args)
