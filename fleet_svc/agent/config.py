@@ -22,7 +22,11 @@ from fleet_svc.agent.admission import REFUSAL_TABLES, STANDIN_FLAGS, ArgRules
 from fleet_svc.agent.backoff import Backoff, RestartLimit
 from fleet_svc.agent.fetch import DEFAULT_FETCH_MAX_BYTES
 from fleet_svc.agent.replica import ReplicaSpec
-from llmgw.engines.revision import args_revision, revision_flag, source_revision
+from fleet_svc.agent.source_args import LLAMACPP_SOURCE_ARGS as LLAMACPP_SOURCE_ARGS
+from fleet_svc.agent.source_args import SOURCE_KINDS as SOURCE_KINDS
+from fleet_svc.agent.source_args import not_a_flag, pin_items, pins_revision, source_parts
+from fleet_svc.agent.source_args import uses_source as uses_source
+from llmgw.engines.revision import revision_flag, source_revision
 
 # How llama-server is found (the operator's $LLMGW_LLAMA_SERVER, PATH, the build cache) is
 # shared with `llmgw up`; the agent's callers import it from here.
@@ -37,8 +41,6 @@ MAX_VERSION_CHARS = 64
 PLACEHOLDERS = frozenset(
     {"model", "port", "host", "args", "source", "source_args", "engine", "replica_id", "profile"}
 )
-# How a replica's source is written: a local path, an http(s) URL, or hf://ORG/NAME[@REV].
-SOURCE_KINDS = ("path", "url", "hf")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 
 # Stand-in engines: one argument template for every engine they stand in for. `{engine}` lets
@@ -65,42 +67,6 @@ LLAMACPP_TEMPLATE = (
     "{model}",
     "{args}",
 )
-# llama-server takes a file with -m, a URL with -mu (downloaded to its cache) and a Hugging
-# Face repo with -hf (common/arg.cpp).
-LLAMACPP_SOURCE_ARGS: dict[str, tuple[str, ...]] = {
-    "path": ("-m", "{value}"),
-    "url": ("-mu", "{value}"),
-    "hf": ("-hf", "{value}"),
-}
-
-
-def source_parts(source: str) -> tuple[str, str]:
-    """A source's kind (one of SOURCE_KINDS) and the value an engine is given for it:
-    `hf://ORG/NAME[@REV]` -> ("hf", "ORG/NAME") (the revision goes by the engine's revision
-    flag: `EngineConfig.command`), a URL as it is, anything else a path."""
-    if source.startswith("hf://"):
-        return "hf", source[len("hf://") :].split("@", 1)[0]
-    if source.startswith(("http://", "https://")):
-        return "url", source
-    return "path", source
-
-
-def pin_items(
-    items: Sequence[str], revision: str, flag: Sequence[str], args: Sequence[str], family: str
-) -> list[str] | None:
-    """What follows an hf source's items so the engine loads `revision`: nothing when there is
-    none to pin, when the items carry `{revision}` themselves, or when the profile's arguments
-    pin it already (the fleet refuses any other revision there); else the family's revision
-    flag and the revision. None: the engine has no way to be given it."""
-    if not revision or any("{revision}" in item for item in items):
-        return []
-    if args_revision(family, args) is not None:
-        return []
-    if not flag:
-        return None
-    return [flag[0], revision]
-
-
 DEFAULT_MODELS_PATH = "/v1/models"
 """Where vLLM, SGLang, trtllm-serve and llama-server list the models they serve (an
 OpenAI-shaped `{"data": [{"id": NAME}, ...]}`); llama-server in router mode, started with no
@@ -109,31 +75,6 @@ model, answers /health 200 and lists none."""
 
 class ConfigError(ValueError):
     """The agent's config cannot be used; the message names the key and what would work."""
-
-
-def _not_a_flag(value: str) -> None:
-    """A source in an argument slot of its own never reads as a flag (admission refuses such
-    sources; this is the last line before exec)."""
-    if value.startswith("-"):
-        raise ValueError(f"refusing to pass the source {value[:80]!r}: it would read as a flag")
-
-
-def uses_source(template: tuple[str, ...]) -> bool:
-    """Whether a template passes the replica's source to the engine."""
-    return any("{source}" in part or part == "{source_args}" for part in template)
-
-
-def pins_revision(
-    template: tuple[str, ...], source_args: Mapping[str, tuple[str, ...]], family: str
-) -> bool:
-    """Whether a revision an hf:// source pins reaches the engine (`ArgRules.pins_revision`):
-    a template passing the whole `{source}` (pin included) or none at all does; one passing
-    `{source_args}` does when its hf items carry `{revision}` or the family has a revision
-    flag (vLLM, SGLang, TensorRT-LLM: `--revision`; llama.cpp's -hf takes none)."""
-    if "{source_args}" not in template:
-        return True
-    hf_items = source_args.get("hf", ("{value}",))
-    return any("{revision}" in item for item in hf_items) or bool(revision_flag(family))
 
 
 @dataclass(frozen=True)
@@ -217,7 +158,7 @@ class EngineConfig:
                 argv.extend(spec.args)
             elif part == "{source_args}":
                 kind, value = source_parts(spec.source)
-                _not_a_flag(value)
+                not_a_flag(value)
                 items = self.source_args.get(kind, ("{value}",))
                 # `{revision}` in an item is the pin; with none, items holding it are left out.
                 argv.extend(
@@ -236,7 +177,7 @@ class EngineConfig:
                     argv.extend(pin)
             else:
                 if part == "{source}":
-                    _not_a_flag(spec.source)
+                    not_a_flag(spec.source)
                 argv.append(_PLACEHOLDER.sub(lambda m: values[m.group(1)], part))
         return argv
 

@@ -222,3 +222,33 @@ def _cached(folder: Path, url: str) -> Fetched | None:
         if meta["url"] == url and whole:
             return Fetched(path, int(meta["bytes"]), str(meta["sha256"]), str(meta["commit"]))
     return None
+
+
+async def fetch_source(
+    cache: ModelCache | None, url: str, say: Callable[[str], None]
+) -> tuple[str, str]:
+    """Fetch `url` for a replica: (the local file, a line for its log), or ("", why not).
+    `say` is told that it starts, then its progress every 5 %."""
+    name = file_name(url)
+    if cache is None:
+        return "", f"no model cache to fetch {name} into"
+    shown = -5
+
+    def progress(got: int, size: int) -> None:
+        nonlocal shown
+        percent = got * 100 // size if size else 100
+        if percent // 5 != shown // 5:
+            shown = percent
+            say(f"fetching {name}: {got / 1e6:.0f} of {size / 1e6:.0f} MB")
+
+    say(f"fetching {name}")
+    try:
+        fetched = await cache.fetch(url, progress)
+    except FetchError as exc:
+        return "", f"could not fetch {name}: {exc}"
+    commit = f", commit {fetched.commit}" if fetched.commit else ""
+    note = (
+        f"fetched {url} to {fetched.path} ({fetched.size_bytes} bytes, sha256 "
+        f"{fetched.sha256}{commit})"
+    )
+    return str(fetched.path), note

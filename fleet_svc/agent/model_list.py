@@ -54,3 +54,28 @@ async def served_models(http: httpx.AsyncClient, url: str, timeout_s: float) -> 
             ids.extend(aliases)
         names.update(i for i in ids if isinstance(i, str))
     return names
+
+
+async def missing_model(
+    http: httpx.AsyncClient,
+    base_url: str,
+    name: str,
+    *,
+    health_path: str,
+    models_path: str,
+    timeout_s: float,
+) -> str:
+    """Why the engine at `base_url` does not serve `name` yet, "" once its model list names it
+    (any model, when `name` is ""): an engine can answer its health path with no model loaded
+    (llama-server in router mode)."""
+    try:
+        listed = await served_models(http, base_url + models_path, timeout_s)
+    except ModelListError as exc:
+        wanted = name or "a model"
+        return f"{models_path} answers no model list ({exc}); waiting for it to list {wanted}"
+    if name in listed or (not name and listed):
+        return ""
+    if not name:
+        return f"the engine answers {health_path} but {models_path} lists no model"
+    shown = ", ".join(sorted(listed)[:5]) or "none"
+    return f"the engine answers {health_path} but {models_path} lists {shown}, not {name}"

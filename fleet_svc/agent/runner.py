@@ -26,11 +26,11 @@ import structlog
 from fleet_svc.agent.backoff import recent_crashes
 from fleet_svc.agent.cards import CardBackend
 from fleet_svc.agent.config import AgentConfig, EngineConfig
-from fleet_svc.agent.fetch import FetchError, ModelCache, file_name
+from fleet_svc.agent.fetch import ModelCache, fetch_source
 from fleet_svc.agent.gang import GangRefused, member_command, serves_http
 from fleet_svc.agent.host import free_port
 from fleet_svc.agent.logs import ReplicaLog
-from fleet_svc.agent.model_list import ModelListError, served_models
+from fleet_svc.agent.model_list import missing_model
 from fleet_svc.agent.process import (
     AdoptedProcess,
     ChildProcess,
@@ -269,42 +269,21 @@ class ReplicaRunner:
 
     async def _fetched(self) -> ReplicaSpec | None:
         """The spec to start: as it is, or, for an engine the agent fetches URL sources for,
-        with the source replaced by the cached file (fetched first, progress reported as
-        STARTING messages); None (after reporting why) when it cannot be fetched."""
+        with the source replaced by the cached file (progress reported as STARTING messages);
+        None (after reporting why) when it cannot be fetched."""
         spec = self.spec
         if not self._engine.fetches(spec.source):
             return spec
-        name = file_name(spec.source)
-        cache = self._ctx.models
-        if cache is None:
-            self._report(Phase.STARTING, message=f"no model cache to fetch {name} into", pid=0)
-            return None
-        shown = -1
 
-        def progress(got: int, size: int) -> None:
-            nonlocal shown
-            percent = got * 100 // size if size else 100
-            if percent // 5 != shown // 5:
-                shown = percent
-                self._report(
-                    Phase.STARTING,
-                    message=f"fetching {name}: {got / 1e6:.0f} of {size / 1e6:.0f} MB",
-                    pid=0,
-                )
+        def say(message: str) -> None:
+            self._report(Phase.STARTING, message=message, pid=0)
 
-        self._report(Phase.STARTING, "replica_fetching", message=f"fetching {name}", pid=0)
-        try:
-            fetched = await cache.fetch(spec.source, progress)
-        except FetchError as exc:
-            why = f"could not fetch {name}: {exc}"
-            self._log.note(why)
-            self._report(Phase.STARTING, "replica_fetch_failed", message=why, pid=0)
+        local, note = await fetch_source(self._ctx.models, spec.source, say)
+        self._log.note(note)
+        if not local:
+            self._report(Phase.STARTING, "replica_fetch_failed", message=note, pid=0)
             return None
-        self._log.note(
-            f"fetched {spec.source} to {fetched.path} ({fetched.size_bytes} bytes, sha256 "
-            f"{fetched.sha256}{', commit ' + fetched.commit if fetched.commit else ''})"
-        )
-        return replace(spec, source=str(fetched.path))
+        return replace(spec, source=local)
 
     async def _spawn(self, spec: ReplicaSpec) -> EngineProcess | None:
         """Start the engine on `spec` (the replica's, its source fetched); None (after
@@ -394,25 +373,19 @@ class ReplicaRunner:
         return response.status_code == 200
 
     async def _missing_model(self) -> str:
-        """Why the engine does not serve the replica's model yet ("" once its model list names
-        it, or when it has no list or serves no HTTP): an engine can answer its health path
-        with no model loaded (llama-server in router mode)."""
+        """Why the engine does not serve the replica's model yet ("" once it does, or when it
+        has no model list or serves no HTTP): `model_list.missing_model`."""
         path = self._engine.models_path
         if not self._serves_http or not path:
             return ""
-        name = self._engine.served_name(self.spec)
-        url = f"http://{self._ctx.config.engine_host}:{self._port}{path}"
-        try:
-            listed = await served_models(self._ctx.http, url, self._ctx.config.health_timeout_s)
-        except ModelListError as exc:
-            return f"{path} answers no model list ({exc}); waiting for it to name {name}"
-        if name in listed or (not name and listed):
-            return ""
-        health = self._engine.health_path
-        if not name:
-            return f"the engine answers {health} but {path} lists no model"
-        shown = ", ".join(sorted(listed)[:5]) or "none"
-        return f"the engine answers {health} but {path} lists {shown}, not {name}"
+        return await missing_model(
+            self._ctx.http,
+            f"http://{self._ctx.config.engine_host}:{self._port}",
+            self._engine.served_name(self.spec),
+            health_path=self._engine.health_path,
+            models_path=path,
+            timeout_s=self._ctx.config.health_timeout_s,
+        )
 
     async def _watch(self, proc: EngineProcess) -> tuple[int, str]:
         """Health-check `proc` until it exits; its exit code and, when the agent ended it,
