@@ -233,7 +233,7 @@ def model_change(opts: argparse.Namespace) -> int:
             print("no replica needs starting again")
         if opts.dry_run or not answer.rollout_id or opts.no_wait:
             return 0
-        return ended(follow(fleet, answer.rollout_id, opts.json), opts.json)
+        return ended(follow(fleet, answer.rollout_id, opts.json, model=opts.model), opts.json)
 
 
 def _change_flags(p: argparse.ArgumentParser) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
+import time
 from typing import Any
 
 from llmgw.cli.common import (
@@ -17,15 +19,49 @@ from llmgw.cli.common import (
     fleet_client,
 )
 from llmgw.cli.output import event_line, print_rollout, rollout_state, stage_name
-from llmgw.clients import FleetClient
+from llmgw.clients import ClientError, FleetClient
 from llmgw.clients.convert import Rollout, as_data, as_json, enum_name
 
+WAITING_POLL_S = 2.0
+"""How often a followed rollout's new replicas are looked at for why they wait (a PENDING
+replica makes no rollout event: without this the CLI says nothing until it is placed)."""
 
-def follow(fleet: FleetClient, rollout_id: str, as_json_lines: bool, after_seq: int = 0) -> Rollout:
+
+def _say_waiting(fleet: FleetClient, model: str, created: set[str], stop: threading.Event) -> None:
+    """Until `stop`, print each new reason a replica of `created` is PENDING for."""
+    said: dict[str, str] = {}
+    while not stop.wait(WAITING_POLL_S):
+        try:
+            found = fleet.list_replicas(model).replicas
+        except ClientError:
+            continue  # the watch itself reports a fleet that went away
+        for r in found:
+            pending = enum_name(r, "phase") == "REPLICA_PHASE_PENDING"
+            if r.id in created and pending and r.reason and said.get(r.id) != r.reason:
+                said[r.id] = r.reason
+                at = time.strftime("%H:%M:%S")
+                print(f"{at} waiting [{r.profile}] {r.id}: pending: {r.reason}", flush=True)
+
+
+def follow(
+    fleet: FleetClient, rollout_id: str, as_json_lines: bool, after_seq: int = 0, model: str = ""
+) -> Rollout:
     """Print a rollout's events until it ends (the client resumes a dropped stream); the
-    rollout as it ended."""
-    for ev in fleet.watch_rollout(rollout_id, after_seq):
-        print(as_json(ev, indent=None) if as_json_lines else event_line(ev), flush=True)
+    rollout as it ended. Given the `model` (and not printing JSON), also say why a replica
+    the rollout created waits PENDING, each time the reason changes."""
+    created: set[str] = set()
+    stop = threading.Event()
+    if model and not as_json_lines:
+        threading.Thread(
+            target=_say_waiting, args=(fleet, model, created, stop), daemon=True
+        ).start()
+    try:
+        for ev in fleet.watch_rollout(rollout_id, after_seq):
+            if enum_name(ev, "kind") == "ROLLOUT_EVENT_KIND_REPLICA_CREATED" and ev.replica_id:
+                created.add(ev.replica_id)
+            print(as_json(ev, indent=None) if as_json_lines else event_line(ev), flush=True)
+    finally:
+        stop.set()
     return fleet.get_rollout(rollout_id)
 
 

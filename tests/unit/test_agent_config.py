@@ -172,7 +172,7 @@ def test_llama_server_is_found_from_the_environment_then_path(tmp_path: Path) ->
     [
         ("/models/tiny.gguf", ["-m", "/models/tiny.gguf"]),
         ("http://127.0.0.1:8000/tiny.gguf", ["-mu", "http://127.0.0.1:8000/tiny.gguf"]),
-        ("hf://ggml-org/tiny-GGUF@main", ["-hf", "ggml-org/tiny-GGUF"]),
+        ("hf://ggml-org/tiny-GGUF", ["-hf", "ggml-org/tiny-GGUF"]),
     ],
 )
 def test_llama_server_gets_the_source_in_the_form_it_takes(source: str, items: list[str]) -> None:
@@ -268,3 +268,68 @@ def test_a_source_that_would_read_as_a_flag_never_reaches_the_command() -> None:
         llama.command(ReplicaSpec("r", 1, "llamacpp", source="--rpc"), "127.0.0.1", 9)
     argv = llama.command(ReplicaSpec("r", 1, "llamacpp", source="/m/x.gguf"), "127.0.0.1", 9)
     assert argv[argv.index("-m") + 1] == "/m/x.gguf"
+
+
+COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
+
+
+@pytest.mark.parametrize(
+    ("engine", "source_item"),
+    [("vllm", ["serve", "Qwen/Qwen3-8B", "--revision", COMMIT]), ("trtllm", None)],
+)
+def test_example_engines_are_given_the_pinned_revision(
+    engine: str, source_item: list[str] | None
+) -> None:
+    """The example vLLM command is `serve ORG/NAME --revision COMMIT`; trtllm-serve gets the
+    repo id then `--revision COMMIT`, and its served name is that repo id."""
+    cfg = load_config(ROOT / "deploy" / "agent.example.yaml").engines[engine]
+    spec = ReplicaSpec("r", 1, engine, model="qwen", source=f"hf://Qwen/Qwen3-8B@{COMMIT}")
+    argv = cfg.command(spec, "h", 5)
+    if source_item is not None:
+        assert argv[1:5] == source_item
+    else:
+        assert argv[1:4] == ["Qwen/Qwen3-8B", "--revision", COMMIT]
+        assert cfg.served_name(spec) == "Qwen/Qwen3-8B"
+    assert cfg.rules.pins_revision
+
+
+def test_a_revision_item_in_source_args_places_the_pin_and_goes_without_one() -> None:
+    """`{revision}` in an hf source_args item is the pin; with no pin the item is left out."""
+    cfg = parse_engine(
+        "custom",
+        {
+            "executable": "/bin/true",
+            "family": "llamacpp",
+            "args": ["{source_args}"],
+            "source_args": {"hf": ["--repo", "{value}", "--rev={revision}"]},
+        },
+        which=no_path,
+    )
+    assert cfg.rules.pins_revision
+    pinned = ReplicaSpec("r", 1, "custom", source=f"hf://o/n@{COMMIT}")
+    assert cfg.command(pinned, "h", 5) == ["/bin/true", "--repo", "o/n", f"--rev={COMMIT}"]
+    bare = ReplicaSpec("r", 1, "custom", source="hf://o/n")
+    assert cfg.command(bare, "h", 5) == ["/bin/true", "--repo", "o/n"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [
+        ({"models_path": "v1/models"}, "models_path must start with /"),
+        ({"fetch_urls": "yes"}, "fetch_urls must be true or false"),
+    ],
+)
+def test_bad_readiness_and_fetch_keys_are_refused(entry: dict[str, Any], says: str) -> None:
+    """models_path is a path (or "" for none); fetch_urls a boolean."""
+    with pytest.raises(ConfigError, match=says):
+        parse_engine("vllm", {"executable": "/bin/true", **entry}, which=no_path)
+
+
+def test_llamacpp_fetches_urls_and_others_do_not_by_default() -> None:
+    """The llama.cpp family fetches URL sources itself; vLLM is given the URL as it is."""
+    example = load_config(ROOT / "deploy" / "agent.example.yaml").engines
+    assert example["llamacpp"].fetches("https://h/x.gguf")
+    assert not example["llamacpp"].fetches("/srv/models/x.gguf")
+    assert not example["vllm"].fetches("https://h/x.gguf")
+    built = default_config(llama_server="/opt/llama-server").engines["llamacpp"]
+    assert built.fetches("https://h/x.gguf") and not built.rules.pins_revision
