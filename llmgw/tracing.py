@@ -41,7 +41,7 @@ ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_
 
 def add_trace_argument(parser: argparse.ArgumentParser) -> None:
     """`--trace {auto,off,otlp,console}`."""
-    parser.add_argument(
+    action = parser.add_argument(
         "--trace",
         choices=MODES,
         default=os.environ.get(ENV_TRACE, "auto"),
@@ -49,6 +49,7 @@ def add_trace_argument(parser: argparse.ArgumentParser) -> None:
         "localhost:4317), console (to stderr), off; auto (the default, or $LLMGW_TRACE) is "
         "otlp when an OTLP endpoint is set in the environment, else off",
     )
+    action.env = ENV_TRACE  # type: ignore[attr-defined]  # named in the help (llmgw.cmdline)
 
 
 def exporting(mode: str, environ: Mapping[str, str]) -> str:

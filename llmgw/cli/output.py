@@ -1,14 +1,24 @@
-"""How `llmgw` prints the services' answers for people: tables, ages, changes, shapes and
-rollouts. JSON for scripts is the answers' own (llmgw.clients.convert)."""
+"""How `llmgw` prints the services' answers: for people (tables, ages, changes, shapes and
+rollouts), and as `-o` asks (`Printer`): JSON or YAML of the answers' own data
+(llmgw.clients.convert.as_data, every field shown, defaults too), kubectl's JSONPath, `name`
+(kind/name lines) or `wide` (a table with more columns).
+
+Every text for people goes through `say`, the one place printed values pass on their way to
+the terminal."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from llmgw.cli.common import GIB
+import yaml
+
+from llmgw.cli import jsonpath
+from llmgw.cli.common import GIB, OutputFormat, UsageError, output_of
 from llmgw.clients.convert import (
     ContextChange,
     GPUsChange,
@@ -21,6 +31,73 @@ from llmgw.clients.convert import (
     enum_name,
     enum_names,
 )
+
+
+def say(text: str = "", end: str = "\n") -> None:
+    """Print a line for people (flushed: a followed rollout's lines show as they come)."""
+    print(text, end=end, flush=True)
+
+
+def dump(data: Any, told: OutputFormat, stream: bool = False) -> str:
+    """`data` in the machine format `told` names: JSON (one line in a stream), YAML (a `---`
+    document in a stream), or a JSONPath template's text."""
+    if told.kind == "yaml":
+        text = yaml.safe_dump(data, sort_keys=False, allow_unicode=False)
+        return ("---\n" + text if stream else text).rstrip("\n")
+    if told.kind == "jsonpath":
+        return jsonpath.render(list(told.template), data)
+    return json.dumps(data, indent=None if stream else 2)
+
+
+@dataclass(frozen=True)
+class Printer:
+    """How one command prints its answer, as its `-o` says."""
+
+    told: OutputFormat | None
+
+    @property
+    def machine(self) -> bool:
+        """Whether the answer is printed as data rather than for people."""
+        return self.told is not None and self.told.machine
+
+    def show(
+        self,
+        data: Any,
+        human: Callable[[], None],
+        names: Sequence[str],
+        wide: Callable[[], None] | None = None,
+    ) -> None:
+        """Print an answer: `data` in a machine format, `names` (kind/name) for `-o name`,
+        `wide` (else `human`) for `-o wide`, `human` otherwise."""
+        kind = self.told.kind if self.told is not None else ""
+        if self.machine:
+            assert self.told is not None
+            say(dump(data, self.told))
+        elif kind == "name":
+            for name in names:
+                say(name)
+        elif kind == "wide" and wide is not None:
+            wide()
+        else:
+            human()
+
+    def event(self, data: Any, line: str | None) -> None:
+        """Print one item of a stream: as data, else `line` (None: nothing for people)."""
+        if self.machine:
+            assert self.told is not None
+            say(dump(data, self.told, stream=True))
+        elif line is not None:
+            say(line)
+
+
+def printer(opts: Any) -> Printer:
+    """The printer a command's `-o` asks for."""
+    return Printer(output_of(opts))
+
+
+def no_names(what: str) -> list[str]:
+    """`-o name` of an answer that names nothing a kind/name could."""
+    raise UsageError(f"-o name: {what} has no names to print; use -o json or -o yaml")
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

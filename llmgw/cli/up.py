@@ -45,7 +45,8 @@ from llmgw.cli.common import (
     EXIT_ERROR,
     EXIT_USAGE,
     LOCAL_USER,
-    exit_64_on_bad_usage,
+    add_env_argument,
+    example,
 )
 from llmgw.cli.supervisor import Child, StartFailed, Supervisor, port_taken, wait_listening
 from llmgw.cli.up_pki import (
@@ -528,19 +529,30 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     up: argparse.ArgumentParser = sub.add_parser(
         "up",
         help="run the whole control plane here, with an example catalog",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run the whole control plane on this machine: the demo's file server, "
+        "the planner, the fleet (SQLite in the data folder) and one node agent with stand-in "
+        "cards, speaking mutual TLS with a local CA under DATA/tls. It loads an example "
+        "catalog, waits until its replicas are READY, prints where everything listens and "
+        "runs until Ctrl-C or SIGTERM. Each child logs JSON lines to DATA/logs/NAME.log.",
+        epilog=example("llmgw up", "llmgw up --data /tmp/llmgw --gpus 8xH100-80GB"),
+    )
+    add_env_argument(
+        up,
+        "--data",
+        env=ENV_DATA,
+        default=DEFAULT_DATA,
+        help="the folder for the store, logs, model files and certificates",
+    )
+    up.add_argument("--host", default="127.0.0.1", help="the address every service listens on")
+    up.add_argument(
+        "--planner-port", type=int, default=50051, help="the planner's port; 0 picks a free one"
     )
     up.add_argument(
-        "--data",
-        default=os.environ.get(ENV_DATA) or DEFAULT_DATA,
-        help="folder for the store, logs, model files and certificates (env LLMGW_DATA; "
-        "default %(default)s)",
+        "--fleet-port", type=int, default=50052, help="the fleet's port; 0 picks a free one"
     )
-    up.add_argument("--host", default="127.0.0.1", help="address every service listens on")
-    up.add_argument("--planner-port", type=int, default=50051, help="0 picks a free port")
-    up.add_argument("--fleet-port", type=int, default=50052, help="0 picks a free port")
-    up.add_argument("--files-port", type=int, default=50053, help="the demo's file server")
+    up.add_argument(
+        "--files-port", type=int, default=50053, help="the port of the demo's file server"
+    )
     up.add_argument("--gpus", default="4xH100-80GB", help="the local agent's stand-in cards")
     up.add_argument("--node", default="local", help="the local agent's node name")
     up.add_argument("--no-agent", action="store_true", help="start no agent")
@@ -559,6 +571,4 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="seconds to wait for the example replicas to be READY",
     )
     up.set_defaults(run=run)
-    # Bad usage exits 64, as every llmgw command's does.
-    exit_64_on_bad_usage(up)
     return up
