@@ -33,6 +33,8 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from llmgw.build import build_info
+
 MODES = ("auto", "off", "otlp", "console")
 ENV_TRACE = "LLMGW_TRACE"
 """The `--trace` mode when the flag is not given."""
@@ -108,6 +110,14 @@ def instrument(provider: Any) -> Tracing:
     return out
 
 
+def resource_attributes(name: str) -> dict[str, str]:
+    """What every span of this process says about it: the service's name and its build's
+    version (OpenTelemetry's `service.version`), and the commit it was built from
+    (llmgw.build)."""
+    info = build_info()
+    return {"service.name": name, "service.version": info.version, "vcs.revision": info.commit}
+
+
 def configure_tracing(
     service: str, mode: str = "auto", environ: Mapping[str, str] | None = None
 ) -> Tracing | None:
@@ -129,7 +139,7 @@ def configure_tracing(
 
     # OTEL_SERVICE_NAME, when set, names the process as the specification says it should.
     name = env.get("OTEL_SERVICE_NAME") or service
-    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    provider = TracerProvider(resource=Resource.create(resource_attributes(name)))
     exporter: Any
     if where == "otlp":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
