@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from google.protobuf import json_format
 from google.protobuf.message import Message as Message  # any answer, for code printing it
 
+from llmgw import strict
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2
 from llmgw.planner.v1 import planner_pb2
@@ -116,6 +117,9 @@ MessageT = TypeVar("MessageT", bound=Message)
 def _parse(data: Mapping[str, Any], into: MessageT) -> MessageT:
     if not isinstance(data, Mapping):
         raise InvalidValue(f"a {into.DESCRIPTOR.name} is a mapping, not {type(data).__name__}")
+    unknown = strict.proto_unknown_keys(data, into.DESCRIPTOR)
+    if unknown:
+        raise InvalidValue("; ".join(unknown))
     try:
         return json_format.ParseDict(dict(data), into)
     except json_format.ParseError as exc:
