@@ -104,6 +104,12 @@ async def test_fleet_and_planner_series_move_when_a_rollout_runs(tmp_path: Path)
         ) as (fleet, stub),
     ):
         assert fleet.metrics is not None and planner.metrics is not None
+        fleet_now = await scrape(fleet.metrics.port)
+        # The series the alerts in deploy/monitoring are written on.
+        assert value(fleet_now, "llmgw_fleet_store_up") == 1
+        assert value(fleet_now, "llmgw_fleet_rollout_oldest_running_seconds") == 0
+        assert ("llmgw_fleet_watchers_cut_total", frozenset()) in fleet_now
+        assert ("llmgw_fleet_watchers", frozenset()) in fleet_now
         agents = [ScriptedAgent(f"127.0.0.1:{fleet.port}", f"node-{i}", gpus=2) for i in range(2)]
         for a in agents:
             a.start()
@@ -247,6 +253,12 @@ async def test_every_endpoint_has_build_info_and_process_series(tmp_path: Path) 
         running_planner(metrics="127.0.0.1:0") as (planner, _pstub, _channel),
     ):
         assert fleet.metrics is not None and planner.metrics is not None
+        fleet_now = await scrape(fleet.metrics.port)
+        # The series the alerts in deploy/monitoring are written on.
+        assert value(fleet_now, "llmgw_fleet_store_up") == 1
+        assert value(fleet_now, "llmgw_fleet_rollout_oldest_running_seconds") == 0
+        assert ("llmgw_fleet_watchers_cut_total", frozenset()) in fleet_now
+        assert ("llmgw_fleet_watchers", frozenset()) in fleet_now
         for port in (fleet.metrics.port, planner.metrics.port):
             samples = await scrape(port)
             assert value(samples, "llmgw_build_info", **build) == 1
