@@ -101,11 +101,12 @@ def replica_watch(opts: argparse.Namespace) -> int:
                 kind = short_name(event, "kind", "KIND_")
                 line: str | None
                 e = event.endpoint
-                if kind == "HEARTBEAT":
+                names = out.told is not None and out.told.kind == "name"
+                if kind == "HEARTBEAT" or (names and kind == "SYNCED"):
                     line = None  # the fleet's keepalive on a quiet stream: nothing to show
                 elif kind == "SYNCED":
                     line = "SYNCED   every ready endpoint above; changes follow"
-                elif out.told is not None and out.told.kind == "name":
+                elif names:
                     line = f"replica/{e.replica_id}"
                 else:
                     line = (

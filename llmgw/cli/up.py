@@ -17,7 +17,7 @@ fleet's channel to the planner and `llmgw-up` for the example catalog's writer. 
 of those identities are in DATA/settings.yaml, the fleet's cluster settings (written once,
 then the operator's to edit). The demo's file server stays plain HTTP on loopback.
 
-(Some 530 lines: one run's steps, in the order they happen, read best in one place; what
+(Some 580 lines: one run's steps, in the order they happen, read best in one place; what
 TLS needs made is in llmgw.cli.up_pki, the children's keeping in llmgw.cli.supervisor.)
 """
 
@@ -67,8 +67,10 @@ from llmgw.demo.catalog import (
     example_models,
     wait_ready,
 )
+from llmgw.demo.hf_repo import REPO as DEMO_REPO
 from llmgw.demo.tiny_gguf import write_tiny_gguf
 from llmgw.llama_server import LLAMA_SERVER_ENV, find_llama_server
+from llmgw.sources import ENV_HF_MIRRORS
 from llmgw.tls import ENV_CA, ENV_CERT, ENV_KEY, ClientTLS
 
 _GPUS = re.compile(r"^\s*(\d+)x([A-Za-z0-9._-]+)")
@@ -295,6 +297,12 @@ class Up:
         # DATA/models is the one local folder model sources may be in (a real llama-server is
         # handed the GGUF's path there): the planner may read it, the agent may serve from it.
         roots = ["--allow-root", str(p.models)]
+        # The planner reads the demo's organisation from the file server and every other
+        # hf:// id from the Hub (HF_ENDPOINT as the user has it, else huggingface.co).
+        planner_env = {k: v for k, v in env.items() if k != "HF_ENDPOINT"}
+        if "HF_ENDPOINT" in os.environ:
+            planner_env["HF_ENDPOINT"] = os.environ["HF_ENDPOINT"]
+        planner_env[ENV_HF_MIRRORS] = f"{DEMO_REPO.split('/', 1)[0]}={files_url}"
         planner = self.children.start(
             "planner",
             [
@@ -307,7 +315,7 @@ class Up:
                 *p.metrics(0),
                 *json_logs,
             ],
-            env,
+            planner_env,
             10.0,
         )
         # The fleet asks the planner to size context and card changes: it starts once the
@@ -424,8 +432,8 @@ class Up:
             "llmgw up: ready" if self.complete else "llmgw up: running (see above)",
             f"  planner  {planner}",
             f"  fleet    {fleet}   (store {p.data / 'fleet.db'})",
-            f"  files    {started.files_url}   (HF_ENDPOINT of the children: the demo's hf:// "
-            "repo)",
+            f"  files    {started.files_url}   (the demo's hf:// repo: the planner's mirror of "
+            f"{DEMO_REPO.split('/', 1)[0]}, the agent's HF_ENDPOINT)",
         ]
         if p.agent:
             engine = (
