@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from llmgw.cli import jsonpath
-from llmgw.cli.common import GIB, OutputFormat, UsageError, output_of
+from llmgw.cli.common import GIB, OutputFormat, output_of
 from llmgw.clients.convert import (
     ContextChange,
     GPUsChange,
@@ -93,11 +93,6 @@ class Printer:
 def printer(opts: Any) -> Printer:
     """The printer a command's `-o` asks for."""
     return Printer(output_of(opts))
-
-
-def no_names(what: str) -> list[str]:
-    """`-o name` of an answer that names nothing a kind/name could."""
-    raise UsageError(f"-o name: {what} has no names to print; use -o json or -o yaml")
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

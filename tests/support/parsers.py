@@ -24,8 +24,10 @@ MODULES = {
     "fleet": ["-m", "fleet_svc"],
     "agent": ["-m", "fleet_svc.agent"],
     "demo": ["-m", "llmgw.demo"],
+    "standin": ["-m", "fleet_svc.standin"],
 }
-"""How a child process runs each entry point (`python ARGS...`)."""
+"""How a child process runs each entry point (`python ARGS...`); the stand-in engine has
+--version, its other conventions an engine's."""
 
 
 def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
