@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,10 +32,17 @@ from typing import Any
 
 import yaml
 
-from llmgw.cli.common import EXIT_ERROR, UsageError, add_ctl_command, fleet_client
+from llmgw.cli.common import (
+    EXIT_ERROR,
+    EXIT_REFUSED,
+    UsageError,
+    add_ctl_command,
+    fleet_client,
+    refusal_text,
+)
 from llmgw.cli.inputs import model_of_data
 from llmgw.cli.output import printer, say
-from llmgw.clients import FleetClient
+from llmgw.clients import FleetClient, Refused
 from llmgw.clients.convert import CatalogModel, Model, as_data
 from llmgw.clients.fleet import STRATEGIES
 
@@ -43,6 +51,8 @@ MAX_FILES = 1000
 """The most files one apply reads."""
 MAX_FILE_BYTES = 1 << 20
 """The largest model file read."""
+STDIN = "-"
+"""`-f -`: the models are read from stdin."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,8 @@ class Desired:
 
 
 def _files(path: Path) -> list[Path]:
+    if str(path) == STDIN:
+        return [path]
     if path.is_dir():
         found = sorted(p for p in path.iterdir() if p.suffix in SUFFIXES and p.is_file())
         if not found:
@@ -64,11 +76,23 @@ def _files(path: Path) -> list[Path]:
     return [path]
 
 
+def _read(path: Path) -> str:
+    """A file's text, or stdin's for `-`, at most MAX_FILE_BYTES."""
+    if str(path) == STDIN:
+        text = sys.stdin.read(MAX_FILE_BYTES + 1)
+    else:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            text = "x" * (MAX_FILE_BYTES + 1)
+        else:
+            text = path.read_text()
+    if len(text) > MAX_FILE_BYTES:
+        raise UsageError(f"{path}: larger than {MAX_FILE_BYTES} bytes")
+    return text
+
+
 def _documents(path: Path) -> Iterator[tuple[Any, str]]:
     try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise UsageError(f"{path}: larger than {MAX_FILE_BYTES} bytes")
-        docs = list(yaml.safe_load_all(path.read_text()))
+        docs = list(yaml.safe_load_all(_read(path)))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise UsageError(f"{path}: cannot read it as YAML or JSON ({exc})") from exc
     docs = [d for d in docs if d is not None]
@@ -155,10 +179,12 @@ class Outcome:
 
     name: str
     action: str
-    """created, configured, unchanged or pruned."""
+    """created, configured, unchanged, pruned, or refused (by the fleet: `error` says why)."""
     changes: list[tuple[str, Any, Any]]
     rollout_id: str = ""
     restarted: int = 0
+    error: dict[str, Any] | None = None
+    """The fleet's refusal (code, message, reason, metadata) when action is "refused"."""
 
     def data(self) -> dict[str, Any]:
         """As data for -o json|yaml."""
@@ -168,6 +194,7 @@ class Outcome:
             "changes": [{"field": k, "before": a, "after": b} for k, a, b in self.changes],
             "rollout_id": self.rollout_id,
             "restarted": self.restarted,
+            "error": self.error,
         }
 
 
@@ -231,14 +258,21 @@ def reconcile(opts: argparse.Namespace) -> tuple[list[Outcome], int]:
     with fleet_client(opts) as fleet:
         catalog = {cm.model.name: cm for cm in fleet.list_models().models}
         for d in desired:
-            outcomes.append(_one(fleet, opts, d, catalog.get(d.model.name)))
+            try:
+                outcomes.append(_one(fleet, opts, d, catalog.get(d.model.name)))
+            except Refused as exc:  # the others are still applied, as kubectl's apply does
+                outcomes.append(Outcome(d.model.name, "refused", [], error=refusal_text(exc)[1]))
         for name in _pruned(opts, catalog, {d.model.name for d in desired}):
             changes = field_changes(None, catalog[name].model)
             changes = [(k, b, None) for k, _a, b in changes]
-            if not opts.dry_run:
-                fleet.delete_model(name, etag=catalog[name].etag)
-            outcomes.append(Outcome(name, "pruned", changes))
-    return outcomes, 0
+            try:
+                if not opts.dry_run:
+                    fleet.delete_model(name, etag=catalog[name].etag)
+                outcomes.append(Outcome(name, "pruned", changes))
+            except Refused as exc:
+                outcomes.append(Outcome(name, "refused", [], error=refusal_text(exc)[1]))
+    refused = any(o.action == "refused" for o in outcomes)
+    return outcomes, EXIT_REFUSED if refused else 0
 
 
 def apply(opts: argparse.Namespace) -> int:
@@ -252,6 +286,10 @@ def apply(opts: argparse.Namespace) -> int:
             if o.rollout_id:
                 n = o.restarted
                 extra = f"; rollout {o.rollout_id} ({n} replica{'s' if n != 1 else ''})"
+            if o.error is not None:
+                why = o.error.get("reason", o.error["code"])
+                say(f"model/{o.name} refused ({why}): {o.error['message']}")
+                continue
             say(f"model/{o.name} {o.action}{suffix}{extra}")
             if opts.dry_run:
                 for line in diff_lines(o.name, o.changes)[1:]:
@@ -268,11 +306,15 @@ def apply(opts: argparse.Namespace) -> int:
 def diff(opts: argparse.Namespace) -> int:
     """`ctl diff -f FILE|DIR`: what apply would change, field by field; exit 1 if anything."""
     opts.dry_run = True
-    outcomes, _ = reconcile(opts)
+    outcomes, code = reconcile(opts)
     changed = [o for o in outcomes if o.action != "unchanged"]
 
     def human() -> None:
         for o in changed:
+            if o.error is not None:
+                why = o.error.get("reason", o.error["code"])
+                say(f"model/{o.name} refused ({why}): {o.error['message']}")
+                continue
             say(f"model/{o.name} ({'would be ' + o.action})")
             for line in diff_lines(o.name, o.changes)[1:]:
                 say(line)
@@ -280,7 +322,7 @@ def diff(opts: argparse.Namespace) -> int:
     printer(opts).show(
         {"models": [o.data() for o in changed]}, human, [f"model/{o.name}" for o in changed]
     )
-    return EXIT_ERROR if changed else 0
+    return code or (EXIT_ERROR if changed else 0)
 
 
 def _file_flags(p: argparse.ArgumentParser) -> None:

@@ -3,12 +3,14 @@ real command in a child process against a real fleet with a scripted agent."""
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from pathlib import Path
 
 import yaml
 
 from llmgw.testing.scripted_agent import ScriptedAgent
-from tests.integration.test_cli_ctl import PATIENT, ctl, write_model
+from tests.integration.test_cli_ctl import PATIENT, _env, ctl, write_model
 from tests.support.fleet import running_fleet
 
 
@@ -125,3 +127,38 @@ async def test_output_formats(tmp_path: Path) -> None:
         refused = await ctl(fleet.port, "model", "show", "nope", "-o", "yaml")
         assert refused.code == 2
         assert yaml.safe_load(refused.out)["error"]["reason"] == "MODEL_NOT_FOUND"
+
+
+async def test_a_refused_model_does_not_stop_the_others(tmp_path: Path) -> None:
+    """A model the fleet refuses (declared in the cluster settings, hence read-only) is
+    reported refused with its reason; the other model is still created; exit 2. The models
+    can come on stdin (`-f -`)."""
+    declared = yaml.safe_load(write_model(tmp_path / "declared.yaml", name="fixed").read_text())
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(yaml.safe_dump({"models": [declared]}))
+    changed = dict(declared, context_length=4096)
+    fresh = yaml.safe_load(write_model(tmp_path / "fresh.yaml", name="fresh").read_text())
+    text = yaml.safe_dump_all([changed, fresh])
+    async with running_fleet(tmp_path, settings=str(settings), liveness=PATIENT) as (fleet, _s):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "llmgw.cli.main",
+            "ctl",
+            "--fleet",
+            f"127.0.0.1:{fleet.port}",
+            "apply",
+            "-f",
+            "-",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=_env(),
+        )
+        out, err = await asyncio.wait_for(proc.communicate(text.encode()), 60)
+        assert proc.returncode == 2, err.decode()
+        lines = out.decode().splitlines()
+        assert lines[0].startswith("model/fixed refused (")
+        assert lines[1] == "model/fresh created"
+        names = await ctl(fleet.port, "model", "list", "-o", "name")
+        assert sorted(names.out.splitlines()) == ["model/fixed", "model/fresh"]
