@@ -34,7 +34,9 @@ from llmgw.clients.convert import (
 
 
 def say(text: str = "", end: str = "\n") -> None:
-    """Print a line for people (flushed: a followed rollout's lines show as they come)."""
+    """Print a line for people (flushed: a followed rollout's lines show as they come). Every
+    text for people `llmgw ctl` and `llmgw plan` print passes here: the one place to escape
+    what the services' answers carry before it reaches a terminal."""
     print(text, end=end, flush=True)
 
 
@@ -196,15 +198,15 @@ def replica_rows(replicas: Sequence[Replica]) -> list[list[object]]:
 
 def print_context_change(change: ContextChange) -> None:
     """A context change for people: the new context, then each profile's change."""
-    print(f"{change.model}: context {change.before} -> {change.after} tokens", end="")
-    print(f" (max output {change.max_output}", end="")
-    print(f", trained {change.trained})" if change.trained else ")")
+    say(f"{change.model}: context {change.before} -> {change.after} tokens", end="")
+    say(f" (max output {change.max_output}", end="")
+    say(f", trained {change.trained})" if change.trained else ")")
     _print_profiles(change)
 
 
 def print_gpus_change(change: GPUsChange) -> None:
     """A card-count change for people: the cards a replica, then each profile's change."""
-    print(f"{change.model}: {change.gpus} cards a replica")
+    say(f"{change.model}: {change.gpus} cards a replica")
     _print_profiles(change)
 
 
@@ -215,20 +217,20 @@ def _gib_text(n: int) -> str:
 def _print_profiles(change: ContextChange | GPUsChange) -> None:
     """Per profile, args before -> after and memory per card; then the change's note."""
     for p in change.profiles:
-        print(f"  profile {p.profile} ({p.engine})")
+        say(f"  profile {p.profile} ({p.engine})")
         if p.before or p.after:
-            print(f"    memory: {p.before or '?'} -> {p.after or '?'}")
+            say(f"    memory: {p.before or '?'} -> {p.after or '?'}")
         if p.HasField("memory") and p.memory.cards:
             m = p.memory
-            print(
+            say(
                 f"    per card: {_gib_text(m.per_card_bytes)} of {_gib_text(m.budget_bytes)} "
                 f"budget (weights {_gib_text(m.weights_bytes)}, KV {_gib_text(m.kv_bytes)} a "
                 f"replica, {m.cards} card{'s' if m.cards != 1 else ''})"
             )
-        print(f"    args: {' '.join(p.args_before) or '(none)'}")
-        print(f"       -> {' '.join(p.args) or '(none)'}")
+        say(f"    args: {' '.join(p.args_before) or '(none)'}")
+        say(f"       -> {' '.join(p.args) or '(none)'}")
     if change.note:
-        print(f"  note: {change.note}")
+        say(f"  note: {change.note}")
 
 
 def print_shape(shape: ModelShape, version: str) -> None:
@@ -253,9 +255,9 @@ def print_shape(shape: ModelShape, version: str) -> None:
         ("llama.cpp modelled", version),
     ]
     for key, value in rows:
-        print(f"{key:>20}: {value}")
+        say(f"{key:>20}: {value}")
     for note in shape.notes:
-        print(f"{'note':>20}: {note}")
+        say(f"{'note':>20}: {note}")
 
 
 def rollout_state(ro: Rollout) -> str:
@@ -266,21 +268,21 @@ def rollout_state(ro: Rollout) -> str:
 def print_rollout(ro: Rollout) -> None:
     """A rollout for people: state, revisions, a line per step, why it ended."""
     strategy = short_name(ro, "strategy", "STRATEGY_").lower()
-    print(
+    say(
         f"rollout {ro.id} of {ro.model} ({ro.kind}, {strategy}): {rollout_state(ro)}, "
         f"revision {ro.from_revision} -> {ro.to_revision}"
     )
     for s in ro.steps:
         where = f" on {s.node} cards {','.join(map(str, s.gpus))}" if s.node else ""
         mode = mode_name(s)
-        print(
+        say(
             f"  [{s.profile}] {s.old_replica or '(new)'} -> {s.new_replica or '?'}"
             f"{where}: {stage_name(s)}{' ' + mode if mode else ''}"
         )
     if ro.reason:
-        print(f"  reason: {ro.reason}")
+        say(f"  reason: {ro.reason}")
     for line in ro.log_tail:
-        print(f"  | {line}")
+        say(f"  | {line}")
 
 
 def stage_name(step: Any) -> str:
