@@ -303,7 +303,7 @@ def add_commands(groups: Any) -> None:
         model_show,
         "llmgw ctl model show tiny-llama -o yaml",
     )
-    show.add_argument("name", help="the model's name")
+    show.add_argument("name", metavar="NAME", help="the model's name")
     create = add_ctl_command(
         commands,
         "create",
@@ -311,7 +311,9 @@ def add_commands(groups: Any) -> None:
         model_create,
         "llmgw ctl model create deploy/model.example.yaml",
     )
-    create.add_argument("file", help="a catalog model: name, source, context_length, profiles")
+    create.add_argument(
+        "file", metavar="FILE", help="a catalog model: name, source, context_length, profiles"
+    )
     create.add_argument(
         "--request-id", help="a retry-safe id: the same id again returns the first answer"
     )
@@ -322,7 +324,9 @@ def add_commands(groups: Any) -> None:
         model_update,
         "llmgw ctl model update deploy/model.example.yaml --dry-run",
     )
-    update.add_argument("file", help="a catalog model: name, source, context_length, profiles")
+    update.add_argument(
+        "file", metavar="FILE", help="a catalog model: name, source, context_length, profiles"
+    )
     _change_flags(update)
     delete = add_ctl_command(
         commands,
@@ -331,7 +335,7 @@ def add_commands(groups: Any) -> None:
         model_delete,
         "llmgw ctl model delete tiny-llama",
     )
-    delete.add_argument("name", help="the model's name")
+    delete.add_argument("name", metavar="NAME", help="the model's name")
     delete.add_argument("--etag", help="refuse unless the model still has this etag")
     delete.add_argument(
         "--request-id", help="a retry-safe id: the same id again returns the first answer"
@@ -343,7 +347,7 @@ def add_commands(groups: Any) -> None:
         model_history,
         "llmgw ctl model history tiny-llama",
     )
-    history.add_argument("name", help="the model's name")
+    history.add_argument("name", metavar="NAME", help="the model's name")
 
     gpus = add_ctl_command(
         commands,
@@ -352,8 +356,10 @@ def add_commands(groups: Any) -> None:
         model_change,
         "llmgw ctl model gpus tiny-llama 2 --dry-run",
     )
-    gpus.add_argument("model", help="the model's name")
-    gpus.add_argument("gpus", type=int, help="cards a replica uses on each of its nodes")
+    gpus.add_argument("model", metavar="MODEL", help="the model's name")
+    gpus.add_argument(
+        "gpus", metavar="N", type=int, help="cards a replica uses on each of its nodes"
+    )
     gpus.add_argument("--profile", help="only this profile (default: every GPU profile)")
     gpus.add_argument(
         "--in-place", action="store_true", help="stop each replica before its new one starts"
@@ -367,8 +373,8 @@ def add_commands(groups: Any) -> None:
         model_change,
         "llmgw ctl model context tiny-llama 16384",
     )
-    context.add_argument("model", help="the model's name")
-    context.add_argument("tokens", type=int, help="tokens one request may use")
+    context.add_argument("model", metavar="MODEL", help="the model's name")
+    context.add_argument("tokens", metavar="TOKENS", type=int, help="tokens one request may use")
     context.add_argument(
         "--slots", type=int, default=0, help="llama.cpp slots (default 0: keep them)"
     )

@@ -155,7 +155,9 @@ def add_commands(groups: Any) -> None:
         rollout_status,
         "llmgw ctl rollout status ro-1a2b3c4d -o yaml",
     )
-    status.add_argument("id", help="the rollout's id (`llmgw ctl rollout list` shows them)")
+    status.add_argument(
+        "id", metavar="ID", help="the rollout's id (`llmgw ctl rollout list` shows them)"
+    )
     watch = add_ctl_command(
         commands,
         "watch",
@@ -163,7 +165,7 @@ def add_commands(groups: Any) -> None:
         rollout_watch,
         "llmgw ctl rollout watch ro-1a2b3c4d",
     )
-    watch.add_argument("id", help="the rollout's id")
+    watch.add_argument("id", metavar="ID", help="the rollout's id")
     watch.add_argument(
         "--after", type=int, default=0, help="resume after this event's seq (0: from the start)"
     )
@@ -174,7 +176,7 @@ def add_commands(groups: Any) -> None:
         rollout_cancel,
         "llmgw ctl rollout cancel ro-1a2b3c4d",
     )
-    cancel.add_argument("id", help="the rollout's id")
+    cancel.add_argument("id", metavar="ID", help="the rollout's id")
     undo = add_ctl_command(
         commands,
         "undo",
@@ -182,7 +184,7 @@ def add_commands(groups: Any) -> None:
         rollout_undo,
         "llmgw ctl rollout undo ro-1a2b3c4d --dry-run",
     )
-    undo.add_argument("id", help="the rollout whose change to undo")
+    undo.add_argument("id", metavar="ID", help="the rollout whose change to undo")
     undo.add_argument(
         "--dry-run", action="store_true", help="answer what would change; change nothing"
     )

@@ -63,6 +63,7 @@ def gpus(opts: argparse.Namespace) -> int:
 def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "model",
+        metavar="MODEL",
         help="a model file (YAML/JSON, the catalog's shape) or a source (GGUF URL/path, hf://)",
     )
     p.add_argument("--name", help="the model's name (default: from the source)")
@@ -110,7 +111,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         description="A model's resolved shape: layers, heads, weights, KV bytes per token.",
         epilog=example("llmgw plan describe hf://llmgw-demo/tiny-llama -o yaml"),
     )
-    cmd.add_argument("source", help="a GGUF URL or path, or hf://ORG/NAME[@REVISION]")
+    cmd.add_argument(
+        "source", metavar="SOURCE", help="a GGUF URL or path, or hf://ORG/NAME[@REVISION]"
+    )
     add_output_flags(cmd, hidden=True)
     cmd.set_defaults(run=describe)
     cmd = psub.add_parser(
@@ -123,7 +126,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         ),
     )
     _model_flags(cmd)
-    cmd.add_argument("tokens", type=int, help="tokens one request may use")
+    cmd.add_argument("tokens", metavar="TOKENS", type=int, help="tokens one request may use")
     cmd.add_argument("--slots", type=int, default=0, help="llama.cpp slots (default 0: keep them)")
     cmd.add_argument("--profile", help="the name of the profile made from the flags")
     add_output_flags(cmd, hidden=True)
@@ -136,7 +139,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         epilog=example("llmgw plan gpus hf://llmgw-demo/tiny-llama 2 --node 8xH100-80GB"),
     )
     _model_flags(cmd)
-    cmd.add_argument("gpus", type=int, help="cards each replica uses on each of its nodes")
+    cmd.add_argument(
+        "gpus", metavar="N", type=int, help="cards each replica uses on each of its nodes"
+    )
     cmd.add_argument("--profile", help="only this profile (default: every GPU profile)")
     add_output_flags(cmd, hidden=True)
     cmd.set_defaults(run=gpus)
