@@ -113,6 +113,15 @@ nginx:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -qq --no-install-recommends nginx-light; }
 
+# promtool, for the alert rules' checks and unit tests (tests/integration/test_alert_rules.py):
+# Debian's prometheus package ships it. Installed once when missing (as root); nothing starts
+# a Prometheus server.
+.PHONY: promtool
+promtool:
+	@command -v promtool >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends prometheus; }
+
 # PostgreSQL's server programs for the store tests: without LLMGW_TEST_PG_DSN the test run
 # initdb's a private cluster of its own under /tmp on a free port and stops it at the end
 # (tests/support/postgres.py); no server need be running. Debian's postgresql is installed
@@ -126,7 +135,8 @@ postgres:
 	  apt-get install -y -qq --no-install-recommends postgresql; fi
 
 # Run every check and test, as CI does.
-test: venv llama-server go-tools go-test nginx postgres proto-check buf-lint buf-breaking lint kubectl
+test: venv llama-server go-tools go-test nginx postgres promtool proto-check buf-lint buf-breaking lint \
+	kubectl
 	$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here" >&2; exit 1; fi; \
 	exit $$rc

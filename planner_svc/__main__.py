@@ -1,6 +1,6 @@
 """Run the planner: `python -m planner_svc --listen HOST:PORT [--tls-cert F --tls-key F
 [--tls-ca F]] [--allow-host H ...] [--allow-root DIR ...] [--metrics HOST:PORT]
-[--probe-listen HOST:PORT]`."""
+[--probe-listen HOST:PORT]`. Exit codes: llmgw.cmdline's table (docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,14 @@ import asyncio
 import os
 import sys
 
+from llmgw.cmdline import (
+    EXIT_ERROR,
+    UsageParser,
+    add_env_argument,
+    add_log_format_argument,
+    add_version,
+    log_format,
+)
 from llmgw.logs import configure_logging
 from llmgw.metrics import add_metrics_argument
 from llmgw.probes import add_probe_argument
@@ -36,18 +44,22 @@ def drain_delay(value: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     """The planner's command line."""
-    parser = argparse.ArgumentParser(prog="python -m planner_svc", description=__doc__)
-    parser.add_argument(
+    parser = UsageParser(
+        prog="python -m planner_svc",
+        description="The llmgw planner: sizes a model's cards and context for each engine "
+        "(a gRPC service; nothing it answers changes anything).",
+        epilog="example:\n  python -m planner_svc --listen 0.0.0.0:50051 --tls-cert planner.crt "
+        "--tls-key planner.key --tls-ca ca.crt",
+    )
+    add_version(parser)
+    add_env_argument(
+        parser,
         "--listen",
-        default=os.environ.get("LLMGW_PLANNER_LISTEN", DEFAULT_LISTEN),
-        help="HOST:PORT to listen on; port 0 picks a free one (default %(default)s)",
+        env="LLMGW_PLANNER_LISTEN",
+        default=DEFAULT_LISTEN,
+        help="HOST:PORT to listen on; port 0 picks a free one",
     )
-    parser.add_argument(
-        "--log-format",
-        choices=("json", "console"),
-        default="json" if not sys.stderr.isatty() else "console",
-        help="log lines as JSON (production) or for people",
-    )
+    add_log_format_argument(parser)
     add_server_tls_arguments(parser)
     sources = parser.add_argument_group("what the planner may fetch")
     sources.add_argument(
@@ -85,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, configure logging, serve until signalled."""
     opts = build_parser().parse_args(argv)
-    configure_logging(opts.log_format == "json")
+    configure_logging(log_format(opts) == "json")
     tracing = None
     # Plans run on a worker thread (planner_svc/rpc/servicer.py); the event loop waits for the
     # GIL up to the switch interval each time it wakes while one runs. 1 ms instead of
@@ -115,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     except (RuntimeError, TLSConfigError, ValueError, OSError) as exc:
         print(f"planner: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     finally:
         if tracing is not None:
             tracing.shutdown()

@@ -26,10 +26,11 @@ from fleet_svc.agent.source_args import LLAMACPP_SOURCE_ARGS as LLAMACPP_SOURCE_
 from fleet_svc.agent.source_args import SOURCE_KINDS as SOURCE_KINDS
 from fleet_svc.agent.source_args import not_a_flag, pin_items, pins_revision, source_parts
 from fleet_svc.agent.source_args import uses_source as uses_source
-from llmgw.engines.revision import revision_flag, source_revision
 
 # How llama-server is found (the operator's $LLMGW_LLAMA_SERVER, PATH, the build cache) is
 # shared with `llmgw up`; the agent's callers import it from here.
+from llmgw import strict
+from llmgw.engines.revision import revision_flag, source_revision
 from llmgw.llama_server import LLAMA_SERVER_ENV as LLAMA_SERVER_ENV
 from llmgw.llama_server import find_llama_server as find_llama_server
 
@@ -231,8 +232,33 @@ def _check_template(name: str, template: tuple[str, ...]) -> tuple[str, ...]:
 def _number(data: Mapping[str, Any], key: str, default: float, where: str) -> float:
     value = data.get(key, default)
     if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"{where}: {key} must be a number >= 0")
+        raise ConfigError(f"{where}: {strict.wrong_type(key, 'a number >= 0', value)}")
     return float(value)
+
+
+CONFIG_KEYS = (
+    "engines",
+    "restart",
+    "unhealthy_after",
+    "health_interval_s",
+    "health_timeout_s",
+    "log_max_bytes",
+    "log_tail_lines",
+    "engine_host",
+    "advertise_host",
+    "source_roots",
+    "fetch_max_bytes",
+)
+"""The agent config's top-level keys (deploy/agent.example.yaml)."""
+RESTART_KEYS = ("base_s", "factor", "cap_s", "jitter", "max_crashes", "window_s")
+"""The keys under `restart:`."""
+
+
+def _string(data: Mapping[str, Any], key: str, default: str, where: str) -> str:
+    value = data.get(key, default)
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: {strict.wrong_type(key, 'a string', value)}")
+    return value
 
 
 def _str_list(value: Any, key: str, where: str) -> tuple[str, ...]:
@@ -292,9 +318,9 @@ def parse_engine(
         "models_path",
         "fetch_urls",
     }
-    unknown = sorted(set(data) - known)
+    unknown = strict.unknown_keys(data, known, f"engines.{name}")
     if unknown:
-        raise ConfigError(f"{where}: unknown keys {unknown} (known: {sorted(known)})")
+        raise ConfigError("; ".join(unknown))
     executable, module = data.get("executable"), data.get("module")
     if (executable is None) == (module is None):
         raise ConfigError(f"{where}: give exactly one of executable (a path) or module")
@@ -404,6 +430,9 @@ def parse_config(
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: must be a mapping")
+    unknown = strict.unknown_keys(data, CONFIG_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: {'; '.join(unknown)}")
     engines_data = data.get("engines")
     if not isinstance(engines_data, dict) or not engines_data:
         raise ConfigError(f"{where}: engines must map at least one engine name to its settings")
@@ -414,22 +443,35 @@ def parse_config(
         engines[name] = parse_engine(name, entry, which)
     restart = data.get("restart", {}) or {}
     if not isinstance(restart, dict):
-        raise ConfigError(f"{where}: restart must be a mapping")
+        raise ConfigError(f"{where}: {strict.wrong_type('restart', 'a mapping', restart)}")
+    unknown = strict.unknown_keys(restart, RESTART_KEYS, "restart")
+    if unknown:
+        raise ConfigError(f"{where}: {'; '.join(unknown)}")
     try:
         backoff = Backoff(
-            base_s=_number(restart, "base_s", 1.0, where),
-            factor=_number(restart, "factor", 2.0, where),
-            cap_s=_number(restart, "cap_s", 60.0, where),
-            jitter=_number(restart, "jitter", 0.2, where),
+            base_s=_number(restart, "base_s", 1.0, f"{where}: restart"),
+            factor=_number(restart, "factor", 2.0, f"{where}: restart"),
+            cap_s=_number(restart, "cap_s", 60.0, f"{where}: restart"),
+            jitter=_number(restart, "jitter", 0.2, f"{where}: restart"),
         )
     except ValueError as exc:
         raise ConfigError(f"{where}: restart: {exc}") from exc
     max_crashes = restart.get("max_crashes", 5)
-    if not isinstance(max_crashes, int) or max_crashes < 1:
-        raise ConfigError(f"{where}: restart.max_crashes must be a whole number >= 1")
+    if not isinstance(max_crashes, int) or isinstance(max_crashes, bool) or max_crashes < 1:
+        raise ConfigError(
+            f"{where}: "
+            + strict.wrong_type("restart.max_crashes", "a whole number >= 1", max_crashes)
+        )
     unhealthy_after = data.get("unhealthy_after", 3)
-    if not isinstance(unhealthy_after, int) or unhealthy_after < 1:
-        raise ConfigError(f"{where}: unhealthy_after must be a whole number >= 1")
+    if (
+        not isinstance(unhealthy_after, int)
+        or isinstance(unhealthy_after, bool)
+        or unhealthy_after < 1
+    ):
+        raise ConfigError(
+            f"{where}: "
+            + strict.wrong_type("unhealthy_after", "a whole number >= 1", unhealthy_after)
+        )
     return AgentConfig(
         engines=engines,
         health_interval_s=_number(data, "health_interval_s", 1.0, where) or 1.0,
@@ -437,12 +479,13 @@ def parse_config(
         unhealthy_after=unhealthy_after,
         restart_backoff=backoff,
         restart_limit=RestartLimit(
-            max_crashes=max_crashes, window_s=_number(restart, "window_s", 300.0, where)
+            max_crashes=max_crashes,
+            window_s=_number(restart, "window_s", 300.0, f"{where}: restart"),
         ),
         log_max_bytes=int(_number(data, "log_max_bytes", 10 << 20, where)),
         log_tail_lines=int(_number(data, "log_tail_lines", 20, where)),
-        engine_host=str(data.get("engine_host", "127.0.0.1")),
-        advertise_host=str(data.get("advertise_host", "")),
+        engine_host=_string(data, "engine_host", "127.0.0.1", where),
+        advertise_host=_string(data, "advertise_host", "", where),
         source_roots=source_roots(_str_list(data.get("source_roots"), "source_roots", where)),
         fetch_max_bytes=int(_number(data, "fetch_max_bytes", DEFAULT_FETCH_MAX_BYTES, where)),
     )

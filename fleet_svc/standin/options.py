@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fleet_svc.standin.gang import GangError, GangRole, read_role
+from llmgw.cmdline import add_version
 from llmgw.engines import registry
 from llmgw.engines.errors import EngineRefuses
 
@@ -66,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
         # Real engines' parsers differ on abbreviations; the stand-in reads only whole flags.
         allow_abbrev=False,
     )
+    # --version as every entry point's (its exit codes stay an engine's: argparse's 2).
+    add_version(parser)
     parser.add_argument("--port", type=int, required=True, help="TCP port to listen on")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument(

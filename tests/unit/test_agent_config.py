@@ -90,7 +90,7 @@ def test_args_placeholder_is_appended_when_the_template_omits_it() -> None:
         ({"module": "m", "family": "tgi"}, "family"),
         ({"module": "m", "health_path": "health"}, "start with /"),
         ({"module": "m", "start_timeout_s": -1}, "start_timeout_s"),
-        ({"module": "m", "command": "bash -c x"}, "unknown keys"),
+        ({"module": "m", "command": "bash -c x"}, "engines.standin.command: unknown key"),
         ({"module": "m", "refuse_flags": ["--x"]}, "why"),
     ],
 )
@@ -333,3 +333,36 @@ def test_llamacpp_fetches_urls_and_others_do_not_by_default() -> None:
     assert not example["vllm"].fetches("https://h/x.gguf")
     built = default_config(llama_server="/opt/llama-server").engines["llamacpp"]
     assert built.fetches("https://h/x.gguf") and not built.rules.pins_revision
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("restrat: always", "agent.yaml: restrat: unknown key; did you mean restart?"),
+        ("restart: {cap: 5}", "agent.yaml: restart.cap: unknown key; did you mean cap_s?"),
+        ("restart: {max_crashes: five}", "restart.max_crashes: want a whole number >= 1, not str"),
+        ("restart: {base_s: soon}", "restart: base_s: want a number >= 0, not str 'soon'"),
+        ("restart: 5", "restart: want a mapping, not int 5"),
+        ("engine_host: 5", "engine_host: want a string, not int 5"),
+        ("unhealthy_after: true", "unhealthy_after: want a whole number >= 1, not bool"),
+        ("health_interval: 2", "health_interval: unknown key; did you mean health_interval_s?"),
+    ],
+)
+def test_config_mistakes_are_refused_with_the_key_and_a_suggestion(
+    text: str, message: str, tmp_path: Path
+) -> None:
+    """A typo'd or mistyped key of the agent config is refused, the message naming the key's
+    path and the nearest valid key; nothing passes silently as a default."""
+    path = tmp_path / "agent.yaml"
+    path.write_text(f"engines:\n  standin: {{module: fleet_svc.standin}}\n{text}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert message in str(caught.value).replace(str(tmp_path) + "/", "")
+
+
+def test_engine_key_typo_is_refused_with_a_suggestion() -> None:
+    """An engine's key is checked the same way, its path under engines."""
+    with pytest.raises(
+        ConfigError, match=r"engines\.standin\.modul: unknown key; did you mean module\?"
+    ):
+        parse_engine("standin", {"modul": "fleet_svc.standin"}, which=no_path)

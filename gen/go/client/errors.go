@@ -57,6 +57,7 @@ const (
 	ReasonNotLeader            Reason = "NOT_LEADER"
 	ReasonNoHello              Reason = "NO_HELLO"
 	ReasonNoRoomBeside         Reason = "NO_ROOM_BESIDE"
+	ReasonNoRoomInPlace        Reason = "NO_ROOM_IN_PLACE"
 	ReasonPlannerFailed        Reason = "PLANNER_FAILED"
 	ReasonPlannerUnavailable   Reason = "PLANNER_UNAVAILABLE"
 	ReasonRequestIDReused      Reason = "REQUEST_ID_REUSED"
