@@ -298,15 +298,12 @@ def vllm_overhead(
     unknown_margin = 0
     if not in_a_range(VLLM_RULES, engine_version):
         # No range holds the version: the answer takes the newest rules and carries, as
-        # margin, how far every other range's peak and non-torch memory lie above them.
-        unknown_margin = max(
-            _activation(shape, forward, profile, other, tp)[0]
-            + other.non_torch_bytes
-            - activation
-            - rules.non_torch_bytes
+        # margin, the spread of every range's peak and non-torch memory.
+        figures = [
+            _activation(shape, forward, profile, other, tp)[0] + other.non_torch_bytes
             for other in VLLM_RULES
-        )
-        unknown_margin = max(unknown_margin, 0)
+        ]
+        unknown_margin = max(figures) - min(figures)
     eager = grammar.has(args, ENFORCE_EAGER)
     layers = layers_per_stage(shape, pp)
     graphs_out = graph_margin = 0
