@@ -363,11 +363,22 @@ def _resize_profile(
             cards=profile.cards,
             limit_tokens=shape.trained_context or tokens,
         )
+        safe = longest and longest_context(
+            engine,
+            profile,
+            shape,
+            inventory,
+            args=profile.args,
+            slots=use_slots,
+            cards=profile.cards,
+            limit_tokens=longest,
+            with_margin=True,
+        )
         fewest = fewest_cards(
             engine, profile, shape, inventory, args=args, tokens=tokens, slots=use_slots
         )
         raise errors.CardsTooSmall(
-            _too_small_message(profile, tokens, card, longest, fewest),
+            _too_small_message(profile, tokens, card, longest, fewest, safe),
             profile=profile.name,
             need_bytes=card.per_card_bytes,
             budget_bytes=card.budget_bytes,
@@ -376,6 +387,16 @@ def _resize_profile(
             fewest_cards=fewest,
         )
     return new_profile, change
+
+
+def margin_aside(longest: int, safe: int) -> str:
+    """What a refusal says beside its longest context when the margin would take some of it:
+    the longest that fits with every fitted figure at the far end of its margin."""
+    if safe >= longest or longest <= 0:
+        return ""
+    if safe <= 0:
+        return " (none fits with the figures' margin: the engine may refuse any at start)"
+    return f" ({safe} with the figures' margin)"
 
 
 def within_margin_note(profile: str, card: CardNeed) -> str:
@@ -391,7 +412,7 @@ def within_margin_note(profile: str, card: CardNeed) -> str:
 
 
 def _too_small_message(
-    profile: Profile, tokens: int, card: CardNeed, longest: int, fewest: int
+    profile: Profile, tokens: int, card: CardNeed, longest: int, fewest: int, safe: int = 0
 ) -> str:
     """The CARDS_TOO_SMALL sentence: what was refused, why, what would work."""
     gib = 1 << 30
@@ -411,7 +432,7 @@ def _too_small_message(
         )
     remedies = []
     if longest > 0:
-        remedies.append(f"a context of at most {longest} tokens")
+        remedies.append(f"a context of at most {longest} tokens{margin_aside(longest, safe)}")
     if fewest > 0:
         remedies.append(f"the model on {fewest} cards")
     if remedies:

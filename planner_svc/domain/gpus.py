@@ -14,6 +14,7 @@ from planner_svc.domain.context import (
     ProfileNeed,
     current_tokens,
     engine_of,
+    margin_aside,
     profile_need,
 )
 from planner_svc.domain.fit import (
@@ -208,7 +209,7 @@ def _replan_profile(
                 "checked"
             )
         return new_profile, change
-    if card.per_card_bytes > card.budget_bytes:
+    if not card.fits:
         longest = longest_context(
             engine,
             new_profile,
@@ -228,17 +229,38 @@ def _replan_profile(
             fewest = fewest_cards(
                 engine, profile, sized, inventory, args=profile.args, tokens=tokens, slots=slots
             )
+        safe = longest and longest_context(
+            engine,
+            new_profile,
+            sized,
+            inventory,
+            args=args,
+            slots=slots,
+            cards=new_profile.cards,
+            limit_tokens=longest,
+            with_margin=True,
+        )
         gib = 1 << 30
         remedies = []
         each = f" on each of {nodes} nodes" if gang else ""
         if longest:
-            remedies.append(f"a context of at most {longest} tokens on {gpus} cards{each}")
+            aside = margin_aside(longest, safe)
+            remedies.append(f"a context of at most {longest} tokens on {gpus} cards{each}{aside}")
         if fewest:
             remedies.append(f"{fewest} cards{each} for {tokens} tokens")
+        if card.per_card_bytes > card.budget_bytes:
+            why = (
+                f"needs {card.per_card_bytes / gib:.1f} GiB a card for its weights and {tokens} "
+                f"tokens, more than the {card.budget_bytes / gib:.1f} GiB usable"
+            )
+        else:
+            why = (
+                f"leaves {card.outside_room_bytes / gib:.2f} GiB outside its budget a card, less "
+                f"than the {card.outside_bytes / gib:.2f} GiB the engine needs there (CUDA "
+                "context and graphs)"
+            )
         raise errors.CardsTooSmall(
-            f"on {gpus} {profile.gpu_class} cards{each} the {profile.name} profile needs "
-            f"{card.per_card_bytes / gib:.1f} GiB a card for its weights and {tokens} tokens, "
-            f"more than the {card.budget_bytes / gib:.1f} GiB usable: "
+            f"on {gpus} {profile.gpu_class} cards{each} the {profile.name} profile {why}: "
             + (", or ".join(remedies) if remedies else "no count of one node holds it"),
             profile=profile.name,
             need_bytes=card.per_card_bytes,
