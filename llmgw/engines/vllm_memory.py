@@ -23,6 +23,7 @@ total, current_platform.get_device_total_memory) whose name is not an A100,
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -289,7 +290,79 @@ def vllm_overhead(
     default_utilisation: float | None = None,
 ) -> Overhead:
     """What vLLM takes on a card beside weights and KV, inside `requested`, by its version's
-    rules; and what must fit outside it (the CUDA context, and before 0.21 the graphs)."""
+    rules; and what must fit outside it (the CUDA context, and before 0.21 the graphs).
+
+    Worked out once per shape and setting: with chunked prefill (V1's default) nothing here
+    depends on the context, so the answer is kept in the shape's `sizing_memo` under the
+    arguments with `--max-model-len`'s value left out (bounded, OVERHEADS_KEPT)."""
+    rules, _ = pick(VLLM_RULES, engine_version)
+    token_free = not rules.v0 and not grammar.has(args, NO_CHUNKED_PREFILL)
+    key = (
+        _without_context(args) if token_free else tuple(args),
+        0 if token_free else tokens,
+        tp,
+        pp,
+        card,
+        engine_version,
+        default_utilisation,
+        grammar.engine,
+    )
+    kept = shape.sizing_memo.get("vllm_overheads")
+    if not isinstance(kept, OrderedDict):
+        kept = OrderedDict()
+        shape.sizing_memo["vllm_overheads"] = kept
+    hit = kept.get(key)
+    if isinstance(hit, Overhead):
+        kept.move_to_end(key)
+        return hit
+    over = _vllm_overhead(
+        grammar,
+        shape,
+        args,
+        tokens=tokens,
+        tp=tp,
+        pp=pp,
+        card=card,
+        engine_version=engine_version,
+        default_utilisation=default_utilisation,
+    )
+    kept[key] = over
+    while len(kept) > OVERHEADS_KEPT:
+        kept.popitem(last=False)
+    return over
+
+
+OVERHEADS_KEPT = 32
+"""vLLM overheads kept per shape (profiles × card classes × versions asked of it)."""
+
+CONTEXT_FLAG = "--max-model-len"
+
+
+def _without_context(args: Sequence[str]) -> tuple[str, ...]:
+    """`args` with the value of `--max-model-len` (as the planner writes it: `--max-model-len
+    N` or `--max-model-len=N`) left out; other spellings stay, so they only miss the memo."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg == CONTEXT_FLAG and i + 1 < len(out) and not out[i + 1].startswith("-"):
+            out[i + 1] = ""
+        elif arg.startswith(CONTEXT_FLAG + "="):
+            out[i] = CONTEXT_FLAG + "="
+    return tuple(out)
+
+
+def _vllm_overhead(
+    grammar: Grammar,
+    shape: ModelShape,
+    args: Sequence[str],
+    *,
+    tokens: int,
+    tp: int,
+    pp: int,
+    card: Card,
+    engine_version: str,
+    default_utilisation: float | None,
+) -> Overhead:
+    """`vllm_overhead` itself."""
     profile = vllm_profile(grammar, args, card=card, tokens=tokens, engine_version=engine_version)
     rules = profile.rules
     expert_parallel = grammar.has(args, EXPERT_PARALLEL)

@@ -261,11 +261,12 @@ def profile_need(
         cards=profile.cards,
     )
     need = fit.need
-    _check_in_range(
-        profile,
-        *(getattr(need, f.name) for f in fields(need) if isinstance(getattr(need, f.name), int)),
-    )
+    _check_in_range(profile, *(getattr(need, name) for name in _NEED_FIGURES))
     return ProfileNeed(card=need, weights_known=known)
+
+
+_NEED_FIGURES = tuple(f.name for f in fields(CardNeed) if f.type in ("int", int))
+"""CardNeed's byte and count fields (its whole-number figures), named once."""
 
 
 def _check_in_range(profile: Profile, *figures: int) -> None:
