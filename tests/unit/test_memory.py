@@ -705,3 +705,43 @@ def test_shape_without_weights_needs_only_cache_and_overhead() -> None:
         "vllm", shape, args=[], tokens=4096, slots=1, cards=1, card_memory_bytes=H100_BYTES
     )
     assert need.per_card_bytes == 4096 * 131_072 + need.overhead_bytes
+
+
+# (engine, args as the profile has them) sized at several contexts one after the other
+MEMO_CASES = [
+    ("vllm", ["--max-model-len", "8192"]),
+    ("vllm", ["--max-model-len=8192", "--max-num-batched-tokens", "8192"]),
+    ("vllm", ["--max-model-len", "4096", "--max-num-batched-tokens", "4096", "-tp", "2"]),
+    ("vllm", ["--max-model-len", "8192", "--no-enable-chunked-prefill"]),
+    ("vllm", ["--max_model_len", "8192", "--kv-cache-dtype", "fp8"]),
+    ("sglang", ["--context-length", "8192"]),
+    ("sglang", ["--context-length=8192", "--page-size", "16"]),
+    ("trtllm", ["--max_seq_len", "8192"]),
+]
+
+
+@pytest.mark.parametrize(("engine", "args"), MEMO_CASES)
+@pytest.mark.parametrize("version", ["", "V0", "0.10.2", "0.19.0"])
+def test_needs_worked_out_once_per_setting_equal_fresh_ones(
+    engine: str, args: list[str], version: str
+) -> None:
+    """What sizing keeps per shape and setting (the overhead, tp, cache type, pool layout)
+    never changes an answer: each context sized after the others on one shape gets exactly
+    the need a fresh copy of the shape gets."""
+    shape = hf(LLAMA_8B)
+    eng = registry.find(engine)
+    assert eng is not None
+    for tokens in (4096, 8192, 40_000, 4096, 131_072, 2048):
+        trial = eng.with_context(args, tokens, 1)
+        for cards in (1, 2):
+            asked = {
+                "args": trial,
+                "tokens": tokens,
+                "slots": 1,
+                "cards": cards,
+                "card_memory_bytes": L4_BYTES if tokens == 2048 else H100_BYTES,
+                "engine_version": version,
+            }
+            kept = card_need(engine, shape, **asked)  # type: ignore[arg-type]
+            fresh = card_need(engine, replace(shape), **asked)  # type: ignore[arg-type]
+            assert kept == fresh, (tokens, cards)
