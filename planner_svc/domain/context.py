@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, fields, replace
 
 from llmgw.engines import registry
@@ -261,12 +262,12 @@ def profile_need(
         cards=profile.cards,
     )
     need = fit.need
-    _check_in_range(profile, *(getattr(need, name) for name in _NEED_FIGURES))
+    _check_in_range(profile, *_NEED_FIGURES(need))
     return ProfileNeed(card=need, weights_known=known)
 
 
-_NEED_FIGURES = tuple(f.name for f in fields(CardNeed) if f.type in ("int", int))
-"""CardNeed's byte and count fields (its whole-number figures), named once."""
+_NEED_FIGURES = operator.attrgetter(*(f.name for f in fields(CardNeed) if f.type in ("int", int)))
+"""CardNeed's byte and count fields (its whole-number figures), read in one call."""
 
 
 def _check_in_range(profile: Profile, *figures: int) -> None:
