@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmgw.cardclass import GIB, MIB
 from llmgw.engines.base import Card, Overhead
@@ -258,23 +258,50 @@ def large_card(card: Card) -> bool:
     return total >= LARGE_CARD_BYTES and "a100" not in card.name.lower()
 
 
+@dataclass(frozen=True)
+class BatchFlags:
+    """What the arguments say of vLLM's profiling batch, before the version and context
+    decide it (None: not given)."""
+
+    batched_tokens: int | None
+    max_num_seqs: int | None
+    no_chunked: bool
+    chunked: bool
+    large_card: bool
+
+
+def batch_flags(grammar: Grammar, args: Sequence[str], card: Card) -> BatchFlags:
+    """The batch settings `args` give on `card` (read once per setting)."""
+    return BatchFlags(
+        grammar.count(args, MAX_NUM_BATCHED_TOKENS),
+        grammar.count(args, MAX_NUM_SEQS),
+        grammar.has(args, NO_CHUNKED_PREFILL),
+        grammar.has(args, CHUNKED_PREFILL),
+        large_card(card) if (card.cuda_bytes or card.nvml_bytes) else True,
+    )
+
+
+def profile_at(rules: VllmRules, said: str, flags: BatchFlags, tokens: int) -> VllmProfile:
+    """The batch vLLM profiles with under `rules` for a context of `tokens`."""
+    default = BATCHED_TOKENS_LARGE_CARD if flags.large_card else BATCHED_TOKENS_SMALL_CARD
+    batched = flags.batched_tokens or default
+    chunked = not flags.no_chunked
+    if rules.v0 and not flags.chunked:
+        chunked = chunked and tokens > V0_CHUNKED_ABOVE_TOKENS
+    if not chunked:
+        batched = max(batched, tokens)
+    seqs = flags.max_num_seqs or (
+        MAX_NUM_SEQS_LARGE_CARD if flags.large_card else MAX_NUM_SEQS_SMALL_CARD
+    )
+    return VllmProfile(rules, said, batched, seqs, chunked)
+
+
 def vllm_profile(
     grammar: Grammar, args: Sequence[str], *, card: Card, tokens: int, engine_version: str
 ) -> VllmProfile:
     """The version's rules and the batch vLLM profiles with for a context of `tokens`."""
     rules, said = pick(VLLM_RULES, engine_version)
-    big = large_card(card) if (card.cuda_bytes or card.nvml_bytes) else True
-    default = BATCHED_TOKENS_LARGE_CARD if big else BATCHED_TOKENS_SMALL_CARD
-    batched = grammar.count(args, MAX_NUM_BATCHED_TOKENS) or default
-    chunked = not grammar.has(args, NO_CHUNKED_PREFILL)
-    if rules.v0 and not grammar.has(args, CHUNKED_PREFILL):
-        chunked = chunked and tokens > V0_CHUNKED_ABOVE_TOKENS
-    if not chunked:
-        batched = max(batched, tokens)
-    seqs = grammar.count(args, MAX_NUM_SEQS) or (
-        MAX_NUM_SEQS_LARGE_CARD if big else MAX_NUM_SEQS_SMALL_CARD
-    )
-    return VllmProfile(rules, said, batched, seqs, chunked)
+    return profile_at(rules, said, batch_flags(grammar, args, card), tokens)
 
 
 def vllm_overhead(
@@ -292,9 +319,10 @@ def vllm_overhead(
     """What vLLM takes on a card beside weights and KV, inside `requested`, by its version's
     rules; and what must fit outside it (the CUDA context, and before 0.21 the graphs).
 
-    Worked out once per shape and setting: with chunked prefill (V1's default) nothing here
-    depends on the context, so the answer is kept in the shape's `sizing_memo` under the
-    arguments with `--max-model-len`'s value left out (bounded, OVERHEADS_KEPT)."""
+    Worked out once per shape and setting: with chunked prefill (V1's default) and a known
+    version nothing here depends on the context, so the answer is kept in the shape's
+    `sizing_memo` under the arguments with `--max-model-len`'s value left out (bounded,
+    OVERHEADS_KEPT)."""
     rules, _ = pick(VLLM_RULES, engine_version)
     token_free = not rules.v0 and not grammar.has(args, NO_CHUNKED_PREFILL)
     key = (
@@ -311,10 +339,87 @@ def vllm_overhead(
     if not isinstance(kept, OrderedDict):
         kept = OrderedDict()
         shape.sizing_memo["vllm_overheads"] = kept
-    hit = kept.get(key)
-    if isinstance(hit, Overhead):
+    over = kept.get(key)
+    if isinstance(over, Overhead):
         kept.move_to_end(key)
-        return hit
+    else:
+        over = _memo_overhead(
+            kept,
+            key,
+            grammar,
+            shape,
+            args,
+            tokens,
+            tp,
+            pp,
+            card,
+            engine_version,
+            default_utilisation,
+        )
+    if in_a_range(VLLM_RULES, engine_version):
+        return over
+    masked = key[0] if token_free else _without_context(args)
+    spread = _unknown_spread(grammar, shape, args, masked, tokens=tokens, tp=tp, card=card)
+    return replace(
+        over,
+        margin_bytes=over.margin_bytes + spread,
+        rules=f"{over.rules}; {UNKNOWN_VERSION_NOTE} ({spread / GIB:.2f} GiB more)",
+    )
+
+
+def _unknown_spread(
+    grammar: Grammar,
+    shape: ModelShape,
+    args: Sequence[str],
+    masked: tuple[str, ...],
+    *,
+    tokens: int,
+    tp: int,
+    card: Card,
+) -> int:
+    """The spread of every range's peak and non-torch memory for these settings: the margin
+    a version in no known range carries (each range with its own batch: V0 profiles the whole
+    context when chunked prefill is off). Kept per shape under the arguments less the context
+    and the batch V0 would profile, which is all the context changes here."""
+    kept = shape.sizing_memo.get("vllm_spreads")
+    if not isinstance(kept, OrderedDict):
+        kept = OrderedDict()
+        shape.sizing_memo["vllm_spreads"] = kept
+    flags = kept.get((masked, card))
+    if not isinstance(flags, BatchFlags):
+        flags = kept[(masked, card)] = batch_flags(grammar, args, card)
+    v0 = profile_at(VLLM_RULES[0], "", flags, tokens)
+    key = (masked, card, tp, v0.batched_tokens, v0.chunked_prefill)
+    spread = kept.get(key)
+    if isinstance(spread, int):
+        return spread
+    forward = forward_cost(shape, tp=tp, expert_parallel=grammar.has(args, EXPERT_PARALLEL))
+    figures = [
+        _activation(shape, forward, profile_at(other, "", flags, tokens), other, tp)[0]
+        + other.non_torch_bytes
+        for other in VLLM_RULES
+    ]
+    kept[key] = spread = max(figures) - min(figures)
+    while len(kept) > 2 * OVERHEADS_KEPT:
+        kept.popitem(last=False)
+    return spread
+
+
+def _memo_overhead(
+    kept: OrderedDict[object, object],
+    key: object,
+    grammar: Grammar,
+    shape: ModelShape,
+    args: Sequence[str],
+    tokens: int,
+    tp: int,
+    pp: int,
+    card: Card,
+    engine_version: str,
+    default_utilisation: float | None,
+) -> Overhead:
+    """`_vllm_overhead`, kept under `key` (the least recently used dropped past
+    OVERHEADS_KEPT)."""
     over = _vllm_overhead(
         grammar,
         shape,
@@ -368,15 +473,6 @@ def _vllm_overhead(
     expert_parallel = grammar.has(args, EXPERT_PARALLEL)
     forward = forward_cost(shape, tp=tp, expert_parallel=expert_parallel)
     activation, activation_margin = _activation(shape, forward, profile, rules, tp)
-    unknown_margin = 0
-    if not in_a_range(VLLM_RULES, engine_version):
-        # No range holds the version: the answer takes the newest rules and carries, as
-        # margin, the spread of every range's peak and non-torch memory.
-        figures = [
-            _activation(shape, forward, profile, other, tp)[0] + other.non_torch_bytes
-            for other in VLLM_RULES
-        ]
-        unknown_margin = max(figures) - min(figures)
     eager = grammar.has(args, ENFORCE_EAGER)
     layers = layers_per_stage(shape, pp)
     graphs_out = graph_margin = 0
@@ -402,11 +498,8 @@ def _vllm_overhead(
         + (HYBRID_NON_TORCH_MARGIN_BYTES if hybrid else 0)
         + graph_margin
         + int(card.cuda_margin_bytes * util)
-        + unknown_margin
     )
     said = profile.rules_said
-    if unknown_margin:
-        said += f"; {UNKNOWN_VERSION_NOTE} ({unknown_margin / GIB:.2f} GiB more)"
     if graphs_out:
         said += "; CUDA graphs outside the budget"
         if graph_margin:
