@@ -250,6 +250,8 @@ class Sglang(TensorParallelEngine):
     """SGLang: a token pool, a budget of `--mem-fraction-static` of the card."""
 
     name = "sglang"
+    batch_flag = ("--max-running-requests",)
+    """Concurrent requests at most (sglang/srt/server_args.py `--max-running-requests`)."""
     grammar = GRAMMAR
     default_utilisation = None  # derived from the card: sglang_mem_fraction_static
     refused_flags = REFUSED

@@ -49,6 +49,8 @@ class TensorParallelEngine:
     """The flag that sets the KV cache's element type (empty: the model's dtype)."""
     cache_dtypes: ClassVar[Mapping[str, Fraction | None]] = {}
     """Bytes per element of each cache type the flag takes; None: the model's dtype."""
+    batch_flag: Flag = ()
+    """The flag that caps concurrent requests (a batch asked of the planner is written here)."""
 
     # --- the protocol, shared ---------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from llmgw.engines.base import Engine, Verdict
 from llmgw.model import Inventory, Model, Profile
 from llmgw.shape import ModelShape
 from planner_svc.domain import errors
+from planner_svc.domain.batch import BatchFit, batch_fit, check_sequences, slots_for, with_sequences
 from planner_svc.domain.fit import (
     MIN_CONTEXT_TOKENS,
     describe_need,
@@ -74,6 +75,8 @@ class ProfileChange:
     args_before: tuple[str, ...]
     need: ProfileNeed = field(default_factory=ProfileNeed)
     need_before: ProfileNeed = field(default_factory=ProfileNeed)
+    batch: BatchFit | None = None
+    """Whether the batch asked for fits (None: no batch asked, or not sized)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,11 @@ class ContextChange:
     profiles: tuple[ProfileChange, ...]
     updated: tuple[Profile, ...]
     note: str = ""
+
+    @property
+    def batches(self) -> tuple[BatchFit, ...]:
+        """Each sized profile's answer for the batch asked (empty when none was)."""
+        return tuple(p.batch for p in self.profiles if p.batch is not None)
 
 
 def check_context_request(tokens: int, slots: int) -> None:
@@ -154,6 +162,7 @@ def size_context(
     slots: int,
     inventory: Inventory,
     note: str = "",
+    sequences: int = 0,
 ) -> ContextChange:
     """A model's profiles resized for a context of `tokens` (and, for llama.cpp, `slots`).
 
@@ -165,6 +174,10 @@ def size_context(
         slots: llama.cpp's concurrent requests (1..64); 0 keeps each profile's current.
         inventory: the nodes, for the memory of the profiles' cards.
         note: what could not be checked already (the shape's absence).
+        sequences: concurrent requests of `tokens` each to size for (0: none asked), written
+            to each engine's own flag (`batch.batch_flag`; llama.cpp's slots); the change
+            says per profile whether that batch fits and how many of the context its pool
+            holds.
     Returns:
         The change and the updated profiles.
     Raises:
@@ -172,6 +185,7 @@ def size_context(
         CardsTooSmall, EngineRefuses.
     """
     check_context_request(tokens, slots)
+    check_sequences(sequences)
     trained = shape.trained_context if shape is not None else 0
     if trained > 0 and tokens > trained:
         raise errors.ContextOverTrained(
@@ -191,7 +205,14 @@ def size_context(
     updated: list[Profile] = []
     for profile in model.profiles:
         new_profile, change = _resize_profile(
-            model, profile, sized, tokens=tokens, slots=slots, inventory=inventory, notes=notes
+            model,
+            profile,
+            sized,
+            tokens=tokens,
+            slots=slots,
+            inventory=inventory,
+            notes=notes,
+            sequences=sequences,
         )
         updated.append(new_profile)
         changes.append(change)
@@ -297,11 +318,14 @@ def _resize_profile(
     slots: int,
     inventory: Inventory,
     notes: list[str],
+    sequences: int = 0,
 ) -> tuple[Profile, ProfileChange]:
-    """One profile for the new context, refused where its cards would not hold it."""
+    """One profile for the new context (and batch), refused where its cards would not hold
+    it."""
     engine = _context_engine(profile)
-    use_slots = slots or engine.slots(profile.args)
-    args = tuple(engine.with_context(profile.args, tokens, use_slots))
+    use_slots = slots_for(engine, slots or engine.slots(profile.args), sequences)
+    batched = with_sequences(engine, profile.args, sequences)
+    args = tuple(engine.with_context(batched, tokens, use_slots))
     new_profile = replace(profile, args=args)
     if shape is None:
         return new_profile, ProfileChange(
@@ -340,6 +364,22 @@ def _resize_profile(
         need=after,
         need_before=before,
     )
+    sized_on_cards = after.card is None or (after.card.budget_bytes > 0 and after.weights_known)
+    if sequences > 0 and sized_on_cards:
+        card_fits = after.card is None or after.card.fits
+        capacity = after.card.kv_token_capacity if after.card is not None else 0
+        change = replace(
+            change,
+            batch=batch_fit(
+                profile.name,
+                engine,
+                sequences=sequences,
+                tokens=tokens,
+                cards_fit=card_fits,
+                token_capacity=capacity,
+                pooled=after.card is not None and engine.pool_tokens(tokens, 2) == tokens,
+            ),
+        )
     if not after.weights_known:
         return new_profile, change
     if profile.on_cpu:
