@@ -99,6 +99,7 @@ class FleetApp:
         method: str,
         fingerprint: str,
         prepare: Callable[[], Awaitable[Callable[[], bytes]]],
+        still_true: Callable[[bytes], bool] = lambda _answer: True,
     ) -> bytes:
         """The answer to a mutation, made once per request id: a retry of the same request
         gets the first answer (as bytes: the servicer's encoded message).
@@ -107,7 +108,9 @@ class FleetApp:
         and its encoded answer, which run in one store transaction together with the request
         id's record, so a crash keeps both or neither. The id is checked again inside that
         transaction, so two attempts racing with one id make one change. Ids are kept for
-        `request_id_window_s` after their first answer; an older one is new again.
+        `request_id_window_s` after their first answer; an older one is new again, and so is
+        one whose answer `still_true` says no longer holds (the model it answered about was
+        deleted since): a replay never says "created" of a model that is not there.
 
         Args:
             request_id: the caller's id ("" makes every call a new one).
@@ -115,13 +118,15 @@ class FleetApp:
             fingerprint: a hash of the request without its id (rpc layer): the same id with
                 another fingerprint is another request.
             prepare: returns the commit, which makes the change and encodes the answer.
+            still_true: whether a stored answer may be given again (rpc layer, which can read
+                it: `FleetApp.deleted_since` of the model it names).
 
         Raises:
             RequestIdReused: the id was used for another method or another request.
         """
         if request_id:
             stored = self._answered(request_id, method, fingerprint)
-            if stored is not None:
+            if stored is not None and still_true(stored):
                 return stored
         commit = await prepare()
         try:
@@ -131,7 +136,11 @@ class FleetApp:
                 self._store.prune_answers(self._clock() - self.request_id_window_s)
                 stored = self._answered(request_id, method, fingerprint)
                 if stored is not None:
-                    return stored
+                    if still_true(stored):
+                        return stored
+                    # Its model was deleted since: the id is new again, its old answer gone.
+                    log.info("request_answer_outdated", method=method, request_id=request_id)
+                    self._store.forget_answer(request_id)
                 if not self._store.claim_answer(request_id, method, fingerprint):
                     raise _Raced
                 answer = commit()
@@ -174,6 +183,17 @@ class FleetApp:
             )
         log.info("request_replayed", method=method, request_id=request_id)
         return stored.answer
+
+    def deleted_since(self, name: str, revision: int) -> bool:
+        """Whether model `name` was deleted by a revision after `revision` (so an answer given
+        at `revision` no longer says what is there)."""
+        if not name or revision <= 0:
+            return False
+        try:
+            history = self._catalog.history(name)
+        except errors.ModelNotFound:
+            return False
+        return any(r.deleted and r.revision > revision for r in history)
 
     def _changeable(self, name: str, etag: str, *, supersede: bool | None = None) -> Revision:
         """The model about to change, refused when absent, declared, changed since the caller

@@ -181,3 +181,51 @@ async def test_declared_models_are_read_only(tmp_path: Path) -> None:
         assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
         assert reason_of(caught.value) == "MODEL_DECLARED"
         assert str(settings) in (caught.value.details() or "")
+
+
+async def test_a_declared_pinned_model_keeps_one_revision_over_three_starts(
+    tmp_path: Path,
+) -> None:
+    """A declared model with a pinned engine_version that did not change writes no revision
+    when the fleet starts again: three starts, one revision, the version still there."""
+    settings = tmp_path / "cluster.yaml"
+    settings.write_text(
+        "models:\n  - name: pinned\n    source: hf://Qwen/Qwen3-8B\n    profiles:\n"
+        "      - {name: gpu, engine: vllm, gpu_class: H100-80GB, gpus_per_node: 1,"
+        " engine_version: 0.11.0}\n"
+    )
+    for _start in range(3):
+        async with running_fleet(tmp_path, settings=str(settings)) as (_, stub):
+            got = await stub.GetModel(fleet_pb2.GetModelRequest(name="pinned"))
+            assert got.model.model.profiles[0].engine_version == "0.11.0"
+    async with running_fleet(tmp_path, settings=str(settings)) as (_, stub):
+        history = await stub.ListModelRevisions(fleet_pb2.ListModelRevisionsRequest(name="pinned"))
+        assert [r.revision for r in history.revisions] == [1]
+
+
+async def test_a_request_id_replayed_after_its_model_was_deleted_is_not_answered_created(
+    tmp_path: Path,
+) -> None:
+    """A create retried with its first request id after the model was deleted is not given
+    the stored "created" answer of a model that is gone: it is a new create, and the model
+    is there afterwards; a restart does not bring the old answer back."""
+    async with running_fleet(tmp_path) as (_, stub):
+        first = await stub.CreateModel(fleet_pb2.CreateModelRequest(model=model(), request_id="r1"))
+        assert first.model.revision == 1
+        await stub.DeleteModel(fleet_pb2.DeleteModelRequest(name="qwen"))
+    async with running_fleet(tmp_path) as (_, stub):
+        again = await stub.CreateModel(fleet_pb2.CreateModelRequest(model=model(), request_id="r1"))
+        assert again.model.revision == 3
+        got = await stub.GetModel(fleet_pb2.GetModelRequest(name="qwen"))
+        assert (got.model.revision, got.model.deleted) == (3, False)
+        # The new answer is the id's answer now: a retry of it is replayed, writing nothing.
+        retried = await stub.CreateModel(
+            fleet_pb2.CreateModelRequest(model=model(), request_id="r1")
+        )
+        assert retried == again
+        history = await stub.ListModelRevisions(fleet_pb2.ListModelRevisionsRequest(name="qwen"))
+        assert [(r.revision, r.deleted) for r in history.revisions] == [
+            (1, False),
+            (2, True),
+            (3, False),
+        ]
