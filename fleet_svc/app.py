@@ -13,6 +13,7 @@ import structlog
 from fleet_svc.catalog import Catalog
 from fleet_svc.controller import Controller
 from fleet_svc.domain import errors
+from fleet_svc.domain.asked import context_asked, gpus_asked
 from fleet_svc.domain.catalog import (
     Entry,
     Revision,
@@ -402,12 +403,17 @@ class FleetApp:
         planned = await self.planner.size_context(
             rev.entry, self.inventory(), tokens=tokens, slots=slots
         )
-        new = replace(
-            rev.model,
-            profiles=planned.profiles,
-            context_length=planned.context_length,
-            max_output=planned.max_output,
-        )
+        # A no-op by what was asked: the planner's filled-in values are not written then.
+        new = rev.model
+        if context_asked(rev.model, tokens=tokens, slots=slots):
+            new = replace(
+                rev.model,
+                profiles=planned.profiles,
+                context_length=planned.context_length,
+                # An unset max_output stays unset (its default follows the context); one the
+                # caller set follows the planner's rule.
+                max_output=planned.max_output if rev.model.max_output else 0,
+            )
         return planned, lambda: self._after_planning(rev, new, "context", options)
 
     async def prepare_gpus(
@@ -423,7 +429,8 @@ class FleetApp:
         planned = await self.planner.plan_gpus(
             rev.entry, self.inventory(), gpus=gpus, profile=profile
         )
-        new = replace(rev.model, profiles=planned.profiles)
+        asked = gpus_asked(rev.model, gpus=gpus, profile=profile)
+        new = replace(rev.model, profiles=planned.profiles) if asked else rev.model
         return planned, lambda: self._after_planning(rev, new, "gpus", options)
 
     def _after_planning(

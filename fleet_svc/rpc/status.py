@@ -29,6 +29,7 @@ _TABLE: tuple[tuple[type[errors.FleetError], grpc.StatusCode, str], ...] = (
     (errors.StaleRevision, grpc.StatusCode.ABORTED, "STALE_REVISION"),
     (errors.InvalidSource, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SOURCE"),
     (errors.ModelTooLarge, grpc.StatusCode.INVALID_ARGUMENT, "LIMIT_EXCEEDED"),
+    (errors.UnknownEngine, grpc.StatusCode.INVALID_ARGUMENT, "UNKNOWN_ENGINE"),
     (errors.InvalidModel, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_MODEL"),
     (errors.RequestIdReused, grpc.StatusCode.ALREADY_EXISTS, "REQUEST_ID_REUSED"),
     (errors.RolloutInProgress, grpc.StatusCode.ABORTED, "ROLLOUT_IN_PROGRESS"),

@@ -197,17 +197,10 @@ async def test_a_replica_count_change_only_scales(tmp_path: Path) -> None:
 
 async def test_changes_that_change_nothing_are_answered_unchanged(tmp_path: Path) -> None:
     """SetContext to the context the model has, SetGPUs to its count and an identical
-    UpdateModel write no revision, start no rollout, keep the etag and say unchanged."""
+    UpdateModel write no revision, start no rollout, keep the etag and say unchanged, from the
+    first call: what the planner fills in (max_output, the card flags) is not a change asked."""
     async with cluster(tmp_path) as (_fleet, stub, _agents):
         await stub.CreateModel(fleet_pb2.CreateModelRequest(model=vllm_model(1)))
-        await settled(stub, 1)
-        # Once each to let the planner write what it derives (max_output, the card flags).
-        first = await stub.SetContext(fleet_pb2.SetContextRequest(name="vmodel", tokens=8192))
-        if first.rollout_id:
-            await events_of(stub, first.rollout_id)
-        then = await stub.SetGPUs(fleet_pb2.SetGPUsRequest(name="vmodel", gpus=1))
-        if then.rollout_id:
-            await events_of(stub, then.rollout_id)
         serving = await settled(stub, 1)
         current = (await stub.GetModel(fleet_pb2.GetModelRequest(name="vmodel"))).model
         rollouts = len((await stub.ListRollouts(fleet_pb2.ListRolloutsRequest())).rollouts)
@@ -221,8 +214,10 @@ async def test_changes_that_change_nothing_are_answered_unchanged(tmp_path: Path
         for answer in (context, gpus, same):
             assert answer.unchanged and answer.rollout_id == ""
             assert (answer.model.revision, answer.model.etag) == (current.revision, current.etag)
-        assert context.change.after == 8192
+        assert context.change.after == 8192 and context.change.max_output == 2048
         history = await stub.ListModelRevisions(fleet_pb2.ListModelRevisionsRequest(name="vmodel"))
-        assert history.revisions[-1].revision == current.revision
+        assert [r.revision for r in history.revisions] == [1]
+        got = await stub.GetModel(fleet_pb2.GetModelRequest(name="vmodel"))
+        assert got.model.model == vllm_model(1) and rollouts == 0
         assert len((await stub.ListRollouts(fleet_pb2.ListRolloutsRequest())).rollouts) == rollouts
         assert await ready_ids(stub) == serving

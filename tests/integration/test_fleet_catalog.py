@@ -229,3 +229,39 @@ async def test_a_request_id_replayed_after_its_model_was_deleted_is_not_answered
             (2, True),
             (3, False),
         ]
+
+
+def bad_request_field(err: grpc.aio.AioRpcError) -> str:
+    """The field BadRequest names in a refusal ("" when it has none)."""
+    status = rpc_status.from_call(err)
+    assert status is not None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            return str(bad.field_violations[0].field)
+    return ""
+
+
+@pytest.mark.parametrize("engine", ["llamacp", "llama.cpp", "VLLM", "vllm; rm -rf /"])
+async def test_an_engine_the_registry_does_not_know_is_refused(tmp_path: Path, engine: str) -> None:
+    """CreateModel and UpdateModel of a profile whose engine is not a registered name (a typo,
+    an alias the agents do not run) are INVALID_ARGUMENT UNKNOWN_ENGINE naming the field and
+    the engines known; nothing is written."""
+    async with running_fleet(tmp_path) as (_, stub):
+        bad = model()
+        bad.profiles[0].engine = engine
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.CreateModel(fleet_pb2.CreateModelRequest(model=bad))
+        assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert reason_of(caught.value) == "UNKNOWN_ENGINE"
+        assert bad_request_field(caught.value) == "model.profiles[0].engine"
+        known = metadata_of(caught.value)["known"].split(",")
+        assert {"vllm", "llamacpp", "sglang", "trtllm"} <= set(known)
+        assert not (await stub.ListModels(fleet_pb2.ListModelsRequest())).models
+        created = await stub.CreateModel(fleet_pb2.CreateModelRequest(model=model()))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.UpdateModel(fleet_pb2.UpdateModelRequest(model=bad))
+        assert reason_of(caught.value) == "UNKNOWN_ENGINE"
+        got = await stub.GetModel(fleet_pb2.GetModelRequest(name="qwen"))
+        assert (got.model.revision, got.model.etag) == (1, created.model.etag)
