@@ -56,6 +56,8 @@ class ChangeOptions:
     supersede: bool = False
     """Cancel a rollout of the model in progress instead of being refused by it."""
     surge: int = 0
+    allow_unchecked: bool = False
+    """Apply a plan the planner could not check (the model's shape unread)."""
 
 
 @dataclass(frozen=True)
@@ -406,6 +408,7 @@ class FleetApp:
         # A no-op by what was asked: the planner's filled-in values are not written then.
         new = rev.model
         if context_asked(rev.model, tokens=tokens, slots=slots):
+            self._checked(rev.name, planned, options)
             new = replace(
                 rev.model,
                 profiles=planned.profiles,
@@ -430,8 +433,27 @@ class FleetApp:
             rev.entry, self.inventory(), gpus=gpus, profile=profile
         )
         asked = gpus_asked(rev.model, gpus=gpus, profile=profile)
+        if asked:
+            self._checked(rev.name, planned, options)
         new = replace(rev.model, profiles=planned.profiles) if asked else rev.model
         return planned, lambda: self._after_planning(rev, new, "gpus", options)
+
+    @staticmethod
+    def _checked(name: str, planned: Planned, options: ChangeOptions) -> None:
+        """Refuse to apply a plan the planner could not check, unless the caller asked for it
+        (a dry run only answers, so it is let through: its change says NOT_CHECKED).
+
+        Raises:
+            PlanNotChecked.
+        """
+        if planned.unchecked and not options.allow_unchecked and not options.dry_run:
+            raise errors.PlanNotChecked(
+                f"the plan for {name!r} is not checked ({planned.unchecked}): make the model's "
+                "source readable by the planner, or ask for it anyway (allow_unchecked, "
+                "--allow-unchecked)",
+                name=name,
+                why=planned.unchecked,
+            )
 
     def _after_planning(
         self, read: Revision, new: Model, kind: str, options: ChangeOptions

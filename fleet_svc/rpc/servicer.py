@@ -270,6 +270,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
                     strategy=convert.strategy_of(request.strategy),
                     supersede=request.supersede,
                     surge=request.surge,
+                    allow_unchecked=request.allow_unchecked,
                 ),
             )
 
@@ -306,6 +307,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
                     strategy=convert.strategy_of(request.strategy, request.in_place),
                     supersede=request.supersede,
                     surge=request.surge,
+                    allow_unchecked=request.allow_unchecked,
                 ),
             )
 

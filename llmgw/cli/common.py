@@ -47,6 +47,9 @@ EXIT_UNREACHABLE = 3
 """A service did not answer."""
 EXIT_ROLLOUT_FAILED = 4
 EXIT_ROLLOUT_CANCELLED = 5
+EXIT_NOT_CHECKED = 6
+"""The planner answered, but could not read the model's shape: the plan is not checked
+(verdict NOT_CHECKED; its reason is printed)."""
 EXIT_USAGE = 64
 """Bad usage (EX_USAGE of sysexits.h)."""
 

@@ -202,6 +202,7 @@ def _ask(opts: argparse.Namespace, fleet: FleetClient) -> SetGPUsAnswer | SetCon
         "strategy": opts.strategy or "",
         "supersede": opts.supersede,
         "surge": opts.surge,
+        "allow_unchecked": opts.allow_unchecked,
     }
     if opts.change == "gpus":
         answer = fleet.set_gpus(
@@ -248,6 +249,11 @@ def _change_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--surge", type=int, default=0, help="replicas replaced at once (default 1)")
     p.add_argument("--supersede", action="store_true", help="cancel a rollout in progress")
+    p.add_argument(
+        "--allow-unchecked",
+        action="store_true",
+        help="apply the plan even when the planner could not read the model (NOT_CHECKED)",
+    )
     p.add_argument("--etag", help="the etag read; refused if the model changed since")
     p.add_argument("--request-id", help="retry-safe id (default: a new one)")
 

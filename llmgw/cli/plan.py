@@ -4,19 +4,21 @@ The planner's address comes from --planner or $LLMGW_PLANNER; the credentials fr
 --tls-ca/--tls-cert/--tls-key (or LLMGW_TLS_*) or --token (or LLMGW_TOKEN), else, beside a
 default `llmgw up`, from its DATA/tls (llmgw.cli.common). Human output by default,
 `--json` for scripts. Exit codes: 0 done, 2 refused by the planner (the reason is printed),
-3 the planner could not be reached, 64 bad usage.
+3 the planner could not be reached, 6 answered but not checked (the model's shape could not be
+read: verdict NOT_CHECKED, the reason printed), 64 bad usage.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
-from llmgw.cli.common import DEFAULT_PLANNER, add_client_flags, planner_client
+from llmgw.cli.common import DEFAULT_PLANNER, EXIT_NOT_CHECKED, add_client_flags, planner_client
 from llmgw.cli.inputs import inventory_from_args, model_from_args
 from llmgw.cli.output import print_context_change, print_gpus_change, print_shape
-from llmgw.clients.convert import as_json
+from llmgw.clients.convert import as_json, enum_name
 
 
 def describe(opts: argparse.Namespace) -> int:
@@ -39,7 +41,7 @@ def context(opts: argparse.Namespace) -> int:
         print(as_json(answer))
     else:
         print_context_change(answer.change)
-    return 0
+    return _checked(answer.change)
 
 
 def gpus(opts: argparse.Namespace) -> int:
@@ -53,7 +55,16 @@ def gpus(opts: argparse.Namespace) -> int:
         print(as_json(answer))
     else:
         print_gpus_change(answer.change)
-    return 0
+    return _checked(answer.change)
+
+
+def _checked(change: Any) -> int:
+    """0 for a checked plan; EXIT_NOT_CHECKED, saying why on stderr, for one whose verdict is
+    NOT_CHECKED (a script must not take it for an answer)."""
+    if enum_name(change, "verdict") != "FIT_VERDICT_NOT_CHECKED":
+        return 0
+    print(f"not checked: {change.verdict_note or 'the model could not be read'}", file=sys.stderr)
+    return EXIT_NOT_CHECKED
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:
