@@ -62,11 +62,12 @@ def scalars_from_proto(cls: type, msg: Message, where: str) -> dict[str, Any]:
     for s in scalar_fields(cls)[0]:
         value = getattr(msg, s.name)
         if s.kind is int:
-            out[s.name] = checked_count(value, f"{where}.{s.name}", s.maximum)
+            # The field's name is only spelled out for a refusal (this runs on every call).
+            if value < 0 or value > s.maximum:
+                checked_count(value, f"{where}.{s.name}", s.maximum)
         elif s.kind is tuple:
-            out[s.name] = tuple(value)
-        else:
-            out[s.name] = value
+            value = tuple(value)
+        out[s.name] = value
     return out
 
 
