@@ -14,7 +14,7 @@ import argparse
 import asyncio
 import sys
 
-from fleet_svc.app import REQUEST_ID_WINDOW_S
+from fleet_svc.answers import REQUEST_ID_WINDOW_S
 from fleet_svc.domain.errors import FleetError
 from fleet_svc.domain.nodes import Liveness
 from fleet_svc.leadership import LEASE_S, RENEW_S

@@ -10,9 +10,11 @@ from dataclasses import dataclass, replace
 
 import structlog
 
+from fleet_svc.answers import REQUEST_ID_WINDOW_S, Answers
 from fleet_svc.catalog import Catalog
 from fleet_svc.controller import Controller
 from fleet_svc.domain import errors
+from fleet_svc.domain.asked import context_asked, gpus_asked
 from fleet_svc.domain.catalog import (
     Entry,
     Revision,
@@ -35,13 +37,6 @@ from llmgw.model import Inventory, Model, Node
 
 log = structlog.get_logger(__name__)
 
-REQUEST_ID_WINDOW_S = 24 * 3600.0
-"""How long a request id is remembered by default: a day, well past any client's retries."""
-
-
-class _Raced(Exception):
-    """Another attempt with the same request id claimed it first (inside FleetApp.once)."""
-
 
 @dataclass(frozen=True)
 class ChangeOptions:
@@ -53,6 +48,8 @@ class ChangeOptions:
     supersede: bool = False
     """Cancel a rollout of the model in progress instead of being refused by it."""
     surge: int = 0
+    allow_unchecked: bool = False
+    """Apply a plan the planner could not check (the model's shape unread)."""
 
 
 @dataclass(frozen=True)
@@ -86,8 +83,16 @@ class FleetApp:
         self._store = store
         self.planner = planner
         self._clock = clock
-        self.request_id_window_s = request_id_window_s
+        self._answers = Answers(store, clock, request_id_window_s)
+
+    @property
+    def request_id_window_s(self) -> float:
         """How long a request id's first answer is kept (a retry within it is answered so)."""
+        return self._answers.window_s
+
+    @request_id_window_s.setter
+    def request_id_window_s(self, seconds: float) -> None:
+        self._answers.window_s = seconds
 
     # -- the guards --------------------------------------------------------------------------
 
@@ -97,81 +102,25 @@ class FleetApp:
         method: str,
         fingerprint: str,
         prepare: Callable[[], Awaitable[Callable[[], bytes]]],
+        still_true: Callable[[bytes], bool] = lambda _answer: True,
     ) -> bytes:
-        """The answer to a mutation, made once per request id: a retry of the same request
-        gets the first answer (as bytes: the servicer's encoded message).
-
-        `prepare` does what may wait (the planner) and returns the commit: the change's writes
-        and its encoded answer, which run in one store transaction together with the request
-        id's record, so a crash keeps both or neither. The id is checked again inside that
-        transaction, so two attempts racing with one id make one change. Ids are kept for
-        `request_id_window_s` after their first answer; an older one is new again.
-
-        Args:
-            request_id: the caller's id ("" makes every call a new one).
-            method: the RPC's name.
-            fingerprint: a hash of the request without its id (rpc layer): the same id with
-                another fingerprint is another request.
-            prepare: returns the commit, which makes the change and encodes the answer.
+        """The answer to a mutation, made once per request id (fleet_svc.answers.Answers.once).
 
         Raises:
             RequestIdReused: the id was used for another method or another request.
         """
-        if request_id:
-            stored = self._answered(request_id, method, fingerprint)
-            if stored is not None:
-                return stored
-        commit = await prepare()
+        return await self._answers.once(request_id, method, fingerprint, prepare, still_true)
+
+    def deleted_since(self, name: str, revision: int) -> bool:
+        """Whether model `name` was deleted by a revision after `revision` (so an answer given
+        at `revision` no longer says what is there)."""
+        if not name or revision <= 0:
+            return False
         try:
-            with self._store.atomic():
-                if not request_id:
-                    return commit()
-                self._store.prune_answers(self._clock() - self.request_id_window_s)
-                stored = self._answered(request_id, method, fingerprint)
-                if stored is not None:
-                    return stored
-                if not self._store.claim_answer(request_id, method, fingerprint):
-                    raise _Raced
-                answer = commit()
-                self._store.put_answer(request_id, method, answer, fingerprint=fingerprint)
-                return answer
-        except _Raced:
-            # Another attempt with this id committed while this one waited: its answer.
-            stored = self._answered(request_id, method, fingerprint)
-            if stored is None:
-                raise errors.RequestIdReused(
-                    f"request id {request_id!r} is being answered by another attempt: retry it",
-                    request_id=request_id,
-                    method=method,
-                ) from None
-            return stored
-
-    def _answered(self, request_id: str, method: str, fingerprint: str) -> bytes | None:
-        """The first answer to `request_id` when it is this request's, None when the id is new
-        (or older than the window).
-
-        Raises:
-            RequestIdReused: the id answered another method or another request.
-        """
-        stored = self._store.get_answer(request_id)
-        if stored is None or stored.created_at < self._clock() - self.request_id_window_s:
-            return None
-        if stored.method != method:
-            raise errors.RequestIdReused(
-                f"request id {request_id!r} was used for {stored.method}: use a new id",
-                request_id=request_id,
-                method=stored.method,
-            )
-        # An answer stored before fingerprints were kept ("") is matched by method alone.
-        if stored.fingerprint and stored.fingerprint != fingerprint:
-            raise errors.RequestIdReused(
-                f"request id {request_id!r} was used for another {method} request: use a new id"
-                " for a new request, and the same id only to retry the same request",
-                request_id=request_id,
-                method=stored.method,
-            )
-        log.info("request_replayed", method=method, request_id=request_id)
-        return stored.answer
+            history = self._catalog.history(name)
+        except errors.ModelNotFound:
+            return False
+        return any(r.deleted and r.revision > revision for r in history)
 
     def _changeable(self, name: str, etag: str, *, supersede: bool | None = None) -> Revision:
         """The model about to change, refused when absent, declared, changed since the caller
@@ -381,12 +330,18 @@ class FleetApp:
         planned = await self.planner.size_context(
             rev.entry, self.inventory(), tokens=tokens, slots=slots
         )
-        new = replace(
-            rev.model,
-            profiles=planned.profiles,
-            context_length=planned.context_length,
-            max_output=planned.max_output,
-        )
+        # A no-op by what was asked: the planner's filled-in values are not written then.
+        new = rev.model
+        if context_asked(rev.model, tokens=tokens, slots=slots):
+            self._checked(rev.name, planned, options)
+            new = replace(
+                rev.model,
+                profiles=planned.profiles,
+                context_length=planned.context_length,
+                # An unset max_output stays unset (its default follows the context); one the
+                # caller set follows the planner's rule.
+                max_output=planned.max_output if rev.model.max_output else 0,
+            )
         return planned, lambda: self._after_planning(rev, new, "context", options)
 
     async def prepare_gpus(
@@ -402,8 +357,28 @@ class FleetApp:
         planned = await self.planner.plan_gpus(
             rev.entry, self.inventory(), gpus=gpus, profile=profile
         )
-        new = replace(rev.model, profiles=planned.profiles)
+        asked = gpus_asked(rev.model, gpus=gpus, profile=profile)
+        if asked:
+            self._checked(rev.name, planned, options)
+        new = replace(rev.model, profiles=planned.profiles) if asked else rev.model
         return planned, lambda: self._after_planning(rev, new, "gpus", options)
+
+    @staticmethod
+    def _checked(name: str, planned: Planned, options: ChangeOptions) -> None:
+        """Refuse to apply a plan the planner could not check, unless the caller asked for it
+        (a dry run only answers, so it is let through: its change says NOT_CHECKED).
+
+        Raises:
+            PlanNotChecked.
+        """
+        if planned.unchecked and not options.allow_unchecked and not options.dry_run:
+            raise errors.PlanNotChecked(
+                f"the plan for {name!r} is not checked ({planned.unchecked}): make the model's "
+                "source readable by the planner, or ask for it anyway (allow_unchecked, "
+                "--allow-unchecked)",
+                name=name,
+                why=planned.unchecked,
+            )
 
     def _after_planning(
         self, read: Revision, new: Model, kind: str, options: ChangeOptions

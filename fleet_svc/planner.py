@@ -24,6 +24,9 @@ class Planned:
     report: Any
     context_length: int = 0
     max_output: int = 0
+    unchecked: str = ""
+    """Why the plan is not checked (the planner could not read the model's shape: its verdict
+    NOT_CHECKED); "" for a checked plan."""
 
 
 class Planner(Protocol):

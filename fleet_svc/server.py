@@ -16,7 +16,8 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from fleet_svc.app import REQUEST_ID_WINDOW_S, FleetApp
+from fleet_svc.answers import REQUEST_ID_WINDOW_S
+from fleet_svc.app import FleetApp
 from fleet_svc.catalog import Catalog
 from fleet_svc.controller import Controller
 from fleet_svc.domain.nodes import Liveness

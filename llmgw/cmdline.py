@@ -27,6 +27,7 @@ EXIT_REFUSED = 2
 EXIT_UNREACHABLE = 3
 EXIT_ROLLOUT_FAILED = 4
 EXIT_ROLLOUT_CANCELLED = 5
+EXIT_NOT_CHECKED = 6
 EXIT_USAGE = 64
 """Bad usage: EX_USAGE of sysexits.h (argparse's own 2 means "refused" here)."""
 
@@ -62,6 +63,12 @@ EXIT_CODES = (
     ),
     ExitCode(EXIT_ROLLOUT_FAILED, "a followed rollout failed", "`llmgw ctl`"),
     ExitCode(EXIT_ROLLOUT_CANCELLED, "a followed rollout was cancelled", "`llmgw ctl`"),
+    ExitCode(
+        EXIT_NOT_CHECKED,
+        "the planner answered but could not check the plan: it could not read the model's"
+        " shape (verdict NOT_CHECKED; the reason is printed on stderr)",
+        "`llmgw plan context`, `llmgw plan gpus`",
+    ),
     ExitCode(
         EXIT_USAGE,
         "bad usage: an unknown command or flag, a bad flag value, a file that cannot be a request",

@@ -4,14 +4,26 @@ numbers sane. Pure: no grpc, no I/O; the proto mappings live in `llmgw.rpc.commo
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from llmgw.refusal import Refusal
 from llmgw.shape import ModelShape
 
 MAX_COUNT = 1 << 20
 """A ceiling on cards, nodes and replicas in a request."""
+
+MAX_TOKENS_FIELD = 1 << 40
+"""A ceiling on a model's token counts as the contract accepts them (the planner has its own,
+lower, for what it sizes)."""
+
+INT64 = "int64"
+"""Field metadata key: the contract carries this number as int64 (protobuf's JSON writes it as
+a string). Conversions and rows read it from the field, so no list of fields is kept apart."""
+MAXIMUM = "maximum"
+"""Field metadata key: the largest value the contract accepts for this number (else
+`MAX_COUNT`)."""
 
 
 @dataclass
@@ -101,8 +113,8 @@ class Model:
     name: str
     source: str = ""
     files: tuple[tuple[str, int], ...] = ()
-    context_length: int = 0
-    max_output: int = 0
+    context_length: int = field(default=0, metadata={INT64: True, MAXIMUM: MAX_TOKENS_FIELD})
+    max_output: int = field(default=0, metadata={INT64: True, MAXIMUM: MAX_TOKENS_FIELD})
     profiles: tuple[Profile, ...] = ()
     shape: ModelShape | None = None
 
@@ -110,6 +122,68 @@ class Model:
     def files_bytes(self) -> int:
         """The origin files' sizes added up (0 when none are known)."""
         return sum(size for _, size in self.files)
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """One scalar field of a contract value, as conversions and store rows walk it: its name,
+    its kind (str, int, bool, or tuple for a list of strings), whether the contract carries it
+    as int64, and the largest value accepted for a number."""
+
+    name: str
+    kind: type
+    int64: bool = False
+    maximum: int = MAX_COUNT
+
+
+_SCALAR_KINDS: dict[object, type] = {str: str, int: int, bool: bool, tuple[str, ...]: tuple}
+
+
+_WALKED: dict[type, tuple[tuple[Scalar, ...], frozenset[str]]] = {}
+
+
+def scalar_fields(cls: type) -> tuple[tuple[Scalar, ...], frozenset[str]]:
+    """The scalar fields of the dataclass `cls` in declaration order, and the names of its
+    other fields (nested values: each conversion lays those out itself and checks it knows
+    them all, so a new field is either carried by this walk or refused at import)."""
+    hit = _WALKED.get(cls)
+    if hit is not None:
+        return hit
+    hints = typing.get_type_hints(cls)
+    out: list[Scalar] = []
+    nested: set[str] = set()
+    for f in fields(cls):
+        if not f.init or f.name.startswith("_"):
+            continue
+        kind = _SCALAR_KINDS.get(hints[f.name])
+        if kind is None:
+            nested.add(f.name)
+            continue
+        out.append(
+            Scalar(
+                f.name,
+                kind,
+                int64=bool(f.metadata.get(INT64, False)),
+                maximum=int(f.metadata.get(MAXIMUM, MAX_COUNT)),
+            )
+        )
+    _WALKED[cls] = (tuple(out), frozenset(nested))
+    return _WALKED[cls]
+
+
+def check_nested(cls: type, known: frozenset[str], where: str) -> None:
+    """Refuse, at import, a contract dataclass whose nested fields are not the ones `where`
+    lays out (a field added to the model must be carried there, not dropped).
+
+    Raises:
+        TypeError: naming the fields `where` does not know.
+    """
+    _, nested = scalar_fields(cls)
+    if nested != known:
+        raise TypeError(
+            f"{where} lays out {sorted(known)} of {cls.__name__}'s nested fields, which are "
+            f"{sorted(nested)}: carry the new ones there"
+        )
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from fleet_svc.domain import errors
 from fleet_svc.domain.gang import spans_nodes
 from fleet_svc.domain.placement import Want
 from fleet_svc.domain.replicas import ReplicaSpec
+from llmgw.engines import registry
 from llmgw.engines.gang import MAX_GANG_NODES
 from llmgw.engines.revision import revision_conflict
 from llmgw.model import Model, Profile
@@ -110,6 +111,7 @@ def check_profiles(model: Model) -> None:
             raise errors.InvalidModel(
                 f"profile {p.name!r} names no engine", field=f"model.profiles[{i}].engine"
             )
+        check_engine(p, i)
         nodes = gang_nodes(p)
         if nodes > 1 and (nodes > MAX_GANG_NODES or not spans_nodes(p.engine)):
             raise errors.InvalidModel(
@@ -143,6 +145,28 @@ def check_pins(model: Model) -> None:
             raise errors.InvalidModel(
                 f"profile {p.name!r}: {why}", field=f"model.profiles[{i}].args"
             )
+
+
+def check_engine(profile: Profile, index: int) -> None:
+    """Refuse an engine not known by that exact name: the agents' configs and the planner's
+    rules key on the registry's names, so an alias or a typo stored would only fail later,
+    on a node ("not in this agent's config").
+
+    Raises:
+        UnknownEngine: naming the field and the engines the registry knows.
+    """
+    known = tuple(registry.names())
+    if profile.engine in known:
+        return
+    alias = registry.find(profile.engine)
+    hint = f"write {alias.name!r}" if alias is not None else "use one of " + ", ".join(known)
+    raise errors.UnknownEngine(
+        f"profile {profile.name!r} names the engine {profile.engine[:64]!r}, which llmgw does not "
+        f"run by that name: {hint}",
+        field=f"model.profiles[{index}].engine",
+        engine=profile.engine,
+        known=known,
+    )
 
 
 def gang_nodes(profile: Profile) -> int:

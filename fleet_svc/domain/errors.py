@@ -66,6 +66,30 @@ class InvalidModel(FleetError):
 
 
 @dataclass
+class UnknownEngine(InvalidModel):
+    """A profile names an engine the registry (llmgw.engines.registry) does not know by that
+    name; `known` lists the names it does."""
+
+    engine: str = ""
+    known: tuple[str, ...] = ()
+
+    def metadata(self) -> dict[str, str]:
+        return {"field": self.field, "engine": self.engine[:64], "known": ",".join(self.known)}
+
+
+@dataclass
+class PlanNotChecked(FleetError):
+    """The planner could not read the model's shape, so its plan is not checked (verdict
+    NOT_CHECKED), and the caller did not ask to apply an unchecked plan."""
+
+    name: str = ""
+    why: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"model": self.name, "why": self.why[:300]}
+
+
+@dataclass
 class RequestIdReused(FleetError):
     """A request id was used before for another method, or for another request (a body that
     differs, the id aside) within the request-id window."""

@@ -24,7 +24,7 @@ from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2
 from llmgw.limits import DEFAULT_LIMITS, LimitExceeded, Limits
 from llmgw.model import InvalidValue, Inventory
-from llmgw.rpc.common import model_from_proto, profile_to_proto
+from llmgw.rpc.common import model_from_proto, profile_to_proto, scalars_to_proto
 from llmgw.shape import InvalidShape
 from llmgw.sources import SourceRefused, parse_source
 
@@ -106,10 +106,7 @@ def model_to_proto(entry: Entry) -> common_pb2.Model:
     """A catalog entry as the contract carries it (its shape as the caller wrote it)."""
     m = entry.model
     msg = common_pb2.Model(
-        name=m.name,
-        source=m.source,
-        context_length=m.context_length,
-        max_output=m.max_output,
+        **scalars_to_proto(m),
         profiles=[profile_to_proto(p) for p in m.profiles],
     )
     if entry.origin_repo or entry.origin_revision or m.files:

@@ -11,6 +11,7 @@ from fleet_svc.rpc.convert import inventory_to_proto, model_to_proto
 from fleet_svc.rpc.status import PlannerRefused
 from llmgw.clients.errors import Refused, Unreachable
 from llmgw.clients.planner import AsyncPlannerClient
+from llmgw.common.v1 import common_pb2
 from llmgw.model import Inventory
 from llmgw.planner.v1 import planner_pb2
 from llmgw.rpc.common import profile_from_proto
@@ -44,6 +45,13 @@ def _failed(exc: Unreachable | Refused) -> Exception:
     )
 
 
+def _unchecked(change: common_pb2.ContextChange | common_pb2.GPUsChange) -> str:
+    """Why the planner could not check a plan (its verdict NOT_CHECKED), "" when it could."""
+    if change.verdict != common_pb2.FIT_VERDICT_NOT_CHECKED:
+        return ""
+    return change.verdict_note or "the planner could not read the model's shape"
+
+
 class GrpcPlanner:
     """The planner at `address` (over TLS with `tls`); its refusals are passed on unchanged."""
 
@@ -70,6 +78,7 @@ class GrpcPlanner:
             report=answer.change,
             context_length=answer.change.after,
             max_output=answer.change.max_output,
+            unchecked=_unchecked(answer.change),
         )
 
     async def plan_gpus(
@@ -89,6 +98,7 @@ class GrpcPlanner:
         return Planned(
             profiles=tuple(profile_from_proto(p, i) for i, p in enumerate(answer.profiles)),
             report=answer.change,
+            unchecked=_unchecked(answer.change),
         )
 
     async def close(self) -> None:

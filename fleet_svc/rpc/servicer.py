@@ -94,8 +94,17 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
             commit = await prepare()
             return lambda: commit().SerializeToString()
 
+        def still_true(answer: bytes) -> bool:
+            # An answer naming a model revision holds until the model is deleted after it.
+            for field, value in response.FromString(answer).ListFields():
+                if field.name == "model" and isinstance(value, fleet_pb2.CatalogModel):
+                    return not self._app.deleted_since(value.model.name, value.revision)
+            return True
+
         request_id = str(request.request_id)  # type: ignore[attr-defined]
-        answer = await self._app.once(request_id, method, convert.fingerprint(request), encoded)
+        answer = await self._app.once(
+            request_id, method, convert.fingerprint(request), encoded, still_true
+        )
         return response.FromString(answer)
 
     # -- the catalog -----------------------------------------------------------------------------
@@ -261,6 +270,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
                     strategy=convert.strategy_of(request.strategy),
                     supersede=request.supersede,
                     surge=request.surge,
+                    allow_unchecked=request.allow_unchecked,
                 ),
             )
 
@@ -297,6 +307,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
                     strategy=convert.strategy_of(request.strategy, request.in_place),
                     supersede=request.supersede,
                     surge=request.surge,
+                    allow_unchecked=request.allow_unchecked,
                 ),
             )
 

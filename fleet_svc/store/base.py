@@ -221,6 +221,10 @@ class Store(Protocol):
     def prune_answers(self, before: float) -> int:
         """Forget answers stored before `before` (seconds since the epoch); how many."""
 
+    def forget_answer(self, request_id: str) -> None:
+        """Forget one request id's answer (it no longer holds: its model was deleted since),
+        so the id can be claimed again in the same `atomic` block."""
+
     # Replicas the fleet accepted.
     def list_replicas(self) -> list[ReplicaRecord]:
         """Every replica record."""

@@ -2,9 +2,10 @@
 
 A row keeps a model as the JSON form of `llmgw.common.v1.Model` (proto field names; defaults
 left out; int64 numbers as strings), as protobuf's JSON mapping writes it: existing databases
-load unchanged, and the file stays readable by any proto tool. Written here by hand, so the
-fleet's core needs no generated code; tests/unit/test_catalog_rows.py checks it against
-protobuf's own mapping.
+load unchanged, and the file stays readable by any proto tool. The fields are walked from the
+typed model's own (`llmgw.model.scalar_fields`), so no field list is kept here and the fleet's
+core needs no generated code; tests/unit/test_catalog_rows.py checks it against protobuf's own
+mapping, tests/integration/test_field_round_trip.py walks every proto field through it.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from typing import Any
 
 from fleet_svc.domain.catalog import Entry, Revision
 from fleet_svc.store.base import ModelRecord
-from llmgw.model import Model, Profile
+from llmgw.model import Model, Profile, check_nested, scalar_fields
 
-# Profile fields as proto numbers (int32) and their defaults, in field order.
-_PROFILE_INTS = ("gpus_per_node", "tp", "pp", "nodes", "min_memory_gb")
+_MODEL_NESTED = frozenset({"files", "profiles", "shape"})
+"""Model's fields laid out below by hand (the origin's files, the profiles, the inline shape);
+every other field is a scalar written by `_scalars_doc`, so a new one is kept unasked."""
+check_nested(Model, _MODEL_NESTED, __name__)
+check_nested(Profile, frozenset(), __name__)
 
 
 def _int(value: object) -> int:
@@ -31,52 +35,56 @@ def _int(value: object) -> int:
     return 0
 
 
+def _scalars_doc(value: object) -> dict[str, Any]:
+    """The scalar fields of a contract value in their JSON form: defaults left out, int64
+    numbers as strings, lists as lists (protobuf's JSON mapping)."""
+    doc: dict[str, Any] = {}
+    for s in scalar_fields(type(value))[0]:
+        v = getattr(value, s.name)
+        if not v:
+            continue
+        if s.kind is tuple:
+            doc[s.name] = list(v)
+        elif s.int64:
+            doc[s.name] = str(v)
+        else:
+            doc[s.name] = v
+    return doc
+
+
+def _scalars_of_doc(cls: type, doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The scalar fields of `cls` read from their JSON form (absent: the default; unknown
+    keys ignored), as keyword arguments."""
+    out: dict[str, Any] = {}
+    for s in scalar_fields(cls)[0]:
+        if s.name not in doc:
+            continue
+        raw = doc[s.name]
+        if s.kind is tuple:
+            out[s.name] = tuple(str(a) for a in raw) if isinstance(raw, list) else ()
+        elif s.kind is int:
+            out[s.name] = _int(raw)
+        elif s.kind is bool:
+            out[s.name] = bool(raw)
+        else:
+            out[s.name] = str(raw)
+    return out
+
+
 def profile_doc(p: Profile) -> dict[str, Any]:
     """A profile in the JSON form of `llmgw.common.v1.Profile`."""
-    doc: dict[str, Any] = {}
-    if p.name:
-        doc["name"] = p.name
-    if p.engine:
-        doc["engine"] = p.engine
-    if p.args:
-        doc["args"] = list(p.args)
-    if p.gpu_class:
-        doc["gpu_class"] = p.gpu_class
-    for key in _PROFILE_INTS:
-        if getattr(p, key):
-            doc[key] = getattr(p, key)
-    if p.cpu_only:
-        doc["cpu_only"] = True
-    if p.replicas:
-        doc["replicas"] = p.replicas
-    return doc
+    return _scalars_doc(p)
 
 
 def profile_of_doc(doc: Mapping[str, Any]) -> Profile:
     """A profile from its JSON form (unknown keys ignored)."""
-    return Profile(
-        name=str(doc.get("name", "")),
-        engine=str(doc.get("engine", "")),
-        args=tuple(str(a) for a in doc.get("args", ())),
-        gpu_class=str(doc.get("gpu_class", "")),
-        gpus_per_node=_int(doc.get("gpus_per_node", 0)),
-        tp=_int(doc.get("tp", 0)),
-        pp=_int(doc.get("pp", 0)),
-        nodes=_int(doc.get("nodes", 0)),
-        min_memory_gb=_int(doc.get("min_memory_gb", 0)),
-        cpu_only=bool(doc.get("cpu_only", False)),
-        replicas=_int(doc.get("replicas", 0)),
-    )
+    return Profile(**_scalars_of_doc(Profile, doc))
 
 
 def entry_doc(entry: Entry) -> dict[str, Any]:
     """A catalog entry in the JSON form of `llmgw.common.v1.Model`."""
     m = entry.model
-    doc: dict[str, Any] = {}
-    if m.name:
-        doc["name"] = m.name
-    if m.source:
-        doc["source"] = m.source
+    doc = _scalars_doc(m)
     origin: dict[str, Any] = {}
     if entry.origin_repo:
         origin["repo"] = entry.origin_repo
@@ -94,10 +102,6 @@ def entry_doc(entry: Entry) -> dict[str, Any]:
         origin["files"] = files
     if origin:
         doc["origin"] = origin
-    if m.context_length:
-        doc["context_length"] = str(m.context_length)
-    if m.max_output:
-        doc["max_output"] = str(m.max_output)
     if m.profiles:
         doc["profiles"] = [profile_doc(p) for p in m.profiles]
     if entry.shape is not None:
@@ -115,11 +119,8 @@ def entry_of_doc(doc: Mapping[str, Any]) -> Entry:
     shape = doc.get("shape")
     return Entry(
         model=Model(
-            name=str(doc.get("name", "")),
-            source=str(doc.get("source", "")),
+            **_scalars_of_doc(Model, doc),
             files=files,
-            context_length=_int(doc.get("context_length", 0)),
-            max_output=_int(doc.get("max_output", 0)),
             profiles=tuple(profile_of_doc(p) for p in doc.get("profiles", ())),
         ),
         origin_repo=str(origin.get("repo", "")),

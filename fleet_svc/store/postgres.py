@@ -458,6 +458,12 @@ class PostgresStore:
             cur = conn.execute("DELETE FROM answers WHERE created_at < %s", (before,))
             return cur.rowcount
 
+    @_guarded
+    def forget_answer(self, request_id: str) -> None:
+        """Forget one request id's answer."""
+        with self.link.connection() as conn, self._writing(conn):
+            conn.execute("DELETE FROM answers WHERE request_id = %s", (request_id,))
+
     # Replicas.
 
     @_guarded

@@ -400,6 +400,11 @@ class SQLiteStore:
         cur = self._conn.execute("DELETE FROM answers WHERE created_at < ?", (before,))
         return cur.rowcount
 
+    @_guarded
+    def forget_answer(self, request_id: str) -> None:
+        """Forget one request id's answer."""
+        self._conn.execute("DELETE FROM answers WHERE request_id = ?", (request_id,))
+
     # Replicas.
 
     @_guarded

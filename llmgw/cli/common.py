@@ -33,6 +33,7 @@ from llmgw.cli import jsonpath
 from llmgw.clients import FleetClient, PlannerClient, Refused, Unreachable
 from llmgw.cmdline import (
     EXIT_ERROR,
+    EXIT_NOT_CHECKED,
     EXIT_REFUSED,
     EXIT_ROLLOUT_CANCELLED,
     EXIT_ROLLOUT_FAILED,
@@ -55,6 +56,7 @@ from llmgw.tls import (
 # The exit codes, the usage parser and --version are every entry point's (llmgw.cmdline).
 __all__ = [
     "EXIT_ERROR",
+    "EXIT_NOT_CHECKED",
     "EXIT_REFUSED",
     "EXIT_ROLLOUT_CANCELLED",
     "EXIT_ROLLOUT_FAILED",

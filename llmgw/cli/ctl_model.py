@@ -219,6 +219,7 @@ def _ask(
         "strategy": opts.strategy or "",
         "supersede": opts.supersede,
         "surge": opts.surge,
+        "allow_unchecked": opts.allow_unchecked,
     }
     if opts.change == "gpus":
         answer = fleet.set_gpus(
@@ -273,6 +274,11 @@ def _change_flags(p: argparse.ArgumentParser) -> None:
         help="replicas replaced at once (default 0: the fleet's, one at a time)",
     )
     p.add_argument("--supersede", action="store_true", help="cancel a rollout in progress first")
+    p.add_argument(
+        "--allow-unchecked",
+        action="store_true",
+        help="apply the plan even when the planner could not read the model (NOT_CHECKED)",
+    )
     p.add_argument("--etag", help="the etag read; refused if the model changed since")
     p.add_argument(
         "--request-id", help="a retry-safe id: the same id again returns the first answer"

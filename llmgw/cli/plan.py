@@ -3,16 +3,19 @@
 The planner's address comes from --planner or $LLMGW_PLANNER; the credentials from
 --tls-ca/--tls-cert/--tls-key (or LLMGW_TLS_*) or --token (or LLMGW_TOKEN), else, beside a
 default `llmgw up`, from its DATA/tls (llmgw.cli.common). Human output by default, `-o
-json|yaml|wide|name|jsonpath=...` (or `--json`) for scripts. Exit codes: llmgw.cmdline.
+json|yaml|wide|name|jsonpath=...` (or `--json`) for scripts. Exit codes: llmgw.cmdline (6: the
+planner answered but could not read the model's shape, verdict NOT_CHECKED).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from llmgw.cli.common import (
     DEFAULT_PLANNER,
+    EXIT_NOT_CHECKED,
     add_client_flags,
     add_env_argument,
     add_output_flags,
@@ -21,7 +24,7 @@ from llmgw.cli.common import (
 )
 from llmgw.cli.inputs import inventory_from_args, model_from_args
 from llmgw.cli.output import print_context_change, print_gpus_change, print_shape, printer
-from llmgw.clients.convert import as_data
+from llmgw.clients.convert import as_data, enum_name
 
 
 def describe(opts: argparse.Namespace) -> int:
@@ -44,7 +47,7 @@ def context(opts: argparse.Namespace) -> int:
     printer(opts).show(
         as_data(answer), lambda: print_context_change(answer.change), [f"model/{model.name}"]
     )
-    return 0
+    return _checked(answer.change)
 
 
 def gpus(opts: argparse.Namespace) -> int:
@@ -57,7 +60,16 @@ def gpus(opts: argparse.Namespace) -> int:
     printer(opts).show(
         as_data(answer), lambda: print_gpus_change(answer.change), [f"model/{model.name}"]
     )
-    return 0
+    return _checked(answer.change)
+
+
+def _checked(change: Any) -> int:
+    """0 for a checked plan; EXIT_NOT_CHECKED, saying why on stderr, for one whose verdict is
+    NOT_CHECKED (a script must not take it for an answer)."""
+    if enum_name(change, "verdict") != "FIT_VERDICT_NOT_CHECKED":
+        return 0
+    print(f"not checked: {change.verdict_note or 'the model could not be read'}", file=sys.stderr)
+    return EXIT_NOT_CHECKED
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:

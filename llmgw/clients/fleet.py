@@ -286,11 +286,14 @@ class FleetClient:
         strategy: str = "",
         supersede: bool = False,
         surge: int = 0,
+        allow_unchecked: bool = False,
     ) -> fleet_pb2.SetGPUsResponse:
         """Plan `gpus` cards a replica for a model's GPU profiles and roll it out.
 
         Args:
             strategy: a name of STRATEGIES, or "" for the fleet's default.
+            allow_unchecked: apply the plan even when the planner could not read the model's
+                shape (else PLAN_NOT_CHECKED).
         """
         request = fleet_pb2.SetGPUsRequest(
             name=name,
@@ -303,6 +306,7 @@ class FleetClient:
             strategy=STRATEGIES.get(strategy, fleet_pb2.STRATEGY_UNSPECIFIED),
             supersede=supersede,
             surge=surge,
+            allow_unchecked=allow_unchecked,
         )
         return self._call(
             lambda: self._stub.SetGPUs(request, timeout=self.timeout_s, metadata=self.metadata)
@@ -320,11 +324,13 @@ class FleetClient:
         strategy: str = "",
         supersede: bool = False,
         surge: int = 0,
+        allow_unchecked: bool = False,
     ) -> fleet_pb2.SetContextResponse:
         """Size a new context for a model and roll it out.
 
         Args:
             strategy: a name of STRATEGIES, or "" for the fleet's default.
+            allow_unchecked: as for set_gpus.
         """
         request = fleet_pb2.SetContextRequest(
             name=name,
@@ -336,6 +342,7 @@ class FleetClient:
             strategy=STRATEGIES.get(strategy, fleet_pb2.STRATEGY_UNSPECIFIED),
             supersede=supersede,
             surge=surge,
+            allow_unchecked=allow_unchecked,
         )
         return self._call(
             lambda: self._stub.SetContext(request, timeout=self.timeout_s, metadata=self.metadata)

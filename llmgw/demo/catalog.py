@@ -8,6 +8,7 @@ import hashlib
 import json
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from typing import TextIO
 
@@ -85,9 +86,11 @@ def ensure_example_catalog(fleet: FleetClient, models: Sequence[Model]) -> list[
         except Refused as refused:
             if refused.code != "NOT_FOUND":
                 raise
-            # The id names the content: a retry of this create is answered once, and a create
-            # of other content (the model deleted, the examples changed) is a new request.
-            fleet.create_model(model, request_id=f"llmgw-up-{model.name}-{_digest(model)}")
+            # One id per create this run makes: the client's retries of it are answered once,
+            # and no later run (the model deleted since) is ever given this create's answer.
+            fleet.create_model(
+                model, request_id=f"llmgw-up-{model.name}-{_digest(model)}-{uuid.uuid4().hex[:12]}"
+            )
             said.append(f"created {model.name}")
             continue
         if got.updated_by == CALLER and not got.declared and _differs(got.model, model):

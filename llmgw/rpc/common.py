@@ -4,6 +4,10 @@ both convert here, once, at their process edge."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from google.protobuf.message import Message
+
 from llmgw.common.v1 import common_pb2
 from llmgw.limits import DEFAULT_LIMITS, Limits
 from llmgw.model import (
@@ -12,8 +16,10 @@ from llmgw.model import (
     Model,
     Node,
     Profile,
+    check_nested,
     checked_count,
     checked_versions,
+    scalar_fields,
 )
 from llmgw.shape import InvalidShape, Layer, LayerKind, ModelShape
 
@@ -38,6 +44,41 @@ _KIND_VALUES: dict[LayerKind, common_pb2.LayerKind.ValueType] = {
 }
 
 
+_MODEL_NESTED = frozenset({"files", "profiles", "shape"})
+"""Model's fields converted by hand below (the origin's files, the profiles, the inline shape);
+the rest are walked from the dataclass (`scalars_from_proto`, `scalars_to_proto`)."""
+check_nested(Model, _MODEL_NESTED, __name__)
+check_nested(Profile, frozenset(), __name__)
+
+
+def scalars_from_proto(cls: type, msg: Message, where: str) -> dict[str, Any]:
+    """The scalar fields of the dataclass `cls` read from the message of the same field names,
+    each number checked against its field's maximum; as keyword arguments.
+
+    Raises:
+        InvalidValue: a number out of range, naming `where`.field.
+    """
+    out: dict[str, Any] = {}
+    for s in scalar_fields(cls)[0]:
+        value = getattr(msg, s.name)
+        if s.kind is int:
+            # The field's name is only spelled out for a refusal (this runs on every call).
+            if value < 0 or value > s.maximum:
+                checked_count(value, f"{where}.{s.name}", s.maximum)
+        elif s.kind is tuple:
+            value = tuple(value)
+        out[s.name] = value
+    return out
+
+
+def scalars_to_proto(value: object) -> dict[str, Any]:
+    """The scalar fields of a contract value as keyword arguments of its message."""
+    return {
+        s.name: list(getattr(value, s.name)) if s.kind is tuple else getattr(value, s.name)
+        for s in scalar_fields(type(value))[0]
+    }
+
+
 def profile_from_proto(
     msg: common_pb2.Profile, index: int, limits: Limits = DEFAULT_LIMITS
 ) -> Profile:
@@ -53,20 +94,7 @@ def profile_from_proto(
     limits.check_count(len(msg.args), "max_args", f"{where}.args")
     for i, arg in enumerate(msg.args):
         limits.check_count(len(arg), "max_arg_bytes", f"{where}.args[{i}]")
-    return Profile(
-        name=msg.name,
-        engine=msg.engine,
-        args=tuple(msg.args),
-        gpu_class=msg.gpu_class,
-        gpus_per_node=checked_count(msg.gpus_per_node, f"{where}.gpus_per_node"),
-        tp=checked_count(msg.tp, f"{where}.tp"),
-        pp=checked_count(msg.pp, f"{where}.pp"),
-        nodes=checked_count(msg.nodes, f"{where}.nodes"),
-        min_memory_gb=checked_count(msg.min_memory_gb, f"{where}.min_memory_gb"),
-        cpu_only=msg.cpu_only,
-        replicas=checked_count(msg.replicas, f"{where}.replicas"),
-        engine_version=msg.engine_version,
-    )
+    return Profile(**scalars_from_proto(Profile, msg, where))
 
 
 def model_from_proto(msg: common_pb2.Model, limits: Limits = DEFAULT_LIMITS) -> Model:
@@ -91,11 +119,8 @@ def model_from_proto(msg: common_pb2.Model, limits: Limits = DEFAULT_LIMITS) -> 
             "two profiles share a name: give each profile its own", field="model.profiles"
         )
     return Model(
-        name=msg.name,
-        source=msg.source,
+        **scalars_from_proto(Model, msg, "model"),
         files=tuple(files),
-        context_length=checked_count(msg.context_length, "model.context_length", 1 << 40),
-        max_output=checked_count(msg.max_output, "model.max_output", 1 << 40),
         profiles=tuple(profile_from_proto(p, i, limits) for i, p in enumerate(msg.profiles)),
         shape=shape_from_proto(msg.shape) if msg.HasField("shape") else None,
     )
@@ -241,17 +266,4 @@ def shape_to_proto(shape: ModelShape) -> common_pb2.ModelShape:
 
 def profile_to_proto(p: Profile) -> common_pb2.Profile:
     """A profile as the contract carries it."""
-    return common_pb2.Profile(
-        name=p.name,
-        engine=p.engine,
-        args=list(p.args),
-        gpu_class=p.gpu_class,
-        gpus_per_node=p.gpus_per_node,
-        tp=p.tp,
-        pp=p.pp,
-        nodes=p.nodes,
-        min_memory_gb=p.min_memory_gb,
-        cpu_only=p.cpu_only,
-        replicas=p.replicas,
-        engine_version=p.engine_version,
-    )
+    return common_pb2.Profile(**scalars_to_proto(p))

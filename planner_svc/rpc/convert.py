@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from llmgw.common.v1 import common_pb2
 from llmgw.engines.base import CardNeed, Verdict
@@ -134,26 +135,57 @@ def profile_change_to_proto(c: ProfileChange) -> common_pb2.ProfileChange:
     return msg
 
 
-def context_change_to_proto(c: ContextChange) -> common_pb2.ContextChange:
-    """A context change as the contract carries it."""
+# Worst last: a plan's verdict is the worst of its profiles' card verdicts.
+_ORDER = (
+    common_pb2.FIT_VERDICT_FITS,
+    common_pb2.FIT_VERDICT_WITHIN_MARGIN,
+    common_pb2.FIT_VERDICT_DOES_NOT_FIT,
+)
+
+
+def plan_verdict(
+    profiles: Sequence[common_pb2.ProfileChange], unchecked: str
+) -> tuple[common_pb2.FitVerdict.ValueType, str]:
+    """A whole plan's verdict and its note: NOT_CHECKED with `unchecked` (why) when the
+    model's shape could not be read, else the worst card verdict of its profiles (UNSPECIFIED
+    when none has one: CPU profiles, unknown weights)."""
+    if unchecked:
+        return common_pb2.FIT_VERDICT_NOT_CHECKED, unchecked
+    seen = [p.memory.verdict for p in profiles if p.memory.verdict in _ORDER]
+    if not seen:
+        return common_pb2.FIT_VERDICT_UNSPECIFIED, ""
+    return max(seen, key=_ORDER.index), ""
+
+
+def context_change_to_proto(c: ContextChange, unchecked: str = "") -> common_pb2.ContextChange:
+    """A context change as the contract carries it; `unchecked` says why the model's shape
+    could not be read ("" when it was)."""
+    profiles = [profile_change_to_proto(p) for p in c.profiles]
+    verdict, note = plan_verdict(profiles, unchecked)
     return common_pb2.ContextChange(
         model=c.model,
         before=c.before,
         after=c.after,
         max_output=c.max_output,
         trained=c.trained,
-        profiles=[profile_change_to_proto(p) for p in c.profiles],
+        profiles=profiles,
         note=c.note,
+        verdict=verdict,
+        verdict_note=note,
     )
 
 
-def gpus_change_to_proto(c: GPUsChange) -> common_pb2.GPUsChange:
-    """A GPU change as the contract carries it."""
+def gpus_change_to_proto(c: GPUsChange, unchecked: str = "") -> common_pb2.GPUsChange:
+    """A GPU change as the contract carries it (`unchecked` as for a context change)."""
+    profiles = [profile_change_to_proto(p) for p in c.profiles]
+    verdict, note = plan_verdict(profiles, unchecked)
     return common_pb2.GPUsChange(
         model=c.model,
         gpus=c.gpus,
-        profiles=[profile_change_to_proto(p) for p in c.profiles],
+        profiles=profiles,
         note=c.note,
+        verdict=verdict,
+        verdict_note=note,
     )
 
 

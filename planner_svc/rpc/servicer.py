@@ -124,7 +124,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         )
         log.info("context_sized", model=model.name, before=change.before, after=change.after)
         answer = planner_pb2.SizeContextResponse(
-            change=convert.context_change_to_proto(change),
+            change=convert.context_change_to_proto(change, note if shape is None else ""),
             profiles=[common.profile_to_proto(p) for p in change.updated],
             llamacpp_version=LLAMACPP_VERSION,
             batches=[convert.batch_to_proto(b) for b in change.batches],
@@ -160,7 +160,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         )
         log.info("gpus_planned", model=model.name, gpus=change.gpus)
         answer = planner_pb2.PlanGPUsResponse(
-            change=convert.gpus_change_to_proto(change),
+            change=convert.gpus_change_to_proto(change, note if shape is None else ""),
             profiles=[common.profile_to_proto(p) for p in change.updated],
             llamacpp_version=LLAMACPP_VERSION,
             batches=[convert.batch_to_proto(b) for b in change.batches],

@@ -197,17 +197,10 @@ async def test_a_replica_count_change_only_scales(tmp_path: Path) -> None:
 
 async def test_changes_that_change_nothing_are_answered_unchanged(tmp_path: Path) -> None:
     """SetContext to the context the model has, SetGPUs to its count and an identical
-    UpdateModel write no revision, start no rollout, keep the etag and say unchanged."""
+    UpdateModel write no revision, start no rollout, keep the etag and say unchanged, from the
+    first call: what the planner fills in (max_output, the card flags) is not a change asked."""
     async with cluster(tmp_path) as (_fleet, stub, _agents):
         await stub.CreateModel(fleet_pb2.CreateModelRequest(model=vllm_model(1)))
-        await settled(stub, 1)
-        # Once each to let the planner write what it derives (max_output, the card flags).
-        first = await stub.SetContext(fleet_pb2.SetContextRequest(name="vmodel", tokens=8192))
-        if first.rollout_id:
-            await events_of(stub, first.rollout_id)
-        then = await stub.SetGPUs(fleet_pb2.SetGPUsRequest(name="vmodel", gpus=1))
-        if then.rollout_id:
-            await events_of(stub, then.rollout_id)
         serving = await settled(stub, 1)
         current = (await stub.GetModel(fleet_pb2.GetModelRequest(name="vmodel"))).model
         rollouts = len((await stub.ListRollouts(fleet_pb2.ListRolloutsRequest())).rollouts)
@@ -221,8 +214,40 @@ async def test_changes_that_change_nothing_are_answered_unchanged(tmp_path: Path
         for answer in (context, gpus, same):
             assert answer.unchanged and answer.rollout_id == ""
             assert (answer.model.revision, answer.model.etag) == (current.revision, current.etag)
-        assert context.change.after == 8192
+        assert context.change.after == 8192 and context.change.max_output == 2048
         history = await stub.ListModelRevisions(fleet_pb2.ListModelRevisionsRequest(name="vmodel"))
-        assert history.revisions[-1].revision == current.revision
+        assert [r.revision for r in history.revisions] == [1]
+        got = await stub.GetModel(fleet_pb2.GetModelRequest(name="vmodel"))
+        assert got.model.model == vllm_model(1) and rollouts == 0
         assert len((await stub.ListRollouts(fleet_pb2.ListRolloutsRequest())).rollouts) == rollouts
         assert await ready_ids(stub) == serving
+
+
+async def test_an_unchecked_plan_is_applied_only_when_asked(tmp_path: Path) -> None:
+    """SetGPUs and SetContext of a model whose source the planner cannot read are refused
+    FAILED_PRECONDITION PLAN_NOT_CHECKED, nothing written; a dry run answers with verdict
+    NOT_CHECKED; with allow_unchecked the plan is applied."""
+    unread = vllm_model(0)
+    unread.ClearField("shape")
+    unread.source = "http://127.0.0.1:1/unreachable.gguf"
+    async with cluster(tmp_path) as (_fleet, stub, _agents):
+        created = await stub.CreateModel(fleet_pb2.CreateModelRequest(model=unread))
+        for call in (
+            stub.SetGPUs(fleet_pb2.SetGPUsRequest(name="vmodel", gpus=2)),
+            stub.SetContext(fleet_pb2.SetContextRequest(name="vmodel", tokens=4096)),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call
+            assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+            reason, meta = reason_and_meta(caught.value)
+            assert reason == "PLAN_NOT_CHECKED" and meta["model"] == "vmodel"
+            assert "could not be read" in meta["why"]
+        got = await stub.GetModel(fleet_pb2.GetModelRequest(name="vmodel"))
+        assert (got.model.revision, got.model.etag) == (1, created.model.etag)
+        dry = await stub.SetGPUs(fleet_pb2.SetGPUsRequest(name="vmodel", gpus=2, dry_run=True))
+        assert dry.change.verdict == common_pb2.FIT_VERDICT_NOT_CHECKED
+        applied = await stub.SetGPUs(
+            fleet_pb2.SetGPUsRequest(name="vmodel", gpus=2, allow_unchecked=True)
+        )
+        assert applied.model.revision == 2
+        assert applied.model.model.profiles[0].gpus_per_node == 2

@@ -632,3 +632,28 @@ async def test_model_update_rolls_out_and_says_when_nothing_changes(tmp_path: Pa
             assert [list(r.args)[-2:] for r in rs] == [["--max-num-seqs", "32"]]
         finally:
             await agent.stop()
+
+
+async def test_an_unchecked_plan_is_refused_unless_allow_unchecked(tmp_path: Path) -> None:
+    """`model gpus` of a model the planner cannot read exits 2 naming PLAN_NOT_CHECKED and
+    writes nothing; with --allow-unchecked it is applied (revision 2)."""
+    path = write_model(tmp_path / "m.yaml", replicas=0)
+    data = yaml.safe_load(path.read_text())
+    data["source"] = "http://127.0.0.1:1/unreachable.gguf"
+    path.write_text(yaml.safe_dump(data))
+    async with (
+        running_planner() as (planner, _p, _c),
+        _running_fleet(tmp_path, liveness=PATIENT, planner=f"127.0.0.1:{planner.port}") as (
+            fleet,
+            stub,
+        ),
+    ):
+        assert (await ctl(fleet.port, "model", "create", str(path))).code == 0
+        refused = await ctl(fleet.port, "model", "gpus", "qwen", "2")
+        assert refused.code == 2 and "PLAN_NOT_CHECKED" in refused.err, refused.err
+        got = await stub.GetModel(fleet_pb2.GetModelRequest(name="qwen"))
+        assert got.model.revision == 1
+        run = await ctl(fleet.port, "model", "gpus", "qwen", "2", "--allow-unchecked")
+        assert run.code == 0, run.err
+        got = await stub.GetModel(fleet_pb2.GetModelRequest(name="qwen"))
+        assert (got.model.revision, got.model.model.profiles[0].gpus_per_node) == (2, 2)

@@ -179,3 +179,25 @@ async def test_a_planner_of_another_ca_is_a_clear_tls_failure(
     assert "TLS handshake failed" in err and "CERTIFICATE_VERIFY_FAILED" in err
     assert str(tmp_path / "other" / "tls") in err
     assert "Traceback" not in err and "ssl_transport_security" not in err
+
+
+async def test_a_plan_whose_model_could_not_be_read_exits_6_not_checked(tmp_path: Path) -> None:
+    """`plan gpus` of a source the planner cannot read prints the change but exits 6 with the
+    reason on stderr, and its JSON says verdict NOT_CHECKED: a script does not take TP 3 of an
+    unread model for an answer; a model it could read exits 0 with a checked verdict."""
+    unread = "http://127.0.0.1:1/unreachable.gguf"
+    spec = tmp_path / "model.yaml"
+    spec.write_text(yaml.safe_dump(MODEL))
+    async with running_planner() as (server, _stub, _ch):
+        code, out, err = await llmgw(
+            server.port, "gpus", unread, "3", "--engine", "vllm", "--node", "8xH100-80GB"
+        )
+        jcode, jout, _ = await llmgw(
+            server.port, "--json", "gpus", unread, "3", "--engine", "vllm", "--node", "8xH100-80GB"
+        )
+        ok, _, _ = await llmgw(server.port, "gpus", str(spec), "2", "--node", "8xH100-80GB")
+    assert (code, jcode, ok) == (6, 6, 0)
+    assert "not checked:" in err and "could not be read" in err
+    assert out  # the change is still shown
+    change = json.loads(jout)["change"]
+    assert change["verdict"] == "FIT_VERDICT_NOT_CHECKED" and change["verdict_note"]

@@ -181,3 +181,87 @@ async def test_declared_models_are_read_only(tmp_path: Path) -> None:
         assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
         assert reason_of(caught.value) == "MODEL_DECLARED"
         assert str(settings) in (caught.value.details() or "")
+
+
+async def test_a_declared_pinned_model_keeps_one_revision_over_three_starts(
+    tmp_path: Path,
+) -> None:
+    """A declared model with a pinned engine_version that did not change writes no revision
+    when the fleet starts again: three starts, one revision, the version still there."""
+    settings = tmp_path / "cluster.yaml"
+    settings.write_text(
+        "models:\n  - name: pinned\n    source: hf://Qwen/Qwen3-8B\n    profiles:\n"
+        "      - {name: gpu, engine: vllm, gpu_class: H100-80GB, gpus_per_node: 1,"
+        " engine_version: 0.11.0}\n"
+    )
+    for _start in range(3):
+        async with running_fleet(tmp_path, settings=str(settings)) as (_, stub):
+            got = await stub.GetModel(fleet_pb2.GetModelRequest(name="pinned"))
+            assert got.model.model.profiles[0].engine_version == "0.11.0"
+    async with running_fleet(tmp_path, settings=str(settings)) as (_, stub):
+        history = await stub.ListModelRevisions(fleet_pb2.ListModelRevisionsRequest(name="pinned"))
+        assert [r.revision for r in history.revisions] == [1]
+
+
+async def test_a_request_id_replayed_after_its_model_was_deleted_is_not_answered_created(
+    tmp_path: Path,
+) -> None:
+    """A create retried with its first request id after the model was deleted is not given
+    the stored "created" answer of a model that is gone: it is a new create, and the model
+    is there afterwards; a restart does not bring the old answer back."""
+    async with running_fleet(tmp_path) as (_, stub):
+        first = await stub.CreateModel(fleet_pb2.CreateModelRequest(model=model(), request_id="r1"))
+        assert first.model.revision == 1
+        await stub.DeleteModel(fleet_pb2.DeleteModelRequest(name="qwen"))
+    async with running_fleet(tmp_path) as (_, stub):
+        again = await stub.CreateModel(fleet_pb2.CreateModelRequest(model=model(), request_id="r1"))
+        assert again.model.revision == 3
+        got = await stub.GetModel(fleet_pb2.GetModelRequest(name="qwen"))
+        assert (got.model.revision, got.model.deleted) == (3, False)
+        # The new answer is the id's answer now: a retry of it is replayed, writing nothing.
+        retried = await stub.CreateModel(
+            fleet_pb2.CreateModelRequest(model=model(), request_id="r1")
+        )
+        assert retried == again
+        history = await stub.ListModelRevisions(fleet_pb2.ListModelRevisionsRequest(name="qwen"))
+        assert [(r.revision, r.deleted) for r in history.revisions] == [
+            (1, False),
+            (2, True),
+            (3, False),
+        ]
+
+
+def bad_request_field(err: grpc.aio.AioRpcError) -> str:
+    """The field BadRequest names in a refusal ("" when it has none)."""
+    status = rpc_status.from_call(err)
+    assert status is not None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            return str(bad.field_violations[0].field)
+    return ""
+
+
+@pytest.mark.parametrize("engine", ["llamacp", "llama.cpp", "VLLM", "vllm; rm -rf /"])
+async def test_an_engine_the_registry_does_not_know_is_refused(tmp_path: Path, engine: str) -> None:
+    """CreateModel and UpdateModel of a profile whose engine is not a registered name (a typo,
+    an alias the agents do not run) are INVALID_ARGUMENT UNKNOWN_ENGINE naming the field and
+    the engines known; nothing is written."""
+    async with running_fleet(tmp_path) as (_, stub):
+        bad = model()
+        bad.profiles[0].engine = engine
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.CreateModel(fleet_pb2.CreateModelRequest(model=bad))
+        assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert reason_of(caught.value) == "UNKNOWN_ENGINE"
+        assert bad_request_field(caught.value) == "model.profiles[0].engine"
+        known = metadata_of(caught.value)["known"].split(",")
+        assert {"vllm", "llamacpp", "sglang", "trtllm"} <= set(known)
+        assert not (await stub.ListModels(fleet_pb2.ListModelsRequest())).models
+        created = await stub.CreateModel(fleet_pb2.CreateModelRequest(model=model()))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.UpdateModel(fleet_pb2.UpdateModelRequest(model=bad))
+        assert reason_of(caught.value) == "UNKNOWN_ENGINE"
+        got = await stub.GetModel(fleet_pb2.GetModelRequest(name="qwen"))
+        assert (got.model.revision, got.model.etag) == (1, created.model.etag)

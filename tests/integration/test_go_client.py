@@ -404,6 +404,14 @@ def refusals(gguf_url: str) -> list[dict[str, Any]]:
             metadata={"x-llmgw-caller": "not a name!"},
         ),
         refusal(
+            "a change whose plan the planner could not check",
+            "fleet",
+            "SetGPUs",
+            fleet_pb2.SetGPUsRequest(name="go-unread", gpus=2),
+            "FAILED_PRECONDITION",
+            "PLAN_NOT_CHECKED",
+        ),
+        refusal(
             "a change while the planner is down",
             "dead_fleet",
             "SetGPUs",
@@ -519,6 +527,17 @@ async def services(tmp: Path, pki: Pki, gguf_root: Path) -> AsyncIterator[dict[s
         stack.push_async_callback(channel.close)
         await fleet_pb2_grpc.FleetServiceStub(channel).CreateModel(
             fleet_pb2.CreateModelRequest(model=llama("orphan")), timeout=30
+        )
+        # A model whose shape the planner cannot read (no inline shape, a source nothing
+        # serves): a change to it is an unchecked plan.
+        unread = llama("go-unread")
+        unread.ClearField("shape")
+        unread.profiles[0].replicas = 0
+        unread.source = "http://127.0.0.1:1/unreachable.gguf"
+        live = aio_channel(fleet_at, pki.client("admin"))
+        stack.push_async_callback(live.close)
+        await fleet_pb2_grpc.FleetServiceStub(live).CreateModel(
+            fleet_pb2.CreateModelRequest(model=unread), timeout=30
         )
         with RangeServer(gguf_root) as files:
             yield {

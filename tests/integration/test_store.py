@@ -571,6 +571,20 @@ def test_answers_older_than_a_time_are_pruned(store: Store, backend: Backend) ->
     assert store.get_answer("old") is None and store.get_answer("new") is not None
 
 
+def test_a_forgotten_answer_frees_its_id_and_only_its_id(store: Store) -> None:
+    """forget_answer drops one id's answer, so the id can be claimed and answered anew in the
+    same atomic block; other ids keep theirs."""
+    store.put_answer("gone", "CreateModel", b"old", fingerprint="fp")
+    store.put_answer("kept", "CreateModel", b"k", fingerprint="fp")
+    with store.atomic():
+        store.forget_answer("gone")
+        assert store.claim_answer("gone", "CreateModel", "fp")
+        store.put_answer("gone", "CreateModel", b"new", fingerprint="fp")
+    gone, kept = store.get_answer("gone"), store.get_answer("kept")
+    assert gone is not None and gone.answer == b"new"
+    assert kept is not None and kept.answer == b"k"
+
+
 def test_an_atomic_block_keeps_all_its_writes_or_none(store: Store) -> None:
     """Writes in an atomic block that raises are all undone (a catalog revision, a rollout and
     its event, an answer); a block that ends keeps them all, inner blocks included."""

@@ -535,3 +535,17 @@ async def test_example_catalog_is_created_once_and_left_to_its_editors(tmp_path:
             ]
             got = await stub.GetModel(fleet_pb2.GetModelRequest(name=GGUF_MODEL))
             assert got.model.model.source == "http://127.0.0.1:2/files/x.gguf"
+
+
+async def test_an_example_model_deleted_is_created_again_on_the_next_load(tmp_path: Path) -> None:
+    """After an example model is deleted, loading the example catalog again (a new `llmgw up`)
+    says "created" and means it: the model is in the catalog afterwards, at a new revision."""
+    models = example_models(gguf_source="http://127.0.0.1:1/files/x.gguf", gpu_class="H100-80GB")
+    async with running_fleet(tmp_path) as (fleet, stub):
+        with FleetClient(f"127.0.0.1:{fleet.port}", caller=CALLER) as client:
+            await asyncio.to_thread(ensure_example_catalog, client, models)
+            await stub.DeleteModel(fleet_pb2.DeleteModelRequest(name=HF_MODEL))
+            said = await asyncio.to_thread(ensure_example_catalog, client, models)
+            assert said[1] == f"created {HF_MODEL}"
+            got = await stub.GetModel(fleet_pb2.GetModelRequest(name=HF_MODEL))
+            assert (got.model.revision, got.model.deleted) == (3, False)

@@ -33,15 +33,17 @@ async def running_fleet(
     metrics: str = "",
     probes: str = "",
     listen: str = "127.0.0.1:0",
+    store_url: str = "",
 ) -> AsyncIterator[tuple[FleetServer, fleet_pb2_grpc.FleetServiceAsyncStub]]:
     """Start a fleet on a free port with its store in `data`; stop it after. With `tls` it
     serves TLS and the stub's channel uses `client_tls`; `planner_tls` is how it dials the
     planner; `tokens_path` a file of bearer-token hashes it accepts; `metrics` and `probes`
-    where it serves /metrics and its plaintext health port ("": nowhere)."""
+    where it serves /metrics and its plaintext health port ("": nowhere); `store_url` another
+    store than the SQLite file in `data` (a PostgreSQL DSN)."""
     server = await start_fleet(
         FleetOptions(
             listen=listen,
-            store_url=str(data / "fleet.db"),
+            store_url=store_url or str(data / "fleet.db"),
             settings_path=settings,
             liveness=liveness,
             drain_s=drain_s,

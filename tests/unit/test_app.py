@@ -351,23 +351,38 @@ def finish(fleet: Fleet) -> None:
 
 
 async def test_a_change_that_changes_nothing_writes_nothing(fleet: Fleet) -> None:
-    """SetGPUs to the count the model has, SetContext to its context and an identical
-    UpdateModel are answered unchanged: the current revision and etag, no rollout."""
-    await fleet.app.set_gpus("m", gpus=2, profile="", etag="", options=by())
-    finish(fleet)
+    """SetGPUs to the cards the model has, SetContext to its context and an identical
+    UpdateModel are answered unchanged from the first call: the current revision and etag, no
+    rollout, and nothing the planner filled in (its max_output, tp) is written as if asked."""
     current = fleet.app.model("m")
-    _, again = await fleet.app.set_gpus("m", gpus=2, profile="", etag="", options=by())
+    _, gpus = await fleet.app.set_gpus("m", gpus=1, profile="", etag="", options=by())
+    _, context = await fleet.app.set_context("m", tokens=8192, slots=0, etag="", options=by())
     same = fleet.app.update_model(current.entry, current.etag, by())
     dry = fleet.app.update_model(current.entry, "", by(dry_run=True))
-    for applied in (again, same, dry):
+    for applied in (gpus, context, same, dry):
         assert applied.unchanged and applied.rollout_id == "" and applied.restarted == 0
-        assert (applied.revision.revision, applied.revision.etag) == (2, current.etag)
-    _, context = await fleet.app.set_context("m", tokens=8192, slots=0, etag="", options=by())
-    assert not context.unchanged  # the planner's max_output of 1024 is new content...
-    _, context = await fleet.app.set_context("m", tokens=8192, slots=0, etag="", options=by())
-    assert context.unchanged and context.revision.revision == 3  # ...written once
-    assert [r.revision for r in fleet.app.history("m")] == [1, 2, 3]
+        assert (applied.revision.revision, applied.revision.etag) == (1, current.etag)
+    assert len(fleet.planner.asked) == 2  # the planner still checked both
+    assert [r.revision for r in fleet.app.history("m")] == [1]
+    assert fleet.app.model("m").model.max_output == 0
+    await fleet.app.set_gpus("m", gpus=2, profile="", etag="", options=by())
+    assert fleet.app.model("m").revision == 2  # a count it does not have is a change
     assert len(fleet.app.rollouts("m")) == 1
+
+
+async def test_a_context_change_keeps_an_unset_max_output_unset(fleet: Fleet) -> None:
+    """A new context writes the context; a max_output the caller never set stays unset (its
+    default follows the context), one the caller set takes the planner's value."""
+    _, applied = await fleet.app.set_context("m", tokens=4096, slots=0, etag="", options=by())
+    written = fleet.app.model("m").model
+    assert not applied.unchanged and (written.context_length, written.max_output) == (4096, 0)
+    with_output = fleet.app.model("m").entry
+    fleet.app.update_model(
+        with_output.with_model(replace(with_output.model, max_output=512)), "", by()
+    )
+    finish(fleet)
+    await fleet.app.set_context("m", tokens=8192, slots=0, etag="", options=by())
+    assert fleet.app.model("m").model.max_output == 1024
 
 
 async def test_the_etag_follows_the_content_not_the_revision(fleet: Fleet) -> None:

@@ -11,6 +11,8 @@ from google.protobuf import json_format
 from fleet_svc.rpc.convert import entry_in, model_to_proto
 from fleet_svc.store.catalog_rows import entry_doc, entry_of_doc
 from llmgw.common.v1 import common_pb2
+from llmgw.model import Model, Profile, check_nested
+from tests.support.filled import fill
 
 MODELS = [
     common_pb2.Model(
@@ -52,6 +54,8 @@ MODELS = [
         profiles=[common_pb2.Profile(name="gguf", engine="llamacpp", pp=2, nodes=1)],
     ),
     common_pb2.Model(name="bare", profiles=[common_pb2.Profile(name="p", engine="sglang")]),
+    # Every field of every message set (from the descriptors).
+    fill(common_pb2.Model(), 1),
 ]
 
 
@@ -73,3 +77,12 @@ def test_a_row_written_by_protobuf_reads_back_as_the_model_sent(msg: common_pb2.
     entry = entry_of_doc(proto_json(msg))
     assert entry == entry_in(msg)
     assert model_to_proto(entry) == msg
+
+
+def test_a_nested_field_no_conversion_lays_out_is_refused_at_import() -> None:
+    """A contract dataclass with a nested field the rows do not lay out is a TypeError naming
+    it, never a field silently dropped; Model's and Profile's known ones pass."""
+    check_nested(Model, frozenset({"files", "profiles", "shape"}), "rows")
+    check_nested(Profile, frozenset(), "rows")
+    with pytest.raises(TypeError, match="shape"):
+        check_nested(Model, frozenset({"files", "profiles"}), "rows")

@@ -58,6 +58,7 @@ const (
 	ReasonNoHello              Reason = "NO_HELLO"
 	ReasonNoRoomBeside         Reason = "NO_ROOM_BESIDE"
 	ReasonNoRoomInPlace        Reason = "NO_ROOM_IN_PLACE"
+	ReasonPlanNotChecked       Reason = "PLAN_NOT_CHECKED"
 	ReasonPlannerFailed        Reason = "PLANNER_FAILED"
 	ReasonPlannerUnavailable   Reason = "PLANNER_UNAVAILABLE"
 	ReasonRequestIDReused      Reason = "REQUEST_ID_REUSED"

@@ -691,6 +691,8 @@ class ContextChange(_message.Message):
     PROFILES_FIELD_NUMBER: _builtins.int
     RESTARTED_FIELD_NUMBER: _builtins.int
     NOTE_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    VERDICT_NOTE_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     before: _builtins.int
     after: _builtins.int
@@ -700,6 +702,12 @@ class ContextChange(_message.Message):
     """Replicas started again on it (set by the fleet)."""
     note: _builtins.str
     """What could not be checked, said once."""
+    verdict: Global___FitVerdict.ValueType
+    """NOT_CHECKED when the model's shape could not be read (its heads, trained context and
+    memory are not checked: verdict_note says why); otherwise the worst of the profiles'
+    card verdicts (FITS, WITHIN_MARGIN, DOES_NOT_FIT), UNSPECIFIED when no profile has one.
+    """
+    verdict_note: _builtins.str
     @_builtins.property
     def profiles(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProfileChange]: ...
     def __init__(
@@ -713,10 +721,12 @@ class ContextChange(_message.Message):
         profiles: _abc.Iterable[Global___ProfileChange] | None = ...,
         restarted: _builtins.int = ...,
         note: _builtins.str = ...,
+        verdict: Global___FitVerdict.ValueType = ...,
+        verdict_note: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "before", b"before", "max_output", b"max_output", "model", b"model", "note", b"note", "profiles", b"profiles", "restarted", b"restarted", "trained", b"trained"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "before", b"before", "max_output", b"max_output", "model", b"model", "note", b"note", "profiles", b"profiles", "restarted", b"restarted", "trained", b"trained", "verdict", b"verdict", "verdict_note", b"verdict_note"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -733,10 +743,15 @@ class GPUsChange(_message.Message):
     PROFILES_FIELD_NUMBER: _builtins.int
     RESTARTED_FIELD_NUMBER: _builtins.int
     NOTE_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    VERDICT_NOTE_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     gpus: _builtins.int
     restarted: _builtins.int
     note: _builtins.str
+    verdict: Global___FitVerdict.ValueType
+    """As ContextChange's: NOT_CHECKED when the model's shape could not be read."""
+    verdict_note: _builtins.str
     @_builtins.property
     def profiles(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProfileChange]: ...
     def __init__(
@@ -747,10 +762,12 @@ class GPUsChange(_message.Message):
         profiles: _abc.Iterable[Global___ProfileChange] | None = ...,
         restarted: _builtins.int = ...,
         note: _builtins.str = ...,
+        verdict: Global___FitVerdict.ValueType = ...,
+        verdict_note: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "model", b"model", "note", b"note", "profiles", b"profiles", "restarted", b"restarted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "model", b"model", "note", b"note", "profiles", b"profiles", "restarted", b"restarted", "verdict", b"verdict", "verdict_note", b"verdict_note"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

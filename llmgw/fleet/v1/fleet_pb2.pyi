@@ -514,6 +514,7 @@ class SetContextRequest(_message.Message):
     STRATEGY_FIELD_NUMBER: _builtins.int
     SUPERSEDE_FIELD_NUMBER: _builtins.int
     SURGE_FIELD_NUMBER: _builtins.int
+    ALLOW_UNCHECKED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tokens: _builtins.int
     slots: _builtins.int
@@ -528,6 +529,10 @@ class SetContextRequest(_message.Message):
     """Cancel a rollout of the model in progress instead of refusing (ROLLOUT_IN_PROGRESS)."""
     surge: _builtins.int
     """Replicas replaced at once; 0 means one."""
+    allow_unchecked: _builtins.bool
+    """Apply the plan even when the planner could not read the model's shape (its change's
+    verdict NOT_CHECKED); without it such a plan is refused (PLAN_NOT_CHECKED).
+    """
     def __init__(
         self,
         *,
@@ -540,10 +545,11 @@ class SetContextRequest(_message.Message):
         strategy: Global___Strategy.ValueType = ...,
         supersede: _builtins.bool = ...,
         surge: _builtins.int = ...,
+        allow_unchecked: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "etag", b"etag", "name", b"name", "request_id", b"request_id", "slots", b"slots", "strategy", b"strategy", "supersede", b"supersede", "surge", b"surge", "tokens", b"tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_unchecked", b"allow_unchecked", "dry_run", b"dry_run", "etag", b"etag", "name", b"name", "request_id", b"request_id", "slots", b"slots", "strategy", b"strategy", "supersede", b"supersede", "surge", b"surge", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -602,6 +608,7 @@ class SetGPUsRequest(_message.Message):
     STRATEGY_FIELD_NUMBER: _builtins.int
     SUPERSEDE_FIELD_NUMBER: _builtins.int
     SURGE_FIELD_NUMBER: _builtins.int
+    ALLOW_UNCHECKED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     gpus: _builtins.int
     profile: _builtins.str
@@ -614,6 +621,8 @@ class SetGPUsRequest(_message.Message):
     strategy: Global___Strategy.ValueType
     supersede: _builtins.bool
     surge: _builtins.int
+    allow_unchecked: _builtins.bool
+    """As SetContextRequest's: apply a plan whose verdict is NOT_CHECKED."""
     def __init__(
         self,
         *,
@@ -627,10 +636,11 @@ class SetGPUsRequest(_message.Message):
         strategy: Global___Strategy.ValueType = ...,
         supersede: _builtins.bool = ...,
         surge: _builtins.int = ...,
+        allow_unchecked: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "etag", b"etag", "gpus", b"gpus", "in_place", b"in_place", "name", b"name", "profile", b"profile", "request_id", b"request_id", "strategy", b"strategy", "supersede", b"supersede", "surge", b"surge"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_unchecked", b"allow_unchecked", "dry_run", b"dry_run", "etag", b"etag", "gpus", b"gpus", "in_place", b"in_place", "name", b"name", "profile", b"profile", "request_id", b"request_id", "strategy", b"strategy", "supersede", b"supersede", "surge", b"surge"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1383,7 +1383,12 @@ type ContextChange struct {
 	// Replicas started again on it (set by the fleet).
 	Restarted int32 `protobuf:"varint,7,opt,name=restarted,proto3" json:"restarted,omitempty"`
 	// What could not be checked, said once.
-	Note          string `protobuf:"bytes,8,opt,name=note,proto3" json:"note,omitempty"`
+	Note string `protobuf:"bytes,8,opt,name=note,proto3" json:"note,omitempty"`
+	// NOT_CHECKED when the model's shape could not be read (its heads, trained context and
+	// memory are not checked: verdict_note says why); otherwise the worst of the profiles'
+	// card verdicts (FITS, WITHIN_MARGIN, DOES_NOT_FIT), UNSPECIFIED when no profile has one.
+	Verdict       FitVerdict `protobuf:"varint,9,opt,name=verdict,proto3,enum=llmgw.common.v1.FitVerdict" json:"verdict,omitempty"`
+	VerdictNote   string     `protobuf:"bytes,10,opt,name=verdict_note,json=verdictNote,proto3" json:"verdict_note,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1474,14 +1479,31 @@ func (x *ContextChange) GetNote() string {
 	return ""
 }
 
+func (x *ContextChange) GetVerdict() FitVerdict {
+	if x != nil {
+		return x.Verdict
+	}
+	return FitVerdict_FIT_VERDICT_UNSPECIFIED
+}
+
+func (x *ContextChange) GetVerdictNote() string {
+	if x != nil {
+		return x.VerdictNote
+	}
+	return ""
+}
+
 // A change of the cards each replica uses.
 type GPUsChange struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
-	Gpus          int32                  `protobuf:"varint,2,opt,name=gpus,proto3" json:"gpus,omitempty"`
-	Profiles      []*ProfileChange       `protobuf:"bytes,3,rep,name=profiles,proto3" json:"profiles,omitempty"`
-	Restarted     int32                  `protobuf:"varint,4,opt,name=restarted,proto3" json:"restarted,omitempty"`
-	Note          string                 `protobuf:"bytes,5,opt,name=note,proto3" json:"note,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Model     string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Gpus      int32                  `protobuf:"varint,2,opt,name=gpus,proto3" json:"gpus,omitempty"`
+	Profiles  []*ProfileChange       `protobuf:"bytes,3,rep,name=profiles,proto3" json:"profiles,omitempty"`
+	Restarted int32                  `protobuf:"varint,4,opt,name=restarted,proto3" json:"restarted,omitempty"`
+	Note      string                 `protobuf:"bytes,5,opt,name=note,proto3" json:"note,omitempty"`
+	// As ContextChange's: NOT_CHECKED when the model's shape could not be read.
+	Verdict       FitVerdict `protobuf:"varint,6,opt,name=verdict,proto3,enum=llmgw.common.v1.FitVerdict" json:"verdict,omitempty"`
+	VerdictNote   string     `protobuf:"bytes,7,opt,name=verdict_note,json=verdictNote,proto3" json:"verdict_note,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1547,6 +1569,20 @@ func (x *GPUsChange) GetRestarted() int32 {
 func (x *GPUsChange) GetNote() string {
 	if x != nil {
 		return x.Note
+	}
+	return ""
+}
+
+func (x *GPUsChange) GetVerdict() FitVerdict {
+	if x != nil {
+		return x.Verdict
+	}
+	return FitVerdict_FIT_VERDICT_UNSPECIFIED
+}
+
+func (x *GPUsChange) GetVerdictNote() string {
+	if x != nil {
+		return x.VerdictNote
 	}
 	return ""
 }
@@ -1784,7 +1820,7 @@ const file_llmgw_common_v1_common_proto_rawDesc = "" +
 	"\x06memory\x18\x06 \x01(\v2\x17.llmgw.common.v1.MemoryR\x06memory\x12<\n" +
 	"\rmemory_before\x18\a \x01(\v2\x17.llmgw.common.v1.MemoryR\fmemoryBefore\x12\x1f\n" +
 	"\vargs_before\x18\b \x03(\tR\n" +
-	"argsBefore\"\xfa\x01\n" +
+	"argsBefore\"\xd4\x02\n" +
 	"\rContextChange\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x16\n" +
 	"\x06before\x18\x02 \x01(\x03R\x06before\x12\x14\n" +
@@ -1794,14 +1830,19 @@ const file_llmgw_common_v1_common_proto_rawDesc = "" +
 	"\atrained\x18\x05 \x01(\x03R\atrained\x12:\n" +
 	"\bprofiles\x18\x06 \x03(\v2\x1e.llmgw.common.v1.ProfileChangeR\bprofiles\x12\x1c\n" +
 	"\trestarted\x18\a \x01(\x05R\trestarted\x12\x12\n" +
-	"\x04note\x18\b \x01(\tR\x04note\"\xa4\x01\n" +
+	"\x04note\x18\b \x01(\tR\x04note\x125\n" +
+	"\averdict\x18\t \x01(\x0e2\x1b.llmgw.common.v1.FitVerdictR\averdict\x12!\n" +
+	"\fverdict_note\x18\n" +
+	" \x01(\tR\vverdictNote\"\xfe\x01\n" +
 	"\n" +
 	"GPUsChange\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x12\n" +
 	"\x04gpus\x18\x02 \x01(\x05R\x04gpus\x12:\n" +
 	"\bprofiles\x18\x03 \x03(\v2\x1e.llmgw.common.v1.ProfileChangeR\bprofiles\x12\x1c\n" +
 	"\trestarted\x18\x04 \x01(\x05R\trestarted\x12\x12\n" +
-	"\x04note\x18\x05 \x01(\tR\x04note\"\xfe\x01\n" +
+	"\x04note\x18\x05 \x01(\tR\x04note\x125\n" +
+	"\averdict\x18\x06 \x01(\x0e2\x1b.llmgw.common.v1.FitVerdictR\averdict\x12!\n" +
+	"\fverdict_note\x18\a \x01(\tR\vverdictNote\"\xfe\x01\n" +
 	"\x0fDevicePlacement\x12\x16\n" +
 	"\x06device\x18\x01 \x01(\tR\x06device\x12\x16\n" +
 	"\x06layers\x18\x02 \x01(\x05R\x06layers\x12\x1f\n" +
@@ -1876,12 +1917,14 @@ var file_llmgw_common_v1_common_proto_depIdxs = []int32{
 	9,  // 11: llmgw.common.v1.ProfileChange.memory:type_name -> llmgw.common.v1.Memory
 	9,  // 12: llmgw.common.v1.ProfileChange.memory_before:type_name -> llmgw.common.v1.Memory
 	12, // 13: llmgw.common.v1.ContextChange.profiles:type_name -> llmgw.common.v1.ProfileChange
-	12, // 14: llmgw.common.v1.GPUsChange.profiles:type_name -> llmgw.common.v1.ProfileChange
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	0,  // 14: llmgw.common.v1.ContextChange.verdict:type_name -> llmgw.common.v1.FitVerdict
+	12, // 15: llmgw.common.v1.GPUsChange.profiles:type_name -> llmgw.common.v1.ProfileChange
+	0,  // 16: llmgw.common.v1.GPUsChange.verdict:type_name -> llmgw.common.v1.FitVerdict
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_common_v1_common_proto_init() }

@@ -981,9 +981,12 @@ type SetContextRequest struct {
 	// Cancel a rollout of the model in progress instead of refusing (ROLLOUT_IN_PROGRESS).
 	Supersede bool `protobuf:"varint,8,opt,name=supersede,proto3" json:"supersede,omitempty"`
 	// Replicas replaced at once; 0 means one.
-	Surge         int32 `protobuf:"varint,9,opt,name=surge,proto3" json:"surge,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Surge int32 `protobuf:"varint,9,opt,name=surge,proto3" json:"surge,omitempty"`
+	// Apply the plan even when the planner could not read the model's shape (its change's
+	// verdict NOT_CHECKED); without it such a plan is refused (PLAN_NOT_CHECKED).
+	AllowUnchecked bool `protobuf:"varint,10,opt,name=allow_unchecked,json=allowUnchecked,proto3" json:"allow_unchecked,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SetContextRequest) Reset() {
@@ -1079,6 +1082,13 @@ func (x *SetContextRequest) GetSurge() int32 {
 	return 0
 }
 
+func (x *SetContextRequest) GetAllowUnchecked() bool {
+	if x != nil {
+		return x.AllowUnchecked
+	}
+	return false
+}
+
 // SetContextResponse is the change and the rollout carrying it out.
 type SetContextResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -1159,15 +1169,17 @@ type SetGPUsRequest struct {
 	// A profile's name; empty means every GPU profile.
 	Profile string `protobuf:"bytes,3,opt,name=profile,proto3" json:"profile,omitempty"`
 	// Stop each replica before starting its replacement (the same as strategy IN_PLACE).
-	InPlace       bool     `protobuf:"varint,4,opt,name=in_place,json=inPlace,proto3" json:"in_place,omitempty"`
-	DryRun        bool     `protobuf:"varint,5,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
-	RequestId     string   `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Etag          string   `protobuf:"bytes,7,opt,name=etag,proto3" json:"etag,omitempty"`
-	Strategy      Strategy `protobuf:"varint,8,opt,name=strategy,proto3,enum=llmgw.fleet.v1.Strategy" json:"strategy,omitempty"`
-	Supersede     bool     `protobuf:"varint,9,opt,name=supersede,proto3" json:"supersede,omitempty"`
-	Surge         int32    `protobuf:"varint,10,opt,name=surge,proto3" json:"surge,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	InPlace   bool     `protobuf:"varint,4,opt,name=in_place,json=inPlace,proto3" json:"in_place,omitempty"`
+	DryRun    bool     `protobuf:"varint,5,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	RequestId string   `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Etag      string   `protobuf:"bytes,7,opt,name=etag,proto3" json:"etag,omitempty"`
+	Strategy  Strategy `protobuf:"varint,8,opt,name=strategy,proto3,enum=llmgw.fleet.v1.Strategy" json:"strategy,omitempty"`
+	Supersede bool     `protobuf:"varint,9,opt,name=supersede,proto3" json:"supersede,omitempty"`
+	Surge     int32    `protobuf:"varint,10,opt,name=surge,proto3" json:"surge,omitempty"`
+	// As SetContextRequest's: apply a plan whose verdict is NOT_CHECKED.
+	AllowUnchecked bool `protobuf:"varint,11,opt,name=allow_unchecked,json=allowUnchecked,proto3" json:"allow_unchecked,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SetGPUsRequest) Reset() {
@@ -1268,6 +1280,13 @@ func (x *SetGPUsRequest) GetSurge() int32 {
 		return x.Surge
 	}
 	return 0
+}
+
+func (x *SetGPUsRequest) GetAllowUnchecked() bool {
+	if x != nil {
+		return x.AllowUnchecked
+	}
+	return false
 }
 
 // SetGPUsResponse is the change and the rollout carrying it out.
@@ -3591,7 +3610,7 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"created_by\x18\r \x01(\tR\tcreatedBy\x12\x17\n" +
 	"\aundo_of\x18\x0e \x01(\tR\x06undoOf\x12%\n" +
 	"\x0eundo_available\x18\x0f \x01(\bR\rundoAvailable\x12\x14\n" +
-	"\x05surge\x18\x10 \x01(\x05R\x05surge\"\x8b\x02\n" +
+	"\x05surge\x18\x10 \x01(\x05R\x05surge\"\xb4\x02\n" +
 	"\x11SetContextRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06tokens\x18\x02 \x01(\x03R\x06tokens\x12\x14\n" +
@@ -3602,13 +3621,15 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\x04etag\x18\x06 \x01(\tR\x04etag\x124\n" +
 	"\bstrategy\x18\a \x01(\x0e2\x18.llmgw.fleet.v1.StrategyR\bstrategy\x12\x1c\n" +
 	"\tsupersede\x18\b \x01(\bR\tsupersede\x12\x14\n" +
-	"\x05surge\x18\t \x01(\x05R\x05surge\"\xbd\x01\n" +
+	"\x05surge\x18\t \x01(\x05R\x05surge\x12'\n" +
+	"\x0fallow_unchecked\x18\n" +
+	" \x01(\bR\x0eallowUnchecked\"\xbd\x01\n" +
 	"\x12SetContextResponse\x126\n" +
 	"\x06change\x18\x01 \x01(\v2\x1e.llmgw.common.v1.ContextChangeR\x06change\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x02 \x01(\tR\trolloutId\x122\n" +
 	"\x05model\x18\x03 \x01(\v2\x1c.llmgw.fleet.v1.CatalogModelR\x05model\x12\x1c\n" +
-	"\tunchanged\x18\x04 \x01(\bR\tunchanged\"\xa3\x02\n" +
+	"\tunchanged\x18\x04 \x01(\bR\tunchanged\"\xcc\x02\n" +
 	"\x0eSetGPUsRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04gpus\x18\x02 \x01(\x05R\x04gpus\x12\x18\n" +
@@ -3621,7 +3642,8 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\bstrategy\x18\b \x01(\x0e2\x18.llmgw.fleet.v1.StrategyR\bstrategy\x12\x1c\n" +
 	"\tsupersede\x18\t \x01(\bR\tsupersede\x12\x14\n" +
 	"\x05surge\x18\n" +
-	" \x01(\x05R\x05surge\"\xb7\x01\n" +
+	" \x01(\x05R\x05surge\x12'\n" +
+	"\x0fallow_unchecked\x18\v \x01(\bR\x0eallowUnchecked\"\xb7\x01\n" +
 	"\x0fSetGPUsResponse\x123\n" +
 	"\x06change\x18\x01 \x01(\v2\x1b.llmgw.common.v1.GPUsChangeR\x06change\x12\x1d\n" +
 	"\n" +

@@ -1,0 +1,121 @@
+"""Request ids' answers: a mutation is made once per request id, its answer stored with its
+writes in one transaction and given again to a retry of the same request."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from fleet_svc.domain import errors
+from fleet_svc.store.base import Store
+
+log = structlog.get_logger(__name__)
+
+REQUEST_ID_WINDOW_S = 24 * 3600.0
+"""How long a request id is remembered by default: a day, well past any client's retries."""
+
+
+class _Raced(Exception):
+    """Another attempt with the same request id claimed it first (inside Answers.once)."""
+
+
+class Answers:
+    """The first answer to each request id, kept in the store for `window_s`."""
+
+    def __init__(self, store: Store, clock: Callable[[], float], window_s: float) -> None:
+        self._store = store
+        self._clock = clock
+        self.window_s = window_s
+        """How long a request id's first answer is kept (a retry within it is answered so)."""
+
+    async def once(
+        self,
+        request_id: str,
+        method: str,
+        fingerprint: str,
+        prepare: Callable[[], Awaitable[Callable[[], bytes]]],
+        still_true: Callable[[bytes], bool] = lambda _answer: True,
+    ) -> bytes:
+        """The answer to a mutation, made once per request id: a retry of the same request
+        gets the first answer (as bytes: the servicer's encoded message).
+
+        `prepare` does what may wait (the planner) and returns the commit: the change's writes
+        and its encoded answer, which run in one store transaction together with the request
+        id's record, so a crash keeps both or neither. The id is checked again inside that
+        transaction, so two attempts racing with one id make one change. Ids are kept for
+        `window_s` after their first answer; an older one is new again, and so is
+        one whose answer `still_true` says no longer holds (the model it answered about was
+        deleted since): a replay never says "created" of a model that is not there.
+
+        Args:
+            request_id: the caller's id ("" makes every call a new one).
+            method: the RPC's name.
+            fingerprint: a hash of the request without its id (rpc layer): the same id with
+                another fingerprint is another request.
+            prepare: returns the commit, which makes the change and encodes the answer.
+            still_true: whether a stored answer may be given again (rpc layer, which can read
+                it: `FleetApp.deleted_since` of the model it names).
+
+        Raises:
+            RequestIdReused: the id was used for another method or another request.
+        """
+        if request_id:
+            stored = self._answered(request_id, method, fingerprint)
+            if stored is not None and still_true(stored):
+                return stored
+        commit = await prepare()
+        try:
+            with self._store.atomic():
+                if not request_id:
+                    return commit()
+                self._store.prune_answers(self._clock() - self.window_s)
+                stored = self._answered(request_id, method, fingerprint)
+                if stored is not None:
+                    if still_true(stored):
+                        return stored
+                    # Its model was deleted since: the id is new again, its old answer gone.
+                    log.info("request_answer_outdated", method=method, request_id=request_id)
+                    self._store.forget_answer(request_id)
+                if not self._store.claim_answer(request_id, method, fingerprint):
+                    raise _Raced
+                answer = commit()
+                self._store.put_answer(request_id, method, answer, fingerprint=fingerprint)
+                return answer
+        except _Raced:
+            # Another attempt with this id committed while this one waited: its answer.
+            stored = self._answered(request_id, method, fingerprint)
+            if stored is None:
+                raise errors.RequestIdReused(
+                    f"request id {request_id!r} is being answered by another attempt: retry it",
+                    request_id=request_id,
+                    method=method,
+                ) from None
+            return stored
+
+    def _answered(self, request_id: str, method: str, fingerprint: str) -> bytes | None:
+        """The first answer to `request_id` when it is this request's, None when the id is new
+        (or older than the window).
+
+        Raises:
+            RequestIdReused: the id answered another method or another request.
+        """
+        stored = self._store.get_answer(request_id)
+        if stored is None or stored.created_at < self._clock() - self.window_s:
+            return None
+        if stored.method != method:
+            raise errors.RequestIdReused(
+                f"request id {request_id!r} was used for {stored.method}: use a new id",
+                request_id=request_id,
+                method=stored.method,
+            )
+        # An answer stored before fingerprints were kept ("") is matched by method alone.
+        if stored.fingerprint and stored.fingerprint != fingerprint:
+            raise errors.RequestIdReused(
+                f"request id {request_id!r} was used for another {method} request: use a new id"
+                " for a new request, and the same id only to retry the same request",
+                request_id=request_id,
+                method=stored.method,
+            )
+        log.info("request_replayed", method=method, request_id=request_id)
+        return stored.answer
