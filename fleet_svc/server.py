@@ -119,6 +119,7 @@ class FleetServer:
     store_task: asyncio.Task[None] | None = None
     metrics: MetricsServer | None = None
     probes: ProbeServer | None = None
+    app: FleetApp | None = None
 
     @property
     def loop_task(self) -> asyncio.Task[None]:
@@ -148,6 +149,8 @@ class FleetServer:
             link.close("")
         await self.server.stop(grace_s)
         await self.duties.stop()
+        if self.app is not None:
+            self.app.calls.close()
         self.store.close()
         await self.planner.close()
         if self.metrics is not None:
@@ -205,9 +208,7 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         start_timeout_s=opts.start_timeout_s,
         hub=EndpointHub(clock.wall, heartbeat_s=opts.watch_heartbeat_s),
         model_at=catalog.model_at,
-        trace_context=current_traceparent,
     )
-    catalog.on_change = controller.wake
     planner = GrpcPlanner(opts.planner, tls=opts.planner_tls)
     app = FleetApp(
         catalog,
@@ -216,6 +217,7 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         planner,
         clock.wall,
         request_id_window_s=opts.request_id_window_s,
+        trace_context=current_traceparent,
     )
     add_fleet_service(server, app, store, controller, limits)
     leadership = (
@@ -271,6 +273,7 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         store_task,
         metrics_server,
         probe_server,
+        app,
     )
 
 

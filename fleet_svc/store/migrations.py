@@ -140,6 +140,25 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE replicas ADD COLUMN members TEXT NOT NULL DEFAULT '[]'",
         ),
     ),
+    Migration(
+        version=5,
+        summary="rollouts waiting for the controller, and requests to cancel them",
+        statements=(
+            # A change commits its rollout PENDING; the controller adopts it by state.
+            "CREATE INDEX rollouts_by_state ON rollouts (state)",
+            # A cancel the API side recorded, until the controller carries it out.
+            """
+            CREATE TABLE rollout_requests (
+                id         TEXT PRIMARY KEY,
+                rollout_id TEXT NOT NULL,
+                kind       TEXT NOT NULL,
+                reason     TEXT NOT NULL,
+                requested_by TEXT NOT NULL,
+                created_at REAL NOT NULL
+            )
+            """,
+        ),
+    ),
 )
 
 

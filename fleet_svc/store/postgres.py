@@ -48,6 +48,7 @@ from fleet_svc.store.base import (
     ModelRecord,
     ReplicaRecord,
     RolloutRecord,
+    RolloutRequest,
     StaleRevision,
     StoreDamaged,
     StoreUnavailable,
@@ -62,6 +63,8 @@ from fleet_svc.store.codec import (
     model_of_row,
     readable_rows,
     replica_of_row,
+    request_of_row,
+    rollout_filter,
     rollout_of_row,
 )
 from fleet_svc.store.migrations import SchemaTooNew, latest_version
@@ -543,21 +546,55 @@ class PostgresStore:
         return None if row is None else rollout_of_row(self.where, row)
 
     @_guarded
-    def list_rollouts(self, model: str = "") -> list[RolloutRecord]:
-        """Rollouts of a model (every model when ""), newest first; a row that does not decode
-        is logged and left out (see SQLiteStore._readable)."""
+    def list_rollouts(self, model: str = "", *, states: Sequence[str] = ()) -> list[RolloutRecord]:
+        """Rollouts of a model (every model when ""), newest first, only those in `states`
+        when given; a row that does not decode is logged and left out (see
+        SQLiteStore._readable)."""
+        where, params = rollout_filter(model, states, "%s")
         with self.link.connection() as conn:
-            if model:
-                rows = conn.execute(
-                    f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE model = %s"
-                    " ORDER BY created_at DESC, id DESC",
-                    (model,),
-                ).fetchall()
-            else:
-                rows = conn.execute(
-                    f"SELECT {ROLLOUT_COLUMNS} FROM rollouts ORDER BY created_at DESC, id DESC"
-                ).fetchall()
+            rows = conn.execute(
+                f"SELECT {ROLLOUT_COLUMNS} FROM rollouts{where} ORDER BY created_at DESC, id DESC",
+                params,
+            ).fetchall()
         return self._readable(rows, rollout_of_row)
+
+    # Requests of rollouts.
+
+    @_guarded
+    def put_rollout_request(self, request: RolloutRequest) -> None:
+        """Record a request (a repeated id is ignored)."""
+        with self.link.connection() as conn, self._writing(conn):
+            conn.execute(
+                "INSERT INTO rollout_requests"
+                " (id, rollout_id, kind, reason, requested_by, created_at)"
+                " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
+                (
+                    request.id,
+                    request.rollout_id,
+                    request.kind,
+                    request.reason,
+                    request.by,
+                    request.created_at,
+                ),
+            )
+
+    @_guarded
+    def list_rollout_requests(self) -> list[RolloutRequest]:
+        """Every request not yet carried out, oldest first."""
+        with self.link.connection() as conn:
+            rows = conn.execute(
+                "SELECT id, rollout_id, kind, reason, requested_by, created_at"
+                " FROM rollout_requests ORDER BY created_at, id"
+            ).fetchall()
+        return [request_of_row(row) for row in rows]
+
+    @_guarded
+    def delete_rollout_requests(self, ids: Sequence[str]) -> None:
+        """Forget requests the controller carried out."""
+        if not ids:
+            return
+        with self.link.connection() as conn, self._writing(conn):
+            conn.execute("DELETE FROM rollout_requests WHERE id = ANY(%s)", (list(ids),))
 
     @_once
     def append_event(self, rollout_id: str, at: float, event: dict[str, Any]) -> int:

@@ -128,6 +128,7 @@ def rollout_record(ro: Rollout) -> RolloutRecord:
         "undo_of": ro.undo_of,
         "start_timeout_s": ro.start_timeout_s,
         "old_specs": {k: spec_doc(ro.model, k, v) for k, v in ro.old_specs.items()},
+        "trace": ro.trace,
         "steps": [
             {
                 "profile": s.profile,
@@ -189,4 +190,5 @@ def load_rollout(rec: RolloutRecord) -> Rollout:
         undo_of=str(s.get("undo_of", "")),
         start_timeout_s=float(s.get("start_timeout_s", 600.0)),
         old_specs={str(k): spec_of_doc(v) for k, v in s.get("old_specs", {}).items()},
+        trace=str(s.get("trace", "")),
     )
