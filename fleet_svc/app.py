@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextvars
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import structlog
@@ -66,6 +66,8 @@ class View:
 
     replicas: Mapping[str, ReplicaState]
     nodes: Mapping[str, NodeView]
+    handed: list[str] = field(default_factory=list)
+    """Filled by the change: the rollouts and requests it wrote for the controller."""
 
 
 _VIEW: contextvars.ContextVar[View] = contextvars.ContextVar("fleet_view")
@@ -176,7 +178,10 @@ class FleetApp:
         finally:
             # Wants the controller read while the transaction ran are read again.
             self._catalog.forget_wants()
-        await self._controller.adopted(self._controller.changed(), ADOPT_WAIT_S)
+        if view.handed:
+            await self._controller.adopted(self._controller.changed(), ADOPT_WAIT_S)
+        else:
+            self._controller.wake()  # the wants changed: replicas to add or remove
         return answer
 
     async def dry(self, prepare: Callable[[], Awaitable[Callable[[], T]]]) -> T:
@@ -249,8 +254,7 @@ class FleetApp:
                 request_id=request_id,
                 method=stored.method,
             )
-        # An answer stored before fingerprints were kept ("") is matched by method alone.
-        if stored.fingerprint and stored.fingerprint != fingerprint:
+        if stored.fingerprint != fingerprint:
             raise errors.RequestIdReused(
                 f"request id {request_id!r} was used for another {method} request: use a new id"
                 " for a new request, and the same id only to retry the same request",
@@ -519,6 +523,7 @@ class FleetApp:
         return ro
 
     def _request_cancel(self, ro: Rollout, reason: str, by: str) -> None:
+        self._view().handed.append(ro.id)
         self._store.put_rollout_request(
             RolloutRequest(
                 id="rq-" + uuid.uuid4().hex[:10],
@@ -621,5 +626,6 @@ class FleetApp:
             trace=self._trace_context(),
         )
         self._store.put_rollout(rollout_record(ro))
+        state.handed.append(ro.id)
         log.info("change_applied", model=old.name, kind=kind, rollout_id=ro.id, steps=len(steps))
         return Applied(committed, ro.id, restarted)

@@ -57,6 +57,10 @@ P = ReplicaPhase
 
 MAX_BURST = 20
 """Ticks in a row a controller runs without waiting while each changes something."""
+ADOPT_POLL_S = 2.0
+"""A tick reads the store for pending rollouts and requests when a change was announced, when
+the catalog's revisions moved (a pending rollout commits with its revision), and otherwise at
+least this often (what another fleet committed just before it lost its lease)."""
 
 
 class AgentLink(Protocol):
@@ -135,6 +139,9 @@ class Controller:
         """Counts changes the API side committed and announced (`changed`)."""
         self._adopted = 0
         """The last of those the controller has taken up from the store."""
+        self._adopted_at: tuple[float, tuple[tuple[str, int], ...]] | None = None
+        """When the store was last read for pending rollouts, and the catalog's revisions
+        then (None: not yet since this fleet loaded its state)."""
         self._adoption = asyncio.Event()
         """Set (and replaced) whenever the controller took up what was committed."""
         self._running = False
@@ -185,6 +192,7 @@ class Controller:
         self.desired = DesiredSets(self._store)
         self._reloaded_s = self._clock.monotonic()
         self._trusting = True
+        self._adopted_at = None
         self._load()
         self._publish_all()
 
@@ -636,11 +644,7 @@ class Controller:
                 view.phase, view.reason = phase, why
                 self._publish_node(view.name)
         wants = self._wants()
-        asked = self._asked
-        self._apply_all(self._rollouts.adopt(wants, self.state.replicas))
-        self._adopted = asked
-        adoption, self._adoption = self._adoption, asyncio.Event()
-        adoption.set()
+        self._adopt(wants, now)
         self._apply_all(
             self._rollouts.advance(
                 now, wants, self.state.replicas, self.state.nodes, self.state.observed_logs
@@ -659,6 +663,25 @@ class Controller:
         )
         self.flush()
         self._dispatch(now)
+
+    def _adopt(self, wants: list[ProfileWant], now: float) -> None:
+        """Take up what the API side committed (Rollouts.adopt), when something may be
+        waiting: a change was announced, the catalog's revisions moved, or ADOPT_POLL_S
+        passed."""
+        revisions = tuple(sorted({(w.model, w.revision) for w in wants}))
+        last = self._adopted_at
+        if (
+            self._adopted == self._asked
+            and last is not None
+            and last[1] == revisions
+            and now - last[0] < ADOPT_POLL_S
+        ):
+            return
+        asked = self._asked
+        self._apply_all(self._rollouts.adopt(wants, self.state.replicas))
+        self._adopted, self._adopted_at = asked, (now, revisions)
+        adoption, self._adoption = self._adoption, asyncio.Event()
+        adoption.set()
 
     def _dispatch(self, now: float) -> None:
         """Send each connected node its desired set when it changed (or was not acked)."""

@@ -81,8 +81,8 @@ class RolloutRequest:
 @dataclass(frozen=True)
 class AnswerRecord:
     """The first answer to a request id: the method it was sent to, the fingerprint of the
-    request (a hash of the request without its id; "" for answers stored before fingerprints
-    were kept), the serialized answer, and when it was stored (seconds since the epoch)."""
+    request (a hash of the request without its id), the serialized answer, and when it was
+    stored (seconds since the epoch)."""
 
     method: str
     answer: bytes

@@ -125,8 +125,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         version=3,
         summary="request ids bound to their request's fingerprint, pruned by age",
         statements=(
-            # Rows from before this step keep '' (no fingerprint known): the fleet matches them
-            # by method alone until they age out of the request-id window.
+            # Rows from before this step keep '' (no fingerprint known), which matches no
+            # request: their ids are refused until they age out of the request-id window.
             "ALTER TABLE answers ADD COLUMN fingerprint TEXT NOT NULL DEFAULT ''",
             "CREATE INDEX answers_by_age ON answers (created_at)",
         ),

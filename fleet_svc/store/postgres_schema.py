@@ -114,7 +114,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         version=3,
         summary="request ids bound to their request's fingerprint, pruned by age",
         statements=(
-            # As the SQLite store's step 3: older rows keep '' and are matched by method alone.
+            # As the SQLite store's step 3: older rows keep '', which matches no request.
             "ALTER TABLE answers ADD COLUMN fingerprint TEXT NOT NULL DEFAULT ''",
             "CREATE INDEX answers_by_age ON answers (created_at)",
         ),

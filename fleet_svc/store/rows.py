@@ -2,8 +2,8 @@
 
 A replica row's `spec` keeps what its agent is told (`model`, `profile`, `engine`, `args`,
 `source`), the fleet's hints (`rollout`, `prefer_node`) and, under `_fleet`, what only the fleet
-reads (`attempt`, `ram_bytes`, `retire`); a rollout row keeps its whole state. The layouts are
-those earlier fleets wrote, so their databases load unchanged.
+reads (`attempt`, `ram_bytes`, `retire`); a rollout row keeps its whole state. A key a row
+lacks reads as its field's default.
 """
 
 from __future__ import annotations
