@@ -210,7 +210,7 @@ def _filled(path: Path, models: int = 70) -> int:
 
 def test_a_garbage_page_is_found_when_the_store_opens(tmp_path: Path) -> None:
     """A page of garbage in the middle of the file is refused at open as damage naming the
-    file (it used to open, serve, and fail every read that touched the page)."""
+    file, rather than opening and failing every later read that touches the page."""
     path = tmp_path / "fleet.db"
     pages = _filled(path)
     assert pages > 8
