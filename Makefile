@@ -28,21 +28,30 @@ venv: $(VENV)/.installed
 run: $(VENV)/.runtime llama-server
 	$(VENV)/bin/llmgw up $(UP_ARGS)
 
-# Debian's Go toolchain, protoc and the Go protobuf/gRPC plugins and libraries: they generate
-# gen/go (make proto) and build the Go client test (tests/integration/test_go_client.py).
-# Pinned by Debian 12: go 1.19, protoc 3.21.12, protoc-gen-go 1.28.1, protoc-gen-go-grpc and
-# grpc-go 1.33.3, google.golang.org/protobuf 1.28.1, genproto 2020-04-13 (scripts/gen_protos.py
-# refuses other plugin versions). protoc-gen-go replaces Debian's older protoc-gen-go-1-3.
-GO_DEBS := golang-go protobuf-compiler protoc-gen-go protoc-gen-go-grpc golang-google-grpc-dev \
-	golang-google-protobuf-dev golang-google-genproto-dev
-.PHONY: go-tools
-go-tools:
-	@missing=$$(for p in $(GO_DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
-		| grep -q '^install ok installed$$' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-		echo "apt-get install $$missing"; \
-		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
-	fi
+# The Go side: the machine's go (1.26 or newer: gen/go/go.mod, grpc-go 1.85), and the pinned
+# protoc-gen-go and protoc-gen-go-grpc, `go install`ed from the Go module proxy into
+# $(TOOLS)/go/bin (the pins are scripts/gen_protos.py's; nothing is installed when the pinned
+# versions are there). protoc is grpcio-tools' own, as for Python. Modules are cached in
+# GOMODCACHE (~/go/pkg/mod), so a second run downloads nothing. Where go is missing or too old
+# this stops saying what is needed: Debian 12's golang-go (1.19) cannot build grpc-go 1.85.
+export PATH := $(PATH):/usr/local/go/bin
+export LLMGW_GO_TOOLS ?= $(TOOLS)/go/bin
+.PHONY: go-tools go-test
+go-tools: venv
+	$(PY) scripts/gen_protos.py --go-tools
+
+# The Go modules, in module mode with their committed go.sum (module mode's default -mod=readonly:
+# a missing or stale requirement fails rather than being fetched): gofmt, go.mod tidy, go vet and
+# go test. gen/go's
+# client/ tests that need live services are run by tests/integration/test_go_client_pkg.py,
+# which starts them; here they say they are skipped.
+GO_MODULES := gen/go tests/go/client
+go-test: go-tools
+	@set -e; for m in $(GO_MODULES); do \
+	  echo "go: $$m"; \
+	  (cd $$m && test -z "$$(gofmt -l .)" || { gofmt -l . >&2; echo "gofmt: files above" >&2; exit 1; }; \
+	   go mod tidy -diff && go vet ./... && go test ./...); \
+	done
 
 # Regenerate the Python and Go code of the protos (committed: llmgw/*/v1, gen/go).
 proto: venv go-tools
@@ -61,6 +70,26 @@ $(BUF):
 buf-lint: venv $(BUF)
 	$(PY) scripts/gen_protos.py --descriptor-set build/protos.binpb
 	cd protos && $(abspath $(BUF)) lint $(abspath build/protos.binpb) --path llmgw --config buf.yaml
+
+# buf breaking: the protos against the last tagged release's (git describe --tags; its protos/
+# built into an image the same way), or, while no tag exists, against the committed baseline
+# image protos/breaking-baseline.binpb (the protos as of the Go module's move to current grpc-go;
+# `make proto-baseline` writes it anew, for a release). FILE rules (protos/buf.yaml), only the
+# files under llmgw/: google/api is the imports'.
+buf-breaking: venv $(BUF)
+	$(PY) scripts/gen_protos.py --descriptor-set build/protos.binpb
+	@set -e; tag=$$(git describe --tags --abbrev=0 2>/dev/null || true); \
+	if [ -n "$$tag" ]; then \
+	  tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; git archive "$$tag" protos | tar -x -C $$tmp; \
+	  $(PY) scripts/gen_protos.py --descriptor-set build/baseline.binpb --protos $$tmp/protos; \
+	  against=$(abspath build/baseline.binpb); echo "buf breaking against tag $$tag"; \
+	else against=$(abspath protos/breaking-baseline.binpb); echo "buf breaking against $$against (no tag)"; fi; \
+	cd protos && $(abspath $(BUF)) breaking $(abspath build/protos.binpb) --against $$against \
+	  --path llmgw --config buf.yaml
+
+.PHONY: proto-baseline buf-breaking
+proto-baseline: venv
+	$(PY) scripts/gen_protos.py --descriptor-set protos/breaking-baseline.binpb
 
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -84,6 +113,15 @@ nginx:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -qq --no-install-recommends nginx-light; }
 
+# promtool, for the alert rules' checks and unit tests (tests/integration/test_alert_rules.py):
+# Debian's prometheus package ships it. Installed once when missing (as root); nothing starts
+# a Prometheus server.
+.PHONY: promtool
+promtool:
+	@command -v promtool >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends prometheus; }
+
 # PostgreSQL's server programs for the store tests: without LLMGW_TEST_PG_DSN the test run
 # initdb's a private cluster of its own under /tmp on a free port and stops it at the end
 # (tests/support/postgres.py); no server need be running. Debian's postgresql is installed
@@ -97,13 +135,22 @@ postgres:
 	  apt-get install -y -qq --no-install-recommends postgresql; fi
 
 # Run every check and test, as CI does.
-test: venv llama-server go-tools nginx postgres proto-check buf-lint lint kubectl
+test: venv llama-server go-tools go-test nginx postgres promtool proto-check buf-lint buf-breaking lint \
+	kubectl
 	$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here" >&2; exit 1; fi; \
 	exit $$rc
 
 bench: venv
 	$(PY) -m bench
+
+# The image's lock (deploy/constraints.txt): pip resolves the runtime and the gpu extra against
+# the package index, installing nothing; scripts/write_lock.py writes the pins.
+.PHONY: lock
+lock: venv
+	@tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && \
+	$(PY) -m pip install -q --dry-run --ignore-installed --report $$tmp/report.json '.[gpu]' && \
+	$(PY) scripts/write_lock.py $$tmp/report.json
 
 # llama.cpp, built once from the llama.cpp that the pinned llama-cpp-python sdist vendors, into
 # ~/.cache/llmgw/llama.cpp: bin/llama-server (where the agent and `llmgw up` find it) and the

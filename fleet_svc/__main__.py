@@ -2,17 +2,16 @@
 [--tls-cert F --tls-key F [--tls-ca F]] [--planner-tls-ca F --planner-tls-cert F
 --planner-tls-key F] [--tokens FILE]`.
 
-Exit codes: 0 stopped by SIGTERM/SIGINT; 1 a configuration it cannot use (a bad settings file,
-an unknown store URL, a DSN libpq cannot parse); 2 bad flags (argparse); 3 the store cannot be
-reached, is damaged, or was written by a newer fleet (one line on stderr names the file or the
-DSN, password left out, and what is wrong).
+Exit codes (llmgw.cmdline's table, docs/cli.md): 0 stopped by SIGTERM/SIGINT; 1 a
+configuration it cannot use (a bad settings file, an unknown store URL, a DSN libpq cannot
+parse); 3 the store cannot be reached, is damaged, or was written by a newer fleet (one line on
+stderr names the file or the DSN, password left out, and what is wrong); 64 bad flags.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 
 from fleet_svc.app import REQUEST_ID_WINDOW_S
@@ -21,6 +20,15 @@ from fleet_svc.domain.nodes import Liveness
 from fleet_svc.leadership import LEASE_S, RENEW_S
 from fleet_svc.store.base import StoreError
 from fleet_svc.watch import HEARTBEAT_S
+from llmgw.cmdline import (
+    EXIT_ERROR,
+    EXIT_UNREACHABLE,
+    UsageParser,
+    add_env_argument,
+    add_log_format_argument,
+    add_version,
+    log_format,
+)
 from llmgw.logs import configure_logging
 from llmgw.metrics import add_metrics_argument
 from llmgw.probes import add_probe_argument
@@ -35,26 +43,63 @@ from llmgw.tls import (
 )
 from llmgw.tracing import add_trace_argument, configure_tracing
 
-EXIT_STORE = 3
+EXIT_STORE = EXIT_UNREACHABLE
 """The store cannot be reached or read (docs/fleet.md, "Exit codes")."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The fleet's command line."""
-    parser = argparse.ArgumentParser(prog="python -m fleet_svc", description=__doc__)
-    parser.add_argument("--listen", default=os.environ.get("LLMGW_FLEET_LISTEN", "127.0.0.1:50052"))
-    parser.add_argument(
+    parser = UsageParser(
+        prog="python -m fleet_svc",
+        description="The llmgw fleet: keeps the catalog of models, places their replicas on "
+        "the nodes whose agents connect, and rolls changes out (a gRPC service).",
+        epilog="example:\n  python -m fleet_svc --listen 0.0.0.0:50052 --store "
+        "postgresql://fleet@db/fleet --settings settings.yaml --tls-cert fleet.crt --tls-key "
+        "fleet.key --tls-ca ca.crt",
+    )
+    add_version(parser)
+    add_env_argument(
+        parser,
+        "--listen",
+        env="LLMGW_FLEET_LISTEN",
+        default="127.0.0.1:50052",
+        help="HOST:PORT to listen on; port 0 picks a free one",
+    )
+    add_env_argument(
+        parser,
         "--store",
-        default=os.environ.get("LLMGW_FLEET_STORE", "data/fleet.db"),
+        env="LLMGW_FLEET_STORE",
+        default="data/fleet.db",
         help="where the fleet keeps what it accepted: a SQLite file (or sqlite:///path), or a"
         " PostgreSQL database (postgresql://user@host:5432/db; a password is better given in"
         " PGPASSWORD or ~/.pgpass than here)",
     )
-    parser.add_argument("--settings", default="", help="cluster settings YAML (declared models)")
-    parser.add_argument("--heartbeat-s", type=float, default=2.0, help="heartbeat interval")
-    parser.add_argument("--grace-heartbeats", type=int, default=3, help="missed before NOT_READY")
-    parser.add_argument("--lost-after-s", type=float, default=30.0, help="silence before LOST")
-    parser.add_argument("--drain-s", type=float, default=2.0, help="drain delay before a stop")
+    parser.add_argument(
+        "--settings",
+        default="",
+        help="the cluster settings YAML: roles, declared models (default none)",
+    )
+    parser.add_argument(
+        "--heartbeat-s", type=float, default=2.0, help="seconds between an agent's heartbeats"
+    )
+    parser.add_argument(
+        "--grace-heartbeats",
+        type=int,
+        default=3,
+        help="heartbeats an agent may miss before its node is NOT_READY",
+    )
+    parser.add_argument(
+        "--lost-after-s",
+        type=float,
+        default=30.0,
+        help="seconds of an agent's silence before its node is LOST",
+    )
+    parser.add_argument(
+        "--drain-s",
+        type=float,
+        default=2.0,
+        help="seconds a replica is drained (out of the endpoints) before it is stopped",
+    )
     parser.add_argument(
         "--watch-heartbeat-s",
         type=float,
@@ -62,9 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="longest silence on a WatchReplicas stream before a HEARTBEAT (keep it under "
         "every proxy's read timeout)",
     )
-    parser.add_argument(
+    add_env_argument(
+        parser,
         "--planner",
-        default=os.environ.get("LLMGW_PLANNER", "127.0.0.1:50051"),
+        env="LLMGW_PLANNER",
+        default="127.0.0.1:50051",
         help="the planner's HOST:PORT (for SetContext and SetGPUs)",
     )
     parser.add_argument(
@@ -91,18 +138,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=RENEW_S,
         help="how often the leader renews its lease and followers try for it",
     )
-    shared.add_argument(
+    add_env_argument(
+        shared,
         "--advertise",
-        default=os.environ.get("LLMGW_FLEET_ADVERTISE", ""),
+        env="LLMGW_FLEET_ADVERTISE",
+        default="",
         metavar="HOST:PORT",
         help="where callers reach this fleet, told to callers of the others while it leads"
         " (default: the --listen host, or this host's name for a wildcard, and the bound port)",
     )
-    parser.add_argument("--log-format", choices=("json", "console"), default="json")
+    add_log_format_argument(parser)
     add_server_tls_arguments(parser)
-    parser.add_argument(
+    add_env_argument(
+        parser,
         "--tokens",
-        default=os.environ.get("LLMGW_FLEET_TOKENS", ""),
+        env="LLMGW_FLEET_TOKENS",
+        default="",
         metavar="FILE",
         help="bearer-token hashes, lines `NAME SHA256HEX` (or a YAML map); given, callers "
         "may authenticate with `authorization: Bearer TOKEN` (see docs/security.md)",
@@ -126,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, configure logging, serve until signalled."""
     opts = build_parser().parse_args(argv)
-    configure_logging(opts.log_format == "json")
+    configure_logging(log_format(opts) == "json")
     tracing = None
     from fleet_svc.server import FleetOptions, serve
 
@@ -163,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_STORE
     except (RuntimeError, TLSConfigError, ValueError, FleetError, OSError) as exc:
         print(f"fleet: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     finally:
         if tracing is not None:
             tracing.shutdown()

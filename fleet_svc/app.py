@@ -25,7 +25,6 @@ from fleet_svc.domain.catalog import (
     Revision,
     changed_profiles,
     check_profiles,
-    want_of,
     wants_of,
 )
 from fleet_svc.domain.control import cards_in_use
@@ -35,10 +34,9 @@ from fleet_svc.domain.rollout import (
     Rollout,
     RolloutState,
     Strategy,
-    gang_shortfall,
     plan_steps,
-    room_beside,
 )
+from fleet_svc.domain.room import check_room
 from fleet_svc.planner import Planned, Planner
 from fleet_svc.store.base import RolloutRequest, Store
 from fleet_svc.store.catalog_rows import etag_of
@@ -404,7 +402,7 @@ class FleetApp:
 
         Raises:
             ModelNotFound, ModelDeclared, StaleRevision, RolloutInProgress, NoRoomBeside,
-            InvalidModel.
+            NoRoomInPlace, InvalidModel.
         """
         check_profiles(entry.model)
         current = self._changeable(entry.name, etag, supersede=options.supersede)
@@ -431,6 +429,7 @@ class FleetApp:
 
         Raises:
             ModelNotFound, ModelDeclared, StaleRevision, RolloutInProgress, NoRoomBeside,
+            NoRoomInPlace,
             PlannerUnavailable, and the planner's refusals.
         """
         rev = await self.calls.run(self._changeable, name, etag, supersede=options.supersede)
@@ -553,45 +552,7 @@ class FleetApp:
         old = rev.model
         changed = changed_profiles(old, new.model)
         state = self._view()
-        if options.strategy is Strategy.BESIDE:
-            for p in new.model.profiles:
-                if p.name not in changed or p.on_cpu:
-                    continue
-                serving = [
-                    r
-                    for r in state.replicas.values()
-                    if r.model == old.name and r.profile == p.name and not r.retire
-                ]
-                if not serving:
-                    continue
-                want = want_of(p)
-                room, most = room_beside(want, state.nodes, state.replicas)
-                short = gang_shortfall(want, state.nodes, state.replicas) if want.gang else None
-                if short is not None:
-                    raise errors.NoRoomBeside(
-                        f"no room to start a new {p.name} replica beside the old one: "
-                        f"{short.message}; --in-place stops each replica first and starts the "
-                        "new gang on the nodes it frees",
-                        name=old.name,
-                        profile=p.name,
-                        gpu_class=p.gpu_class,
-                        need_gpus=want.gpus,
-                        most_free=most,
-                        need_nodes=want.nodes,
-                        nodes_with_room=len(short.fitting),
-                    )
-                if not room:
-                    raise errors.NoRoomBeside(
-                        f"no node has {want.gpus} free {p.gpu_class} card"
-                        f"{'s' if want.gpus != 1 else ''} to start a new {p.name} replica beside "
-                        f"an old one (the most free on a node is {most}): --in-place stops each "
-                        "replica first",
-                        name=old.name,
-                        profile=p.name,
-                        gpu_class=p.gpu_class,
-                        need_gpus=want.gpus,
-                        most_free=most,
-                    )
+        check_room(old, new.model, changed, options.strategy, state.nodes, state.replicas)
         wanted_old = {w.profile: w for w in wants_of([rev])}
         restarted = sum(
             1
@@ -620,7 +581,7 @@ class FleetApp:
             by=options.by,
             undo_of=undo_of,
             start_timeout_s=self._controller.start_timeout_s,
-            old_specs={name: w.spec for name, w in wanted_old.items()},
+            old_specs={name: replace(w.spec, want=w.want) for name, w in wanted_old.items()},
             state=RolloutState.PENDING,
             updated_s=self._clock(),
             trace=self._trace_context(),

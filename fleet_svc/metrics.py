@@ -1,5 +1,7 @@
 """The fleet's own metrics: replicas and nodes by phase, connected agents and how long since
-each was heard, running and ended rollouts (by outcome, with durations), and leadership.
+each was heard, running and ended rollouts (by outcome, with durations) and the age of the
+oldest running one, leadership, whether the store answers, and the endpoint watchers (open, and
+cut off for falling behind). deploy/monitoring's alerts are written on these.
 
 Gauges are read from the controller's state at every scrape, on the event loop (the endpoint
 runs there, llmgw.metrics); rollout outcomes are counted as they end, through the controller's
@@ -12,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from fleet_svc.controller import Controller
@@ -42,13 +44,18 @@ class FleetCollector(Collector):
     """The gauges read from the controller at each scrape."""
 
     def __init__(
-        self, controller: Controller, clock: Clock, leadership: Callable[[], Leadership]
+        self,
+        controller: Controller,
+        clock: Clock,
+        leadership: Callable[[], Leadership],
+        store_problem: Callable[[], str | None],
     ) -> None:
         self._controller = controller
         self._clock = clock
         self._leadership = leadership
+        self._store_problem = store_problem
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         state = self._controller.state
         replicas = GaugeMetricFamily(
             "llmgw_fleet_replicas", "Replicas the fleet keeps, by phase.", labels=["phase"]
@@ -89,6 +96,26 @@ class FleetCollector(Collector):
             "llmgw_fleet_rollouts_running",
             "Rollouts under way.",
             value=len(self._controller.rollouts),
+        )
+        running = [ro.created_s for ro in self._controller.rollouts.values() if ro.created_s > 0]
+        yield GaugeMetricFamily(
+            "llmgw_fleet_rollout_oldest_running_seconds",
+            "Seconds since the oldest running rollout was created (0 with none running).",
+            value=max(0.0, self._clock.wall() - min(running)) if running else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "llmgw_fleet_store_up",
+            "1 while the store answers this fleet's probes (fleet_svc.store_health), else 0.",
+            value=1 if self._store_problem() == "" else 0,
+        )
+        hub = self._controller.hub
+        yield GaugeMetricFamily(
+            "llmgw_fleet_watchers", "WatchReplicas streams open.", value=hub.watchers
+        )
+        yield CounterMetricFamily(
+            "llmgw_fleet_watchers_cut",
+            "WatchReplicas streams cut off for falling too far behind (they watch again).",
+            value=hub.cut,
         )
         lead = self._leadership()
         yield GaugeMetricFamily(
@@ -134,8 +161,10 @@ def add_fleet_metrics(
     controller: Controller,
     clock: Clock,
     leadership: Callable[[], Leadership] = sole_leader,
+    store_problem: Callable[[], str | None] = lambda: "",
 ) -> None:
     """Put the fleet's collectors in `registry`, its rollout counters listening on
-    `controller` (the RPC series are the server interceptor's, llmgw.metrics.RpcMetrics)."""
-    registry.register(FleetCollector(controller, clock, leadership))
+    `controller` (the RPC series are the server interceptor's, llmgw.metrics.RpcMetrics);
+    `store_problem` is the store's last probe ("" while it answers: StoreHealth.problem)."""
+    registry.register(FleetCollector(controller, clock, leadership, store_problem))
     controller.rollout_listeners.append(RolloutMetrics(registry))

@@ -240,15 +240,19 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
     if leadership is not None:
         leadership.address = opts.advertise or advertised(opts.listen, port)
     metrics_server = None
+    store_health = StoreHealth(store, health_servicer, ("", FLEET_SERVICE, AGENT_SERVICE))
     if registry is not None:
         add_fleet_metrics(
-            registry, controller, clock, lambda: LeaderStatus(duties.is_leader, duties.epoch)
+            registry,
+            controller,
+            clock,
+            lambda: LeaderStatus(duties.is_leader, duties.epoch),
+            store_problem=lambda: store_health.problem,
         )
         metrics_server = await start_metrics_server(opts.metrics, registry)
     probe_server = await start_probe_server(opts.probes, health_servicer) if opts.probes else None
     await server.start()
     await duties.start()
-    store_health = StoreHealth(store, health_servicer, ("", FLEET_SERVICE, AGENT_SERVICE))
     await store_health.check()
     store_task = asyncio.create_task(store_health.run())
     log.info(

@@ -95,6 +95,8 @@ class EndpointHub:
         self._seq = 0
         self._history: deque[EndpointEvent] = deque(maxlen=max(history, 1))
         self._watchers: set[asyncio.Queue[EndpointEvent | None]] = set()
+        self.cut = 0
+        """Watchers cut off so far for falling behind (fleet_svc.metrics counts them)."""
 
     @property
     def ready(self) -> dict[str, Endpoint]:
@@ -146,6 +148,7 @@ class EndpointHub:
                 # Cut it off: the None tells its stream to end; it watches again to resume.
                 self._watchers.discard(queue)
                 queue.put_nowait(None)
+                self.cut += 1
                 log.warning("watcher_dropped", reason="too slow", behind=queue.qsize())
                 continue
             queue.put_nowait(event)

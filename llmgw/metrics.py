@@ -7,6 +7,12 @@ in planner_svc/metrics.py, the agent's in fleet_svc/agent/metrics.py. The RPC se
 names of go-grpc-prometheus (`grpc_server_handled_total`, `grpc_server_handling_seconds`), so
 the dashboards written for it read these too.
 
+Every endpoint also serves what a Prometheus target is expected to (start_metrics_server adds
+them to the registry it serves, once): `process_*` (CPU, memory, open files, start time),
+`python_info` and `python_gc_*`, and `llmgw_build_info{version,commit,python}` (llmgw.build).
+A scraper that accepts `application/openmetrics-text` gets the OpenMetrics format (with its
+`# EOF`); others get Prometheus' text format 0.0.4, as prometheus_client's own server chooses.
+
 The endpoint is served from the process's own event loop (asyncio.start_server), so collectors
 read the server's state on the thread that changes it; it is off unless `--metrics HOST:PORT`
 is given, answers GET and HEAD on `/metrics` only, reads at most 8 KiB of request head for at
@@ -26,8 +32,18 @@ from typing import Any
 
 import grpc
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.exposition import choose_encoder
+
+from llmgw.build import build_info
 
 log = structlog.get_logger(__name__)
 
@@ -176,6 +192,35 @@ class RpcMetrics(grpc.aio.ServerInterceptor):
         return unary
 
 
+_STANDARD = "_llmgw_standard_collectors"
+"""Marks a registry start_metrics_server already gave the standard collectors."""
+
+
+def add_standard_collectors(registry: CollectorRegistry) -> None:
+    """The process, platform and garbage-collector collectors prometheus_client's global
+    registry has, and `llmgw_build_info`, on `registry` (once; a registry served twice keeps
+    one of each). The default global instances are left alone: these are the registry's own."""
+    if getattr(registry, _STANDARD, False):
+        return
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    info = build_info()
+    Info("llmgw_build", "The llmgw build serving this endpoint.", registry=registry).info(
+        {"version": info.version, "commit": info.commit, "python": info.python}
+    )
+    setattr(registry, _STANDARD, True)
+
+
+def _accept(head: bytes) -> str:
+    """The Accept header of a request head ("" when there is none)."""
+    for line in head.split(b"\r\n")[1:]:
+        name, sep, val = line.partition(b":")
+        if sep and name.strip().lower() == b"accept":
+            return val.strip().decode("latin-1")
+    return ""
+
+
 @dataclass
 class MetricsServer:
     """The running `/metrics` endpoint."""
@@ -210,6 +255,7 @@ async def start_metrics_server(listen: str, registry: CollectorRegistry) -> Metr
         OSError: the address could not be bound.
     """
     host, port = split_address(listen)
+    add_standard_collectors(registry)
     open_connections = 0
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -226,8 +272,9 @@ async def start_metrics_server(listen: str, registry: CollectorRegistry) -> Metr
             elif parts[1].split("?", 1)[0] != "/metrics":
                 reply = _response("404 Not Found", b"see /metrics\n", "text/plain", False)
             else:
-                body = generate_latest(registry)
-                reply = _response("200 OK", body, CONTENT_TYPE_LATEST, parts[0] == "HEAD")
+                encode, content_type = choose_encoder(_accept(head))
+                body = encode(registry)
+                reply = _response("200 OK", body, content_type, parts[0] == "HEAD")
             writer.write(reply)
             await writer.drain()
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):

@@ -38,6 +38,10 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 ACCEPTED = "an https:// or http:// URL, hf://ORG/NAME[@REVISION]"
 
+ENV_HF_MIRRORS = "LLMGW_HF_MIRRORS"
+"""`ORG=URL[,ORG=URL...]`: the Hub endpoint each organisation's hf:// repos are read from by
+the planner (planner_svc/sources/policy.py), other repos coming from HF_ENDPOINT or the Hub."""
+
 
 @dataclass
 class SourceRefused(InvalidValue):

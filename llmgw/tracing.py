@@ -33,6 +33,8 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from llmgw.build import build_info
+
 MODES = ("auto", "off", "otlp", "console")
 ENV_TRACE = "LLMGW_TRACE"
 """The `--trace` mode when the flag is not given."""
@@ -41,7 +43,7 @@ ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_
 
 def add_trace_argument(parser: argparse.ArgumentParser) -> None:
     """`--trace {auto,off,otlp,console}`."""
-    parser.add_argument(
+    action = parser.add_argument(
         "--trace",
         choices=MODES,
         default=os.environ.get(ENV_TRACE, "auto"),
@@ -49,6 +51,7 @@ def add_trace_argument(parser: argparse.ArgumentParser) -> None:
         "localhost:4317), console (to stderr), off; auto (the default, or $LLMGW_TRACE) is "
         "otlp when an OTLP endpoint is set in the environment, else off",
     )
+    action.env = ENV_TRACE  # type: ignore[attr-defined]  # named in the help (llmgw.cmdline)
 
 
 def exporting(mode: str, environ: Mapping[str, str]) -> str:
@@ -107,6 +110,14 @@ def instrument(provider: Any) -> Tracing:
     return out
 
 
+def resource_attributes(name: str) -> dict[str, str]:
+    """What every span of this process says about it: the service's name and its build's
+    version (OpenTelemetry's `service.version`), and the commit it was built from
+    (llmgw.build)."""
+    info = build_info()
+    return {"service.name": name, "service.version": info.version, "vcs.revision": info.commit}
+
+
 def configure_tracing(
     service: str, mode: str = "auto", environ: Mapping[str, str] | None = None
 ) -> Tracing | None:
@@ -128,7 +139,7 @@ def configure_tracing(
 
     # OTEL_SERVICE_NAME, when set, names the process as the specification says it should.
     name = env.get("OTEL_SERVICE_NAME") or service
-    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    provider = TracerProvider(resource=Resource.create(resource_attributes(name)))
     exporter: Any
     if where == "otlp":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter

@@ -1,6 +1,6 @@
 """Run the planner: `python -m planner_svc --listen HOST:PORT [--tls-cert F --tls-key F
 [--tls-ca F]] [--allow-host H ...] [--allow-root DIR ...] [--metrics HOST:PORT]
-[--probe-listen HOST:PORT]`."""
+[--probe-listen HOST:PORT]`. Exit codes: llmgw.cmdline's table (docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,14 @@ import asyncio
 import os
 import sys
 
+from llmgw.cmdline import (
+    EXIT_ERROR,
+    UsageParser,
+    add_env_argument,
+    add_log_format_argument,
+    add_version,
+    log_format,
+)
 from llmgw.logs import configure_logging
 from llmgw.metrics import add_metrics_argument
 from llmgw.probes import add_probe_argument
@@ -19,22 +27,39 @@ DEFAULT_LISTEN = "127.0.0.1:50051"
 
 
 SWITCH_INTERVAL_S = 0.001
+MAX_DRAIN_DELAY_S = 300.0
+"""The longest --drain-delay taken (a pod's termination grace bounds it anyway)."""
+
+
+def drain_delay(value: str) -> float:
+    """A --drain-delay: seconds, 0 to MAX_DRAIN_DELAY_S."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not 0 <= seconds <= MAX_DRAIN_DELAY_S:
+        raise argparse.ArgumentTypeError(f"{value} s is not within 0 to {MAX_DRAIN_DELAY_S:g} s")
+    return seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The planner's command line."""
-    parser = argparse.ArgumentParser(prog="python -m planner_svc", description=__doc__)
-    parser.add_argument(
+    parser = UsageParser(
+        prog="python -m planner_svc",
+        description="The llmgw planner: sizes a model's cards and context for each engine "
+        "(a gRPC service; nothing it answers changes anything).",
+        epilog="example:\n  python -m planner_svc --listen 0.0.0.0:50051 --tls-cert planner.crt "
+        "--tls-key planner.key --tls-ca ca.crt",
+    )
+    add_version(parser)
+    add_env_argument(
+        parser,
         "--listen",
-        default=os.environ.get("LLMGW_PLANNER_LISTEN", DEFAULT_LISTEN),
-        help="HOST:PORT to listen on; port 0 picks a free one (default %(default)s)",
+        env="LLMGW_PLANNER_LISTEN",
+        default=DEFAULT_LISTEN,
+        help="HOST:PORT to listen on; port 0 picks a free one",
     )
-    parser.add_argument(
-        "--log-format",
-        choices=("json", "console"),
-        default="json" if not sys.stderr.isatty() else "console",
-        help="log lines as JSON (production) or for people",
-    )
+    add_log_format_argument(parser)
     add_server_tls_arguments(parser)
     sources = parser.add_argument_group("what the planner may fetch")
     sources.add_argument(
@@ -54,6 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="a folder local .gguf sources may be read from (repeat); default none, or "
         "$LLMGW_PLANNER_ALLOW_ROOTS (':'-separated)",
     )
+    parser.add_argument(
+        "--drain-delay",
+        type=drain_delay,
+        default=os.environ.get("LLMGW_DRAIN_DELAY_S", "0"),
+        metavar="SECONDS",
+        help="on SIGTERM, report NOT_SERVING and keep serving this long before stopping, so a "
+        "readiness probe sees it and the Service stops sending (default %(default)s; "
+        "deploy/ sets it above the readiness probe's period times its failure threshold)",
+    )
     add_metrics_argument(parser)
     add_probe_argument(parser)
     add_trace_argument(parser)
@@ -63,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, configure logging, serve until signalled."""
     opts = build_parser().parse_args(argv)
-    configure_logging(opts.log_format == "json")
+    configure_logging(log_format(opts) == "json")
     tracing = None
     # Plans run on a worker thread (planner_svc/rpc/servicer.py); the event loop waits for the
     # GIL up to the switch interval each time it wakes while one runs. 1 ms instead of
@@ -88,11 +122,12 @@ def main(argv: list[str] | None = None) -> int:
                 policy=policy,
                 metrics=opts.metrics,
                 probes=opts.probe_listen,
+                drain_s=opts.drain_delay,
             )
         )
     except (RuntimeError, TLSConfigError, ValueError, OSError) as exc:
         print(f"planner: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     finally:
         if tracing is not None:
             tracing.shutdown()

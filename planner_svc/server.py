@@ -40,6 +40,26 @@ SERVER_OPTIONS = [
 
 SHUTDOWN_GRACE_S = 10.0
 """How long calls in flight may finish after SIGTERM."""
+MAX_CONNECTION_AGE_S = 60.0
+"""How long one client connection lives before the planner sends it GOAWAY: HTTP/2 keeps a
+client (the fleet, a gateway) on the pod it first reached, so without an age the pods an HPA
+adds behind the ClusterIP Service would get no traffic; after it the client connects anew and
+the Service picks a pod. (gRPC core adds ±10 % of jitter.) The fleet sets none: its agents'
+and gateways' streams are meant to last."""
+MAX_CONNECTION_AGE_GRACE_S = 30.0
+"""How long calls in flight on an aged connection may finish (a plan that reads a source
+takes seconds)."""
+
+
+def connection_age_options(age_s: float, grace_s: float) -> list[tuple[str, int]]:
+    """The server options that close each connection after `age_s` (0: never), calls in
+    flight then given `grace_s`."""
+    if age_s <= 0:
+        return []
+    return [
+        ("grpc.max_connection_age_ms", round(age_s * 1000)),
+        ("grpc.max_connection_age_grace_ms", round(grace_s * 1000)),
+    ]
 
 
 @dataclass
@@ -55,9 +75,14 @@ class PlannerServer:
     probes: ProbeServer | None = None
     """The plaintext health port for Kubernetes' probes, when asked for."""
 
-    async def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
-        """Report NOT_SERVING, let calls in flight finish within `grace_s`, then stop."""
+    async def stop(self, grace_s: float = SHUTDOWN_GRACE_S, drain_s: float = 0.0) -> None:
+        """Report NOT_SERVING, keep serving for `drain_s` (long enough for a readiness probe to
+        see it and the Service to drop the pod: deploy/ sets it), then let calls in flight
+        finish within `grace_s` and stop."""
         await self.health.enter_graceful_shutdown()
+        if drain_s > 0:
+            log.info("planner_draining", port=self.port, drain_s=drain_s)
+            await asyncio.sleep(drain_s)
         await self.server.stop(grace_s)
         if self.metrics is not None:
             await self.metrics.stop()
@@ -76,6 +101,7 @@ async def start_planner(
     metrics: str = "",
     probes: str = "",
     limits: Limits | None = None,
+    max_connection_age_s: float = MAX_CONNECTION_AGE_S,
 ) -> PlannerServer:
     """Start a planner listening on `listen` (HOST:PORT; port 0 picks one).
 
@@ -91,6 +117,8 @@ async def start_planner(
         probes: HOST:PORT of a plaintext health port for Kubernetes (llmgw.probes); "": none.
         limits: how large a request may be and how many bytes of answers are remembered
             (default: from the environment, `Limits.from_env`; docs/errors.md).
+        max_connection_age_s: GOAWAY each connection after this long (0: never; see
+            MAX_CONNECTION_AGE_S).
 
     Raises:
         TLSConfigError: plaintext off loopback without `insecure`, or unusable TLS files.
@@ -107,7 +135,10 @@ async def start_planner(
         interceptors.insert(0, RpcMetrics(registry))
         add_planner_metrics(registry, resolver)
     server = grpc.aio.server(
-        options=SERVER_OPTIONS + server_options(limits), interceptors=interceptors
+        options=SERVER_OPTIONS
+        + server_options(limits)
+        + connection_age_options(max_connection_age_s, MAX_CONNECTION_AGE_GRACE_S),
+        interceptors=interceptors,
     )
     servicer = add_planner_service(server, resolver, limits)
     health_servicer = health.aio.HealthServicer()
@@ -148,8 +179,10 @@ async def serve(
     policy: SourcePolicy | None = None,
     metrics: str = "",
     probes: str = "",
+    drain_s: float = 0.0,
 ) -> None:
-    """Run a planner until SIGTERM or SIGINT, then shut it down gracefully."""
+    """Run a planner until SIGTERM or SIGINT, then shut it down gracefully: NOT_SERVING, still
+    serving for `drain_s`, then calls in flight given SHUTDOWN_GRACE_S."""
     running = await start_planner(
         listen, tls=tls, insecure=insecure, policy=policy, metrics=metrics, probes=probes
     )
@@ -163,4 +196,4 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("planner_stopping", port=running.port)
-    await running.stop()
+    await running.stop(SHUTDOWN_GRACE_S, drain_s)

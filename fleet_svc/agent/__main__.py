@@ -1,4 +1,6 @@
-"""Run the node agent: `python -m fleet_svc.agent --fleet HOST:PORT --node NAME [...]`."""
+"""Run the node agent: `python -m fleet_svc.agent --fleet HOST:PORT --node NAME [...]`.
+Exit codes: llmgw.cmdline's table (docs/cli.md): 0 stopped by a signal, 1 a config, card
+list or TLS file it cannot use, 64 bad flags."""
 
 from __future__ import annotations
 
@@ -31,6 +33,15 @@ from fleet_svc.agent.replicas import ReplicaSet
 from fleet_svc.agent.rpc.client import AgentClient, NodeIdentity
 from fleet_svc.agent.runner import Spans
 from fleet_svc.agent.versions import reported_versions, with_versions
+from llmgw.cmdline import (
+    EXIT_ERROR,
+    UsageParser,
+    add_env_argument,
+    add_log_format_argument,
+    add_version,
+    log_format,
+    set_env,
+)
 from llmgw.logs import configure_logging
 from llmgw.metrics import MetricsServer, add_metrics_argument, start_metrics_server
 from llmgw.probes import LIVENESS, ProbeServer, add_probe_argument, start_probe_server
@@ -60,6 +71,10 @@ after the engine's grace) before it exits: the fleet gives an agent that comes b
 replicas again, so nothing is lost but the engines' warm state. With --leave-replicas it leaves
 them running; an agent started again with the same --state-dir adopts them instead of starting
 them twice.
+
+example:
+  python -m fleet_svc.agent --fleet fleet:50052 --tls-ca ca.crt --tls-cert node-gpu7.crt \\
+      --tls-key node-gpu7.key --config agent.yaml
 """
 
 
@@ -72,17 +87,15 @@ def _label(text: str) -> tuple[str, str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The agent's command line."""
-    parser = argparse.ArgumentParser(
+    parser = UsageParser(
         prog="python -m fleet_svc.agent",
         description="The llmgw node agent: reports this node's cards and replicas to the "
         "fleet and runs the engine processes the fleet wants here.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--fleet",
-        default=os.environ.get("LLMGW_FLEET", ""),
-        help="the fleet's HOST:PORT (default $LLMGW_FLEET)",
+    add_version(parser)
+    add_env_argument(
+        parser, "--fleet", env="LLMGW_FLEET", default="", help="the fleet's HOST:PORT (required)"
     )
     parser.add_argument(
         "--node",
@@ -91,10 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
         "hostname); the fleet refuses a name other than its certificate's",
     )
     cards = parser.add_mutually_exclusive_group()
-    cards.add_argument("--gpus", help="the node's cards, e.g. 8xH100-80GB or 2xL4-24GB,1xA100-80GB")
+    cards.add_argument(
+        "--gpus",
+        help="the node's stand-in cards, e.g. 8xH100-80GB or 2xL4-24GB,1xA100-80GB (default: "
+        "NVML's)",
+    )
     cards.add_argument("--gpus-file", type=Path, help="a YAML file listing the node's cards")
-    parser.add_argument("--config", type=Path, help="the agent's engine config (YAML)")
     parser.add_argument(
+        "--config",
+        type=Path,
+        help="the agent's engine config (YAML, see deploy/agent.example.yaml; default: the "
+        "stand-in and llama.cpp)",
+    )
+    roots = parser.add_argument(
         "--source-root",
         action="append",
         default=[p for p in os.environ.get("LLMGW_AGENT_SOURCE_ROOTS", "").split(os.pathsep) if p],
@@ -103,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         "source_roots; default $LLMGW_AGENT_SOURCE_ROOTS, ':'-separated); a local source "
         "anywhere else is refused",
     )
+    set_env(roots, "LLMGW_AGENT_SOURCE_ROOTS")
     parser.add_argument(
         "--state-dir",
         type=Path,
@@ -135,12 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the name to check the fleet's certificate against when it is not the host in "
         "--fleet (an address the certificate does not list)",
     )
-    parser.add_argument(
-        "--log-format",
-        choices=("json", "console"),
-        default="json" if not sys.stderr.isatty() else "console",
-        help="log lines as JSON (production) or for people",
-    )
+    add_log_format_argument(parser)
     parser.add_argument(
         "--advertise-host",
         default=None,
@@ -266,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--fleet HOST:PORT is required (or set $LLMGW_FLEET)")
     if opts.node is None:
         opts.node = node_of_certificate(opts) or socket.gethostname()
-    configure_logging(opts.log_format == "json")
+    configure_logging(log_format(opts) == "json")
     structlog.contextvars.bind_contextvars(node=opts.node)
     tracing = None
     try:
@@ -274,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(run_agent(opts, ChildSpans() if tracing is not None else None))
     except (ConfigError, CardSpecError, TLSConfigError, OSError, ValueError) as exc:
         print(f"agent: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     finally:
         if tracing is not None:
             tracing.shutdown()

@@ -24,6 +24,7 @@ from llmgw.engines import registry, sglang, trtllm, vllm
 from llmgw.engines.args import fold, split_flag
 from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, RefusedFlag, switch
 from llmgw.engines.llamacpp import engine as llamacpp_engine
+from llmgw.engines.revision import revision_conflict, source_revision
 from llmgw.sources import (
     PathSource,
     SourceRefused,
@@ -79,6 +80,7 @@ class Rejection:
 STANDIN_FLAGS: tuple[AllowedFlag, ...] = (
     AllowedFlag(("--load-s",)),
     switch("--fail-on-start"),
+    switch("--serve-no-model"),
     AllowedFlag(("--fail-after-s",)),
     AllowedFlag(("--memory-bytes",)),
     AllowedFlag(("--kv-capacity-tokens",)),
@@ -162,6 +164,10 @@ class ArgRules:
     extra: tuple[AllowedFlag, ...] = ()
     needs_source: bool = False
     """The engine's template passes the source (`{source}` or `{source_args}`)."""
+    pins_revision: bool = True
+    """A revision an hf:// source pins reaches the engine's command line (by its family's
+    revision flag, `{revision}` in its source_args, or the whole `{source}`), or the engine is
+    given no source at all; False: such a replica is refused."""
 
 
 @dataclass(frozen=True)
@@ -310,6 +316,32 @@ def check_source(source: str, rules: SourceRules, *, needs_source: bool) -> str 
                 )
     except SourceRefused as exc:
         return exc.message
+    return None
+
+
+def check_pin(
+    source: str, args: Sequence[str], rules: ArgRules, engine: str
+) -> tuple[RejectReason, str] | None:
+    """Why a replica's pinned revision would not be what its engine loads, or None: the
+    arguments pin another revision than the source (ARGS_REFUSED; the fleet refuses that
+    already, checked again here), or the source pins one and this engine cannot be given it
+    (SOURCE_REFUSED)."""
+    why = revision_conflict(rules.family, args, source)
+    if why:
+        return RejectReason.ARGS_REFUSED, why
+    revision = source_revision(source)
+    if revision and not rules.pins_revision:
+        return RejectReason.SOURCE_REFUSED, (
+            f"source {source[:200]!r} pins revision {revision}, and engine {engine} "
+            f"({rules.family}) has no way here to be given a revision: it would load the "
+            "repo's default branch, not what the planner sized"
+            + (
+                "; give a GGUF resolve URL at that commit "
+                "(https://huggingface.co/ORG/NAME/resolve/COMMIT/FILE.gguf) instead"
+                if rules.family == "llamacpp"
+                else "; add {revision} to its source_args in this agent's config"
+            )
+        )
     return None
 
 

@@ -20,10 +20,17 @@ import yaml
 
 from fleet_svc.agent.admission import REFUSAL_TABLES, STANDIN_FLAGS, ArgRules
 from fleet_svc.agent.backoff import Backoff, RestartLimit
+from fleet_svc.agent.fetch import DEFAULT_FETCH_MAX_BYTES
 from fleet_svc.agent.replica import ReplicaSpec
+from fleet_svc.agent.source_args import LLAMACPP_SOURCE_ARGS as LLAMACPP_SOURCE_ARGS
+from fleet_svc.agent.source_args import SOURCE_KINDS as SOURCE_KINDS
+from fleet_svc.agent.source_args import not_a_flag, pin_items, pins_revision, source_parts
+from fleet_svc.agent.source_args import uses_source as uses_source
 
 # How llama-server is found (the operator's $LLMGW_LLAMA_SERVER, PATH, the build cache) is
 # shared with `llmgw up`; the agent's callers import it from here.
+from llmgw import strict
+from llmgw.engines.revision import revision_flag, source_revision
 from llmgw.llama_server import LLAMA_SERVER_ENV as LLAMA_SERVER_ENV
 from llmgw.llama_server import find_llama_server as find_llama_server
 
@@ -35,8 +42,6 @@ MAX_VERSION_CHARS = 64
 PLACEHOLDERS = frozenset(
     {"model", "port", "host", "args", "source", "source_args", "engine", "replica_id", "profile"}
 )
-# How a replica's source is written: a local path, an http(s) URL, or hf://ORG/NAME[@REV].
-SOURCE_KINDS = ("path", "url", "hf")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 
 # Stand-in engines: one argument template for every engine they stand in for. `{engine}` lets
@@ -63,39 +68,14 @@ LLAMACPP_TEMPLATE = (
     "{model}",
     "{args}",
 )
-# llama-server takes a file with -m, a URL with -mu (downloaded to its cache) and a Hugging
-# Face repo with -hf (common/arg.cpp).
-LLAMACPP_SOURCE_ARGS: dict[str, tuple[str, ...]] = {
-    "path": ("-m", "{value}"),
-    "url": ("-mu", "{value}"),
-    "hf": ("-hf", "{value}"),
-}
-
-
-def source_parts(source: str) -> tuple[str, str]:
-    """A source's kind (one of SOURCE_KINDS) and the value an engine is given for it:
-    `hf://ORG/NAME[@REV]` -> ("hf", "ORG/NAME"), a URL as it is, anything else a path."""
-    if source.startswith("hf://"):
-        return "hf", source[len("hf://") :].split("@", 1)[0]
-    if source.startswith(("http://", "https://")):
-        return "url", source
-    return "path", source
+DEFAULT_MODELS_PATH = "/v1/models"
+"""Where vLLM, SGLang, trtllm-serve and llama-server list the models they serve (an
+OpenAI-shaped `{"data": [{"id": NAME}, ...]}`); llama-server in router mode, started with no
+model, answers /health 200 and lists none."""
 
 
 class ConfigError(ValueError):
     """The agent's config cannot be used; the message names the key and what would work."""
-
-
-def _not_a_flag(value: str) -> None:
-    """A source in an argument slot of its own never reads as a flag (admission refuses such
-    sources; this is the last line before exec)."""
-    if value.startswith("-"):
-        raise ValueError(f"refusing to pass the source {value[:80]!r}: it would read as a flag")
-
-
-def uses_source(template: tuple[str, ...]) -> bool:
-    """Whether a template passes the replica's source to the engine."""
-    return any("{source}" in part or part == "{source_args}" for part in template)
 
 
 @dataclass(frozen=True)
@@ -123,6 +103,37 @@ class EngineConfig:
     version: str = ""
     """The engine's version as the node reports it (the config's `version`, else found at
     start: `fleet_svc.agent.versions`); "" when not known."""
+    revision_flag: tuple[str, ...] = ()
+    """How the engine is given a pinned revision of an hf:// source (its family's flag,
+    `llmgw.engines.revision`); () when it has none."""
+    fetch_urls: bool = False
+    """An http(s) source is fetched by the agent into its model cache (`fleet_svc.agent.fetch`)
+    and the engine given the local file (its `path` source_args) instead of the URL: the
+    default for llama.cpp, whose own fetching needs a build with TLS."""
+    models_path: str = DEFAULT_MODELS_PATH
+    """The engine's list of the models it serves (OpenAI's `GET /v1/models`): a replica is
+    HEALTHY only once its health path answers 200 and this list names its served model; ""
+    for an engine that has no such list (health alone then)."""
+
+    def fetches(self, source: str) -> bool:
+        """Whether the agent fetches `source` for this engine before starting it."""
+        return (
+            self.fetch_urls
+            and "{source_args}" in self.template
+            and source.startswith(("http://", "https://"))
+        )
+
+    def served_name(self, spec: ReplicaSpec) -> str:
+        """The name the engine serves `spec`'s model under: the catalog's where the template
+        gives it (`{model}`: vLLM's and SGLang's --served-model-name, llama-server's
+        --alias); for TensorRT-LLM, whose `trtllm-serve` has no such flag, the name it was
+        given the model by (tensorrt_llm/commands/serve.py: OpenAIServer(model=model)); ""
+        when the template does not say (then any model listed will do)."""
+        if self.rules.family == "trtllm" and spec.source and uses_source(self.template):
+            return source_parts(spec.source)[1]
+        if any("{model}" in part for part in self.template):
+            return spec.model or spec.replica_id
+        return ""
 
     def command(self, spec: ReplicaSpec, host: str, port: int) -> list[str]:
         """The argv that runs `spec` on `host:port`: program, then the filled template.
@@ -132,6 +143,7 @@ class EngineConfig:
         the items `source_args` gives for the source's kind, `{value}` filled (the bare value
         for a kind it does not name).
         """
+        revision = source_revision(spec.source)
         values = {
             "model": spec.model or spec.replica_id,
             "port": str(port),
@@ -147,12 +159,26 @@ class EngineConfig:
                 argv.extend(spec.args)
             elif part == "{source_args}":
                 kind, value = source_parts(spec.source)
-                _not_a_flag(value)
+                not_a_flag(value)
                 items = self.source_args.get(kind, ("{value}",))
-                argv.extend(item.replace("{value}", value) for item in items)
+                # `{revision}` in an item is the pin; with none, items holding it are left out.
+                argv.extend(
+                    item.replace("{value}", value).replace("{revision}", revision)
+                    for item in items
+                    if revision or "{revision}" not in item
+                )
+                if kind == "hf":
+                    pin = pin_items(
+                        items, revision, self.revision_flag, spec.args, self.rules.family
+                    )
+                    if pin is None:
+                        # Admission refuses such a replica (`ArgRules.pins_revision`): never
+                        # start an engine on another revision than the one sized.
+                        raise ValueError(f"engine {self.name} cannot be given revision {revision}")
+                    argv.extend(pin)
             else:
                 if part == "{source}":
-                    _not_a_flag(spec.source)
+                    not_a_flag(spec.source)
                 argv.append(_PLACEHOLDER.sub(lambda m: values[m.group(1)], part))
         return argv
 
@@ -177,6 +203,8 @@ class AgentConfig:
     advertise_host: str = ""
     # Folders local model sources may be in (real paths); none: no local source runs.
     source_roots: tuple[str, ...] = ()
+    # The largest file the agent fetches into its model cache (engines with fetch_urls).
+    fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES
 
     def arg_rules(self) -> dict[str, ArgRules]:
         """Engine name -> its argument rules: what admission needs."""
@@ -204,8 +232,33 @@ def _check_template(name: str, template: tuple[str, ...]) -> tuple[str, ...]:
 def _number(data: Mapping[str, Any], key: str, default: float, where: str) -> float:
     value = data.get(key, default)
     if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"{where}: {key} must be a number >= 0")
+        raise ConfigError(f"{where}: {strict.wrong_type(key, 'a number >= 0', value)}")
     return float(value)
+
+
+CONFIG_KEYS = (
+    "engines",
+    "restart",
+    "unhealthy_after",
+    "health_interval_s",
+    "health_timeout_s",
+    "log_max_bytes",
+    "log_tail_lines",
+    "engine_host",
+    "advertise_host",
+    "source_roots",
+    "fetch_max_bytes",
+)
+"""The agent config's top-level keys (deploy/agent.example.yaml)."""
+RESTART_KEYS = ("base_s", "factor", "cap_s", "jitter", "max_crashes", "window_s")
+"""The keys under `restart:`."""
+
+
+def _string(data: Mapping[str, Any], key: str, default: str, where: str) -> str:
+    value = data.get(key, default)
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: {strict.wrong_type(key, 'a string', value)}")
+    return value
 
 
 def _str_list(value: Any, key: str, where: str) -> tuple[str, ...]:
@@ -229,8 +282,10 @@ def module_engine(
             family,
             extra=STANDIN_FLAGS if module == STANDIN_MODULE else (),
             needs_source=uses_source(checked),
+            pins_revision=pins_revision(checked, extra.get("source_args", {}), family),
         ),
         module=module,
+        revision_flag=revision_flag(family),
         **extra,
     )
 
@@ -260,10 +315,12 @@ def parse_engine(
         "source_args",
         "worker_executable",
         "version",
+        "models_path",
+        "fetch_urls",
     }
-    unknown = sorted(set(data) - known)
+    unknown = strict.unknown_keys(data, known, f"engines.{name}")
     if unknown:
-        raise ConfigError(f"{where}: unknown keys {unknown} (known: {sorted(known)})")
+        raise ConfigError("; ".join(unknown))
     executable, module = data.get("executable"), data.get("module")
     if (executable is None) == (module is None):
         raise ConfigError(f"{where}: give exactly one of executable (a path) or module")
@@ -292,6 +349,12 @@ def parse_engine(
     health_path = data.get("health_path", "/health")
     if not isinstance(health_path, str) or not health_path.startswith("/"):
         raise ConfigError(f"{where}: health_path must start with /")
+    models_path = data.get("models_path", DEFAULT_MODELS_PATH)
+    if not isinstance(models_path, str) or (models_path and not models_path.startswith("/")):
+        raise ConfigError(f'{where}: models_path must start with / (or be "" for none)')
+    fetch_urls = data.get("fetch_urls", family == "llamacpp")
+    if not isinstance(fetch_urls, bool):
+        raise ConfigError(f"{where}: fetch_urls must be true or false")
     env = data.get("env", {}) or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
         raise ConfigError(f"{where}: env must map names to values")
@@ -339,7 +402,9 @@ def parse_engine(
             refuse=dict(refuse),
             extra=STANDIN_FLAGS if module == STANDIN_MODULE else (),
             needs_source=uses_source(template),
+            pins_revision=pins_revision(template, source_args, family),
         ),
+        revision_flag=revision_flag(family),
         health_path=health_path,
         start_timeout_s=_number(data, "start_timeout_s", 600.0, where),
         stop_grace_s=_number(data, "stop_grace_s", 30.0, where),
@@ -348,6 +413,8 @@ def parse_engine(
         source_args=source_args,
         worker_program=worker_program,
         version=version.strip(),
+        models_path=models_path,
+        fetch_urls=fetch_urls,
     )
 
 
@@ -363,6 +430,9 @@ def parse_config(
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: must be a mapping")
+    unknown = strict.unknown_keys(data, CONFIG_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: {'; '.join(unknown)}")
     engines_data = data.get("engines")
     if not isinstance(engines_data, dict) or not engines_data:
         raise ConfigError(f"{where}: engines must map at least one engine name to its settings")
@@ -373,22 +443,35 @@ def parse_config(
         engines[name] = parse_engine(name, entry, which)
     restart = data.get("restart", {}) or {}
     if not isinstance(restart, dict):
-        raise ConfigError(f"{where}: restart must be a mapping")
+        raise ConfigError(f"{where}: {strict.wrong_type('restart', 'a mapping', restart)}")
+    unknown = strict.unknown_keys(restart, RESTART_KEYS, "restart")
+    if unknown:
+        raise ConfigError(f"{where}: {'; '.join(unknown)}")
     try:
         backoff = Backoff(
-            base_s=_number(restart, "base_s", 1.0, where),
-            factor=_number(restart, "factor", 2.0, where),
-            cap_s=_number(restart, "cap_s", 60.0, where),
-            jitter=_number(restart, "jitter", 0.2, where),
+            base_s=_number(restart, "base_s", 1.0, f"{where}: restart"),
+            factor=_number(restart, "factor", 2.0, f"{where}: restart"),
+            cap_s=_number(restart, "cap_s", 60.0, f"{where}: restart"),
+            jitter=_number(restart, "jitter", 0.2, f"{where}: restart"),
         )
     except ValueError as exc:
         raise ConfigError(f"{where}: restart: {exc}") from exc
     max_crashes = restart.get("max_crashes", 5)
-    if not isinstance(max_crashes, int) or max_crashes < 1:
-        raise ConfigError(f"{where}: restart.max_crashes must be a whole number >= 1")
+    if not isinstance(max_crashes, int) or isinstance(max_crashes, bool) or max_crashes < 1:
+        raise ConfigError(
+            f"{where}: "
+            + strict.wrong_type("restart.max_crashes", "a whole number >= 1", max_crashes)
+        )
     unhealthy_after = data.get("unhealthy_after", 3)
-    if not isinstance(unhealthy_after, int) or unhealthy_after < 1:
-        raise ConfigError(f"{where}: unhealthy_after must be a whole number >= 1")
+    if (
+        not isinstance(unhealthy_after, int)
+        or isinstance(unhealthy_after, bool)
+        or unhealthy_after < 1
+    ):
+        raise ConfigError(
+            f"{where}: "
+            + strict.wrong_type("unhealthy_after", "a whole number >= 1", unhealthy_after)
+        )
     return AgentConfig(
         engines=engines,
         health_interval_s=_number(data, "health_interval_s", 1.0, where) or 1.0,
@@ -396,13 +479,15 @@ def parse_config(
         unhealthy_after=unhealthy_after,
         restart_backoff=backoff,
         restart_limit=RestartLimit(
-            max_crashes=max_crashes, window_s=_number(restart, "window_s", 300.0, where)
+            max_crashes=max_crashes,
+            window_s=_number(restart, "window_s", 300.0, f"{where}: restart"),
         ),
         log_max_bytes=int(_number(data, "log_max_bytes", 10 << 20, where)),
         log_tail_lines=int(_number(data, "log_tail_lines", 20, where)),
-        engine_host=str(data.get("engine_host", "127.0.0.1")),
-        advertise_host=str(data.get("advertise_host", "")),
+        engine_host=_string(data, "engine_host", "127.0.0.1", where),
+        advertise_host=_string(data, "advertise_host", "", where),
         source_roots=source_roots(_str_list(data.get("source_roots"), "source_roots", where)),
+        fetch_max_bytes=int(_number(data, "fetch_max_bytes", DEFAULT_FETCH_MAX_BYTES, where)),
     )
 
 
@@ -481,10 +566,11 @@ def default_config(
                 name="llamacpp",
                 program=(llama_server,),
                 template=_check_template("llamacpp", LLAMACPP_TEMPLATE),
-                rules=ArgRules("llamacpp", needs_source=True),
+                rules=ArgRules("llamacpp", needs_source=True, pins_revision=False),
                 source_args=LLAMACPP_SOURCE_ARGS,
                 start_timeout_s=300.0,
                 stop_grace_s=10.0,
+                fetch_urls=True,
             )
     if demo:
         for name in ("vllm", "sglang", "trtllm", "llamacpp"):

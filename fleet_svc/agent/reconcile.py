@@ -11,6 +11,7 @@ from fleet_svc.agent.admission import (
     RejectReason,
     SourceRules,
     check_gpus,
+    check_pin,
     check_source,
     refused_arg,
 )
@@ -42,7 +43,8 @@ def admit(
     """Split a desired set into the specs the agent will run and the ones it refuses.
 
     Checked in order: the engine is configured, the arguments pass its rules, the source is
-    one the agent accepts (`sources`; None: no local paths), the cards are
+    one the agent accepts (`sources`; None: no local paths) and any revision it pins reaches
+    the engine, the cards are
     the node's and no other admitted replica of the set has them. A replica id given twice is
     refused the second time (the set is keyed by replica).
     """
@@ -75,6 +77,10 @@ def admit(
         why = check_source(spec.source, sources or SourceRules(), needs_source=rules.needs_source)
         if why is not None:
             refuse(spec, RejectReason.SOURCE_REFUSED, why)
+            continue
+        pin_problem = check_pin(spec.source, spec.args, rules, spec.engine)
+        if pin_problem is not None:
+            refuse(spec, *pin_problem)
             continue
         gpu_problem = check_gpus(spec.gpus, node_cards, taken)
         if gpu_problem is not None:

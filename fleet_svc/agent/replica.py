@@ -48,9 +48,11 @@ class Phase(enum.Enum):
     """What the agent observes of a replica's engine process (the proto's ProcessPhase)."""
 
     STARTING = "STARTING"
-    """The process runs and its health path does not answer 200 yet."""
+    """The process runs, and its health path does not answer 200 yet or its model list
+    (`EngineConfig.models_path`) does not name the served model yet."""
     HEALTHY = "HEALTHY"
-    """The process runs and its health path answers 200."""
+    """The process runs, its health path answers 200, and (checked until it first does) its
+    model list names the served model."""
     UNHEALTHY = "UNHEALTHY"
     """The process answered 200 before and has failed the last N health checks since."""
     CRASHED = "CRASHED"

@@ -15,6 +15,7 @@ import structlog
 from fleet_svc.agent.admission import Rejection, SourceRules
 from fleet_svc.agent.cards import CardBackend
 from fleet_svc.agent.config import AgentConfig
+from fleet_svc.agent.fetch import ModelCache
 from fleet_svc.agent.process import AdoptedProcess, read_records
 from fleet_svc.agent.reconcile import plan_changes
 from fleet_svc.agent.replica import Observation, ReplicaSpec
@@ -53,6 +54,7 @@ class ReplicaSet:
             # No proxies from the environment: health checks go to loopback engines.
             http=httpx.AsyncClient(trust_env=False),
             spans=spans or NoSpans(),
+            models=ModelCache(state_dir / "models", config.fetch_max_bytes),
         )
         self._runners: dict[str, ReplicaRunner] = {}
         self._stopping: dict[ReplicaRunner, asyncio.Task[None]] = {}
@@ -169,3 +171,5 @@ class ReplicaSet:
                 await runner.detach()
             await self.wait_stopped()
         await self._ctx.http.aclose()
+        if self._ctx.models is not None:
+            await self._ctx.models.aclose()

@@ -26,9 +26,11 @@ import structlog
 from fleet_svc.agent.backoff import recent_crashes
 from fleet_svc.agent.cards import CardBackend
 from fleet_svc.agent.config import AgentConfig, EngineConfig
+from fleet_svc.agent.fetch import ModelCache, fetch_source
 from fleet_svc.agent.gang import GangRefused, member_command, serves_http
 from fleet_svc.agent.host import free_port
 from fleet_svc.agent.logs import ReplicaLog
+from fleet_svc.agent.model_list import missing_model
 from fleet_svc.agent.process import (
     AdoptedProcess,
     ChildProcess,
@@ -90,6 +92,9 @@ class RunnerContext:
     rand: Callable[[], float]
     http: httpx.AsyncClient
     spans: Spans = field(default_factory=NoSpans)
+    models: ModelCache | None = None
+    """Where URL sources are fetched to for engines that have the agent fetch them (None:
+    such a replica cannot start)."""
 
     @property
     def records_dir(self) -> Path:
@@ -242,8 +247,12 @@ class ReplicaRunner:
                     )
                     adopted = None
                 else:
-                    self._spawning = asyncio.create_task(self._spawn())
-                    proc = await asyncio.shield(self._spawning)
+                    # Fetched outside the shielded start: a stop cancels a long download.
+                    spec = await self._fetched()
+                    proc = None
+                    if spec is not None:
+                        self._spawning = asyncio.create_task(self._spawn(spec))
+                        proc = await asyncio.shield(self._spawning)
                 if proc is None:
                     code, why = UNKNOWN_EXIT, self._obs.message
                 else:
@@ -258,9 +267,28 @@ class ReplicaRunner:
             self._bound.exception("replica_supervision_failed")
             self._report(Phase.FAILED, message=f"the agent failed to supervise it: {exc}")
 
-    async def _spawn(self) -> EngineProcess | None:
-        """Start the engine; None (after reporting why) when it cannot be executed."""
-        ctx, engine, spec = self._ctx, self._engine, self.spec
+    async def _fetched(self) -> ReplicaSpec | None:
+        """The spec to start: as it is, or, for an engine the agent fetches URL sources for,
+        with the source replaced by the cached file (progress reported as STARTING messages);
+        None (after reporting why) when it cannot be fetched."""
+        spec = self.spec
+        if not self._engine.fetches(spec.source):
+            return spec
+
+        def say(message: str) -> None:
+            self._report(Phase.STARTING, message=message, pid=0)
+
+        local, note = await fetch_source(self._ctx.models, spec.source, say)
+        self._log.note(note)
+        if not local:
+            self._report(Phase.STARTING, "replica_fetch_failed", message=note, pid=0)
+            return None
+        return replace(spec, source=local)
+
+    async def _spawn(self, spec: ReplicaSpec) -> EngineProcess | None:
+        """Start the engine on `spec` (the replica's, its source fetched); None (after
+        reporting why) when it cannot be executed."""
+        ctx, engine = self._ctx, self._engine
         self._port = free_port(ctx.config.engine_host, self._port)
         if spec.gang is not None:
             try:
@@ -344,6 +372,21 @@ class ReplicaRunner:
             return False
         return response.status_code == 200
 
+    async def _missing_model(self) -> str:
+        """Why the engine does not serve the replica's model yet ("" once it does, or when it
+        has no model list or serves no HTTP): `model_list.missing_model`."""
+        path = self._engine.models_path
+        if not self._serves_http or not path:
+            return ""
+        return await missing_model(
+            self._ctx.http,
+            f"http://{self._ctx.config.engine_host}:{self._port}",
+            self._engine.served_name(self.spec),
+            health_path=self._engine.health_path,
+            models_path=path,
+            timeout_s=self._ctx.config.health_timeout_s,
+        )
+
     async def _watch(self, proc: EngineProcess) -> tuple[int, str]:
         """Health-check `proc` until it exits; its exit code and, when the agent ended it,
         why."""
@@ -358,13 +401,21 @@ class ReplicaRunner:
                     code = exited.result()
                     return (UNKNOWN_EXIT if code is None else code), ""
                 self._log.cap()
-                if await self._probe():
+                healthy = await self._probe()
+                missing = ""
+                if healthy and self._obs.phase == Phase.STARTING:
+                    # Only until it first serves: a model list is what readiness needs, and
+                    # an engine back from UNHEALTHY was serving it already.
+                    missing = await self._missing_model()
+                if healthy and not missing:
                     failures = 0
                     if self._obs.phase != Phase.HEALTHY and not exited.done():
                         self._report(Phase.HEALTHY, "replica_healthy", message="")
                     continue
                 phase = self._obs.phase
                 if phase == Phase.STARTING:
+                    if missing and missing != self._obs.message and not exited.done():
+                        self._report(Phase.STARTING, "replica_model_missing", message=missing)
                     waited_s = self._ctx.clock.monotonic() - started_s
                     if waited_s > self._engine.start_timeout_s:
                         # Stuck loading: end it and count it as a crash, so backoff and the
@@ -372,6 +423,8 @@ class ReplicaRunner:
                         why = (
                             f"{self._engine.health_path} did not answer 200 within "
                             f"{self._engine.start_timeout_s:g} s"
+                            if not missing
+                            else f"{missing}, {self._engine.start_timeout_s:g} s after it started"
                         )
                         self._log.note(why + "; killing it")
                         signal_group(proc.pid, signal.SIGKILL)

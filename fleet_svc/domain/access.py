@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fleet_svc.domain import errors
+from llmgw import strict
 
 FLEET = "/llmgw.fleet.v1.FleetService/"
 AGENT = "/llmgw.agent.v1.AgentService/"
@@ -223,12 +224,9 @@ def parse_roles(data: object, source: str = "settings") -> Roles:
     """
     if not isinstance(data, Mapping):
         raise errors.InvalidModel("`roles` maps role names to lists of users", field="roles")
-    unknown = sorted(str(k) for k in data if k not in _ROLE_KEYS and k not in _OTHER_KEYS)
+    unknown = strict.unknown_keys(data, [*_ROLE_KEYS, *_OTHER_KEYS], "roles")
     if unknown:
-        raise errors.InvalidModel(
-            f"roles: unknown key(s) {unknown}; use {sorted(_ROLE_KEYS)} and {list(_OTHER_KEYS)}",
-            field="roles",
-        )
+        raise errors.InvalidModel("; ".join(unknown), field="roles")
     members: dict[str, Role] = {}
     everyone: Role | None = None
     for key, role in sorted(_ROLE_KEYS.items(), key=lambda kv: kv[1]):

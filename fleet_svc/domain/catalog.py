@@ -13,6 +13,7 @@ from fleet_svc.domain.gang import spans_nodes
 from fleet_svc.domain.placement import Want
 from fleet_svc.domain.replicas import ReplicaSpec
 from llmgw.engines.gang import MAX_GANG_NODES
+from llmgw.engines.revision import revision_conflict
 from llmgw.model import Model, Profile
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -125,6 +126,22 @@ def check_profiles(model: Model) -> None:
             raise errors.InvalidModel(
                 f"profile {p.name!r} wants {p.replicas} replicas, more than {MAX_REPLICAS}",
                 field=f"model.profiles[{i}].replicas",
+            )
+    check_pins(model)
+
+
+def check_pins(model: Model) -> None:
+    """Refuse a profile whose arguments pin another Hugging Face revision than the model's
+    source (`llmgw.engines.revision`): what the planner sized is what the engine loads.
+
+    Raises:
+        InvalidModel: naming the profile's args.
+    """
+    for i, p in enumerate(model.profiles):
+        why = revision_conflict(p.engine, p.args, model.source)
+        if why:
+            raise errors.InvalidModel(
+                f"profile {p.name!r}: {why}", field=f"model.profiles[{i}].args"
             )
 
 

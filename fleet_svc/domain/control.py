@@ -279,6 +279,8 @@ def _placements(
         want = want_of.get((r.model, r.profile))
         if want is None or r.retire:
             continue
+        if r.spec.want is not None:
+            want = r.spec.want
         if r.spec.prefer_node:
             want = replace(want, prefer=r.spec.prefer_node)
         if want.gang:

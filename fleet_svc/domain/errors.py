@@ -117,6 +117,36 @@ class NoRoomBeside(FleetError):
 
 
 @dataclass
+class NoRoomInPlace(FleetError):
+    """An in-place change whose new replica could never be placed: no node of the class
+    could free the cards it needs, even with the profile's old replicas stopped, while the
+    other replicas there keep theirs."""
+
+    name: str = ""
+    profile: str = ""
+    gpu_class: str = ""
+    need_gpus: int = 0
+    most_gpus: int = 0
+    """The most cards any node of the class could free for it."""
+    node: str = ""
+    """The node that could free the most."""
+    need_nodes: int = 1
+
+    def metadata(self) -> dict[str, str]:
+        meta = {
+            "model": self.name,
+            "profile": self.profile,
+            "gpu_class": self.gpu_class,
+            "need_gpus": str(self.need_gpus),
+            "most_gpus": str(self.most_gpus),
+            "node": self.node,
+        }
+        if self.need_nodes > 1:
+            meta["need_nodes"] = str(self.need_nodes)
+        return meta
+
+
+@dataclass
 class RolloutNotFound(FleetError):
     """No such rollout."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from fleet_svc.domain.phases import ReplicaPhase
+from fleet_svc.domain.placement import Want
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,10 @@ class ReplicaSpec:
     """The rollout that started it ("" for one the counts of its profile started)."""
     attempt: int = 1
     """Which placement this is after FAILED ones of the same revision (1 for the first)."""
+    want: Want | None = None
+    """What it needs of a node when that is not its profile's current need: the old revision
+    started again after an in-place rollout ended early needs the old revision's cards, not
+    the new one's (None: the profile's)."""
 
 
 @dataclass(frozen=True)

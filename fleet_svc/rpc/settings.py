@@ -2,7 +2,8 @@
 who may do what (`roles:`, fleet_svc.domain.access.parse_roles).
 
 Its `models:` are catalog models in the contract's JSON form, so they are read (and checked)
-as the API reads them."""
+as the API reads them. The file is read strictly (llmgw.strict): a key it does not know, at any
+depth of a model, is refused with its path and the nearest valid key."""
 
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ from fleet_svc.domain import errors
 from fleet_svc.domain.access import DEFAULT_ROLES, Roles, parse_roles
 from fleet_svc.domain.catalog import Entry
 from fleet_svc.rpc.convert import accepted_entry
+from llmgw import strict
 from llmgw.common.v1 import common_pb2
+
+SETTINGS_KEYS = ("roles", "models")
+"""The settings file's top-level keys."""
 
 
 def _load(path: str | Path) -> dict[str, Any]:
@@ -28,6 +33,9 @@ def _load(path: str | Path) -> dict[str, Any]:
         ) from exc
     if not isinstance(data, dict):
         raise errors.InvalidModel(f"{path}: the settings file holds a mapping", field="settings")
+    unknown = strict.unknown_keys(data, SETTINGS_KEYS)
+    if unknown:
+        raise errors.InvalidModel(f"{path}: {'; '.join(unknown)}", field="settings")
     return data
 
 
@@ -61,6 +69,9 @@ def read_settings(path: str | Path) -> list[common_pb2.Model]:
         raise errors.InvalidModel(f"{path}: `models` is a list of models", field="models")
     out = []
     for i, item in enumerate(models):
+        unknown = strict.proto_unknown_keys(item, common_pb2.Model.DESCRIPTOR, f"models[{i}]")
+        if unknown:
+            raise errors.InvalidModel(f"{path}: {'; '.join(unknown)}", field=f"models[{i}]")
         try:
             out.append(json_format.ParseDict(item, common_pb2.Model()))
         except json_format.ParseError as exc:

@@ -33,6 +33,7 @@ _TABLE: tuple[tuple[type[errors.FleetError], grpc.StatusCode, str], ...] = (
     (errors.RequestIdReused, grpc.StatusCode.ALREADY_EXISTS, "REQUEST_ID_REUSED"),
     (errors.RolloutInProgress, grpc.StatusCode.ABORTED, "ROLLOUT_IN_PROGRESS"),
     (errors.NoRoomBeside, grpc.StatusCode.FAILED_PRECONDITION, "NO_ROOM_BESIDE"),
+    (errors.NoRoomInPlace, grpc.StatusCode.FAILED_PRECONDITION, "NO_ROOM_IN_PLACE"),
     (errors.RolloutNotFound, grpc.StatusCode.NOT_FOUND, "ROLLOUT_NOT_FOUND"),
     (errors.CannotUndo, grpc.StatusCode.FAILED_PRECONDITION, "CANNOT_UNDO"),
     (errors.NoHello, grpc.StatusCode.INVALID_ARGUMENT, "NO_HELLO"),
@@ -99,12 +100,17 @@ def store_status(exc: StoreError) -> status_pb2.Status | None:
     for cls, code, reason in _STORE_TABLE:
         if isinstance(exc, cls):
             metadata = {"store": exc.where}
+            delay = None
             if isinstance(exc, NotLeader):
                 metadata.update(leader=exc.leader, leader_address=exc.leader_address)
-            return build_status(code, reason, DOMAIN, str(exc), metadata)
+                # Named, the leader answers now; during an election, in about a renewal.
+                delay = 0.0 if exc.leader_address else None
+            return build_status(code, reason, DOMAIN, str(exc), metadata, retry_delay_s=delay)
     return None
 
 
+WATCHER_RETRY_S = 0.1
+"""A watcher cut off may watch again at once: it resumes, or gets a snapshot."""
 WATCHER_TOO_SLOW = "WATCHER_TOO_SLOW"
 """The reason a WatchReplicas stream is cut off with: it fell `watch.WATCHER_QUEUE` events
 behind."""
@@ -119,6 +125,7 @@ def watcher_status(exc: WatcherTooSlow) -> status_pb2.Status:
         DOMAIN,
         str(exc),
         {"limit": "watcher_queue", "maximum": str(WATCHER_QUEUE)},
+        retry_delay_s=WATCHER_RETRY_S,
     )
 
 

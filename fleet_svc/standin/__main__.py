@@ -4,6 +4,7 @@ RPC worker: `python -m fleet_svc.standin --rpc-server -H HOST -p PORT`."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -14,7 +15,7 @@ from types import FrameType
 
 from fleet_svc.agent import claims
 from fleet_svc.standin.gang import Gang, GangError, parse_rpc_server, serve_rpc
-from fleet_svc.standin.options import OptionsError, parse_options
+from fleet_svc.standin.options import ARGV_DIR_ENV, OptionsError, parse_options
 from fleet_svc.standin.server import StandinServer, StandinState
 
 
@@ -62,12 +63,25 @@ def _formed(gang: Gang | None, stop: threading.Event) -> str | None:
     return "" if stop.is_set() else None
 
 
+def record_argv(folder: Path, name: str, argv: list[str]) -> None:
+    """Write the command line as a JSON list to `folder/name.json` (a test's record of what
+    the agent started); a name that is not a plain file name is not written."""
+    if not name or "/" in name or name.startswith("."):
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{name}.tmp"
+    tmp.write_text(json.dumps(argv))
+    os.replace(tmp, folder / f"{name}.json")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Start, "load", serve until SIGTERM (or fail as asked); the exit code."""
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["--rpc-server"]:
         return rpc_server(args[1:])
     env = dict(os.environ)
+    if env.get(ARGV_DIR_ENV):
+        record_argv(Path(env[ARGV_DIR_ENV]), env.get("LLMGW_REPLICA_ID") or str(os.getpid()), args)
     try:
         opts = parse_options(args, env)
     except OptionsError as exc:

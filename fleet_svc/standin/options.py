@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fleet_svc.standin.gang import GangError, GangRole, read_role
+from llmgw.cmdline import add_version
 from llmgw.engines import registry
 from llmgw.engines.errors import EngineRefuses
 
@@ -23,6 +24,13 @@ CONTEXT_FLAGS = ("--max-model-len", "--context-length", "--ctx-size", "-c", "--m
 # Environment switch that makes the stand-in fail on start whatever its arguments, so a test
 # can break one engine without changing the arguments the fleet sends.
 FAIL_ENV = "LLMGW_STANDIN_FAIL"
+# Environment naming a folder where the stand-in writes the command line it was started with
+# (<folder>/<$LLMGW_REPLICA_ID or its pid>.json, a JSON list): the argv a test checks is the one
+# the agent's child really got.
+ARGV_DIR_ENV = "LLMGW_STANDIN_ARGV_DIR"
+# The flags a real engine is told its served name with: vLLM's and SGLang's
+# --served-model-name, llama-server's --alias; the stand-in's own --model.
+NAME_FLAGS = ("--model", "--served-model-name", "--alias")
 
 
 class OptionsError(ValueError):
@@ -46,6 +54,8 @@ class Options:
     gpus: tuple[int, ...] = ()
     gang: GangRole | None = None
     """Its part in a gang spanning several nodes (None: it runs alone)."""
+    serve_no_model: bool = False
+    """Answer /health but list no model, as llama-server in router mode does."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,9 +67,18 @@ def _parser() -> argparse.ArgumentParser:
         # Real engines' parsers differ on abbreviations; the stand-in reads only whole flags.
         allow_abbrev=False,
     )
+    # --version as every entry point's (its exit codes stay an engine's: argparse's 2).
+    add_version(parser)
     parser.add_argument("--port", type=int, required=True, help="TCP port to listen on")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--model", default="standin", help="the model name it serves")
+    parser.add_argument(
+        *NAME_FLAGS, dest="model", default=None, help="the model name it serves (its aliases)"
+    )
+    parser.add_argument(
+        "--serve-no-model",
+        action="store_true",
+        help="answer /health but list no model (llama-server's router mode)",
+    )
     parser.add_argument("--engine", default="standin", help="the engine it stands in for")
     parser.add_argument("--load-s", type=float, default=0.5, help="seconds it 'loads' for")
     parser.add_argument("--fail-on-start", action="store_true", help="exit non-zero after loading")
@@ -122,7 +141,12 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         SystemExit: argparse's own errors (a missing --port), as any CLI.
     """
     parser = _parser()
-    ns, _ignored = parser.parse_known_args(list(argv))
+    ns, rest = parser.parse_known_args(list(argv))
+    if ns.model is None:
+        # No name flag: served under the model it was given, as vLLM (`serve MODEL`) and
+        # trtllm-serve (`MODEL`) serve a model they are given no other name for.
+        given = [a for a in rest[:2] if not a.startswith("-") and a != "serve"]
+        ns.model = given[0] if given else "standin"
     read = _as_engine_reads(ns.engine, argv)
     if read is not None:
         tp, context = read
@@ -176,4 +200,5 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         context_tokens=context,
         gpus=gpus,
         gang=gang,
+        serve_no_model=ns.serve_no_model,
     )

@@ -85,7 +85,8 @@ class _Handler(BaseHTTPRequestHandler):
             }
             if opts.context_tokens is not None:
                 entry["max_model_len"] = opts.context_tokens
-            self._send(200, {"object": "list", "data": [entry]})
+            data = [] if opts.serve_no_model else [entry]
+            self._send(200, {"object": "list", "data": data})
             return
         self._error(404, f"no route {path}", "not_found")
 

@@ -1,8 +1,9 @@
 """Replicas and rollouts to and from the store's rows (JSON-able data).
 
 A replica row's `spec` keeps what its agent is told (`model`, `profile`, `engine`, `args`,
-`source`), the fleet's hints (`rollout`, `prefer_node`) and, under `_fleet`, what only the fleet
-reads (`attempt`, `ram_bytes`, `retire`); a rollout row keeps its whole state. A key a row
+`source`), the fleet's hints (`rollout`, `prefer_node`, `want` when a replica needs other
+cards than its profile's: the old revision started again) and, under `_fleet`, what only the
+fleet reads (`attempt`, `ram_bytes`, `retire`); a rollout row keeps its whole state. A key a row
 lacks reads as its field's default.
 """
 
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fleet_svc.domain.phases import ReplicaPhase
+from fleet_svc.domain.placement import Want
 from fleet_svc.domain.replicas import Member, ReplicaSpec, ReplicaState
 from fleet_svc.domain.rollout import Mode, Rollout, RolloutState, Stage, Step, Strategy
 from fleet_svc.store.base import ReplicaRecord, RolloutRecord
@@ -32,7 +34,31 @@ def spec_doc(model: str, profile: str, spec: ReplicaSpec) -> dict[str, Any]:
         doc["rollout"] = spec.rollout
     if spec.prefer_node:
         doc["prefer_node"] = spec.prefer_node
+    if spec.want is not None:
+        doc["want"] = {
+            "gpu_class": spec.want.gpu_class,
+            "gpus": spec.want.gpus,
+            "ram_bytes": spec.want.ram_bytes,
+            "nodes": spec.want.nodes,
+        }
     return doc
+
+
+def _want_of_doc(doc: Any) -> Want | None:
+    """A spec's own `want` from its JSON; None when absent or not of that shape."""
+    if not isinstance(doc, Mapping):
+        return None
+
+    def count(key: str, default: int) -> int:
+        value = doc.get(key, default)
+        return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+    return Want(
+        gpu_class=str(doc.get("gpu_class", "") or ""),
+        gpus=max(count("gpus", 0), 0),
+        ram_bytes=max(count("ram_bytes", 0), 0),
+        nodes=max(count("nodes", 1), 1),
+    )
 
 
 def spec_of_doc(doc: Mapping[str, Any], attempt: int = 1) -> ReplicaSpec:
@@ -45,6 +71,7 @@ def spec_of_doc(doc: Mapping[str, Any], attempt: int = 1) -> ReplicaSpec:
         prefer_node=str(doc.get("prefer_node", "") or ""),
         rollout=str(doc.get("rollout", "") or ""),
         attempt=attempt,
+        want=_want_of_doc(doc.get("want")),
     )
 
 

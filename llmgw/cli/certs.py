@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgw.certs import CA_CERT, CertError, issue_client_files, issue_node_files
-from llmgw.cli.common import UsageError, UsageParser, data_folder, exit_64_on_bad_usage
+from llmgw.cli.common import UsageError, data_folder, example
 from llmgw.tls import node_uri, user_uri
 
 Issue = Callable[[str, Path, Path | None], tuple[Path, Path]]
@@ -62,18 +62,24 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     certs: argparse.ArgumentParser = sub.add_parser(
         "certs",
         help="issue certificates from a local CA (another node, another caller)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Issue a certificate from a local CA (the one `llmgw up` made under "
+        "DATA/tls, or any folder holding ca.crt and ca.key): for another node's agent "
+        "(spiffe://llmgw/node/NAME) or another caller (spiffe://llmgw/user/NAME, whose role "
+        "the cluster settings give). Issuing again for a name writes a new pair over the old "
+        "one (how a certificate is renewed).",
+        epilog=example("llmgw certs node gpu-node-7", "llmgw certs client alice --out ~/.llmgw"),
     )
-    exit_64_on_bad_usage(certs)
-    commands = certs.add_subparsers(
-        dest="certs_cmd", metavar="KIND", required=True, parser_class=UsageParser
-    )
+    commands = certs.add_subparsers(dest="certs_cmd", metavar="KIND", required=True)
     for name, what, fn, stem in (
         ("node", "a pair for a node's agent: node-NAME.crt/.key", node, "node-NAME"),
         ("client", "a pair for a caller: NAME.crt/.key", client, "NAME"),
     ):
-        cmd = commands.add_parser(name, help=what, description=what)
+        cmd = commands.add_parser(
+            name,
+            help=what,
+            description=f"Issue {what}.",
+            epilog=example(f"llmgw certs {name} {'gpu-node-7' if name == 'node' else 'alice'}"),
+        )
         cmd.add_argument("name", metavar="NAME", help="1-63 letters, digits, '.', '_' or '-'")
         cmd.add_argument(
             "--ca-dir",

@@ -25,9 +25,22 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+import yaml
+
+from llmgw.cli import jsonpath
 from llmgw.clients import FleetClient, PlannerClient, Refused, Unreachable
+from llmgw.cmdline import (
+    EXIT_ERROR,
+    EXIT_REFUSED,
+    EXIT_ROLLOUT_CANCELLED,
+    EXIT_ROLLOUT_FAILED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    UsageParser,
+    add_env_argument,
+)
 from llmgw.tls import (
     ENV_CA,
     ENV_CERT,
@@ -39,16 +52,17 @@ from llmgw.tls import (
     local_client_tls,
 )
 
-EXIT_ERROR = 1
-"""`llmgw up` could not go on, or a child of it exited."""
-EXIT_REFUSED = 2
-"""A service refused the request (its reason is printed)."""
-EXIT_UNREACHABLE = 3
-"""A service did not answer."""
-EXIT_ROLLOUT_FAILED = 4
-EXIT_ROLLOUT_CANCELLED = 5
-EXIT_USAGE = 64
-"""Bad usage (EX_USAGE of sysexits.h)."""
+# The exit codes, the usage parser and --version are every entry point's (llmgw.cmdline).
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_REFUSED",
+    "EXIT_ROLLOUT_CANCELLED",
+    "EXIT_ROLLOUT_FAILED",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
+    "UsageParser",
+    "add_env_argument",
+]
 
 DEFAULT_PLANNER = "127.0.0.1:50051"
 DEFAULT_FLEET = "127.0.0.1:50052"
@@ -72,21 +86,6 @@ _HINTS = {
 
 class UsageError(Exception):
     """The command line cannot be turned into a request."""
-
-
-class UsageParser(argparse.ArgumentParser):
-    """An argument parser whose errors exit with 64 (EX_USAGE), not argparse's 2, which
-    `llmgw` keeps for refusals."""
-
-    def error(self, message: str) -> NoReturn:
-        """Print the usage and the error; exit 64."""
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def exit_64_on_bad_usage(parser: argparse.ArgumentParser) -> None:
-    """Make a parser made by `add_parser` (hence not a UsageParser) exit 64 on bad usage."""
-    setattr(parser, "error", UsageParser.error.__get__(parser))  # noqa: B010
 
 
 def caller_name(told: str | None) -> str:
@@ -218,16 +217,87 @@ def tls_hint(opts: argparse.Namespace) -> str:
     )
 
 
+OUTPUTS = ("json", "yaml", "wide", "name")
+OUTPUT_HELP = (
+    "how to print the answer: json, yaml, wide (a table with more columns), name (kind/name "
+    "per line) or jsonpath=TEMPLATE (kubectl's JSONPath, e.g. '{.models[*].model.name}'); "
+    "default a table for people"
+)
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """What `-o` asked for: a kind ("json", "yaml", "wide", "name", "jsonpath") and, for
+    jsonpath, the parsed template."""
+
+    kind: str
+    template: tuple[Any, ...] = ()
+
+    @property
+    def machine(self) -> bool:
+        """Whether the answer is printed as data (JSON, YAML, JSONPath), not for people."""
+        return self.kind in ("json", "yaml", "jsonpath")
+
+
+def output_format(text: str) -> OutputFormat:
+    """An `-o` value (argparse `type`).
+
+    Raises:
+        argparse.ArgumentTypeError: not one of the formats, or a template it cannot read.
+    """
+    kind, sep, template = text.partition("=")
+    if kind in OUTPUTS and not sep:
+        return OutputFormat(kind)
+    if kind == "jsonpath" and sep:
+        try:
+            return OutputFormat("jsonpath", tuple(jsonpath.parse(template)))
+        except jsonpath.TemplateError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+    raise argparse.ArgumentTypeError(f"{text!r}: one of {', '.join(OUTPUTS)} or jsonpath=TEMPLATE")
+
+
+def add_output_flags(parser: argparse.ArgumentParser, hidden: bool = False) -> None:
+    """`-o/--output FORMAT` and `--json` (the same as `-o json`) on a command's parser;
+    `hidden`: repeated after a `ctl` command's name, keeping the value given before it."""
+    keep: dict[str, Any] = {"default": argparse.SUPPRESS} if hidden else {"default": None}
+    parser.add_argument(
+        "-o", "--output", type=output_format, metavar="FORMAT", help=OUTPUT_HELP, **keep
+    )
+    parser.add_argument(
+        "--json",
+        dest="output",
+        action="store_const",
+        const=OutputFormat("json"),
+        help="the same as -o json",
+        **keep,
+    )
+
+
+def output_of(opts: argparse.Namespace) -> OutputFormat | None:
+    """The `-o` a command was given (None: for people)."""
+    told: OutputFormat | None = getattr(opts, "output", None)
+    return told
+
+
+def machine_output(opts: argparse.Namespace) -> bool:
+    """Whether a command prints data (JSON, YAML, JSONPath) rather than text for people."""
+    told = output_of(opts)
+    return told is not None and told.machine
+
+
+CTL_GLOBALS = "--fleet, --as, --timeout, -o/--output, --json, --tls-*, --token, --plaintext"
+"""The flags of `llmgw ctl` each of its commands also takes after its name."""
+
+
 def ctl_flags() -> argparse.ArgumentParser:
-    """The flags every `ctl` command also takes after its name (`llmgw ctl model list --json`);
-    SUPPRESS keeps the value given before the command when they are not repeated after it."""
+    """The flags every `ctl` command also takes after its name (`llmgw ctl model list -o
+    json`); SUPPRESS keeps the value given before the command when they are not repeated after
+    it. Their help is `llmgw ctl --help`'s; a command's help names them (CTL_GLOBALS)."""
     flags = argparse.ArgumentParser(add_help=False)
     flags.add_argument("--fleet", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     flags.add_argument("--as", dest="as_name", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     flags.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    flags.add_argument(
-        "--json", action="store_true", default=argparse.SUPPRESS, help="print the answer as JSON"
-    )
+    add_output_flags(flags, hidden=True)
     for flag in ("--tls-ca", "--tls-cert", "--tls-key", "--token"):
         flags.add_argument(flag, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     flags.add_argument(
@@ -239,10 +309,23 @@ def ctl_flags() -> argparse.ArgumentParser:
 CTL_FLAGS = ctl_flags()
 
 
-def add_ctl_command(commands: Any, name: str, what: str, fn: Command) -> argparse.ArgumentParser:
-    """Add a command to a `ctl` group (the subparsers of `model`, `node`, ...), run by `fn`."""
+def example(*lines: str) -> str:
+    """A command's epilog: its examples, each a command line (the help ends with them)."""
+    return "example:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def add_ctl_command(
+    commands: Any, name: str, what: str, fn: Command, *examples: str
+) -> argparse.ArgumentParser:
+    """Add a command to a `ctl` group (the subparsers of `model`, `node`, ...), run by `fn`,
+    its help ending with `examples`."""
     leaf: argparse.ArgumentParser = commands.add_parser(
-        name, help=what, description=what, parents=[CTL_FLAGS]
+        name,
+        help=what,
+        description=f"{what[0].upper()}{what[1:]}. Also takes `llmgw ctl`'s flags after its "
+        f"name ({CTL_GLOBALS}).",
+        parents=[CTL_FLAGS],
+        epilog=example(*examples) if examples else None,
     )
     leaf.set_defaults(run=fn)
     return leaf
@@ -281,7 +364,10 @@ def run_command(opts: argparse.Namespace) -> int:
         return EXIT_UNREACHABLE
     except Refused as exc:
         text, info = refusal_text(exc)
-        if getattr(opts, "json", False):
+        told = output_of(opts)
+        if told is not None and told.kind == "yaml":
+            print(yaml.safe_dump({"error": info}, sort_keys=False), end="")
+        elif told is not None and told.machine:
             print(json.dumps({"error": info}, indent=2))
         else:
             print(text, file=sys.stderr)

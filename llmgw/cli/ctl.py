@@ -8,35 +8,42 @@ token (`--token`, or LLMGW_TOKEN); with none given, beside a default `llmgw up` 
 $LLMGW_DATA naming its data folder) it takes DATA/tls/admin.crt/.key and ca.crt by itself.
 `--as NAME` (else $USER) is sent as `x-llmgw-caller`, which the fleet records only from an
 identity allowed to act for others (the gateway).
-Human tables by default, `--json` for scripts. Exit codes: 0 done, 2 refused by the fleet (the
-reason and its metadata are printed), 3 the fleet could not be reached, 4 a followed rollout
-failed, 5 it was cancelled, 64 bad usage.
+Human tables by default, `-o json|yaml|wide|name|jsonpath=...` (or `--json`) for scripts.
+Exit codes: the table of llmgw.cmdline (docs/cli.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
-from llmgw.cli import ctl_model, ctl_replica, ctl_rollout
-from llmgw.cli.common import DEFAULT_FLEET, UsageParser, add_client_flags, exit_64_on_bad_usage
+from llmgw.cli import ctl_apply, ctl_model, ctl_replica, ctl_rollout
+from llmgw.cli.common import (
+    DEFAULT_FLEET,
+    add_client_flags,
+    add_env_argument,
+    add_output_flags,
+    example,
+)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    """Add `ctl` and its groups (model, node, replica, rollout) to the `llmgw` parser's
-    subcommands."""
+    """Add `ctl` and its groups (model, node, replica, rollout) and `apply`/`diff` to the
+    `llmgw` parser's subcommands."""
     ctl: argparse.ArgumentParser = sub.add_parser(
         "ctl",
         help="operate a running fleet: models, nodes, replicas",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Operate a running fleet: its catalog's models, nodes, replicas and "
+        "rollouts. Beside a default `llmgw up` (or with LLMGW_DATA naming its data folder) "
+        "the fleet and the credentials are found by themselves.",
+        epilog=example("llmgw ctl model list", "llmgw ctl apply -f models/ --dry-run"),
     )
-    ctl.add_argument(
+    add_env_argument(
+        ctl,
         "--fleet",
-        default=os.environ.get("LLMGW_FLEET", DEFAULT_FLEET),
-        help="fleet address HOST:PORT, or several separated by commas (the leader is found;"
-        " env LLMGW_FLEET; default %(default)s)",
+        env="LLMGW_FLEET",
+        default=DEFAULT_FLEET,
+        help="the fleet's address HOST:PORT, or several separated by commas (the leader is found)",
     )
     ctl.add_argument(
         "--as",
@@ -45,14 +52,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="whom you act for (recorded only from the gateway's identity; default $USER)",
     )
     ctl.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for an answer")
-    ctl.add_argument("--json", action="store_true", help="print the answer as JSON")
+    add_output_flags(ctl)
     add_client_flags(ctl)
-    # Bad usage exits 64 (argparse's own code, 2, means "refused" here).
-    exit_64_on_bad_usage(ctl)
-    groups = ctl.add_subparsers(
-        dest="ctl_group", metavar="GROUP", required=True, parser_class=UsageParser
-    )
+    groups = ctl.add_subparsers(dest="ctl_group", metavar="GROUP", required=True)
     ctl_model.add_commands(groups)
     ctl_replica.add_commands(groups)
     ctl_rollout.add_commands(groups)
+    ctl_apply.add_commands(groups)
     return ctl

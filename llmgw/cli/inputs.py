@@ -39,6 +39,20 @@ def _model(data: dict[str, Any], where: str) -> Model:
         raise UsageError(f"{where}: {exc}") from exc
 
 
+def model_of_data(data: Any, where: str) -> Model:
+    """A catalog model from data read out of `where` (a mapping in the catalog's shape,
+    optionally under a top-level `model:` key).
+
+    Raises:
+        UsageError: the data is not one model.
+    """
+    if isinstance(data, dict) and set(data) == {"model"} and isinstance(data["model"], dict):
+        data = data["model"]
+    if not isinstance(data, dict):
+        raise UsageError(f"{where}: a model file holds one mapping (name, source, profiles)")
+    return _model(data, where)
+
+
 def read_model_file(path: str) -> Model:
     """A catalog model from a YAML or JSON file (the shape of `llmgw.common.v1.Model`: name,
     source, context_length, profiles[] {name, engine, args, gpu_class, gpus_per_node,
@@ -47,12 +61,7 @@ def read_model_file(path: str) -> Model:
     Raises:
         UsageError: the file cannot be read or is not one model.
     """
-    data = _model_file_data(path)
-    if isinstance(data, dict) and set(data) == {"model"} and isinstance(data["model"], dict):
-        data = data["model"]
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: a model file holds one mapping (name, source, profiles)")
-    return _model(data, path)
+    return model_of_data(_model_file_data(path), path)
 
 
 def model_from_args(opts: argparse.Namespace) -> Model:

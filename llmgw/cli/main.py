@@ -2,31 +2,38 @@
 
 `llmgw plan ...` asks a running planner (llmgw.cli.plan), `llmgw ctl ...` operates a running
 fleet (llmgw.cli.ctl), `llmgw up` runs the whole control plane here (llmgw.cli.up), `llmgw certs`
-issues certificates from its local CA (llmgw.cli.certs). Exit codes:
-0 done, 2 refused (the reason is printed), 3 a service could not be reached, 64 bad usage;
-`ctl` adds 4 and 5 for a followed rollout that failed or was cancelled.
+issues certificates from its local CA (llmgw.cli.certs), `llmgw completion SHELL` prints a
+shell's completion script (llmgw.cli.completion). The exit codes, bad usage (64) and
+`--version` are every entry point's (llmgw.cmdline; the table is in docs/cli.md).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
 
-from llmgw.cli import certs, ctl, plan, up
-from llmgw.cli.common import run_command
+from llmgw.cli import certs, completion, ctl, plan, up
+from llmgw.cli.common import UsageParser, example, run_command
+from llmgw.cmdline import add_version
 from llmgw.tracing import ENV_TRACE, configure_tracing, span
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> UsageParser:
     """The command line's grammar: each command's parser sets `run` (llmgw.cli.common)."""
-    parser = argparse.ArgumentParser(prog="llmgw", description="llmgw's control plane")
-    sub = parser.add_subparsers(dest="cmd", required=True)
+    parser = UsageParser(
+        prog="llmgw",
+        description="llmgw's control plane: plan a model's cards and context, operate a "
+        "fleet, run it all here.",
+        epilog=example("llmgw up", "llmgw ctl model list", "llmgw ctl --help"),
+    )
+    add_version(parser)
+    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND", required=True)
     plan.add_parser(sub)
     ctl.add_parser(sub)
     up.add_parser(sub)
     certs.add_parser(sub)
+    completion.add_parser(sub, parser)
     return parser
 
 

@@ -1,14 +1,24 @@
-"""How `llmgw` prints the services' answers for people: tables, ages, changes, shapes and
-rollouts. JSON for scripts is the answers' own (llmgw.clients.convert)."""
+"""How `llmgw` prints the services' answers: for people (tables, ages, changes, shapes and
+rollouts), and as `-o` asks (`Printer`): JSON or YAML of the answers' own data
+(llmgw.clients.convert.as_data, every field shown, defaults too), kubectl's JSONPath, `name`
+(kind/name lines) or `wide` (a table with more columns).
+
+Every text for people goes through `say`, the one place printed values pass on their way to
+the terminal."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from llmgw.cli.common import GIB
+import yaml
+
+from llmgw.cli import jsonpath
+from llmgw.cli.common import GIB, OutputFormat, output_of
 from llmgw.clients.convert import (
     ContextChange,
     GPUsChange,
@@ -21,6 +31,70 @@ from llmgw.clients.convert import (
     enum_name,
     enum_names,
 )
+
+
+def say(text: str = "", end: str = "\n") -> None:
+    """Print a line for people (flushed: a followed rollout's lines show as they come). Every
+    text for people `llmgw ctl` and `llmgw plan` print passes here: the one place to escape
+    what the services' answers carry before it reaches a terminal."""
+    print(text, end=end, flush=True)
+
+
+def dump(data: Any, told: OutputFormat, stream: bool = False) -> str:
+    """`data` in the machine format `told` names: JSON (one line in a stream), YAML (a `---`
+    document in a stream), or a JSONPath template's text."""
+    if told.kind == "yaml":
+        text = yaml.safe_dump(data, sort_keys=False, allow_unicode=False)
+        return ("---\n" + text if stream else text).rstrip("\n")
+    if told.kind == "jsonpath":
+        return jsonpath.render(list(told.template), data)
+    return json.dumps(data, indent=None if stream else 2)
+
+
+@dataclass(frozen=True)
+class Printer:
+    """How one command prints its answer, as its `-o` says."""
+
+    told: OutputFormat | None
+
+    @property
+    def machine(self) -> bool:
+        """Whether the answer is printed as data rather than for people."""
+        return self.told is not None and self.told.machine
+
+    def show(
+        self,
+        data: Any,
+        human: Callable[[], None],
+        names: Sequence[str],
+        wide: Callable[[], None] | None = None,
+    ) -> None:
+        """Print an answer: `data` in a machine format, `names` (kind/name) for `-o name`,
+        `wide` (else `human`) for `-o wide`, `human` otherwise."""
+        kind = self.told.kind if self.told is not None else ""
+        if self.machine:
+            assert self.told is not None
+            say(dump(data, self.told))
+        elif kind == "name":
+            for name in names:
+                say(name)
+        elif kind == "wide" and wide is not None:
+            wide()
+        else:
+            human()
+
+    def event(self, data: Any, line: str | None) -> None:
+        """Print one item of a stream: as data, else `line` (None: nothing for people)."""
+        if self.machine:
+            assert self.told is not None
+            say(dump(data, self.told, stream=True))
+        elif line is not None:
+            say(line)
+
+
+def printer(opts: Any) -> Printer:
+    """The printer a command's `-o` asks for."""
+    return Printer(output_of(opts))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -124,15 +198,15 @@ def replica_rows(replicas: Sequence[Replica]) -> list[list[object]]:
 
 def print_context_change(change: ContextChange) -> None:
     """A context change for people: the new context, then each profile's change."""
-    print(f"{change.model}: context {change.before} -> {change.after} tokens", end="")
-    print(f" (max output {change.max_output}", end="")
-    print(f", trained {change.trained})" if change.trained else ")")
+    say(f"{change.model}: context {change.before} -> {change.after} tokens", end="")
+    say(f" (max output {change.max_output}", end="")
+    say(f", trained {change.trained})" if change.trained else ")")
     _print_profiles(change)
 
 
 def print_gpus_change(change: GPUsChange) -> None:
     """A card-count change for people: the cards a replica, then each profile's change."""
-    print(f"{change.model}: {change.gpus} cards a replica")
+    say(f"{change.model}: {change.gpus} cards a replica")
     _print_profiles(change)
 
 
@@ -143,20 +217,20 @@ def _gib_text(n: int) -> str:
 def _print_profiles(change: ContextChange | GPUsChange) -> None:
     """Per profile, args before -> after and memory per card; then the change's note."""
     for p in change.profiles:
-        print(f"  profile {p.profile} ({p.engine})")
+        say(f"  profile {p.profile} ({p.engine})")
         if p.before or p.after:
-            print(f"    memory: {p.before or '?'} -> {p.after or '?'}")
+            say(f"    memory: {p.before or '?'} -> {p.after or '?'}")
         if p.HasField("memory") and p.memory.cards:
             m = p.memory
-            print(
+            say(
                 f"    per card: {_gib_text(m.per_card_bytes)} of {_gib_text(m.budget_bytes)} "
                 f"budget (weights {_gib_text(m.weights_bytes)}, KV {_gib_text(m.kv_bytes)} a "
                 f"replica, {m.cards} card{'s' if m.cards != 1 else ''})"
             )
-        print(f"    args: {' '.join(p.args_before) or '(none)'}")
-        print(f"       -> {' '.join(p.args) or '(none)'}")
+        say(f"    args: {' '.join(p.args_before) or '(none)'}")
+        say(f"       -> {' '.join(p.args) or '(none)'}")
     if change.note:
-        print(f"  note: {change.note}")
+        say(f"  note: {change.note}")
 
 
 def print_shape(shape: ModelShape, version: str) -> None:
@@ -181,9 +255,9 @@ def print_shape(shape: ModelShape, version: str) -> None:
         ("llama.cpp modelled", version),
     ]
     for key, value in rows:
-        print(f"{key:>20}: {value}")
+        say(f"{key:>20}: {value}")
     for note in shape.notes:
-        print(f"{'note':>20}: {note}")
+        say(f"{'note':>20}: {note}")
 
 
 def rollout_state(ro: Rollout) -> str:
@@ -194,21 +268,21 @@ def rollout_state(ro: Rollout) -> str:
 def print_rollout(ro: Rollout) -> None:
     """A rollout for people: state, revisions, a line per step, why it ended."""
     strategy = short_name(ro, "strategy", "STRATEGY_").lower()
-    print(
+    say(
         f"rollout {ro.id} of {ro.model} ({ro.kind}, {strategy}): {rollout_state(ro)}, "
         f"revision {ro.from_revision} -> {ro.to_revision}"
     )
     for s in ro.steps:
         where = f" on {s.node} cards {','.join(map(str, s.gpus))}" if s.node else ""
         mode = mode_name(s)
-        print(
+        say(
             f"  [{s.profile}] {s.old_replica or '(new)'} -> {s.new_replica or '?'}"
             f"{where}: {stage_name(s)}{' ' + mode if mode else ''}"
         )
     if ro.reason:
-        print(f"  reason: {ro.reason}")
+        say(f"  reason: {ro.reason}")
     for line in ro.log_tail:
-        print(f"  | {line}")
+        say(f"  | {line}")
 
 
 def stage_name(step: Any) -> str:

@@ -2,31 +2,37 @@
 
 The planner's address comes from --planner or $LLMGW_PLANNER; the credentials from
 --tls-ca/--tls-cert/--tls-key (or LLMGW_TLS_*) or --token (or LLMGW_TOKEN), else, beside a
-default `llmgw up`, from its DATA/tls (llmgw.cli.common). Human output by default,
-`--json` for scripts. Exit codes: 0 done, 2 refused by the planner (the reason is printed),
-3 the planner could not be reached, 64 bad usage.
+default `llmgw up`, from its DATA/tls (llmgw.cli.common). Human output by default, `-o
+json|yaml|wide|name|jsonpath=...` (or `--json`) for scripts. Exit codes: llmgw.cmdline.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
-from llmgw.cli.common import DEFAULT_PLANNER, add_client_flags, planner_client
+from llmgw.cli.common import (
+    DEFAULT_PLANNER,
+    add_client_flags,
+    add_env_argument,
+    add_output_flags,
+    example,
+    planner_client,
+)
 from llmgw.cli.inputs import inventory_from_args, model_from_args
-from llmgw.cli.output import print_context_change, print_gpus_change, print_shape
-from llmgw.clients.convert import as_json
+from llmgw.cli.output import print_context_change, print_gpus_change, print_shape, printer
+from llmgw.clients.convert import as_data
 
 
 def describe(opts: argparse.Namespace) -> int:
     """`plan describe SOURCE`: a model's resolved shape."""
     with planner_client(opts) as planner:
         answer = planner.describe_model(opts.source)
-    if opts.json:
-        print(as_json(answer))
-    else:
-        print_shape(answer.shape, answer.llamacpp_version)
+    printer(opts).show(
+        as_data(answer),
+        lambda: print_shape(answer.shape, answer.llamacpp_version),
+        [f"shape/{opts.source}"],
+    )
     return 0
 
 
@@ -35,10 +41,9 @@ def context(opts: argparse.Namespace) -> int:
     model, inventory = model_from_args(opts), inventory_from_args(opts)
     with planner_client(opts) as planner:
         answer = planner.size_context(model, opts.tokens, slots=opts.slots, inventory=inventory)
-    if opts.json:
-        print(as_json(answer))
-    else:
-        print_context_change(answer.change)
+    printer(opts).show(
+        as_data(answer), lambda: print_context_change(answer.change), [f"model/{model.name}"]
+    )
     return 0
 
 
@@ -49,53 +54,95 @@ def gpus(opts: argparse.Namespace) -> int:
         answer = planner.plan_gpus(
             model, opts.gpus, profile=opts.profile or "", inventory=inventory
         )
-    if opts.json:
-        print(as_json(answer))
-    else:
-        print_gpus_change(answer.change)
+    printer(opts).show(
+        as_data(answer), lambda: print_gpus_change(answer.change), [f"model/{model.name}"]
+    )
     return 0
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "model",
+        metavar="MODEL",
         help="a model file (YAML/JSON, the catalog's shape) or a source (GGUF URL/path, hf://)",
     )
     p.add_argument("--name", help="the model's name (default: from the source)")
-    p.add_argument("--engine", default="vllm", help="engine of the one profile (with a source)")
-    p.add_argument("--gpu-class", default="H100-80GB", help="card class of the profile")
+    p.add_argument(
+        "--engine", default="vllm", help="the engine of the one profile made from a source"
+    )
+    p.add_argument("--gpu-class", default="H100-80GB", help="the card class of that profile")
     p.add_argument("--cards", type=int, default=1, help="cards a replica uses now")
-    p.add_argument("--cpu", action="store_true", help="the profile runs on CPUs")
-    p.add_argument("--arg", action="append", help="an engine argument (repeat)")
-    p.add_argument("--context", type=int, help="the context served now, in tokens")
-    p.add_argument("--node", action="append", help="inventory node COUNTxCLASS[:MEMGiB]")
-    p.add_argument("--inventory", help="inventory file (YAML/JSON: {nodes: [...]})")
+    p.add_argument("--cpu", action="store_true", help="the profile runs on CPUs, not cards")
+    p.add_argument("--arg", action="append", help="an engine argument of the profile (repeat)")
+    p.add_argument(
+        "--context", type=int, help="the context served now, in tokens (default: the engine's)"
+    )
+    p.add_argument(
+        "--node",
+        action="append",
+        help="an inventory node COUNTxCLASS[:MEMGiB], e.g. 8xH100-80GB (repeat)",
+    )
+    p.add_argument("--inventory", help="an inventory file (YAML/JSON: {nodes: [...]})")
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add `plan` and its commands to the `llmgw` parser's subcommands."""
-    plan: argparse.ArgumentParser = sub.add_parser("plan", help="ask the planner (nothing changes)")
-    plan.add_argument(
+    plan: argparse.ArgumentParser = sub.add_parser(
+        "plan",
+        help="ask the planner (nothing changes)",
+        description="Ask a running planner what a model is and what a change would make; "
+        "nothing changes.",
+        epilog=example("llmgw plan describe hf://llmgw-demo/tiny-llama"),
+    )
+    add_env_argument(
+        plan,
         "--planner",
-        default=os.environ.get("LLMGW_PLANNER", DEFAULT_PLANNER),
-        help="planner address HOST:PORT (env LLMGW_PLANNER; default %(default)s)",
+        env="LLMGW_PLANNER",
+        default=DEFAULT_PLANNER,
+        help="the planner's address HOST:PORT",
     )
     plan.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for an answer")
-    plan.add_argument("--json", action="store_true", help="print the answer as JSON")
+    add_output_flags(plan)
     add_client_flags(plan)
-    psub = plan.add_subparsers(dest="plan_cmd", required=True)
-    cmd = psub.add_parser("describe", help="a model's resolved shape")
-    cmd.add_argument("source", help="GGUF URL or path, or hf://ORG/NAME[@REVISION]")
+    psub = plan.add_subparsers(dest="plan_cmd", metavar="COMMAND", required=True)
+    cmd = psub.add_parser(
+        "describe",
+        help="a model's resolved shape",
+        description="A model's resolved shape: layers, heads, weights, KV bytes per token.",
+        epilog=example("llmgw plan describe hf://llmgw-demo/tiny-llama -o yaml"),
+    )
+    cmd.add_argument(
+        "source", metavar="SOURCE", help="a GGUF URL or path, or hf://ORG/NAME[@REVISION]"
+    )
+    add_output_flags(cmd, hidden=True)
     cmd.set_defaults(run=describe)
-    cmd = psub.add_parser("context", help="size a new context")
+    cmd = psub.add_parser(
+        "context",
+        help="size a new context",
+        description="What serving a new context would change: memory per card and the "
+        "engine's arguments, per profile.",
+        epilog=example(
+            "llmgw plan context hf://llmgw-demo/tiny-llama 16384 --engine vllm --node 8xH100-80GB"
+        ),
+    )
     _model_flags(cmd)
-    cmd.add_argument("tokens", type=int, help="tokens one request may use")
-    cmd.add_argument("--slots", type=int, default=0, help="llama.cpp slots (0 keeps)")
-    cmd.add_argument("--profile", help="name of the profile made from the flags")
+    cmd.add_argument("tokens", metavar="TOKENS", type=int, help="tokens one request may use")
+    cmd.add_argument("--slots", type=int, default=0, help="llama.cpp slots (default 0: keep them)")
+    cmd.add_argument("--profile", help="the name of the profile made from the flags")
+    add_output_flags(cmd, hidden=True)
     cmd.set_defaults(run=context)
-    cmd = psub.add_parser("gpus", help="plan N cards a replica")
+    cmd = psub.add_parser(
+        "gpus",
+        help="plan N cards a replica",
+        description="What N cards a replica would change: tensor parallelism, memory per "
+        "card and the engine's arguments, per profile.",
+        epilog=example("llmgw plan gpus hf://llmgw-demo/tiny-llama 2 --node 8xH100-80GB"),
+    )
     _model_flags(cmd)
-    cmd.add_argument("gpus", type=int, help="cards each replica uses on each of its nodes")
+    cmd.add_argument(
+        "gpus", metavar="N", type=int, help="cards each replica uses on each of its nodes"
+    )
     cmd.add_argument("--profile", help="only this profile (default: every GPU profile)")
+    add_output_flags(cmd, hidden=True)
     cmd.set_defaults(run=gpus)
     return plan

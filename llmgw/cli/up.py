@@ -17,7 +17,7 @@ fleet's channel to the planner and `llmgw-up` for the example catalog's writer. 
 of those identities are in DATA/settings.yaml, the fleet's cluster settings (written once,
 then the operator's to edit). The demo's file server stays plain HTTP on loopback.
 
-(Some 530 lines: one run's steps, in the order they happen, read best in one place; what
+(Some 580 lines: one run's steps, in the order they happen, read best in one place; what
 TLS needs made is in llmgw.cli.up_pki, the children's keeping in llmgw.cli.supervisor.)
 """
 
@@ -45,7 +45,8 @@ from llmgw.cli.common import (
     EXIT_ERROR,
     EXIT_USAGE,
     LOCAL_USER,
-    exit_64_on_bad_usage,
+    add_env_argument,
+    example,
 )
 from llmgw.cli.supervisor import Child, StartFailed, Supervisor, port_taken, wait_listening
 from llmgw.cli.up_pki import (
@@ -66,8 +67,10 @@ from llmgw.demo.catalog import (
     example_models,
     wait_ready,
 )
+from llmgw.demo.hf_repo import REPO as DEMO_REPO
 from llmgw.demo.tiny_gguf import write_tiny_gguf
 from llmgw.llama_server import LLAMA_SERVER_ENV, find_llama_server
+from llmgw.sources import ENV_HF_MIRRORS
 from llmgw.tls import ENV_CA, ENV_CERT, ENV_KEY, ClientTLS
 
 _GPUS = re.compile(r"^\s*(\d+)x([A-Za-z0-9._-]+)")
@@ -294,6 +297,12 @@ class Up:
         # DATA/models is the one local folder model sources may be in (a real llama-server is
         # handed the GGUF's path there): the planner may read it, the agent may serve from it.
         roots = ["--allow-root", str(p.models)]
+        # The planner reads the demo's organisation from the file server and every other
+        # hf:// id from the Hub (HF_ENDPOINT as the user has it, else huggingface.co).
+        planner_env = {k: v for k, v in env.items() if k != "HF_ENDPOINT"}
+        if "HF_ENDPOINT" in os.environ:
+            planner_env["HF_ENDPOINT"] = os.environ["HF_ENDPOINT"]
+        planner_env[ENV_HF_MIRRORS] = f"{DEMO_REPO.split('/', 1)[0]}={files_url}"
         planner = self.children.start(
             "planner",
             [
@@ -306,7 +315,7 @@ class Up:
                 *p.metrics(0),
                 *json_logs,
             ],
-            env,
+            planner_env,
             10.0,
         )
         # The fleet asks the planner to size context and card changes: it starts once the
@@ -423,8 +432,8 @@ class Up:
             "llmgw up: ready" if self.complete else "llmgw up: running (see above)",
             f"  planner  {planner}",
             f"  fleet    {fleet}   (store {p.data / 'fleet.db'})",
-            f"  files    {started.files_url}   (HF_ENDPOINT of the children: the demo's hf:// "
-            "repo)",
+            f"  files    {started.files_url}   (the demo's hf:// repo: the planner's mirror of "
+            f"{DEMO_REPO.split('/', 1)[0]}, the agent's HF_ENDPOINT)",
         ]
         if p.agent:
             engine = (
@@ -528,19 +537,30 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     up: argparse.ArgumentParser = sub.add_parser(
         "up",
         help="run the whole control plane here, with an example catalog",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run the whole control plane on this machine: the demo's file server, "
+        "the planner, the fleet (SQLite in the data folder) and one node agent with stand-in "
+        "cards, speaking mutual TLS with a local CA under DATA/tls. It loads an example "
+        "catalog, waits until its replicas are READY, prints where everything listens and "
+        "runs until Ctrl-C or SIGTERM. Each child logs JSON lines to DATA/logs/NAME.log.",
+        epilog=example("llmgw up", "llmgw up --data /tmp/llmgw --gpus 8xH100-80GB"),
+    )
+    add_env_argument(
+        up,
+        "--data",
+        env=ENV_DATA,
+        default=DEFAULT_DATA,
+        help="the folder for the store, logs, model files and certificates",
+    )
+    up.add_argument("--host", default="127.0.0.1", help="the address every service listens on")
+    up.add_argument(
+        "--planner-port", type=int, default=50051, help="the planner's port; 0 picks a free one"
     )
     up.add_argument(
-        "--data",
-        default=os.environ.get(ENV_DATA) or DEFAULT_DATA,
-        help="folder for the store, logs, model files and certificates (env LLMGW_DATA; "
-        "default %(default)s)",
+        "--fleet-port", type=int, default=50052, help="the fleet's port; 0 picks a free one"
     )
-    up.add_argument("--host", default="127.0.0.1", help="address every service listens on")
-    up.add_argument("--planner-port", type=int, default=50051, help="0 picks a free port")
-    up.add_argument("--fleet-port", type=int, default=50052, help="0 picks a free port")
-    up.add_argument("--files-port", type=int, default=50053, help="the demo's file server")
+    up.add_argument(
+        "--files-port", type=int, default=50053, help="the port of the demo's file server"
+    )
     up.add_argument("--gpus", default="4xH100-80GB", help="the local agent's stand-in cards")
     up.add_argument("--node", default="local", help="the local agent's node name")
     up.add_argument("--no-agent", action="store_true", help="start no agent")
@@ -559,6 +579,4 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="seconds to wait for the example replicas to be READY",
     )
     up.set_defaults(run=run)
-    # Bad usage exits 64, as every llmgw command's does.
-    exit_64_on_bad_usage(up)
     return up

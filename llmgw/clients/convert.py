@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from google.protobuf import json_format
 from google.protobuf.message import Message as Message  # any answer, for code printing it
 
+from llmgw import strict
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2
 from llmgw.planner.v1 import planner_pb2
@@ -70,14 +71,23 @@ def model_data(model: Model) -> dict[str, Any]:
 def as_data(message: Message) -> dict[str, Any]:
     """A message as plain data, keyed by the proto's own field names (snake_case): the one
     convention of every `--json` the CLI prints, so a script reads `rollout_id` whichever
-    command printed it."""
-    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+    command printed it. Fields at their default value are there too (`"replicas": 0`,
+    `"args": []`), as kubectl prints them: a script need not know the defaults; a message
+    field never set stays out (it has presence)."""
+    return json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
 
 
 def as_json(message: Message, *, indent: int | None = 2) -> str:
-    """A message as JSON text with the proto's field names, as `as_data` (`indent=None`: one
-    line)."""
-    return json_format.MessageToJson(message, preserving_proto_field_name=True, indent=indent)
+    """A message as JSON text with the proto's field names and its default-valued fields, as
+    `as_data` (`indent=None`: one line)."""
+    return json_format.MessageToJson(
+        message,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+        indent=indent,
+    )
 
 
 def enum_name(message: Message, name: str) -> str:
@@ -107,6 +117,9 @@ MessageT = TypeVar("MessageT", bound=Message)
 def _parse(data: Mapping[str, Any], into: MessageT) -> MessageT:
     if not isinstance(data, Mapping):
         raise InvalidValue(f"a {into.DESCRIPTOR.name} is a mapping, not {type(data).__name__}")
+    unknown = strict.proto_unknown_keys(data, into.DESCRIPTOR)
+    if unknown:
+        raise InvalidValue("; ".join(unknown))
     try:
         return json_format.ParseDict(dict(data), into)
     except json_format.ParseError as exc:

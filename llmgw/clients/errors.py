@@ -39,6 +39,8 @@ from typing import TypeVar
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
+from llmgw.clients.service_config import retry_policy
+
 T = TypeVar("T")
 
 UNREACHABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
@@ -46,10 +48,10 @@ UNREACHABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEAD
 RETRIED_CODES = frozenset({grpc.StatusCode.UNAVAILABLE})
 """Codes a unary call is tried again on (see the module's docstring for why only this one)."""
 _RETRIED_NAMES = frozenset(c.name for c in RETRIED_CODES)
-RETRY_ATTEMPTS = 3
-"""Attempts of a unary call in all, the first included."""
-RETRY_BACKOFF_S = (0.1, 0.3)
-"""The wait before the second and the third attempt."""
+RETRY_ATTEMPTS, RETRY_BACKOFF_S = retry_policy()
+"""Attempts of a unary call in all, the first included, and the wait before each attempt after
+the first: the published service config's retry policy (llmgw/clients/service_config.json:
+3 attempts, 0.1 s and 0.3 s apart)."""
 _DETAILS_KEY = "grpc-status-details-bin"
 """The trailing metadata key a `google.rpc.Status` travels under (gRPC's rich error model,
 as grpc_status.rpc_status reads it)."""

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from llmgw.clients import service_config
 from llmgw.clients.auth import bearer_metadata
 from llmgw.clients.convert import (
     DescribeModelAnswer,
@@ -32,7 +33,11 @@ ANSWER_BYTES = 64 << 20
 """The largest answer a client takes (gRPC's default is 4 MiB): an answer carries each profile's
 arguments before and after, so it can be a few times its request, which the planner holds to
 4 MiB by default (llmgw.limits)."""
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", ANSWER_BYTES)]
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_receive_message_length", ANSWER_BYTES),
+    *service_config.CHANNEL_OPTIONS,
+]
+"""Every client channel's options: the answers' size limit and the published service config."""
 
 
 class PlannerClient:

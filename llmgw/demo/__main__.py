@@ -6,7 +6,6 @@ Writes the tiny GGUF model into the folder when it is not there, then serves the
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 import threading
@@ -15,6 +14,7 @@ from types import FrameType
 
 import structlog
 
+from llmgw.cmdline import UsageParser, add_log_format_argument, add_version, log_format
 from llmgw.demo.catalog import GGUF_FILE
 from llmgw.demo.files import DemoFileServer
 from llmgw.demo.hf_repo import REPO, demo_repo
@@ -22,18 +22,33 @@ from llmgw.demo.tiny_gguf import write_tiny_gguf
 from llmgw.logs import configure_logging
 
 
+def build_parser() -> UsageParser:
+    """The demo file server's command line."""
+    parser = UsageParser(
+        prog="python -m llmgw.demo",
+        description="Serve the demo's files (`llmgw up` starts it): the tiny GGUF model "
+        "under /files/ and the demo's Hugging Face repo as the Hub (point HF_ENDPOINT at it).",
+        epilog="example:\n  python -m llmgw.demo --listen 127.0.0.1:0 --folder /tmp/models",
+    )
+    add_version(parser)
+    parser.add_argument(
+        "--listen", default="127.0.0.1:50053", help="HOST:PORT to listen on; port 0 picks one"
+    )
+    parser.add_argument(
+        "--folder",
+        type=Path,
+        default=Path("data/models"),
+        help="the folder of files to serve (the tiny model is written there when missing)",
+    )
+    add_log_format_argument(parser)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, write the model file if missing, serve until signalled."""
-    parser = argparse.ArgumentParser(prog="python -m llmgw.demo", description=__doc__)
-    parser.add_argument("--listen", default="127.0.0.1:50053", help="HOST:PORT (port 0: any)")
-    parser.add_argument("--folder", type=Path, default=Path("data/models"), help="files to serve")
-    parser.add_argument(
-        "--log-format",
-        choices=("json", "console"),
-        default="json" if not sys.stderr.isatty() else "console",
-    )
+    parser = build_parser()
     opts = parser.parse_args(argv)
-    configure_logging(opts.log_format == "json")
+    configure_logging(log_format(opts) == "json")
     log = structlog.get_logger("llmgw.demo")
     host, _, port_text = opts.listen.rpartition(":")
     try:

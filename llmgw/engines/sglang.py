@@ -40,6 +40,9 @@ SPECULATIVE_ALGORITHM = ("--speculative-algorithm",)
 EP_SIZE = ("--ep-size", "--ep", "--expert-parallel-size")
 ENABLE_DP_ATTENTION = ("--enable-dp-attention",)
 DP_SIZE = ("--dp-size", "--dp", "--data-parallel-size")
+REVISION = ("--revision",)
+"""The model version SGLang loads: a branch, tag or commit (sglang/srt/server_args.py
+ServerArgs.revision)."""
 
 SGLANG_CACHE_DTYPES: dict[str, Fraction | None] = {
     "auto": None,
@@ -153,7 +156,7 @@ ALLOWED: tuple[AllowedFlag, ...] = (
     AllowedFlag(("--dtype",)),
     AllowedFlag(("--quantization",)),
     AllowedFlag(("--load-format",)),
-    AllowedFlag(("--revision",)),
+    AllowedFlag(REVISION),
     AllowedFlag(("--random-seed",)),
     AllowedFlag(("--chat-template",)),
     AllowedFlag(("--tool-call-parser",)),
@@ -247,6 +250,7 @@ class Sglang(TensorParallelEngine):
     context_flag = CONTEXT_LENGTH
     tp_flag = TP_SIZE
     pp_flag = PP_SIZE
+    revision_flag = REVISION
     cache_dtype_flag = KV_CACHE_DTYPE
     cache_dtypes: ClassVar[Mapping[str, Fraction | None]] = SGLANG_CACHE_DTYPES
 

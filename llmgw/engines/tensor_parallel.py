@@ -43,6 +43,9 @@ class TensorParallelEngine:
     """The flag that sets the tensor parallel size (the card count is written here)."""
     pp_flag: Flag = ()
     """The flag that sets the pipeline parallel size."""
+    revision_flag: Flag = ()
+    """The flag that pins the Hugging Face revision (branch, tag or commit) the engine loads;
+    () when it has none."""
     cache_dtype_flag: Flag = ()
     """The flag that sets the KV cache's element type (empty: the model's dtype)."""
     cache_dtypes: ClassVar[Mapping[str, Fraction | None]] = {}

@@ -43,6 +43,9 @@ PP_SIZE = ("--pp_size",)
 FREE_GPU_MEMORY_FRACTION = ("--kv_cache_free_gpu_memory_fraction", "--free_gpu_memory_fraction")
 MAX_NUM_TOKENS = ("--max_num_tokens",)
 EXTRA_OPTIONS = ("--extra_llm_api_options", "--config")
+REVISION = ("--revision",)
+"""The Hugging Face revision trtllm-serve loads (branch, tag or commit id:
+tensorrt_llm/commands/serve.py, its `--revision` option, passed to the LLM API's `revision`)."""
 
 TRTLLM_CACHE_DTYPES: dict[str, Fraction | None] = {
     "auto": None,
@@ -97,6 +100,7 @@ ALLOWED: tuple[AllowedFlag, ...] = (
     AllowedFlag(("--num_postprocess_workers",)),
     AllowedFlag(("--reasoning_parser",)),
     AllowedFlag(("--log_level",)),
+    AllowedFlag(REVISION),
 )
 
 # Flags that load other models: refused unless the agent config's `allow_flags` names them.
@@ -171,6 +175,7 @@ class TrtLlm(TensorParallelEngine):
     context_flag = MAX_SEQ_LEN
     tp_flag = TP_SIZE
     pp_flag = PP_SIZE
+    revision_flag = REVISION
 
     def cache_dtype_bytes(self, args: Sequence[str], shape: ModelShape) -> Fraction:
         """kv_cache_config.dtype of an inline `--extra_llm_api_options`, else the model's.

@@ -36,6 +36,10 @@ NO_CHUNKED_PREFILL = ("--no-enable-chunked-prefill",)
 ENFORCE_EAGER = ("--enforce-eager",)
 ENABLE_EXPERT_PARALLEL = ("--enable-expert-parallel", "-ep")
 MM_ENCODER_TP_MODE = ("--mm-encoder-tp-mode",)
+REVISION = ("--revision",)
+"""The Hugging Face revision vLLM loads, its tokenizer's too unless --tokenizer-revision says
+otherwise (vllm/engine/arg_utils.py EngineArgs.revision; vllm/config/model.py sets
+tokenizer_revision to it)."""
 
 VLLM_BLOCK_TOKENS = 16
 """Tokens per KV page: `--block-size` default on CUDA (vllm/config/cache.py); a page per layer
@@ -144,7 +148,7 @@ ALLOWED: tuple[AllowedFlag, ...] = (
     AllowedFlag(("--dtype",)),
     AllowedFlag(("--quantization", "-q")),
     AllowedFlag(("--load-format",)),
-    AllowedFlag(("--revision",)),
+    AllowedFlag(REVISION),
     AllowedFlag(("--tokenizer-mode",)),
     AllowedFlag(("--max-parallel-loading-workers",)),
     AllowedFlag(("--seed",)),
@@ -261,6 +265,7 @@ class Vllm(TensorParallelEngine):
     context_flag = MAX_MODEL_LEN
     tp_flag = TENSOR_PARALLEL_SIZE
     pp_flag = PIPELINE_PARALLEL_SIZE
+    revision_flag = REVISION
     cache_dtype_flag = KV_CACHE_DTYPE
     cache_dtypes: ClassVar[Mapping[str, Fraction | None]] = VLLM_CACHE_DTYPES
 

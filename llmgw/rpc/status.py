@@ -10,12 +10,20 @@ from typing import Any, TypeVar
 
 import grpc
 import structlog
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 log = structlog.get_logger(__name__)
+
+RETRIED_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+"""The codes every status of which carries google.rpc.RetryInfo: a caller's signal that the
+condition may pass, and how long to wait first (AIP-193's RetryInfo)."""
+RETRY_DELAY_S = 1.0
+"""The RetryInfo delay of a status of those codes that names none of its own: the order of a
+restarting server's or store's gap, and the clients' backoffs (llmgw/clients/service_config.json)
+stay under it, so the server's word is what a careful caller waits."""
 
 
 def build_status(
@@ -28,10 +36,12 @@ def build_status(
     field: str = "",
     subject: str = "",
     resource: tuple[str, str] | None = None,
+    retry_delay_s: float | None = None,
 ) -> status_pb2.Status:
     """A google.rpc.Status: ErrorInfo always; BadRequest when a `field` is at fault;
     PreconditionFailure for FAILED_PRECONDITION; ResourceInfo when a `resource` (type, name)
-    is missing or in the way."""
+    is missing or in the way; RetryInfo for UNAVAILABLE and RESOURCE_EXHAUSTED (after
+    `retry_delay_s`, RETRY_DELAY_S unless given)."""
     details: list[Message] = [
         error_details_pb2.ErrorInfo(reason=reason, domain=domain, metadata=metadata)
     ]
@@ -61,6 +71,12 @@ def build_status(
                 resource_type=resource[0], resource_name=resource[1], description=message
             )
         )
+    if code in RETRIED_CODES:
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(
+            round(1e9 * (RETRY_DELAY_S if retry_delay_s is None else retry_delay_s))
+        )
+        details.append(error_details_pb2.RetryInfo(retry_delay=delay))
     packed = []
     for detail in details:
         holder = any_pb2.Any()

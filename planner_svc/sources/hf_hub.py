@@ -5,6 +5,11 @@ Everything goes through `huggingface_hub`, so the Hub's endpoint (`HF_ENDPOINT`)
 `huggingface_hub` reads the endpoint, cache and offline switches once, when it is imported; this
 module reads them again on every fetch (passing them explicitly) so that a running planner and
 its tests see the environment as it is now.
+
+`LLMGW_HF_MIRRORS` (`ORG=URL[,ORG=URL...]`) serves the repos of an organisation from another
+endpoint: `llmgw up` gives the planner `llmgw-demo=http://127.0.0.1:50053`, so the demo's ids
+come from the demo's file server and every other id from the Hub (HF_ENDPOINT, else
+huggingface.co). One cache serves both; the organisation names the repo in it.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from huggingface_hub.errors import (
 
 from llmgw.sources import revision_problem
 from planner_svc.domain.errors import InvalidShape, SourceUnreachable
+from planner_svc.sources.policy import ENV_MIRRORS, hub_mirrors
 
 log = structlog.get_logger(__name__)
 
@@ -81,8 +87,15 @@ class _Hub:
     offline: bool
 
 
-def _hub_settings() -> _Hub:
-    endpoint = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+def hub_endpoint(repo: str) -> str:
+    """The endpoint `repo` (ORG/NAME) is fetched from: its organisation's mirror, else
+    HF_ENDPOINT, else the Hub's."""
+    mirror = hub_mirrors(os.environ.get(ENV_MIRRORS, "")).get(repo.split("/", 1)[0])
+    return mirror or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+
+
+def _hub_settings(repo: str) -> _Hub:
+    endpoint = hub_endpoint(repo)
     cache_dir = os.environ.get("HF_HUB_CACHE") or (
         os.path.join(os.environ["HF_HOME"], "hub")
         if os.environ.get("HF_HOME")
@@ -121,7 +134,7 @@ async def fetch_hf_model(
     if why:
         # Checked here too (the resolver does first): refs/REVISION is a path in the cache.
         raise InvalidShape(f"{source[:200]} is refused: {why}.", source=source[:200])
-    hub = _hub_settings()
+    hub = _hub_settings(repo)
     path = await asyncio.to_thread(_download_config, repo, revision, hub, source)
     config = _read_config(path, source)
     weights = weight_bytes_from_files(files, source=source)
@@ -185,7 +198,11 @@ def _download_config(repo: str, revision: str | None, hub: _Hub, source: str) ->
     except LocalEntryNotFoundError as error:
         # One text for every transport failure: refused, reset, timed out and not-HTTP ports
         # read the same (policy.network_failure's rule).
-        where = "HF_HUB_OFFLINE is set" if hub.offline else f"{hub.endpoint} could not be reached"
+        where = (
+            "HF_HUB_OFFLINE is set"
+            if hub.offline
+            else f"{hub.endpoint} could not be reached (is this machine offline?)"
+        )
         raise SourceUnreachable(
             f"{source}'s config.json is not in the local cache and {where}.", source=source
         ) from error
@@ -200,7 +217,7 @@ def _download_config(repo: str, revision: str | None, hub: _Hub, source: str) ->
         log.info("hf_fetch_failed", source=source, error=_first_line(error))
         raise SourceUnreachable(
             f"{source}'s config.json could not be fetched: {hub.endpoint} could not be reached "
-            "(no HTTP answer came back).",
+            "(no HTTP answer came back: is this machine offline?).",
             source=source,
         ) from error
 

@@ -23,11 +23,12 @@ caller.
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urljoin, urlsplit
 
-from llmgw.sources import SourceRefused, UrlSource, parse_url, path_is_under
+from llmgw.sources import ENV_HF_MIRRORS, SourceRefused, UrlSource, parse_url, path_is_under
 from planner_svc.domain.errors import SourceUnreachable
 
 DEFAULT_HUB = "https://huggingface.co"
@@ -112,6 +113,27 @@ def parse_host_rule(text: str) -> HostRule:
     return HostRule(host, port)
 
 
+ENV_MIRRORS = ENV_HF_MIRRORS
+_ORG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+
+
+def hub_mirrors(text: str) -> dict[str, str]:
+    """`ORG=URL,...` as organisation -> endpoint.
+
+    Raises:
+        ValueError: an entry that is not ORG=http(s)://HOST[:PORT][/PATH].
+    """
+    mirrors: dict[str, str] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        org, sep, url = entry.partition("=")
+        if not sep or not _ORG.match(org) or not re.match(r"^https?://[^/\s]+", url):
+            raise ValueError(f"{ENV_MIRRORS}: {entry!r} is not ORG=http(s)://HOST[:PORT]")
+        mirrors[org] = url.rstrip("/")
+    return mirrors
+
+
 @dataclass(frozen=True)
 class SourcePolicy:
     """The hosts and local folders a planner may read sources from."""
@@ -161,14 +183,22 @@ class SourcePolicy:
     ) -> SourcePolicy:
         """The planner's policy: flags' hosts and roots, else those of LLMGW_PLANNER_ALLOW_HOSTS
         (comma-separated) and LLMGW_PLANNER_ALLOW_ROOTS (':'-separated); the Hub endpoint of
-        HF_ENDPOINT. Roots should be real paths already (the caller resolves symlinks)."""
+        HF_ENDPOINT and the mirrors of LLMGW_HF_MIRRORS. Roots should be real paths already
+        (the caller resolves symlinks).
+
+        Raises:
+            ValueError: a bad host, root or mirror."""
         hosts = list(allow_hosts) or environ.get(ENV_HOSTS, "").split(",")
         roots = list(allow_roots) or environ.get(ENV_ROOTS, "").split(":")
-        return cls.from_settings(
+        policy = cls.from_settings(
             allow_hosts=[h for h in hosts if h.strip()],
             allow_roots=[r for r in roots if r],
             hub_endpoint=environ.get("HF_ENDPOINT") or None,
         )
+        # A Hub mirror's origin is allowed as the Hub's own is (sources/hf_hub.py).
+        mirrors = [parse_url(url) for url in hub_mirrors(environ.get(ENV_MIRRORS, "")).values()]
+        extra = [HostRule(m.host, m.port) for m in mirrors if not policy.allows_url(m)]
+        return replace(policy, extra=(*policy.extra, *extra))
 
     def allows_url(self, url: UrlSource) -> bool:
         """Whether an http(s) URL's origin is allowed."""

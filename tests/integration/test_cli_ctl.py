@@ -199,7 +199,7 @@ async def test_delete_with_current_etag_removes_the_model(tmp_path: Path) -> Non
         assert deleted.code == 0, deleted.err
         assert "deleted model qwen (revision 2)" in deleted.out
         listed = await ctl(fleet.port, "model", "list", "--json")
-        assert listed.json() == {}
+        assert listed.json() == {"models": []}  # default-valued fields are printed
         history = await ctl(fleet.port, "model", "history", "qwen", "--json")
         data = history.json()
         assert isinstance(data, dict)
@@ -592,7 +592,7 @@ async def test_beside_llmgw_up_a_plaintext_fleet_needs_plaintext(
     assert "does not speak TLS" in found.err
     assert str(tmp_path / "data" / "tls") in found.err and "--plaintext" in found.err
     assert plain.code == 0, plain.err
-    assert plain.json() == {}
+    assert plain.json() == {"models": []}
 
 
 async def test_model_update_rolls_out_and_says_when_nothing_changes(tmp_path: Path) -> None:
@@ -620,7 +620,7 @@ async def test_model_update_rolls_out_and_says_when_nothing_changes(tmp_path: Pa
             dry = await ctl(fleet.port, "model", "update", str(path), "--dry-run", "--json")
             assert dry.code == 0, dry.err
             answer = dry.json()
-            assert answer["restarted"] == 1 and "etag" not in answer["model"]
+            assert answer["restarted"] == 1 and answer["model"]["etag"] == ""
             assert camel_keys(answer) == []
             run = await ctl(fleet.port, "model", "update", str(path))
             assert run.code == 0, run.err

@@ -36,7 +36,10 @@ schemas, offline): 1.32 is the oldest minor still in the upstream support window
 manifests were written."""
 OLDEST_VERSION = "1.27.0"
 """The oldest version docs/deploy.md says the manifests run on (gRPC probes are GA there)."""
-CRD_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.json"}
+CRD_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule.json",
+}
 """Custom resources kubernetes-validate has no schema for, and the schema each is checked
 against instead (deploy/kubernetes/schemas). A kind missing from both fails the test."""
 OPERATOR_SECRETS = {
@@ -341,6 +344,8 @@ def test_service_monitor_scrapes_every_service() -> None:
         assert "metrics" in {p["name"] for p in svc["spec"]["ports"]}
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
     assert of_kind("dev", "ServiceMonitor") == []
+    assert of_kind("dev", "PrometheusRule") == []
+    assert [r["metadata"]["name"] for r in of_kind("prod", "PrometheusRule")] == ["llmgw"]
 
 
 def test_config_files_in_the_manifests_load(tmp_path: Path) -> None:

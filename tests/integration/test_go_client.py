@@ -1,5 +1,7 @@
-"""The Go stubs (gen/go) as a gateway team uses them: a Go client (tests/go/client), built
-with Debian's Go packages in GOPATH mode, calls every planner and fleet RPC over mutual TLS,
+"""The Go stubs (gen/go) as a gateway team uses them: a Go client (tests/go/client), a module
+of its own on the newest grpc-go requiring gen/go by replace, built in module mode from the
+committed go.sum (modules from the Go module proxy's cache), calls every planner and fleet RPC
+over mutual TLS,
 follows rollouts with WatchRollout, routes from WatchReplicas, and decodes ErrorInfo from
 every refusal reason of both services' tables that a caller can provoke; and, given two fleets
 on one PostgreSQL with the follower first, finds the leader through NOT_LEADER's ErrorInfo."""
@@ -10,9 +12,8 @@ import asyncio
 import json
 import os
 import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,6 @@ from tests.support.shapes import LLAMA_31_8B, inline
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT = ROOT / "tests" / "go" / "client"
-GO_MODULE = "gitea.mynodes.xyz/ilker/llmgw/gen/go"
-DEBIAN_GOPATH = "/usr/share/gocode"
 H100 = "H100-80GB"
 
 # Reasons of the tables no caller can provoke against a healthy fleet, and why.
@@ -530,28 +529,15 @@ async def services(tmp: Path, pki: Pki, gguf_root: Path) -> AsyncIterator[dict[s
             }
 
 
-@contextmanager
-def gopath() -> Iterator[tuple[Path, dict[str, str]]]:
-    """A GOPATH whose src/ holds the repository's gen/go under its module path and the
-    client, beside Debian's /usr/share/gocode; and the environment of a GOPATH-mode build
-    that reaches no module proxy."""
-    with tempfile.TemporaryDirectory(prefix="llmgw-gopath-") as tmp:
-        src = Path(tmp, "src")
-        (src / GO_MODULE).parent.mkdir(parents=True)
-        (src / GO_MODULE).symlink_to(ROOT / "gen" / "go")
-        (src / "llmgwclient").symlink_to(CLIENT)
-        env = dict(os.environ)
-        env.update(
-            GOPATH=f"{tmp}{os.pathsep}{DEBIAN_GOPATH}",
-            GO111MODULE="off",
-            GOFLAGS="",
-            GOPROXY="off",
-            GONOSUMDB="*",
-            GOTOOLCHAIN="local",
-            CGO_ENABLED="0",
-        )
-        env.setdefault("GOCACHE", str(Path.home() / ".cache" / "go-build"))
-        yield src / "llmgwclient", env
+def module_env() -> dict[str, str]:
+    """The environment of a module-mode build: the committed go.mod and go.sum as they are
+    (-mod=readonly, so nothing is resolved anew), modules from GOMODCACHE or the proxy."""
+    env = dict(os.environ)
+    env.pop("GO111MODULE", None)
+    env.pop("GOPATH", None)
+    env.update(GOFLAGS="-mod=readonly -buildvcs=false", GOTOOLCHAIN="local", CGO_ENABLED="0")
+    env.setdefault("GOCACHE", str(Path.home() / ".cache" / "go-build"))
+    return env
 
 
 async def run(
@@ -566,12 +552,20 @@ async def run(
     return proc.returncode, out.decode(), err.decode()
 
 
+def go_tool() -> str | None:
+    """The machine's go: PATH's, else /usr/local/go/bin/go (where the Makefile finds it)."""
+    found = shutil.which("go")
+    if found is None and Path("/usr/local/go/bin/go").is_file():
+        found = "/usr/local/go/bin/go"
+    return found
+
+
 @pytest.fixture(scope="module")
 def go() -> str:
-    """Debian's go; the test is skipped, saying so, only where it is not installed."""
-    found = shutil.which("go")
+    """The machine's go; the test is skipped, saying so, only where it is not installed."""
+    found = go_tool()
     if found is None:
-        pytest.skip("go is not installed: `make go-tools` installs Debian's golang-go")
+        pytest.skip("go is not installed: `make go-tools` says which Go gen/go needs")
     return found
 
 
@@ -580,7 +574,7 @@ def go() -> str:
 async def test_go_client_calls_every_rpc_routes_and_decodes_every_refusal(
     go: str, tmp_path: Path
 ) -> None:
-    """Built from gen/go with Debian's Go packages, the Go client calls every RPC of both
+    """Built in module mode on the newest grpc-go, the Go client calls every RPC of both
     services (and the agents' Connect), follows three rollouts to SUCCEEDED and one to
     CANCELLED (resuming each watch from the last seq), routes to the new revision from
     WatchReplicas with never fewer endpoints than before a beside rollout, and decodes
@@ -590,27 +584,25 @@ async def test_go_client_calls_every_rpc_routes_and_decodes_every_refusal(
     models = tmp_path / "models"
     models.mkdir()
     write_tiny_gguf(models / "tiny.gguf")
-    with gopath() as (client_dir, env):
-        code, _, err = await run(
-            [go, "build", "-o", str(tmp_path / "client"), "."], client_dir, env, 240
+    env = module_env()
+    code, _, err = await run([go, "build", "-o", str(tmp_path / "client"), "."], CLIENT, env, 240)
+    assert code == 0, err
+    async with services(tmp_path, pki, models) as at:
+        config = at | {
+            "ca": str(pki.local.ca_cert),
+            "pairs": pki.pairs(),
+            "node": "spare",
+            "model": as_json(llama("go-llama")),
+            "stuck_model": as_json(llama("go-stuck")),
+            "small_model": as_json(llama("go-small", gpu_class="L4")),
+            "inventory": as_json(INVENTORY),
+            "refusals": refusals(at["gguf_url"]),
+        }
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(config))
+        code, out, err = await run(
+            [str(tmp_path / "client"), "-config", str(path)], tmp_path, env, 240
         )
-        assert code == 0, err
-        async with services(tmp_path, pki, models) as at:
-            config = at | {
-                "ca": str(pki.local.ca_cert),
-                "pairs": pki.pairs(),
-                "node": "spare",
-                "model": as_json(llama("go-llama")),
-                "stuck_model": as_json(llama("go-stuck")),
-                "small_model": as_json(llama("go-small", gpu_class="L4")),
-                "inventory": as_json(INVENTORY),
-                "refusals": refusals(at["gguf_url"]),
-            }
-            path = tmp_path / "config.json"
-            path.write_text(json.dumps(config))
-            code, out, err = await run(
-                [str(tmp_path / "client"), "-config", str(path)], tmp_path, env, 240
-            )
     lines = [json.loads(line) for line in out.splitlines() if line.strip()]
     failures = [x["message"] for x in lines if x["kind"] == "failure"]
     assert code == 0 and not failures, (failures, err[:4000])
@@ -689,33 +681,29 @@ async def test_go_client_given_the_follower_first_finds_the_leader(go: str, tmp_
     Go client decodes the follower's NOT_LEADER (a change, ListNodes, an agent's Connect)
     naming the leader, creates a model and changes its context through the follower's
     redirect (a retry with the request id answers the same rollout), and routes from the
-    follower's WatchReplicas and follows the rollout on the follower to the new revision; its
-    `go test` reads --fleet values (a list, a headless Service) as the Python clients do."""
+    follower's WatchReplicas and follows the rollout on the follower to the new revision (the
+    redirect is gen/go/client's Leader; its own tests, how a --fleet value is read among them,
+    are `make go-test`'s and tests/integration/test_go_client_pkg.py's)."""
     pki = Pki(tmp_path / "tls")
-    with gopath() as (client_dir, env):
-        code, _, err = await run(
-            [go, "build", "-o", str(tmp_path / "client"), "."], client_dir, env, 240
+    env = module_env()
+    code, _, err = await run([go, "build", "-o", str(tmp_path / "client"), "."], CLIENT, env, 240)
+    assert code == 0, err
+    async with two_fleets(tmp_path, pki) as (leader, follower):
+        config = {
+            "scenario": "leader",
+            "fleets": f"127.0.0.1:1,{follower},{leader}",
+            "follower": follower,
+            "leader": leader,
+            "ca": str(pki.local.ca_cert),
+            "pairs": pki.pairs(),
+            "node": "spare",
+            "model": as_json(llama("go-led")),
+        }
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(config))
+        code, out, err = await run(
+            [str(tmp_path / "client"), "-config", str(path)], tmp_path, env, 240
         )
-        assert code == 0, err
-        # leader_test.go: how a --fleet value (a list, a headless Service) is read.
-        code, out, err = await run([go, "test", "."], client_dir, env, 240)
-        assert code == 0, out + err
-        async with two_fleets(tmp_path, pki) as (leader, follower):
-            config = {
-                "scenario": "leader",
-                "fleets": f"127.0.0.1:1,{follower},{leader}",
-                "follower": follower,
-                "leader": leader,
-                "ca": str(pki.local.ca_cert),
-                "pairs": pki.pairs(),
-                "node": "spare",
-                "model": as_json(llama("go-led")),
-            }
-            path = tmp_path / "config.json"
-            path.write_text(json.dumps(config))
-            code, out, err = await run(
-                [str(tmp_path / "client"), "-config", str(path)], tmp_path, env, 240
-            )
     lines = [json.loads(line) for line in out.splitlines() if line.strip()]
     failures = [x["message"] for x in lines if x["kind"] == "failure"]
     assert code == 0 and not failures, (failures, err[:4000])

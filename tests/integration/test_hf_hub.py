@@ -15,6 +15,7 @@ from huggingface_hub.utils import _http as hf_http
 from llmgw.testing.hub import HFServer
 from planner_svc.domain.errors import InvalidShape, SourceUnreachable
 from planner_svc.sources.hf_hub import fetch_hf_model, weight_bytes_from_files
+from planner_svc.sources.policy import hub_mirrors
 from tests.support.hf_repos import (
     DEEPSEEK_V2_LITE,
     DEEPSEEK_V2_LITE_WEIGHTS_BYTES,
@@ -30,6 +31,7 @@ from tests.support.hf_repos import (
     NOT_JSON,
     QWEN_7B,
     QWEN_7B_WEIGHTS_BYTES,
+    default_repos,
 )
 
 pytest_plugins = ("tests.support.hf_fixtures",)
@@ -288,3 +290,38 @@ async def test_a_download_outside_the_cache_is_refused(
     monkeypatch.setattr(hf_hub, "hf_hub_download", escaping)
     with pytest.raises(SourceUnreachable, match="outside the cache"):
         await fetch_hf_model(FALCON_MAMBA, None)
+
+
+async def test_a_mirror_serves_its_organisation_and_the_hub_the_rest(
+    hf_server_factory: Callable[..., HFServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With LLMGW_HF_MIRRORS naming an organisation (as `llmgw up` names the demo's), that
+    organisation's repos come from its mirror and every other repo from the Hub (HF_ENDPOINT);
+    each server holds only its own repos, so a fetch routed wrong fails. A repo missing from
+    the mirror is said to be missing there."""
+    org = LLAMA_1B.split("/", 1)[0]
+    repos = default_repos()
+    hub = hf_server_factory({k: v for k, v in repos.items() if not k.startswith(f"{org}/")})
+    mirror = HFServer({k: v for k, v in repos.items() if k.startswith(f"{org}/")}).start()
+    try:
+        monkeypatch.setenv("LLMGW_HF_MIRRORS", f"other-org=http://127.0.0.1:1,{org}={mirror.url}")
+        config, weights = await fetch_hf_model(LLAMA_1B, None)
+        assert config == fixture_config("meta-llama__Llama-3.2-1B-Instruct")
+        assert weights == LLAMA_1B_WEIGHTS_BYTES
+        assert mirror.count(method="GET", path=f"/{LLAMA_1B}/resolve/main/config.json") == 1
+        config, _ = await fetch_hf_model(QWEN_7B, None)
+        assert config == fixture_config("Qwen__Qwen2.5-7B-Instruct")
+        assert hub.count(method="GET", path=f"/{QWEN_7B}/resolve/main/config.json") == 1
+        assert mirror.count(method="GET", path=f"/{QWEN_7B}/resolve/main/config.json") == 0
+        with pytest.raises(SourceUnreachable) as caught:
+            await fetch_hf_model(f"{org}/not-there", None)
+        assert f"not found on {mirror.url}" in caught.value.message
+    finally:
+        mirror.stop()
+
+
+@pytest.mark.parametrize("text", ["nourl", "org=ftp://x", "=http://x", "a b=http://x"])
+def test_malformed_mirrors_are_refused(text: str) -> None:
+    """A mirror entry that is not ORG=http(s)://HOST is refused (the planner will not start)."""
+    with pytest.raises(ValueError, match="LLMGW_HF_MIRRORS"):
+        hub_mirrors(text)

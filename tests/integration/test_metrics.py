@@ -16,9 +16,13 @@ from pathlib import Path
 import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.agent.v1 import agent_pb2
+from llmgw.build import build_info
 from llmgw.demo.tiny_gguf import write_tiny_gguf
 from llmgw.fleet.v1 import fleet_pb2
 from llmgw.metrics import MAX_CONNECTIONS
@@ -100,6 +104,12 @@ async def test_fleet_and_planner_series_move_when_a_rollout_runs(tmp_path: Path)
         ) as (fleet, stub),
     ):
         assert fleet.metrics is not None and planner.metrics is not None
+        fleet_now = await scrape(fleet.metrics.port)
+        # The series the alerts in deploy/monitoring are written on.
+        assert value(fleet_now, "llmgw_fleet_store_up") == 1
+        assert value(fleet_now, "llmgw_fleet_rollout_oldest_running_seconds") == 0
+        assert ("llmgw_fleet_watchers_cut_total", frozenset()) in fleet_now
+        assert ("llmgw_fleet_watchers", frozenset()) in fleet_now
         agents = [ScriptedAgent(f"127.0.0.1:{fleet.port}", f"node-{i}", gpus=2) for i in range(2)]
         for a in agents:
             a.start()
@@ -230,6 +240,42 @@ async def test_metrics_endpoint_answers_scrapes_only(tmp_path: Path) -> None:
             lambda: _scrapes(fleet.metrics.port),  # type: ignore[union-attr]
             what="a scrape after the idle connections closed",
         )
+
+
+async def test_every_endpoint_has_build_info_and_process_series(tmp_path: Path) -> None:
+    """The fleet's and the planner's endpoints serve llmgw_build_info with this build's
+    version, commit and Python, the process and platform collectors' series, and the
+    OpenMetrics format to a scraper that asks for it (Prometheus' text to one that does not)."""
+    info = build_info()
+    build = {"version": info.version, "commit": info.commit, "python": info.python}
+    async with (
+        running_fleet(tmp_path, metrics="127.0.0.1:0") as (fleet, _stub),
+        running_planner(metrics="127.0.0.1:0") as (planner, _pstub, _channel),
+    ):
+        assert fleet.metrics is not None and planner.metrics is not None
+        fleet_now = await scrape(fleet.metrics.port)
+        # The series the alerts in deploy/monitoring are written on.
+        assert value(fleet_now, "llmgw_fleet_store_up") == 1
+        assert value(fleet_now, "llmgw_fleet_rollout_oldest_running_seconds") == 0
+        assert ("llmgw_fleet_watchers_cut_total", frozenset()) in fleet_now
+        assert ("llmgw_fleet_watchers", frozenset()) in fleet_now
+        for port in (fleet.metrics.port, planner.metrics.port):
+            samples = await scrape(port)
+            assert value(samples, "llmgw_build_info", **build) == 1
+            assert value(samples, "process_start_time_seconds") > 0
+            assert value(samples, "process_resident_memory_bytes") > 0
+            assert ("python_info", frozenset()) not in samples  # it has labels
+            assert any(name == "python_info" for name, _ in samples)
+            async with httpx.AsyncClient() as client:
+                answer = await client.get(
+                    f"http://127.0.0.1:{port}/metrics",
+                    headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+                    timeout=5,
+                )
+            assert answer.headers["content-type"].startswith("application/openmetrics-text")
+            assert answer.text.endswith("# EOF\n")
+            families = {f.name for f in openmetrics_families(answer.text)}  # type: ignore[no-untyped-call]
+            assert "llmgw_build" in families and "process_cpu_seconds" in families
 
 
 async def test_probe_port_serves_health_alone_in_plaintext(tmp_path: Path) -> None:

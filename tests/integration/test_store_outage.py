@@ -11,7 +11,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import grpc
+import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from fleet_svc.server import FleetOptions, FleetServer, start_fleet
 from llmgw.common.v1 import common_pb2
@@ -35,7 +37,13 @@ def model(i: int) -> common_pb2.Model:
 async def fleet_on(dsn: str) -> AsyncIterator[tuple[FleetServer, grpc.aio.Channel]]:
     """A fleet in this process on the database, and a channel to it."""
     fleet = await start_fleet(
-        FleetOptions(listen="127.0.0.1:0", store_url=dsn, tick_s=0.05, planner="127.0.0.1:1")
+        FleetOptions(
+            listen="127.0.0.1:0",
+            store_url=dsn,
+            tick_s=0.05,
+            planner="127.0.0.1:1",
+            metrics="127.0.0.1:0",
+        )
     )
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{fleet.port}")
     try:
@@ -51,6 +59,19 @@ async def health_of(channel: grpc.aio.Channel) -> int:
         health_pb2.HealthCheckRequest(service=""), timeout=5
     )
     return int(answer.status)
+
+
+async def store_up(fleet: FleetServer) -> float:
+    """llmgw_fleet_store_up as the fleet's /metrics serves it (the LlmgwStoreUnavailable
+    alert's series)."""
+    assert fleet.metrics is not None
+    async with httpx.AsyncClient() as client:
+        answer = await client.get(f"http://127.0.0.1:{fleet.metrics.port}/metrics", timeout=5)
+    for family in text_string_to_metric_families(answer.text):
+        for sample in family.samples:
+            if sample.name == "llmgw_fleet_store_up":
+                return float(sample.value)
+    raise AssertionError("no llmgw_fleet_store_up on /metrics")
 
 
 async def wait_health(channel: grpc.aio.Channel, status: int, within_s: float) -> float:
@@ -84,20 +105,23 @@ async def test_an_outage_is_not_serving_and_the_fleet_comes_back_losing_nothing(
     once it accepts them again health is SERVING within seconds, the refused changes go through
     on retry, and every model accepted before, during or after is there exactly once."""
     with fresh_database() as (name, dsn):
-        async with fleet_on(dsn) as (_fleet, channel):
+        async with fleet_on(dsn) as (fleet, channel):
             stub: fleet_pb2_grpc.FleetServiceAsyncStub = fleet_pb2_grpc.FleetServiceStub(channel)
             accepted = {i: await create(stub, i) for i in range(10)}
             assert all(accepted.values())
             assert await health_of(channel) == SERVING
+            assert await store_up(fleet) == 1
             try:
                 allow_connections(name, False)
                 terminate(name)
                 took = await wait_health(channel, NOT_SERVING, within_s=10)
+                assert await store_up(fleet) == 0
                 refused = [i for i in range(10, 15) if await create(stub, i) is None]
                 assert refused == list(range(10, 15)), "a change was accepted with no store"
             finally:
                 allow_connections(name, True)
             back = await wait_health(channel, SERVING, within_s=15)
+            assert await store_up(fleet) == 1
             for i in refused:
                 answer = None
                 deadline = time.monotonic() + 15

@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from structlog.testing import LogCapture
 
+from llmgw.build import build_info
 from llmgw.cli.main import main as llmgw_main
 from llmgw.fleet.v1 import fleet_pb2
 from llmgw.testing.eventually import assert_eventually
@@ -325,3 +326,4 @@ async def test_a_service_asked_to_trace_exports_its_spans(tmp_path: Path) -> Non
     text = err.decode()  # spans go to stderr with the logs
     assert '"name": "/grpc.health.v1.Health/Check"' in text
     assert '"service.name": "planner-under-test"' in text
+    assert f'"service.version": "{build_info().version}"' in text

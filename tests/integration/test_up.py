@@ -37,8 +37,10 @@ from llmgw.demo.catalog import (
 )
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from llmgw.llama_server import LLAMA_SERVER_CACHE, LLAMA_SERVER_ENV
+from llmgw.testing.hub import HFServer
 from llmgw.tls import ClientTLS, identity_of_certificate, sync_channel
 from tests.support.fleet import running_fleet
+from tests.support.hf_repos import QWEN_7B, default_repos
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_ENV = ("LLMGW_TLS_CA", "LLMGW_TLS_CERT", "LLMGW_TLS_KEY", "LLMGW_TOKEN", "LLMGW_DATA")
@@ -272,9 +274,14 @@ def test_up_runs_the_examples_ready_and_stops_every_child(tmp_path: Path) -> Non
     """`llmgw up` brings both example replicas to READY (shown by `llmgw ctl`), the vLLM
     example's stand-in answers a completion, the planner reads the demo's hf:// repo, and
     SIGTERM stops every process it started, engines included; asked, each child serves
-    its metrics on loopback."""
+    its metrics on loopback. Its planner reads the demo's ids from the file server and every
+    other hf:// id from the Hub of HF_ENDPOINT (here a local Hub-shaped server)."""
     metrics = free_run(3)
-    with running_up(tmp_path, _env_without_llama_server(tmp_path), metrics_port=metrics) as up:
+    hub = HFServer(default_repos()).start()
+    env = _env_without_llama_server(tmp_path) | {"HF_ENDPOINT": hub.url}
+    with contextlib.ExitStack() as stack:
+        stack.callback(hub.stop)
+        up = stack.enter_context(running_up(tmp_path, env, metrics_port=metrics))
         assert (
             f"  metrics  planner http://127.0.0.1:{metrics}/metrics, fleet "
             f"http://127.0.0.1:{metrics + 1}/metrics, agent http://127.0.0.1:{metrics + 2}/metrics"
@@ -312,6 +319,10 @@ def test_up_runs_the_examples_ready_and_stops_every_child(tmp_path: Path) -> Non
         )
         assert described.returncode == 0, described.stderr
         assert json.loads(described.stdout)["shape"]["kv_heads"] == 8
+        assert hub.count(method="GET", path="/llmgw-demo/tiny-llama/resolve/main/config.json") == 0
+        real = llmgw("plan", "--planner", up.planner, "describe", f"hf://{QWEN_7B}", cwd=up.beside)
+        assert real.returncode == 0, real.stderr
+        assert hub.count(method="GET", path=f"/{QWEN_7B}/resolve/main/config.json") == 1
         assert (up.data / "fleet.db").is_file()
 
         # The fleet reaches the planner (over mutual TLS, as user `fleet`), which reads both

@@ -383,3 +383,25 @@ def test_a_hostile_source_is_rejected_and_nothing_starts() -> None:
     assert [(r.replica_id, r.reason) for r in changes.rejected] == [
         ("r1", RejectReason.SOURCE_REFUSED)
     ]
+
+
+PIN = "hf://org/model@0123456789abcdef0123456789abcdef01234567"
+
+
+def test_a_pinned_source_an_engine_cannot_take_and_a_conflicting_arg_are_refused() -> None:
+    """llama.cpp's -hf takes no revision: a pinned hf:// source is SOURCE_REFUSED naming the
+    engine; vLLM with another --revision in its args is ARGS_REFUSED; the same pin passes."""
+    engines = {
+        "llamacpp": ArgRules("llamacpp", needs_source=True, pins_revision=False),
+        "vllm": ArgRules("vllm", needs_source=True),
+    }
+    desired = [
+        ReplicaSpec("a", 1, "llamacpp", source=PIN),
+        ReplicaSpec("b", 1, "vllm", args=("--revision", "main"), source=PIN),
+        ReplicaSpec("c", 1, "vllm", args=("--revision", PIN.rsplit("@", 1)[1]), source=PIN),
+    ]
+    accepted, rejected = admit(desired, engines, [0])
+    assert [s.replica_id for s in accepted] == ["c"]
+    by_id = {r.replica_id: r for r in rejected}
+    assert by_id["a"].reason is RejectReason.SOURCE_REFUSED and "llamacpp" in by_id["a"].message
+    assert by_id["b"].reason is RejectReason.ARGS_REFUSED and "main" in by_id["b"].message

@@ -90,7 +90,7 @@ def test_args_placeholder_is_appended_when_the_template_omits_it() -> None:
         ({"module": "m", "family": "tgi"}, "family"),
         ({"module": "m", "health_path": "health"}, "start with /"),
         ({"module": "m", "start_timeout_s": -1}, "start_timeout_s"),
-        ({"module": "m", "command": "bash -c x"}, "unknown keys"),
+        ({"module": "m", "command": "bash -c x"}, "engines.standin.command: unknown key"),
         ({"module": "m", "refuse_flags": ["--x"]}, "why"),
     ],
 )
@@ -172,7 +172,7 @@ def test_llama_server_is_found_from_the_environment_then_path(tmp_path: Path) ->
     [
         ("/models/tiny.gguf", ["-m", "/models/tiny.gguf"]),
         ("http://127.0.0.1:8000/tiny.gguf", ["-mu", "http://127.0.0.1:8000/tiny.gguf"]),
-        ("hf://ggml-org/tiny-GGUF@main", ["-hf", "ggml-org/tiny-GGUF"]),
+        ("hf://ggml-org/tiny-GGUF", ["-hf", "ggml-org/tiny-GGUF"]),
     ],
 )
 def test_llama_server_gets_the_source_in_the_form_it_takes(source: str, items: list[str]) -> None:
@@ -268,3 +268,101 @@ def test_a_source_that_would_read_as_a_flag_never_reaches_the_command() -> None:
         llama.command(ReplicaSpec("r", 1, "llamacpp", source="--rpc"), "127.0.0.1", 9)
     argv = llama.command(ReplicaSpec("r", 1, "llamacpp", source="/m/x.gguf"), "127.0.0.1", 9)
     assert argv[argv.index("-m") + 1] == "/m/x.gguf"
+
+
+COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
+
+
+@pytest.mark.parametrize(
+    ("engine", "source_item"),
+    [("vllm", ["serve", "Qwen/Qwen3-8B", "--revision", COMMIT]), ("trtllm", None)],
+)
+def test_example_engines_are_given_the_pinned_revision(
+    engine: str, source_item: list[str] | None
+) -> None:
+    """The example vLLM command is `serve ORG/NAME --revision COMMIT`; trtllm-serve gets the
+    repo id then `--revision COMMIT`, and its served name is that repo id."""
+    cfg = load_config(ROOT / "deploy" / "agent.example.yaml").engines[engine]
+    spec = ReplicaSpec("r", 1, engine, model="qwen", source=f"hf://Qwen/Qwen3-8B@{COMMIT}")
+    argv = cfg.command(spec, "h", 5)
+    if source_item is not None:
+        assert argv[1:5] == source_item
+    else:
+        assert argv[1:4] == ["Qwen/Qwen3-8B", "--revision", COMMIT]
+        assert cfg.served_name(spec) == "Qwen/Qwen3-8B"
+    assert cfg.rules.pins_revision
+
+
+def test_a_revision_item_in_source_args_places_the_pin_and_goes_without_one() -> None:
+    """`{revision}` in an hf source_args item is the pin; with no pin the item is left out."""
+    cfg = parse_engine(
+        "custom",
+        {
+            "executable": "/bin/true",
+            "family": "llamacpp",
+            "args": ["{source_args}"],
+            "source_args": {"hf": ["--repo", "{value}", "--rev={revision}"]},
+        },
+        which=no_path,
+    )
+    assert cfg.rules.pins_revision
+    pinned = ReplicaSpec("r", 1, "custom", source=f"hf://o/n@{COMMIT}")
+    assert cfg.command(pinned, "h", 5) == ["/bin/true", "--repo", "o/n", f"--rev={COMMIT}"]
+    bare = ReplicaSpec("r", 1, "custom", source="hf://o/n")
+    assert cfg.command(bare, "h", 5) == ["/bin/true", "--repo", "o/n"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [
+        ({"models_path": "v1/models"}, "models_path must start with /"),
+        ({"fetch_urls": "yes"}, "fetch_urls must be true or false"),
+    ],
+)
+def test_bad_readiness_and_fetch_keys_are_refused(entry: dict[str, Any], says: str) -> None:
+    """models_path is a path (or "" for none); fetch_urls a boolean."""
+    with pytest.raises(ConfigError, match=says):
+        parse_engine("vllm", {"executable": "/bin/true", **entry}, which=no_path)
+
+
+def test_llamacpp_fetches_urls_and_others_do_not_by_default() -> None:
+    """The llama.cpp family fetches URL sources itself; vLLM is given the URL as it is."""
+    example = load_config(ROOT / "deploy" / "agent.example.yaml").engines
+    assert example["llamacpp"].fetches("https://h/x.gguf")
+    assert not example["llamacpp"].fetches("/srv/models/x.gguf")
+    assert not example["vllm"].fetches("https://h/x.gguf")
+    built = default_config(llama_server="/opt/llama-server").engines["llamacpp"]
+    assert built.fetches("https://h/x.gguf") and not built.rules.pins_revision
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("restrat: always", "agent.yaml: restrat: unknown key; did you mean restart?"),
+        ("restart: {cap: 5}", "agent.yaml: restart.cap: unknown key; did you mean cap_s?"),
+        ("restart: {max_crashes: five}", "restart.max_crashes: want a whole number >= 1, not str"),
+        ("restart: {base_s: soon}", "restart: base_s: want a number >= 0, not str 'soon'"),
+        ("restart: 5", "restart: want a mapping, not int 5"),
+        ("engine_host: 5", "engine_host: want a string, not int 5"),
+        ("unhealthy_after: true", "unhealthy_after: want a whole number >= 1, not bool"),
+        ("health_interval: 2", "health_interval: unknown key; did you mean health_interval_s?"),
+    ],
+)
+def test_config_mistakes_are_refused_with_the_key_and_a_suggestion(
+    text: str, message: str, tmp_path: Path
+) -> None:
+    """A typo'd or mistyped key of the agent config is refused, the message naming the key's
+    path and the nearest valid key; nothing passes silently as a default."""
+    path = tmp_path / "agent.yaml"
+    path.write_text(f"engines:\n  standin: {{module: fleet_svc.standin}}\n{text}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert message in str(caught.value).replace(str(tmp_path) + "/", "")
+
+
+def test_engine_key_typo_is_refused_with_a_suggestion() -> None:
+    """An engine's key is checked the same way, its path under engines."""
+    with pytest.raises(
+        ConfigError, match=r"engines\.standin\.modul: unknown key; did you mean module\?"
+    ):
+        parse_engine("standin", {"modul": "fleet_svc.standin"}, which=no_path)

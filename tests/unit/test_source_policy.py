@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from llmgw.sources import parse_url
 from planner_svc.domain.errors import InvalidShape
 from planner_svc.sources.policy import (
     ANY_PORT,
@@ -173,3 +174,14 @@ async def test_the_resolver_refuses_flags_and_climbing_revisions_unfetched(sourc
     with pytest.raises(InvalidShape, match=r"refused|starts with '-'"):
         await resolver.resolve(source)
     assert calls == []
+
+
+def test_a_hub_mirror_s_origin_is_allowed_as_the_hub_s() -> None:
+    """LLMGW_HF_MIRRORS' endpoints are allowed origins (their GGUF URLs pass), the listed hosts
+    stay as they were, and a malformed mirror is refused."""
+    policy = SourcePolicy.from_env({"LLMGW_HF_MIRRORS": "llmgw-demo=http://127.0.0.1:50053"})
+    assert policy.allows_url(parse_url("http://127.0.0.1:50053/files/tiny.gguf"))
+    assert not policy.allows_url(parse_url("http://127.0.0.1:50054/files/tiny.gguf"))
+    assert policy.allows_url(parse_url("https://huggingface.co/x/y/resolve/main/m.gguf"))
+    with pytest.raises(ValueError, match="LLMGW_HF_MIRRORS"):
+        SourcePolicy.from_env({"LLMGW_HF_MIRRORS": "llmgw-demo"})

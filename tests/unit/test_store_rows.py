@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from fleet_svc.domain.phases import ReplicaPhase
+from fleet_svc.domain.placement import Want
 from fleet_svc.domain.replicas import Member, ReplicaSpec, ReplicaState
-from fleet_svc.domain.rollout import RolloutState, Stage, Strategy
+from fleet_svc.domain.rollout import Rollout, RolloutState, Stage, Step, Strategy
 from fleet_svc.store.base import ReplicaRecord, RolloutRecord
 from fleet_svc.store.rows import load_rollout, replica_of, replica_record, rollout_record
 
@@ -147,3 +148,23 @@ def test_a_gang_row_keeps_every_member_and_an_old_row_has_none() -> None:
     assert back.members == g.members and back.gang and back.nodes == ("a", "b")
     old = replica_of(ReplicaRecord(id="r", model="m", profile="p", revision=1, node="a"))
     assert (old.members, old.gang, old.nodes) == ((), False, ("a",))
+
+
+def test_a_restored_replica_and_a_rollouts_old_specs_keep_their_own_cards() -> None:
+    """The old revision's card count a restored replica is placed by survives its row and
+    the rollout's row, so a fleet restarted mid-rollout does not place it as the new one."""
+    old = Want(gpu_class="H100-80GB", gpus=1)
+    spec = ReplicaSpec(engine="vllm", args=("--max-model-len", "8192"), want=old)
+    r = ReplicaState(id="r-9", model="qwen", profile="gpu", revision=1, spec=spec)
+    assert replica_of(replica_record(r)).spec.want == old
+    ro = Rollout(
+        id="ro-1",
+        model="qwen",
+        kind="gpus",
+        strategy=Strategy.IN_PLACE,
+        from_revision=1,
+        to_revision=2,
+        steps=(Step(profile="gpu", old_id="r-1"),),
+        old_specs={"gpu": spec},
+    )
+    assert load_rollout(rollout_record(ro)).old_specs["gpu"].want == old

@@ -147,14 +147,16 @@ async def test_filtered_stream_gets_heartbeats_while_other_models_change() -> No
 
 
 async def test_slow_watcher_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A watcher more than WATCHER_QUEUE events behind is cut off with WatcherTooSlow."""
+    """A watcher more than WATCHER_QUEUE events behind is cut off with WatcherTooSlow, and
+    counted (llmgw_fleet_watchers_cut_total)."""
     monkeypatch.setattr(watch, "WATCHER_QUEUE", 3)
     h = hub()
     stream = h.watch()
     await take(stream, 1)
+    assert h.cut == 0
     for i in range(5):
         h.put(ep(f"r{i}"))
-    assert h.watchers == 0
+    assert h.watchers == 0 and h.cut == 1
     await take(stream, 3)
     with pytest.raises(WatcherTooSlow):
         await take(stream, 1)

@@ -2,7 +2,7 @@ package main
 
 // The leader run: two fleets on one PostgreSQL, the client given every address with the
 // follower first. It decodes the follower's NOT_LEADER refusals, makes changes through a
-// Leader (leader.go) that the follower sends on to the leader, and routes from a
+// client.Leader (gen/go/client) that the follower sends on to the leader, and routes from a
 // WatchReplicas stream and follows the rollout with WatchRollout on the follower.
 
 import (
@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
+	"gitea.mynodes.xyz/ilker/llmgw/gen/go/client"
 	agentv1 "gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/agent/v1"
 	commonv1 "gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/common/v1"
 	fleetv1 "gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/fleet/v1"
@@ -21,26 +22,26 @@ import (
 
 // notLeaderNames checks a NOT_LEADER refusal names the leader the test started.
 func notLeaderNames(cfg *Config, name string, err error) {
-	refused(name, err, codes.Unavailable, reasonNotLeader)
+	refused(name, err, codes.Unavailable, string(client.ReasonNotLeader))
 	_, _, info := errorInfo(err)
-	if info.Metadata[leaderAddress] != cfg.Leader || info.Metadata["leader"] == "" {
+	if info.Metadata[client.MetaLeaderAddress] != cfg.Leader || info.Metadata["leader"] == "" {
 		fail("%s: NOT_LEADER names %q at %q, want the leader at %s", name,
-			info.Metadata["leader"], info.Metadata[leaderAddress], cfg.Leader)
+			info.Metadata["leader"], info.Metadata[client.MetaLeaderAddress], cfg.Leader)
 	}
 }
 
-func reportRedirects(gateway string, l *Leader) {
+func reportRedirects(gateway string, l *client.Leader) {
 	report(map[string]interface{}{
 		"kind": "redirects", "gateway": gateway, "redirects": l.Redirects(), "current": l.Current(),
 	})
 }
 
-func gatewayOn(cfg *Config) *Leader {
-	fleets, err := fleetAddresses(cfg.Fleets, net.LookupHost)
+func gatewayOn(cfg *Config) *client.Leader {
+	fleets, err := client.FleetAddresses(cfg.Fleets, net.LookupHost)
 	must(err, "the fleets")
-	l, err := newLeader(fleets, func(target string, block bool) (*grpc.ClientConn, error) {
-		return dialTLS(cfg, target, "admin", block)
-	})
+	l, err := client.NewLeader(context.Background(), fleets, func(target string) (*grpc.ClientConn, error) {
+		return dialTLS(cfg, target, "admin", false)
+	}, 20*time.Second)
 	must(err, "find the leader among "+cfg.Follower)
 	return l
 }

@@ -1,5 +1,6 @@
-// A gateway-shaped Go client of the planner and the fleet, built from gen/go with Debian's Go
-// packages (tests/integration/test_go_client.py builds and runs it). It calls every RPC of
+// A gateway-shaped Go client of the planner and the fleet, a module of its own that requires
+// gen/go by replace on the newest grpc-go (tests/integration/test_go_client.py builds and runs
+// it). It calls every RPC of
 // both services over mutual TLS, follows rollouts with WatchRollout, routes from
 // WatchReplicas, and decodes google.rpc.ErrorInfo from every refusal it provokes. It writes
 // one JSON object a line to stdout (what it saw, for the test to check) and exits 1 at the
@@ -14,22 +15,20 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"io/ioutil"
 	"os"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"gitea.mynodes.xyz/ilker/llmgw/gen/go/client"
 	commonv1 "gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/common/v1"
 	fleetv1 "gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/fleet/v1"
 	plannerv1 "gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/planner/v1"
@@ -108,7 +107,7 @@ func dial(cfg *Config, target, who string) *grpc.ClientConn {
 // dialTLS dials target over mutual TLS with who's pair: blocking until connected (or refused,
 // or 20 s passed) when block is set, else connecting on the first call.
 func dialTLS(cfg *Config, target, who string, block bool) (*grpc.ClientConn, error) {
-	pem, err := ioutil.ReadFile(cfg.CA)
+	pem, err := os.ReadFile(cfg.CA)
 	must(err, "read CA")
 	roots := x509.NewCertPool()
 	if !roots.AppendCertsFromPEM(pem) {
@@ -125,13 +124,15 @@ func dialTLS(cfg *Config, target, who string, block bool) (*grpc.ClientConn, err
 		RootCAs:      roots,
 		MinVersion:   tls.VersionTLS12,
 	})
-	if !block {
-		return grpc.Dial(target, grpc.WithTransportCredentials(creds))
+	conn, err := grpc.NewClient(target, append(client.LeaderDialOptions(), grpc.WithTransportCredentials(creds))...)
+	if err != nil || !block {
+		return conn, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	return grpc.DialContext(ctx, target, grpc.WithTransportCredentials(creds), grpc.WithBlock(),
-		grpc.FailOnNonTempDialError(true))
+	if err := client.Connected(context.Background(), conn, 20*time.Second); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return conn, nil
 }
 
 func deadline() (context.Context, context.CancelFunc) {
@@ -142,15 +143,14 @@ func unmarshal(raw json.RawMessage, m proto.Message, what string) {
 	must(protojson.Unmarshal(raw, m), "decode "+what)
 }
 
-// errorInfo is a refusal as a gateway reads it: code, message, and google.rpc.ErrorInfo.
-func errorInfo(err error) (codes.Code, string, *errdetails.ErrorInfo) {
-	st := status.Convert(err)
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok {
-			return st.Code(), st.Message(), info
-		}
+// errorInfo is a refusal as a gateway reads it (the client package's Decode): code, message,
+// and google.rpc.ErrorInfo's reason, domain and metadata (nil without ErrorInfo).
+func errorInfo(err error) (codes.Code, string, *client.Error) {
+	e := client.Decode(err)
+	if e.Reason == "" {
+		return e.Code, e.Message, nil
 	}
-	return st.Code(), st.Message(), nil
+	return e.Code, e.Message, e
 }
 
 // refused checks that err is the refusal wanted and reports what it carried.
@@ -162,7 +162,7 @@ func refused(name string, err error, wantCode codes.Code, wantReason string) {
 	if info == nil {
 		fail("%s: %s %q carries no ErrorInfo", name, code, message)
 	}
-	if code != wantCode || info.Reason != wantReason {
+	if code != wantCode || info.Reason != client.Reason(wantReason) {
 		fail("%s: got %s %s (%q), want %s %s", name, code, info.Reason, message, wantCode, wantReason)
 	}
 	if !strings.HasSuffix(info.Domain, ".llmgw.dev") {
@@ -343,7 +343,7 @@ func reportRollout(what string, r *fleetv1.Rollout, kinds []string, final fleetv
 func main() {
 	path := flag.String("config", "", "the test's JSON config")
 	flag.Parse()
-	raw, err := ioutil.ReadFile(*path)
+	raw, err := os.ReadFile(*path)
 	must(err, "read config")
 	var cfg Config
 	must(json.Unmarshal(raw, &cfg), "decode config")
