@@ -20,7 +20,7 @@ from fleet_svc.app import REQUEST_ID_WINDOW_S, FleetApp
 from fleet_svc.catalog import Catalog
 from fleet_svc.controller import Controller
 from fleet_svc.domain.nodes import Liveness
-from fleet_svc.duties import Duties
+from fleet_svc.duties import FOLLOW_S, Duties
 from fleet_svc.leadership import LEASE_S, RENEW_S, Leadership, LeasedStore
 from fleet_svc.metrics import Leadership as LeaderStatus
 from fleet_svc.metrics import add_fleet_metrics
@@ -95,6 +95,9 @@ class FleetOptions:
     """On a shared store (PostgreSQL): how long the leader's lease lasts unrenewed."""
     renew_s: float = RENEW_S
     """On a shared store: how often the leader renews and followers try for the lease."""
+    follow_s: float = FOLLOW_S
+    """On a shared store: how often a follower checks the store's digest besides the
+    notifications of the leader's writes (fleet_svc/duties.py)."""
     advertise: str = ""
     """HOST:PORT where this fleet is called, told to callers of a follower while it leads;
     "": the listen host (this host's name when that is a wildcard) and the bound port."""
@@ -226,7 +229,12 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         else None
     )
     duties = Duties(
-        controller, catalog, leadership, declared=declared, settings_path=opts.settings_path
+        controller,
+        catalog,
+        leadership,
+        declared=declared,
+        settings_path=opts.settings_path,
+        follow_s=opts.follow_s,
     )
     gate.refusal = duties.refusal
     add_agent_service(

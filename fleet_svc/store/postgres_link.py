@@ -93,6 +93,15 @@ class Link:
         """Close the pool (a second call does nothing)."""
         self._pool.close()
 
+    def dedicated(self) -> psycopg.Connection[tuple[Any, ...]]:
+        """A connection of its own, outside the pool (a listener holds one for as long as it
+        listens); the caller closes it.
+
+        Raises:
+            psycopg.OperationalError: it cannot be made.
+        """
+        return psycopg.connect(self._dsn, **self._kwargs)
+
     def fail_fast(self) -> None:
         with self._lock:
             if self._last_down is not None and time.monotonic() < self._down_until:
