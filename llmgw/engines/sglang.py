@@ -71,8 +71,9 @@ SGLANG_PRELOAD_MARGIN_BYTES = 384 * MIB
 
 # SGLang's default --mem-fraction-static (server_args.py, _handle_gpu_memory_settings): card
 # memory in MiB less a reserve of 512 MiB of metadata + 1.5 MiB per chunked-prefill token
-# + 2 MiB per CUDA-graph batch size + 1024 MiB per 8 ranks, at least 10240 MiB on cards
-# over 60 GiB, plus 2048 MiB for EAGLE drafts (6144 for a standalone draft).
+# + 2 MiB per CUDA-graph batch size + 1024 MiB per 8 ranks (+ DP attention's, below), at
+# least 10240 MiB on cards over 60 GiB, plus 2048 MiB for EAGLE drafts (6144 for a standalone
+# draft).
 SGLANG_RESERVE_BASE_MIB = 512
 SGLANG_RESERVE_PER_CHUNK_TOKEN_MIB = 1.5
 SGLANG_RESERVE_PER_GRAPH_BS_MIB = 2
@@ -81,9 +82,14 @@ SGLANG_RESERVE_FLOOR_MIB = 10240
 SGLANG_RESERVE_FLOOR_ABOVE_MIB = 60 * 1024
 SGLANG_RESERVE_EAGLE_MIB = 2048
 SGLANG_RESERVE_STANDALONE_MIB = 6144
-SGLANG_RESERVE_DP_ATTENTION_MIB = 4096
-"""What `--enable-dp-attention` adds to the reserve (server_args.py
-_handle_gpu_memory_settings: "if self.enable_dp_attention: reserved_mem += 4 * 1024")."""
+SGLANG_RESERVE_DP_ATTENTION_PER_GRAPH_BS_MIB = 3
+SGLANG_RESERVE_DP_ATTENTION_LARGE_BS_MIB = 1.5
+SGLANG_RESERVE_DP_ATTENTION_LARGE_BS = 300
+"""What `--enable-dp-attention --dp-size D` adds to the reserve, before the 10 GiB floor:
+cuda_graph_max_bs × D × 3 MiB ("DP attention needs more padding"), and cuda_graph_max_bs × D ×
+1.5 MiB more when cuda_graph_max_bs is over 300 (sgl-project/sglang
+python/sglang/srt/server_args.py _handle_gpu_memory_settings, the general heuristics of PR
+#10975; the file as stored at commit 469c63e5). It was a flat 4 GiB before those heuristics."""
 SGLANG_MAX_PREFILL_TOKENS = 16384
 """`--max-prefill-tokens` default, used in the reserve when chunked prefill is off."""
 
@@ -228,6 +234,11 @@ def sglang_mem_fraction_static(
     )
     reserved += graphs * SGLANG_RESERVE_PER_GRAPH_BS_MIB
     reserved += tp * pp / 8 * SGLANG_RESERVE_PER_8_RANKS_MIB
+    if GRAMMAR.has(args, ENABLE_DP_ATTENTION):
+        dp = GRAMMAR.count(args, DP_SIZE) or 1
+        reserved += graphs * dp * SGLANG_RESERVE_DP_ATTENTION_PER_GRAPH_BS_MIB
+        if graphs > SGLANG_RESERVE_DP_ATTENTION_LARGE_BS:
+            reserved += graphs * dp * SGLANG_RESERVE_DP_ATTENTION_LARGE_BS_MIB
     if gpu_mib > SGLANG_RESERVE_FLOOR_ABOVE_MIB:
         reserved = max(reserved, SGLANG_RESERVE_FLOOR_MIB)
     draft = (GRAMMAR.get(args, SPECULATIVE_ALGORITHM) or "").upper()
@@ -235,8 +246,6 @@ def sglang_mem_fraction_static(
         reserved += SGLANG_RESERVE_STANDALONE_MIB
     elif draft and draft != "NGRAM":
         reserved += SGLANG_RESERVE_EAGLE_MIB
-    if GRAMMAR.has(args, ENABLE_DP_ATTENTION):
-        reserved += SGLANG_RESERVE_DP_ATTENTION_MIB
     return round((gpu_mib - reserved) / gpu_mib, 3)
 
 
@@ -244,6 +253,8 @@ class Sglang(TensorParallelEngine):
     """SGLang: a token pool, a budget of `--mem-fraction-static` of the card."""
 
     name = "sglang"
+    batch_flag = ("--max-running-requests",)
+    """Concurrent requests at most (sglang/srt/server_args.py `--max-running-requests`)."""
     grammar = GRAMMAR
     default_utilisation = None  # derived from the card: sglang_mem_fraction_static
     refused_flags = REFUSED

@@ -7,7 +7,9 @@ engine's overhead; the count of cards must split the model's heads and widths (`
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from fractions import Fraction
 from typing import ClassVar
 
@@ -50,6 +52,8 @@ class TensorParallelEngine:
     """The flag that sets the KV cache's element type (empty: the model's dtype)."""
     cache_dtypes: ClassVar[Mapping[str, Fraction | None]] = {}
     """Bytes per element of each cache type the flag takes; None: the model's dtype."""
+    batch_flag: Flag = ()
+    """The flag that caps concurrent requests (a batch asked of the planner is written here)."""
 
     # --- the protocol, shared ---------------------------------------------------------------
 
@@ -197,15 +201,11 @@ class TensorParallelEngine:
         overhead, against its budget (`overhead_and_budget`); the KV pool the engine
         allocates there (the budget less the rest), its tokens and requests of `tokens`."""
         sequences = max(slots, 1)
-        tp, pp = self.tensor_parallel(args, cards)
-        dtype = self.cache_dtype_bytes(args, shape)
         card = card or Card.of("", card_memory_bytes)
-        pool = self.pool(
-            args,
-            tokens=tokens * sequences,
-            sequences=sequences,
-            card_memory_bytes=card.cuda_bytes or card_memory_bytes,
+        tp, pp, dtype, template = self._setting(
+            shape, args, cards, card.cuda_bytes or card_memory_bytes
         )
+        pool = replace(template, tokens=tokens * sequences, sequences=sequences)
         per_layer = layer_bytes_on_card(shape, pool, tp=tp, dtype=dtype)
         kv_card = fullest_stage(per_layer, pp)
         weights_card = -(-shape.weights_bytes // (tp * pp))
@@ -248,6 +248,31 @@ class TensorParallelEngine:
             weights_known=shape.weights_bytes > 0,
         )
 
+    def _setting(
+        self, shape: ModelShape, args: Sequence[str], cards: int, card_memory_bytes: int
+    ) -> tuple[int, int, Fraction, CachePool]:
+        """The (tp, pp) sizes, the cache type's bytes and the pool's layout (for no tokens yet)
+        of `args` on `cards` cards: none of them depends on the context, so they are worked
+        out once per shape and setting and kept in its `sizing_memo` (bounded, SETTINGS_KEPT)
+        under the arguments less the context flag's value."""
+        key = (self.name, _without_value(args, self.context_flag), cards, card_memory_bytes)
+        kept = shape.sizing_memo.get("tp_settings")
+        if not isinstance(kept, OrderedDict):
+            kept = OrderedDict()
+            shape.sizing_memo["tp_settings"] = kept
+        hit = kept.get(key)
+        if hit is not None:
+            kept.move_to_end(key)
+            return hit  # type: ignore[no-any-return]
+        tp, pp = self.tensor_parallel(args, cards)
+        dtype = self.cache_dtype_bytes(args, shape)
+        template = self.pool(args, tokens=0, sequences=1, card_memory_bytes=card_memory_bytes)
+        setting = (tp, pp, dtype, template)
+        kept[key] = setting
+        while len(kept) > SETTINGS_KEPT:
+            kept.popitem(last=False)
+        return setting
+
     # --- what each engine writes ------------------------------------------------------------
 
     def pool(
@@ -281,3 +306,19 @@ class TensorParallelEngine:
         if available_kv_bytes <= 0 or per_token <= 0:
             return 0
         return available_kv_bytes // per_token
+
+
+SETTINGS_KEPT = 32
+"""Settings (argument lists × card counts × card sizes) kept per shape."""
+
+
+def _without_value(args: Sequence[str], flag: Flag) -> tuple[str, ...]:
+    """`args` with the value of `flag` left out where it is spelled as one of its names
+    (`--name N` or `--name=N`); any other spelling stays, and only misses the memo."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg in flag and i + 1 < len(out) and not out[i + 1].startswith("-"):
+            out[i + 1] = ""
+        elif "=" in arg and arg.split("=", 1)[0] in flag:
+            out[i] = arg.split("=", 1)[0] + "="
+    return tuple(out)

@@ -168,6 +168,8 @@ class TrtLlm(TensorParallelEngine):
     """TensorRT-LLM (PyTorch backend): the KV cache takes its fraction of what is free."""
 
     name = "trtllm"
+    batch_flag = ("--max_batch_size",)
+    """Concurrent requests at most (trtllm-serve's `--max_batch_size`)."""
     aliases = ("trtllm-serve", "tensorrt-llm", "tensorrt_llm")
     grammar = GRAMMAR
     default_utilisation = TRTLLM_FREE_FRACTION

@@ -50,3 +50,10 @@ def pick(rules: tuple[R, ...], text: str) -> tuple[R, str]:
     newest = rules[-1]
     said = "no version named" if not (text or "").strip() else f"{text.strip()!r} not known"
     return newest, f"{newest.label} ({said}: the newest rules known)"
+
+
+def in_a_range(rules: tuple[R, ...], text: str) -> bool:
+    """Whether `text` names a version one of `rules`' ranges holds (False when it names
+    none: `pick` then answers with the newest rules, and says so)."""
+    version = parse_version(text)
+    return version is not None and any(rule.holds(version) for rule in rules)

@@ -259,6 +259,8 @@ class Vllm(TensorParallelEngine):
     """vLLM: paged KV blocks, a budget of `--gpu-memory-utilization` of the card."""
 
     name = "vllm"
+    batch_flag = ("--max-num-seqs",)
+    """Concurrent requests at most (vllm/engine/arg_utils.py `--max-num-seqs`)."""
     grammar = GRAMMAR
     default_utilisation = VLLM_UTILISATION
     refused_flags = REFUSED

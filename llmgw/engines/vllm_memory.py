@@ -23,8 +23,9 @@ total, current_platform.get_device_total_memory) whose name is not an A100,
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmgw.cardclass import GIB, MIB
 from llmgw.engines.base import Card, Overhead
@@ -34,13 +35,14 @@ from llmgw.engines.torch_overhead import (
     CUDA_GRAPH_BYTES_PER_LAYER,
     CUDA_GRAPH_BYTES_PER_MOE_LAYER,
     NON_TORCH_MARGIN_BYTES,
+    ForwardCost,
     activation_width,
     forward_cost,
     is_moe,
     layers_per_stage,
     vocab_size,
 )
-from llmgw.engines.versions import Ranged, pick
+from llmgw.engines.versions import Ranged, in_a_range, pick
 from llmgw.shape import ModelShape
 
 MAX_NUM_BATCHED_TOKENS = ("--max-num-batched-tokens",)
@@ -58,6 +60,15 @@ MAX_NUM_SEQS_LARGE_CARD = 1024
 MAX_NUM_SEQS_SMALL_CARD = 256
 """`vllm serve`'s defaults by card (get_batch_defaults, OPENAI_API_SERVER; A100s take the small
 ones, "a100" not in device_name)."""
+
+V0_CHUNKED_SAMPLER = (
+    "vLLM V0 (v0.7.x) with chunked prefill on peaked at its forward pass alone: Llama-3.1-8B at "
+    "max_model_len 131072 on a 22.07 GiB card (an L4 or A10G), 2048 batched tokens over 256 "
+    "requests, 'PyTorch activation peak memory takes 0.22GiB' where 2048 tokens' forward pass "
+    "is 0.21 GiB and a sampler over 256 × 128256 logits would add 0.86 (public troubleshooting "
+    "note quoting the log; code index file id 70109711463)"
+)
+"""Why V0's sampler is left out of the peak when chunked prefill is on."""
 
 V0_CHUNKED_ABOVE_TOKENS = 32768
 """vLLM V0 turned chunked prefill on by itself for contexts above 32K (gt-024's notes: at 35k
@@ -100,6 +111,12 @@ NON_TORCH_NCCL_BYTES = 160 * MIB
 gt-039 (tp 4) 0.21 GiB against 0.06-0.07 on one card (gt-038; vLLM 0.10.2 on an H100)."""
 
 
+TP_GATHER_BYTES_PER_LOGIT = 10
+"""With tensor parallel the LM head's vocabulary shards are all-gathered into whole logits
+(the gather buffer and its reshaped copy in bf16, before the fp32 cast): gt-039 (tp 4, 256 ×
+151936 logits) peaked 1.4 GiB, 38 B a logit with the 28 above."""
+
+
 @dataclass(frozen=True)
 class VllmRules(Ranged):
     """What one range of vLLM versions does at start."""
@@ -116,12 +133,46 @@ class VllmRules(Ranged):
     """Whether vLLM estimates CUDA graphs while profiling (it may subtract the estimate)."""
     v0: bool = False
     """V0's engine: chunked prefill off up to 32K unless asked."""
+    tp_gather_bytes_per_logit: int = 0
+    """What tensor parallel adds to the sampler's peak per logit (TP_GATHER_BYTES_PER_LOGIT
+    where a logged run shows it, else 0)."""
 
 
 VLLM_RULES: tuple[VllmRules, ...] = (
-    VllmRules((0, 0, 0), (0, 8, 0), "vLLM V0 (before 0.8)", 0.90, 28, 0, 352 * MIB, v0=True),
-    VllmRules((0, 8, 0), (0, 11, 0), "vLLM V1 0.8 to 0.10", 0.90, 28, 0, 96 * MIB),
-    VllmRules((0, 11, 0), (0, 21, 0), "vLLM V1 0.11 to 0.20", 0.90, 38, 224 * MIB, 96 * MIB),
+    VllmRules(
+        (0, 0, 0),
+        (0, 6, 5),
+        "vLLM V0 before 0.6.5",
+        0.90,
+        38,
+        0,
+        352 * MIB,
+        v0=True,
+        tp_gather_bytes_per_logit=TP_GATHER_BYTES_PER_LOGIT,
+    ),
+    VllmRules(
+        (0, 6, 5),
+        (0, 8, 0),
+        "vLLM V0 0.6.5 to 0.7",
+        0.90,
+        38,
+        0,
+        64 * MIB,
+        v0=True,
+        tp_gather_bytes_per_logit=TP_GATHER_BYTES_PER_LOGIT,
+    ),
+    VllmRules(
+        (0, 8, 0),
+        (0, 11, 0),
+        "vLLM V1 0.8 to 0.10",
+        0.90,
+        28,
+        0,
+        96 * MIB,
+        tp_gather_bytes_per_logit=TP_GATHER_BYTES_PER_LOGIT,
+    ),
+    VllmRules((0, 11, 0), (0, 17, 0), "vLLM V1 0.11 to 0.16", 0.90, 38, 224 * MIB, 96 * MIB),
+    VllmRules((0, 17, 0), (0, 21, 0), "vLLM V1 0.17 to 0.20", 0.90, 14, 120 * MIB, 256 * MIB),
     VllmRules((0, 21, 0), None, "vLLM V1 0.21 and later", 0.92, 38, 224 * MIB, 272 * MIB, True),
 )
 """By version.
@@ -137,17 +188,57 @@ B): 28 B before 0.11 (gt-038: 1.04 GiB over 256 × 152064 logits, 28.7 B; gt-039
 tensor-parallel gather below). From 0.11, 38 B and 224 MiB besides, the line through gt-036
 (v0.11.0: 35.34 GiB left needs 1.12 GiB over 256 × 100352 logits) and gt-030 (0.11, gpt-oss-120b
 at 0.95 on an H100: 1.71 GiB left needs 7.45 GiB over 1024 × 201088); v0.31.0 on an A100 (1.44
-GiB over 256 × 128256 for Llama-3.1-8B) lies 0.08 GiB above it.
+GiB over 256 × 128256 for Llama-3.1-8B, the one log the 0.21+ range rests on) lies 0.08 GiB
+above it; so does Qwen3-14B under
+v0.15.0 and v0.16.0 on an H100 (1024 × 151936 logits: 5.64 GiB measured, 5.73 on the line;
+LLMD_REPORT below).
 
-Non-torch memory: V0 0.35 GiB (gt-023); V1 0.06-0.07 (gt-038; 0.10.2 on an H100), so 96 MiB;
+From 0.17 to 0.20, 14 B and 120 MiB besides: top-k/top-p no longer sort the whole vocabulary
+for a batch of 8 or more: vLLM PR #48913 describes the sort-based apply_top_k_top_p_pytorch
+(vllm/v1/sample/ops/topk_topp_sampler.py) as kept for batches under 8 and for CPU, a Triton
+kernel filtering the others. The figure measured is what that leaves alive at the peak: the
+bf16 logits (2), their fp32 copy (4), the probabilities (4) and the exponential draw (4), 14 B.
+(The release the kernel landed in is inferred from the measured step at 0.17, not read.)
+The line through LLMD_REPORT's v0.19.0 runs on an H100 (1024 requests, 8192 tokens):
+Llama-3.1-8B 1.89 GiB (131.3 M logits), Qwen2.5-7B 2.21 (155.7 M), phi-4 1.52 (102.8 M),
+gemma-2-9b 3.62-3.66 (262.1 M) all within 2 %; Qwen3-14B fell from 5.64 GiB at v0.16.0 to 2.23
+at v0.17.0 with nothing else changed.
+
+V0 (before 0.8) without chunked prefill: 38 B, from v0.7.2 serving Qwen2.5-Math-1.5B on a 22.06
+GiB card (max_model_len 4096: 4096 tokens over 256 requests): "PyTorch activation peak memory
+takes 1.40GiB" over 256 × 151936 logits (38.6 B a logit with the batch's hidden states; code
+index file id 60663571995); with chunked prefill none (V0_CHUNKED_SAMPLER). gt-023/024 peak at
+the forward pass either way.
+
+Non-torch memory: V0 before 0.6.5 0.35 GiB (gt-023: its "Memory profiling results" counted
+what the card held after profiling less torch's, the CUDA context with it); from 0.6.5 V0
+profiles against a snapshot taken after the CUDA context and NCCL are up (vLLM PR #10511,
+"overhaul memory profiling", merged 2024-12-14 for 0.6.5) and both 0.7 logs above print 0.05
+GiB, so 64 MiB; V1 0.06-0.07 (gt-038; 0.10.2 on an H100), so 96 MiB;
 from 0.21 vLLM counts every persistent allocation from the device's free memory ("consumed
 memory (weights + non-torch)": v0.31.0, 15.26 GiB for Llama-3.1-8B's 14.99 of weights), 272
-MiB."""
+MiB; 0.18-0.19 measured 0.24-0.25 on an H100 (LLMD_REPORT: "non-torch forward increase
+memory", 0.13 at 0.15-0.17), so 256 MiB from 0.17.
 
-TP_GATHER_BYTES_PER_LOGIT = 10
-"""With tensor parallel the LM head's vocabulary shards are all-gathered into whole logits
-(the gather buffer and its reshaped copy in bf16, before the fp32 cast): gt-039 (tp 4, 256 ×
-151936 logits) peaked 1.4 GiB, 38 B a logit with the 28 above."""
+Tensor parallel's logit gather (TP_GATHER_BYTES_PER_LOGIT) only before 0.11: from 0.11 the
+measured peak does not move with tp (issue 19: dense models at tp 2 on H100 under 0.11 came out
+3-4 % under with it; LLMD_REPORT v0.19.0: Llama-3.1-8B and Qwen2.5-7B peak 1.89 and 2.21 GiB at
+tp 1, 2 and 4 alike). The gathered logits replace the shard, and the gather's buffer is freed
+before the sampler allocates its own (vllm/model_executor/layers/logits_processor.py
+_gather_logits), so the sampler's peak is the one-card peak."""
+
+LLMD_REPORT = (
+    "github.com/jgchn/llm-d-planner branch accuracy (commit 151baf3), "
+    "accuracy/accuracy_report.md: vLLM v0.15.0-v0.19.0 start-up logs on an H100-80GB at "
+    "--gpu-memory-utilization 0.95 and --max-model-len 8192, parsed from the DEBUG line "
+    "'Memory profiling takes … torch peak memory increase … non-torch forward increase "
+    "memory …' (llm-d-incubation/llm-d-planner issue #194, PR #205)"
+)
+"""Where the 0.15-0.19 figures come from: a sweep of real vLLM start-ups whose report prints,
+per run, the weights, the torch peak increase, the non-torch increase and the KV pool."""
+
+UNKNOWN_VERSION_NOTE = "the margin spans every known range's activation and non-torch figures"
+"""What the rules say when a profile's version is in no known range (or none is named)."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +249,7 @@ class VllmProfile:
     rules_said: str
     batched_tokens: int
     max_num_seqs: int
+    chunked_prefill: bool = True
 
 
 def large_card(card: Card) -> bool:
@@ -166,23 +258,50 @@ def large_card(card: Card) -> bool:
     return total >= LARGE_CARD_BYTES and "a100" not in card.name.lower()
 
 
+@dataclass(frozen=True)
+class BatchFlags:
+    """What the arguments say of vLLM's profiling batch, before the version and context
+    decide it (None: not given)."""
+
+    batched_tokens: int | None
+    max_num_seqs: int | None
+    no_chunked: bool
+    chunked: bool
+    large_card: bool
+
+
+def batch_flags(grammar: Grammar, args: Sequence[str], card: Card) -> BatchFlags:
+    """The batch settings `args` give on `card` (read once per setting)."""
+    return BatchFlags(
+        grammar.count(args, MAX_NUM_BATCHED_TOKENS),
+        grammar.count(args, MAX_NUM_SEQS),
+        grammar.has(args, NO_CHUNKED_PREFILL),
+        grammar.has(args, CHUNKED_PREFILL),
+        large_card(card) if (card.cuda_bytes or card.nvml_bytes) else True,
+    )
+
+
+def profile_at(rules: VllmRules, said: str, flags: BatchFlags, tokens: int) -> VllmProfile:
+    """The batch vLLM profiles with under `rules` for a context of `tokens`."""
+    default = BATCHED_TOKENS_LARGE_CARD if flags.large_card else BATCHED_TOKENS_SMALL_CARD
+    batched = flags.batched_tokens or default
+    chunked = not flags.no_chunked
+    if rules.v0 and not flags.chunked:
+        chunked = chunked and tokens > V0_CHUNKED_ABOVE_TOKENS
+    if not chunked:
+        batched = max(batched, tokens)
+    seqs = flags.max_num_seqs or (
+        MAX_NUM_SEQS_LARGE_CARD if flags.large_card else MAX_NUM_SEQS_SMALL_CARD
+    )
+    return VllmProfile(rules, said, batched, seqs, chunked)
+
+
 def vllm_profile(
     grammar: Grammar, args: Sequence[str], *, card: Card, tokens: int, engine_version: str
 ) -> VllmProfile:
     """The version's rules and the batch vLLM profiles with for a context of `tokens`."""
     rules, said = pick(VLLM_RULES, engine_version)
-    big = large_card(card) if (card.cuda_bytes or card.nvml_bytes) else True
-    default = BATCHED_TOKENS_LARGE_CARD if big else BATCHED_TOKENS_SMALL_CARD
-    batched = grammar.count(args, MAX_NUM_BATCHED_TOKENS) or default
-    chunked = not grammar.has(args, NO_CHUNKED_PREFILL)
-    if rules.v0 and not grammar.has(args, CHUNKED_PREFILL):
-        chunked = chunked and tokens > V0_CHUNKED_ABOVE_TOKENS
-    if not chunked:
-        batched = max(batched, tokens)
-    seqs = grammar.count(args, MAX_NUM_SEQS) or (
-        MAX_NUM_SEQS_LARGE_CARD if big else MAX_NUM_SEQS_SMALL_CARD
-    )
-    return VllmProfile(rules, said, batched, seqs)
+    return profile_at(rules, said, batch_flags(grammar, args, card), tokens)
 
 
 def vllm_overhead(
@@ -198,24 +317,162 @@ def vllm_overhead(
     default_utilisation: float | None = None,
 ) -> Overhead:
     """What vLLM takes on a card beside weights and KV, inside `requested`, by its version's
-    rules; and what must fit outside it (the CUDA context, and before 0.21 the graphs)."""
+    rules; and what must fit outside it (the CUDA context, and before 0.21 the graphs).
+
+    Worked out once per shape and setting: with chunked prefill (V1's default) and a known
+    version nothing here depends on the context, so the answer is kept in the shape's
+    `sizing_memo` under the arguments with `--max-model-len`'s value left out (bounded,
+    OVERHEADS_KEPT)."""
+    rules, _ = pick(VLLM_RULES, engine_version)
+    token_free = not rules.v0 and not grammar.has(args, NO_CHUNKED_PREFILL)
+    key = (
+        _without_context(args) if token_free else tuple(args),
+        0 if token_free else tokens,
+        tp,
+        pp,
+        card,
+        engine_version,
+        default_utilisation,
+        grammar.engine,
+    )
+    kept = shape.sizing_memo.get("vllm_overheads")
+    if not isinstance(kept, OrderedDict):
+        kept = OrderedDict()
+        shape.sizing_memo["vllm_overheads"] = kept
+    over = kept.get(key)
+    if isinstance(over, Overhead):
+        kept.move_to_end(key)
+    else:
+        over = _memo_overhead(
+            kept,
+            key,
+            grammar,
+            shape,
+            args,
+            tokens,
+            tp,
+            pp,
+            card,
+            engine_version,
+            default_utilisation,
+        )
+    if in_a_range(VLLM_RULES, engine_version):
+        return over
+    masked = key[0] if token_free else _without_context(args)
+    spread = _unknown_spread(grammar, shape, args, masked, tokens=tokens, tp=tp, card=card)
+    return replace(
+        over,
+        margin_bytes=over.margin_bytes + spread,
+        rules=f"{over.rules}; {UNKNOWN_VERSION_NOTE} ({spread / GIB:.2f} GiB more)",
+    )
+
+
+def _unknown_spread(
+    grammar: Grammar,
+    shape: ModelShape,
+    args: Sequence[str],
+    masked: tuple[str, ...],
+    *,
+    tokens: int,
+    tp: int,
+    card: Card,
+) -> int:
+    """The spread of every range's peak and non-torch memory for these settings: the margin
+    a version in no known range carries (each range with its own batch: V0 profiles the whole
+    context when chunked prefill is off). Kept per shape under the arguments less the context
+    and the batch V0 would profile, which is all the context changes here."""
+    kept = shape.sizing_memo.get("vllm_spreads")
+    if not isinstance(kept, OrderedDict):
+        kept = OrderedDict()
+        shape.sizing_memo["vllm_spreads"] = kept
+    flags = kept.get((masked, card))
+    if not isinstance(flags, BatchFlags):
+        flags = kept[(masked, card)] = batch_flags(grammar, args, card)
+    v0 = profile_at(VLLM_RULES[0], "", flags, tokens)
+    key = (masked, card, tp, v0.batched_tokens, v0.chunked_prefill)
+    spread = kept.get(key)
+    if isinstance(spread, int):
+        return spread
+    forward = forward_cost(shape, tp=tp, expert_parallel=grammar.has(args, EXPERT_PARALLEL))
+    figures = [
+        _activation(shape, forward, profile_at(other, "", flags, tokens), other, tp)[0]
+        + other.non_torch_bytes
+        for other in VLLM_RULES
+    ]
+    kept[key] = spread = max(figures) - min(figures)
+    while len(kept) > 2 * OVERHEADS_KEPT:
+        kept.popitem(last=False)
+    return spread
+
+
+def _memo_overhead(
+    kept: OrderedDict[object, object],
+    key: object,
+    grammar: Grammar,
+    shape: ModelShape,
+    args: Sequence[str],
+    tokens: int,
+    tp: int,
+    pp: int,
+    card: Card,
+    engine_version: str,
+    default_utilisation: float | None,
+) -> Overhead:
+    """`_vllm_overhead`, kept under `key` (the least recently used dropped past
+    OVERHEADS_KEPT)."""
+    over = _vllm_overhead(
+        grammar,
+        shape,
+        args,
+        tokens=tokens,
+        tp=tp,
+        pp=pp,
+        card=card,
+        engine_version=engine_version,
+        default_utilisation=default_utilisation,
+    )
+    kept[key] = over
+    while len(kept) > OVERHEADS_KEPT:
+        kept.popitem(last=False)
+    return over
+
+
+OVERHEADS_KEPT = 32
+"""vLLM overheads kept per shape (profiles × card classes × versions asked of it)."""
+
+CONTEXT_FLAG = "--max-model-len"
+
+
+def _without_context(args: Sequence[str]) -> tuple[str, ...]:
+    """`args` with the value of `--max-model-len` (as the planner writes it: `--max-model-len
+    N` or `--max-model-len=N`) left out; other spellings stay, so they only miss the memo."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg == CONTEXT_FLAG and i + 1 < len(out) and not out[i + 1].startswith("-"):
+            out[i + 1] = ""
+        elif arg.startswith(CONTEXT_FLAG + "="):
+            out[i] = CONTEXT_FLAG + "="
+    return tuple(out)
+
+
+def _vllm_overhead(
+    grammar: Grammar,
+    shape: ModelShape,
+    args: Sequence[str],
+    *,
+    tokens: int,
+    tp: int,
+    pp: int,
+    card: Card,
+    engine_version: str,
+    default_utilisation: float | None,
+) -> Overhead:
+    """`vllm_overhead` itself."""
     profile = vllm_profile(grammar, args, card=card, tokens=tokens, engine_version=engine_version)
     rules = profile.rules
     expert_parallel = grammar.has(args, EXPERT_PARALLEL)
     forward = forward_cost(shape, tp=tp, expert_parallel=expert_parallel)
-    batched = profile.batched_tokens
-    forward_bytes = forward.bytes(batched)
-    hidden_bytes = batched * activation_width(shape) * ACTIVATION_BYTES
-    rows = min(profile.max_num_seqs, batched)
-    per_logit = rules.sampler_bytes_per_logit + (TP_GATHER_BYTES_PER_LOGIT if tp > 1 else 0)
-    sampler_bytes = rows * vocab_size(shape) * per_logit + rules.sampler_fixed_bytes + hidden_bytes
-    retained = hidden_bytes if shape.compute is not None and shape.compute.vision else 0
-    if forward_bytes >= sampler_bytes:
-        activation = forward_bytes + retained
-        activation_margin = int(forward_bytes * forward.margin)
-    else:
-        activation = sampler_bytes + retained
-        activation_margin = int(sampler_bytes * SAMPLER_MARGIN)
+    activation, activation_margin = _activation(shape, forward, profile, rules, tp)
     eager = grammar.has(args, ENFORCE_EAGER)
     layers = layers_per_stage(shape, pp)
     graphs_out = graph_margin = 0
@@ -258,3 +515,23 @@ def vllm_overhead(
         rules=f"{said}; utilisation {util:g} of the CUDA total ({card.cuda_source or 'not known'})",
         card_total_bytes=total,
     )
+
+
+def _activation(
+    shape: ModelShape, forward: ForwardCost, profile: VllmProfile, rules: VllmRules, tp: int
+) -> tuple[int, int]:
+    """The profile run's torch peak under `rules` and its margin: the larger of the forward
+    pass over the batch and the dummy sampler over its requests (with the hidden states of
+    the batch still alive), plus a multimodal model's retained encoder outputs."""
+    batched = profile.batched_tokens
+    forward_bytes = forward.bytes(batched)
+    hidden_bytes = batched * activation_width(shape) * ACTIVATION_BYTES
+    rows = min(profile.max_num_seqs, batched)
+    per_logit = rules.sampler_bytes_per_logit + (rules.tp_gather_bytes_per_logit if tp > 1 else 0)
+    sampler_bytes = rows * vocab_size(shape) * per_logit + rules.sampler_fixed_bytes + hidden_bytes
+    if rules.v0 and profile.chunked_prefill:
+        sampler_bytes = 0  # V0_CHUNKED_SAMPLER: its chunked profile run peaked at the forward pass
+    retained = hidden_bytes if shape.compute is not None and shape.compute.vision else 0
+    if forward_bytes >= sampler_bytes:
+        return forward_bytes + retained, int(forward_bytes * forward.margin)
+    return sampler_bytes + retained, int(sampler_bytes * SAMPLER_MARGIN)

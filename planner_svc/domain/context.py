@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, fields, replace
 
 from llmgw.engines import registry
@@ -9,6 +10,7 @@ from llmgw.engines.base import Engine, Verdict
 from llmgw.model import Inventory, Model, Profile
 from llmgw.shape import ModelShape
 from planner_svc.domain import errors
+from planner_svc.domain.batch import BatchFit, batch_fit, check_sequences, slots_for, with_sequences
 from planner_svc.domain.fit import (
     MIN_CONTEXT_TOKENS,
     describe_need,
@@ -73,6 +75,8 @@ class ProfileChange:
     args_before: tuple[str, ...]
     need: ProfileNeed = field(default_factory=ProfileNeed)
     need_before: ProfileNeed = field(default_factory=ProfileNeed)
+    batch: BatchFit | None = None
+    """Whether the batch asked for fits (None: no batch asked, or not sized)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,11 @@ class ContextChange:
     profiles: tuple[ProfileChange, ...]
     updated: tuple[Profile, ...]
     note: str = ""
+
+    @property
+    def batches(self) -> tuple[BatchFit, ...]:
+        """Each sized profile's answer for the batch asked (empty when none was)."""
+        return tuple(p.batch for p in self.profiles if p.batch is not None)
 
 
 def check_context_request(tokens: int, slots: int) -> None:
@@ -153,6 +162,7 @@ def size_context(
     slots: int,
     inventory: Inventory,
     note: str = "",
+    sequences: int = 0,
 ) -> ContextChange:
     """A model's profiles resized for a context of `tokens` (and, for llama.cpp, `slots`).
 
@@ -164,6 +174,10 @@ def size_context(
         slots: llama.cpp's concurrent requests (1..64); 0 keeps each profile's current.
         inventory: the nodes, for the memory of the profiles' cards.
         note: what could not be checked already (the shape's absence).
+        sequences: concurrent requests of `tokens` each to size for (0: none asked), written
+            to each engine's own flag (`batch.batch_flag`; llama.cpp's slots); the change
+            says per profile whether that batch fits and how many of the context its pool
+            holds.
     Returns:
         The change and the updated profiles.
     Raises:
@@ -171,6 +185,7 @@ def size_context(
         CardsTooSmall, EngineRefuses.
     """
     check_context_request(tokens, slots)
+    check_sequences(sequences)
     trained = shape.trained_context if shape is not None else 0
     if trained > 0 and tokens > trained:
         raise errors.ContextOverTrained(
@@ -190,7 +205,14 @@ def size_context(
     updated: list[Profile] = []
     for profile in model.profiles:
         new_profile, change = _resize_profile(
-            model, profile, sized, tokens=tokens, slots=slots, inventory=inventory, notes=notes
+            model,
+            profile,
+            sized,
+            tokens=tokens,
+            slots=slots,
+            inventory=inventory,
+            notes=notes,
+            sequences=sequences,
         )
         updated.append(new_profile)
         changes.append(change)
@@ -261,11 +283,12 @@ def profile_need(
         cards=profile.cards,
     )
     need = fit.need
-    _check_in_range(
-        profile,
-        *(getattr(need, f.name) for f in fields(need) if isinstance(getattr(need, f.name), int)),
-    )
+    _check_in_range(profile, *_NEED_FIGURES(need))
     return ProfileNeed(card=need, weights_known=known)
+
+
+_NEED_FIGURES = operator.attrgetter(*(f.name for f in fields(CardNeed) if f.type in ("int", int)))
+"""CardNeed's byte and count fields (its whole-number figures), read in one call."""
 
 
 def _check_in_range(profile: Profile, *figures: int) -> None:
@@ -295,11 +318,14 @@ def _resize_profile(
     slots: int,
     inventory: Inventory,
     notes: list[str],
+    sequences: int = 0,
 ) -> tuple[Profile, ProfileChange]:
-    """One profile for the new context, refused where its cards would not hold it."""
+    """One profile for the new context (and batch), refused where its cards would not hold
+    it."""
     engine = _context_engine(profile)
-    use_slots = slots or engine.slots(profile.args)
-    args = tuple(engine.with_context(profile.args, tokens, use_slots))
+    use_slots = slots_for(engine, slots or engine.slots(profile.args), sequences)
+    batched = with_sequences(engine, profile.args, sequences)
+    args = tuple(engine.with_context(batched, tokens, use_slots))
     new_profile = replace(profile, args=args)
     if shape is None:
         return new_profile, ProfileChange(
@@ -338,6 +364,22 @@ def _resize_profile(
         need=after,
         need_before=before,
     )
+    sized_on_cards = after.card is None or (after.card.budget_bytes > 0 and after.weights_known)
+    if sequences > 0 and sized_on_cards:
+        card_fits = after.card is None or after.card.fits
+        capacity = after.card.kv_token_capacity if after.card is not None else 0
+        change = replace(
+            change,
+            batch=batch_fit(
+                profile.name,
+                engine,
+                sequences=sequences,
+                tokens=tokens,
+                cards_fit=card_fits,
+                token_capacity=capacity,
+                pooled=after.card is not None and engine.pool_tokens(tokens, 2) == tokens,
+            ),
+        )
     if not after.weights_known:
         return new_profile, change
     if profile.on_cpu:
@@ -363,11 +405,22 @@ def _resize_profile(
             cards=profile.cards,
             limit_tokens=shape.trained_context or tokens,
         )
+        safe = longest and longest_context(
+            engine,
+            profile,
+            shape,
+            inventory,
+            args=profile.args,
+            slots=use_slots,
+            cards=profile.cards,
+            limit_tokens=longest,
+            with_margin=True,
+        )
         fewest = fewest_cards(
             engine, profile, shape, inventory, args=args, tokens=tokens, slots=use_slots
         )
         raise errors.CardsTooSmall(
-            _too_small_message(profile, tokens, card, longest, fewest),
+            _too_small_message(profile, tokens, card, longest, fewest, safe),
             profile=profile.name,
             need_bytes=card.per_card_bytes,
             budget_bytes=card.budget_bytes,
@@ -376,6 +429,16 @@ def _resize_profile(
             fewest_cards=fewest,
         )
     return new_profile, change
+
+
+def margin_aside(longest: int, safe: int) -> str:
+    """What a refusal says beside its longest context when the margin would take some of it:
+    the longest that fits with every fitted figure at the far end of its margin."""
+    if safe >= longest or longest <= 0:
+        return ""
+    if safe <= 0:
+        return " (none fits with the figures' margin: the engine may refuse any at start)"
+    return f" ({safe} with the figures' margin)"
 
 
 def within_margin_note(profile: str, card: CardNeed) -> str:
@@ -391,7 +454,7 @@ def within_margin_note(profile: str, card: CardNeed) -> str:
 
 
 def _too_small_message(
-    profile: Profile, tokens: int, card: CardNeed, longest: int, fewest: int
+    profile: Profile, tokens: int, card: CardNeed, longest: int, fewest: int, safe: int = 0
 ) -> str:
     """The CARDS_TOO_SMALL sentence: what was refused, why, what would work."""
     gib = 1 << 30
@@ -411,7 +474,7 @@ def _too_small_message(
         )
     remedies = []
     if longest > 0:
-        remedies.append(f"a context of at most {longest} tokens")
+        remedies.append(f"a context of at most {longest} tokens{margin_aside(longest, safe)}")
     if fewest > 0:
         remedies.append(f"the model on {fewest} cards")
     if remedies:

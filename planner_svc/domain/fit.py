@@ -133,16 +133,17 @@ def longest_context(
     slots: int,
     cards: int,
     limit_tokens: int,
+    with_margin: bool = False,
 ) -> int:
     """The longest context (in tokens per request, a multiple of 256) that fits on `cards`
-    cards, at most `limit_tokens`, with the figures' margin (a context that fits only within
-    it may fail at start: the answer errs safe); else the longest that fits at the central
-    figures; 0 when not even the shortest fits.
-    """
-    safe = _longest(engine, profile, shape, inventory, args, slots, cards, limit_tokens, True)
-    if safe:
-        return safe
-    return _longest(engine, profile, shape, inventory, args, slots, cards, limit_tokens, False)
+    cards, at most `limit_tokens`, by the rule acceptance uses (`Fit.fits`: the central
+    figures); 0 when not even the shortest fits.
+
+    `with_margin` asks instead for the longest that fits with every fitted figure at the far
+    end of its margin (`Fit.fits_safely`), the figure a refusal reports beside the first."""
+    return _longest(
+        engine, profile, shape, inventory, args, slots, cards, limit_tokens, with_margin
+    )
 
 
 def _longest(

@@ -9,11 +9,13 @@ from llmgw.engines.tensor_parallel import TensorParallelEngine
 from llmgw.model import Inventory, Model, Profile
 from llmgw.shape import ModelShape
 from planner_svc.domain import errors, gang_split
+from planner_svc.domain.batch import BatchFit, batch_fit, check_sequences, slots_for, with_sequences
 from planner_svc.domain.context import (
     ProfileChange,
     ProfileNeed,
     current_tokens,
     engine_of,
+    margin_aside,
     profile_need,
 )
 from planner_svc.domain.fit import (
@@ -38,6 +40,11 @@ class GPUsChange:
     updated: tuple[Profile, ...]
     note: str = ""
 
+    @property
+    def batches(self) -> tuple[BatchFit, ...]:
+        """Each sized profile's answer for the batch asked (empty when none was)."""
+        return tuple(p.batch for p in self.profiles if p.batch is not None)
+
 
 def plan_gpus(
     model: Model,
@@ -47,6 +54,7 @@ def plan_gpus(
     profile: str,
     inventory: Inventory,
     note: str = "",
+    sequences: int = 0,
 ) -> GPUsChange:
     """A model's GPU profiles (or the one named) moved to `gpus` cards of one node each.
 
@@ -57,6 +65,8 @@ def plan_gpus(
         profile: a profile's name, or "" for every GPU profile.
         inventory: the nodes; a count no node of the class has is refused.
         note: what could not be checked already.
+        sequences: concurrent requests at the profile's context to size for (0: none),
+            written to each engine's own flag (`batch.with_sequences`; llama.cpp's slots).
     Returns:
         The change and every profile of the model (changed or not).
     Raises:
@@ -64,6 +74,7 @@ def plan_gpus(
         HeadsNotDivisible, CardsTooSmall, UnknownEngine.
     """
     chosen = check_gpus_request(model, gpus=gpus, profile=profile)
+    check_sequences(sequences)
     notes = [note] if note else []
     if shape is not None and shape.weights_bytes <= 0 and not note:
         notes.append(
@@ -78,7 +89,11 @@ def plan_gpus(
         if p.name not in chosen:
             updated.append(p)
             continue
+        if sequences > 0:
+            p = _with_batch(model, p, sequences)
         new_profile, change = _replan_profile(model, p, shape, gpus, inventory, notes)
+        if sequences > 0:
+            change = _batch_answer(change, p, model, sequences)
         updated.append(new_profile)
         changes.append(change)
     return GPUsChange(
@@ -88,6 +103,38 @@ def plan_gpus(
         updated=tuple(updated),
         note="; ".join(dict.fromkeys(notes)),
     )
+
+
+def _with_batch(model: Model, profile: Profile, sequences: int) -> Profile:
+    """The profile with a batch of `sequences` written to its engine's flag (llama.cpp: its
+    slots, at the profile's context)."""
+    engine = engine_of(profile)
+    args = with_sequences(engine, profile.args, sequences)
+    slots = slots_for(engine, engine.slots(profile.args), sequences)
+    if slots != engine.slots(profile.args):
+        args = engine.with_context(args, current_tokens(engine, profile, model), slots)
+    return replace(profile, args=tuple(args))
+
+
+def _batch_answer(
+    change: ProfileChange, profile: Profile, model: Model, sequences: int
+) -> ProfileChange:
+    """The change with whether its batch fits (left out when the cards were not sized)."""
+    card = change.need.card
+    if card is None or card.budget_bytes <= 0 or not change.need.weights_known:
+        return change
+    engine = engine_of(profile)
+    tokens = current_tokens(engine, profile, model)
+    fit = batch_fit(
+        profile.name,
+        engine,
+        sequences=sequences,
+        tokens=tokens,
+        cards_fit=card.fits,
+        token_capacity=card.kv_token_capacity,
+        pooled=engine.pool_tokens(tokens, 2) == tokens,
+    )
+    return replace(change, batch=fit)
 
 
 def check_gpus_request(model: Model, *, gpus: int, profile: str) -> set[str]:
@@ -208,7 +255,7 @@ def _replan_profile(
                 "checked"
             )
         return new_profile, change
-    if card.per_card_bytes > card.budget_bytes:
+    if not card.fits:
         longest = longest_context(
             engine,
             new_profile,
@@ -228,17 +275,38 @@ def _replan_profile(
             fewest = fewest_cards(
                 engine, profile, sized, inventory, args=profile.args, tokens=tokens, slots=slots
             )
+        safe = longest and longest_context(
+            engine,
+            new_profile,
+            sized,
+            inventory,
+            args=args,
+            slots=slots,
+            cards=new_profile.cards,
+            limit_tokens=longest,
+            with_margin=True,
+        )
         gib = 1 << 30
         remedies = []
         each = f" on each of {nodes} nodes" if gang else ""
         if longest:
-            remedies.append(f"a context of at most {longest} tokens on {gpus} cards{each}")
+            aside = margin_aside(longest, safe)
+            remedies.append(f"a context of at most {longest} tokens on {gpus} cards{each}{aside}")
         if fewest:
             remedies.append(f"{fewest} cards{each} for {tokens} tokens")
+        if card.per_card_bytes > card.budget_bytes:
+            why = (
+                f"needs {card.per_card_bytes / gib:.1f} GiB a card for its weights and {tokens} "
+                f"tokens, more than the {card.budget_bytes / gib:.1f} GiB usable"
+            )
+        else:
+            why = (
+                f"leaves {card.outside_room_bytes / gib:.2f} GiB outside its budget a card, less "
+                f"than the {card.outside_bytes / gib:.2f} GiB the engine needs there (CUDA "
+                "context and graphs)"
+            )
         raise errors.CardsTooSmall(
-            f"on {gpus} {profile.gpu_class} cards{each} the {profile.name} profile needs "
-            f"{card.per_card_bytes / gib:.1f} GiB a card for its weights and {tokens} tokens, "
-            f"more than the {card.budget_bytes / gib:.1f} GiB usable: "
+            f"on {gpus} {profile.gpu_class} cards{each} the {profile.name} profile {why}: "
             + (", or ".join(remedies) if remedies else "no count of one node holds it"),
             profile=profile.name,
             need_bytes=card.per_card_bytes,

@@ -7,6 +7,8 @@ from collections import OrderedDict
 
 from llmgw.common.v1 import common_pb2
 from llmgw.engines.base import CardNeed, Verdict
+from llmgw.planner.v1 import planner_pb2
+from planner_svc.domain.batch import BatchFit
 from planner_svc.domain.context import (
     ContextChange,
     ProfileChange,
@@ -152,4 +154,17 @@ def gpus_change_to_proto(c: GPUsChange) -> common_pb2.GPUsChange:
         gpus=c.gpus,
         profiles=[profile_change_to_proto(p) for p in c.profiles],
         note=c.note,
+    )
+
+
+def batch_to_proto(b: BatchFit) -> planner_pb2.BatchFit:
+    """Whether a batch fits a profile, as the contract carries it."""
+    return planner_pb2.BatchFit(
+        profile=b.profile,
+        engine=b.engine,
+        sequences=b.sequences,
+        tokens=b.tokens,
+        fits=b.fits,
+        contexts_held=b.contexts_held,
+        flag=b.flag,
     )

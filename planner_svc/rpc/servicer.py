@@ -119,6 +119,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
                 slots=request.slots,
                 inventory=inventory,
                 note=note,
+                sequences=request.sequences,
             )
         )
         log.info("context_sized", model=model.name, before=change.before, after=change.after)
@@ -126,6 +127,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             change=convert.context_change_to_proto(change),
             profiles=[common.profile_to_proto(p) for p in change.updated],
             llamacpp_version=LLAMACPP_VERSION,
+            batches=[convert.batch_to_proto(b) for b in change.batches],
         )
         self._answers.put(key, answer, resolved)
         return answer
@@ -153,6 +155,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
                 profile=request.profile,
                 inventory=inventory,
                 note=note,
+                sequences=request.sequences,
             )
         )
         log.info("gpus_planned", model=model.name, gpus=change.gpus)
@@ -160,6 +163,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             change=convert.gpus_change_to_proto(change),
             profiles=[common.profile_to_proto(p) for p in change.updated],
             llamacpp_version=LLAMACPP_VERSION,
+            batches=[convert.batch_to_proto(b) for b in change.batches],
         )
         self._answers.put(key, answer, resolved)
         return answer

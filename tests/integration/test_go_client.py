@@ -595,6 +595,8 @@ async def test_go_client_calls_every_rpc_routes_and_decodes_every_refusal(
             "model": as_json(llama("go-llama")),
             "stuck_model": as_json(llama("go-stuck")),
             "small_model": as_json(llama("go-small", gpu_class="L4")),
+            # A second one-card model on node c (2 L4 cards): go-small can then never get both.
+            "neighbour_model": as_json(llama("go-neighbour", gpu_class="L4")),
             "inventory": as_json(INVENTORY),
             "refusals": refusals(at["gguf_url"]),
         }

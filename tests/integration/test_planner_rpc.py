@@ -206,3 +206,25 @@ async def test_a_request_asked_again_gets_the_remembered_answer() -> None:
     assert again == first
     assert other.change.after == 16_384
     assert [e["after"] for e in logs if e["event"] == "context_sized"] == [32_768, 16_384]
+
+
+async def test_a_batch_asked_is_answered_over_the_wire() -> None:
+    """`sequences` on SizeContext and PlanGPUs reaches the planner: the answer's args carry the
+    engine's batch flag and `batches` says whether it fits and how many contexts are held."""
+    async with running_planner() as (_, stub, _ch):
+        sized = await stub.SizeContext(
+            planner_pb2.SizeContextRequest(
+                model=llama_model(), tokens=8192, inventory=INVENTORY, sequences=32
+            )
+        )
+        planned = await stub.PlanGPUs(
+            planner_pb2.PlanGPUsRequest(
+                model=llama_model(), gpus=2, inventory=INVENTORY, sequences=32
+            )
+        )
+    for answer in (sized, planned):
+        (batch,) = answer.batches
+        assert (batch.sequences, batch.flag, batch.engine) == (32, "--max-num-seqs", "vllm")
+        assert batch.fits and batch.contexts_held >= 32
+        assert "--max-num-seqs" in answer.profiles[0].args
+    assert planned.batches[0].contexts_held > sized.batches[0].contexts_held

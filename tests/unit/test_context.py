@@ -211,3 +211,19 @@ def test_cpu_profile_needs_ram_in_whole_gb() -> None:
     assert change.updated[0].min_memory_gb == -(-ram // 10**9)
     assert change.profiles[0].before == "20 GB of RAM"
     assert change.profiles[0].after == f"{change.updated[0].min_memory_gb} GB of RAM"
+
+
+def test_a_refusals_longest_context_is_exactly_the_acceptance_edge() -> None:
+    """The longest context a refusal names comes from the rule acceptance uses: it is accepted,
+    256 tokens more is refused, and the margin's own figure is only said beside it."""
+    p = Profile("gpu", "vllm", ("--max-model-len", "8192"), gpu_class="L4-24GB", gpus_per_node=1)
+    shape = replace(LLAMA_31_8B, weights_bytes=14 * (1 << 30))
+    with pytest.raises(errors.CardsTooSmall) as caught:
+        size_context(model_with(p), shape, tokens=131_072, slots=0, inventory=L4)
+    longest = caught.value.longest_context_tokens
+    change = size_context(model_with(p), shape, tokens=longest, slots=0, inventory=L4)
+    assert change.profiles[0].need.card is not None and change.profiles[0].need.card.fits
+    with pytest.raises(errors.CardsTooSmall) as again:
+        size_context(model_with(p), shape, tokens=longest + 256, slots=0, inventory=L4)
+    assert again.value.longest_context_tokens == longest
+    assert "with the figures' margin" in caught.value.message

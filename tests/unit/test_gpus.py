@@ -178,3 +178,29 @@ def test_unknown_weights_still_answer_memory_unchecked() -> None:
     assert "sizes are not known" in change.note and "KV cache's figures are given" in change.note
     known = plan_gpus(model(VLLM), LLAMA_31_70B, gpus=4, profile="", inventory=NODES)
     assert not profile_change_to_proto(known.profiles[0]).memory.weights_unknown
+
+
+def test_plan_gpus_refusal_names_the_acceptance_edge() -> None:
+    """PlanGPUs' refusal names the longest context the same cards accept, by the rule
+    SizeContext accepts with: that context fits, 256 tokens more does not."""
+    l4 = Inventory(nodes=(Node("n", "L4-24GB", gpus=4, free_gpus=4, gpu_memory_bytes=23034 << 20),))
+    p = Profile("gpu", "vllm", ("--max-model-len", "131072"), gpu_class="L4-24GB", gpus_per_node=2)
+    shape = replace(LLAMA_31_8B, weights_bytes=14 * (1 << 30))
+    m = Model("m", "hf://x/y", context_length=131_072, profiles=(p,))
+    with pytest.raises(errors.CardsTooSmall) as caught:
+        plan_gpus(m, shape, gpus=1, profile="", inventory=l4)
+    longest = caught.value.longest_context_tokens
+    assert longest > 0
+    at = replace(p, args=("--max-model-len", str(longest)))
+    plan_gpus(
+        replace(m, context_length=longest, profiles=(at,)), shape, gpus=1, profile="", inventory=l4
+    )
+    over = replace(p, args=("--max-model-len", str(longest + 256)))
+    with pytest.raises(errors.CardsTooSmall):
+        plan_gpus(
+            replace(m, context_length=longest + 256, profiles=(over,)),
+            shape,
+            gpus=1,
+            profile="",
+            inventory=l4,
+        )

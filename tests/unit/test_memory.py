@@ -434,9 +434,10 @@ def test_vllm_need_adds_weights_share_kv_share_and_overhead() -> None:
     )
     weights_card = -(-shape.weights_bytes // 2)
     kv_card = 32_768 * 65_536
-    # 1024 rows × 128256 logits × (38 B + 10 B of tensor-parallel gather) + 224 MiB + the kept
-    # hidden states of 8192 tokens; non-torch 272 MiB + 160 MiB for NCCL
-    activation = 1024 * 128_256 * 48 + 224 * MIB + 8192 * 4096 * 2
+    # 1024 rows × 128256 logits × 38 B + 224 MiB + the kept hidden states of 8192 tokens (from
+    # 0.11 tensor parallel adds nothing to the sampler's peak); non-torch 272 MiB + 160 MiB for
+    # NCCL
+    activation = 1024 * 128_256 * 38 + 224 * MIB + 8192 * 4096 * 2
     assert need.activation_bytes == activation
     assert need.non_torch_bytes == 432 * MIB
     assert need.cuda_graph_bytes == 0  # captured outside the budget
@@ -704,3 +705,43 @@ def test_shape_without_weights_needs_only_cache_and_overhead() -> None:
         "vllm", shape, args=[], tokens=4096, slots=1, cards=1, card_memory_bytes=H100_BYTES
     )
     assert need.per_card_bytes == 4096 * 131_072 + need.overhead_bytes
+
+
+# (engine, args as the profile has them) sized at several contexts one after the other
+MEMO_CASES = [
+    ("vllm", ["--max-model-len", "8192"]),
+    ("vllm", ["--max-model-len=8192", "--max-num-batched-tokens", "8192"]),
+    ("vllm", ["--max-model-len", "4096", "--max-num-batched-tokens", "4096", "-tp", "2"]),
+    ("vllm", ["--max-model-len", "8192", "--no-enable-chunked-prefill"]),
+    ("vllm", ["--max_model_len", "8192", "--kv-cache-dtype", "fp8"]),
+    ("sglang", ["--context-length", "8192"]),
+    ("sglang", ["--context-length=8192", "--page-size", "16"]),
+    ("trtllm", ["--max_seq_len", "8192"]),
+]
+
+
+@pytest.mark.parametrize(("engine", "args"), MEMO_CASES)
+@pytest.mark.parametrize("version", ["", "V0", "0.10.2", "0.19.0"])
+def test_needs_worked_out_once_per_setting_equal_fresh_ones(
+    engine: str, args: list[str], version: str
+) -> None:
+    """What sizing keeps per shape and setting (the overhead, tp, cache type, pool layout)
+    never changes an answer: each context sized after the others on one shape gets exactly
+    the need a fresh copy of the shape gets."""
+    shape = hf(LLAMA_8B)
+    eng = registry.find(engine)
+    assert eng is not None
+    for tokens in (4096, 8192, 40_000, 4096, 131_072, 2048):
+        trial = eng.with_context(args, tokens, 1)
+        for cards in (1, 2):
+            asked = {
+                "args": trial,
+                "tokens": tokens,
+                "slots": 1,
+                "cards": cards,
+                "card_memory_bytes": L4_BYTES if tokens == 2048 else H100_BYTES,
+                "engine_version": version,
+            }
+            kept = card_need(engine, shape, **asked)  # type: ignore[arg-type]
+            fresh = card_need(engine, replace(shape), **asked)  # type: ignore[arg-type]
+            assert kept == fresh, (tokens, cards)

@@ -10,7 +10,7 @@ import pytest
 
 from llmgw.engines import registry
 from llmgw.engines.heads import TpOptions, tp_failure, valid_counts
-from llmgw.engines.sglang import SGLANG_RESERVE_DP_ATTENTION_MIB, sglang_mem_fraction_static
+from llmgw.engines.sglang import sglang_mem_fraction_static
 from llmgw.model import Inventory, Model, Node, Profile
 from llmgw.shape import ModelShape, ParallelDims, WeightQuant
 from planner_svc.domain import errors
@@ -164,7 +164,8 @@ def test_the_refusal_names_the_check_and_every_count_that_passes() -> None:
 
 def test_sglang_dp_attention_splits_heads_over_fewer_ranks_and_reserves_more() -> None:
     """SGLang --enable-dp-attention --dp-size 2 at tp 8 splits attention 4 ways (DeepSeek-V3's
-    128 heads), refuses a tp that is not a multiple of the dp size, and reserves 4 GiB more."""
+    128 heads), refuses a tp that is not a multiple of the dp size, and reserves what SGLang's
+    server_args.py adds for it: cuda_graph_max_bs × dp × 3 MiB, × 1.5 more past 300."""
     v3 = shape("deepseek-ai__DeepSeek-V3")
     sglang = registry.get("sglang")
     dp_args = ["--enable-dp-attention", "--dp-size", "2"]
@@ -177,6 +178,17 @@ def test_sglang_dp_attention_splits_heads_over_fewer_ranks_and_reserves_more() -
     card = 81559 << 20
     plain = sglang_mem_fraction_static(card, [], tp=8, pp=1)
     with_dp = sglang_mem_fraction_static(card, dp_args, tp=8, pp=1)
-    # Both rounded to 3 places: the difference is 4096 MiB of the card, within a rounding step.
-    want = SGLANG_RESERVE_DP_ATTENTION_MIB / (card / (1 << 20))
+    # Both rounded to 3 places. An H100 at tp 8 captures graphs up to 512: 512 × 2 × (3 + 1.5)
+    # MiB = 4608 MiB more.
+    want = 4608 / (card / (1 << 20))
     assert plain - with_dp == pytest.approx(want, abs=0.0011)
+    # dp 8 reserves four times that: 18432 MiB, a fraction 0.226 lower
+    dp8 = sglang_mem_fraction_static(card, ["--enable-dp-attention", "--dp-size", "8"], tp=8, pp=1)
+    assert plain - dp8 == pytest.approx(18432 / (card / (1 << 20)), abs=0.0011)
+    # under 300 graphs only the 3 MiB term: --cuda-graph-max-bs 128 at dp 8 adds 3072 MiB
+    small = ["--cuda-graph-max-bs", "128"]
+    base = sglang_mem_fraction_static(card, small, tp=8, pp=1)
+    dp_small = sglang_mem_fraction_static(
+        card, [*small, *dp_args[:1], "--dp-size", "8"], tp=8, pp=1
+    )
+    assert base - dp_small == pytest.approx(3072 / (card / (1 << 20)), abs=0.0011)

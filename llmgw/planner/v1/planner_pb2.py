@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from llmgw.common.v1 import common_pb2 as llmgw_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ellmgw/planner/v1/planner.proto\x12\x10llmgw.planner.v1\x1a\x1cllmgw/common/v1/common.proto\"\x89\x01\n\x12SizeContextRequest\x12%\n\x05model\x18\x01 \x01(\x0b\x32\x16.llmgw.common.v1.Model\x12\x0e\n\x06tokens\x18\x02 \x01(\x03\x12\r\n\x05slots\x18\x03 \x01(\x05\x12-\n\tinventory\x18\x04 \x01(\x0b\x32\x1a.llmgw.common.v1.Inventory\"\x8b\x01\n\x13SizeContextResponse\x12.\n\x06\x63hange\x18\x01 \x01(\x0b\x32\x1e.llmgw.common.v1.ContextChange\x12*\n\x08profiles\x18\x02 \x03(\x0b\x32\x18.llmgw.common.v1.Profile\x12\x18\n\x10llamacpp_version\x18\x03 \x01(\t\"\x86\x01\n\x0fPlanGPUsRequest\x12%\n\x05model\x18\x01 \x01(\x0b\x32\x16.llmgw.common.v1.Model\x12\x0c\n\x04gpus\x18\x02 \x01(\x05\x12\x0f\n\x07profile\x18\x03 \x01(\t\x12-\n\tinventory\x18\x04 \x01(\x0b\x32\x1a.llmgw.common.v1.Inventory\"\x85\x01\n\x10PlanGPUsResponse\x12+\n\x06\x63hange\x18\x01 \x01(\x0b\x32\x1b.llmgw.common.v1.GPUsChange\x12*\n\x08profiles\x18\x02 \x03(\x0b\x32\x18.llmgw.common.v1.Profile\x12\x18\n\x10llamacpp_version\x18\x03 \x01(\t\"O\n\x14\x44\x65scribeModelRequest\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\'\n\x06origin\x18\x02 \x01(\x0b\x32\x17.llmgw.common.v1.Origin\"]\n\x15\x44\x65scribeModelResponse\x12*\n\x05shape\x18\x01 \x01(\x0b\x32\x1b.llmgw.common.v1.ModelShape\x12\x18\n\x10llamacpp_version\x18\x02 \x01(\t2\xa1\x02\n\x0ePlannerService\x12Z\n\x0bSizeContext\x12$.llmgw.planner.v1.SizeContextRequest\x1a%.llmgw.planner.v1.SizeContextResponse\x12Q\n\x08PlanGPUs\x12!.llmgw.planner.v1.PlanGPUsRequest\x1a\".llmgw.planner.v1.PlanGPUsResponse\x12`\n\rDescribeModel\x12&.llmgw.planner.v1.DescribeModelRequest\x1a\'.llmgw.planner.v1.DescribeModelResponseBAZ?gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/planner/v1;plannerv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ellmgw/planner/v1/planner.proto\x12\x10llmgw.planner.v1\x1a\x1cllmgw/common/v1/common.proto\"\x9c\x01\n\x12SizeContextRequest\x12%\n\x05model\x18\x01 \x01(\x0b\x32\x16.llmgw.common.v1.Model\x12\x0e\n\x06tokens\x18\x02 \x01(\x03\x12\r\n\x05slots\x18\x03 \x01(\x05\x12-\n\tinventory\x18\x04 \x01(\x0b\x32\x1a.llmgw.common.v1.Inventory\x12\x11\n\tsequences\x18\x05 \x01(\x05\"\x81\x01\n\x08\x42\x61tchFit\x12\x0f\n\x07profile\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x11\n\tsequences\x18\x03 \x01(\x05\x12\x0e\n\x06tokens\x18\x04 \x01(\x03\x12\x0c\n\x04\x66its\x18\x05 \x01(\x08\x12\x15\n\rcontexts_held\x18\x06 \x01(\x03\x12\x0c\n\x04\x66lag\x18\x07 \x01(\t\"\xb8\x01\n\x13SizeContextResponse\x12.\n\x06\x63hange\x18\x01 \x01(\x0b\x32\x1e.llmgw.common.v1.ContextChange\x12*\n\x08profiles\x18\x02 \x03(\x0b\x32\x18.llmgw.common.v1.Profile\x12\x18\n\x10llamacpp_version\x18\x03 \x01(\t\x12+\n\x07\x62\x61tches\x18\x04 \x03(\x0b\x32\x1a.llmgw.planner.v1.BatchFit\"\x99\x01\n\x0fPlanGPUsRequest\x12%\n\x05model\x18\x01 \x01(\x0b\x32\x16.llmgw.common.v1.Model\x12\x0c\n\x04gpus\x18\x02 \x01(\x05\x12\x0f\n\x07profile\x18\x03 \x01(\t\x12-\n\tinventory\x18\x04 \x01(\x0b\x32\x1a.llmgw.common.v1.Inventory\x12\x11\n\tsequences\x18\x05 \x01(\x05\"\xb2\x01\n\x10PlanGPUsResponse\x12+\n\x06\x63hange\x18\x01 \x01(\x0b\x32\x1b.llmgw.common.v1.GPUsChange\x12*\n\x08profiles\x18\x02 \x03(\x0b\x32\x18.llmgw.common.v1.Profile\x12\x18\n\x10llamacpp_version\x18\x03 \x01(\t\x12+\n\x07\x62\x61tches\x18\x04 \x03(\x0b\x32\x1a.llmgw.planner.v1.BatchFit\"O\n\x14\x44\x65scribeModelRequest\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\'\n\x06origin\x18\x02 \x01(\x0b\x32\x17.llmgw.common.v1.Origin\"]\n\x15\x44\x65scribeModelResponse\x12*\n\x05shape\x18\x01 \x01(\x0b\x32\x1b.llmgw.common.v1.ModelShape\x12\x18\n\x10llamacpp_version\x18\x02 \x01(\t2\xa1\x02\n\x0ePlannerService\x12Z\n\x0bSizeContext\x12$.llmgw.planner.v1.SizeContextRequest\x1a%.llmgw.planner.v1.SizeContextResponse\x12Q\n\x08PlanGPUs\x12!.llmgw.planner.v1.PlanGPUsRequest\x1a\".llmgw.planner.v1.PlanGPUsResponse\x12`\n\rDescribeModel\x12&.llmgw.planner.v1.DescribeModelRequest\x1a\'.llmgw.planner.v1.DescribeModelResponseBAZ?gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/planner/v1;plannerv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,17 +34,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z?gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/planner/v1;plannerv1'
   _globals['_SIZECONTEXTREQUEST']._serialized_start=83
-  _globals['_SIZECONTEXTREQUEST']._serialized_end=220
-  _globals['_SIZECONTEXTRESPONSE']._serialized_start=223
-  _globals['_SIZECONTEXTRESPONSE']._serialized_end=362
-  _globals['_PLANGPUSREQUEST']._serialized_start=365
-  _globals['_PLANGPUSREQUEST']._serialized_end=499
-  _globals['_PLANGPUSRESPONSE']._serialized_start=502
-  _globals['_PLANGPUSRESPONSE']._serialized_end=635
-  _globals['_DESCRIBEMODELREQUEST']._serialized_start=637
-  _globals['_DESCRIBEMODELREQUEST']._serialized_end=716
-  _globals['_DESCRIBEMODELRESPONSE']._serialized_start=718
-  _globals['_DESCRIBEMODELRESPONSE']._serialized_end=811
-  _globals['_PLANNERSERVICE']._serialized_start=814
-  _globals['_PLANNERSERVICE']._serialized_end=1103
+  _globals['_SIZECONTEXTREQUEST']._serialized_end=239
+  _globals['_BATCHFIT']._serialized_start=242
+  _globals['_BATCHFIT']._serialized_end=371
+  _globals['_SIZECONTEXTRESPONSE']._serialized_start=374
+  _globals['_SIZECONTEXTRESPONSE']._serialized_end=558
+  _globals['_PLANGPUSREQUEST']._serialized_start=561
+  _globals['_PLANGPUSREQUEST']._serialized_end=714
+  _globals['_PLANGPUSRESPONSE']._serialized_start=717
+  _globals['_PLANGPUSRESPONSE']._serialized_end=895
+  _globals['_DESCRIBEMODELREQUEST']._serialized_start=897
+  _globals['_DESCRIBEMODELREQUEST']._serialized_end=976
+  _globals['_DESCRIBEMODELRESPONSE']._serialized_start=978
+  _globals['_DESCRIBEMODELRESPONSE']._serialized_end=1071
+  _globals['_PLANNERSERVICE']._serialized_start=1074
+  _globals['_PLANNERSERVICE']._serialized_end=1363
 # @@protoc_insertion_point(module_scope)

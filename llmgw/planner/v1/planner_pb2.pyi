@@ -29,9 +29,15 @@ class SizeContextRequest(_message.Message):
     TOKENS_FIELD_NUMBER: _builtins.int
     SLOTS_FIELD_NUMBER: _builtins.int
     INVENTORY_FIELD_NUMBER: _builtins.int
+    SEQUENCES_FIELD_NUMBER: _builtins.int
     tokens: _builtins.int
     slots: _builtins.int
     """1..64; 0 keeps the profile's current --parallel."""
+    sequences: _builtins.int
+    """Concurrent requests of `tokens` each to size for; 0 asks for none. Written to each
+    engine's own flag: vLLM --max-num-seqs, SGLang --max-running-requests, TensorRT-LLM
+    --max_batch_size, llama.cpp --parallel (1..64, in place of `slots`).
+    """
     @_builtins.property
     def model(self) -> _common_pb2.Model: ...
     @_builtins.property
@@ -43,14 +49,57 @@ class SizeContextRequest(_message.Message):
         tokens: _builtins.int = ...,
         slots: _builtins.int = ...,
         inventory: _common_pb2.Inventory | None = ...,
+        sequences: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["inventory", b"inventory", "model", b"model"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["inventory", b"inventory", "model", b"model", "slots", b"slots", "tokens", b"tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["inventory", b"inventory", "model", b"model", "sequences", b"sequences", "slots", b"slots", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SizeContextRequest: _TypeAlias = SizeContextRequest  # noqa: Y015
+
+@_typing.final
+class BatchFit(_message.Message):
+    """BatchFit says whether a batch of concurrent requests fits one profile at a context."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROFILE_FIELD_NUMBER: _builtins.int
+    ENGINE_FIELD_NUMBER: _builtins.int
+    SEQUENCES_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    FITS_FIELD_NUMBER: _builtins.int
+    CONTEXTS_HELD_FIELD_NUMBER: _builtins.int
+    FLAG_FIELD_NUMBER: _builtins.int
+    profile: _builtins.str
+    engine: _builtins.str
+    sequences: _builtins.int
+    tokens: _builtins.int
+    fits: _builtins.bool
+    """The cards hold the profile and its KV pool holds every request at full length."""
+    contexts_held: _builtins.int
+    """Requests of `tokens` the pool holds at once (llama.cpp: its slots)."""
+    flag: _builtins.str
+    """The engine flag the batch was written to."""
+    def __init__(
+        self,
+        *,
+        profile: _builtins.str = ...,
+        engine: _builtins.str = ...,
+        sequences: _builtins.int = ...,
+        tokens: _builtins.int = ...,
+        fits: _builtins.bool = ...,
+        contexts_held: _builtins.int = ...,
+        flag: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["contexts_held", b"contexts_held", "engine", b"engine", "fits", b"fits", "flag", b"flag", "profile", b"profile", "sequences", b"sequences", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchFit: _TypeAlias = BatchFit  # noqa: Y015
 
 @_typing.final
 class SizeContextResponse(_message.Message):
@@ -61,22 +110,28 @@ class SizeContextResponse(_message.Message):
     CHANGE_FIELD_NUMBER: _builtins.int
     PROFILES_FIELD_NUMBER: _builtins.int
     LLAMACPP_VERSION_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
     llamacpp_version: _builtins.str
     """The llama.cpp version whose allocation rules the figures follow."""
     @_builtins.property
     def change(self) -> _common_pb2.ContextChange: ...
     @_builtins.property
     def profiles(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Profile]: ...
+    @_builtins.property
+    def batches(self) -> _containers.RepeatedCompositeFieldContainer[Global___BatchFit]:
+        """Per sized profile, when `sequences` was asked: whether that batch fits."""
+
     def __init__(
         self,
         *,
         change: _common_pb2.ContextChange | None = ...,
         profiles: _abc.Iterable[_common_pb2.Profile] | None = ...,
         llamacpp_version: _builtins.str = ...,
+        batches: _abc.Iterable[Global___BatchFit] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "llamacpp_version", b"llamacpp_version", "profiles", b"profiles"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches", "change", b"change", "llamacpp_version", b"llamacpp_version", "profiles", b"profiles"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -92,9 +147,12 @@ class PlanGPUsRequest(_message.Message):
     GPUS_FIELD_NUMBER: _builtins.int
     PROFILE_FIELD_NUMBER: _builtins.int
     INVENTORY_FIELD_NUMBER: _builtins.int
+    SEQUENCES_FIELD_NUMBER: _builtins.int
     gpus: _builtins.int
     profile: _builtins.str
     """A profile's name; empty means every GPU profile."""
+    sequences: _builtins.int
+    """Concurrent requests at each profile's context to size for (as in SizeContextRequest)."""
     @_builtins.property
     def model(self) -> _common_pb2.Model: ...
     @_builtins.property
@@ -106,10 +164,11 @@ class PlanGPUsRequest(_message.Message):
         gpus: _builtins.int = ...,
         profile: _builtins.str = ...,
         inventory: _common_pb2.Inventory | None = ...,
+        sequences: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["inventory", b"inventory", "model", b"model"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "inventory", b"inventory", "model", b"model", "profile", b"profile"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "inventory", b"inventory", "model", b"model", "profile", b"profile", "sequences", b"sequences"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -124,21 +183,27 @@ class PlanGPUsResponse(_message.Message):
     CHANGE_FIELD_NUMBER: _builtins.int
     PROFILES_FIELD_NUMBER: _builtins.int
     LLAMACPP_VERSION_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
     llamacpp_version: _builtins.str
     @_builtins.property
     def change(self) -> _common_pb2.GPUsChange: ...
     @_builtins.property
     def profiles(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Profile]: ...
+    @_builtins.property
+    def batches(self) -> _containers.RepeatedCompositeFieldContainer[Global___BatchFit]:
+        """Per sized profile, when `sequences` was asked: whether that batch fits."""
+
     def __init__(
         self,
         *,
         change: _common_pb2.GPUsChange | None = ...,
         profiles: _abc.Iterable[_common_pb2.Profile] | None = ...,
         llamacpp_version: _builtins.str = ...,
+        batches: _abc.Iterable[Global___BatchFit] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "llamacpp_version", b"llamacpp_version", "profiles", b"profiles"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches", "change", b"change", "llamacpp_version", b"llamacpp_version", "profiles", b"profiles"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -63,6 +63,7 @@ type Config struct {
 	Model      json.RawMessage `json:"model"`
 	Stuck      json.RawMessage `json:"stuck_model"`
 	Small      json.RawMessage `json:"small_model"`
+	Neighbour  json.RawMessage `json:"neighbour_model"`
 	Inventory  json.RawMessage `json:"inventory"`
 	GGUFURL    string          `json:"gguf_url"`
 	Refusals   []Refusal       `json:"refusals"`
@@ -643,6 +644,16 @@ func statefulRefusals(cfg *Config, fleet fleetv1.FleetServiceClient, name string
 	waitReady(fleet, small.Name)
 	_, err = fleet.SetGPUs(ctx, &fleetv1.SetGPUsRequest{Name: small.Name, Gpus: 2, Strategy: fleetv1.Strategy_STRATEGY_BESIDE})
 	refused("SetGPUs beside on a node with no room beside", err, codes.FailedPrecondition, "NO_ROOM_BESIDE")
+
+	// With a neighbour holding the L4 node's other card, go-small can never have two cards
+	// there, even with its own replica stopped: refused before anything stops.
+	neighbour := &commonv1.Model{}
+	unmarshal(cfg.Neighbour, neighbour, "neighbour model")
+	_, err = fleet.CreateModel(ctx, &fleetv1.CreateModelRequest{Model: neighbour, RequestId: "go-create-neighbour"})
+	must(err, "CreateModel neighbour")
+	waitReady(fleet, neighbour.Name)
+	_, err = fleet.SetGPUs(ctx, &fleetv1.SetGPUsRequest{Name: small.Name, Gpus: 2, Strategy: fleetv1.Strategy_STRATEGY_IN_PLACE})
+	refused("SetGPUs in place where no node could ever free the cards", err, codes.FailedPrecondition, "NO_ROOM_IN_PLACE")
 }
 
 func waitReady(fleet fleetv1.FleetServiceClient, name string) {

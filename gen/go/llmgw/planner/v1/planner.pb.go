@@ -30,8 +30,12 @@ type SizeContextRequest struct {
 	Model  *v1.Model              `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
 	Tokens int64                  `protobuf:"varint,2,opt,name=tokens,proto3" json:"tokens,omitempty"`
 	// 1..64; 0 keeps the profile's current --parallel.
-	Slots         int32         `protobuf:"varint,3,opt,name=slots,proto3" json:"slots,omitempty"`
-	Inventory     *v1.Inventory `protobuf:"bytes,4,opt,name=inventory,proto3" json:"inventory,omitempty"`
+	Slots     int32         `protobuf:"varint,3,opt,name=slots,proto3" json:"slots,omitempty"`
+	Inventory *v1.Inventory `protobuf:"bytes,4,opt,name=inventory,proto3" json:"inventory,omitempty"`
+	// Concurrent requests of `tokens` each to size for; 0 asks for none. Written to each
+	// engine's own flag: vLLM --max-num-seqs, SGLang --max-running-requests, TensorRT-LLM
+	// --max_batch_size, llama.cpp --parallel (1..64, in place of `slots`).
+	Sequences     int32 `protobuf:"varint,5,opt,name=sequences,proto3" json:"sequences,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -94,6 +98,109 @@ func (x *SizeContextRequest) GetInventory() *v1.Inventory {
 	return nil
 }
 
+func (x *SizeContextRequest) GetSequences() int32 {
+	if x != nil {
+		return x.Sequences
+	}
+	return 0
+}
+
+// BatchFit says whether a batch of concurrent requests fits one profile at a context.
+type BatchFit struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Profile   string                 `protobuf:"bytes,1,opt,name=profile,proto3" json:"profile,omitempty"`
+	Engine    string                 `protobuf:"bytes,2,opt,name=engine,proto3" json:"engine,omitempty"`
+	Sequences int32                  `protobuf:"varint,3,opt,name=sequences,proto3" json:"sequences,omitempty"`
+	Tokens    int64                  `protobuf:"varint,4,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// The cards hold the profile and its KV pool holds every request at full length.
+	Fits bool `protobuf:"varint,5,opt,name=fits,proto3" json:"fits,omitempty"`
+	// Requests of `tokens` the pool holds at once (llama.cpp: its slots).
+	ContextsHeld int64 `protobuf:"varint,6,opt,name=contexts_held,json=contextsHeld,proto3" json:"contexts_held,omitempty"`
+	// The engine flag the batch was written to.
+	Flag          string `protobuf:"bytes,7,opt,name=flag,proto3" json:"flag,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchFit) Reset() {
+	*x = BatchFit{}
+	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchFit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchFit) ProtoMessage() {}
+
+func (x *BatchFit) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchFit.ProtoReflect.Descriptor instead.
+func (*BatchFit) Descriptor() ([]byte, []int) {
+	return file_llmgw_planner_v1_planner_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *BatchFit) GetProfile() string {
+	if x != nil {
+		return x.Profile
+	}
+	return ""
+}
+
+func (x *BatchFit) GetEngine() string {
+	if x != nil {
+		return x.Engine
+	}
+	return ""
+}
+
+func (x *BatchFit) GetSequences() int32 {
+	if x != nil {
+		return x.Sequences
+	}
+	return 0
+}
+
+func (x *BatchFit) GetTokens() int64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+func (x *BatchFit) GetFits() bool {
+	if x != nil {
+		return x.Fits
+	}
+	return false
+}
+
+func (x *BatchFit) GetContextsHeld() int64 {
+	if x != nil {
+		return x.ContextsHeld
+	}
+	return 0
+}
+
+func (x *BatchFit) GetFlag() string {
+	if x != nil {
+		return x.Flag
+	}
+	return ""
+}
+
 // SizeContextResponse is the change and the profiles to write back.
 type SizeContextResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -101,13 +208,15 @@ type SizeContextResponse struct {
 	Profiles []*v1.Profile          `protobuf:"bytes,2,rep,name=profiles,proto3" json:"profiles,omitempty"`
 	// The llama.cpp version whose allocation rules the figures follow.
 	LlamacppVersion string `protobuf:"bytes,3,opt,name=llamacpp_version,json=llamacppVersion,proto3" json:"llamacpp_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Per sized profile, when `sequences` was asked: whether that batch fits.
+	Batches       []*BatchFit `protobuf:"bytes,4,rep,name=batches,proto3" json:"batches,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SizeContextResponse) Reset() {
 	*x = SizeContextResponse{}
-	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[1]
+	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -119,7 +228,7 @@ func (x *SizeContextResponse) String() string {
 func (*SizeContextResponse) ProtoMessage() {}
 
 func (x *SizeContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[1]
+	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -132,7 +241,7 @@ func (x *SizeContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SizeContextResponse.ProtoReflect.Descriptor instead.
 func (*SizeContextResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_planner_v1_planner_proto_rawDescGZIP(), []int{1}
+	return file_llmgw_planner_v1_planner_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *SizeContextResponse) GetChange() *v1.ContextChange {
@@ -156,21 +265,30 @@ func (x *SizeContextResponse) GetLlamacppVersion() string {
 	return ""
 }
 
+func (x *SizeContextResponse) GetBatches() []*BatchFit {
+	if x != nil {
+		return x.Batches
+	}
+	return nil
+}
+
 // PlanGPUsRequest asks for `gpus` cards per replica for one profile (or every GPU profile).
 type PlanGPUsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Model *v1.Model              `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
 	Gpus  int32                  `protobuf:"varint,2,opt,name=gpus,proto3" json:"gpus,omitempty"`
 	// A profile's name; empty means every GPU profile.
-	Profile       string        `protobuf:"bytes,3,opt,name=profile,proto3" json:"profile,omitempty"`
-	Inventory     *v1.Inventory `protobuf:"bytes,4,opt,name=inventory,proto3" json:"inventory,omitempty"`
+	Profile   string        `protobuf:"bytes,3,opt,name=profile,proto3" json:"profile,omitempty"`
+	Inventory *v1.Inventory `protobuf:"bytes,4,opt,name=inventory,proto3" json:"inventory,omitempty"`
+	// Concurrent requests at each profile's context to size for (as in SizeContextRequest).
+	Sequences     int32 `protobuf:"varint,5,opt,name=sequences,proto3" json:"sequences,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PlanGPUsRequest) Reset() {
 	*x = PlanGPUsRequest{}
-	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[2]
+	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -182,7 +300,7 @@ func (x *PlanGPUsRequest) String() string {
 func (*PlanGPUsRequest) ProtoMessage() {}
 
 func (x *PlanGPUsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[2]
+	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -195,7 +313,7 @@ func (x *PlanGPUsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanGPUsRequest.ProtoReflect.Descriptor instead.
 func (*PlanGPUsRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_planner_v1_planner_proto_rawDescGZIP(), []int{2}
+	return file_llmgw_planner_v1_planner_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PlanGPUsRequest) GetModel() *v1.Model {
@@ -226,19 +344,28 @@ func (x *PlanGPUsRequest) GetInventory() *v1.Inventory {
 	return nil
 }
 
+func (x *PlanGPUsRequest) GetSequences() int32 {
+	if x != nil {
+		return x.Sequences
+	}
+	return 0
+}
+
 // PlanGPUsResponse is the change and the profiles to write back.
 type PlanGPUsResponse struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Change          *v1.GPUsChange         `protobuf:"bytes,1,opt,name=change,proto3" json:"change,omitempty"`
 	Profiles        []*v1.Profile          `protobuf:"bytes,2,rep,name=profiles,proto3" json:"profiles,omitempty"`
 	LlamacppVersion string                 `protobuf:"bytes,3,opt,name=llamacpp_version,json=llamacppVersion,proto3" json:"llamacpp_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Per sized profile, when `sequences` was asked: whether that batch fits.
+	Batches       []*BatchFit `protobuf:"bytes,4,rep,name=batches,proto3" json:"batches,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PlanGPUsResponse) Reset() {
 	*x = PlanGPUsResponse{}
-	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[3]
+	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -250,7 +377,7 @@ func (x *PlanGPUsResponse) String() string {
 func (*PlanGPUsResponse) ProtoMessage() {}
 
 func (x *PlanGPUsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[3]
+	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -263,7 +390,7 @@ func (x *PlanGPUsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanGPUsResponse.ProtoReflect.Descriptor instead.
 func (*PlanGPUsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_planner_v1_planner_proto_rawDescGZIP(), []int{3}
+	return file_llmgw_planner_v1_planner_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PlanGPUsResponse) GetChange() *v1.GPUsChange {
@@ -287,6 +414,13 @@ func (x *PlanGPUsResponse) GetLlamacppVersion() string {
 	return ""
 }
 
+func (x *PlanGPUsResponse) GetBatches() []*BatchFit {
+	if x != nil {
+		return x.Batches
+	}
+	return nil
+}
+
 // DescribeModelRequest names a model's source.
 type DescribeModelRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -300,7 +434,7 @@ type DescribeModelRequest struct {
 
 func (x *DescribeModelRequest) Reset() {
 	*x = DescribeModelRequest{}
-	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[4]
+	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -312,7 +446,7 @@ func (x *DescribeModelRequest) String() string {
 func (*DescribeModelRequest) ProtoMessage() {}
 
 func (x *DescribeModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[4]
+	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -325,7 +459,7 @@ func (x *DescribeModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeModelRequest.ProtoReflect.Descriptor instead.
 func (*DescribeModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_planner_v1_planner_proto_rawDescGZIP(), []int{4}
+	return file_llmgw_planner_v1_planner_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DescribeModelRequest) GetSource() string {
@@ -353,7 +487,7 @@ type DescribeModelResponse struct {
 
 func (x *DescribeModelResponse) Reset() {
 	*x = DescribeModelResponse{}
-	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[5]
+	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -365,7 +499,7 @@ func (x *DescribeModelResponse) String() string {
 func (*DescribeModelResponse) ProtoMessage() {}
 
 func (x *DescribeModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[5]
+	mi := &file_llmgw_planner_v1_planner_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -378,7 +512,7 @@ func (x *DescribeModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeModelResponse.ProtoReflect.Descriptor instead.
 func (*DescribeModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_planner_v1_planner_proto_rawDescGZIP(), []int{5}
+	return file_llmgw_planner_v1_planner_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DescribeModelResponse) GetShape() *v1.ModelShape {
@@ -399,25 +533,37 @@ var File_llmgw_planner_v1_planner_proto protoreflect.FileDescriptor
 
 const file_llmgw_planner_v1_planner_proto_rawDesc = "" +
 	"\n" +
-	"\x1ellmgw/planner/v1/planner.proto\x12\x10llmgw.planner.v1\x1a\x1cllmgw/common/v1/common.proto\"\xaa\x01\n" +
+	"\x1ellmgw/planner/v1/planner.proto\x12\x10llmgw.planner.v1\x1a\x1cllmgw/common/v1/common.proto\"\xc8\x01\n" +
 	"\x12SizeContextRequest\x12,\n" +
 	"\x05model\x18\x01 \x01(\v2\x16.llmgw.common.v1.ModelR\x05model\x12\x16\n" +
 	"\x06tokens\x18\x02 \x01(\x03R\x06tokens\x12\x14\n" +
 	"\x05slots\x18\x03 \x01(\x05R\x05slots\x128\n" +
-	"\tinventory\x18\x04 \x01(\v2\x1a.llmgw.common.v1.InventoryR\tinventory\"\xae\x01\n" +
+	"\tinventory\x18\x04 \x01(\v2\x1a.llmgw.common.v1.InventoryR\tinventory\x12\x1c\n" +
+	"\tsequences\x18\x05 \x01(\x05R\tsequences\"\xbf\x01\n" +
+	"\bBatchFit\x12\x18\n" +
+	"\aprofile\x18\x01 \x01(\tR\aprofile\x12\x16\n" +
+	"\x06engine\x18\x02 \x01(\tR\x06engine\x12\x1c\n" +
+	"\tsequences\x18\x03 \x01(\x05R\tsequences\x12\x16\n" +
+	"\x06tokens\x18\x04 \x01(\x03R\x06tokens\x12\x12\n" +
+	"\x04fits\x18\x05 \x01(\bR\x04fits\x12#\n" +
+	"\rcontexts_held\x18\x06 \x01(\x03R\fcontextsHeld\x12\x12\n" +
+	"\x04flag\x18\a \x01(\tR\x04flag\"\xe4\x01\n" +
 	"\x13SizeContextResponse\x126\n" +
 	"\x06change\x18\x01 \x01(\v2\x1e.llmgw.common.v1.ContextChangeR\x06change\x124\n" +
 	"\bprofiles\x18\x02 \x03(\v2\x18.llmgw.common.v1.ProfileR\bprofiles\x12)\n" +
-	"\x10llamacpp_version\x18\x03 \x01(\tR\x0fllamacppVersion\"\xa7\x01\n" +
+	"\x10llamacpp_version\x18\x03 \x01(\tR\x0fllamacppVersion\x124\n" +
+	"\abatches\x18\x04 \x03(\v2\x1a.llmgw.planner.v1.BatchFitR\abatches\"\xc5\x01\n" +
 	"\x0fPlanGPUsRequest\x12,\n" +
 	"\x05model\x18\x01 \x01(\v2\x16.llmgw.common.v1.ModelR\x05model\x12\x12\n" +
 	"\x04gpus\x18\x02 \x01(\x05R\x04gpus\x12\x18\n" +
 	"\aprofile\x18\x03 \x01(\tR\aprofile\x128\n" +
-	"\tinventory\x18\x04 \x01(\v2\x1a.llmgw.common.v1.InventoryR\tinventory\"\xa8\x01\n" +
+	"\tinventory\x18\x04 \x01(\v2\x1a.llmgw.common.v1.InventoryR\tinventory\x12\x1c\n" +
+	"\tsequences\x18\x05 \x01(\x05R\tsequences\"\xde\x01\n" +
 	"\x10PlanGPUsResponse\x123\n" +
 	"\x06change\x18\x01 \x01(\v2\x1b.llmgw.common.v1.GPUsChangeR\x06change\x124\n" +
 	"\bprofiles\x18\x02 \x03(\v2\x18.llmgw.common.v1.ProfileR\bprofiles\x12)\n" +
-	"\x10llamacpp_version\x18\x03 \x01(\tR\x0fllamacppVersion\"_\n" +
+	"\x10llamacpp_version\x18\x03 \x01(\tR\x0fllamacppVersion\x124\n" +
+	"\abatches\x18\x04 \x03(\v2\x1a.llmgw.planner.v1.BatchFitR\abatches\"_\n" +
 	"\x14DescribeModelRequest\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12/\n" +
 	"\x06origin\x18\x02 \x01(\v2\x17.llmgw.common.v1.OriginR\x06origin\"u\n" +
@@ -441,44 +587,47 @@ func file_llmgw_planner_v1_planner_proto_rawDescGZIP() []byte {
 	return file_llmgw_planner_v1_planner_proto_rawDescData
 }
 
-var file_llmgw_planner_v1_planner_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_llmgw_planner_v1_planner_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_llmgw_planner_v1_planner_proto_goTypes = []any{
 	(*SizeContextRequest)(nil),    // 0: llmgw.planner.v1.SizeContextRequest
-	(*SizeContextResponse)(nil),   // 1: llmgw.planner.v1.SizeContextResponse
-	(*PlanGPUsRequest)(nil),       // 2: llmgw.planner.v1.PlanGPUsRequest
-	(*PlanGPUsResponse)(nil),      // 3: llmgw.planner.v1.PlanGPUsResponse
-	(*DescribeModelRequest)(nil),  // 4: llmgw.planner.v1.DescribeModelRequest
-	(*DescribeModelResponse)(nil), // 5: llmgw.planner.v1.DescribeModelResponse
-	(*v1.Model)(nil),              // 6: llmgw.common.v1.Model
-	(*v1.Inventory)(nil),          // 7: llmgw.common.v1.Inventory
-	(*v1.ContextChange)(nil),      // 8: llmgw.common.v1.ContextChange
-	(*v1.Profile)(nil),            // 9: llmgw.common.v1.Profile
-	(*v1.GPUsChange)(nil),         // 10: llmgw.common.v1.GPUsChange
-	(*v1.Origin)(nil),             // 11: llmgw.common.v1.Origin
-	(*v1.ModelShape)(nil),         // 12: llmgw.common.v1.ModelShape
+	(*BatchFit)(nil),              // 1: llmgw.planner.v1.BatchFit
+	(*SizeContextResponse)(nil),   // 2: llmgw.planner.v1.SizeContextResponse
+	(*PlanGPUsRequest)(nil),       // 3: llmgw.planner.v1.PlanGPUsRequest
+	(*PlanGPUsResponse)(nil),      // 4: llmgw.planner.v1.PlanGPUsResponse
+	(*DescribeModelRequest)(nil),  // 5: llmgw.planner.v1.DescribeModelRequest
+	(*DescribeModelResponse)(nil), // 6: llmgw.planner.v1.DescribeModelResponse
+	(*v1.Model)(nil),              // 7: llmgw.common.v1.Model
+	(*v1.Inventory)(nil),          // 8: llmgw.common.v1.Inventory
+	(*v1.ContextChange)(nil),      // 9: llmgw.common.v1.ContextChange
+	(*v1.Profile)(nil),            // 10: llmgw.common.v1.Profile
+	(*v1.GPUsChange)(nil),         // 11: llmgw.common.v1.GPUsChange
+	(*v1.Origin)(nil),             // 12: llmgw.common.v1.Origin
+	(*v1.ModelShape)(nil),         // 13: llmgw.common.v1.ModelShape
 }
 var file_llmgw_planner_v1_planner_proto_depIdxs = []int32{
-	6,  // 0: llmgw.planner.v1.SizeContextRequest.model:type_name -> llmgw.common.v1.Model
-	7,  // 1: llmgw.planner.v1.SizeContextRequest.inventory:type_name -> llmgw.common.v1.Inventory
-	8,  // 2: llmgw.planner.v1.SizeContextResponse.change:type_name -> llmgw.common.v1.ContextChange
-	9,  // 3: llmgw.planner.v1.SizeContextResponse.profiles:type_name -> llmgw.common.v1.Profile
-	6,  // 4: llmgw.planner.v1.PlanGPUsRequest.model:type_name -> llmgw.common.v1.Model
-	7,  // 5: llmgw.planner.v1.PlanGPUsRequest.inventory:type_name -> llmgw.common.v1.Inventory
-	10, // 6: llmgw.planner.v1.PlanGPUsResponse.change:type_name -> llmgw.common.v1.GPUsChange
-	9,  // 7: llmgw.planner.v1.PlanGPUsResponse.profiles:type_name -> llmgw.common.v1.Profile
-	11, // 8: llmgw.planner.v1.DescribeModelRequest.origin:type_name -> llmgw.common.v1.Origin
-	12, // 9: llmgw.planner.v1.DescribeModelResponse.shape:type_name -> llmgw.common.v1.ModelShape
-	0,  // 10: llmgw.planner.v1.PlannerService.SizeContext:input_type -> llmgw.planner.v1.SizeContextRequest
-	2,  // 11: llmgw.planner.v1.PlannerService.PlanGPUs:input_type -> llmgw.planner.v1.PlanGPUsRequest
-	4,  // 12: llmgw.planner.v1.PlannerService.DescribeModel:input_type -> llmgw.planner.v1.DescribeModelRequest
-	1,  // 13: llmgw.planner.v1.PlannerService.SizeContext:output_type -> llmgw.planner.v1.SizeContextResponse
-	3,  // 14: llmgw.planner.v1.PlannerService.PlanGPUs:output_type -> llmgw.planner.v1.PlanGPUsResponse
-	5,  // 15: llmgw.planner.v1.PlannerService.DescribeModel:output_type -> llmgw.planner.v1.DescribeModelResponse
-	13, // [13:16] is the sub-list for method output_type
-	10, // [10:13] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	7,  // 0: llmgw.planner.v1.SizeContextRequest.model:type_name -> llmgw.common.v1.Model
+	8,  // 1: llmgw.planner.v1.SizeContextRequest.inventory:type_name -> llmgw.common.v1.Inventory
+	9,  // 2: llmgw.planner.v1.SizeContextResponse.change:type_name -> llmgw.common.v1.ContextChange
+	10, // 3: llmgw.planner.v1.SizeContextResponse.profiles:type_name -> llmgw.common.v1.Profile
+	1,  // 4: llmgw.planner.v1.SizeContextResponse.batches:type_name -> llmgw.planner.v1.BatchFit
+	7,  // 5: llmgw.planner.v1.PlanGPUsRequest.model:type_name -> llmgw.common.v1.Model
+	8,  // 6: llmgw.planner.v1.PlanGPUsRequest.inventory:type_name -> llmgw.common.v1.Inventory
+	11, // 7: llmgw.planner.v1.PlanGPUsResponse.change:type_name -> llmgw.common.v1.GPUsChange
+	10, // 8: llmgw.planner.v1.PlanGPUsResponse.profiles:type_name -> llmgw.common.v1.Profile
+	1,  // 9: llmgw.planner.v1.PlanGPUsResponse.batches:type_name -> llmgw.planner.v1.BatchFit
+	12, // 10: llmgw.planner.v1.DescribeModelRequest.origin:type_name -> llmgw.common.v1.Origin
+	13, // 11: llmgw.planner.v1.DescribeModelResponse.shape:type_name -> llmgw.common.v1.ModelShape
+	0,  // 12: llmgw.planner.v1.PlannerService.SizeContext:input_type -> llmgw.planner.v1.SizeContextRequest
+	3,  // 13: llmgw.planner.v1.PlannerService.PlanGPUs:input_type -> llmgw.planner.v1.PlanGPUsRequest
+	5,  // 14: llmgw.planner.v1.PlannerService.DescribeModel:input_type -> llmgw.planner.v1.DescribeModelRequest
+	2,  // 15: llmgw.planner.v1.PlannerService.SizeContext:output_type -> llmgw.planner.v1.SizeContextResponse
+	4,  // 16: llmgw.planner.v1.PlannerService.PlanGPUs:output_type -> llmgw.planner.v1.PlanGPUsResponse
+	6,  // 17: llmgw.planner.v1.PlannerService.DescribeModel:output_type -> llmgw.planner.v1.DescribeModelResponse
+	15, // [15:18] is the sub-list for method output_type
+	12, // [12:15] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_planner_v1_planner_proto_init() }
@@ -492,7 +641,7 @@ func file_llmgw_planner_v1_planner_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_llmgw_planner_v1_planner_proto_rawDesc), len(file_llmgw_planner_v1_planner_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,152 @@
+"""vLLM's start-up figures replayed against logged runs beyond the shared ground truth
+(tests/fixtures/ground_truth/logged_runs.jsonl, each row citing its log)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmgw.engines.base import Card, CardNeed
+from llmgw.engines.vllm_memory import VLLM_RULES
+from llmgw.shape import Compute, Layer, LayerKind, ModelShape
+from planner_svc.domain.hf_shape import shape_from_hf_config
+from planner_svc.domain.memory import card_need
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+RUNS = [
+    json.loads(line)
+    for line in (FIXTURES / "ground_truth" / "logged_runs.jsonl").read_text().splitlines()
+    if line.strip()
+]
+GIB = 1 << 30
+TOLERANCE = 0.01
+TOLERANCE_GIB = 0.05
+"""A printed pool is matched within 1 % or 0.05 GiB, whichever is wider (two printed decimals,
+16-token pages)."""
+PEAK_TOLERANCE = 0.05
+"""A printed peak within 5 %: the 0.11-0.16 sampler line (fitted on gt-030/gt-036) lies 2.9 %
+above Qwen3-14B's v0.16.0 peak; the others land within 1 %."""
+
+
+def close(got_bytes: int, printed_gib: float, tolerance: float = TOLERANCE) -> bool:
+    """Whether a figure in bytes is within `tolerance` (or 0.05 GiB) of a printed GiB figure."""
+    return abs(got_bytes / GIB - printed_gib) <= max(tolerance * printed_gib, TOLERANCE_GIB)
+
+
+def shape_of(run: dict[str, Any]) -> ModelShape:
+    """The run's model: its Hugging Face config fixture, else the widths its row cites."""
+    if "hf" in run:
+        config = json.loads((FIXTURES / "hf" / f"{run['hf']}.json").read_text())
+        shape = shape_from_hf_config(config)
+    else:
+        arch = run["arch"]
+        head = int(arch["head_dim"])
+        full = Layer(
+            LayerKind.FULL, kv_heads=int(arch["kv_heads"]), head_dim_k=head, head_dim_v=head
+        )
+        shape = ModelShape(
+            run["model"],
+            (full,) * int(arch["layers"]),
+            attention_heads=int(arch["attention_heads"]),
+            kv_heads=int(arch["kv_heads"]),
+            compute=Compute(
+                hidden_size=int(arch["hidden_size"]),
+                intermediate_size=int(arch["intermediate_size"]),
+                vocab_size=int(arch["vocab_size"]),
+            ),
+        )
+    return replace(shape, weights_bytes=int(run["weights_gib"] * GIB) * int(run["tp"]))
+
+
+def need_of(run: dict[str, Any], version: str | None = None) -> CardNeed:
+    """The planner's need on each of the run's cards, at their printed CUDA total."""
+    total = int(run["cuda_total_gib"] * GIB)
+    args = list(run["args"])
+    return card_need(
+        "vllm",
+        shape_of(run),
+        args=args,
+        tokens=int(args[args.index("--max-model-len") + 1]),
+        slots=1,
+        cards=int(run["tp"]),
+        card_memory_bytes=total,
+        card=Card(run["gpu"], total, total, "printed"),
+        engine_version=run["engine_version"] if version is None else version,
+    )
+
+
+POOLED = [run for run in RUNS if "available_kv_gib" in run["printed"]]
+
+
+def test_the_fixture_cites_every_run() -> None:
+    """Every logged run names its source and quality, and the set spans both card kinds and
+    both KV dtypes it claims."""
+    assert RUNS and all(run["source"]["ref"] and run["quality"] for run in RUNS)
+    assert {run["kv_dtype"] for run in RUNS} == {"auto", "fp8"}
+    assert len({run["engine_version"] for run in RUNS}) >= 5
+
+
+@pytest.mark.parametrize("run", POOLED, ids=[run["id"] for run in POOLED])
+def test_kv_pool_as_logged(run: dict[str, Any]) -> None:
+    """The KV pool vLLM printed at start, within 1 % or 0.05 GiB; the rules applied name the
+    version range that holds the run's version."""
+    need = need_of(run)
+    printed = run["printed"]
+    assert close(need.kv_pool_bytes, printed["available_kv_gib"]), (
+        need.kv_pool_bytes / GIB,
+        printed["available_kv_gib"],
+    )
+    ranges = [rule.label for rule in VLLM_RULES if rule.label in need.rules]
+    assert len(ranges) == 1 and f"(version {run['engine_version']})" in need.rules
+    if "gpu_kv_cache_tokens" in printed:
+        tokens = printed["gpu_kv_cache_tokens"]
+        assert abs(need.kv_token_capacity - tokens) <= TOLERANCE * tokens
+
+
+@pytest.mark.parametrize(
+    "run", [r for r in RUNS if "activation_gib" in r["printed"]], ids=lambda r: r["id"]
+)
+def test_profiling_peak_as_logged(run: dict[str, Any]) -> None:
+    """The profile run's torch peak vLLM printed, within 5 % or 0.05 GiB."""
+    need = need_of(run)
+    assert close(need.activation_bytes, run["printed"]["activation_gib"], PEAK_TOLERANCE), (
+        need.activation_bytes / GIB,
+        run["printed"]["activation_gib"],
+    )
+
+
+def test_the_peak_does_not_grow_with_tensor_parallel() -> None:
+    """vLLM 0.19 peaked at 1.89 GiB for Llama-3.1-8B at tp 1 and at tp 2: the planner's
+    activation figure is the same on both."""
+    runs = {run["id"]: run for run in RUNS}
+    one = need_of(runs["llmd-0.19.0-h100-llama-3.1-8b"])
+    two = need_of(runs["llmd-0.19.0-h100-llama-3.1-8b-tp2"])
+    assert one.activation_bytes == two.activation_bytes
+
+
+def test_fp8_cache_keeps_the_pool_and_doubles_the_tokens() -> None:
+    """An fp8 KV cache leaves the pool in GiB as it was and holds twice the tokens."""
+    runs = {run["id"]: run for run in RUNS}
+    auto = need_of(runs["llmd-0.19.0-h100-llama-3.1-8b"])
+    fp8 = need_of(runs["llmd-0.19.0-h100-llama-3.1-8b-fp8kv"])
+    assert fp8.kv_pool_bytes == auto.kv_pool_bytes
+    assert abs(fp8.kv_token_capacity - 2 * auto.kv_token_capacity) <= 16
+
+
+@pytest.mark.parametrize("version", ["", "latest", "main", "9.1.0-unknown"])
+def test_a_version_in_no_range_says_so_with_a_wider_margin(version: str) -> None:
+    """A version no range holds takes the newest rules, says it is not known, and carries the
+    spread of every range's peak and non-torch figures as margin."""
+    run = next(r for r in RUNS if r["id"] == "llmd-0.19.0-h100-llama-3.1-8b")
+    known = need_of(run, "0.31.0")
+    unknown = need_of(run, version)
+    if version == "9.1.0-unknown":  # past every release known: the newest range holds it
+        assert unknown.margin_bytes == known.margin_bytes
+        return
+    assert "newest rules known" in unknown.rules and "margin spans" in unknown.rules
+    assert unknown.kv_pool_bytes == known.kv_pool_bytes
+    assert unknown.margin_bytes > known.margin_bytes
