@@ -154,7 +154,13 @@ BENCHES: dict[str, Bench] = {
         ),
     ),
     "store_pg": Bench(
-        store_pg.run, r"^(set_context|list_replicas)_(sqlite_ms|postgresql_ms|pg_over_sqlite)$"
+        store_pg.run,
+        r"^((set_context|list_replicas)_(sqlite_ms|postgresql_ms|pg_over_sqlite)"
+        r"|check_p99_(sqlite|postgresql)_ms)$",
+        (
+            Goal(r"^set_context_pg_over_sqlite$", "<= 1.2", lambda v: v <= 1.2),
+            Goal(r"^check_p99_postgresql_ms$", "< 20 ms", lambda v: v < 20),
+        ),
     ),
     "fleet_failover": Bench(
         fleet_failover.run,

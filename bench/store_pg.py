@@ -15,6 +15,11 @@ Calls are sequential on one channel per fleet, in rounds alternating SQLite and 
 the two share whatever else the machine does; the figures are the median latency per call of
 each store and their ratio, PostgreSQL ÷ SQLite.
 
+Then, per fleet and BURST_ROUNDS times, alternating, a burst: BURST_CHANGES SetContexts over
+BURST_MODELS models at once (each model's in sequence), while a health Check is sent again and
+again on another channel; the figure is the Check's p99 over the bursts, which shows whether
+store round trips held the fleet's event loop (every RPC, agent stream and watch waits on it).
+
 Run: `.venv/bin/python -m bench.store_pg [--calls N] [--rounds N] [--replicas R]`.
 """
 
@@ -32,6 +37,7 @@ from pathlib import Path
 
 import grpc
 import psycopg
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.planner_throughput import LLAMA_8B, ChildServer, start_child
 from llmgw.common.v1 import common_pb2
@@ -49,11 +55,19 @@ def admin_dsn() -> str:
 """Where the bench's database is created and dropped (a maintenance database)."""
 
 
-def ctx_model() -> common_pb2.Model:
+BURST_CHANGES = 200
+"""Changes in a burst."""
+BURST_MODELS = 8
+"""Models the burst's changes are spread over (in flight at once: one per model)."""
+BURST_ROUNDS = 3
+"""Bursts per fleet, alternating the fleets; the p99 is over every Check of them."""
+
+
+def ctx_model(name: str = "ctx") -> common_pb2.Model:
     """Llama-3.1-8B on llama.cpp, shape inline, no replicas: SetContext changes only the
     catalog."""
     return common_pb2.Model(
-        name="ctx",
+        name=name,
         source="/models/llama.gguf",
         context_length=8192,
         shape=LLAMA_8B,
@@ -111,6 +125,35 @@ class FleetUnderTest:
             timeout=30,
         )
 
+    async def burst(self, changes: int, models: int) -> list[float]:
+        """`changes` SetContexts over `models` models at once; seconds each health Check
+        sent meanwhile took."""
+        health = health_pb2_grpc.HealthStub(grpc.aio.insecure_channel(self.child.address))
+        done = asyncio.Event()
+        checks: list[float] = []
+
+        async def check() -> None:
+            while not done.is_set():
+                started = time.perf_counter()
+                await health.Check(health_pb2.HealthCheckRequest(), timeout=30)
+                checks.append(time.perf_counter() - started)
+                await asyncio.sleep(0.002)
+
+        async def chain(model: str, n: int) -> None:
+            tokens = 8192
+            for _ in range(n):
+                tokens = 16384 if tokens == 8192 else 8192
+                await self.stub.SetContext(
+                    fleet_pb2.SetContextRequest(name=model, tokens=tokens), timeout=30
+                )
+
+        checker = asyncio.create_task(check())
+        await asyncio.sleep(0.05)
+        await asyncio.gather(*(chain(f"burst-{i}", changes // models) for i in range(models)))
+        done.set()
+        await checker
+        return checks
+
     async def list_replicas(self) -> None:
         """One ListReplicas of `many`."""
         await self.stub.ListReplicas(fleet_pb2.ListReplicasRequest(model="many"), timeout=30)
@@ -150,7 +193,9 @@ async def wait_replicas(fleet: FleetUnderTest, want: int) -> None:
         await asyncio.sleep(0.1)
 
 
-async def measure(calls: int, rounds: int, replicas: int, folder: Path) -> dict[str, float]:
+async def measure(
+    calls: int, rounds: int, replicas: int, folder: Path, burst: int = BURST_CHANGES
+) -> dict[str, float]:
     """Both fleets, interleaved rounds; median seconds per call and the ratios."""
     dbname = "llmgw_bench_" + uuid.uuid4().hex[:10]
     dsn = admin_dsn().rsplit("/", 1)[0] + "/" + dbname
@@ -170,6 +215,10 @@ async def measure(calls: int, rounds: int, replicas: int, folder: Path) -> dict[
                 fleet_pb2.CreateModelRequest(model=many_model(replicas)), timeout=30
             )
             await wait_replicas(f, replicas)
+            for i in range(BURST_MODELS):
+                await f.stub.CreateModel(
+                    fleet_pb2.CreateModelRequest(model=ctx_model(f"burst-{i}")), timeout=30
+                )
             await timed(f.set_context, 5)  # warm: channels, the planner's shape cache
             await timed(f.list_replicas, 5)
         samples: dict[tuple[str, str], list[float]] = {}
@@ -184,6 +233,12 @@ async def measure(calls: int, rounds: int, replicas: int, folder: Path) -> dict[
         figures: dict[str, float] = {}
         for (label, what), seconds in samples.items():
             figures[f"{what}_{label}_ms"] = statistics.median(seconds) * 1000
+        checks: dict[str, list[float]] = {f.label: [] for f in fleets}
+        for _ in range(BURST_ROUNDS):
+            for f in fleets:
+                checks[f.label].extend(await f.burst(burst, BURST_MODELS))
+        for label, seconds in checks.items():
+            figures[f"check_p99_{label}_ms"] = p99(seconds) * 1000
         for what in ("set_context", "list_replicas"):
             figures[f"{what}_pg_over_sqlite"] = (
                 figures[f"{what}_postgresql_ms"] / figures[f"{what}_sqlite_ms"]
@@ -196,6 +251,12 @@ async def measure(calls: int, rounds: int, replicas: int, folder: Path) -> dict[
         await planner.stop()
         with psycopg.connect(admin_dsn(), autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)".encode())
+
+
+def p99(seconds: list[float]) -> float:
+    """The 99th percentile of `seconds` (the largest of fewer than 100)."""
+    ordered = sorted(seconds)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
 def report(figures: dict[str, float], calls: int, rounds: int, replicas: int) -> None:
@@ -211,6 +272,11 @@ def report(figures: dict[str, float], calls: int, rounds: int, replicas: int) ->
             f" {figures[f'{what}_postgresql_ms']:>14.2f}"
             f" {figures[f'{what}_pg_over_sqlite']:>12.2f}"
         )
+    print(
+        f"health Check p99 during {BURST_CHANGES} SetContexts over {BURST_MODELS} models:"
+        f" SQLite {figures['check_p99_sqlite_ms']:.2f} ms,"
+        f" PostgreSQL {figures['check_p99_postgresql_ms']:.2f} ms"
+    )
 
 
 def run(full: bool = False) -> dict[str, float]:

@@ -3,7 +3,7 @@ writes in one transaction and given again to a retry of the same request."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import structlog
 
@@ -17,7 +17,7 @@ REQUEST_ID_WINDOW_S = 24 * 3600.0
 
 
 class _Raced(Exception):
-    """Another attempt with the same request id claimed it first (inside Answers.once)."""
+    """Another attempt with the same request id claimed it first (inside Answers.commit)."""
 
 
 class Answers:
@@ -29,42 +29,53 @@ class Answers:
         self.window_s = window_s
         """How long a request id's first answer is kept (a retry within it is answered so)."""
 
-    async def once(
+    def replay(
         self,
         request_id: str,
         method: str,
         fingerprint: str,
-        prepare: Callable[[], Awaitable[Callable[[], bytes]]],
+        still_true: Callable[[bytes], bool] = lambda _answer: True,
+    ) -> bytes | None:
+        """The first answer to this request when one is kept and still holds, else None (a
+        look before the change is prepared; `commit` looks again inside its transaction).
+
+        Raises:
+            RequestIdReused: the id was used for another method or another request.
+        """
+        if not request_id:
+            return None
+        stored = self._answered(request_id, method, fingerprint)
+        return stored if stored is not None and still_true(stored) else None
+
+    def commit(
+        self,
+        request_id: str,
+        method: str,
+        fingerprint: str,
+        commit: Callable[[], bytes],
         still_true: Callable[[bytes], bool] = lambda _answer: True,
     ) -> bytes:
-        """The answer to a mutation, made once per request id: a retry of the same request
-        gets the first answer (as bytes: the servicer's encoded message).
+        """Run `commit` (the change's writes, returning its encoded answer) and keep the
+        answer under `request_id`, in one store transaction, so a crash keeps both or neither.
 
-        `prepare` does what may wait (the planner) and returns the commit: the change's writes
-        and its encoded answer, which run in one store transaction together with the request
-        id's record, so a crash keeps both or neither. The id is checked again inside that
-        transaction, so two attempts racing with one id make one change. Ids are kept for
-        `window_s` after their first answer; an older one is new again, and so is
-        one whose answer `still_true` says no longer holds (the model it answered about was
-        deleted since): a replay never says "created" of a model that is not there.
+        The id is checked again inside that transaction, so two attempts racing with one id
+        make one change. Ids are kept for `window_s` after their first answer; an older one is
+        new again, and so is one whose answer `still_true` says no longer holds (the model it
+        answered about was deleted since): a replay never says "created" of a model that is
+        not there.
 
         Args:
             request_id: the caller's id ("" makes every call a new one).
             method: the RPC's name.
             fingerprint: a hash of the request without its id (rpc layer): the same id with
                 another fingerprint is another request.
-            prepare: returns the commit, which makes the change and encodes the answer.
+            commit: makes the change and encodes the answer.
             still_true: whether a stored answer may be given again (rpc layer, which can read
                 it: `FleetApp.deleted_since` of the model it names).
 
         Raises:
             RequestIdReused: the id was used for another method or another request.
         """
-        if request_id:
-            stored = self._answered(request_id, method, fingerprint)
-            if stored is not None and still_true(stored):
-                return stored
-        commit = await prepare()
         try:
             with self._store.atomic():
                 if not request_id:
@@ -109,8 +120,7 @@ class Answers:
                 request_id=request_id,
                 method=stored.method,
             )
-        # An answer stored before fingerprints were kept ("") is matched by method alone.
-        if stored.fingerprint and stored.fingerprint != fingerprint:
+        if stored.fingerprint != fingerprint:
             raise errors.RequestIdReused(
                 f"request id {request_id!r} was used for another {method} request: use a new id"
                 " for a new request, and the same id only to retry the same request",

@@ -1,12 +1,19 @@
 """The fleet's application layer: every change of the catalog and of what runs, each guarded
 in one place (the model is there, not declared, at the caller's etag and not rolling out;
-a request id is answered once). Servicers convert messages and call it; it sees no protos."""
+a request id is answered once). Servicers convert messages and call it; it sees no protos.
+
+It hands over to the controller through the store only: a change commits its revision, its
+rollout (PENDING) or its request to cancel one, and the request id's answer in one
+transaction, then wakes the controller, which takes them up from the store on its tick. No
+controller memory is written here, so a change whose commit fails can never run."""
 
 from __future__ import annotations
 
+import contextvars
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import structlog
 
@@ -20,8 +27,11 @@ from fleet_svc.domain.catalog import (
     Revision,
     changed_profiles,
     check_profiles,
+    wants_of,
 )
 from fleet_svc.domain.control import cards_in_use
+from fleet_svc.domain.nodes import NodeView
+from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.rollout import (
     Rollout,
     RolloutState,
@@ -30,12 +40,43 @@ from fleet_svc.domain.rollout import (
 )
 from fleet_svc.domain.room import check_room
 from fleet_svc.planner import Planned, Planner
-from fleet_svc.store.base import Store
+from fleet_svc.store.base import RolloutRequest, Store
 from fleet_svc.store.catalog_rows import etag_of
-from fleet_svc.store.rows import load_rollout
+from fleet_svc.store.rows import load_rollout, rollout_record
+from fleet_svc.store_calls import StoreCalls
 from llmgw.model import Inventory, Model, Node
 
 log = structlog.get_logger(__name__)
+
+ADOPT_WAIT_S = 5.0
+"""How long a change's answer waits for the controller to take the change up, so the caller
+reads its rollout started (or cancelled); past it (a store failing for the controller) the
+answer goes out and the next tick takes the change up."""
+ACTIVE = (RolloutState.PENDING.value, RolloutState.RUNNING.value)
+"""The stored states of a rollout that has not ended."""
+
+
+@dataclass(frozen=True)
+class View:
+    """The controller's replicas and nodes as a change reads them (never writes them): the
+    room it checks and the steps it plans. Taken on the event loop, where the controller
+    changes them, before the change's transaction runs on a store thread."""
+
+    replicas: Mapping[str, ReplicaState]
+    nodes: Mapping[str, NodeView]
+    handed: list[str] = field(default_factory=list)
+    """Filled by the change: the rollouts and requests it wrote for the controller."""
+
+
+_VIEW: contextvars.ContextVar[View] = contextvars.ContextVar("fleet_view")
+"""The view the change being committed reads (FleetApp.once sets it for its transaction)."""
+
+T = TypeVar("T")
+
+
+def _in_view(commit: Callable[[], T], view: View) -> T:
+    _VIEW.set(view)
+    return commit()
 
 
 @dataclass(frozen=True)
@@ -77,6 +118,7 @@ class FleetApp:
         clock: Callable[[], float],
         *,
         request_id_window_s: float = REQUEST_ID_WINDOW_S,
+        trace_context: Callable[[], str] = lambda: "",
     ) -> None:
         self._catalog = catalog
         self._controller = controller
@@ -84,6 +126,11 @@ class FleetApp:
         self.planner = planner
         self._clock = clock
         self._answers = Answers(store, clock, request_id_window_s)
+        self._trace_context = trace_context
+        """The trace context of the request running now ("" when untraced): llmgw.tracing's
+        current_traceparent where the fleet traces; a rollout keeps it for its replicas."""
+        self.calls = StoreCalls(store)
+        """Where the store calls made for a request run (off the loop for PostgreSQL)."""
 
     @property
     def request_id_window_s(self) -> float:
@@ -104,12 +151,65 @@ class FleetApp:
         prepare: Callable[[], Awaitable[Callable[[], bytes]]],
         still_true: Callable[[bytes], bool] = lambda _answer: True,
     ) -> bytes:
-        """The answer to a mutation, made once per request id (fleet_svc.answers.Answers.once).
+        """The answer to a mutation, made once per request id (fleet_svc.answers: `replay`, then
+        `commit` on the store's threads); a change it hands the controller is waited for.
 
         Raises:
             RequestIdReused: the id was used for another method or another request.
         """
-        return await self._answers.once(request_id, method, fingerprint, prepare, still_true)
+        if request_id:
+            stored = await self.calls.run(
+                self._answers.replay, request_id, method, fingerprint, still_true
+            )
+            if stored is not None:
+                return stored
+        commit = await prepare()
+        view = self._view()
+        try:
+            answer = await self.calls.run(
+                self._commit, request_id, method, fingerprint, commit, view, still_true
+            )
+        finally:
+            # Wants the controller read while the transaction ran are read again.
+            self._catalog.forget_wants()
+        if view.handed:
+            await self._controller.adopted(self._controller.changed(), ADOPT_WAIT_S)
+        else:
+            self._controller.wake()  # the wants changed: replicas to add or remove
+        return answer
+
+    async def dry(self, prepare: Callable[[], Awaitable[Callable[[], T]]]) -> T:
+        """The answer to a dry run: `prepare`'s commit, run outside any transaction (it writes
+        nothing) on the store's threads like a change."""
+        commit = await prepare()
+        return await self.calls.run(_in_view, commit, self._view())
+
+    def _commit(
+        self,
+        request_id: str,
+        method: str,
+        fingerprint: str,
+        commit: Callable[[], bytes],
+        view: View,
+        still_true: Callable[[bytes], bool],
+    ) -> bytes:
+        """Run `commit` and keep the request id's answer, in one transaction, reading `view`."""
+        _VIEW.set(view)
+        return self._answers.commit(request_id, method, fingerprint, commit, still_true)
+
+    def _view(self) -> View:
+        """What a change reads of the controller: inside FleetApp.once the view it took on
+        the loop, else (a call on the loop) the controller's own maps."""
+        view = _VIEW.get(None)
+        if view is not None:
+            return view
+        state = self._controller.state
+        return View(replicas=dict(state.replicas), nodes=dict(state.nodes))
+
+    def _active(self, name: str) -> Rollout | None:
+        """The model's rollout not ended yet (pending or running), as the store holds it."""
+        found = self._store.list_rollouts(name, states=ACTIVE)
+        return load_rollout(found[0]) if found else None
 
     def deleted_since(self, name: str, revision: int) -> bool:
         """Whether model `name` was deleted by a revision after `revision` (so an answer given
@@ -140,7 +240,7 @@ class FleetApp:
                 expected=etag,
                 current=rev.etag,
             )
-        running = self._controller.running_rollout(name)
+        running = self._active(name)
         if running is not None and not supersede:
             how = (
                 "wait for it or cancel it first"
@@ -196,9 +296,6 @@ class FleetApp:
         Raises:
             RolloutNotFound.
         """
-        running = self._controller.rollouts.get(rollout_id)
-        if running is not None:
-            return running
         rec = self._store.get_rollout(rollout_id)
         if rec is None:
             raise errors.RolloutNotFound(f"no rollout {rollout_id!r}", rollout_id=rollout_id)
@@ -206,10 +303,7 @@ class FleetApp:
 
     def rollouts(self, model: str = "") -> list[Rollout]:
         """Rollouts of a model (every model when ""), newest first."""
-        return [
-            self._controller.rollouts.get(rec.id) or load_rollout(rec)
-            for rec in self._store.list_rollouts(model)
-        ]
+        return [load_rollout(rec) for rec in self._store.list_rollouts(model)]
 
     def undo_available(self, ro: Rollout) -> bool:
         """Whether UndoRollout would take the model back before `ro` now."""
@@ -285,34 +379,6 @@ class FleetApp:
 
     # -- planned changes -------------------------------------------------------------------------
 
-    async def set_context(
-        self, name: str, *, tokens: int, slots: int, etag: str, options: ChangeOptions
-    ) -> tuple[Planned, Applied]:
-        """Size a new context with the planner and roll it out (prepare_context, committed).
-
-        Raises:
-            as prepare_context.
-        """
-        planned, commit = await self.prepare_context(
-            name, tokens=tokens, slots=slots, etag=etag, options=options
-        )
-        with self._store.atomic():
-            return planned, commit()
-
-    async def set_gpus(
-        self, name: str, *, gpus: int, profile: str, etag: str, options: ChangeOptions
-    ) -> tuple[Planned, Applied]:
-        """Plan `gpus` cards a replica and roll it out (prepare_gpus, committed).
-
-        Raises:
-            as prepare_context.
-        """
-        planned, commit = await self.prepare_gpus(
-            name, gpus=gpus, profile=profile, etag=etag, options=options
-        )
-        with self._store.atomic():
-            return planned, commit()
-
     async def prepare_context(
         self, name: str, *, tokens: int, slots: int, etag: str, options: ChangeOptions
     ) -> tuple[Planned, Callable[[], Applied]]:
@@ -326,7 +392,7 @@ class FleetApp:
             NoRoomInPlace,
             PlannerUnavailable, and the planner's refusals.
         """
-        rev = self._changeable(name, etag, supersede=options.supersede)
+        rev = await self.calls.run(self._changeable, name, etag, supersede=options.supersede)
         planned = await self.planner.size_context(
             rev.entry, self.inventory(), tokens=tokens, slots=slots
         )
@@ -351,9 +417,9 @@ class FleetApp:
         prepare_context).
 
         Raises:
-            as set_context.
+            as prepare_context.
         """
-        rev = self._changeable(name, etag, supersede=options.supersede)
+        rev = await self.calls.run(self._changeable, name, etag, supersede=options.supersede)
         planned = await self.planner.plan_gpus(
             rev.entry, self.inventory(), gpus=gpus, profile=profile
         )
@@ -426,18 +492,34 @@ class FleetApp:
         applied = self._apply(rev, previous.entry, "undo", options, undo_of=rollout_id)
         if not applied.rollout_id:
             return None, applied
-        return self._controller.rollouts.get(applied.rollout_id), applied
+        return self.rollout(applied.rollout_id), applied
 
     def cancel_rollout(self, rollout_id: str, by: str) -> Rollout:
-        """Stop a rollout if it runs (old replicas keep serving); the rollout as it ends.
+        """Ask the controller to stop a rollout that has not ended (old replicas keep
+        serving): a request it carries out on its next tick. The rollout as the store holds
+        it now (ended already: nothing is asked).
 
         Raises:
             RolloutNotFound.
         """
         ro = self.rollout(rollout_id)
-        if ro.done:
-            return ro
-        return self._controller.cancel(ro.id, f"cancelled by {by}") or ro
+        if not ro.done:
+            self._request_cancel(ro, f"cancelled by {by}", by)
+        return ro
+
+    def _request_cancel(self, ro: Rollout, reason: str, by: str) -> None:
+        self._view().handed.append(ro.id)
+        self._store.put_rollout_request(
+            RolloutRequest(
+                id="rq-" + uuid.uuid4().hex[:10],
+                rollout_id=ro.id,
+                kind="cancel",
+                reason=reason,
+                by=by,
+                created_at=self._clock(),
+            )
+        )
+        log.info("rollout_cancel_requested", rollout_id=ro.id, reason=reason)
 
     def _apply(
         self,
@@ -448,16 +530,16 @@ class FleetApp:
         *,
         undo_of: str = "",
     ) -> Applied:
-        """Check room, commit the new revision and start the rollout (or, dry, only check); a
-        change that changes nothing writes nothing and says so."""
+        """Check room, write the new revision and its rollout, PENDING for the controller
+        (or, dry, only check); a change that changes nothing writes nothing and says so."""
         if etag_of(new) == rev.etag:
             log.info("change_unchanged", model=rev.name, kind=kind, revision=rev.revision)
             return Applied(rev, "", 0, unchanged=True)
         old = rev.model
         changed = changed_profiles(old, new.model)
-        state = self._controller.state
+        state = self._view()
         check_room(old, new.model, changed, options.strategy, state.nodes, state.replicas)
-        wanted_old = {w.profile: w for w in self._catalog.wants() if w.model == old.name}
+        wanted_old = {w.profile: w for w in wants_of([rev])}
         restarted = sum(
             1
             for r in state.replicas.values()
@@ -465,12 +547,11 @@ class FleetApp:
         )
         if options.dry_run:
             return Applied(self._catalog.preview(new, options.by), "", restarted)
-        running = self._controller.running_rollout(old.name)
+        running = self._active(old.name)
         if running is not None and options.supersede:
-            self._controller.cancel(running.id, "superseded by a newer change of the model")
+            self._request_cancel(running, "superseded by a newer change of the model", options.by)
         committed = self._catalog.write(new, options.by, rev.revision)
-        wants = [w for w in self._catalog.wants() if w.model == old.name]
-        steps = plan_steps(old.name, changed, state.replicas, wants)
+        steps = plan_steps(old.name, changed, state.replicas, wants_of([committed]))
         if not steps:
             return Applied(committed, "", 0)
         ro = Rollout(
@@ -487,7 +568,11 @@ class FleetApp:
             undo_of=undo_of,
             start_timeout_s=self._controller.start_timeout_s,
             old_specs={name: replace(w.spec, want=w.want) for name, w in wanted_old.items()},
+            state=RolloutState.PENDING,
+            updated_s=self._clock(),
+            trace=self._trace_context(),
         )
-        self._controller.start_rollout(ro)
+        self._store.put_rollout(rollout_record(ro))
+        state.handed.append(ro.id)
         log.info("change_applied", model=old.name, kind=kind, rollout_id=ro.id, steps=len(steps))
         return Applied(committed, ro.id, restarted)

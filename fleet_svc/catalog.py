@@ -28,7 +28,6 @@ class Catalog:
         self._clock = clock
         self.declared: dict[str, str] = {}
         """Declared model name -> the settings file that declares it."""
-        self.on_change: Callable[[], None] = lambda: None
         self._wants: list[ProfileWant] | None = None
         self._revisions: dict[tuple[str, int], Model | None] = {}
 
@@ -125,7 +124,6 @@ class Catalog:
             "model_written", model=entry.name, revision=stored.revision, by=by, deleted=deleted
         )
         self._wants = None
-        self.on_change()
         return revision_of(stored)
 
     def _etag_now(self, name: str) -> str:

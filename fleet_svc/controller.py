@@ -57,6 +57,10 @@ P = ReplicaPhase
 
 MAX_BURST = 20
 """Ticks in a row a controller runs without waiting while each changes something."""
+ADOPT_POLL_S = 2.0
+"""A tick reads the store for pending rollouts and requests when a change was announced, when
+the catalog's revisions moved (a pending rollout commits with its revision), and otherwise at
+least this often (what another fleet committed just before it lost its lease)."""
 
 
 class AgentLink(Protocol):
@@ -110,7 +114,6 @@ class Controller:
         new_id: Callable[[], str] | None = None,
         start_timeout_s: float = 600.0,
         model_at: Callable[[str, int], Model | None] | None = None,
-        trace_context: Callable[[], str] = lambda: "",
     ) -> None:
         self._store = store
         self._wants = wants
@@ -132,13 +135,17 @@ class Controller:
         """Replicas changed (None: forgotten) since the last flush to the store."""
         self._wake = asyncio.Event()
         self._rollouts = Rollouts(store, clock, self._new_id)
-        self._trace_context = trace_context
-        """The trace context of the request running now ("" when untraced): llmgw.tracing's
-        current_traceparent where the fleet traces."""
-        self._causes: dict[str, str] = {}
-        """Model -> the trace context of the request that started its running rollout: the
-        replicas that rollout starts and stops carry it to their agents (in memory only)."""
-        self._rollouts.on_end.append(self._rollout_ended)
+        self._asked = 0
+        """Counts changes the API side committed and announced (`changed`)."""
+        self._adopted = 0
+        """The last of those the controller has taken up from the store."""
+        self._adopted_at: tuple[float, tuple[tuple[str, int], ...]] | None = None
+        """When the store was last read for pending rollouts, and the catalog's revisions
+        then (None: not yet since this fleet loaded its state)."""
+        self._adoption = asyncio.Event()
+        """Set (and replaced) whenever the controller took up what was committed."""
+        self._running = False
+        """Whether `run` is looping (a controller ticked by hand adopts when ticked)."""
         self.leading: Callable[[], bool] = lambda: True
         """Whether this fleet leads now (fleet_svc.leadership); a tick does nothing while not."""
         self.on_fenced: Callable[[NotLeader], None] = lambda exc: None
@@ -185,6 +192,7 @@ class Controller:
         self.desired = DesiredSets(self._store)
         self._reloaded_s = self._clock.monotonic()
         self._trusting = True
+        self._adopted_at = None
         self._load()
         self._publish_all()
 
@@ -212,16 +220,12 @@ class Controller:
         for link in list(self.state.links.values()):
             link.close(reason)
 
-    def flush(self, *, keep: bool = False) -> None:
+    def flush(self) -> None:
         """Write every replica changed since the last flush, in one transaction.
 
         Called at the end of each tick before any desired set is sent (so an agent never runs
-        a replica the store does not hold), and when a rollout starts or is cancelled. An
-        observation not yet flushed when the fleet dies is lost, and told again by its agent.
-
-        Args:
-            keep: write them again at the next flush too: the caller's change runs inside a
-                larger store transaction (FleetApp.once) that may still roll back.
+        a replica the store does not hold). An observation not yet flushed when the fleet dies
+        is lost, and told again by its agent.
         """
         if not self._unsaved:
             return
@@ -230,16 +234,17 @@ class Controller:
         # Cleared only once written: a store that is down keeps the changes for the next flush
         # (the tick fails before dispatch, so no agent is told of a replica not stored).
         self._store.write_replicas(puts, deletes)
-        if not keep:
-            self._unsaved = {}
+        self._unsaved = {}
 
     # -- the one place replicas change -----------------------------------------------------
 
     def _put(self, r: ReplicaState) -> None:
         old = self.state.replicas.get(r.id)
         if old is None or (_going(r) and not _going(old)):
-            # A new command for the agent (start it, or stop it): the request behind it now.
-            r = replace(r, trace=self._causes.get(r.model, ""))
+            # A new command for the agent (start it, or stop it): the request behind the
+            # model's running rollout, if any.
+            ro = self._rollouts.of_model(r.model)
+            r = replace(r, trace=ro.trace if ro is not None else "")
         self._changes += 1
         self.state.replicas[r.id] = r
         self._unsaved[r.id] = r
@@ -531,28 +536,29 @@ class Controller:
         """The rollout changing `model` now, if any."""
         return self._rollouts.of_model(model)
 
-    def _rollout_ended(self, ro: Rollout) -> None:
-        self._causes.pop(ro.model, None)
+    def changed(self) -> int:
+        """The API side committed a change (a pending rollout, a request, a revision): wake
+        the loop to take it up from the store.
 
-    def start_rollout(self, ro: Rollout) -> None:
-        """Persist a new rollout and start it on the next tick (the replicas it starts and
-        stops carry the trace context of the request calling this)."""
-        self._rollouts.start(ro)
-        cause = self._trace_context()
-        if cause:
-            self._causes[ro.model] = cause
-        self.flush(keep=True)
+        Returns:
+            A ticket `adopted` waits for.
+        """
+        self._asked += 1
         self.wake()
+        return self._asked
 
-    def cancel(self, rollout_id: str, reason: str) -> Rollout | None:
-        """End a running rollout now (its in-flight replica is stopped); None when not running."""
-        ended, actions = self._rollouts.cancel(rollout_id, reason, self.state.replicas)
-        if ended is None:
-            return None
-        self._apply_all(actions)
-        self.flush(keep=True)
-        self.wake()
-        return ended
+    async def adopted(self, ticket: int, timeout_s: float) -> bool:
+        """Wait until a tick took up everything committed before `ticket` was given, at most
+        `timeout_s`; False at once when no loop runs here (a follower, or a controller ticked
+        by hand) and after the timeout (the store is failing: the next tick takes it up)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self._adopted < ticket:
+            left = deadline - asyncio.get_running_loop().time()
+            if not self._running or not self.leading() or left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._adoption.wait(), left)
+        return True
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -567,6 +573,13 @@ class Controller:
         forget, a forget to the next rollout step), up to MAX_BURST in a row; otherwise the
         loop sleeps until woken, the next drain deadline, or the tick interval.
         """
+        self._running = True
+        try:
+            await self._loop()
+        finally:
+            self._running = False
+
+    async def _loop(self) -> None:
         burst = 0
         while True:
             if not self._wake.is_set():
@@ -631,6 +644,7 @@ class Controller:
                 view.phase, view.reason = phase, why
                 self._publish_node(view.name)
         wants = self._wants()
+        self._adopt(wants, now)
         self._apply_all(
             self._rollouts.advance(
                 now, wants, self.state.replicas, self.state.nodes, self.state.observed_logs
@@ -650,9 +664,24 @@ class Controller:
         self.flush()
         self._dispatch(now)
 
-    def desired_for(self, node: str) -> list[ReplicaState]:
-        """The replicas a node is told to run."""
-        return desired_by_node(self.state.replicas.values()).get(node, [])
+    def _adopt(self, wants: list[ProfileWant], now: float) -> None:
+        """Take up what the API side committed (Rollouts.adopt), when something may be
+        waiting: a change was announced, the catalog's revisions moved, or ADOPT_POLL_S
+        passed."""
+        revisions = tuple(sorted({(w.model, w.revision) for w in wants}))
+        last = self._adopted_at
+        if (
+            self._adopted == self._asked
+            and last is not None
+            and last[1] == revisions
+            and now - last[0] < ADOPT_POLL_S
+        ):
+            return
+        asked = self._asked
+        self._apply_all(self._rollouts.adopt(wants, self.state.replicas))
+        self._adopted, self._adopted_at = asked, (now, revisions)
+        adoption, self._adoption = self._adoption, asyncio.Event()
+        adoption.set()
 
     def _dispatch(self, now: float) -> None:
         """Send each connected node its desired set when it changed (or was not acked)."""

@@ -4,14 +4,16 @@ A fleet on a store without a lease (SQLite: one fleet per file) always leads. On
 (PostgreSQL) it leads only while its Leadership holds the lease: then it loads the state its
 predecessor left, writes the settings file's models, runs the controller and serves the agents;
 deposed, it stops the controller, ends the agents' streams (they are told where the leader is)
-and, like every follower, polls the store every FOLLOW_S so its reads and watches show what the
-leader wrote.
+and, like every follower, reads the replicas and rollouts again whenever the store notifies it
+that the leader wrote some (PostgreSQL's LISTEN/NOTIFY), so its reads and watches show what
+the leader wrote.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Sequence
 
 import structlog
@@ -24,11 +26,10 @@ from fleet_svc.store.base import NotLeader, StoreError
 
 log = structlog.get_logger(__name__)
 
-FOLLOW_S = 0.5
-"""How often a follower asks the store whether replicas or rollouts changed (the server's
-digest of them) and, when they did, reads them (polling, not LISTEN/NOTIFY: one small query
-per half second per follower while nothing changes, and nothing to lose on a reconnect); a
-watch on a follower lags the leader's by at most this."""
+FOLLOW_S = 5.0
+"""Besides the store's notifications, how often a follower asks the store whether replicas or
+rollouts changed (the server's digest of them) and, when they did, reads them: a safety net
+for a notification lost (the listener reconnects, and reads once when it does)."""
 
 
 class Duties:
@@ -115,24 +116,48 @@ class Duties:
             self._task = None
 
     async def _follow(self) -> None:
-        """Read the store every FOLLOW_S until cancelled (one log line per change of problem)."""
+        """Read the store whenever it notifies a write, and at least every FOLLOW_S when its
+        digest moved, until cancelled (one log line per change of problem)."""
+        loop = asyncio.get_running_loop()
+        notified = asyncio.Event()
+        stop = threading.Event()
+        listening = None
+        if self.leadership is not None:
+
+            def changed() -> None:  # on the listener's thread
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(notified.set)
+
+            listening = loop.run_in_executor(None, self.leadership.listen, changed, stop)
         digest = None
-        while True:
-            try:
-                # Read the rows again only when the server's digest of them moved: a follower
-                # then costs one small query per FOLLOW_S while nothing changes.
-                now = self.leadership.state_digest() if self.leadership is not None else None
-                if now is None or now != digest:
-                    self.controller.follow()
-                    digest = now
-                if self._failing:
-                    log.info("follow_recovered")
-                    self._failing = ""
-            except StoreError as exc:
-                if exc.problem != self._failing:
-                    log.warning("follow_failed", problem=exc.problem)
-                    self._failing = exc.problem
-            await asyncio.sleep(self._follow_s)
+        try:
+            while True:
+                told = notified.is_set()
+                notified.clear()
+                try:
+                    # Without a notification, the rows are read again only when the server's
+                    # digest of them moved: one small query per FOLLOW_S while nothing changes.
+                    now = (
+                        self.leadership.state_digest()
+                        if self.leadership is not None and not told
+                        else None
+                    )
+                    if now is None or now != digest:
+                        self.controller.follow()
+                        digest = now
+                    if self._failing:
+                        log.info("follow_recovered")
+                        self._failing = ""
+                except StoreError as exc:
+                    if exc.problem != self._failing:
+                        log.warning("follow_failed", problem=exc.problem)
+                        self._failing = exc.problem
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(notified.wait(), self._follow_s)
+        finally:
+            stop.set()
+            if listening is not None:
+                listening.cancel()
 
     async def stop(self) -> None:
         """Stop leading (ending the lease at once, so another need not wait it out) and stop

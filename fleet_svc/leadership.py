@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -59,6 +60,9 @@ class LeasedStore(Protocol):
 
     def state_digest(self) -> str:
         """A digest of the replica and rollout rows: it changes when they do."""
+
+    def listen(self, changed: Callable[[], None], stop: threading.Event) -> None:
+        """Call `changed` whenever replicas or rollouts are written, until `stop` (blocks)."""
 
 
 class Following(NotLeader):
@@ -141,6 +145,11 @@ class Leadership:
             StoreError: the store cannot be read.
         """
         return self._store.state_digest()
+
+    def listen(self, changed: Callable[[], None], stop: threading.Event) -> None:
+        """Call `changed` whenever the leader writes replicas or rollouts, until `stop` is
+        set (blocks: run it on a thread)."""
+        self._store.listen(changed, stop)
 
     async def attempt(self) -> None:
         """Take or renew the lease once and act on the answer."""

@@ -1,4 +1,5 @@
-"""The running rollouts: advanced and cancelled by the pure functions of domain.rollout,
+"""The running rollouts: taken up from the store (the API side commits them PENDING, with
+its requests to cancel them), advanced and cancelled by the pure functions of domain.rollout,
 stored with their events, and a signal for those who watch them."""
 
 from __future__ import annotations
@@ -75,12 +76,59 @@ class Rollouts:
         """The rollout changing `model` now, if any."""
         return next((ro for ro in self.running.values() if ro.model == model), None)
 
-    def start(self, ro: Rollout) -> None:
-        """Store a new rollout as running."""
+    def adopt(self, wants: list[ProfileWant], replicas: Mapping[str, ReplicaState]) -> list[Action]:
+        """Take up what the API side committed: its requests to cancel a rollout first, then
+        the pending rollouts, oldest first; the actions that stop what a cancel ends.
+
+        A pending rollout runs when the catalog's current revision of its model (in `wants`)
+        is the one it carries out, cancelling a running rollout of the same model (the change
+        superseded it); one of an older revision, or of a model gone, ends CANCELLED without
+        starting. One of a revision newer than `wants` (committed after they were read) waits
+        for the next tick. Each request is forgotten once carried out.
+        """
+        requests = self._store.list_rollout_requests()
+        stored = self._store.list_rollouts(states=(RolloutState.PENDING.value,))
+        pending = {rec.id: load_rollout(rec) for rec in reversed(stored)}
+        out: list[Action] = []
+        for req in requests:
+            if req.rollout_id in self.running:
+                out.extend(self.cancel(req.rollout_id, req.reason, replicas)[1])
+            elif req.rollout_id in pending:
+                self._end_unstarted(pending.pop(req.rollout_id), req.reason)
+        current = {w.model: w.revision for w in wants}
+        for ro in pending.values():
+            revision = current.get(ro.model, 0)
+            if revision and ro.to_revision > revision:
+                continue
+            if revision != ro.to_revision:
+                held = f"revision {revision}" if revision else "no revision"
+                self._end_unstarted(
+                    ro, f"the catalog holds {held} of {ro.model}, not {ro.to_revision}"
+                )
+                continue
+            running = self.of_model(ro.model)
+            if running is not None:
+                reason = f"superseded by rollout {ro.id}, a newer change of the model"
+                out.extend(self.cancel(running.id, reason, replicas)[1])
+            self._start(replace(ro, state=RolloutState.RUNNING))
+        if requests:
+            self._store.delete_rollout_requests([r.id for r in requests])
+        return out
+
+    def _start(self, ro: Rollout) -> None:
+        """Store a rollout as running (it was pending)."""
         started = Event(EventKind.ROLLOUT_STARTED, message=f"{ro.kind}: {ro.strategy.value}")
         ro = self.save(ro, [started])
         self.running[ro.id] = ro
         log.info("rollout_started", rollout_id=ro.id, model=ro.model, steps=len(ro.steps))
+
+    def _end_unstarted(self, ro: Rollout, reason: str) -> None:
+        """End a pending rollout CANCELLED before any of its steps began."""
+        steps = tuple(replace(s, stage=Stage.CANCELLED) for s in ro.steps)
+        ended = replace(ro, state=RolloutState.CANCELLED, reason=reason, steps=steps)
+        ended = self.save(ended, [Event(EventKind.ROLLOUT_CANCELLED, message=reason)])
+        log.info("rollout_cancelled", rollout_id=ro.id, reason=reason, started=False)
+        self._ended(ended)
 
     def cancel(
         self, rollout_id: str, reason: str, replicas: Mapping[str, ReplicaState]

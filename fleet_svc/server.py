@@ -21,7 +21,7 @@ from fleet_svc.app import FleetApp
 from fleet_svc.catalog import Catalog
 from fleet_svc.controller import Controller
 from fleet_svc.domain.nodes import Liveness
-from fleet_svc.duties import Duties
+from fleet_svc.duties import FOLLOW_S, Duties
 from fleet_svc.leadership import LEASE_S, RENEW_S, Leadership, LeasedStore
 from fleet_svc.metrics import Leadership as LeaderStatus
 from fleet_svc.metrics import add_fleet_metrics
@@ -96,6 +96,9 @@ class FleetOptions:
     """On a shared store (PostgreSQL): how long the leader's lease lasts unrenewed."""
     renew_s: float = RENEW_S
     """On a shared store: how often the leader renews and followers try for the lease."""
+    follow_s: float = FOLLOW_S
+    """On a shared store: how often a follower checks the store's digest besides the
+    notifications of the leader's writes (fleet_svc/duties.py)."""
     advertise: str = ""
     """HOST:PORT where this fleet is called, told to callers of a follower while it leads;
     "": the listen host (this host's name when that is a wildcard) and the bound port."""
@@ -120,6 +123,7 @@ class FleetServer:
     store_task: asyncio.Task[None] | None = None
     metrics: MetricsServer | None = None
     probes: ProbeServer | None = None
+    app: FleetApp | None = None
 
     @property
     def loop_task(self) -> asyncio.Task[None]:
@@ -149,6 +153,8 @@ class FleetServer:
             link.close("")
         await self.server.stop(grace_s)
         await self.duties.stop()
+        if self.app is not None:
+            self.app.calls.close()
         self.store.close()
         await self.planner.close()
         if self.metrics is not None:
@@ -206,9 +212,7 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         start_timeout_s=opts.start_timeout_s,
         hub=EndpointHub(clock.wall, heartbeat_s=opts.watch_heartbeat_s),
         model_at=catalog.model_at,
-        trace_context=current_traceparent,
     )
-    catalog.on_change = controller.wake
     planner = GrpcPlanner(opts.planner, tls=opts.planner_tls)
     app = FleetApp(
         catalog,
@@ -217,6 +221,7 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         planner,
         clock.wall,
         request_id_window_s=opts.request_id_window_s,
+        trace_context=current_traceparent,
     )
     add_fleet_service(server, app, store, controller, limits)
     leadership = (
@@ -225,7 +230,12 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         else None
     )
     duties = Duties(
-        controller, catalog, leadership, declared=declared, settings_path=opts.settings_path
+        controller,
+        catalog,
+        leadership,
+        declared=declared,
+        settings_path=opts.settings_path,
+        follow_s=opts.follow_s,
     )
     gate.refusal = duties.refusal
     add_agent_service(
@@ -276,6 +286,7 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         store_task,
         metrics_server,
         probe_server,
+        app,
     )
 
 

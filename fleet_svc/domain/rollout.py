@@ -31,6 +31,8 @@ take minutes to load)."""
 class RolloutState(enum.Enum):
     """Where a rollout stands."""
 
+    PENDING = "PENDING"
+    """Committed with its change; the controller has not taken it up yet."""
     RUNNING = "RUNNING"
     """Replacing replicas."""
     SUCCEEDED = "SUCCEEDED"
@@ -122,11 +124,14 @@ class Rollout:
     old_specs: Mapping[str, ReplicaSpec] = field(default_factory=dict)
     """Per profile, the spec of the revision rolled from: an in-place step that fails starts
     the old replica again with it."""
+    trace: str = ""
+    """The trace context of the request that made the change ("" when untraced): the replicas
+    the rollout starts and stops carry it to their agents."""
 
     @property
     def done(self) -> bool:
         """Whether the rollout has ended."""
-        return self.state is not RolloutState.RUNNING
+        return self.state not in (RolloutState.PENDING, RolloutState.RUNNING)
 
 
 class EventKind(enum.StrEnum):

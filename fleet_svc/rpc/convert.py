@@ -16,7 +16,7 @@ from fleet_svc.domain.endpoints import Endpoint
 from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import HOLDS_CARDS, ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState
-from fleet_svc.domain.rollout import EventKind, Mode, Rollout, Stage, Strategy
+from fleet_svc.domain.rollout import EventKind, Mode, Rollout, RolloutState, Stage, Strategy
 from fleet_svc.store.base import EventRecord
 from fleet_svc.watch import EndpointEvent
 from fleet_svc.watch import EventKind as EndpointKind
@@ -345,6 +345,15 @@ def event_kind_of(kind: str) -> fleet_pb2.RolloutEventKind.ValueType:
         return fleet_pb2.ROLLOUT_EVENT_KIND_UNSPECIFIED
 
 
+def rollout_state_of(state: RolloutState) -> fleet_pb2.RolloutState.ValueType:
+    """A rollout's state as the API's enum. The API has no pending state: a rollout committed
+    with its change and not yet taken up by the controller reads as RUNNING (its steps as the
+    change planned them, none started), which it is about to be."""
+    if state is RolloutState.PENDING:
+        return fleet_pb2.ROLLOUT_STATE_RUNNING
+    return fleet_pb2.RolloutState.Value(f"ROLLOUT_STATE_{state.value}")
+
+
 def rollout(ro: Rollout, undo_available: bool = False) -> fleet_pb2.Rollout:
     """A rollout as the API shows it."""
     return fleet_pb2.Rollout(
@@ -352,7 +361,7 @@ def rollout(ro: Rollout, undo_available: bool = False) -> fleet_pb2.Rollout:
         model=ro.model,
         kind=ro.kind,
         strategy=_STRATEGIES[ro.strategy],
-        state=fleet_pb2.RolloutState.Value(f"ROLLOUT_STATE_{ro.state.value}"),
+        state=rollout_state_of(ro.state),
         from_revision=ro.from_revision,
         to_revision=ro.to_revision,
         steps=[

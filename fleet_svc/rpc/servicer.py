@@ -88,7 +88,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         (FleetApp.once: the commit and the id's record in one transaction). A dry run is
         answered afresh and its id not recorded."""
         if dry_run:
-            return (await prepare())()
+            return await self._app.dry(prepare)
 
         async def encoded() -> Callable[[], bytes]:
             commit = await prepare()
@@ -128,18 +128,16 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         self, request: fleet_pb2.GetModelRequest, context: Context
     ) -> fleet_pb2.GetModelResponse:
         """One model with its etag."""
-        return fleet_pb2.GetModelResponse(
-            model=convert.catalog_model(self._app.model(request.name))
-        )
+        rev = await self._app.calls.run(self._app.model, request.name)
+        return fleet_pb2.GetModelResponse(model=convert.catalog_model(rev))
 
     @refusals_as_status
     async def ListModels(
         self, request: fleet_pb2.ListModelsRequest, context: Context
     ) -> fleet_pb2.ListModelsResponse:
         """The catalog."""
-        return fleet_pb2.ListModelsResponse(
-            models=[convert.catalog_model(r) for r in self._app.models()]
-        )
+        models = await self._app.calls.run(self._app.models)
+        return fleet_pb2.ListModelsResponse(models=[convert.catalog_model(r) for r in models])
 
     @refusals_as_status
     async def UpdateModel(
@@ -191,8 +189,9 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         self, request: fleet_pb2.ListModelRevisionsRequest, context: Context
     ) -> fleet_pb2.ListModelRevisionsResponse:
         """A model's history."""
+        history = await self._app.calls.run(self._app.history, request.name)
         return fleet_pb2.ListModelRevisionsResponse(
-            revisions=[convert.catalog_model(r) for r in self._app.history(request.name)]
+            revisions=[convert.catalog_model(r) for r in history]
         )
 
     # -- nodes and replicas ----------------------------------------------------------------------
@@ -217,7 +216,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
     ) -> fleet_pb2.ListReplicasResponse:
         """The replicas, their phases and why."""
         if request.model:
-            self._app.model(request.model)
+            await self._app.calls.run(self._app.model, request.model)
         replicas = sorted(
             (
                 r
@@ -235,7 +234,9 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         """Routable endpoints: a snapshot (or the events missed since `after_seq`), SYNCED,
         then each change, and heartbeats while nothing changes."""
         if request.model:
-            self._app.model(request.model)  # MODEL_NOT_FOUND through the table
+            await self._app.calls.run(
+                self._app.model, request.model
+            )  # MODEL_NOT_FOUND through the table
         remaining = context.time_remaining()
         log.info(
             "watch_opened",
@@ -326,47 +327,52 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
             request, "SetGPUs", fleet_pb2.SetGPUsResponse, prepare, dry_run=request.dry_run
         )
 
+    def _rollout_now(self, rollout_id: str) -> fleet_pb2.Rollout:
+        """A rollout as the store holds it now, with whether it can be undone."""
+        ro = self._app.rollout(rollout_id)
+        return convert.rollout(ro, self._app.undo_available(ro))
+
+    def _rollouts_now(self, model: str) -> list[fleet_pb2.Rollout]:
+        return [
+            convert.rollout(ro, self._app.undo_available(ro)) for ro in self._app.rollouts(model)
+        ]
+
     @refusals_as_status
     async def GetRollout(
         self, request: fleet_pb2.GetRolloutRequest, context: Context
     ) -> fleet_pb2.GetRolloutResponse:
         """One rollout."""
-        ro = self._app.rollout(request.id)
-        return fleet_pb2.GetRolloutResponse(
-            rollout=convert.rollout(ro, self._app.undo_available(ro))
-        )
+        rollout = await self._app.calls.run(self._rollout_now, request.id)
+        return fleet_pb2.GetRolloutResponse(rollout=rollout)
 
     @refusals_as_status
     async def ListRollouts(
         self, request: fleet_pb2.ListRolloutsRequest, context: Context
     ) -> fleet_pb2.ListRolloutsResponse:
         """Rollouts, newest first."""
-        return fleet_pb2.ListRolloutsResponse(
-            rollouts=[
-                convert.rollout(ro, self._app.undo_available(ro))
-                for ro in self._app.rollouts(request.model)
-            ]
-        )
+        rollouts = await self._app.calls.run(self._rollouts_now, request.model)
+        return fleet_pb2.ListRolloutsResponse(rollouts=rollouts)
 
     @stream_refusals_as_status
     async def WatchRollout(
         self, request: fleet_pb2.WatchRolloutRequest, context: Context
     ) -> AsyncIterator[fleet_pb2.WatchRolloutResponse]:
         """A rollout's events after `after_seq`, then live ones until it ends."""
-        self._app.rollout(request.id)
+        calls = self._app.calls
+        await calls.run(self._app.rollout, request.id)
         seq = max(request.after_seq, 0)
         last_state = "RUNNING"
         settle = END_SETTLE_READS
         while True:
             signal = self._controller.rollout_signal
-            for event in self._store.list_events(request.id, seq):
+            for event in await calls.run(self._store.list_events, request.id, seq):
                 seq, last_state = event.seq, str(event.event.get("state", "RUNNING"))
                 yield convert.rollout_event(event)
-            if request.id not in self._controller.rollouts:
-                # Ended. The leader stores every event before the rollout leaves its running
-                # set; a fleet that follows may read the ended rollout just before its last
-                # event lands, so it reads again until an event says how it ended.
-                for event in self._store.list_events(request.id, seq):
+            if (await calls.run(self._app.rollout, request.id)).done:
+                # Ended. Its events are stored with (or before) the state that ends it, but a
+                # read may fall between the two writes, so it reads again until an event says
+                # how it ended.
+                for event in await calls.run(self._store.list_events, request.id, seq):
                     seq, last_state = event.seq, str(event.event.get("state", "RUNNING"))
                     yield convert.rollout_event(event)
                 settle -= 1
@@ -385,13 +391,12 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
 
         def make() -> fleet_pb2.CancelRolloutResponse:
             ro = self._app.cancel_rollout(request.id, caller_of(context))
-            return fleet_pb2.CancelRolloutResponse(
-                rollout=convert.rollout(ro, self._app.undo_available(ro))
-            )
+            return fleet_pb2.CancelRolloutResponse(rollout=convert.rollout(ro))
 
-        return await self._once(
-            request, "CancelRollout", fleet_pb2.CancelRolloutResponse, now(make)
-        )
+        await self._once(request, "CancelRollout", fleet_pb2.CancelRolloutResponse, now(make))
+        # The rollout as it is once the controller took the request up (a retry too).
+        rollout = await self._app.calls.run(self._rollout_now, request.id)
+        return fleet_pb2.CancelRolloutResponse(rollout=rollout)
 
     @refusals_as_status
     async def UndoRollout(
@@ -406,13 +411,17 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
                 answer.rollout.CopyFrom(convert.rollout(ro))
             return answer
 
-        return await self._once(
+        answer = await self._once(
             request,
             "UndoRollout",
             fleet_pb2.UndoRolloutResponse,
             now(make),
             dry_run=request.dry_run,
         )
+        if answer.rollout.id and not request.dry_run:
+            # The new rollout as it is once the controller took it up (a retry too).
+            answer.rollout.CopyFrom(await self._app.calls.run(self._rollout_now, answer.rollout.id))
+        return answer
 
 
 SERVICE_NAME = fleet_pb2.DESCRIPTOR.services_by_name["FleetService"].full_name

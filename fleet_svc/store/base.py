@@ -65,10 +65,24 @@ class RolloutRecord:
 
 
 @dataclass(frozen=True)
+class RolloutRequest:
+    """A control of a rollout the API side recorded for the controller to carry out (today:
+    cancel it), in the same transaction as the request id's answer: `id` is the request's own,
+    `reason` what the rollout's end will say, `created_at` seconds since the epoch."""
+
+    id: str
+    rollout_id: str
+    kind: str
+    reason: str
+    by: str
+    created_at: float
+
+
+@dataclass(frozen=True)
 class AnswerRecord:
     """The first answer to a request id: the method it was sent to, the fingerprint of the
-    request (a hash of the request without its id; "" for answers stored before fingerprints
-    were kept), the serialized answer, and when it was stored (seconds since the epoch)."""
+    request (a hash of the request without its id), the serialized answer, and when it was
+    stored (seconds since the epoch)."""
 
     method: str
     answer: bytes
@@ -245,14 +259,25 @@ class Store(Protocol):
     def get_rollout(self, rollout_id: str) -> RolloutRecord | None:
         """A rollout, None when unknown."""
 
-    def list_rollouts(self, model: str = "") -> list[RolloutRecord]:
-        """Rollouts of a model (every model when ""), newest first."""
+    def list_rollouts(self, model: str = "", *, states: Sequence[str] = ()) -> list[RolloutRecord]:
+        """Rollouts of a model (every model when ""), newest first; only those in `states`
+        when given."""
 
     def append_event(self, rollout_id: str, at: float, event: dict[str, Any]) -> int:
         """Append an event to a rollout; returns its seq (1, 2, 3 … per rollout)."""
 
     def list_events(self, rollout_id: str, after_seq: int = 0) -> list[EventRecord]:
         """A rollout's events after `after_seq`, in order."""
+
+    # Controls of rollouts the controller has not carried out yet.
+    def put_rollout_request(self, request: RolloutRequest) -> None:
+        """Record a request (a repeated id is ignored)."""
+
+    def list_rollout_requests(self) -> list[RolloutRequest]:
+        """Every request not yet carried out, oldest first."""
+
+    def delete_rollout_requests(self, ids: Sequence[str]) -> None:
+        """Forget requests the controller carried out."""
 
     # Small named values (counters, the last desired version per node …).
     def get_value(self, key: str) -> str | None:

@@ -18,6 +18,7 @@ from fleet_svc.store.base import (
     ModelRecord,
     ReplicaRecord,
     RolloutRecord,
+    RolloutRequest,
     StoreDamaged,
 )
 from fleet_svc.store.verify import decoded, json_object, model_key
@@ -29,6 +30,31 @@ REPLICA_COLUMNS = (
 )
 ROLLOUT_COLUMNS = "id, model, state, spec, created_at, updated_at"
 EVENT_COLUMNS = "rollout_id, seq, at, event"
+
+
+def rollout_filter(model: str, states: Sequence[str], mark: str) -> tuple[str, list[Any]]:
+    """The WHERE clause (with its parameters, `mark` being the driver's placeholder) of a
+    listing of rollouts of `model` ("" for every model) in `states` (empty for any)."""
+    clauses, params = [], []
+    if model:
+        clauses.append(f"model = {mark}")
+        params.append(model)
+    if states:
+        clauses.append(f"state IN ({', '.join([mark] * len(states))})")
+        params.extend(states)
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+
+def request_of_row(row: tuple[Any, ...]) -> RolloutRequest:
+    """A rollout request row as a record (its columns are plain text and a number)."""
+    return RolloutRequest(
+        id=str(row[0]),
+        rollout_id=str(row[1]),
+        kind=str(row[2]),
+        reason=str(row[3]),
+        by=str(row[4]),
+        created_at=float(row[5]),
+    )
 
 
 def dump_json(value: Any) -> str:

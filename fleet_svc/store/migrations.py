@@ -125,8 +125,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         version=3,
         summary="request ids bound to their request's fingerprint, pruned by age",
         statements=(
-            # Rows from before this step keep '' (no fingerprint known): the fleet matches them
-            # by method alone until they age out of the request-id window.
+            # Rows from before this step keep '' (no fingerprint known), which matches no
+            # request: their ids are refused until they age out of the request-id window.
             "ALTER TABLE answers ADD COLUMN fingerprint TEXT NOT NULL DEFAULT ''",
             "CREATE INDEX answers_by_age ON answers (created_at)",
         ),
@@ -138,6 +138,25 @@ MIGRATIONS: tuple[Migration, ...] = (
             # A gang's members by rank as one JSON list; '[]' for a replica on one node, so
             # the rows of older fleets read as they were.
             "ALTER TABLE replicas ADD COLUMN members TEXT NOT NULL DEFAULT '[]'",
+        ),
+    ),
+    Migration(
+        version=5,
+        summary="rollouts waiting for the controller, and requests to cancel them",
+        statements=(
+            # A change commits its rollout PENDING; the controller adopts it by state.
+            "CREATE INDEX rollouts_by_state ON rollouts (state)",
+            # A cancel the API side recorded, until the controller carries it out.
+            """
+            CREATE TABLE rollout_requests (
+                id         TEXT PRIMARY KEY,
+                rollout_id TEXT NOT NULL,
+                kind       TEXT NOT NULL,
+                reason     TEXT NOT NULL,
+                requested_by TEXT NOT NULL,
+                created_at REAL NOT NULL
+            )
+            """,
         ),
     ),
 )

@@ -30,6 +30,7 @@ the fleet's event loop is not held waiting for connect timeouts one call after a
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -48,6 +49,7 @@ from fleet_svc.store.base import (
     ModelRecord,
     ReplicaRecord,
     RolloutRecord,
+    RolloutRequest,
     StaleRevision,
     StoreDamaged,
     StoreUnavailable,
@@ -62,6 +64,8 @@ from fleet_svc.store.codec import (
     model_of_row,
     readable_rows,
     replica_of_row,
+    request_of_row,
+    rollout_filter,
     rollout_of_row,
 )
 from fleet_svc.store.migrations import SchemaTooNew, latest_version
@@ -81,6 +85,14 @@ from fleet_svc.store.verify import check_all
 
 log = structlog.get_logger(__name__)
 P = ParamSpec("P")
+
+STATE_CHANNEL = "llmgw_fleet_state"
+"""The channel every write of replicas and rollouts notifies (at its commit), and fleets that
+follow listen on (`PostgresStore.listen`)."""
+LISTEN_POLL_S = 1.0
+"""How long a listener waits for a notification before it checks whether to stop."""
+LISTEN_RETRY_S = 1.0
+"""How long a listener whose connection broke waits before connecting again."""
 R = TypeVar("R")
 
 
@@ -289,6 +301,29 @@ class PostgresStore:
             row = conn.execute(_STATE_DIGEST).fetchone()
         return "" if row is None else f"{row[0]}/{row[1]}"
 
+    def listen(self, changed: Callable[[], None], stop: threading.Event) -> None:
+        """Call `changed` whenever a write of replicas or rollouts commits (LISTEN on
+        STATE_CHANNEL over a connection of its own), and once each time it (re)connects, since
+        notifications sent while it was away are lost; until `stop` is set. Blocks: run it on a
+        thread. A broken connection is logged and made again after LISTEN_RETRY_S."""
+        failing = ""
+        while not stop.is_set():
+            try:
+                with self.link.dedicated() as conn:
+                    conn.execute(f"LISTEN {STATE_CHANNEL}")
+                    changed()
+                    if failing:
+                        log.info("store_listen_recovered", store=self.where)
+                        failing = ""
+                    while not stop.is_set():
+                        for _ in conn.notifies(timeout=LISTEN_POLL_S):
+                            changed()
+            except psycopg.Error as exc:
+                if first_line(exc) != failing:
+                    failing = first_line(exc)
+                    log.warning("store_listen_failed", store=self.where, problem=failing)
+                stop.wait(LISTEN_RETRY_S)
+
     def fence(self, epoch: int | None) -> None:
         """Fence every later write with `epoch` (None: stop fencing): each is made only while
         `epoch` is the lease's, else refused with NotLeader."""
@@ -485,19 +520,22 @@ class PostgresStore:
                     cur.executemany(_UPSERT_REPLICA, rows)
             if deletes:
                 conn.execute("DELETE FROM replicas WHERE id = ANY(%s)", (list(deletes),))
+            _notify(conn)
 
     @_guarded
     def put_replica(self, record: ReplicaRecord) -> None:
         """Insert a replica record, or replace every field of the one with the same id."""
         params = _replica_params(record)
-        with self.link.connection() as conn, self._writing(conn):
+        with self.link.connection() as conn, self._writing(conn, transaction=True):
             conn.execute(_UPSERT_REPLICA, params)
+            _notify(conn)
 
     @_guarded
     def delete_replica(self, replica_id: str) -> None:
         """Forget a replica (deleting an unknown id does nothing)."""
-        with self.link.connection() as conn, self._writing(conn):
+        with self.link.connection() as conn, self._writing(conn, transaction=True):
             conn.execute("DELETE FROM replicas WHERE id = %s", (replica_id,))
+            _notify(conn)
 
     # Named values.
 
@@ -524,7 +562,8 @@ class PostgresStore:
     def put_rollout(self, record: RolloutRecord) -> None:
         """Insert a rollout, or replace its state (created_at is kept)."""
         spec = dump_json(record.spec)
-        with self.link.connection() as conn, self._writing(conn):
+        with self.link.connection() as conn, self._writing(conn, transaction=True):
+            _notify(conn)
             conn.execute(
                 "INSERT INTO rollouts (id, model, state, spec, created_at, updated_at)"
                 " VALUES (%s, %s, %s, %s::json, %s, %s) ON CONFLICT (id) DO UPDATE SET"
@@ -549,21 +588,55 @@ class PostgresStore:
         return None if row is None else rollout_of_row(self.where, row)
 
     @_guarded
-    def list_rollouts(self, model: str = "") -> list[RolloutRecord]:
-        """Rollouts of a model (every model when ""), newest first; a row that does not decode
-        is logged and left out (see SQLiteStore._readable)."""
+    def list_rollouts(self, model: str = "", *, states: Sequence[str] = ()) -> list[RolloutRecord]:
+        """Rollouts of a model (every model when ""), newest first, only those in `states`
+        when given; a row that does not decode is logged and left out (see
+        SQLiteStore._readable)."""
+        where, params = rollout_filter(model, states, "%s")
         with self.link.connection() as conn:
-            if model:
-                rows = conn.execute(
-                    f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE model = %s"
-                    " ORDER BY created_at DESC, id DESC",
-                    (model,),
-                ).fetchall()
-            else:
-                rows = conn.execute(
-                    f"SELECT {ROLLOUT_COLUMNS} FROM rollouts ORDER BY created_at DESC, id DESC"
-                ).fetchall()
+            rows = conn.execute(
+                f"SELECT {ROLLOUT_COLUMNS} FROM rollouts{where} ORDER BY created_at DESC, id DESC",
+                params,
+            ).fetchall()
         return self._readable(rows, rollout_of_row)
+
+    # Requests of rollouts.
+
+    @_guarded
+    def put_rollout_request(self, request: RolloutRequest) -> None:
+        """Record a request (a repeated id is ignored)."""
+        with self.link.connection() as conn, self._writing(conn):
+            conn.execute(
+                "INSERT INTO rollout_requests"
+                " (id, rollout_id, kind, reason, requested_by, created_at)"
+                " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
+                (
+                    request.id,
+                    request.rollout_id,
+                    request.kind,
+                    request.reason,
+                    request.by,
+                    request.created_at,
+                ),
+            )
+
+    @_guarded
+    def list_rollout_requests(self) -> list[RolloutRequest]:
+        """Every request not yet carried out, oldest first."""
+        with self.link.connection() as conn:
+            rows = conn.execute(
+                "SELECT id, rollout_id, kind, reason, requested_by, created_at"
+                " FROM rollout_requests ORDER BY created_at, id"
+            ).fetchall()
+        return [request_of_row(row) for row in rows]
+
+    @_guarded
+    def delete_rollout_requests(self, ids: Sequence[str]) -> None:
+        """Forget requests the controller carried out."""
+        if not ids:
+            return
+        with self.link.connection() as conn, self._writing(conn):
+            conn.execute("DELETE FROM rollout_requests WHERE id = ANY(%s)", (list(ids),))
 
     @_once
     def append_event(self, rollout_id: str, at: float, event: dict[str, Any]) -> int:
@@ -582,6 +655,7 @@ class PostgresStore:
                 " VALUES (%s, %s, %s, %s::json)",
                 (rollout_id, seq, at, doc),
             )
+            _notify(conn)
         return seq
 
     @_guarded
@@ -640,6 +714,13 @@ def _replica_params(r: ReplicaRecord) -> tuple[Any, ...]:
         dump_json(r.spec),
         dump_json(list(r.members)),
     )
+
+
+def _notify(conn: psycopg.Connection[tuple[Any, ...]]) -> None:
+    """Tell the fleets listening that replicas or rollouts changed: PostgreSQL delivers it when
+    the transaction commits, and not at all when it rolls back (one per transaction however
+    many are sent: identical notifications are folded)."""
+    conn.execute("SELECT pg_notify(%s, '')", (STATE_CHANNEL,))
 
 
 def _latest(conn: psycopg.Connection[tuple[Any, ...]], name: str) -> tuple[int, bool]:

@@ -34,8 +34,10 @@ FAIL_FAST_S = 5.0
 health probe, which always tries, reaches it again). Longer than a probe's period plus its
 worst wait (CALL_TIMEOUT_S), so while the server is down the probe keeps the window open and
 the event loop's own calls never wait for a connection."""
-POOL_MAX = 4
-"""Connections per fleet: its event loop and the health probe's thread, and room to spare."""
+POOL_MAX = 8
+"""Connections per fleet: its event loop, the health probe's and the lease's threads, and the
+API's (fleet_svc/store_calls.py, STORE_THREADS), with room to spare, so the loop's own calls
+never wait for a connection those threads hold."""
 RECONNECT_CHAIN_S = 2.0
 """psycopg_pool's reconnect_timeout: how long one chain of connection attempts lasts. The pool
 doubles its wait after each failed attempt of a chain (1, 2, 4 … s, psycopg_pool's
@@ -90,6 +92,15 @@ class Link:
     def close(self) -> None:
         """Close the pool (a second call does nothing)."""
         self._pool.close()
+
+    def dedicated(self) -> psycopg.Connection[tuple[Any, ...]]:
+        """A connection of its own, outside the pool (a listener holds one for as long as it
+        listens); the caller closes it.
+
+        Raises:
+            psycopg.OperationalError: it cannot be made.
+        """
+        return psycopg.connect(self._dsn, **self._kwargs)
 
     def fail_fast(self) -> None:
         with self._lock:

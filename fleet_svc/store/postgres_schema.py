@@ -114,7 +114,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         version=3,
         summary="request ids bound to their request's fingerprint, pruned by age",
         statements=(
-            # As the SQLite store's step 3: older rows keep '' and are matched by method alone.
+            # As the SQLite store's step 3: older rows keep '', which matches no request.
             "ALTER TABLE answers ADD COLUMN fingerprint TEXT NOT NULL DEFAULT ''",
             "CREATE INDEX answers_by_age ON answers (created_at)",
         ),
@@ -125,6 +125,25 @@ MIGRATIONS: tuple[Migration, ...] = (
         statements=(
             # A gang's members by rank; '[]' for a replica on one node (older rows read so).
             "ALTER TABLE replicas ADD COLUMN members JSON NOT NULL DEFAULT '[]'",
+        ),
+    ),
+    Migration(
+        version=5,
+        summary="rollouts waiting for the controller, and requests to cancel them",
+        statements=(
+            # A change commits its rollout PENDING; the controller adopts it by state.
+            "CREATE INDEX rollouts_by_state ON rollouts (state)",
+            # A cancel the API side recorded, until the controller carries it out.
+            """
+            CREATE TABLE rollout_requests (
+                id         TEXT PRIMARY KEY,
+                rollout_id TEXT NOT NULL,
+                kind       TEXT NOT NULL,
+                reason     TEXT NOT NULL,
+                requested_by TEXT NOT NULL,
+                created_at DOUBLE PRECISION NOT NULL
+            )
+            """,
         ),
     ),
 )

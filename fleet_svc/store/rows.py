@@ -2,9 +2,9 @@
 
 A replica row's `spec` keeps what its agent is told (`model`, `profile`, `engine`, `args`,
 `source`), the fleet's hints (`rollout`, `prefer_node`, `want` when a replica needs other
-cards than its profile's: the old revision started again) and, under `_fleet`, what only the fleet
-reads (`attempt`, `ram_bytes`, `retire`); a rollout row keeps its whole state. The layouts are
-those earlier fleets wrote, so their databases load unchanged.
+cards than its profile's: the old revision started again) and, under `_fleet`, what only the
+fleet reads (`attempt`, `ram_bytes`, `retire`); a rollout row keeps its whole state. A key a row
+lacks reads as its field's default.
 """
 
 from __future__ import annotations
@@ -155,6 +155,7 @@ def rollout_record(ro: Rollout) -> RolloutRecord:
         "undo_of": ro.undo_of,
         "start_timeout_s": ro.start_timeout_s,
         "old_specs": {k: spec_doc(ro.model, k, v) for k, v in ro.old_specs.items()},
+        "trace": ro.trace,
         "steps": [
             {
                 "profile": s.profile,
@@ -216,4 +217,5 @@ def load_rollout(rec: RolloutRecord) -> Rollout:
         undo_of=str(s.get("undo_of", "")),
         start_timeout_s=float(s.get("start_timeout_s", 600.0)),
         old_specs={str(k): spec_of_doc(v) for k, v in s.get("old_specs", {}).items()},
+        trace=str(s.get("trace", "")),
     )

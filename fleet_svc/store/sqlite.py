@@ -22,6 +22,7 @@ from fleet_svc.store.base import (
     ModelRecord,
     ReplicaRecord,
     RolloutRecord,
+    RolloutRequest,
     StaleRevision,
     StoreDamaged,
     StoreError,
@@ -37,6 +38,8 @@ from fleet_svc.store.codec import (
     model_of_row,
     readable_rows,
     replica_of_row,
+    request_of_row,
+    rollout_filter,
     rollout_of_row,
 )
 from fleet_svc.store.migrations import check_not_newer, immediate, migrate
@@ -503,19 +506,47 @@ class SQLiteStore:
         return None if row is None else rollout_of_row(self.where, row)
 
     @_guarded
-    def list_rollouts(self, model: str = "") -> list[RolloutRecord]:
-        """Rollouts of a model (every model when ""), newest first."""
-        if model:
-            rows = self._conn.execute(
-                f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE model = ?"
-                " ORDER BY created_at DESC, id DESC",
-                (model,),
-            ).fetchall()
-        else:
-            rows = self._conn.execute(
-                f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts ORDER BY created_at DESC, id DESC"
-            ).fetchall()
+    def list_rollouts(self, model: str = "", *, states: Sequence[str] = ()) -> list[RolloutRecord]:
+        """Rollouts of a model (every model when ""), newest first; only those in `states`
+        when given."""
+        where, params = rollout_filter(model, states, "?")
+        rows = self._conn.execute(
+            f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts{where} ORDER BY created_at DESC, id DESC",
+            params,
+        ).fetchall()
         return self._readable(rows, rollout_of_row)
+
+    # Requests of rollouts.
+
+    @_guarded
+    def put_rollout_request(self, request: RolloutRequest) -> None:
+        """Record a request (a repeated id is ignored)."""
+        self._conn.execute(
+            "INSERT OR IGNORE INTO rollout_requests"
+            " (id, rollout_id, kind, reason, requested_by, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                request.id,
+                request.rollout_id,
+                request.kind,
+                request.reason,
+                request.by,
+                request.created_at,
+            ),
+        )
+
+    @_guarded
+    def list_rollout_requests(self) -> list[RolloutRequest]:
+        """Every request not yet carried out, oldest first."""
+        rows = self._conn.execute(
+            "SELECT id, rollout_id, kind, reason, requested_by, created_at FROM rollout_requests"
+            " ORDER BY created_at, id"
+        ).fetchall()
+        return [request_of_row(row) for row in rows]
+
+    @_guarded
+    def delete_rollout_requests(self, ids: Sequence[str]) -> None:
+        """Forget requests the controller carried out."""
+        self._conn.executemany("DELETE FROM rollout_requests WHERE id = ?", [(i,) for i in ids])
 
     @_guarded
     def append_event(self, rollout_id: str, at: float, event: dict[str, Any]) -> int:

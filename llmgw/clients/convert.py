@@ -1,7 +1,7 @@
 """The contract's messages to and from plain data, for callers that import no protos.
 
-The contract's values are still its protobuf messages here (a typed model of them is issue 7's
-item 1); the names below are the seam where it will take their place. A caller builds a model
+The contract's values are its protobuf messages here; the functions below are the one place
+that turns plain data into them and back. A caller builds a model
 or an inventory from the data a person wrote (YAML, flags), reads the answers' fields, and
 prints them as JSON, all without importing the generated code.
 """

@@ -1,8 +1,8 @@
 """A GGUF header's metadata read as a model's shape, by llama.cpp's own rules.
 
-The rules follow llama.cpp as vendored in llama-cpp-python 0.3.36 (llama.cpp commit 0c1e570),
-summarised in shared/models/llamacpp_arch_notes.md; file names below are that tree's. Every
-rule is written here from reading that source, none copied.
+The rules follow llama.cpp as vendored in llama-cpp-python 0.3.36 (llama.cpp commit 0c1e570);
+file names below are that tree's (src/llama-model.cpp, src/llama-hparams.cpp …). Every rule
+is written here from reading that source, none copied.
 
 (Past 500 lines because it is one reader over one header: every rule reads the same metadata
 through the same range checks, and the per-architecture tables sit next to the rules using them.)

@@ -15,9 +15,13 @@ from tests.support.postgres import admin
 
 def test_the_store_bench_measures_both_stores_and_cleans_up(tmp_path: Path) -> None:
     """SetContext and ListReplicas are timed on SQLite and PostgreSQL, each ratio is their
-    quotient, and no bench database is left on the server."""
+    quotient, a health Check is timed during a burst of changes on each, and no bench
+    database is left on the server."""
     admin().close()  # fails (or skips, LLMGW_SKIP_POSTGRES=1) when PostgreSQL is not there
-    figures = asyncio.run(store_pg.measure(calls=3, rounds=1, replicas=2, folder=tmp_path))
+    figures = asyncio.run(
+        store_pg.measure(calls=3, rounds=1, replicas=2, folder=tmp_path, burst=16)
+    )
+    assert all(0 < figures[f"check_p99_{kind}_ms"] < 10_000 for kind in ("sqlite", "postgresql"))
     for what in ("set_context", "list_replicas"):
         sqlite_ms = figures[f"{what}_sqlite_ms"]
         pg_ms = figures[f"{what}_postgresql_ms"]

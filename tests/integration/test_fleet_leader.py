@@ -14,6 +14,7 @@ import grpc
 import psycopg
 import pytest
 
+from fleet_svc.duties import FOLLOW_S
 from fleet_svc.server import FleetOptions, FleetServer, start_fleet
 from llmgw.clients.fleet import FleetClient
 from llmgw.common.v1 import common_pb2
@@ -48,8 +49,9 @@ def small_model(replicas: int = 0) -> common_pb2.Model:
     )
 
 
-async def start(dsn: str, planner: str = "127.0.0.1:1") -> FleetServer:
-    """A fleet in this process on the database, with the short lease."""
+async def start(dsn: str, planner: str = "127.0.0.1:1", follow_s: float = FOLLOW_S) -> FleetServer:
+    """A fleet in this process on the database, with the short lease (and, following, its
+    digest checked every `follow_s` besides the notifications)."""
     return await start_fleet(
         FleetOptions(
             listen="127.0.0.1:0",
@@ -60,21 +62,22 @@ async def start(dsn: str, planner: str = "127.0.0.1:1") -> FleetServer:
             drain_s=0.1,
             lease_s=LEASE_S,
             renew_s=RENEW_S,
+            follow_s=follow_s,
         )
     )
 
 
 @asynccontextmanager
 async def two_fleets(
-    planner: str = "127.0.0.1:1",
+    planner: str = "127.0.0.1:1", follow_s: float = FOLLOW_S
 ) -> AsyncIterator[tuple[FleetServer, FleetServer, AsyncExitStack]]:
     """Two fleets on a fresh database: (the leader, the follower), and the stack that stops
     them (a test may stop one itself: a second stop does nothing harmful)."""
     with fresh_database() as (_name, dsn):
         async with AsyncExitStack() as stack:
-            first = await start(dsn, planner)
+            first = await start(dsn, planner, follow_s)
             stack.push_async_callback(first.stop, 0.2)
-            second = await start(dsn, planner)
+            second = await start(dsn, planner, follow_s)
             stack.push_async_callback(second.stop, 0.2)
             assert (first.is_leader, second.is_leader) == (True, False)
             yield first, second, stack
@@ -312,3 +315,33 @@ async def test_a_leader_that_loses_its_lease_ends_its_agents_streams_and_they_fo
             await assert_eventually(lambda: "node-1" in follower.controller.state.links)
             assert agent.client.fleet == f"127.0.0.1:{follower.port}"
             assert not leader.controller.state.links
+
+
+async def test_a_follower_learns_of_the_leaders_writes_from_the_store_s_notifications() -> None:
+    """With its digest checked only once a minute, a follower still sees at once what the
+    leader writes: its WatchReplicas adds the replica the leader made READY and its
+    ListReplicas lists it, woken by PostgreSQL's notifications."""
+    async with two_fleets(follow_s=60.0) as (leader, follower, stack):
+        on_leader, on_follower = stub_of(leader, stack), stub_of(follower, stack)
+        await on_leader.CreateModel(fleet_pb2.CreateModelRequest(model=small_model(replicas=1)))
+        watch = on_follower.WatchReplicas(fleet_pb2.WatchReplicasRequest(model="m"))
+        stack.callback(watch.cancel)
+        first = await watch.read()
+        assert isinstance(first, fleet_pb2.WatchReplicasResponse)
+        assert first.kind == fleet_pb2.WatchReplicasResponse.KIND_SYNCED
+        agent = ScriptedAgent(f"127.0.0.1:{leader.port}", "node-0")
+        agent.start()
+        stack.push_async_callback(agent.stop)
+
+        async def next_change() -> fleet_pb2.WatchReplicasResponse:
+            while True:
+                ev = await watch.read()
+                assert isinstance(ev, fleet_pb2.WatchReplicasResponse)
+                if ev.kind != fleet_pb2.WatchReplicasResponse.KIND_HEARTBEAT:
+                    return ev
+
+        # Well inside the minute the digest would take: only a notification can wake it.
+        added = await asyncio.wait_for(next_change(), 20)
+        assert added.kind == fleet_pb2.WatchReplicasResponse.KIND_ADDED
+        listed = await on_follower.ListReplicas(fleet_pb2.ListReplicasRequest(model="m"))
+        assert [r.phase for r in listed.replicas] == [fleet_pb2.REPLICA_PHASE_READY]

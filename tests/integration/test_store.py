@@ -26,6 +26,7 @@ from fleet_svc.store.base import (
     AnswerRecord,
     ReplicaRecord,
     RolloutRecord,
+    RolloutRequest,
     StaleRevision,
     Store,
     StoreDamaged,
@@ -321,10 +322,13 @@ def test_a_replica_row_from_before_gangs_reads_as_one_node_after_migrating(
     rows: migrated forward, each reads as a replica on one node."""
     backend.open().close()
     backend.raw("ALTER TABLE replicas DROP COLUMN members", ())
+    # And what later steps added, so the database is as a fleet of schema 3 left it.
+    backend.raw("DROP TABLE rollout_requests", ())
+    backend.raw("DROP INDEX rollouts_by_state", ())
     if backend.kind == "sqlite":
         backend.raw("PRAGMA user_version = 3", ())
     else:
-        backend.raw("DELETE FROM schema_version WHERE version = 4", ())
+        backend.raw("DELETE FROM schema_version WHERE version >= 4", ())
     backend.raw(
         "INSERT INTO replicas (id, model, profile, revision, node, gpus, phase, reason,"
         " address, restarts, since, spec) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -636,6 +640,27 @@ def test_rollouts_are_listed_newest_first_by_model(store: Store) -> None:
     assert [r.id for r in store.list_rollouts()] == ["ro-b", "ro-d", "ro-c", "ro-a"]
     assert [r.id for r in store.list_rollouts("m1")] == ["ro-d", "ro-c", "ro-a"]
     assert store.list_rollouts("m3") == []
+    assert [r.id for r in store.list_rollouts(states=("FAILED", "PENDING"))] == ["ro-d"]
+    assert [r.id for r in store.list_rollouts("m1", states=("RUNNING",))] == ["ro-c", "ro-a"]
+
+
+def test_a_rollout_request_is_kept_until_carried_out(store: Store) -> None:
+    """Requests to cancel a rollout are listed oldest first, a repeated id is kept once, and
+    they are gone once deleted, in one transaction with other writes."""
+    first = RolloutRequest("rq-1", "ro-1", "cancel", "cancelled by bob", "bob", 20.0)
+    second = RolloutRequest("rq-2", "ro-2", "cancel", "superseded", "carol", 10.0)
+    with store.atomic():
+        store.put_rollout_request(first)
+        store.put_rollout_request(second)
+        store.put_rollout_request(replace(first, reason="again"))
+    assert store.list_rollout_requests() == [second, first]
+    with pytest.raises(RuntimeError), store.atomic():
+        store.delete_rollout_requests(["rq-1", "rq-2"])
+        raise RuntimeError("rolled back")
+    assert store.list_rollout_requests() == [second, first]
+    store.delete_rollout_requests(["rq-2"])
+    store.delete_rollout_requests([])
+    assert store.list_rollout_requests() == [first]
 
 
 def test_events_are_numbered_per_rollout_and_read_after_a_seq(store: Store) -> None:

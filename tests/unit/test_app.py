@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet_svc.app import ChangeOptions, FleetApp
+from fleet_svc.app import Applied, ChangeOptions, FleetApp
 from fleet_svc.catalog import Catalog
 from fleet_svc.controller import Controller
 from fleet_svc.domain import errors
@@ -22,6 +22,8 @@ from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.reports import Observed
 from fleet_svc.domain.rollout import RolloutState, Strategy
 from fleet_svc.planner import Planned
+from fleet_svc.store.base import StoreUnavailable
+from fleet_svc.store.rows import rollout_record
 from fleet_svc.store.sqlite import SQLiteStore
 from llmgw.model import Inventory, Model, Profile
 from llmgw.testing.clock import FakeClock
@@ -73,12 +75,15 @@ class ScriptedPlanner:
 
 
 class Link:
-    """A fake agent stream that drops what it is sent."""
+    """A fake agent stream that keeps the replica ids of each desired set it is sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[str]] = []
 
     def send_desired(
         self, version: int, replicas: Sequence[ReplicaState], stop_traces: Mapping[str, str]
     ) -> None:
-        pass
+        self.sent.append(sorted(r.id for r in replicas))
 
     def close(self, reason: str) -> None:
         pass
@@ -103,8 +108,9 @@ class Fleet:
             self.catalog, self.controller, self.store, self.planner, self.clock.wall
         )
         cards = tuple(Card(i, model="L4", memory_total_bytes=24 << 30) for i in range(4))
+        self.link = Link()
         self.controller.agent_connected(
-            NodeView(name="n1", cards=cards, memory_bytes=1 << 36), [], Link()
+            NodeView(name="n1", cards=cards, memory_bytes=1 << 36), [], self.link
         )
 
     def serve(self) -> None:
@@ -131,11 +137,71 @@ def by(name: str = "bob", **options: object) -> ChangeOptions:
     return ChangeOptions(by=name, **options)  # type: ignore[arg-type]
 
 
+async def committed(
+    fleet: Fleet,
+    plan: Callable[[], Awaitable[tuple[Planned, Callable[[], Applied]]]],
+    options: ChangeOptions,
+) -> tuple[Planned, Applied]:
+    """A planned change as the servicer makes it: planned, then committed through
+    FleetApp.once (or, dry, FleetApp.dry), then one controller tick, which takes it up from
+    the store (no loop runs in these tests)."""
+    got: dict[str, Planned] = {}
+
+    async def prepare() -> Callable[[], Applied]:
+        got["planned"], commit = await plan()
+        return commit
+
+    if options.dry_run:
+        applied = await fleet.app.dry(prepare)
+    else:
+        made: list[Applied] = []
+
+        async def encoded() -> Callable[[], bytes]:
+            commit = await prepare()
+
+            def run() -> bytes:
+                made.append(commit())
+                return b""
+
+            return run
+
+        await fleet.app.once("", "SetGPUs", "", encoded)
+        (applied,) = made
+    fleet.controller.tick()
+    return got["planned"], applied
+
+
+async def set_gpus(
+    fleet: Fleet, name: str, *, gpus: int, profile: str, etag: str, options: ChangeOptions
+) -> tuple[Planned, Applied]:
+    """SetGPUs through the production path (`committed`)."""
+    return await committed(
+        fleet,
+        lambda: fleet.app.prepare_gpus(
+            name, gpus=gpus, profile=profile, etag=etag, options=options
+        ),
+        options,
+    )
+
+
+async def set_context(
+    fleet: Fleet, name: str, *, tokens: int, slots: int, etag: str, options: ChangeOptions
+) -> tuple[Planned, Applied]:
+    """SetContext through the production path (`committed`)."""
+    return await committed(
+        fleet,
+        lambda: fleet.app.prepare_context(
+            name, tokens=tokens, slots=slots, etag=etag, options=options
+        ),
+        options,
+    )
+
+
 async def test_set_gpus_commits_the_planner_s_profiles_and_rolls_them_out(fleet: Fleet) -> None:
     """SetGPUs asks the planner with the live inventory, writes its profiles as the next
     revision and starts a rollout replacing the serving replica."""
     etag = fleet.app.model("m").etag
-    planned, applied = await fleet.app.set_gpus("m", gpus=2, profile="", etag=etag, options=by())
+    planned, applied = await set_gpus(fleet, "m", gpus=2, profile="", etag=etag, options=by())
     ((_, inventory),) = fleet.planner.asked
     assert [(n.name, n.gpus, n.free_gpus) for n in inventory.nodes] == [("n1", 4, 3)]
     assert planned.report == {"gpus": 2}
@@ -148,9 +214,7 @@ async def test_set_gpus_commits_the_planner_s_profiles_and_rolls_them_out(fleet:
 async def test_a_dry_run_writes_nothing(fleet: Fleet) -> None:
     """A dry run answers the model it would write, unwritten (revision 0, no etag: it predicts
     neither), the replicas it would restart, and starts nothing."""
-    _, applied = await fleet.app.set_gpus(
-        "m", gpus=2, profile="", etag="", options=by(dry_run=True)
-    )
+    _, applied = await set_gpus(fleet, "m", gpus=2, profile="", etag="", options=by(dry_run=True))
     assert (applied.revision.revision, applied.revision.etag) == (0, "")
     assert applied.revision.model.profiles[0].args == ("--tensor-parallel-size", "2")
     assert (applied.rollout_id, applied.restarted, applied.unchanged) == ("", 1, False)
@@ -164,7 +228,7 @@ async def test_a_stale_etag_is_refused_before_the_planner_is_asked(fleet: Fleet)
     current = fleet.app.model("m").etag
     for stale in ("7", "1"):
         with pytest.raises(errors.StaleRevision) as caught:
-            await fleet.app.set_gpus("m", gpus=2, profile="", etag=stale, options=by())
+            await set_gpus(fleet, "m", gpus=2, profile="", etag=stale, options=by())
         assert caught.value.message == (
             f"model 'm' changed since etag {stale} was read (now revision 1, etag {current}):"
             " read it again and retry"
@@ -183,22 +247,27 @@ async def test_a_change_made_while_the_planner_thinks_wins(fleet: Fleet) -> None
 
     fleet.planner.meanwhile = another_writer
     with pytest.raises(errors.StaleRevision):
-        await fleet.app.set_gpus("m", gpus=2, profile="", etag="", options=by())
+        await set_gpus(fleet, "m", gpus=2, profile="", etag="", options=by())
     assert fleet.app.model("m").updated_by == "carol"
 
 
 async def test_a_running_rollout_refuses_or_is_superseded(fleet: Fleet) -> None:
     """While a rollout runs, a second SetGPUs is refused (saying what would work) unless it
     supersedes it, which cancels the first; catalog writes are refused too."""
-    _, first = await fleet.app.set_gpus("m", gpus=2, profile="", etag="", options=by())
+    _, first = await set_gpus(fleet, "m", gpus=2, profile="", etag="", options=by())
     with pytest.raises(errors.RolloutInProgress, match="wait for it, cancel it, or supersede"):
-        await fleet.app.set_gpus("m", gpus=4, profile="", etag="", options=by())
+        await set_gpus(fleet, "m", gpus=4, profile="", etag="", options=by())
     with pytest.raises(errors.RolloutInProgress, match="wait for it, cancel it, or supersede"):
         fleet.app.update_model(ENTRY, "", by())
     with pytest.raises(errors.RolloutInProgress):
         fleet.app.delete_model("m", "", "bob")
-    _, second = await fleet.app.set_gpus(
-        "m", gpus=1, profile="", etag="", options=by(supersede=True, strategy=Strategy.IN_PLACE)
+    _, second = await set_gpus(
+        fleet,
+        "m",
+        gpus=1,
+        profile="",
+        etag="",
+        options=by(supersede=True, strategy=Strategy.IN_PLACE),
     )
     assert fleet.app.rollout(first.rollout_id).state is RolloutState.CANCELLED
     assert fleet.controller.running_rollout("m") == fleet.app.rollout(second.rollout_id)
@@ -208,7 +277,7 @@ async def test_no_room_beside_is_refused_before_anything_is_written(fleet: Fleet
     """Beside needs a node with the new replica's cards free: 8 cards on a 4-card node is
     refused with the numbers, and the catalog keeps its revision."""
     with pytest.raises(errors.NoRoomBeside) as caught:
-        await fleet.app.set_gpus("m", gpus=8, profile="", etag="", options=by())
+        await set_gpus(fleet, "m", gpus=8, profile="", etag="", options=by())
     assert (caught.value.need_gpus, caught.value.most_free) == (8, 3)
     assert fleet.app.model("m").revision == 1
 
@@ -226,7 +295,7 @@ async def test_a_declared_model_is_changed_only_in_its_file(fleet: Fleet) -> Non
         with pytest.raises(errors.ModelDeclared, match=r"cluster.yaml"):
             change()
     with pytest.raises(errors.ModelDeclared):
-        await fleet.app.set_gpus("d", gpus=2, profile="", etag="", options=by())
+        await set_gpus(fleet, "d", gpus=2, profile="", etag="", options=by())
 
 
 async def test_create_update_delete(fleet: Fleet) -> None:
@@ -298,14 +367,13 @@ async def test_a_request_id_is_new_again_after_its_window(fleet: Fleet) -> None:
     assert stored is not None and stored.fingerprint == "b" and stored.answer == b"answer 2"
 
 
-async def test_an_answer_from_before_fingerprints_is_matched_by_method(fleet: Fleet) -> None:
-    """An answer an older fleet stored (no fingerprint) is replayed to its method, whatever
-    the body, and still refused to another method."""
+async def test_an_answer_without_a_fingerprint_matches_no_request(fleet: Fleet) -> None:
+    """An answer row without a fingerprint (schema step 3 left those '') is no request's:
+    its id is refused, whatever the body, and runs nothing."""
     fleet.store.put_answer("old", "SetContext", b"old answer")
     runs: list[int] = []
-    assert await fleet.app.once("old", "SetContext", "any", answers(runs)) == b"old answer"
     with pytest.raises(errors.RequestIdReused):
-        await fleet.app.once("old", "SetGPUs", "any", answers(runs))
+        await fleet.app.once("old", "SetContext", "any", answers(runs))
     assert runs == []
 
 
@@ -355,8 +423,8 @@ async def test_a_change_that_changes_nothing_writes_nothing(fleet: Fleet) -> Non
     UpdateModel are answered unchanged from the first call: the current revision and etag, no
     rollout, and nothing the planner filled in (its max_output, tp) is written as if asked."""
     current = fleet.app.model("m")
-    _, gpus = await fleet.app.set_gpus("m", gpus=1, profile="", etag="", options=by())
-    _, context = await fleet.app.set_context("m", tokens=8192, slots=0, etag="", options=by())
+    _, gpus = await set_gpus(fleet, "m", gpus=1, profile="", etag="", options=by())
+    _, context = await set_context(fleet, "m", tokens=8192, slots=0, etag="", options=by())
     same = fleet.app.update_model(current.entry, current.etag, by())
     dry = fleet.app.update_model(current.entry, "", by(dry_run=True))
     for applied in (gpus, context, same, dry):
@@ -365,7 +433,7 @@ async def test_a_change_that_changes_nothing_writes_nothing(fleet: Fleet) -> Non
     assert len(fleet.planner.asked) == 2  # the planner still checked both
     assert [r.revision for r in fleet.app.history("m")] == [1]
     assert fleet.app.model("m").model.max_output == 0
-    await fleet.app.set_gpus("m", gpus=2, profile="", etag="", options=by())
+    await set_gpus(fleet, "m", gpus=2, profile="", etag="", options=by())
     assert fleet.app.model("m").revision == 2  # a count it does not have is a change
     assert len(fleet.app.rollouts("m")) == 1
 
@@ -373,7 +441,7 @@ async def test_a_change_that_changes_nothing_writes_nothing(fleet: Fleet) -> Non
 async def test_a_context_change_keeps_an_unset_max_output_unset(fleet: Fleet) -> None:
     """A new context writes the context; a max_output the caller never set stays unset (its
     default follows the context), one the caller set takes the planner's value."""
-    _, applied = await fleet.app.set_context("m", tokens=4096, slots=0, etag="", options=by())
+    _, applied = await set_context(fleet, "m", tokens=4096, slots=0, etag="", options=by())
     written = fleet.app.model("m").model
     assert not applied.unchanged and (written.context_length, written.max_output) == (4096, 0)
     with_output = fleet.app.model("m").entry
@@ -381,7 +449,7 @@ async def test_a_context_change_keeps_an_unset_max_output_unset(fleet: Fleet) ->
         with_output.with_model(replace(with_output.model, max_output=512)), "", by()
     )
     finish(fleet)
-    await fleet.app.set_context("m", tokens=8192, slots=0, etag="", options=by())
+    await set_context(fleet, "m", tokens=8192, slots=0, etag="", options=by())
     assert fleet.app.model("m").model.max_output == 1024
 
 
@@ -455,3 +523,123 @@ def test_inventory_carries_the_agents_cuda_totals_and_engine_versions(tmp_path: 
     assert nodes["n3"].gpu_cuda_memory_bytes == 0
     assert nodes["n1"].engine_versions == ()
     f.store.close()
+
+
+def planned_gpus(
+    fleet: Fleet, gpus: int, options: ChangeOptions
+) -> Callable[[], Awaitable[Callable[[], bytes]]]:
+    """SetGPUs of m as the servicer hands it to FleetApp.once: plan, then a commit that
+    answers the rollout's id."""
+
+    async def prepare() -> Callable[[], bytes]:
+        _, commit = await fleet.app.prepare_gpus(
+            "m", gpus=gpus, profile="", etag="", options=options
+        )
+        return lambda: commit().rollout_id.encode()
+
+    return prepare
+
+
+async def test_a_change_whose_commit_fails_leaves_no_rollout_and_no_engine_change(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SetGPUs whose transaction fails after its rollout was written (the request id's
+    answer cannot be stored) leaves the revision as it was, no rollout in the store or the
+    controller, and no agent told anything new however long the controller goes on."""
+    assert fleet.link.sent == [["r1"]]
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise StoreUnavailable(fleet.store.where, "SQLite: database or disk is full")
+
+    monkeypatch.setattr(fleet.store, "put_answer", full_disk)
+    with pytest.raises(StoreUnavailable):
+        await fleet.app.once("req-1", "SetGPUs", "f", planned_gpus(fleet, 2, by()))
+    monkeypatch.undo()
+    settle(fleet)
+    assert [r.revision for r in fleet.app.history("m")] == [1]
+    assert fleet.store.list_rollouts() == [] and fleet.controller.rollouts == {}
+    assert {tuple(ids) for ids in fleet.link.sent} == {("r1",)}  # resent unacked, unchanged
+    assert [(r.id, r.revision) for r in fleet.controller.state.replicas.values()] == [("r1", 1)]
+    assert fleet.store.get_answer("req-1") is None
+
+
+async def test_a_committed_change_runs_once_the_controller_takes_it_up(fleet: Fleet) -> None:
+    """A change commits its rollout PENDING and touches no controller state; the next tick
+    takes it up from the store, starts it and tells the agent; a retry of the request id
+    answers the same rollout and starts nothing more."""
+    first = await fleet.app.once("req-1", "SetGPUs", "f", planned_gpus(fleet, 2, by()))
+    rid = first.decode()
+    stored = fleet.store.get_rollout(rid)
+    assert stored is not None and stored.state == "PENDING"
+    assert fleet.controller.rollouts == {} and len(fleet.controller.state.replicas) == 1
+    with pytest.raises(errors.RolloutInProgress):
+        await fleet.app.once("req-2", "SetGPUs", "g", planned_gpus(fleet, 4, by()))
+    fleet.controller.tick()
+    assert fleet.app.rollout(rid).state is RolloutState.RUNNING
+    assert set(fleet.controller.rollouts) == {rid}
+    assert fleet.link.sent[-1] == ["r1", "r2"]
+    again = await fleet.app.once("req-1", "SetGPUs", "f", planned_gpus(fleet, 2, by()))
+    assert again == first
+    fleet.controller.tick()
+    assert len(fleet.controller.state.replicas) == 2
+    events = [e.event["kind"] for e in fleet.store.list_events(rid)]
+    assert events.count("rollout_started") == 1
+
+
+async def test_a_cancel_is_a_request_the_controller_carries_out(fleet: Fleet) -> None:
+    """CancelRollout records a request and answers the rollout as stored; the controller's
+    next tick ends it CANCELLED, stops its new replica and forgets the request."""
+    _, applied = await set_gpus(fleet, "m", gpus=2, profile="", etag="", options=by())
+    assert fleet.link.sent[-1] == ["r1", "r2"]
+    answered: list[RolloutState] = []
+
+    async def prepare() -> Callable[[], bytes]:
+        def commit() -> bytes:
+            answered.append(fleet.app.cancel_rollout(applied.rollout_id, "carol").state)
+            return b""
+
+        return commit
+
+    await fleet.app.once("", "CancelRollout", "", prepare)
+    assert answered == [RolloutState.RUNNING]
+    assert [r.rollout_id for r in fleet.store.list_rollout_requests()] == [applied.rollout_id]
+    settle(fleet)
+    ended = fleet.app.rollout(applied.rollout_id)
+    assert (ended.state, ended.reason) == (RolloutState.CANCELLED, "cancelled by carol")
+    assert fleet.store.list_rollout_requests() == []
+    assert [r.id for r in fleet.controller.state.replicas.values()] == ["r1"]
+
+
+async def test_a_pending_rollout_cancelled_before_it_started_starts_nothing(
+    fleet: Fleet,
+) -> None:
+    """A rollout cancelled before the controller took it up ends CANCELLED at the next
+    tick with no step begun and no replica created."""
+    first = await fleet.app.once("req-1", "SetGPUs", "f", planned_gpus(fleet, 2, by()))
+    fleet.app.cancel_rollout(first.decode(), "carol")
+    fleet.controller.tick()  # the catalog's revision moved: the store is read
+    ended = fleet.app.rollout(first.decode())
+    assert ended.state is RolloutState.CANCELLED
+    assert {s.new_id for s in ended.steps} == {""}
+    assert list(fleet.controller.state.replicas) == ["r1"]
+    kinds = [e.event["kind"] for e in fleet.store.list_events(first.decode())]
+    assert kinds == ["rollout_cancelled"]
+
+
+async def test_a_pending_rollout_of_a_superseded_revision_never_starts(fleet: Fleet) -> None:
+    """A pending rollout whose revision is no longer the catalog's (written by a fleet that
+    died or lost its lease before its controller took it up, then changed again) ends
+    CANCELLED saying which revision the catalog holds; one of the current revision runs."""
+    rev = fleet.app.model("m")
+    stale = fleet.app.update_model(
+        ENTRY.with_model(replace(ENTRY.model, source="hf://org/m2")), rev.etag, by()
+    )
+    record = fleet.store.get_rollout(stale.rollout_id)
+    assert record is not None
+    fleet.store.put_rollout(replace(record, id="ro-old", spec={**record.spec, "to_revision": 1}))
+    fleet.controller.tick()
+    old = fleet.app.rollout("ro-old")
+    assert old.state is RolloutState.CANCELLED
+    assert old.reason == "the catalog holds revision 2 of m, not 1"
+    assert fleet.app.rollout(stale.rollout_id).state is RolloutState.RUNNING
+    assert rollout_record(fleet.app.rollout(stale.rollout_id)).state == "RUNNING"

@@ -4,7 +4,8 @@ tests/integration/test_store_lease.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -70,6 +71,9 @@ class FakeLeasedStore:
 
     def state_digest(self) -> str:
         return ""
+
+    def listen(self, changed: Callable[[], None], stop: threading.Event) -> None:
+        stop.wait()
 
 
 def fleet(table: LeaseTable, name: str) -> tuple[Leadership, FakeLeasedStore, list[str]]:

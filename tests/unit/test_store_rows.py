@@ -91,6 +91,7 @@ def test_a_rollout_row_round_trips() -> None:
                 "source": "hf://Qwen/Qwen2.5-0.5B-Instruct",
             }
         },
+        "trace": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
         "steps": [
             {
                 "profile": "gpu",
@@ -114,6 +115,7 @@ def test_a_rollout_row_round_trips() -> None:
         Stage.RETIRING,
     )
     assert ro.old_specs["gpu"].args == ("--tensor-parallel-size", "1")
+    assert ro.trace.startswith("00-4bf92f35")
     assert rollout_record(ro) == record
 
 
