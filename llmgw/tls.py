@@ -86,7 +86,7 @@ class Identity:
 
 def check_name(name: str) -> str:
     """`name` when it may be a node's or a user's name; IdentityError saying why when not."""
-    if not _NAME.match(name) or ".." in name:
+    if not _NAME.fullmatch(name) or ".." in name:
         shown = name[:80]
         raise IdentityError(
             f"{shown!r} cannot be an identity: use 1-63 letters, digits, '.', '_' or '-', "

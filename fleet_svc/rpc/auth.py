@@ -70,9 +70,9 @@ def parse_tokens(text: str, where: str = "tokens") -> Tokens:
     lines = [ln.strip() for ln in text.splitlines()]
     lines = [ln for ln in lines if ln and not ln.startswith("#")]
     pairs: list[tuple[str, str]] = []
-    if all(_LINE.match(ln) for ln in lines):
+    if all(_LINE.fullmatch(ln) for ln in lines):
         for ln in lines:
-            m = _LINE.match(ln)
+            m = _LINE.fullmatch(ln)
             assert m is not None
             pairs.append((m.group(1), m.group(2)))
     else:

@@ -15,6 +15,7 @@ from llmgw.cli.inputs import read_model_file
 from llmgw.cli.output import (
     REPLICA_HEADERS,
     cards_of,
+    cell,
     print_context_change,
     print_gpus_change,
     profiles_summary,
@@ -92,7 +93,7 @@ def model_show(opts: argparse.Namespace) -> int:
     print("profiles:")
     for p in m.profiles:
         print(f"  {p.name}: {p.engine}, {p.replicas} replica(s) on {cards_of(p)}")
-        print(f"    args: {' '.join(p.args) or '(none)'}")
+        print(f"    args: {cell(' '.join(p.args)) or '(none)'}")
     print("replicas:")
     if replicas:
         for line in table(REPLICA_HEADERS, replica_rows(replicas)).splitlines():

@@ -23,6 +23,7 @@ from llmgw.model import Model
 from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
 from llmgw.rpc import common
 from llmgw.shape import ModelShape
+from llmgw.sources import redacted
 from llmgw.tls import peer_identity
 from planner_svc.domain import errors
 from planner_svc.domain.context import check_size_request, size_context
@@ -84,7 +85,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         try:
             return await self._resolver.resolve(msg.source, files, caller=caller_of(context))
         except errors.SourceUnreachable as exc:
-            log.info("shape_unreadable", model=msg.name, source=msg.source, error=exc.message)
+            log.info(
+                "shape_unreadable", model=msg.name, source=redacted(msg.source), error=exc.message
+            )
             return exc
 
     @staticmethod

@@ -218,7 +218,7 @@ def _check_in_cache(path: str, commit: str | None, hub: _Hub, source: str) -> No
     the planner write elsewhere."""
     cache = os.path.realpath(hub.cache_dir)
     real = os.path.realpath(path)
-    if (commit is not None and not _COMMIT.match(commit)) or os.path.commonpath(
+    if (commit is not None and not _COMMIT.fullmatch(commit)) or os.path.commonpath(
         [cache, real]
     ) != cache:
         raise SourceUnreachable(

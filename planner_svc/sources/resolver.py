@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from llmgw.shape import ModelShape
-from llmgw.sources import revision_problem
+from llmgw.sources import SourceRefused, parse_url, revision_problem
 from planner_svc.domain.errors import InvalidShape, SourceUnreachable
 from planner_svc.domain.gguf_shape import shape_from_gguf
 from planner_svc.domain.hf_shape import shape_from_hf_config
@@ -40,7 +40,7 @@ from planner_svc.sources.budget import (
 )
 from planner_svc.sources.gguf_http import DEFAULT_TIMEOUT_S, read_gguf_header
 from planner_svc.sources.hf_hub import fetch_hf_model, weight_bytes_from_files
-from planner_svc.sources.policy import SourcePolicy, network_failure
+from planner_svc.sources.policy import SourceNotAllowed, SourcePolicy, network_failure
 
 ACCEPTED_FORMS = "a GGUF URL (https://…/model.gguf), a local .gguf path or hf://ORG/NAME[@REVISION]"
 
@@ -101,7 +101,7 @@ def parse_hf_source(source: str) -> HFSource:
     parts = name.split("/")
     if (
         len(parts) != 2
-        or not all(_REPO_PART.match(part) for part in parts)
+        or not all(_REPO_PART.fullmatch(part) for part in parts)
         or any(".." in part or "--" in part for part in parts)
     ):
         raise InvalidShape(
@@ -274,6 +274,15 @@ class ShapeResolver:
             parse_hf_source(text)
             return self._fetch_hf
         if _is_gguf(text):
+            if _is_http(text):
+                # Credentials in a URL are refused before anything quotes it (llmgw.sources):
+                # a message, a note or a log line would carry them on.
+                try:
+                    parse_url(text, field="model.source")
+                except SourceRefused as exc:
+                    raise SourceNotAllowed(
+                        exc.message, source=exc.source, field="model.source"
+                    ) from None
             return self._fetch_gguf
         shown = text[:200]
         raise InvalidShape(f"source {shown!r} is not {ACCEPTED_FORMS}.", source=shown)
