@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from llmgw.model import InvalidValue
+from llmgw.text import first_unsafe
 
 MAX_SOURCE_CHARS = 2048
 """Longer than any real URL a Hub or file server hands out (browsers keep ~2k working)."""
@@ -293,8 +294,12 @@ def parse_source(text: object, *, allow_paths: bool = False, field: str = "sourc
         raise SourceRefused("a source is required: " + _accepted(allow_paths), field=field)
     if len(text) > MAX_SOURCE_CHARS:
         raise _refuse(text, f"it is longer than {MAX_SOURCE_CHARS} characters", field)
-    if _CONTROL.search(text):
-        raise _refuse(text, "it holds control characters (NUL, newline, tab, ...)", field)
+    if _CONTROL.search(text) or first_unsafe(text) >= 0:
+        raise _refuse(
+            text,
+            "it holds control characters (NUL, newline, tab, ESC, C1, direction overrides, ...)",
+            field,
+        )
     if text != text.strip():
         raise _refuse(text, "it starts or ends with whitespace", field)
     if text.startswith("-"):

@@ -88,7 +88,6 @@ def model_from_proto(msg: common_pb2.Model, limits: Limits = DEFAULT_LIMITS) -> 
     limits.check_count(len(msg.profiles), "max_profiles", "model.profiles")
     limits.check_count(len(msg.origin.files), "max_files", "model.origin.files")
     check_text(msg.name, "model.name")
-    check_text(msg.source, "model.source")
     check_text(msg.origin.repo, "model.origin.repo")
     check_text(msg.origin.revision, "model.origin.revision")
     files = []

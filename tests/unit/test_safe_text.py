@@ -55,7 +55,6 @@ def _model(**fields: object) -> common_pb2.Model:
 
 FIELDS = [
     ("name", "model.name"),
-    ("source", "model.source"),
     ("origin.repo", "model.origin.repo"),
     ("origin.revision", "model.origin.revision"),
     ("origin.files", "model.origin.files[0].path"),
@@ -80,6 +79,14 @@ def test_every_model_field_refuses_control_characters(path: str, field: str, cha
         model_from_proto(msg)
     assert caught.value.field == field
     assert f"U+{ord(char[0]):04X}" in caught.value.message
+
+
+@pytest.mark.parametrize("char", UNSAFE, ids=[f"U+{ord(c[0]):04X}" for c in UNSAFE])
+def test_sources_refuse_control_characters(char: str) -> None:
+    """A source holding any unsafe character is refused by the sources' grammar (the fleet's
+    INVALID_SOURCE, the agent's SOURCE_REFUSED)."""
+    with pytest.raises(SourceRefused):
+        parse_source(f"hf://org/name{char}")
 
 
 def test_inventory_names_refuse_control_characters() -> None:
