@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,17 +227,25 @@ def issue_client(ca: Authority, user: str) -> Pair:
 
 def _write(path: Path, data: bytes, *, private: bool) -> None:
     """Write `data` to `path` atomically (a reader sees the old file or the new one, never half:
-    servers re-read certificate files while they run), keys mode 0600 from the start."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    servers re-read certificate files while they run), keys mode 0600 from the start.
+
+    The temporary file has a name no one can guess and is created with O_EXCL|O_NOFOLLOW: in a
+    shared folder, a symlink planted where it would go is never followed (the open fails
+    rather than write a key through it), and the rename replaces a link at `path` itself
+    rather than writing where it points."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     fd = os.open(tmp, flags, 0o600 if private else 0o644)
     try:
+        # The mode whatever the umask: 0600 for keys, 0644 for certificates.
+        os.fchmod(fd, 0o600 if private else 0o644)
         os.write(fd, data)
         os.fsync(fd)
-    finally:
+    except BaseException:
         os.close(fd)
-    if private:
-        os.chmod(tmp, 0o600)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
     os.replace(tmp, path)
 
 
