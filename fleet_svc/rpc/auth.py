@@ -29,14 +29,17 @@ from fleet_svc.domain.access import (
     MUTATIONS,
     Caller,
     Policy,
+    Role,
     Tokens,
     decide,
     is_public,
     short,
     token_hash,
 )
+from fleet_svc.rpc.fairness import STREAMS, UNARY, Shares, busy_status
 from fleet_svc.rpc.settings import read_roles
 from fleet_svc.rpc.status import to_status
+from llmgw.limits import DEFAULT_LIMITS, Limits
 from llmgw.rpc.handlers import admitted
 from llmgw.tls import IdentityError, ServerTLS, check_name, peer_certificate_ids, peer_identity
 
@@ -379,9 +382,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     checks open streams' callers again every `recheck_s` and ends those no longer allowed
     (UNAUTHENTICATED, saying why)."""
 
-    def __init__(self, auth: Authenticator, recheck_s: float = RECHECK_S) -> None:
+    def __init__(
+        self, auth: Authenticator, recheck_s: float = RECHECK_S, limits: Limits = DEFAULT_LIMITS
+    ) -> None:
         self.auth = auth
         self.recheck_s = recheck_s
+        self.shares = Shares(limits)
         self._streams: dict[int, _OpenStream] = {}
         self._watcher: asyncio.Task[None] | None = None
 
@@ -418,6 +424,22 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                         reason=why,
                     )
                     stream.task.cancel()
+
+    async def _take(self, kind: str, caller: Caller, context: Context) -> Callable[[], None]:
+        """One of the caller's share of `kind` (fleet_svc.rpc.fairness); a caller past it is
+        refused RESOURCE_EXHAUSTED with RetryInfo. Without auth (dev mode: nobody verified)
+        only the totals hold, since every caller is the same nobody."""
+        policy = self.auth.policy
+        own_share = caller.kind == "node" or (
+            caller.kind != ANONYMOUS and policy.roles.role_of(caller.name) is Role.ADMIN
+        )
+        who = caller.identity if policy.auth else ""
+        try:
+            return self.shares.acquire(kind, who, own_share=own_share)
+        except errors.TooManyCalls as exc:
+            log.warning("call_refused_busy", identity=caller.identity, limit=exc.limit)
+            await context.abort_with_status(rpc_status.to_status(busy_status(exc)))
+            raise AssertionError("abort_with_status returns only by raising") from exc
 
     async def _cut(self, stream: _OpenStream | None, method: str, context: Context) -> None:
         """End a cut stream with UNAUTHENTICATED and the reason; re-raise a cancel that was
@@ -500,15 +522,19 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
             async def unary_unary(request: Any, context: Context) -> Any:
                 caller = await self._admit(method, request, context)
-                if method not in MUTATIONS:
-                    return await inner_uu(request, context)
+                release = await self._take(UNARY, caller, context)
                 try:
-                    answer = await inner_uu(request, context)
-                except BaseException:
-                    self._audit(method, caller, request, None, _code_name(context))
-                    raise
-                self._audit(method, caller, request, answer, _code_name(context))
-                return answer
+                    if method not in MUTATIONS:
+                        return await inner_uu(request, context)
+                    try:
+                        answer = await inner_uu(request, context)
+                    except BaseException:
+                        self._audit(method, caller, request, None, _code_name(context))
+                        raise
+                    self._audit(method, caller, request, answer, _code_name(context))
+                    return answer
+                finally:
+                    release()
 
             return handler._replace(unary_unary=unary_unary)
         if handler.unary_stream is not None:
@@ -516,6 +542,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
             async def unary_stream(request: Any, context: Context) -> AsyncIterator[Any]:
                 caller = await self._admit(method, request, context)
+                release = await self._take(STREAMS, caller, context)
                 stream = self._track(method, caller)
                 try:
                     async for message in inner_us(request, context):
@@ -523,6 +550,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 except asyncio.CancelledError:
                     await self._cut(stream, method, context)
                 finally:
+                    release()
                     self._untrack(stream)
 
             return handler._replace(unary_stream=unary_stream)
