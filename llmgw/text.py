@@ -12,6 +12,8 @@ paragraph separators (U+2028, U+2029). Pure: no I/O.
 
 from __future__ import annotations
 
+import re
+
 from llmgw.model import InvalidValue
 
 _BIDI = frozenset(
@@ -29,12 +31,25 @@ def is_unsafe(char: str) -> bool:
     return code < 0x20 or 0x7F <= code <= 0x9F or code in _BIDI
 
 
+_CLASS = "\x00-\x1f\x7f-\x9f\u200e\u200f\u061c\u202a-\u202e\u2066-\u2069\u2028\u2029"
+_UNSAFE = re.compile(f"[{_CLASS}]")
+# The same set less newline and tab (a character class subtraction, spelled out).
+_UNSAFE_MULTILINE = re.compile(f"(?![\n\t])[{_CLASS}]")
+
+
 def first_unsafe(text: str, *, allow: frozenset[str] = frozenset()) -> int:
-    """The index of the first unsafe character of `text` not in `allow`; -1 when none."""
-    for i, char in enumerate(text):
-        if char not in allow and is_unsafe(char):
-            return i
-    return -1
+    """The index of the first unsafe character of `text` not in `allow`; -1 when none. (A
+    compiled pattern: this runs over every argument of every request.)"""
+    if not allow:
+        found = _UNSAFE.search(text)
+    elif allow == MULTILINE_ALLOWED:
+        found = _UNSAFE_MULTILINE.search(text)
+    else:
+        for i, char in enumerate(text):
+            if char not in allow and is_unsafe(char):
+                return i
+        return -1
+    return found.start() if found else -1
 
 
 def check_text(text: str, field: str, *, multiline: bool = False) -> str:

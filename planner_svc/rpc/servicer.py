@@ -39,7 +39,9 @@ Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 class Resolver(Protocol):
     """What the servicer needs of a shape resolver."""
 
-    async def resolve(self, source: str, files: Any = (), *, caller: str = "") -> ModelShape:
+    async def resolve(
+        self, source: str, files: Any = (), *, caller: str | Callable[[], str] = ""
+    ) -> ModelShape:
         """The shape of the model at `source`, fetched (when it must be) on `caller`'s
         account."""
 
@@ -83,7 +85,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             return None
         files = tuple((f.path, f.bytes) for f in msg.origin.files)
         try:
-            return await self._resolver.resolve(msg.source, files, caller=caller_of(context))
+            return await self._resolver.resolve(
+                msg.source, files, caller=lambda: caller_of(context)
+            )
         except errors.SourceUnreachable as exc:
             log.info(
                 "shape_unreadable", model=msg.name, source=redacted(msg.source), error=exc.message
@@ -192,7 +196,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
                 field="source",
             )
         files = tuple((f.path, f.bytes) for f in request.origin.files)
-        shape = await self._resolver.resolve(request.source, files, caller=caller_of(context))
+        shape = await self._resolver.resolve(
+            request.source, files, caller=lambda: caller_of(context)
+        )
         files_bytes = sum(size for _, size in files)
         if shape.weights_bytes <= 0 and files_bytes > 0:
             shape = replace(shape, weights_bytes=files_bytes)

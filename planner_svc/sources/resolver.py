@@ -213,7 +213,11 @@ class ShapeResolver:
             del self._cache[key]
 
     async def resolve(
-        self, source: str, files: Sequence[tuple[str, int]] = (), *, caller: str = ""
+        self,
+        source: str,
+        files: Sequence[tuple[str, int]] = (),
+        *,
+        caller: str | Callable[[], str] = "",
     ) -> ModelShape:
         """The shape of the model at `source`.
 
@@ -221,8 +225,9 @@ class ShapeResolver:
             source: a GGUF URL or local `.gguf` path, or `hf://ORG/NAME[@REVISION]`.
             files: the catalog's file list `(path, bytes)`, for the weights' size when the
                 source does not give it.
-            caller: who asks (an identity, else an address): a fetch it starts holds one of
-                its places (`max_resolutions_per_identity`) until it ends.
+            caller: who asks (an identity, else an address), or how to tell (called only
+                when a fetch starts): a fetch it starts holds one of its places
+                (`max_resolutions_per_identity`) until it ends.
 
         Returns:
             The model's shape (from the cache when it is there and not expired).
@@ -249,7 +254,7 @@ class ShapeResolver:
         task = self._in_flight.get(key)
         if task is None:
             self._check_policy(source)
-            release = self._gate.acquire(caller)
+            release = self._gate.acquire(caller() if callable(caller) else caller)
             self.stats.fetches += 1
             task = asyncio.create_task(self._fetch_and_store(key, fetch, files, release))
             # A fetch whose every caller gave up still has its error retrieved (no warning).
