@@ -109,9 +109,19 @@ def test_unary_shares_per_identity_total_and_own() -> None:
     shares.acquire(UNARY, "user:w", own_share=False)
     with pytest.raises(TooManyCalls) as caught:
         shares.acquire(UNARY, "user:x", own_share=False)
+    dev = Shares(Limits(max_inflight_per_identity=1, max_inflight=3))
+    for _ in range(3):  # nobody verified: no per-identity share, the total only
+        dev.acquire(UNARY, "", own_share=False)
+    with pytest.raises(TooManyCalls):
+        dev.acquire(UNARY, "", own_share=False)
     assert caught.value.metadata()["scope"] == "total"
     shares.acquire(UNARY, "user:admin", own_share=True)
     first()
     first()
     assert shares.held(UNARY) == 2
     shares.acquire(UNARY, "user:x", own_share=False)
+    dev = Shares(Limits(max_inflight_per_identity=1, max_inflight=3))
+    for _ in range(3):  # nobody verified: no per-identity share, the total only
+        dev.acquire(UNARY, "", own_share=False)
+    with pytest.raises(TooManyCalls):
+        dev.acquire(UNARY, "", own_share=False)
