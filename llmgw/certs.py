@@ -206,9 +206,34 @@ SERVER_NAMES = ("localhost", "127.0.0.1")
 """Every server certificate names these, so a client on the same machine can dial it."""
 
 
+SERVICE_DOMAIN = "service.llmgw"
+"""Server certificates also name their service as `NAME.service.llmgw` (a DNS SAN no host
+has): a client that expects service NAME dials with that name as the TLS server name
+(`ClientTLS.server_name`, the agent's `--tls-server-name`), so the standard host-name check
+refuses a certificate of any other service of the same CA (the planner's posing as the
+fleet)."""
+
+
+def service_name(service: str) -> str:
+    """The DNS SAN naming `service`: `fleet.service.llmgw`."""
+    return f"{service}.{SERVICE_DOMAIN}"
+
+
+def names_service(cert_path: Path, service: str) -> bool:
+    """Whether the certificate at `cert_path` carries `service`'s name (pairs issued before
+    service names existed do not: their clients check the host name only)."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (OSError, ValueError, x509.ExtensionNotFound):
+        return False
+    return service_name(service) in san.get_values_for_type(x509.DNSName)
+
+
 def issue_server(ca: Authority, name: str, *, hosts: Sequence[str] = ()) -> Pair:
-    """A server pair for service `name`, valid for localhost, 127.0.0.1 and `hosts`."""
-    names = list(dict.fromkeys([*SERVER_NAMES, *hosts]))
+    """A server pair for service `name`, valid for localhost, 127.0.0.1, `hosts` and the
+    service's own name (`service_name`)."""
+    names = list(dict.fromkeys([*SERVER_NAMES, *hosts, service_name(name)]))
     return issue(ca, name, dns_or_ips=names, server=True)
 
 
