@@ -182,7 +182,7 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
     limits = opts.limits or Limits.from_env(os.environ)
     interceptors: list[grpc.aio.ServerInterceptor] = [
         IntakeInterceptor(DOMAIN, limits),
-        AuthInterceptor(authenticator),
+        AuthInterceptor(authenticator, limits=limits),
         gate,
     ]
     if registry is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,9 +206,34 @@ SERVER_NAMES = ("localhost", "127.0.0.1")
 """Every server certificate names these, so a client on the same machine can dial it."""
 
 
+SERVICE_DOMAIN = "service.llmgw"
+"""Server certificates also name their service as `NAME.service.llmgw` (a DNS SAN no host
+has): a client that expects service NAME dials with that name as the TLS server name
+(`ClientTLS.server_name`, the agent's `--tls-server-name`), so the standard host-name check
+refuses a certificate of any other service of the same CA (the planner's posing as the
+fleet)."""
+
+
+def service_name(service: str) -> str:
+    """The DNS SAN naming `service`: `fleet.service.llmgw`."""
+    return f"{service}.{SERVICE_DOMAIN}"
+
+
+def names_service(cert_path: Path, service: str) -> bool:
+    """Whether the certificate at `cert_path` carries `service`'s name (pairs issued before
+    service names existed do not: their clients check the host name only)."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (OSError, ValueError, x509.ExtensionNotFound):
+        return False
+    return service_name(service) in san.get_values_for_type(x509.DNSName)
+
+
 def issue_server(ca: Authority, name: str, *, hosts: Sequence[str] = ()) -> Pair:
-    """A server pair for service `name`, valid for localhost, 127.0.0.1 and `hosts`."""
-    names = list(dict.fromkeys([*SERVER_NAMES, *hosts]))
+    """A server pair for service `name`, valid for localhost, 127.0.0.1, `hosts` and the
+    service's own name (`service_name`)."""
+    names = list(dict.fromkeys([*SERVER_NAMES, *hosts, service_name(name)]))
     return issue(ca, name, dns_or_ips=names, server=True)
 
 
@@ -226,17 +252,25 @@ def issue_client(ca: Authority, user: str) -> Pair:
 
 def _write(path: Path, data: bytes, *, private: bool) -> None:
     """Write `data` to `path` atomically (a reader sees the old file or the new one, never half:
-    servers re-read certificate files while they run), keys mode 0600 from the start."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    servers re-read certificate files while they run), keys mode 0600 from the start.
+
+    The temporary file has a name no one can guess and is created with O_EXCL|O_NOFOLLOW: in a
+    shared folder, a symlink planted where it would go is never followed (the open fails
+    rather than write a key through it), and the rename replaces a link at `path` itself
+    rather than writing where it points."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     fd = os.open(tmp, flags, 0o600 if private else 0o644)
     try:
+        # The mode whatever the umask: 0600 for keys, 0644 for certificates.
+        os.fchmod(fd, 0o600 if private else 0o644)
         os.write(fd, data)
         os.fsync(fd)
-    finally:
+    except BaseException:
         os.close(fd)
-    if private:
-        os.chmod(tmp, 0o600)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
     os.replace(tmp, path)
 
 

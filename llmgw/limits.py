@@ -53,6 +53,16 @@ class Limits:
     """Files of one model's origin."""
     max_nodes: int = 4096
     """Nodes of one inventory."""
+    max_streams_per_identity: int = 256
+    """WatchReplicas and WatchRollout streams one caller holds open at once (a gateway holds
+    one WatchReplicas per fleet; an operator a few). Agents' Connect streams are apart."""
+    max_streams: int = 8192
+    """Such streams of every caller together; admins' are not counted against it."""
+    max_inflight_per_identity: int = 64
+    """Unary calls one caller has in flight at once."""
+    max_inflight: int = 1024
+    """Unary calls in flight from every caller together; admins' and agents' are apart
+    (kube-apiserver's --max-requests-inflight is 400 by default)."""
     answer_cache_bytes: int = 64 << 20
     """What the planner's memory of answers may hold, counted in serialized bytes of the
     requests' digests and the answers."""

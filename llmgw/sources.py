@@ -19,9 +19,10 @@ import posixpath
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from llmgw.model import InvalidValue
+from llmgw.text import first_unsafe
 
 MAX_SOURCE_CHARS = 2048
 """Longer than any real URL a Hub or file server hands out (browsers keep ~2k working)."""
@@ -41,6 +42,39 @@ ACCEPTED = "an https:// or http:// URL, hf://ORG/NAME[@REVISION]"
 ENV_HF_MIRRORS = "LLMGW_HF_MIRRORS"
 """`ORG=URL[,ORG=URL...]`: the Hub endpoint each organisation's hf:// repos are read from by
 the planner (planner_svc/sources/policy.py), other repos coming from HF_ENDPOINT or the Hub."""
+
+# Query parameters that carry credentials: exact names (lower-cased) and words in a name.
+# From what signed-URL and token schemes use: AWS SigV4 (X-Amz-Signature, -Credential,
+# -Security-Token), GCS (X-Goog-Signature, -Credential), Azure SAS (sig), bearer-in-query
+# (access_token, RFC 6750 section 2.3), and the Hub's own hf_ tokens.
+_SECRET_PARAMS = frozenset(
+    [
+        "token",
+        "access_token",
+        "auth",
+        "authorization",
+        "api_key",
+        "apikey",
+        "key",
+        "sig",
+        "signature",
+        "secret",
+        "password",
+        "passwd",
+        "pwd",
+        "credential",
+        "credentials",
+        "session",
+        "jwt",
+        "bearer",
+    ]
+)
+_SECRET_WORDS = ("token", "secret", "password", "signature", "credential", "apikey", "api_key")
+CREDENTIALS_POINTER = (
+    "credentials never go in a model's source (any viewer reads it, and it reaches logs and "
+    "the engine's command line): give the planner and each agent their own HF_TOKEN "
+    '(docs/security.md, "Model sources")'
+)
 
 
 @dataclass
@@ -84,13 +118,49 @@ class PathSource:
 Source = UrlSource | HubSource | PathSource
 
 
+def _secret_param(name: str, value: str) -> bool:
+    lowered = name.lower()
+    return (
+        lowered in _SECRET_PARAMS
+        or any(word in lowered for word in _SECRET_WORDS)
+        or value.startswith("hf_")
+    )
+
+
+def redacted(text: str) -> str:
+    """`text` with what may be credentials hidden: a URL's user name and password, and the
+    values of query parameters that carry secrets, each as `***`. Text that is no URL is
+    given back as it is. For every message and log line that quotes a source."""
+    if "://" not in text or text.lower().startswith("hf://"):
+        return text
+    try:
+        split = urlsplit(text)
+        netloc = split.netloc
+    except ValueError:
+        return text.split("?", 1)[0].rsplit("@", 1)[-1]
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    query = split.query
+    if query:
+        parts = []
+        for item in query.split("&"):
+            name, eq, value = item.partition("=")
+            parts.append(f"{name}=***" if eq and _secret_param(name, value) else item)
+        query = "&".join(parts)
+    return urlunsplit((split.scheme, netloc, split.path, query, split.fragment))
+
+
 def _shown(text: str) -> str:
-    """`text` as a message may quote it: cut, control characters escaped by repr."""
+    """`text` as a message may quote it: credentials hidden, cut, control characters escaped
+    by repr."""
+    text = redacted(text)
     return repr(text if len(text) <= 120 else text[:117] + "...")
 
 
 def _refuse(text: str, why: str, field: str = "source") -> SourceRefused:
-    return SourceRefused(f"source {_shown(text)} is refused: {why}", source=text[:200], field=field)
+    return SourceRefused(
+        f"source {_shown(text)} is refused: {why}", source=redacted(text)[:200], field=field
+    )
 
 
 def revision_problem(revision: str) -> str:
@@ -110,7 +180,7 @@ def revision_problem(revision: str) -> str:
         return "a revision cannot start with '-'"
     if ".." in revision:
         return "a revision cannot contain '..'"
-    if not _REVISION.match(revision):
+    if not _REVISION.fullmatch(revision):
         return (
             "a revision is a branch, tag or commit: letters, digits, '.', '_', '-' and '/', "
             "starting with a letter or digit"
@@ -137,7 +207,7 @@ def parse_hub(text: str, *, field: str = "source") -> HubSource:
     parts = name.split("/")
     if (
         len(parts) != 2
-        or not all(_REPO_PART.match(part) for part in parts)
+        or not all(_REPO_PART.fullmatch(part) for part in parts)
         or any(".." in part or "--" in part for part in parts)
     ):
         raise _refuse(
@@ -166,8 +236,17 @@ def parse_url(text: str, *, field: str = "source") -> UrlSource:
         raise _refuse(text, f"the URL must be https:// or http://, not {scheme}://", field)
     if split.username is not None or split.password is not None:
         raise _refuse(
+            text, f"a URL cannot carry a user name or password: {CREDENTIALS_POINTER}", field
+        )
+    secrets = [
+        name
+        for name, value in parse_qsl(split.query, keep_blank_values=True)
+        if _secret_param(name, value)
+    ]
+    if secrets:
+        raise _refuse(
             text,
-            "a URL cannot carry a user name or password (credentials do not go in a catalog)",
+            f"its query parameter {secrets[0][:40]!r} carries a credential: {CREDENTIALS_POINTER}",
             field,
         )
     host = (split.hostname or "").lower()
@@ -219,8 +298,12 @@ def parse_source(text: object, *, allow_paths: bool = False, field: str = "sourc
         raise SourceRefused("a source is required: " + _accepted(allow_paths), field=field)
     if len(text) > MAX_SOURCE_CHARS:
         raise _refuse(text, f"it is longer than {MAX_SOURCE_CHARS} characters", field)
-    if _CONTROL.search(text):
-        raise _refuse(text, "it holds control characters (NUL, newline, tab, ...)", field)
+    if _CONTROL.search(text) or first_unsafe(text) >= 0:
+        raise _refuse(
+            text,
+            "it holds control characters (NUL, newline, tab, ESC, C1, direction overrides, ...)",
+            field,
+        )
     if text != text.strip():
         raise _refuse(text, "it starts or ends with whitespace", field)
     if text.startswith("-"):

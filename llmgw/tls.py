@@ -41,7 +41,7 @@ from typing import Any
 import grpc
 import structlog
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 
 log = structlog.get_logger(__name__)
 
@@ -86,7 +86,7 @@ class Identity:
 
 def check_name(name: str) -> str:
     """`name` when it may be a node's or a user's name; IdentityError saying why when not."""
-    if not _NAME.match(name) or ".." in name:
+    if not _NAME.fullmatch(name) or ".." in name:
         shown = name[:80]
         raise IdentityError(
             f"{shown!r} cannot be an identity: use 1-63 letters, digits, '.', '_' or '-', "
@@ -157,6 +157,40 @@ def identity_of_certificate(pem: bytes) -> Identity:
     except x509.ExtensionNotFound:
         uris = []
     return identity_of_uris(uris)
+
+
+@dataclass(frozen=True)
+class CertificateIds:
+    """What names one certificate beside its identity, for revoking it alone: its serial
+    number and its SHA-256 fingerprint (of the DER bytes, as `openssl x509 -fingerprint
+    -sha256` prints it), both lower-case hex without separators."""
+
+    serial: str
+    fingerprint: str
+
+
+@functools.lru_cache(maxsize=4096)
+def certificate_ids(pem: bytes) -> CertificateIds | None:
+    """The serial and fingerprint of a PEM certificate (the first of a chain); None when it
+    cannot be read."""
+    try:
+        cert = x509.load_pem_x509_certificates(pem)[0]
+    except (ValueError, IndexError):
+        return None
+    return CertificateIds(
+        serial=f"{cert.serial_number:x}",
+        fingerprint=cert.fingerprint(hashes.SHA256()).hex(),
+    )
+
+
+def peer_certificate_ids(
+    context: grpc.ServicerContext | grpc.aio.ServicerContext[Any, Any],
+) -> CertificateIds | None:
+    """The serial and fingerprint of the caller's verified client certificate; None without
+    one."""
+    value = context.auth_context().get("x509_pem_cert")
+    pem = value if isinstance(value, bytes) else next(iter(value or ()), b"")
+    return certificate_ids(pem) if pem else None
 
 
 def peer_identity(

@@ -23,6 +23,7 @@ from llmgw.tls import ServerTLS, bind
 from planner_svc.metrics import add_planner_metrics
 from planner_svc.rpc.servicer import SERVICE_NAME, PlannerServicer, Resolver, add_planner_service
 from planner_svc.rpc.status import DOMAIN
+from planner_svc.sources.budget import FetchLimits
 from planner_svc.sources.policy import SourcePolicy
 from planner_svc.sources.resolver import ShapeResolver
 
@@ -126,7 +127,10 @@ async def start_planner(
     """
     limits = limits or Limits.from_env(os.environ)
     if resolver is None:
-        resolver = ShapeResolver(policy=policy or SourcePolicy.from_env(os.environ))
+        resolver = ShapeResolver(
+            policy=policy or SourcePolicy.from_env(os.environ),
+            fetch_limits=FetchLimits.from_env(os.environ),
+        )
     registry = CollectorRegistry() if metrics else None
     # Metrics outermost (every call counted), then the intake: a request too large or
     # malformed is refused before anything reads it.

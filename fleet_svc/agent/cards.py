@@ -82,7 +82,7 @@ def parse_gpu_spec(spec: str) -> list[Card]:
         return []
     cards: list[Card] = []
     for part in text.split(","):
-        match = _SPEC_PART.match(part)
+        match = _SPEC_PART.fullmatch(part)
         if match is None:
             raise CardSpecError(
                 f"card spec part {part.strip()!r} is not COUNTxCLASS, e.g. 8xH100-80GB"

@@ -34,7 +34,7 @@ def check_peers(peers: tuple[str, ...], nnodes: int) -> None:
     if len(peers) > nnodes:
         raise GangRefused(f"{len(peers)} peer addresses for a gang of {nnodes} nodes")
     for peer in peers:
-        if peer and (not PEER.match(peer) or not 0 < int(peer.rsplit(":", 1)[1]) < 65536):
+        if peer and (not PEER.fullmatch(peer) or not 0 < int(peer.rsplit(":", 1)[1]) < 65536):
             raise GangRefused(f"peer address {peer[:80]!r} is not HOST:PORT; refusing to pass it")
 
 

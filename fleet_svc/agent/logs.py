@@ -12,7 +12,8 @@ _TAIL_WINDOW_BYTES = 64 << 10
 
 
 class ReplicaLog:
-    """`<logs_dir>/<replica_id>.log`, written by the engine through an O_APPEND descriptor.
+    """`<logs_dir>/<replica_id>.log`, written by the engine through an O_APPEND descriptor,
+    mode 0600 (an engine's log can hold what it was started with).
 
     Capped by copy-and-truncate: past `max_bytes` the file is copied to `.log.1` and cut to
     nothing. The engine keeps writing through its descriptor; O_APPEND puts its next line at
@@ -27,12 +28,14 @@ class ReplicaLog:
 
     def open_for_engine(self) -> int:
         """A descriptor the engine gets as stdout and stderr; the caller closes its copy."""
-        return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)  # a log from before stays no more readable than a new one
+        return fd
 
     def note(self, line: str) -> None:
         """Write one line of the agent's own (what it ran, why it stopped it) into the log,
         so the log reads as the replica's whole story."""
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             os.write(fd, f"[agent] {line}\n".encode())
         finally:
@@ -48,6 +51,7 @@ class ReplicaLog:
             return False
         backup = self.path.with_name(self.path.name + ".1")
         shutil.copyfile(self.path, backup)
+        os.chmod(backup, 0o600)
         with open(self.path, "r+b") as f:
             f.truncate(0)
         return True

@@ -129,6 +129,12 @@ class Caller:
     acting_for: str = ""
     claimed: str = ""
     peer: str = ""
+    serial: str = ""
+    """The client certificate's serial number (lower-case hex), when it came by one."""
+    fingerprint: str = ""
+    """The client certificate's SHA-256 fingerprint (lower-case hex), when it came by one."""
+    token_sha256: str = ""
+    """The hash of the bearer token it came by (hex), to check it again while a stream runs."""
 
     @property
     def identity(self) -> str:
@@ -176,6 +182,21 @@ class Roles:
         """Whether `user`'s `x-llmgw-caller` names the person it acts for."""
         return user in self.gateways
 
+    def revocation(self, caller: Caller) -> str:
+        """Which `revoked:` entry shuts `caller` out ("" for none): its identity, its
+        certificate's serial or fingerprint, or the person a gateway acts for."""
+        if caller.kind == ANONYMOUS:
+            return ""
+        for entry in (
+            caller.identity,
+            f"serial:{caller.serial}" if caller.serial else "",
+            f"sha256:{caller.fingerprint}" if caller.fingerprint else "",
+            f"{USER}:{caller.acting_for}" if caller.acting_for else "",
+        ):
+            if entry and entry in self.revoked:
+                return entry
+        return ""
+
     def summary(self) -> dict[str, object]:
         """How many hold each role, for the start-up log."""
         counts = {r.label: sum(1 for v in self.members.values() if v is r) for r in Role}
@@ -204,6 +225,29 @@ def _names(value: object, key: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise errors.InvalidModel(f"roles.{key} is a list of names", field=f"roles.{key}")
     return list(value)
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _revoked_entry(item: str) -> str:
+    """A `revoked:` entry in its compared form: `user:NAME`, `node:NAME`, `serial:HEX` or
+    `sha256:HEX` (hex lower-cased, `:` separators dropped, leading zeros of a serial too:
+    `openssl x509 -serial` and `-fingerprint` print them in capitals, with colons)."""
+    kind, _, value = item.partition(":")
+    if kind in (USER, NODE) and value:
+        return item
+    if kind in ("serial", "sha256") and value:
+        digits = value.replace(":", "").lower()
+        if kind == "serial":
+            digits = digits.lstrip("0") or "0"
+        if set(digits) <= _HEX and (kind == "serial" or len(digits) == 64):
+            return f"{kind}:{digits}"
+    raise errors.InvalidModel(
+        f"roles.revoked: {item[:80]!r} is not user:NAME, node:NAME, serial:HEX or "
+        "sha256:FINGERPRINT (64 hex digits)",
+        field="roles.revoked",
+    )
 
 
 def parse_roles(data: object, source: str = "settings") -> Roles:
@@ -235,13 +279,7 @@ def parse_roles(data: object, source: str = "settings") -> Roles:
                 everyone = role
             else:
                 members[name] = max(role, members.get(name, role))
-    revoked = _names(data.get("revoked"), "revoked")
-    for item in revoked:
-        kind, _, name = item.partition(":")
-        if kind not in (USER, NODE) or not name:
-            raise errors.InvalidModel(
-                f"roles.revoked: {item!r} is not user:NAME or node:NAME", field="roles.revoked"
-            )
+    revoked = [_revoked_entry(item) for item in _names(data.get("revoked"), "revoked")]
     return Roles(
         members=members,
         everyone=everyone,
@@ -313,6 +351,9 @@ class Policy:
     auth: bool
     node_certificates: bool
     roles: Roles = DEFAULT_ROLES
+    failure: str = ""
+    """Why the roles could not be read again ("" when they were): while set, every call but
+    health and reflection is refused (a malformed edit fails closed, never open)."""
 
 
 def _role_text(role: Role | None) -> str:
@@ -330,9 +371,16 @@ def decide(method: str, caller: Caller, policy: Policy) -> None:
         return
     rpc = short(method)
     need = RPC_ROLES.get(method)
-    if caller.kind != ANONYMOUS and caller.identity in policy.roles.revoked:
+    if policy.failure:
         raise errors.Unauthenticated(
-            f"{caller.identity} is revoked in the cluster settings' roles", rpc=rpc
+            f"{rpc} is refused to everyone until the roles are readable again: {policy.failure}",
+            rpc=rpc,
+        )
+    revoked = policy.roles.revocation(caller)
+    if revoked:
+        whose = caller.identity + (f" for user:{caller.acting_for}" if caller.acting_for else "")
+        raise errors.Unauthenticated(
+            f"{whose} is revoked in the cluster settings' roles ({revoked})", rpc=rpc
         )
     if need == AGENT_ROLE:
         if not policy.node_certificates and caller.kind == ANONYMOUS:

@@ -92,7 +92,7 @@ def check_name(name: str) -> None:
     Raises:
         InvalidModel: not 1-63 lower-case letters, digits, '.', '_' or '-'.
     """
-    if not NAME.match(name):
+    if not NAME.fullmatch(name):
         raise errors.InvalidModel(
             f"model name {name!r} is not allowed: use 1-63 lower-case letters, digits, "
             "'.', '_' or '-', starting with a letter or digit",

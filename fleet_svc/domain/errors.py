@@ -290,3 +290,23 @@ class PlannerFailed(FleetError):
 
     def metadata(self) -> dict[str, str]:
         return {"planner_code": self.code}
+
+
+@dataclass
+class TooManyCalls(FleetError):
+    """A caller (`scope` "identity") or everyone together (`scope` "total") already has as
+    many streams, or unary calls in flight, as the fleet's limit `limit` allows."""
+
+    limit: str = ""
+    maximum: int = 0
+    scope: str = ""
+    identity: str = ""
+    retry_after_s: int = 1
+
+    def metadata(self) -> dict[str, str]:
+        return {
+            "limit": self.limit,
+            "maximum": str(self.maximum),
+            "scope": self.scope,
+            "identity": self.identity,
+        }

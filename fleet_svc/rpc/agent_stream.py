@@ -28,6 +28,7 @@ from fleet_svc.store.base import NotLeader
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
 from llmgw.clock import Clock
 from llmgw.common.v1 import common_pb2
+from llmgw.text import cleaned, first_unsafe
 
 log = structlog.get_logger(__name__)
 
@@ -49,8 +50,8 @@ def card_of(msg: common_pb2.Card) -> Card:
     """A card from the agent's message."""
     return Card(
         index=msg.index,
-        uuid=msg.uuid,
-        model=msg.model,
+        uuid=cleaned(msg.uuid),
+        model=cleaned(msg.model),
         memory_total_bytes=msg.memory_total_bytes,
         memory_used_bytes=msg.memory_used_bytes,
         cuda_memory_total_bytes=msg.cuda_memory_total_bytes,
@@ -71,7 +72,7 @@ def engine_versions_of(node: str, versions: Mapping[str, str]) -> dict[str, str]
         if not ok or len(kept) >= MAX_ENGINE_VERSIONS:
             log.warning("engine_version_dropped", node=node, engine=name[:MAX_VERSION_CHARS])
             continue
-        kept[name] = version
+        kept[cleaned(name)] = cleaned(version)
     return kept
 
 
@@ -84,10 +85,10 @@ def observed_of(msg: agent_pb2.ObservedReplica) -> Observed | None:
         replica_id=msg.replica_id,
         revision=msg.revision,
         phase=phase,
-        address=msg.address,
+        address=cleaned(msg.address),
         restarts=msg.restarts,
-        message=msg.message,
-        log_tail=tuple(msg.log_tail),
+        message=cleaned(msg.message),
+        log_tail=tuple(cleaned(line) for line in msg.log_tail),
         gpus=tuple(msg.gpus),
         gang_address=msg.gang_address,
     )
@@ -179,6 +180,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             ) from None
         if first.WhichOneof("msg") != "hello" or not first.hello.node_name:
             raise errors.NoHello("an agent's stream opens with Hello naming its node")
+        if first_unsafe(first.hello.node_name) >= 0:
+            raise errors.NoHello(
+                "the Hello's node name holds a control character: a node is named by 1-63 "
+                "letters, digits, '.', '_' or '-'"
+            )
         hello = first.hello
         node = hello.node_name
         self._check_node(node, context)
@@ -186,9 +192,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         liveness = self._controller.liveness
         view = NodeView(
             name=node,
-            labels=dict(hello.labels),
+            labels={cleaned(k): cleaned(v) for k, v in hello.labels.items()},
             cards=tuple(card_of(c) for c in hello.cards),
-            engines=tuple(hello.engines),
+            engines=tuple(cleaned(e) for e in hello.engines),
             engine_versions=engine_versions_of(node, hello.engine_versions),
             memory_bytes=hello.memory_bytes,
             memory_free_bytes=hello.memory_free_bytes,

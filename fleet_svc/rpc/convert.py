@@ -26,7 +26,7 @@ from llmgw.limits import DEFAULT_LIMITS, LimitExceeded, Limits
 from llmgw.model import InvalidValue, Inventory
 from llmgw.rpc.common import model_from_proto, profile_to_proto, scalars_to_proto
 from llmgw.shape import InvalidShape
-from llmgw.sources import SourceRefused, parse_source
+from llmgw.sources import SourceRefused, parse_source, redacted
 
 
 def fingerprint(request: Message) -> str:
@@ -87,7 +87,9 @@ def check_source(source: str) -> None:
     try:
         parse_source(source, allow_paths=True, field="model.source")
     except SourceRefused as exc:
-        raise errors.InvalidSource(exc.message, field="model.source", source=source) from exc
+        raise errors.InvalidSource(
+            exc.message, field="model.source", source=redacted(source)[:200]
+        ) from exc
 
 
 def accepted_entry(msg: common_pb2.Model, limits: Limits = DEFAULT_LIMITS) -> Entry:

@@ -41,6 +41,7 @@ _TABLE: tuple[tuple[type[errors.FleetError], grpc.StatusCode, str], ...] = (
     (errors.NoHello, grpc.StatusCode.INVALID_ARGUMENT, "NO_HELLO"),
     (errors.StreamReplaced, grpc.StatusCode.ABORTED, "STREAM_REPLACED"),
     (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED"),
+    (errors.TooManyCalls, grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_MANY_CALLS"),
     (errors.RoleRequired, grpc.StatusCode.PERMISSION_DENIED, "ROLE_REQUIRED"),
     (errors.NodeIdentityMismatch, grpc.StatusCode.PERMISSION_DENIED, "NODE_IDENTITY_MISMATCH"),
     # The planner being down is not a refusal: nothing changed and a retry may succeed.

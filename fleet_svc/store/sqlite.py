@@ -7,6 +7,7 @@ the checks a file needs when it opens; rows are decoded in codec.py, the schema 
 from __future__ import annotations
 
 import functools
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -157,6 +158,7 @@ class SQLiteStore:
                 "the file is empty (0 bytes), so whatever it held is gone; restore it from a"
                 " backup, or delete it to start with an empty store",
             )
+        _private(self.path)
         with self._translating():
             # isolation_level=None: we issue BEGIN/COMMIT ourselves; every other statement is
             # its own transaction, committed (and synced) before the call returns.
@@ -580,3 +582,21 @@ class SQLiteStore:
         out, damage = readable_rows(self.where, rows, decode)
         self.damage = self.damage or damage
         return out
+
+
+def _private(path: Path) -> None:
+    """Make the database file (created empty-free by SQLite when missing: see below) and its
+    journal files mode 0600: the catalog holds every model's sources and arguments. SQLite
+    gives the -wal and -shm files the database file's own mode (os_unix.c,
+    findCreateFileMode), so a database created 0600 keeps its journals 0600 too."""
+    if not path.exists():
+        # Created here, 0600, then SQLite takes the empty file as a new database; the
+        # "empty file" check above ran before this, on a file that was not there.
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        file = path.with_name(path.name + suffix)
+        try:
+            if file.is_file() and (file.stat().st_mode & 0o777) != 0o600:
+                os.chmod(file, 0o600)
+        except OSError:
+            continue

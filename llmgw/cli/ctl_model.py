@@ -14,6 +14,7 @@ from llmgw.cli.output import (
     REPLICA_HEADERS,
     Printer,
     cards_of,
+    cell,
     print_context_change,
     print_gpus_change,
     printer,
@@ -94,7 +95,7 @@ def _show_human(cm: CatalogModel, replicas: list[Any]) -> None:
     say("profiles:")
     for p in m.profiles:
         say(f"  {p.name}: {p.engine}, {p.replicas} replica(s) on {cards_of(p)}")
-        say(f"    args: {' '.join(p.args) or '(none)'}")
+        say(f"    args: {cell(' '.join(p.args)) or '(none)'}")
     say("replicas:")
     if replicas:
         for line in table(REPLICA_HEADERS, replica_rows(replicas)).splitlines():

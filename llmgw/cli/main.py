@@ -9,12 +9,14 @@ shell's completion script (llmgw.cli.completion). The exit codes, bad usage (64)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
 
 from llmgw.cli import certs, completion, ctl, plan, up
 from llmgw.cli.common import UsageParser, example, run_command
+from llmgw.cli.terminal import escaped_output
 from llmgw.cmdline import add_version
 from llmgw.tracing import ENV_TRACE, configure_tracing, span
 
@@ -43,8 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     under it."""
     opts = build_parser().parse_args(argv)
     tracing = configure_tracing("llmgw-cli", os.environ.get(ENV_TRACE, "auto"))
+    # What ctl and plan print came from a service: escaped on its way to the terminal. `up`
+    # and `certs` print only what they made themselves.
+    guard = escaped_output() if opts.cmd in ("ctl", "plan") else contextlib.nullcontext()
     try:
-        with span(f"llmgw {opts.cmd}"):
+        with guard, span(f"llmgw {opts.cmd}"):
             return run_command(opts)
     finally:
         if tracing is not None:

@@ -31,6 +31,13 @@ from llmgw.clients.convert import (
     enum_name,
     enum_names,
 )
+from llmgw.text import escaped
+
+
+def cell(value: object) -> str:
+    """A value as one line of text: every control a service's text may hold (newlines too)
+    written as a visible escape (llmgw.text.escaped)."""
+    return escaped(str(value))
 
 
 def say(text: str = "", end: str = "\n") -> None:
@@ -98,8 +105,9 @@ def printer(opts: Any) -> Printer:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """Rows in left-aligned columns under upper-case headers; the last column is not padded."""
-    cells = [[str(h).upper() for h in headers]] + [[str(c) for c in row] for row in rows]
+    """Rows in left-aligned columns under upper-case headers; the last column is not padded.
+    Cells are escaped (`cell`): a value cannot break a row or reach the terminal as a control."""
+    cells = [[str(h).upper() for h in headers]] + [[cell(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = []
     for row in cells:
@@ -227,8 +235,8 @@ def _print_profiles(change: ContextChange | GPUsChange) -> None:
                 f"budget (weights {_gib_text(m.weights_bytes)}, KV {_gib_text(m.kv_bytes)} a "
                 f"replica, {m.cards} card{'s' if m.cards != 1 else ''})"
             )
-        say(f"    args: {' '.join(p.args_before) or '(none)'}")
-        say(f"       -> {' '.join(p.args) or '(none)'}")
+        say(f"    args: {cell(' '.join(p.args_before)) or '(none)'}")
+        say(f"       -> {cell(' '.join(p.args)) or '(none)'}")
     if change.note:
         say(f"  note: {change.note}")
 

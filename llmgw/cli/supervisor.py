@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import re
 import signal
 import socket
@@ -47,7 +48,11 @@ class Child:
     def start(self, env: dict[str, str]) -> None:
         """Start it in its own session (a Ctrl-C at the terminal reaches the parent only, which
         stops the children in order), its stdout and stderr appended to its log."""
-        self.log_file = self.log_path.open("a")
+        # 0600: a service's log holds what it was asked and answered.
+        self.log_file = open(  # noqa: SIM115 - closed when the child is reaped
+            self.log_path, "a", opener=lambda path, flags: os.open(path, flags, 0o600)
+        )
+        os.fchmod(self.log_file.fileno(), 0o600)
         self.log_file.write(f"--- {self.parent}: {' '.join(self.argv)}\n")
         self.log_file.flush()
         self.log_offset = self.log_file.tell()

@@ -36,6 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from llmgw.certs import names_service, service_name
 from llmgw.cli import GRPC_VERBOSITY, GRPC_VERBOSITY_SET_HERE
 from llmgw.cli.common import (
     DEFAULT_DATA,
@@ -363,6 +364,13 @@ class Up:
                     "--state-dir",
                     str(p.data / "agent"),
                     *tls_flags("", pki.ca, pki.node),
+                    # The agent checks it reached the fleet, not another service of the CA
+                    # (a fleet pair from before service names: the host name only).
+                    *(
+                        ["--tls-server-name", service_name("fleet")]
+                        if names_service(pki.fleet[0], "fleet")
+                        else []
+                    ),
                     # The example's local GGUF is there (the agent runs local sources only
                     # from folders it is told).
                     "--source-root",

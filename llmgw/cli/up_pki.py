@@ -6,6 +6,7 @@ llmgw.cli.up, which runs the children."""
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,8 +80,12 @@ def write_settings(path: Path) -> bool:
         *(f"  {role}: [{', '.join(names)}]" for role, names in ROLES.items()),
         "",
     ]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("\n".join(lines))
+    # 0600, created exclusively and never through a link: it names who holds which role.
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(out.fileno(), 0o600)
+        out.write("\n".join(lines))
     tmp.replace(path)
     return True
 

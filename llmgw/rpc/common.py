@@ -22,6 +22,7 @@ from llmgw.model import (
     scalar_fields,
 )
 from llmgw.shape import InvalidShape, Layer, LayerKind, ModelShape
+from llmgw.text import check_text
 
 MAX_LAYERS = 4096
 """More layers than any model has: an inline shape past it is refused."""
@@ -94,6 +95,10 @@ def profile_from_proto(
     limits.check_count(len(msg.args), "max_args", f"{where}.args")
     for i, arg in enumerate(msg.args):
         limits.check_count(len(arg), "max_arg_bytes", f"{where}.args[{i}]")
+        # An inline chat template spans lines; the printing side escapes them.
+        check_text(arg, f"{where}.args[{i}]", multiline=True)
+    for name in ("name", "engine", "gpu_class", "engine_version"):
+        check_text(getattr(msg, name), f"{where}.{name}")
     return Profile(**scalars_from_proto(Profile, msg, where))
 
 
@@ -110,8 +115,12 @@ def model_from_proto(msg: common_pb2.Model, limits: Limits = DEFAULT_LIMITS) -> 
         raise InvalidValue("the request names no model: set model.name", field="model.name")
     limits.check_count(len(msg.profiles), "max_profiles", "model.profiles")
     limits.check_count(len(msg.origin.files), "max_files", "model.origin.files")
+    check_text(msg.name, "model.name")
+    check_text(msg.origin.repo, "model.origin.repo")
+    check_text(msg.origin.revision, "model.origin.revision")
     files = []
     for i, f in enumerate(msg.origin.files):
+        check_text(f.path, f"model.origin.files[{i}].path")
         files.append((f.path, checked_count(f.bytes, f"model.origin.files[{i}].bytes", 1 << 50)))
     names = [p.name for p in msg.profiles]
     if len(set(names)) != len(names):
@@ -137,6 +146,8 @@ def inventory_from_proto(msg: common_pb2.Inventory, limits: Limits = DEFAULT_LIM
     nodes = []
     for i, n in enumerate(msg.nodes):
         where = f"inventory.nodes[{i}]"
+        check_text(n.name, f"{where}.name")
+        check_text(n.gpu_class, f"{where}.gpu_class")
         gpus = checked_count(n.gpus, f"{where}.gpus", 4096)
         nodes.append(
             Node(

@@ -224,3 +224,40 @@ class ProfileNotFound(PlannerError):
 
     def metadata(self) -> dict[str, str]:
         return {"profile": self.profile}
+
+
+@dataclass
+class FetchLimitExceeded(InvalidRequest):
+    """Resolving a source would fetch more bytes or files, read more header items, or take
+    longer than one resolution's budget (`sources.budget.FetchLimits`); `limit` names the
+    budget, `maximum` its value, `count` what the source asked for (at least)."""
+
+    source: str = ""
+    limit: str = ""
+    maximum: int = 0
+    count: int = 0
+    field: str = "model.source"
+    reason: str = "LIMIT_EXCEEDED"
+
+    def metadata(self) -> dict[str, str]:
+        return {
+            "field": self.field,
+            "limit": self.limit,
+            "maximum": str(self.maximum),
+            "count": str(self.count),
+            "source": self.source,
+        }
+
+
+@dataclass
+class ResolutionsBusy(PlannerError):
+    """As many resolutions as allowed are already fetching, for this caller (`scope`
+    "identity") or in all (`scope` "total"); a retry after `retry_after_s` may be let in."""
+
+    limit: str = ""
+    maximum: int = 0
+    scope: str = ""
+    retry_after_s: float = 1.0
+
+    def metadata(self) -> dict[str, str]:
+        return {"limit": self.limit, "maximum": str(self.maximum), "scope": self.scope}

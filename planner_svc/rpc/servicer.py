@@ -23,6 +23,8 @@ from llmgw.model import Model
 from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
 from llmgw.rpc import common
 from llmgw.shape import ModelShape
+from llmgw.sources import redacted
+from llmgw.tls import peer_identity
 from planner_svc.domain import errors
 from planner_svc.domain.context import check_size_request, size_context
 from planner_svc.domain.gpus import check_gpus_request, plan_gpus
@@ -37,8 +39,21 @@ Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 class Resolver(Protocol):
     """What the servicer needs of a shape resolver."""
 
-    async def resolve(self, source: str, files: Any = ()) -> ModelShape:
-        """The shape of the model at `source`."""
+    async def resolve(
+        self, source: str, files: Any = (), *, caller: str | Callable[[], str] = ""
+    ) -> ModelShape:
+        """The shape of the model at `source`, fetched (when it must be) on `caller`'s
+        account."""
+
+
+def caller_of(context: Context) -> str:
+    """Who a call is from, for per-caller limits: its certificate identity, else the host it
+    came from (the port varies by connection), else ""."""
+    identity = peer_identity(context)
+    if identity is not None:
+        return str(identity)
+    peer = context.peer() or ""
+    return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
 
 
 class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
@@ -61,16 +76,22 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._planner, context.run, plan)
 
-    async def _resolve(self, msg: common_pb2.Model) -> ModelShape | errors.SourceUnreachable | None:
+    async def _resolve(
+        self, msg: common_pb2.Model, context: Context
+    ) -> ModelShape | errors.SourceUnreachable | None:
         """The shape of a model's source (None for an inline shape or no source); a source
         that cannot be reached is returned, not raised: the change goes ahead with a note."""
         if msg.HasField("shape") or not msg.source:
             return None
         files = tuple((f.path, f.bytes) for f in msg.origin.files)
         try:
-            return await self._resolver.resolve(msg.source, files)
+            return await self._resolver.resolve(
+                msg.source, files, caller=lambda: caller_of(context)
+            )
         except errors.SourceUnreachable as exc:
-            log.info("shape_unreadable", model=msg.name, source=msg.source, error=exc.message)
+            log.info(
+                "shape_unreadable", model=msg.name, source=redacted(msg.source), error=exc.message
+            )
             return exc
 
     @staticmethod
@@ -104,7 +125,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         model = self._model_of(request.model)
         inventory = self._inventory_of(request.inventory)
         check_size_request(model, tokens=request.tokens, slots=request.slots)
-        resolved = await self._resolve(request.model)
+        resolved = await self._resolve(request.model, context)
         key = _memo_key(request, resolved)
         hit = self._answers.get(key, planner_pb2.SizeContextResponse)
         if hit is not None:
@@ -140,7 +161,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         model = self._model_of(request.model)
         inventory = self._inventory_of(request.inventory)
         check_gpus_request(model, gpus=request.gpus, profile=request.profile)
-        resolved = await self._resolve(request.model)
+        resolved = await self._resolve(request.model, context)
         key = _memo_key(request, resolved)
         hit = self._answers.get(key, planner_pb2.PlanGPUsResponse)
         if hit is not None:
@@ -179,7 +200,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
                 field="source",
             )
         files = tuple((f.path, f.bytes) for f in request.origin.files)
-        shape = await self._resolver.resolve(request.source, files)
+        shape = await self._resolver.resolve(
+            request.source, files, caller=lambda: caller_of(context)
+        )
         files_bytes = sum(size for _, size in files)
         if shape.weights_bytes <= 0 and files_bytes > 0:
             shape = replace(shape, weights_bytes=files_bytes)

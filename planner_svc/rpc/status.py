@@ -36,6 +36,7 @@ _TABLE: tuple[tuple[type[Refusal], grpc.StatusCode, str | None], ...] = (
     (errors.EngineRefuses, grpc.StatusCode.FAILED_PRECONDITION, "ENGINE_REFUSES"),
     (errors.SourceUnreachable, grpc.StatusCode.FAILED_PRECONDITION, "SOURCE_UNREACHABLE"),
     (errors.ProfileNotFound, grpc.StatusCode.NOT_FOUND, "PROFILE_NOT_FOUND"),
+    (errors.ResolutionsBusy, grpc.StatusCode.RESOURCE_EXHAUSTED, "RESOLUTIONS_BUSY"),
     (errors.PlannerError, grpc.StatusCode.FAILED_PRECONDITION, "REFUSED"),
     (errors.EngineError, grpc.StatusCode.FAILED_PRECONDITION, "REFUSED"),
 )

@@ -17,6 +17,7 @@ from typing import NoReturn, Protocol
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUFValueType, Keys
 
 from planner_svc.domain.errors import InvalidShape
+from planner_svc.sources.budget import FetchBudget
 
 DEFAULT_MAX_HEADER_BYTES = 256 * 2**20
 
@@ -120,15 +121,33 @@ class TensorSizes:
 class _Window:
     """The file's leading bytes, held in `buf` and grown on demand by the reading policy."""
 
-    def __init__(self, reader: RangeReader, source: str) -> None:
+    def __init__(
+        self,
+        reader: RangeReader,
+        source: str,
+        hard_limit: int,
+        budget: FetchBudget | None = None,
+    ) -> None:
         self.reader = reader
         self.source = source
         self.buf = bytearray()
+        self.budget = budget
         self._eof = False
+        self._hard_limit = hard_limit
+
+    def over_budget(self, end: int, what: str) -> None:
+        """Refuse (LIMIT_EXCEEDED) a header reaching byte `end` when only the resolution's
+        byte budget stands in the way: within the header limit, past what the budget has
+        left. Past the header limit the caller refuses it as hostile (InvalidShape)."""
+        if self.budget is not None and end <= self._hard_limit:
+            raise self.budget.exceeded(
+                "max_fetch_bytes", self.budget.bytes + end, f"a GGUF header reaching {what}"
+            )
 
     async def ensure(self, end: int, limit: int, what: str) -> None:
         """Make `buf` hold bytes [0, end); raise InvalidShape when the file or limit ends first."""
         if end > limit:
+            self.over_budget(end, what)
             raise InvalidShape(
                 message=f"The GGUF header of {self.source} runs past the {limit:,}-byte header "
                 f"limit (at {what}); the file is corrupt or hostile (or raise max_header_bytes if "
@@ -156,7 +175,10 @@ class _Window:
 
 
 async def parse_gguf_header(
-    reader: RangeReader, source: str, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    reader: RangeReader,
+    source: str,
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+    budget: FetchBudget | None = None,
 ) -> GGUFHeader:
     """Parse the GGUF header that `reader` reads, asking it for no more than the header needs.
 
@@ -164,17 +186,30 @@ async def parse_gguf_header(
         reader: the file's bytes by ranges.
         source: the file's name in messages and errors.
         max_header_bytes: the most the header may take; a longer or hostile one is refused.
+        budget: the resolution's budget (bytes, the file, array items), charged before each
+            length is taken; None: only `max_header_bytes` bounds the read.
     Returns:
         The parsed header (see `GGUFHeader`).
     Raises:
         InvalidShape: the bytes are not a GGUF header llama.cpp would read (bad magic, version
             or endianness, truncated, malformed, absurd lengths, over `max_header_bytes`).
+        FetchLimitExceeded: the header would pass `budget`.
         SourceUnreachable: the reader could not read the bytes.
         ValueError: `max_header_bytes` is under 64.
     """
     if max_header_bytes < 64:
         raise ValueError("max_header_bytes must be at least 64")
-    return await _Parser(_Window(reader, source), source, max_header_bytes).parse()
+    window = _Window(reader, source, max_header_bytes, budget)
+    limit = max_header_bytes
+    if budget is not None:
+        # The resolution's byte budget, where it is the tighter bound: a declared length is
+        # refused against it before anything is read or allocated.
+        budget.charge_file(f"the GGUF file {source[:200]}")
+        limit = min(limit, max(64, budget.remaining_bytes))
+    header = await _Parser(window, source, limit).parse()
+    if budget is not None:
+        budget.charge_bytes(header.bytes_fetched, "the GGUF header")
+    return header
 
 
 class _Parser:
@@ -214,6 +249,7 @@ class _Parser:
     def check_room(self, count: int, item_bytes: int, what: str) -> None:
         """Refuse `count` items of at least `item_bytes` each that cannot fit in the limit."""
         if count * item_bytes > self.limit - self.pos:
+            self.window.over_budget(self.pos + count * item_bytes, what)
             self.fail(
                 f"The GGUF header of {self.source} declares {what}, which runs past the "
                 f"{self.limit:,}-byte header limit; the file is corrupt or hostile (or raise "
@@ -335,6 +371,9 @@ class _Parser:
             # gguf.cpp refuses arrays of arrays ("invalid GGUF type").
             self.fail(f"The GGUF header of {self.source} nests arrays in key {key!r}.")
         keep = count <= _MAX_KEPT_ARRAY_ITEMS and not key.startswith("tokenizer.")
+        if self.window.budget is not None:
+            # Every item is walked: the count bounds the CPU, checked before the first one.
+            self.window.budget.charge_items(count, f"{count:,} items in {key}")
         if item_type is GGUFValueType.STRING:
             self.check_room(count, 8, f"{count:,} strings in {key}")
             return await self._strings(key, count, keep)

@@ -18,6 +18,7 @@ from urllib.request import url2pathname
 import httpx
 
 from planner_svc.domain.errors import SourceUnreachable
+from planner_svc.sources.budget import FetchBudget, current_budget
 from planner_svc.sources.gguf_header import (
     DEFAULT_MAX_HEADER_BYTES,
     GGUFHeader,
@@ -34,6 +35,7 @@ async def read_gguf_header(
     client: httpx.AsyncClient | None = None,
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    budget: FetchBudget | None = None,
 ) -> GGUFHeader:
     """Read the header of the GGUF file at `source`, fetching only the header's bytes.
 
@@ -43,6 +45,7 @@ async def read_gguf_header(
         client: an httpx client to reuse (its own timeouts apply); one is made when None.
         max_header_bytes: the most the header may take; a longer or hostile one is refused.
         timeout_s: a deadline for the whole read (and each network operation of our client).
+        budget: the resolution's fetch budget (default: the one in force, `current_budget`).
     Returns:
         The parsed header (see `GGUFHeader`).
     Raises:
@@ -50,12 +53,14 @@ async def read_gguf_header(
             or endianness, truncated, malformed, absurd lengths, over `max_header_bytes`).
         SourceUnreachable: the file cannot be fetched (no such file, HTTP error, network
             failure, timeout).
+        FetchLimitExceeded: the header would pass the budget.
         ValueError: `max_header_bytes` is under 64.
     """
+    budget = budget if budget is not None else current_budget()
     reader = _open(source, client, timeout_s)
     try:
         async with asyncio.timeout(timeout_s):
-            return await parse_gguf_header(reader, source, max_header_bytes)
+            return await parse_gguf_header(reader, source, max_header_bytes, budget)
     except TimeoutError:
         raise SourceUnreachable(
             message=f"Reading the GGUF header of {source} took longer than {timeout_s:g} s; "

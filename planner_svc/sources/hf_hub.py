@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
-from huggingface_hub import HfApi, constants, hf_hub_download
+from huggingface_hub import HfApi, constants, get_token, hf_hub_download
 from huggingface_hub.errors import (
     EntryNotFoundError,
     FileMetadataError,
@@ -39,6 +39,8 @@ from huggingface_hub.errors import (
 
 from llmgw.sources import revision_problem
 from planner_svc.domain.errors import InvalidShape, SourceUnreachable
+from planner_svc.sources.budget import DEFAULT_FETCH_LIMITS, FetchBudget, current_budget
+from planner_svc.sources.hf_weights import NotOnHub, Unreadable, safetensors_weight_bytes
 from planner_svc.sources.policy import ENV_MIRRORS, hub_mirrors
 
 log = structlog.get_logger(__name__)
@@ -135,11 +137,12 @@ async def fetch_hf_model(
         # Checked here too (the resolver does first): refs/REVISION is a path in the cache.
         raise InvalidShape(f"{source[:200]} is refused: {why}.", source=source[:200])
     hub = _hub_settings(repo)
+    budget = current_budget() or FetchBudget(DEFAULT_FETCH_LIMITS, source)
     path = await asyncio.to_thread(_download_config, repo, revision, hub, source)
     config = _read_config(path, source)
     weights = weight_bytes_from_files(files, source=source)
     if weights == 0 and not hub.offline:
-        weights = await asyncio.to_thread(_weights_from_hub, repo, revision, hub)
+        weights = await _weights_from_hub(repo, revision, hub, budget, source)
     return config, weights
 
 
@@ -163,6 +166,10 @@ def _download_config(repo: str, revision: str | None, hub: _Hub, source: str) ->
                 f"{MAX_CONFIG_BYTES} a config can be.",
                 source=source,
             )
+        budget = current_budget()  # this runs on a worker thread, in the caller's context
+        if budget is not None:
+            budget.charge_file(CONFIG_FILE)
+            budget.charge_bytes(info.file_size or 0, CONFIG_FILE)
         _check_in_cache(info.local_path, info.commit_hash, hub, source)
         if not info.will_download:
             return Path(info.local_path)
@@ -228,7 +235,7 @@ def _check_in_cache(path: str, commit: str | None, hub: _Hub, source: str) -> No
     the planner write elsewhere."""
     cache = os.path.realpath(hub.cache_dir)
     real = os.path.realpath(path)
-    if (commit is not None and not _COMMIT.match(commit)) or os.path.commonpath(
+    if (commit is not None and not _COMMIT.fullmatch(commit)) or os.path.commonpath(
         [cache, real]
     ) != cache:
         raise SourceUnreachable(
@@ -311,21 +318,28 @@ def weight_bytes_from_files(files: Iterable[tuple[str, int]], *, source: str = "
     return 0
 
 
-def _weights_from_hub(repo: str, revision: str | None, hub: _Hub) -> int:
-    """The weights' bytes as the Hub describes them: the safetensors headers' tensor bytes,
-    else the repo's file sizes; 0 when neither can be read."""
-    api = HfApi(endpoint=hub.endpoint)
+async def _weights_from_hub(
+    repo: str, revision: str | None, hub: _Hub, budget: FetchBudget, source: str
+) -> int:
+    """The weights' bytes as the Hub describes them: the safetensors headers' tensor bytes
+    (read within `budget`, `hf_weights`), else the repo's file sizes; 0 when neither can be
+    read. A refusal of the budget or of a hostile index is raised, never taken for "unknown".
+    """
     try:
-        metadata = api.get_safetensors_metadata(repo, revision=revision)
-        total = sum(
-            tensor.data_offsets[1] - tensor.data_offsets[0]
-            for file in metadata.files_metadata.values()
-            for tensor in file.tensors.values()
+        total = await safetensors_weight_bytes(
+            hub.endpoint, repo, revision, budget, token=get_token(), source=source
         )
         if total > 0:
             return total
-    except Exception as error:  # any failure only means "not from safetensors headers"
+    except (NotOnHub, Unreadable) as error:  # only "not from safetensors headers"
         log.info("hf_safetensors_metadata_unavailable", repo=repo, error=_first_line(error))
+    budget.charge_file("the repo's file list")
+    return await asyncio.to_thread(_weights_from_file_list, repo, revision, hub)
+
+
+def _weights_from_file_list(repo: str, revision: str | None, hub: _Hub) -> int:
+    """The weights' bytes from the repo's file sizes (its model info); 0 when unknown."""
+    api = HfApi(endpoint=hub.endpoint)
     try:
         info = api.model_info(repo, revision=revision, files_metadata=True)
         listed = [

@@ -28,7 +28,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from urllib.parse import urljoin, urlsplit
 
-from llmgw.sources import ENV_HF_MIRRORS, SourceRefused, UrlSource, parse_url, path_is_under
+from llmgw.sources import (
+    ENV_HF_MIRRORS,
+    SourceRefused,
+    UrlSource,
+    parse_url,
+    path_is_under,
+    redacted,
+)
 from planner_svc.domain.errors import SourceUnreachable
 
 DEFAULT_HUB = "https://huggingface.co"
@@ -216,9 +223,9 @@ class SourcePolicy:
             raise SourceNotAllowed(exc.message, source=exc.source, field=field) from None
         if not self.allows_url(url):
             raise SourceNotAllowed(
-                f"source {text[:200]!r} is refused: the planner may fetch from "
+                f"source {redacted(text)[:200]!r} is refused: the planner may fetch from "
                 f"{self.describe_hosts()} only (allow more with --allow-host or {ENV_HOSTS})",
-                source=text[:200],
+                source=redacted(text)[:200],
                 field=field,
             )
         return url

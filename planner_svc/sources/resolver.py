@@ -27,13 +27,20 @@ from urllib.parse import urlsplit
 import httpx
 
 from llmgw.shape import ModelShape
-from llmgw.sources import revision_problem
+from llmgw.sources import SourceRefused, parse_url, revision_problem
 from planner_svc.domain.errors import InvalidShape, SourceUnreachable
 from planner_svc.domain.gguf_shape import shape_from_gguf
 from planner_svc.domain.hf_shape import shape_from_hf_config
+from planner_svc.sources.budget import (
+    DEFAULT_FETCH_LIMITS,
+    FetchBudget,
+    FetchLimits,
+    ResolutionGate,
+    budget_in_force,
+)
 from planner_svc.sources.gguf_http import DEFAULT_TIMEOUT_S, read_gguf_header
 from planner_svc.sources.hf_hub import fetch_hf_model, weight_bytes_from_files
-from planner_svc.sources.policy import SourcePolicy, network_failure
+from planner_svc.sources.policy import SourceNotAllowed, SourcePolicy, network_failure
 
 ACCEPTED_FORMS = "a GGUF URL (https://…/model.gguf), a local .gguf path or hf://ORG/NAME[@REVISION]"
 
@@ -94,7 +101,7 @@ def parse_hf_source(source: str) -> HFSource:
     parts = name.split("/")
     if (
         len(parts) != 2
-        or not all(_REPO_PART.match(part) for part in parts)
+        or not all(_REPO_PART.fullmatch(part) for part in parts)
         or any(".." in part or "--" in part for part in parts)
     ):
         raise InvalidShape(
@@ -158,6 +165,7 @@ class ShapeResolver:
         gguf_reader: GGUFReader | None = None,
         hf_fetcher: HFFetcher = fetch_hf_model,
         policy: SourcePolicy | None = None,
+        fetch_limits: FetchLimits = DEFAULT_FETCH_LIMITS,
     ) -> None:
         """Args:
         ttl_s: how long a resolved shape is served from the cache.
@@ -168,6 +176,8 @@ class ShapeResolver:
         hf_fetcher: fetches a Hugging Face repo's config and weights' bytes.
         policy: what may be fetched; None checks nothing (library use and tests with fake
             readers: the planner server always passes one).
+        fetch_limits: each fetch's budget (bytes, files, header items, time) and how many
+            fetches run at once, per caller and in all (`sources.budget`).
         """
         if ttl_s < 0 or max_entries < 1:
             raise ValueError("ttl_s must be >= 0 and max_entries >= 1")
@@ -187,6 +197,8 @@ class ShapeResolver:
             tuple[str, tuple[tuple[str, int], ...]], asyncio.Task[ModelShape]
         ] = {}
         self.stats = ResolverStats()
+        self._fetch_limits = fetch_limits
+        self._gate = ResolutionGate(fetch_limits)
 
     def __len__(self) -> int:
         """How many shapes the cache holds (expired ones included until they are asked for)."""
@@ -200,13 +212,22 @@ class ShapeResolver:
         for key in [key for key in self._cache if key[0] == source]:
             del self._cache[key]
 
-    async def resolve(self, source: str, files: Sequence[tuple[str, int]] = ()) -> ModelShape:
+    async def resolve(
+        self,
+        source: str,
+        files: Sequence[tuple[str, int]] = (),
+        *,
+        caller: str | Callable[[], str] = "",
+    ) -> ModelShape:
         """The shape of the model at `source`.
 
         Args:
             source: a GGUF URL or local `.gguf` path, or `hf://ORG/NAME[@REVISION]`.
             files: the catalog's file list `(path, bytes)`, for the weights' size when the
                 source does not give it.
+            caller: who asks (an identity, else an address), or how to tell (called only
+                when a fetch starts): a fetch it starts holds one of its places
+                (`max_resolutions_per_identity`) until it ends.
 
         Returns:
             The model's shape (from the cache when it is there and not expired).
@@ -214,6 +235,9 @@ class ShapeResolver:
         Raises:
             InvalidShape: the source is of no accepted form, or what it holds is not a shape.
             SourceUnreachable: the source could not be fetched.
+            FetchLimitExceeded: the fetch went past its budget.
+            ResolutionsBusy: the caller, or the planner, has as many fetches running as
+                allowed.
         """
         fetch = self._fetcher_for(source)
         source = source.strip()
@@ -230,8 +254,9 @@ class ShapeResolver:
         task = self._in_flight.get(key)
         if task is None:
             self._check_policy(source)
+            release = self._gate.acquire(caller() if callable(caller) else caller)
             self.stats.fetches += 1
-            task = asyncio.create_task(self._fetch_and_store(key, fetch(source, files)))
+            task = asyncio.create_task(self._fetch_and_store(key, fetch, files, release))
             # A fetch whose every caller gave up still has its error retrieved (no warning).
             task.add_done_callback(_retrieve)
             self._in_flight[key] = task
@@ -254,6 +279,15 @@ class ShapeResolver:
             parse_hf_source(text)
             return self._fetch_hf
         if _is_gguf(text):
+            if _is_http(text):
+                # Credentials in a URL are refused before anything quotes it (llmgw.sources):
+                # a message, a note or a log line would carry them on.
+                try:
+                    parse_url(text, field="model.source")
+                except SourceRefused as exc:
+                    raise SourceNotAllowed(
+                        exc.message, source=exc.source, field="model.source"
+                    ) from None
             return self._fetch_gguf
         shown = text[:200]
         raise InvalidShape(f"source {shown!r} is not {ACCEPTED_FORMS}.", source=shown)
@@ -270,14 +304,26 @@ class ShapeResolver:
             self._policy.check_path(real, source)
 
     async def _fetch_and_store(
-        self, key: tuple[str, tuple[tuple[str, int], ...]], fetch: Awaitable[ModelShape]
+        self,
+        key: tuple[str, tuple[tuple[str, int], ...]],
+        fetch: Callable[[str, Sequence[tuple[str, int]]], Awaitable[ModelShape]],
+        files: Sequence[tuple[str, int]],
+        release: Callable[[], None],
     ) -> ModelShape:
+        source = key[0]
+        budget = FetchBudget(self._fetch_limits, source)
         try:
-            shape = await fetch
+            with budget_in_force(budget):
+                try:
+                    async with asyncio.timeout(self._fetch_limits.max_fetch_s):
+                        shape = await fetch(source, files)
+                except TimeoutError:
+                    raise budget.timed_out("longer than its time") from None
         except BaseException:
             self.stats.errors += 1
             raise
         finally:
+            release()
             self._in_flight.pop(key, None)
         self._cache[key] = _Entry(shape, self._clock() + self._ttl_s)
         self._cache.move_to_end(key)

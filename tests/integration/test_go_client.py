@@ -56,6 +56,11 @@ NOT_PROVOKED = {
     # The fleet's catalog refuses such a gang first (INVALID_MODEL, decoded); the planner's
     # table names the engines' refusal so it never falls to the catch-all.
     "ENGINE_SINGLE_NODE": "raised only when a gang is launched; the catalog refuses it before",
+    # Caps on concurrent work: provoking them needs more calls held open at once than this
+    # run makes (tests/integration/test_fairness.py holds streams past the fleet's cap;
+    # tests/unit/test_fetch_budget.py holds resolutions past the planner's).
+    "TOO_MANY_CALLS": "needs a caller holding more streams or calls open than its cap",
+    "RESOLUTIONS_BUSY": "needs more source resolutions in flight at once than the planner's cap",
 }
 # Reasons the leader run (two fleets on one PostgreSQL) decodes, not the main run.
 DECODED_BY_THE_LEADER_RUN = {"NOT_LEADER"}

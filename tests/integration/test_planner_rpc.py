@@ -114,7 +114,7 @@ async def test_bad_numbers_in_the_model_are_invalid_argument() -> None:
 class BrokenResolver:
     """A resolver that fails in a way the planner does not expect."""
 
-    async def resolve(self, source: str, files: Any = ()) -> ModelShape:
+    async def resolve(self, source: str, files: Any = (), *, caller: Any = "") -> ModelShape:
         """Fail."""
         raise RuntimeError("disk on fire")
 

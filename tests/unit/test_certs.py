@@ -51,11 +51,18 @@ def test_a_ca_is_made_once_with_its_key_private(tmp_path: Path) -> None:
 
 
 def test_pairs_name_what_they_are_for(tmp_path: Path) -> None:
-    """A server pair names localhost, 127.0.0.1 and its hosts for server use; node and client
+    """A server pair names localhost, 127.0.0.1, its hosts and its service (fleet.service.llmgw)
+    for server use; node and client
     pairs carry their SPIFFE ID for client use; each is signed by the CA."""
     ca = certs.new_authority()
     server = load(certs.issue_server(ca, "fleet", hosts=["fleet.internal", "10.0.0.5"]).cert_pem)
-    assert sans(server) == ["localhost", "fleet.internal", "127.0.0.1", "10.0.0.5"]
+    assert sans(server) == [
+        "localhost",
+        "fleet.internal",
+        "fleet.service.llmgw",
+        "127.0.0.1",
+        "10.0.0.5",
+    ]
     assert usages(server) == {ExtendedKeyUsageOID.SERVER_AUTH}
     node = load(certs.issue_node(ca, "gpu-1").cert_pem)
     assert sans(node) == ["spiffe://llmgw/node/gpu-1"]

@@ -42,6 +42,7 @@ const (
 	ReasonProfileNotFound     Reason = "PROFILE_NOT_FOUND"
 	ReasonProfileOnCPU        Reason = "PROFILE_ON_CPU"
 	ReasonRefused             Reason = "REFUSED"
+	ReasonResolutionsBusy     Reason = "RESOLUTIONS_BUSY"
 	ReasonSlotsOutOfRange     Reason = "SLOTS_OUT_OF_RANGE"
 	ReasonSourceNotAllowed    Reason = "SOURCE_NOT_ALLOWED"
 	ReasonSourceUnreachable   Reason = "SOURCE_UNREACHABLE"
@@ -69,6 +70,7 @@ const (
 	ReasonStoreDamaged         Reason = "STORE_DAMAGED"
 	ReasonStoreUnavailable     Reason = "STORE_UNAVAILABLE"
 	ReasonStreamReplaced       Reason = "STREAM_REPLACED"
+	ReasonTooManyCalls         Reason = "TOO_MANY_CALLS"
 	ReasonUnauthenticated      Reason = "UNAUTHENTICATED"
 	ReasonWatcherTooSlow       Reason = "WATCHER_TOO_SLOW"
 )
