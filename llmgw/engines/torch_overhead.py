@@ -215,15 +215,6 @@ def cuda_graph_bytes(shape: ModelShape, layers: int, per_layer_dense: int = 0) -
     return layers * (per_layer_dense or CUDA_GRAPH_BYTES_PER_LAYER)
 
 
-def torch_overhead_bytes(shape: ModelShape, *, batch_tokens: int, layers: int, eager: bool) -> int:
-    """Activation peak of a `batch_tokens` forward pass + non-torch memory + CUDA graphs of
-    `layers` layers (none when `eager`), on one card without tensor parallel: the figure
-    engines without a model of their own sampler use (TensorRT-LLM)."""
-    forward = forward_cost(shape, tp=1).bytes(batch_tokens)
-    graphs = 0 if eager else cuda_graph_bytes(shape, layers)
-    return forward + SAMPLER_FALLBACK_BYTES + NON_TORCH_BYTES + graphs
-
-
 SAMPLER_FALLBACK_BYTES = GIB
 """The sampler's share of a profiling pass for an engine whose sampler is not modelled
 (TensorRT-LLM): about what vLLM's takes over 256 requests of a 152k vocabulary (gt-038)."""

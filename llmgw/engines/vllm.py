@@ -229,32 +229,6 @@ def vllm_batched_tokens(args: Sequence[str], card_memory_bytes: int) -> int:
     return VLLM_BATCHED_TOKENS_LARGE_CARD
 
 
-def vllm_overhead_bytes(
-    shape: ModelShape,
-    args: Sequence[str],
-    *,
-    tokens: int,
-    pp: int,
-    card_memory_bytes: int,
-    tp: int = 1,
-    engine_version: str = "",
-    card: Card | None = None,
-) -> int:
-    """What a vLLM card needs beside weights and KV, inside its utilisation budget: the
-    profile run's activation peak, non-torch memory and (from 0.21) the CUDA-graph estimate
-    (`vllm_memory.vllm_overhead`)."""
-    return vllm_overhead(
-        GRAMMAR,
-        shape,
-        args,
-        tokens=tokens,
-        tp=tp,
-        pp=pp,
-        card=card or Card.of("", card_memory_bytes),
-        engine_version=engine_version,
-    ).total_bytes
-
-
 class Vllm(TensorParallelEngine):
     """vLLM: paged KV blocks, a budget of `--gpu-memory-utilization` of the card."""
 
