@@ -216,6 +216,29 @@ def tail(path: Path, lines: int = 30) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+async def one_ready_replica(
+    stub: fleet_pb2_grpc.FleetServiceAsyncStub, state: Path, agent_log: Path
+) -> fleet_pb2.Replica:
+    """Wait (up to 120 s) until the model's one replica is READY and return it; failing, say
+    every replica's phase and reason with the engine's and the agent's log tails."""
+
+    async def ready() -> bool:
+        rs = await list_replicas(stub)
+        return len(rs) == 1 and rs[0].phase == fleet_pb2.REPLICA_PHASE_READY
+
+    try:
+        await assert_eventually(ready, timeout_s=120, every_s=0.2, what="replica READY")
+    except AssertionError as exc:
+        rs = await list_replicas(stub)
+        logs = "\n".join(tail(p) for p in sorted((state / "logs").glob("*.log")))
+        raise AssertionError(
+            f"{exc}: {[(r.phase, r.reason) for r in rs]}\nengine log:\n{logs}\n"
+            f"agent log:\n{tail(agent_log)}"
+        ) from None
+    [replica] = await list_replicas(stub)
+    return replica
+
+
 @pytest.mark.timeout(300)
 async def test_real_llama_server_replica_serves_and_prints_the_planners_kv(tmp_path: Path) -> None:
     """A llama.cpp profile runs a real llama-server through fleet and agent: READY on its own
@@ -246,21 +269,7 @@ async def test_real_llama_server_replica_serves_and_prints_the_planners_kv(tmp_p
                 what="node n1 READY with the llamacpp engine",
             )
             await stub.CreateModel(fleet_pb2.CreateModelRequest(model=llamacpp_model(gguf)))
-
-            async def ready() -> bool:
-                rs = await list_replicas(stub)
-                return len(rs) == 1 and rs[0].phase == fleet_pb2.REPLICA_PHASE_READY
-
-            try:
-                await assert_eventually(ready, timeout_s=120, every_s=0.2, what="replica READY")
-            except AssertionError as exc:
-                rs = await list_replicas(stub)
-                logs = "\n".join(tail(p) for p in sorted((state / "logs").glob("*.log")))
-                raise AssertionError(
-                    f"{exc}: {[(r.phase, r.reason) for r in rs]}\nengine log:\n{logs}\n"
-                    f"agent log:\n{tail(agent_log)}"
-                ) from None
-            [replica] = await list_replicas(stub)
+            replica = await one_ready_replica(stub, state, agent_log)
             replica_log = state / "logs" / f"{replica.id}.log"
             record = RunRecord.from_json((state / "replicas" / f"{replica.id}.json").read_text())
             assert process_alive(record.pid)

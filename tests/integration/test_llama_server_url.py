@@ -21,10 +21,9 @@ from tests.integration.test_llama_server_e2e import (
     PROMPT_TOKENS,
     agent_process,
     built_llama_server,
-    list_replicas,
     llamacpp_model,
     node_runs_llamacpp,
-    tail,
+    one_ready_replica,
     write_tiny_llama,
 )
 from tests.support.fleet import running_fleet
@@ -60,21 +59,7 @@ async def test_a_gguf_url_is_fetched_by_the_agent_and_served_by_real_llama_serve
                     lambda: node_runs_llamacpp(stub), timeout_s=60, what="node n1 READY"
                 )
                 await stub.CreateModel(fleet_pb2.CreateModelRequest(model=model))
-
-                async def ready() -> bool:
-                    rs = await list_replicas(stub)
-                    return len(rs) == 1 and rs[0].phase == fleet_pb2.REPLICA_PHASE_READY
-
-                try:
-                    await assert_eventually(ready, timeout_s=120, every_s=0.2, what="READY")
-                except AssertionError as exc:
-                    rs = await list_replicas(stub)
-                    logs = "\n".join(tail(p) for p in sorted((state / "logs").glob("*.log")))
-                    raise AssertionError(
-                        f"{exc}: {[(r.phase, r.reason) for r in rs]}\nengine log:\n{logs}\n"
-                        f"agent log:\n{tail(agent_log)}"
-                    ) from None
-                [replica] = await list_replicas(stub)
+                replica = await one_ready_replica(stub, state, agent_log)
                 async with httpx.AsyncClient(
                     base_url=f"http://{replica.address}", timeout=60
                 ) as http:
