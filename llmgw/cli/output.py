@@ -41,9 +41,9 @@ def cell(value: object) -> str:
 
 
 def say(text: str = "", end: str = "\n") -> None:
-    """Print a line for people (flushed: a followed rollout's lines show as they come). Every
-    text for people `llmgw ctl` and `llmgw plan` print passes here: the one place to escape
-    what the services' answers carry before it reaches a terminal."""
+    """Print a line for people (flushed: a followed rollout's lines show as they come). What
+    `llmgw ctl` and `llmgw plan` print reaches the terminal through llmgw.cli.terminal's
+    escaping stream (set up in llmgw.cli.main); `cell` also escapes newlines in a table cell."""
     print(text, end=end, flush=True)
 
 
