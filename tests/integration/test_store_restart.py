@@ -105,9 +105,17 @@ async def test_a_restart_under_load_is_not_serving_meanwhile_and_loses_nothing(
                     what=f"{fleet.name} NOT_SERVING",
                 )
             during = len(writer.acked)
-            await asyncio.sleep(2)
+            # One call may go on for a while before it gives up: it looks for a leader for
+            # FIND_LEADER_S and tries every address, each with its own deadline. So wait for
+            # the refusal rather than give it a fixed window, and check meanwhile that nothing
+            # was acknowledged while no store was there.
+            await assert_eventually(
+                lambda: writer.refused_meanwhile > 0,
+                timeout_s=60,
+                what="a write refused while the store is down",
+            )
+            await asyncio.sleep(1)
             assert len(writer.acked) == during, "a change was acknowledged with no store"
-            assert writer.refused_meanwhile > 0
             server.start()
             for fleet in fleets:
                 await assert_eventually(
