@@ -8,15 +8,17 @@ once."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import pytest
 from structlog.testing import capture_logs
 
+from fleet_svc.domain.nodes import Liveness
 from fleet_svc.server import FleetOptions, FleetServer, start_fleet
 from llmgw import certs
 from llmgw.agent.v1 import agent_pb2
@@ -26,7 +28,7 @@ from llmgw.testing.eventually import assert_eventually
 from llmgw.testing.scripted_agent import ScriptedAgent
 from llmgw.tls import ClientTLS, aio_channel
 from tests.integration.test_fleet_auth import error_info
-from tests.integration.test_fleet_tls import FAST, Pki, make_pki, tls_agent
+from tests.integration.test_fleet_tls import Pki, make_pki, tls_agent
 from tests.integration.test_watch_replicas import Reader
 from tests.support.nginx import ProxyTLS, Route, running_nginx
 from tests.support.planner import running_planner
@@ -35,11 +37,16 @@ from tests.support.shapes import LLAMA_31_8B, inline
 pytestmark = pytest.mark.slow
 
 W = fleet_pb2.WatchReplicasResponse
+T = TypeVar("T")
 PROXY_READ_TIMEOUT_S = 15
 """nginx's `grpc_read_timeout` in front of the fleet, as the issue sets it."""
 SHORT_READ_TIMEOUT_S = 1
 """A second listener's timeout, below the heartbeat interval: its streams are cut."""
 HEARTBEAT_S = 2.0
+PATIENT = Liveness(interval_s=0.2, grace_heartbeats=25, lost_after_s=30.0)
+"""The agent's liveness here: nothing in this file is about a silent node, and on a loaded
+machine a stall of a second made the node flap NOT_READY, its endpoint went and came back, and
+the quiet spell the heartbeat test needs was broken (seen 1 run in 5 at a load of 9)."""
 ROLES = """\
 roles:
   admin: [admin]
@@ -102,7 +109,7 @@ async def start(data: Path, planner: str, settings: Path, pki: Pki, port: int = 
             listen=f"127.0.0.1:{port}",
             store_url=str(data / "fleet.db"),
             settings_path=str(settings),
-            liveness=FAST,
+            liveness=PATIENT,
             drain_s=0.2,
             tick_s=0.05,
             planner=planner,
@@ -139,10 +146,10 @@ async def mesh(tmp_path: Path) -> AsyncIterator[Mesh]:
                 m = Mesh(pki, data, address, fleet, agent, routes, [])
                 yield m
         finally:
-            await agent.stop()
+            await step(agent.stop(), "the agent's stop")
             for channel in m.channels if m is not None else []:
-                await channel.close()
-            await (m.fleet if m is not None else fleet).stop(grace_s=0.5)
+                await step(channel.close(), "a channel's close")
+            await step((m.fleet if m is not None else fleet).stop(grace_s=0.5), "the fleet's stop")
 
 
 async def test_unary_calls_and_their_error_details_pass_through(tmp_path: Path) -> None:
@@ -214,11 +221,6 @@ async def test_deadline_reaches_the_fleet_through_the_proxy(tmp_path: Path) -> N
         await assert_eventually(lambda: m.fleet.controller.hub.watchers == 0, what="released")
 
 
-@pytest.mark.skip(
-    reason="hangs past pytest's 120 s in about one full-file run in three since this round's"
-    " merges (never alone), and the process then segfaults at exit; to be found and fixed"
-    " before it is run again (closing note of 2026-12-01)"
-)
 async def test_write_retried_on_unavailable_with_its_request_id_applies_once(
     tmp_path: Path,
 ) -> None:
@@ -226,17 +228,21 @@ async def test_write_retried_on_unavailable_with_its_request_id_applies_once(
     retries with the same request id succeed once the fleet is back, and a further retry
     (an answer lost on the way) returns the first answer, not a second revision."""
     async with mesh(tmp_path) as m:
-        await m.direct().CreateModel(fleet_pb2.CreateModelRequest(model=llama(replicas=0)))
+        await m.direct().CreateModel(
+            fleet_pb2.CreateModelRequest(model=llama(replicas=0)), timeout=10
+        )
         port = m.fleet.port
-        await m.fleet.stop(grace_s=0.5)
+        await step(m.fleet.stop(grace_s=0.5), "the fleet's stop")
         request = fleet_pb2.SetContextRequest(name="llama", tokens=16384, request_id="gw-42")
         proxied = m.proxied()
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await proxied.SetContext(request, timeout=10)
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
         settings = m.data.parent / "settings.yaml"
-        m.fleet = await start(m.data, m.planner, settings, m.pki, port=port)
-        before = await m.direct().GetModel(fleet_pb2.GetModelRequest(name="llama"))
+        m.fleet = await step(
+            start(m.data, m.planner, settings, m.pki, port=port), "the fleet's start again"
+        )
+        before = await m.direct().GetModel(fleet_pb2.GetModelRequest(name="llama"), timeout=10)
         assert before.model.revision == 1, "the refused try wrote nothing"
 
         async def retried() -> fleet_pb2.SetContextResponse | None:
@@ -249,5 +255,14 @@ async def test_write_retried_on_unavailable_with_its_request_id_applies_once(
         first = await assert_eventually(retried, what="the retry answered", timeout_s=20)
         again = await proxied.SetContext(request, timeout=10)
         assert again == first and first.change.after == 16384
-        after = await m.direct().GetModel(fleet_pb2.GetModelRequest(name="llama"))
+        after = await m.direct().GetModel(fleet_pb2.GetModelRequest(name="llama"), timeout=10)
         assert after.model.revision == 2, "applied once"
+
+
+async def step(work: Awaitable[T], what: str, within_s: float = 30.0) -> T:
+    """`work`, or a failure naming `what` when it takes longer than `within_s` (a stop or a
+    start on the same port that never returns is a defect to be seen, not a test that hangs)."""
+    try:
+        return await asyncio.wait_for(work, within_s)
+    except TimeoutError:
+        pytest.fail(f"{what} did not finish within {within_s:g} s")
