@@ -206,3 +206,58 @@ async def _lines_until(proc: asyncio.subprocess.Process, kind: str) -> list[str]
         proc.terminate()
         await proc.wait()
     return lines
+
+
+async def test_an_engines_own_hub_download_shows_from_its_cache_then_loading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine that pulls an hf:// repo itself (vLLM, stood in for): while a blob of the
+    repo in its Hub cache ($HF_HOME/hub) is `.incomplete`, the agent reports DOWNLOADING with
+    the bytes on disk growing and the whole files counted; once every blob is whole, LOADING;
+    once healthy, nothing."""
+    blobs = tmp_path / "hf" / "hub" / "models--org--tiny" / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / "config").write_bytes(bytes(1000))
+    partial = blobs / "weights.incomplete"
+    partial.write_bytes(bytes(500))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    spec = agent_pb2.ReplicaSpec(
+        replica_id="r-hf",
+        revision=1,
+        model="tiny",
+        profile="gpu",
+        engine="vllm",
+        args=["--load-s", "12"],  # long enough for the steps below on a loaded machine
+        gpus=[0],
+        source="hf://org/tiny",
+    )
+
+    def reported(done_bytes: int, stage: int = DOWNLOADING) -> agent_pb2.ObservedReplica | None:
+        return next(
+            (
+                u
+                for u in fleet.updates_of("r-hf")
+                if u.progress.stage == stage and u.progress.done_bytes == done_bytes
+            ),
+            None,
+        )
+
+    async with (
+        running_fake_fleet() as (fleet, port),
+        agent_process(port, tmp_path / "state", "--demo") as proc,
+    ):
+        await assert_eventually(lambda: fleet.streams, timeout_s=20)
+        fleet.desire(spec)
+        first = await assert_eventually(lambda: reported(1500), timeout_s=20, what="1500 B")
+        assert first.progress.files_done == 1 and first.progress.file == "org/tiny"
+        assert first.progress.total_bytes == 0  # the engine asks the Hub; the agent cannot tell
+        partial.write_bytes(bytes(2500))
+        await assert_eventually(lambda: reported(3500), timeout_s=20, what="3500 B")
+        partial.rename(blobs / "weights")
+        await assert_eventually(lambda: reported(3500, LOADING), timeout_s=20, what="LOADING")
+        await assert_eventually(
+            lambda: HEALTHY in fleet.phases_of("r-hf"), timeout_s=30, what="HEALTHY"
+        )
+        healthy = [u for u in fleet.updates_of("r-hf") if u.phase == HEALTHY]
+        assert not healthy[0].HasField("progress")
+        await stop_agent(proc)
