@@ -23,10 +23,13 @@ $(VENV)/.installed: $(VENV)/.runtime
 venv: $(VENV)/.installed
 
 # Run the whole control plane on this machine (llmgw up): planner, fleet, a demo agent with
-# stand-in cards, an example catalog. llama-server is built first (once) so the llama.cpp
-# example answers for real. Only the runtime packages are installed.
-run: $(VENV)/.runtime llama-server
-	$(VENV)/bin/llmgw up $(UP_ARGS)
+# stand-in cards, an example catalog. It comes up at once: where llama-server is not built yet,
+# `--build-llama-server` builds it in the background (scripts/build_llama_server.sh, as `make
+# llama-server` does; about 14 min on 2 cores, once), the stand-in playing llama.cpp until it
+# lands and the llama.cpp example then rolled out onto it. Only the runtime packages are
+# installed.
+run: $(VENV)/.runtime
+	$(VENV)/bin/llmgw up --build-llama-server $(UP_ARGS)
 
 # The Go side: the machine's go (1.26 or newer: gen/go/go.mod, grpc-go 1.85), and the pinned
 # protoc-gen-go and protoc-gen-go-grpc, `go install`ed from the Go module proxy into

@@ -11,6 +11,7 @@ import contextlib
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import EllipsisType
 from typing import Protocol
 
 import structlog
@@ -34,7 +35,7 @@ from fleet_svc.domain.control import (
 from fleet_svc.domain.endpoints import EndpointReason, endpoint_of, removal_reason, routable
 from fleet_svc.domain.nodes import Card, Liveness, NodePhase, NodeView, node_phase
 from fleet_svc.domain.phases import RUNNING, IllegalTransition, ReplicaPhase, check_transition
-from fleet_svc.domain.replicas import Member, ReplicaState
+from fleet_svc.domain.replicas import Member, ReplicaState, StartProgress
 from fleet_svc.domain.reports import (
     Observed,
     Rejection,
@@ -292,9 +293,11 @@ class Controller:
         address: str | None = None,
         restarts: int | None = None,
         members: tuple[Member, ...] | None = None,
+        progress: StartProgress | EllipsisType | None = ...,
     ) -> bool:
         """Move a replica to `phase` through the transition table, saving and logging it
-        (with the placement or the report that came with the move).
+        (with the placement or the report that came with the move; `progress` given only
+        by a report, else kept while the replica stays STARTING).
 
         Returns:
             Whether anything changed.
@@ -316,6 +319,16 @@ class Controller:
             address=r.address if address is None else address,
             restarts=r.restarts if restarts is None else restarts,
             members=r.members if members is None else members,
+            # Progress belongs to a replica starting on its node: an agent's report replaces
+            # it (`...`: not a report, kept), and it goes with the phase (placed again, ready,
+            # crashed).
+            progress=(
+                None
+                if phase is not P.STARTING
+                else (r.progress if not moved else None)
+                if progress is ...
+                else progress
+            ),
         )
         if moved:
             new = replace(new, since_s=self._clock.wall(), entered_s=self._clock.monotonic())
@@ -388,6 +401,7 @@ class Controller:
                 action.reason,
                 address=action.address,
                 restarts=action.restarts,
+                progress=action.progress,
             )
         elif isinstance(action, MarkRetiring):
             r = self.state.replicas.get(action.replica_id)

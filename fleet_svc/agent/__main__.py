@@ -70,7 +70,8 @@ shutdown: on SIGTERM or SIGINT the agent stops the replicas it runs (SIGTERM, th
 after the engine's grace) before it exits: the fleet gives an agent that comes back its desired
 replicas again, so nothing is lost but the engines' warm state. With --leave-replicas it leaves
 them running; an agent started again with the same --state-dir adopts them instead of starting
-them twice.
+them twice. SIGUSR1 stops the agent leaving them running this once, whatever --leave-replicas
+says (`llmgw up` restarts its agent so when a llama-server it built lands).
 
 example:
   python -m fleet_svc.agent --fleet fleet:50052 --tls-ca ca.crt --tls-cert node-gpu7.crt \\
@@ -246,9 +247,17 @@ async def run_agent(opts: argparse.Namespace, spans: Spans | None = None) -> Non
     for engine, path in missing_executables(config).items():
         log.warning("engine_executable_missing", engine=engine, executable=path)
     stopping = asyncio.Event()
+    leave = opts.leave_replicas
+
+    def leave_them() -> None:
+        nonlocal leave
+        leave = True
+        stopping.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
+    loop.add_signal_handler(signal.SIGUSR1, leave_them)
     metrics: MetricsServer | None = None
     if opts.metrics:
         registry = CollectorRegistry()
@@ -262,7 +271,7 @@ async def run_agent(opts: argparse.Namespace, spans: Spans | None = None) -> Non
         watch = asyncio.create_task(_report_connected(client, servicer))
     task = asyncio.create_task(client.run())
     await stopping.wait()
-    log.info("agent_stopping", stop_replicas=not opts.leave_replicas)
+    log.info("agent_stopping", stop_replicas=not leave)
     for running in (task, watch):
         if running is not None:
             running.cancel()
@@ -272,7 +281,7 @@ async def run_agent(opts: argparse.Namespace, spans: Spans | None = None) -> Non
         await probes.stop()
     if metrics is not None:
         await metrics.stop()
-    await replicas.aclose(stop_replicas=not opts.leave_replicas)
+    await replicas.aclose(stop_replicas=not leave)
     log.info("agent_stopped")
 
 

@@ -225,22 +225,17 @@ def _cached(folder: Path, url: str) -> Fetched | None:
 
 
 async def fetch_source(
-    cache: ModelCache | None, url: str, say: Callable[[str], None]
+    cache: ModelCache | None,
+    url: str,
+    say: Callable[[str], None],
+    progress: Progress | None = None,
 ) -> tuple[str, str]:
     """Fetch `url` for a replica: (the local file, a line for its log), or ("", why not).
-    `say` is told that it starts, then its progress every 5 %."""
+    `say` is told that it starts; `progress` is called with every chunk (the caller
+    throttles what it reports: fleet_svc.agent.progress)."""
     name = file_name(url)
     if cache is None:
         return "", f"no model cache to fetch {name} into"
-    shown = -5
-
-    def progress(got: int, size: int) -> None:
-        nonlocal shown
-        percent = got * 100 // size if size else 100
-        if percent // 5 != shown // 5:
-            shown = percent
-            say(f"fetching {name}: {got / 1e6:.0f} of {size / 1e6:.0f} MB")
-
     say(f"fetching {name}")
     try:
         fetched = await cache.fetch(url, progress)

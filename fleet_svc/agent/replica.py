@@ -66,6 +66,30 @@ class Phase(enum.Enum):
     """The agent will not run it (again): refused, or crashed past the restart limit."""
 
 
+class Stage(enum.Enum):
+    """Where a STARTING replica stands (the proto's StartStage)."""
+
+    DOWNLOADING = "DOWNLOADING"
+    """Its model's files are being fetched: by the agent (a GGUF URL), or by the engine into
+    the Hub cache (a Hugging Face repo, `.incomplete` files there)."""
+    LOADING = "LOADING"
+    """Its engine process runs and has not passed its health check yet."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a starting replica got: its stage, bytes (`total_bytes` 0: not known), the
+    recent rate, whole files of how many, and the file's name."""
+
+    stage: Stage
+    done_bytes: int = 0
+    total_bytes: int = 0
+    rate_bytes_per_s: int = 0
+    files_done: int = 0
+    files_total: int = 0
+    file: str = ""
+
+
 @dataclass(frozen=True)
 class Observation:
     """One replica's state as the agent reports it; `since_s` is wall-clock seconds."""
@@ -81,3 +105,5 @@ class Observation:
     since_s: float = 0.0
     gang_address: str = ""
     """host:port a gang member listens on for its gang ("" when it does not)."""
+    progress: Progress | None = None
+    """While STARTING: what it fetches or loads and how far (None: nothing to tell)."""

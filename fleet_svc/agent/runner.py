@@ -26,7 +26,7 @@ import structlog
 from fleet_svc.agent.backoff import recent_crashes
 from fleet_svc.agent.cards import CardBackend
 from fleet_svc.agent.config import AgentConfig, EngineConfig
-from fleet_svc.agent.fetch import ModelCache, fetch_source
+from fleet_svc.agent.fetch import ModelCache, fetch_source, file_name
 from fleet_svc.agent.gang import GangRefused, member_command, serves_http
 from fleet_svc.agent.host import free_port
 from fleet_svc.agent.logs import ReplicaLog
@@ -40,7 +40,8 @@ from fleet_svc.agent.process import (
     signal_group,
     wait_group_gone,
 )
-from fleet_svc.agent.replica import Observation, Phase, ReplicaSpec
+from fleet_svc.agent.progress import Gate, hub_cache, hub_download, repo_of
+from fleet_svc.agent.replica import Observation, Phase, Progress, ReplicaSpec, Stage
 from llmgw.clock import Clock
 
 log = structlog.get_logger("fleet_svc.agent.runner")
@@ -105,6 +106,30 @@ class RunnerContext:
     def logs_dir(self) -> Path:
         """Where the replicas' logs are."""
         return self.state_dir / "logs"
+
+
+class _HubWatch:
+    """An engine's own download of an hf:// source, as the Hub cache shows it: what to report
+    while it starts (gated to one report a second)."""
+
+    def __init__(self, source: str, env: dict[str, str], ctx: RunnerContext) -> None:
+        self._repo = repo_of(source)
+        self._cache = hub_cache(env)
+        self._gate = Gate(ctx.clock.monotonic)
+
+    def seen(self, shown: Progress | None) -> Progress | None:
+        """The progress to report now, or None (nothing new, or not due yet)."""
+        if not self._repo:
+            return None
+        now = hub_download(self._cache, self._repo)
+        if now is None:
+            # Nothing incomplete (any more): back to LOADING once a download was shown.
+            if shown is not None and shown.stage is Stage.DOWNLOADING:
+                return replace(shown, stage=Stage.LOADING, rate_bytes_per_s=0)
+            return None
+        if now == shown or not self._gate.due(now.done_bytes):
+            return None
+        return replace(now, rate_bytes_per_s=self._gate.rate_bytes_per_s)
 
 
 class ReplicaRunner:
@@ -197,9 +222,12 @@ class ReplicaRunner:
 
     def _observe(self, phase: Phase, event: str | None = None, **fields: Any) -> None:
         changed = phase != self._obs.phase
+        # Progress is a starting replica's: kept while STARTING until told anew, gone after.
+        progress = fields.pop("progress", self._obs.progress)
         self._obs = replace(
             self._obs,
             phase=phase,
+            progress=progress if phase is Phase.STARTING else None,
             restarts=self._restarts,
             since_s=self._ctx.clock.wall() if changed else self._obs.since_s,
             **fields,
@@ -275,10 +303,28 @@ class ReplicaRunner:
         if not self._engine.fetches(spec.source):
             return spec
 
-        def say(message: str) -> None:
-            self._report(Phase.STARTING, message=message, pid=0)
+        name = file_name(spec.source)
+        gate = Gate(self._ctx.clock.monotonic)
 
-        local, note = await fetch_source(self._ctx.models, spec.source, say)
+        def say(message: str) -> None:
+            started = Progress(Stage.DOWNLOADING, files_total=1, file=name)
+            self._report(Phase.STARTING, message=message, pid=0, progress=started)
+
+        def fetching(got: int, size: int) -> None:
+            # Every chunk calls this; at most one report a second goes up the stream.
+            if gate.due(got, final=got >= size):
+                now = Progress(
+                    Stage.DOWNLOADING,
+                    done_bytes=got,
+                    total_bytes=size,
+                    rate_bytes_per_s=gate.rate_bytes_per_s,
+                    files_done=1 if got >= size else 0,
+                    files_total=1,
+                    file=name,
+                )
+                self._report(Phase.STARTING, pid=0, progress=now)
+
+        local, note = await fetch_source(self._ctx.models, spec.source, say, fetching)
         self._log.note(note)
         if not local:
             self._report(Phase.STARTING, "replica_fetch_failed", message=note, pid=0)
@@ -348,6 +394,7 @@ class ReplicaRunner:
             exit_code=0,
             message="",
             log_tail=(),
+            progress=Progress(Stage.LOADING, file=Path(spec.source).name),
         )
         return child
 
@@ -394,6 +441,7 @@ class ReplicaRunner:
         exited = asyncio.create_task(proc.wait())
         started_s = self._ctx.clock.monotonic()
         failures = 0
+        downloads = _HubWatch(self.spec.source, {**os.environ, **self._engine.env}, self._ctx)
         try:
             while True:
                 done, _ = await asyncio.wait({exited}, timeout=cfg.health_interval_s)
@@ -401,6 +449,10 @@ class ReplicaRunner:
                     code = exited.result()
                     return (UNKNOWN_EXIT if code is None else code), ""
                 self._log.cap()
+                if self._obs.phase == Phase.STARTING:
+                    seen = downloads.seen(self._obs.progress)
+                    if seen is not None:
+                        self._report(Phase.STARTING, progress=seen)
                 healthy = await self._probe()
                 missing = ""
                 if healthy and self._obs.phase == Phase.STARTING:

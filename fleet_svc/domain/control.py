@@ -17,7 +17,7 @@ from fleet_svc.domain.placement import (
     place,
     place_gang,
 )
-from fleet_svc.domain.replicas import ReplicaState
+from fleet_svc.domain.replicas import ReplicaState, StartProgress
 
 P = ReplicaPhase
 
@@ -86,13 +86,14 @@ class MarkRetiring:
 @dataclass(frozen=True)
 class Report:
     """Record what an agent reports of a replica: its phase (through the transition table),
-    why, its address and restarts."""
+    why, its address, restarts and (while STARTING) its progress."""
 
     replica_id: str
     phase: ReplicaPhase
     reason: str
     address: str
     restarts: int
+    progress: StartProgress | None = None
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,21 @@ class ReplicaSpec:
 
 
 @dataclass(frozen=True)
+class StartProgress:
+    """How far a STARTING replica got, as its agent last reported it: its stage
+    ("DOWNLOADING" or "LOADING"), bytes fetched of how many (`total_bytes` 0: not known), the
+    recent rate, whole files of how many, and the file's name."""
+
+    stage: str
+    done_bytes: int = 0
+    total_bytes: int = 0
+    rate_bytes_per_s: int = 0
+    files_done: int = 0
+    files_total: int = 0
+    file: str = ""
+
+
+@dataclass(frozen=True)
 class Member:
     """One node of a gang (a replica spanning several nodes): its rank, where it runs, and
     what its agent last reported of it. Rank 0 is the head: the node the gateway routes to."""
@@ -72,6 +87,8 @@ class ReplicaState:
     members: tuple[Member, ...] = ()
     """A gang's nodes by rank, the head (`node`, `gpus`) first; empty for a replica on one
     node."""
+    progress: StartProgress | None = None
+    """While STARTING: its agent's last report of its download or load (None otherwise)."""
 
     @property
     def gang(self) -> bool:

@@ -10,7 +10,7 @@ from fleet_svc.domain.control import Action, Move, Report, ReportMember
 from fleet_svc.domain.gang import launchable
 from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
-from fleet_svc.domain.replicas import ReplicaState
+from fleet_svc.domain.replicas import ReplicaState, StartProgress
 
 P = ReplicaPhase
 
@@ -29,6 +29,8 @@ class Observed:
     gpus: tuple[int, ...] = ()
     gang_address: str = ""
     """host:port a gang member listens on for its gang ("" for none)."""
+    progress: StartProgress | None = None
+    """While STARTING: its download or load, as the agent measured it."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,12 @@ def reported(r: ReplicaState | None, node: str, o: Observed) -> Report | None:
     if phase is P.STOPPED and r.phase not in (P.STOPPING, P.DRAINING):
         phase = P.CRASHED
     return Report(
-        r.id, phase, o.message or r.reason, address=o.address or r.address, restarts=o.restarts
+        r.id,
+        phase,
+        o.message or r.reason,
+        address=o.address or r.address,
+        restarts=o.restarts,
+        progress=o.progress,
     )
 
 
@@ -111,7 +118,11 @@ def gang_reported(r: ReplicaState | None, node: str, o: Observed) -> list[Action
         out.append(Move(r.id, P.FAILED, f"{why}: {o.message}" if o.message else why))
         return out
     if member.rank == 0:
-        out.append(Report(r.id, o.phase, o.message or r.reason, o.address or r.address, o.restarts))
+        out.append(
+            Report(
+                r.id, o.phase, o.message or r.reason, o.address or r.address, o.restarts, o.progress
+            )
+        )
     return out
 
 

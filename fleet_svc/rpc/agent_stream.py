@@ -20,7 +20,7 @@ from fleet_svc.domain.access import ANONYMOUS, NODE
 from fleet_svc.domain.gang import order_of
 from fleet_svc.domain.nodes import Card, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
-from fleet_svc.domain.replicas import ReplicaState
+from fleet_svc.domain.replicas import ReplicaState, StartProgress
 from fleet_svc.domain.reports import Observed, Rejection
 from fleet_svc.rpc.auth import current_caller
 from fleet_svc.rpc.status import stream_refusals_as_status
@@ -76,6 +76,34 @@ def engine_versions_of(node: str, versions: Mapping[str, str]) -> dict[str, str]
     return kept
 
 
+_STAGES: dict[int, str] = {
+    common_pb2.START_STAGE_DOWNLOADING: "DOWNLOADING",
+    common_pb2.START_STAGE_LOADING: "LOADING",
+}
+MAX_PROGRESS_FILE_CHARS = 200
+"""The longest file name of a progress report the fleet keeps (past it: cut)."""
+
+
+def progress_of(msg: agent_pb2.ObservedReplica) -> StartProgress | None:
+    """A replica's reported progress (None when there is none, or its stage is unknown);
+    numbers below 0 read as 0 (not known), the file name is cleaned and bounded."""
+    if not msg.HasField("progress"):
+        return None
+    p = msg.progress
+    stage = _STAGES.get(p.stage)
+    if stage is None:
+        return None
+    return StartProgress(
+        stage=stage,
+        done_bytes=max(p.done_bytes, 0),
+        total_bytes=max(p.total_bytes, 0),
+        rate_bytes_per_s=max(p.rate_bytes_per_s, 0),
+        files_done=max(p.files_done, 0),
+        files_total=max(p.files_total, 0),
+        file=cleaned(p.file)[:MAX_PROGRESS_FILE_CHARS],
+    )
+
+
 def observed_of(msg: agent_pb2.ObservedReplica) -> Observed | None:
     """A replica report from the agent's message (None for an unknown phase)."""
     phase = _PHASES.get(msg.phase)
@@ -91,6 +119,7 @@ def observed_of(msg: agent_pb2.ObservedReplica) -> Observed | None:
         log_tail=tuple(cleaned(line) for line in msg.log_tail),
         gpus=tuple(msg.gpus),
         gang_address=msg.gang_address,
+        progress=progress_of(msg) if phase is ReplicaPhase.STARTING else None,
     )
 
 

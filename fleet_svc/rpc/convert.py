@@ -15,7 +15,7 @@ from fleet_svc.domain.catalog import Entry, Revision, check_name, check_profiles
 from fleet_svc.domain.endpoints import Endpoint
 from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import HOLDS_CARDS, ReplicaPhase
-from fleet_svc.domain.replicas import ReplicaState
+from fleet_svc.domain.replicas import ReplicaState, StartProgress
 from fleet_svc.domain.rollout import EventKind, Mode, Rollout, RolloutState, Stage, Strategy
 from fleet_svc.store.base import EventRecord
 from fleet_svc.watch import EndpointEvent
@@ -187,6 +187,26 @@ def replica(r: ReplicaState) -> fleet_pb2.Replica:
             )
             for m in r.members
         ],
+        progress=start_progress(r.progress) if r.progress is not None else None,
+    )
+
+
+_START_STAGES: dict[str, common_pb2.StartStage.ValueType] = {
+    "DOWNLOADING": common_pb2.START_STAGE_DOWNLOADING,
+    "LOADING": common_pb2.START_STAGE_LOADING,
+}
+
+
+def start_progress(p: StartProgress) -> common_pb2.StartProgress:
+    """A starting replica's progress as the API shows it (an unknown stage as unspecified)."""
+    return common_pb2.StartProgress(
+        stage=_START_STAGES.get(p.stage, common_pb2.START_STAGE_UNSPECIFIED),
+        done_bytes=p.done_bytes,
+        total_bytes=p.total_bytes,
+        rate_bytes_per_s=p.rate_bytes_per_s,
+        files_done=p.files_done,
+        files_total=p.files_total,
+        file=p.file,
     )
 
 

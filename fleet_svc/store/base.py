@@ -50,6 +50,9 @@ class ReplicaRecord:
     members: tuple[dict[str, Any], ...] = ()
     """A gang's members by rank (`rank`, `node`, `gpus`, `phase`, `gang_address`); empty for
     a replica on one node."""
+    progress: dict[str, Any] = field(default_factory=dict)
+    """A starting replica's last reported progress (`stage`, `done_bytes`, `total_bytes`,
+    `rate_bytes_per_s`, `files_done`, `files_total`, `file`); empty when there is none."""
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from fleet_svc.store.verify import decoded, json_object, model_key
 MODEL_COLUMNS = "name, revision, spec, updated_by, updated_at, deleted, declared_in"
 REPLICA_COLUMNS = (
     "id, model, profile, revision, node, gpus, phase, reason, address, restarts, since, spec,"
-    " members"
+    " members, progress"
 )
 ROLLOUT_COLUMNS = "id, model, state, spec, created_at, updated_at"
 EVENT_COLUMNS = "rollout_id, seq, at, event"
@@ -103,6 +103,7 @@ def replica_of_row(where: str, row: tuple[Any, ...]) -> ReplicaRecord:
         row[:12]
     )
     members = row[12] if len(row) > 12 else "[]"
+    progress = row[13] if len(row) > 13 else "{}"
     return decoded(
         where,
         "replicas",
@@ -121,6 +122,7 @@ def replica_of_row(where: str, row: tuple[Any, ...]) -> ReplicaRecord:
             since=float(since),
             spec=json_object(_loaded(spec)),
             members=tuple(json_object(m) for m in _loaded(members)),
+            progress=json_object(_loaded(progress)),
         ),
     )
 

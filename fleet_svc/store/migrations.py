@@ -159,6 +159,15 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        version=6,
+        summary="a starting replica's download and load progress",
+        statements=(
+            # Its agent's last progress report as one JSON object; '{}' for none, so the rows
+            # of older fleets read as they were.
+            "ALTER TABLE replicas ADD COLUMN progress TEXT NOT NULL DEFAULT '{}'",
+        ),
+    ),
 )
 
 

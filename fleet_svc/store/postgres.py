@@ -689,12 +689,13 @@ _STATE_DIGEST = (
 
 _UPSERT_REPLICA = (
     f"INSERT INTO replicas ({REPLICA_COLUMNS})"
-    " VALUES (%s, %s, %s, %s, %s, %s::integer[], %s, %s, %s, %s, %s, %s::json, %s::json)"
+    " VALUES (%s, %s, %s, %s, %s, %s::integer[], %s, %s, %s, %s, %s, %s::json, %s::json,"
+    " %s::json)"
     " ON CONFLICT (id) DO UPDATE SET model = excluded.model, profile = excluded.profile,"
     " revision = excluded.revision, node = excluded.node, gpus = excluded.gpus,"
     " phase = excluded.phase, reason = excluded.reason, address = excluded.address,"
     " restarts = excluded.restarts, since = excluded.since, spec = excluded.spec,"
-    " members = excluded.members"
+    " members = excluded.members, progress = excluded.progress"
 )
 
 
@@ -713,6 +714,7 @@ def _replica_params(r: ReplicaRecord) -> tuple[Any, ...]:
         r.since,
         dump_json(r.spec),
         dump_json(list(r.members)),
+        dump_json(r.progress),
     )
 
 

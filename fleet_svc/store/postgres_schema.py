@@ -146,6 +146,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        version=6,
+        summary="a starting replica's download and load progress",
+        statements=(
+            # As the SQLite store's step 6: '{}' (none) for the rows of older fleets.
+            "ALTER TABLE replicas ADD COLUMN progress JSON NOT NULL DEFAULT '{}'",
+        ),
+    ),
 )
 
 _VERSION_TABLE = """

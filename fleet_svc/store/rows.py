@@ -14,7 +14,7 @@ from typing import Any
 
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Want
-from fleet_svc.domain.replicas import Member, ReplicaSpec, ReplicaState
+from fleet_svc.domain.replicas import Member, ReplicaSpec, ReplicaState, StartProgress
 from fleet_svc.domain.rollout import Mode, Rollout, RolloutState, Stage, Step, Strategy
 from fleet_svc.store.base import ReplicaRecord, RolloutRecord
 
@@ -102,6 +102,44 @@ def replica_record(r: ReplicaState) -> ReplicaRecord:
             }
             for m in r.members
         ),
+        progress=progress_doc(r.progress),
+    )
+
+
+def progress_doc(p: StartProgress | None) -> dict[str, Any]:
+    """A replica's progress as its row keeps it ({} for none)."""
+    if p is None:
+        return {}
+    return {
+        "stage": p.stage,
+        "done_bytes": p.done_bytes,
+        "total_bytes": p.total_bytes,
+        "rate_bytes_per_s": p.rate_bytes_per_s,
+        "files_done": p.files_done,
+        "files_total": p.files_total,
+        "file": p.file,
+    }
+
+
+def progress_of_doc(doc: Mapping[str, Any]) -> StartProgress | None:
+    """A replica's progress from its row's JSON (None for {} or no stage; a number that is
+    not one reads as 0)."""
+    stage = doc.get("stage")
+    if not isinstance(stage, str) or not stage:
+        return None
+
+    def count(key: str) -> int:
+        value = doc.get(key, 0)
+        return max(value, 0) if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    return StartProgress(
+        stage=stage,
+        done_bytes=count("done_bytes"),
+        total_bytes=count("total_bytes"),
+        rate_bytes_per_s=count("rate_bytes_per_s"),
+        files_done=count("files_done"),
+        files_total=count("files_total"),
+        file=str(doc.get("file", "")),
     )
 
 
@@ -138,6 +176,7 @@ def replica_of(rec: ReplicaRecord) -> ReplicaState:
         ram_bytes=int(fleet.get("ram_bytes", 0)),
         retire=bool(fleet.get("retire", False)),
         members=tuple(member_of(m, i) for i, m in enumerate(rec.members)),
+        progress=progress_of_doc(rec.progress),
     )
 
 

@@ -435,12 +435,12 @@ class SQLiteStore:
         """Insert a replica record, or replace every field of the one with the same id."""
         self._conn.execute(
             f"INSERT INTO replicas ({_REPLICA_COLUMNS})"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (id) DO UPDATE SET model = excluded.model,"
             " profile = excluded.profile, revision = excluded.revision, node = excluded.node,"
             " gpus = excluded.gpus, phase = excluded.phase, reason = excluded.reason,"
             " address = excluded.address, restarts = excluded.restarts, since = excluded.since,"
-            " spec = excluded.spec, members = excluded.members",
+            " spec = excluded.spec, members = excluded.members, progress = excluded.progress",
             (
                 record.id,
                 record.model,
@@ -455,6 +455,7 @@ class SQLiteStore:
                 record.since,
                 dump_json(record.spec),
                 dump_json(list(record.members)),
+                dump_json(record.progress),
             ),
         )
 

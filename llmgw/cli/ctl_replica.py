@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import threading
 from typing import Any
 
 from llmgw.cli.common import add_ctl_command, example, fleet_client
@@ -17,6 +18,7 @@ from llmgw.cli.output import (
     short_name,
     table,
 )
+from llmgw.cli.progress import ProgressFollower
 from llmgw.clients.convert import Node, Replica, as_data
 
 
@@ -89,19 +91,24 @@ def replica_list(opts: argparse.Namespace) -> int:
 
 
 def replica_watch(opts: argparse.Namespace) -> int:
-    """`replica watch [--model M]`: follow the ready endpoints, one line per event, until
-    interrupted."""
+    """`replica watch [--model M]`: follow the ready endpoints, one line per event, and the
+    starting replicas' progress (unless --no-progress), until interrupted."""
     out = printer(opts)
+    lock = threading.Lock()
+    names = out.told is not None and out.told.kind == "name"
     with (
         fleet_client(opts) as fleet,
         contextlib.closing(fleet.watch_replicas(opts.model or "")) as events,
     ):
+        follower = None
+        if opts.progress and not names:
+            follower = ProgressFollower(fleet, opts.model or "", out.event, lock)
+            follower.start()
         try:
             for event in events:
                 kind = short_name(event, "kind", "KIND_")
                 line: str | None
                 e = event.endpoint
-                names = out.told is not None and out.told.kind == "name"
                 if kind == "HEARTBEAT" or (names and kind == "SYNCED"):
                     line = None  # the fleet's keepalive on a quiet stream: nothing to show
                 elif kind == "SYNCED":
@@ -115,9 +122,13 @@ def replica_watch(opts: argparse.Namespace) -> int:
                     )
                     if kind == "REMOVED":
                         line += " reason=" + short_name(event, "reason", "ENDPOINT_REASON_")
-                out.event(as_data(event), line)
+                with lock:
+                    out.event(as_data(event), line)
         except KeyboardInterrupt:
             return 0
+        finally:
+            if follower is not None:
+                follower.stop()
     return 0
 
 
@@ -156,8 +167,15 @@ def add_commands(groups: Any) -> None:
     watch = add_ctl_command(
         commands,
         "watch",
-        "follow ready endpoints (the gateway's view)",
+        "follow ready endpoints (the gateway's view) and starting replicas' progress",
         replica_watch,
         "llmgw ctl replica watch --model tiny-llama -o json",
     )
     watch.add_argument("--model", help="only this model's endpoints (default: every model's)")
+    watch.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        help="no PROGRESS lines: only the endpoint stream's events (default: both; the "
+        "starting replicas are asked for once a second)",
+    )

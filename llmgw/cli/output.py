@@ -19,6 +19,7 @@ import yaml
 
 from llmgw.cli import jsonpath
 from llmgw.cli.common import GIB, OutputFormat, output_of
+from llmgw.cli.progress import progress_text
 from llmgw.clients.convert import (
     ContextChange,
     GPUsChange,
@@ -178,6 +179,7 @@ REPLICA_HEADERS = (
     "address",
     "restarts",
     "age",
+    "progress",
     "reason",
 )
 
@@ -198,6 +200,7 @@ def replica_rows(replicas: Sequence[Replica]) -> list[list[object]]:
             r.address or "-",
             r.restarts,
             age(r.since),
+            progress_text(r),
             r.reason or "",
         ]
         for r in replicas

@@ -74,13 +74,14 @@ class Child:
         """Its exit code; None while it runs or before it started."""
         return self.proc.returncode if self.proc is not None else None
 
-    def stop(self) -> int | None:
-        """SIGTERM, then SIGKILL after its grace; its exit code (None when never started)."""
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> int | None:
+        """`sig` (SIGTERM), then SIGKILL after its grace; its exit code (None when never
+        started)."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
+                self.proc.send_signal(sig)
             try:
                 self.proc.wait(self.stop_grace_s)
             except subprocess.TimeoutExpired:
@@ -174,6 +175,16 @@ class Supervisor:
         self.children.append(child)
         child.start(env)
         return child
+
+    def restart(self, name: str, env: dict[str, str], sig: signal.Signals) -> Child:
+        """Stop the child named `name` with `sig` (SIGKILL after its grace) and start it
+        again with the same arguments and `env`, in its place (its log appended to)."""
+        old = next(c for c in self.children if c.name == name)
+        old.stop(sig)
+        new = Child(name, old.argv, old.log_path, old.stop_grace_s, self.parent)
+        self.children[self.children.index(old)] = new
+        new.start(env)
+        return new
 
     def exited(self) -> Child | None:
         """A child that has exited on its own, if any."""

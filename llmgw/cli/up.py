@@ -17,8 +17,15 @@ fleet's channel to the planner and `llmgw-up` for the example catalog's writer. 
 of those identities are in DATA/settings.yaml, the fleet's cluster settings (written once,
 then the operator's to edit). The demo's file server stays plain HTTP on loopback.
 
-(Some 580 lines: one run's steps, in the order they happen, read best in one place; what
-TLS needs made is in llmgw.cli.up_pki, the children's keeping in llmgw.cli.supervisor.)
+With --build-llama-server (what `make run` passes) and no llama-server found, it builds one in
+the background (llmgw.cli.up_build) while everything above runs on the stand-in, tells the
+build's phase as it goes, and once it lands restarts the agent with it (leaving its engines
+running, to be adopted) and rolls the llama.cpp example onto it: the example's source becomes
+the GGUF's local path, an ordinary catalog change rolled out beside.
+
+(Some 690 lines: one run's steps, in the order they happen, read best in one place; what
+TLS needs made is in llmgw.cli.up_pki, the build in llmgw.cli.up_build, the children's keeping
+in llmgw.cli.supervisor.)
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from llmgw.cli.common import (
     example,
 )
 from llmgw.cli.supervisor import Child, StartFailed, Supervisor, port_taken, wait_listening
+from llmgw.cli.up_build import EngineBuild
 from llmgw.cli.up_pki import (
     SETTINGS,
     LocalPki,
@@ -60,7 +68,7 @@ from llmgw.cli.up_pki import (
     write_settings,
 )
 from llmgw.clients import ClientError, FleetClient, Unreachable
-from llmgw.clients.convert import Replica
+from llmgw.clients.convert import Model, Replica
 from llmgw.demo.catalog import (
     CALLER,
     GGUF_FILE,
@@ -137,6 +145,8 @@ class Plan:
     metrics_port: int = 0
     """Prometheus metrics on `host`: the planner at this port, the fleet at the next, the
     agent at the one after (0: no metrics)."""
+    build_llama_server: bool = False
+    """Build llama-server in the background when none is found (`make run`)."""
 
     def metrics(self, offset: int) -> list[str]:
         """The `--metrics` flag of the child `offset` ports past `metrics_port`, if any."""
@@ -189,6 +199,7 @@ def build_plan(opts: argparse.Namespace) -> Plan:
         agent=not opts.no_agent,
         ready_timeout_s=opts.ready_timeout,
         metrics_port=opts.metrics_port,
+        build_llama_server=opts.build_llama_server,
     )
 
 
@@ -215,6 +226,10 @@ class Up:
         self.complete = True
         """Whether every example replica served before the banner."""
         self.pki: LocalPki | None = None
+        self.build: EngineBuild | None = None
+        """The llama-server build running in the background, if any."""
+        self.started: Started | None = None
+        self.agent_env: dict[str, str] = {}
 
     def say(self, text: str) -> None:
         """A line for the person running it."""
@@ -240,7 +255,7 @@ class Up:
         p.logs.mkdir(parents=True, exist_ok=True)
         p.models.mkdir(parents=True, exist_ok=True)
         self.check_ports()
-        started = self.start_services()
+        started = self.started = self.start_services()
         ready = self.load_examples(started)
         if self.stop.is_set():
             return 0
@@ -270,6 +285,14 @@ class Up:
         if not gguf_path.is_file():
             write_tiny_gguf(gguf_path)
         llama_server = find_llama_server(env)
+        if llama_server is None and p.build_llama_server:
+            self.build = EngineBuild(p.logs, env, p.python)
+            self.build.start()
+            self.say(
+                "llama-server: none found; building it in the background (about 14 min on 2 "
+                f"cores the first time; log {self.build.log_path}). The stand-in plays "
+                "llama.cpp until it lands, then the example rolls out onto it."
+            )
         py = [p.python, "-m"]
         json_logs = ["--log-format", "json"]
 
@@ -347,7 +370,7 @@ class Up:
         # Every child starts before this process opens a gRPC channel: gRPC's threads and a
         # fork do not mix (the children's pre-exec hook runs between them).
         if p.agent:
-            agent_env = dict(env)
+            agent_env = self.agent_env = dict(env)
             if llama_server:
                 agent_env[LLAMA_SERVER_ENV] = llama_server
             self.children.start(
@@ -393,15 +416,8 @@ class Up:
             UpError: the fleet did not take the catalog.
         """
         p = self.plan
-        gguf_source = (
-            str(started.gguf_path)
-            if started.llama_server
-            else f"{started.files_url}/files/{GGUF_FILE}"
-        )
-        models = example_models(gguf_source=gguf_source, gpu_class=gpu_class_of(p.gpus))
-        assert self.pki is not None, "start_services made the certificates"
-        writer = ClientTLS(ca=self.pki.ca, cert=self.pki.writer[0], key=self.pki.writer[1])
-        with FleetClient(started.fleet, caller=CALLER, timeout_s=10.0, tls=writer) as fleet:
+        models = self.examples(started)
+        with self.writer(started) as fleet:
             try:
                 if not fleet.wait_connected(30, self.stop):
                     return None
@@ -429,6 +445,73 @@ class Up:
         self.complete = got is not None
         return got
 
+    def examples(self, started: Started) -> list[Model]:
+        """The example catalog: the GGUF example by its local path for a real llama-server
+        (its -m takes a path), else by the file server's URL for the stand-in."""
+        gguf_source = (
+            str(started.gguf_path)
+            if started.llama_server
+            else f"{started.files_url}/files/{GGUF_FILE}"
+        )
+        return example_models(gguf_source=gguf_source, gpu_class=gpu_class_of(self.plan.gpus))
+
+    def writer(self, started: Started) -> FleetClient:
+        """A client of the fleet as the example catalog's writer."""
+        assert self.pki is not None, "start_services made the certificates"
+        writer = ClientTLS(ca=self.pki.ca, cert=self.pki.writer[0], key=self.pki.writer[1])
+        return FleetClient(started.fleet, caller=CALLER, timeout_s=10.0, tls=writer)
+
+    def follow_build(self) -> None:
+        """Tell the background build's phase when it moved on; once it ended, take the
+        llama.cpp example over onto what it built (or say why not)."""
+        build = self.build
+        if build is None:
+            return
+        news = build.news()
+        if news is not None:
+            self.say(f"llmgw up: llama-server build: {news}")
+        code = build.finished()
+        if code is None:
+            return
+        self.build = None
+        if code != 0:
+            self.say(
+                f"llmgw up: the llama-server build failed (code {code}); its log "
+                f"({build.log_path}) ends:\n{build.child.tail()}\nThe stand-in keeps playing "
+                "llama.cpp; `make llama-server` builds it again."
+            )
+            return
+        built = find_llama_server(self.agent_env)
+        if built is None:
+            self.say(
+                f"llmgw up: the llama-server build ended but no llama-server is found; see "
+                f"{build.log_path}. The stand-in keeps playing llama.cpp."
+            )
+            return
+        self.take_over(built)
+
+    def take_over(self, llama_server: str) -> None:
+        """Run llama.cpp's example on `llama_server` from now on: the agent restarted with it
+        (SIGUSR1: its engines left running and adopted), then the example's source changed
+        to the GGUF's local path, which rolls out beside like any catalog change."""
+        started = self.started
+        if started is None or not self.plan.agent:
+            return
+        self.say(
+            f"llmgw up: llama-server built ({llama_server}): restarting the agent with it "
+            "(its engines keep running) and rolling the llama.cpp example onto it"
+        )
+        self.agent_env[LLAMA_SERVER_ENV] = llama_server
+        self.children.restart("agent", self.agent_env, signal.SIGUSR1)
+        started.llama_server = llama_server
+        try:
+            with self.writer(started) as fleet:
+                if fleet.wait_connected(30, self.stop):
+                    for line in ensure_example_catalog(fleet, self.examples(started)):
+                        self.say(f"catalog: {line}")
+        except ClientError as exc:
+            self.say(f"llmgw up: the llama.cpp example was not rolled onto llama-server: {exc}")
+
     def banner(self, started: Started, ready: Sequence[Replica]) -> None:
         """Where everything listens and how to use it."""
         p = self.plan
@@ -449,6 +532,11 @@ class Up:
                 if started.llama_server
                 else "stand-in engines"
             )
+            if self.build is not None:
+                engine += (
+                    f" (llama-server building: {self.build.phase().text()}; llama.cpp moves "
+                    "onto it when built)"
+                )
             lines.append(f"  agent    node {p.node}, {p.gpus} stand-in cards, {engine}")
         else:
             lines.append("  agent    none (--no-agent): replicas stay PENDING until one connects")
@@ -495,6 +583,7 @@ class Up:
     def serve(self) -> int:
         """Run until signalled; a child that exits on its own stops everything."""
         while not self.stop.wait(0.5):
+            self.follow_build()
             child = self.children.exited()
             if child is not None:
                 self.say(
@@ -510,6 +599,9 @@ class Up:
         def stopped(child: Child, code: int | None) -> None:
             self.say(f"llmgw up: {child.name} stopped (code {code})")
 
+        if self.build is not None:
+            self.build.stop()  # resumed where it stopped by the next build
+            self.say("llmgw up: llama-server build stopped (the next run goes on with it)")
         self.children.stop_all(STOP_ORDER, stopped)
 
 
@@ -579,6 +671,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="PORT",
         help="serve Prometheus metrics on --host: the planner at PORT, the fleet at PORT+1, "
         "the agent at PORT+2 (default 0: none)",
+    )
+    up.add_argument(
+        "--build-llama-server",
+        action="store_true",
+        help="when no llama-server is found, build one in the background (what `make run` "
+        "does; scripts/build_llama_server.sh): llama.cpp runs on the stand-in until it lands, "
+        "then moves onto it (default: the stand-in plays llama.cpp)",
     )
     up.add_argument(
         "--ready-timeout",

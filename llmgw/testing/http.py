@@ -149,6 +149,7 @@ class Exchange:
         *,
         honour_range: bool = True,
         refuse_malformed_range: bool = False,
+        pace_bytes_per_s: float = 0.0,
     ) -> None:
         """Answer with a file: 206 and Content-Range for a satisfiable range, 416 for one past
         its end, else 200 and the whole file.
@@ -158,6 +159,8 @@ class Exchange:
                 saying `Accept-Ranges: none`.
             refuse_malformed_range: answer 416, not the whole file, to a Range header that is
                 not one valid byte range (what the Hub stand-in has always done).
+            pace_bytes_per_s: send the body no faster than this (a slow link, for tests of
+                download progress); 0: as fast as the client reads.
         """
         size = body.size if isinstance(body, LocalFile) else content_size(body)
         wanted = self.range_header if honour_range else ""
@@ -180,9 +183,15 @@ class Exchange:
         self._head(status, out, end - start)
         if not self.wants_body:
             return
+        began, sent = time.monotonic(), 0
         for chunk in _chunks(body, start, end):
             if self._listener.stopping.is_set() or not self._write(chunk):
                 return
+            sent += len(chunk)
+            if pace_bytes_per_s > 0:
+                ahead_s = sent / pace_bytes_per_s - (time.monotonic() - began)
+                if ahead_s > 0 and self._listener.stopping.wait(ahead_s):
+                    return
 
     def _head(self, status: int, headers: Mapping[str, str], length: int) -> None:
         handler = self._handler

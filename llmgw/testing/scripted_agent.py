@@ -134,8 +134,10 @@ class ScriptedAgent:
         phase: agent_pb2.ProcessPhase.ValueType,
         message: str = "",
         address: str = "",
+        progress: common_pb2.StartProgress | None = None,
     ) -> None:
-        """Send a ReplicaUpdate for a replica (at `address`, or one of its own by default)."""
+        """Send a ReplicaUpdate for a replica (at `address`, or one of its own by default;
+        with `progress`, a starting replica's download or load)."""
         index = (
             sorted(self.running).index(spec.replica_id) if spec.replica_id in self.running else 0
         )
@@ -154,6 +156,7 @@ class ScriptedAgent:
                         gang_address=(
                             f"127.0.0.1:{29500 + index}" if spec.HasField("gang") else ""
                         ),
+                        progress=progress,
                     )
                 )
             )

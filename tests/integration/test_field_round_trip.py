@@ -1,7 +1,9 @@
 """Every field of a catalog model survives every layer: CreateModel, UpdateModel, GetModel,
-ListModels, the settings file and a restart, on both stores. The models are built from the
-proto descriptors (tests/support/filled.py), every field set, so a field added to the contract
-and dropped by any layer fails here without anyone adding it to a list."""
+ListModels, the settings file and a restart, on both stores; and every field of a starting
+replica's progress survives the agent stream, the store, ListReplicas and a restart. The
+messages are built from the proto descriptors (tests/support/filled.py), every field set, so a
+field added to the contract and dropped by any layer fails here without anyone adding it to a
+list."""
 
 from __future__ import annotations
 
@@ -12,8 +14,12 @@ import pytest
 import yaml
 from google.protobuf import json_format
 
+from fleet_svc.domain.nodes import Liveness
+from llmgw.agent.v1 import agent_pb2
 from llmgw.common.v1 import common_pb2
-from llmgw.fleet.v1 import fleet_pb2
+from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+from llmgw.testing.eventually import assert_eventually
+from llmgw.testing.scripted_agent import ScriptedAgent
 from tests.support.filled import fill, unset_fields
 from tests.support.fleet import running_fleet
 from tests.support.postgres import fresh_database
@@ -105,3 +111,72 @@ async def test_every_field_of_a_declared_model_survives_the_settings_file_and_re
             fleet_pb2.ListModelRevisionsRequest(name=declared.name)
         )
         assert [r.revision for r in history.revisions] == [1]
+
+
+# Not LOST for 30 s: the restarted fleet keeps the replica STARTING while no agent says hello.
+PATIENT = Liveness(interval_s=0.2, grace_heartbeats=3, lost_after_s=30.0)
+ONE_CARD = common_pb2.Model(
+    name="starting",
+    source="hf://org/starting",
+    context_length=8192,
+    profiles=[
+        common_pb2.Profile(
+            name="gpu",
+            engine="vllm",
+            args=["--max-model-len", "8192"],
+            gpu_class="H100-80GB",
+            gpus_per_node=1,
+            tp=1,
+            replicas=1,
+        )
+    ],
+)
+
+
+async def test_every_progress_field_survives_the_stream_the_store_and_a_restart(
+    tmp_path: Path, store_url: str
+) -> None:
+    """A starting replica's progress, every field set, is what ListReplicas shows as its agent
+    reported it, and again after the fleet restarts on its store; once READY it is gone."""
+    progress = fill(common_pb2.StartProgress(), 1)
+    assert isinstance(progress, common_pb2.StartProgress) and unset_fields(progress) == []
+    starting = agent_pb2.PROCESS_PHASE_STARTING
+
+    async def shown(stub: fleet_pb2_grpc.FleetServiceAsyncStub) -> list[fleet_pb2.Replica]:
+        answer = await stub.ListReplicas(fleet_pb2.ListReplicasRequest())
+        return list(answer.replicas)
+
+    async with running_fleet(tmp_path, store_url=store_url, liveness=PATIENT) as (fleet, stub):
+        agent = ScriptedAgent(f"127.0.0.1:{fleet.port}", "node-a", phase_for=lambda s: starting)
+        agent.start()
+        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=ONE_CARD))
+        spec = await assert_eventually(
+            lambda: next(iter(agent.running.values()), None), what="the replica sent"
+        )
+        agent.report(spec, starting, progress=progress)
+
+        async def reported() -> bool:
+            rs = await shown(stub)
+            # In the store too: the restart below reads it from there.
+            stored = [r.progress for r in fleet.store.list_replicas()]
+            return len(rs) == 1 and rs[0].progress == progress and stored != [{}]
+
+        await assert_eventually(reported, what="the progress in ListReplicas and the store")
+        await agent.stop()
+    async with running_fleet(tmp_path, store_url=store_url, liveness=PATIENT) as (fleet, stub):
+        (kept,) = await shown(stub)
+        assert kept.phase == fleet_pb2.REPLICA_PHASE_STARTING and kept.progress == progress
+        agent.address = f"127.0.0.1:{fleet.port}"
+        agent.phase_for = lambda s: agent_pb2.PROCESS_PHASE_HEALTHY
+        agent.start()
+        try:
+
+            async def ready() -> bool:
+                rs = await shown(stub)
+                return rs[0].phase == fleet_pb2.REPLICA_PHASE_READY
+
+            await assert_eventually(ready, what="READY")
+            (done,) = await shown(stub)
+            assert not done.HasField("progress")
+        finally:
+            await agent.stop()

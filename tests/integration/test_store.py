@@ -241,6 +241,25 @@ def test_spec_that_is_not_json_is_refused(
 
 REPLICAS = [
     ReplicaRecord(id="r-min", model="qwen2.5-0.5b", profile="cpu", revision=1),
+    # A replica starting: its agent's last progress report.
+    ReplicaRecord(
+        id="r-starting",
+        model="qwen2.5-0.5b",
+        profile="cpu",
+        revision=1,
+        node="cpu-node-1",
+        phase="STARTING",
+        reason="fetching qwen2.5-0.5b-q8_0.gguf",
+        progress={
+            "stage": "DOWNLOADING",
+            "done_bytes": 201_326_592,
+            "total_bytes": 531_067_296,
+            "rate_bytes_per_s": 52_428_800,
+            "files_done": 0,
+            "files_total": 1,
+            "file": "qwen2.5-0.5b-q8_0.gguf",
+        },
+    ),
     ReplicaRecord(
         id="llama-3.1-8b/h100/0",
         model="llama-3.1-8b",
@@ -323,6 +342,7 @@ def test_a_replica_row_from_before_gangs_reads_as_one_node_after_migrating(
     backend.open().close()
     backend.raw("ALTER TABLE replicas DROP COLUMN members", ())
     # And what later steps added, so the database is as a fleet of schema 3 left it.
+    backend.raw("ALTER TABLE replicas DROP COLUMN progress", ())
     backend.raw("DROP TABLE rollout_requests", ())
     backend.raw("DROP INDEX rollouts_by_state", ())
     if backend.kind == "sqlite":

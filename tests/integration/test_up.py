@@ -26,6 +26,7 @@ import pytest
 
 from llmgw.cli.supervisor import port_taken
 from llmgw.cli.up import gpu_class_of
+from llmgw.cli.up_build import ENV_BUILD
 from llmgw.clients import FleetClient
 from llmgw.clients.convert import Model
 from llmgw.demo.catalog import (
@@ -138,6 +139,8 @@ class RunningUp:
     planner: str
     fleet: str
     banner: list[str]
+    output: queue.Queue[str | None] | None = None
+    """What it prints after its banner, a line at a time (None at its end)."""
 
     @property
     def beside(self) -> Path:
@@ -185,11 +188,16 @@ def free_run(n: int) -> int:
 
 @contextlib.contextmanager
 def running_up(
-    tmp_path: Path, env: dict[str, str] | None = None, metrics_port: int = 0
+    tmp_path: Path,
+    env: dict[str, str] | None = None,
+    metrics_port: int = 0,
+    args: tuple[str, ...] = (),
+    children: int = 6,
 ) -> Iterator[RunningUp]:
-    """Start `llmgw up` on free ports (and its metrics from `metrics_port`, if not 0) and wait
-    for its ready line; after, SIGTERM it and check that it stopped its children in order and
-    that no process it started is left."""
+    """Start `llmgw up` on free ports (and its metrics from `metrics_port`, if not 0; with
+    `args`) and wait for its ready line; after, SIGTERM it and check that it stopped its
+    children in order (at least `children` processes below it) and that no process it started
+    is left."""
     planner_port, fleet_port, files_port = free_ports(3)
     data = tmp_path / "data"
     proc = subprocess.Popen(
@@ -209,6 +217,7 @@ def running_up(
             "--ready-timeout",
             "60",
             *(["--metrics-port", str(metrics_port)] if metrics_port else []),
+            *args,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -228,10 +237,12 @@ def running_up(
             while (line := lines.get(timeout=5)) != "Ctrl-C stops everything.":
                 assert line is not None
                 seen.append(line)
-            yield RunningUp(data, f"127.0.0.1:{planner_port}", f"127.0.0.1:{fleet_port}", seen)
+            yield RunningUp(
+                data, f"127.0.0.1:{planner_port}", f"127.0.0.1:{fleet_port}", seen, lines
+            )
             started = descendants(proc.pid)
             # files, planner, fleet, agent and the two engines.
-            assert len(started) >= 6, started
+            assert len(started) >= children, started
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0
             rest = []
@@ -438,6 +449,96 @@ def test_up_runs_the_gguf_example_on_the_llama_server_it_is_told(tmp_path: Path)
         assert gguf["phase"] == "REPLICA_PHASE_READY"
         logs = "".join(p.read_text() for p in (up.data / "agent" / "logs").glob("*.log"))
         assert f'"{fake}"' in logs and f'"-m", "{source}"' in logs
+
+
+FAKE_BUILD = """\
+import os, pathlib, sys, time
+print("[llama-server] downloading the llama-cpp-python 0.3.36 source distribution", flush=True)
+print("[llama-server] configuring (-DCMAKE_BUILD_TYPE=Release)", flush=True)
+print("[llama-server] compiling llama-server and libllama with 2 jobs", flush=True)
+for step in (1, 2):
+    print(f"[{{step}}/4] Building CXX object", flush=True)
+gate = pathlib.Path({gate!r})
+while not gate.exists():
+    time.sleep(0.1)
+for step in (3, 4):
+    print(f"[{{step}}/4] Building CXX object", flush=True)
+binary = pathlib.Path(os.environ["HOME"], ".cache/llmgw/llama.cpp/bin/llama-server")
+binary.parent.mkdir(parents=True, exist_ok=True)
+binary.write_text("#!/bin/sh\\nexec {python} -m fleet_svc.standin \\"$@\\"\\n")
+binary.chmod(0o755)
+print(f"[llama-server] built {{binary}} in 1 s", flush=True)
+"""
+
+
+def _said(up: RunningUp, wanted: str, timeout_s: float = 60) -> list[str]:
+    """What `up` printed after its banner until a line holding `wanted` (included)."""
+    assert up.output is not None
+    said: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while not said or wanted not in said[-1]:
+        line = up.output.get(timeout=max(0.1, deadline - time.monotonic()))
+        assert line is not None, "llmgw up ended:\n" + "\n".join(said)
+        said.append(line)
+    return said
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_up_is_ready_while_llama_server_builds_then_rolls_llama_cpp_onto_it(
+    tmp_path: Path,
+) -> None:
+    """With --build-llama-server and none built, `llmgw up` is ready at once with llama.cpp on
+    the stand-in while the build runs (its phase in the banner); when the build lands, the
+    agent restarts with it, leaving its engines running, and the llama.cpp example rolls out
+    onto the built llama-server (its source now the GGUF's path, revision 2, READY); every
+    engine is gone when up stops. The build is a stand-in ($LLMGW_LLAMA_SERVER_BUILD) held
+    until the test lets it finish."""
+    gate = tmp_path / "let-the-build-finish"
+    fake_build = tmp_path / "fake_build.py"
+    fake_build.write_text(FAKE_BUILD.format(gate=str(gate), python=sys.executable))
+    env = _env_without_llama_server(tmp_path) | {
+        ENV_BUILD: f"{shlex.quote(sys.executable)} {shlex.quote(str(fake_build))}"
+    }
+    built = tmp_path / "home" / ".cache" / "llmgw" / "llama.cpp" / "bin" / "llama-server"
+    # One engine fewer below it at the end: the one the restarted agent adopted is no child
+    # of it (its first agent, that started it, is gone); the check after the block finds it.
+    with running_up(tmp_path, env, args=("--build-llama-server",), children=5) as up:
+        agent_line = next(line for line in up.banner if line.startswith("  agent"))
+        assert "stand-in engines (llama-server building: compiling 50%" in agent_line
+        assert any("building it in the background" in line for line in up.banner)
+        first = next(r for r in up.replicas() if r["model"] == GGUF_MODEL)
+        assert first["phase"] == "REPLICA_PHASE_READY" and first["revision"] == "1"
+        gate.touch()
+        said = _said(up, f"catalog: updated {GGUF_MODEL}")
+        assert any("llama-server build: compiling" in line for line in said), said
+        assert any(f"llama-server built ({built})" in line for line in said), said
+        source = str(up.data / "models" / "tiny-llama.gguf")
+
+        def rolled() -> dict[str, Any] | None:
+            rs = [r for r in up.replicas() if r["model"] == GGUF_MODEL]
+            new = [r for r in rs if r["revision"] == "2" and r["phase"] == "REPLICA_PHASE_READY"]
+            return new[0] if len(rs) == 1 and new else None
+
+        deadline = time.monotonic() + 60
+        while (now := rolled()) is None:
+            assert time.monotonic() < deadline, up.replicas()
+            time.sleep(0.5)
+        assert now["id"] != first["id"]
+        assert up.model(GGUF_MODEL)["source"] == source
+        hf = next(r for r in up.replicas() if r["model"] == HF_MODEL)
+        assert hf["phase"] == "REPLICA_PHASE_READY"
+        logs = "".join(p.read_text() for p in (up.data / "agent" / "logs").glob("*.log"))
+        assert f'"{built}"' in logs and f'"-m", "{source}"' in logs
+        agent_log = (up.data / "logs" / "agent.log").read_text()
+        assert '"stop_replicas": false' in agent_log and "replica_adopted" in agent_log
+        records = (up.data / "agent" / "replicas").glob("*.json")
+        engines = [json.loads(r.read_text())["pid"] for r in records]
+        assert engines
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in engines) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in engines if alive(p)]
 
 
 def _real_llama_server() -> str | None:

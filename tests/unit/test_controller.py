@@ -15,8 +15,9 @@ from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.nodes import Card, Liveness, NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Want
-from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
+from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState, StartProgress
 from fleet_svc.domain.reports import Observed
+from fleet_svc.store.rows import progress_doc
 from fleet_svc.store.sqlite import SQLiteStore
 from llmgw.testing.clock import FakeClock
 
@@ -189,3 +190,37 @@ def test_the_last_heartbeat_reads_as_wall_time(fleet: Fleet) -> None:
     fleet.clock.advance(4.0)
     view = fleet.controller.state.nodes["n1"]
     assert fleet.controller.wall_of(view.last_heard_s) == pytest.approx(heard_at)
+
+
+def test_progress_is_the_agents_latest_while_starting_and_goes_with_the_phase(
+    fleet: Fleet,
+) -> None:
+    """A STARTING replica keeps its agent's latest progress (a report without one clears it,
+    a move that is no report keeps it), in the store too; READY or CRASHED drop it, and a
+    replica starting again starts with none."""
+    fleet.connect()
+    fleet.controller.tick()
+    rid = fleet.replica().id
+    downloading = StartProgress("DOWNLOADING", 10, 100, 5, 0, 1, "m.gguf")
+    loading = StartProgress("LOADING", file="m.gguf")
+
+    def seen(phase: ReplicaPhase, progress: StartProgress | None) -> None:
+        fleet.controller.observe("n1", Observed(rid, 1, phase, progress=progress))
+
+    seen(P.STARTING, downloading)
+    assert fleet.replica().progress == downloading
+    fleet.controller.flush()
+    assert [r.progress for r in fleet.store.list_replicas()] == [progress_doc(downloading)]
+    fleet.controller.transition(rid, P.STARTING, "still placed")
+    assert fleet.replica().progress == downloading
+    seen(P.STARTING, loading)
+    assert fleet.replica().progress == loading
+    seen(P.STARTING, None)
+    assert fleet.replica().progress is None
+    seen(P.STARTING, loading)
+    seen(P.READY, None)
+    assert fleet.replica().phase is P.READY and fleet.replica().progress is None
+    seen(P.CRASHED, loading)  # a report's progress counts only while STARTING
+    assert fleet.replica().progress is None
+    seen(P.STARTING, None)
+    assert fleet.replica().phase is P.STARTING and fleet.replica().progress is None

@@ -8,7 +8,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from fleet_svc.agent.admission import Rejection
 from fleet_svc.agent.cards import Card
-from fleet_svc.agent.replica import Gang, Observation, Phase, ReplicaSpec
+from fleet_svc.agent.replica import Gang, Observation, Phase, Progress, ReplicaSpec, Stage
 from llmgw.agent.v1 import agent_pb2
 from llmgw.common.v1 import common_pb2
 
@@ -21,6 +21,25 @@ PHASES: dict[Phase, agent_pb2.ProcessPhase.ValueType] = {
     Phase.STOPPED: agent_pb2.PROCESS_PHASE_STOPPED,
     Phase.FAILED: agent_pb2.PROCESS_PHASE_FAILED,
 }
+
+
+STAGES: dict[Stage, common_pb2.StartStage.ValueType] = {
+    Stage.DOWNLOADING: common_pb2.START_STAGE_DOWNLOADING,
+    Stage.LOADING: common_pb2.START_STAGE_LOADING,
+}
+
+
+def progress_to_proto(p: Progress) -> common_pb2.StartProgress:
+    """A starting replica's progress as the fleet is told of it."""
+    return common_pb2.StartProgress(
+        stage=STAGES[p.stage],
+        done_bytes=p.done_bytes,
+        total_bytes=p.total_bytes,
+        rate_bytes_per_s=p.rate_bytes_per_s,
+        files_done=p.files_done,
+        files_total=p.files_total,
+        file=p.file,
+    )
 
 
 def spec_from_proto(msg: agent_pb2.ReplicaSpec) -> ReplicaSpec:
@@ -68,6 +87,7 @@ def observation_to_proto(obs: Observation) -> agent_pb2.ObservedReplica:
         engine=spec.engine,
         since=timestamp(obs.since_s),
         gang_address=obs.gang_address,
+        progress=progress_to_proto(obs.progress) if obs.progress is not None else None,
     )
 
 

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from llmgw.common.v1 import common_pb2 as llmgw_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1allmgw/agent/v1/agent.proto\x12\x0ellmgw.agent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cllmgw/common/v1/common.proto\"\xb8\x02\n\x0fObservedReplica\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12+\n\x05phase\x18\x03 \x01(\x0e\x32\x1c.llmgw.agent.v1.ProcessPhase\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x05\x12\x0c\n\x04gpus\x18\x06 \x03(\x05\x12\x10\n\x08restarts\x18\x07 \x01(\x05\x12\x11\n\texit_code\x18\x08 \x01(\x05\x12\x0f\n\x07message\x18\t \x01(\t\x12\x10\n\x08log_tail\x18\n \x03(\t\x12\r\n\x05model\x18\x0b \x01(\t\x12\x0e\n\x06\x65ngine\x18\x0c \x01(\t\x12)\n\x05since\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0cgang_address\x18\x0e \x01(\t\"\xc2\x03\n\x05Hello\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x31\n\x06labels\x18\x02 \x03(\x0b\x32!.llmgw.agent.v1.Hello.LabelsEntry\x12$\n\x05\x63\x61rds\x18\x03 \x03(\x0b\x32\x15.llmgw.common.v1.Card\x12\x31\n\x08replicas\x18\x04 \x03(\x0b\x32\x1f.llmgw.agent.v1.ObservedReplica\x12\x0f\n\x07\x65ngines\x18\x05 \x03(\t\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x03\x12\x19\n\x11memory_free_bytes\x18\x07 \x01(\x03\x12\x15\n\ragent_version\x18\x08 \x01(\t\x12\x17\n\x0f\x61pplied_version\x18\t \x01(\x03\x12\x42\n\x0f\x65ngine_versions\x18\n \x03(\x0b\x32).llmgw.agent.v1.Hello.EngineVersionsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x35\n\x13\x45ngineVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x86\x01\n\tHeartbeat\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12+\n\x07sent_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12$\n\x05\x63\x61rds\x18\x03 \x03(\x0b\x32\x15.llmgw.common.v1.Card\x12\x19\n\x11memory_free_bytes\x18\x04 \x01(\x03\"C\n\x03\x41\x63k\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12+\n\x08rejected\x18\x02 \x03(\x0b\x32\x19.llmgw.agent.v1.Rejection\"R\n\tRejection\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"A\n\rReplicaUpdate\x12\x30\n\x07replica\x18\x01 \x01(\x0b\x32\x1f.llmgw.agent.v1.ObservedReplica\"\xc4\x01\n\x0e\x43onnectRequest\x12&\n\x05hello\x18\x01 \x01(\x0b\x32\x15.llmgw.agent.v1.HelloH\x00\x12.\n\theartbeat\x18\x02 \x01(\x0b\x32\x19.llmgw.agent.v1.HeartbeatH\x00\x12\"\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x13.llmgw.agent.v1.AckH\x00\x12/\n\x06update\x18\x04 \x01(\x0b\x32\x1d.llmgw.agent.v1.ReplicaUpdateH\x00\x42\x05\n\x03msg\"\xce\x01\n\x0bReplicaSpec\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07profile\x18\x04 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x05 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x06 \x03(\t\x12\x0c\n\x04gpus\x18\x07 \x03(\x05\x12\x0e\n\x06source\x18\x08 \x01(\t\x12(\n\x04gang\x18\t \x01(\x0b\x32\x1a.llmgw.agent.v1.GangMember\x12\x13\n\x0btraceparent\x18\x10 \x01(\t\"9\n\nGangMember\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0e\n\x06nnodes\x18\x02 \x01(\x05\x12\r\n\x05peers\x18\x03 \x03(\t\"\xcc\x01\n\x07\x44\x65sired\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12-\n\x08replicas\x18\x02 \x03(\x0b\x32\x1b.llmgw.agent.v1.ReplicaSpec\x12H\n\x11stop_traceparents\x18\x10 \x03(\x0b\x32-.llmgw.agent.v1.Desired.StopTraceparentsEntry\x1a\x37\n\x15StopTraceparentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"`\n\x07Welcome\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x05\x12\x18\n\x10grace_heartbeats\x18\x02 \x01(\x05\x12\x1d\n\x15heartbeat_interval_ms\x18\x03 \x01(\x05\"\xa0\x01\n\x0f\x43onnectResponse\x12*\n\x07welcome\x18\x01 \x01(\x0b\x32\x17.llmgw.agent.v1.WelcomeH\x00\x12*\n\x07\x64\x65sired\x18\x02 \x01(\x0b\x32\x17.llmgw.agent.v1.DesiredH\x00\x12.\n\theartbeat\x18\x03 \x01(\x0b\x32\x19.llmgw.agent.v1.HeartbeatH\x00\x42\x05\n\x03msg*\xed\x01\n\x0cProcessPhase\x12\x1d\n\x19PROCESS_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n\x16PROCESS_PHASE_STARTING\x10\x01\x12\x19\n\x15PROCESS_PHASE_HEALTHY\x10\x02\x12\x1b\n\x17PROCESS_PHASE_UNHEALTHY\x10\x03\x12\x19\n\x15PROCESS_PHASE_CRASHED\x10\x04\x12\x1a\n\x16PROCESS_PHASE_STOPPING\x10\x05\x12\x19\n\x15PROCESS_PHASE_STOPPED\x10\x06\x12\x18\n\x14PROCESS_PHASE_FAILED\x10\x07\x32^\n\x0c\x41gentService\x12N\n\x07\x43onnect\x12\x1e.llmgw.agent.v1.ConnectRequest\x1a\x1f.llmgw.agent.v1.ConnectResponse(\x01\x30\x01\x42=Z;gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/agent/v1;agentv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1allmgw/agent/v1/agent.proto\x12\x0ellmgw.agent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cllmgw/common/v1/common.proto\"\xea\x02\n\x0fObservedReplica\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12+\n\x05phase\x18\x03 \x01(\x0e\x32\x1c.llmgw.agent.v1.ProcessPhase\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x05\x12\x0c\n\x04gpus\x18\x06 \x03(\x05\x12\x10\n\x08restarts\x18\x07 \x01(\x05\x12\x11\n\texit_code\x18\x08 \x01(\x05\x12\x0f\n\x07message\x18\t \x01(\t\x12\x10\n\x08log_tail\x18\n \x03(\t\x12\r\n\x05model\x18\x0b \x01(\t\x12\x0e\n\x06\x65ngine\x18\x0c \x01(\t\x12)\n\x05since\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0cgang_address\x18\x0e \x01(\t\x12\x30\n\x08progress\x18\x14 \x01(\x0b\x32\x1e.llmgw.common.v1.StartProgress\"\xc2\x03\n\x05Hello\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x31\n\x06labels\x18\x02 \x03(\x0b\x32!.llmgw.agent.v1.Hello.LabelsEntry\x12$\n\x05\x63\x61rds\x18\x03 \x03(\x0b\x32\x15.llmgw.common.v1.Card\x12\x31\n\x08replicas\x18\x04 \x03(\x0b\x32\x1f.llmgw.agent.v1.ObservedReplica\x12\x0f\n\x07\x65ngines\x18\x05 \x03(\t\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x03\x12\x19\n\x11memory_free_bytes\x18\x07 \x01(\x03\x12\x15\n\ragent_version\x18\x08 \x01(\t\x12\x17\n\x0f\x61pplied_version\x18\t \x01(\x03\x12\x42\n\x0f\x65ngine_versions\x18\n \x03(\x0b\x32).llmgw.agent.v1.Hello.EngineVersionsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x35\n\x13\x45ngineVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x86\x01\n\tHeartbeat\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12+\n\x07sent_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12$\n\x05\x63\x61rds\x18\x03 \x03(\x0b\x32\x15.llmgw.common.v1.Card\x12\x19\n\x11memory_free_bytes\x18\x04 \x01(\x03\"C\n\x03\x41\x63k\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12+\n\x08rejected\x18\x02 \x03(\x0b\x32\x19.llmgw.agent.v1.Rejection\"R\n\tRejection\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"A\n\rReplicaUpdate\x12\x30\n\x07replica\x18\x01 \x01(\x0b\x32\x1f.llmgw.agent.v1.ObservedReplica\"\xc4\x01\n\x0e\x43onnectRequest\x12&\n\x05hello\x18\x01 \x01(\x0b\x32\x15.llmgw.agent.v1.HelloH\x00\x12.\n\theartbeat\x18\x02 \x01(\x0b\x32\x19.llmgw.agent.v1.HeartbeatH\x00\x12\"\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x13.llmgw.agent.v1.AckH\x00\x12/\n\x06update\x18\x04 \x01(\x0b\x32\x1d.llmgw.agent.v1.ReplicaUpdateH\x00\x42\x05\n\x03msg\"\xce\x01\n\x0bReplicaSpec\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07profile\x18\x04 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x05 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x06 \x03(\t\x12\x0c\n\x04gpus\x18\x07 \x03(\x05\x12\x0e\n\x06source\x18\x08 \x01(\t\x12(\n\x04gang\x18\t \x01(\x0b\x32\x1a.llmgw.agent.v1.GangMember\x12\x13\n\x0btraceparent\x18\x10 \x01(\t\"9\n\nGangMember\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0e\n\x06nnodes\x18\x02 \x01(\x05\x12\r\n\x05peers\x18\x03 \x03(\t\"\xcc\x01\n\x07\x44\x65sired\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12-\n\x08replicas\x18\x02 \x03(\x0b\x32\x1b.llmgw.agent.v1.ReplicaSpec\x12H\n\x11stop_traceparents\x18\x10 \x03(\x0b\x32-.llmgw.agent.v1.Desired.StopTraceparentsEntry\x1a\x37\n\x15StopTraceparentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"`\n\x07Welcome\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x05\x12\x18\n\x10grace_heartbeats\x18\x02 \x01(\x05\x12\x1d\n\x15heartbeat_interval_ms\x18\x03 \x01(\x05\"\xa0\x01\n\x0f\x43onnectResponse\x12*\n\x07welcome\x18\x01 \x01(\x0b\x32\x17.llmgw.agent.v1.WelcomeH\x00\x12*\n\x07\x64\x65sired\x18\x02 \x01(\x0b\x32\x17.llmgw.agent.v1.DesiredH\x00\x12.\n\theartbeat\x18\x03 \x01(\x0b\x32\x19.llmgw.agent.v1.HeartbeatH\x00\x42\x05\n\x03msg*\xed\x01\n\x0cProcessPhase\x12\x1d\n\x19PROCESS_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n\x16PROCESS_PHASE_STARTING\x10\x01\x12\x19\n\x15PROCESS_PHASE_HEALTHY\x10\x02\x12\x1b\n\x17PROCESS_PHASE_UNHEALTHY\x10\x03\x12\x19\n\x15PROCESS_PHASE_CRASHED\x10\x04\x12\x1a\n\x16PROCESS_PHASE_STOPPING\x10\x05\x12\x19\n\x15PROCESS_PHASE_STOPPED\x10\x06\x12\x18\n\x14PROCESS_PHASE_FAILED\x10\x07\x32^\n\x0c\x41gentService\x12N\n\x07\x43onnect\x12\x1e.llmgw.agent.v1.ConnectRequest\x1a\x1f.llmgw.agent.v1.ConnectResponse(\x01\x30\x01\x42=Z;gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/agent/v1;agentv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,38 +40,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HELLO_ENGINEVERSIONSENTRY']._serialized_options = b'8\001'
   _globals['_DESIRED_STOPTRACEPARENTSENTRY']._loaded_options = None
   _globals['_DESIRED_STOPTRACEPARENTSENTRY']._serialized_options = b'8\001'
-  _globals['_PROCESSPHASE']._serialized_start=2170
-  _globals['_PROCESSPHASE']._serialized_end=2407
+  _globals['_PROCESSPHASE']._serialized_start=2220
+  _globals['_PROCESSPHASE']._serialized_end=2457
   _globals['_OBSERVEDREPLICA']._serialized_start=110
-  _globals['_OBSERVEDREPLICA']._serialized_end=422
-  _globals['_HELLO']._serialized_start=425
-  _globals['_HELLO']._serialized_end=875
-  _globals['_HELLO_LABELSENTRY']._serialized_start=775
-  _globals['_HELLO_LABELSENTRY']._serialized_end=820
-  _globals['_HELLO_ENGINEVERSIONSENTRY']._serialized_start=822
-  _globals['_HELLO_ENGINEVERSIONSENTRY']._serialized_end=875
-  _globals['_HEARTBEAT']._serialized_start=878
-  _globals['_HEARTBEAT']._serialized_end=1012
-  _globals['_ACK']._serialized_start=1014
-  _globals['_ACK']._serialized_end=1081
-  _globals['_REJECTION']._serialized_start=1083
-  _globals['_REJECTION']._serialized_end=1165
-  _globals['_REPLICAUPDATE']._serialized_start=1167
-  _globals['_REPLICAUPDATE']._serialized_end=1232
-  _globals['_CONNECTREQUEST']._serialized_start=1235
-  _globals['_CONNECTREQUEST']._serialized_end=1431
-  _globals['_REPLICASPEC']._serialized_start=1434
-  _globals['_REPLICASPEC']._serialized_end=1640
-  _globals['_GANGMEMBER']._serialized_start=1642
-  _globals['_GANGMEMBER']._serialized_end=1699
-  _globals['_DESIRED']._serialized_start=1702
-  _globals['_DESIRED']._serialized_end=1906
-  _globals['_DESIRED_STOPTRACEPARENTSENTRY']._serialized_start=1851
-  _globals['_DESIRED_STOPTRACEPARENTSENTRY']._serialized_end=1906
-  _globals['_WELCOME']._serialized_start=1908
-  _globals['_WELCOME']._serialized_end=2004
-  _globals['_CONNECTRESPONSE']._serialized_start=2007
-  _globals['_CONNECTRESPONSE']._serialized_end=2167
-  _globals['_AGENTSERVICE']._serialized_start=2409
-  _globals['_AGENTSERVICE']._serialized_end=2503
+  _globals['_OBSERVEDREPLICA']._serialized_end=472
+  _globals['_HELLO']._serialized_start=475
+  _globals['_HELLO']._serialized_end=925
+  _globals['_HELLO_LABELSENTRY']._serialized_start=825
+  _globals['_HELLO_LABELSENTRY']._serialized_end=870
+  _globals['_HELLO_ENGINEVERSIONSENTRY']._serialized_start=872
+  _globals['_HELLO_ENGINEVERSIONSENTRY']._serialized_end=925
+  _globals['_HEARTBEAT']._serialized_start=928
+  _globals['_HEARTBEAT']._serialized_end=1062
+  _globals['_ACK']._serialized_start=1064
+  _globals['_ACK']._serialized_end=1131
+  _globals['_REJECTION']._serialized_start=1133
+  _globals['_REJECTION']._serialized_end=1215
+  _globals['_REPLICAUPDATE']._serialized_start=1217
+  _globals['_REPLICAUPDATE']._serialized_end=1282
+  _globals['_CONNECTREQUEST']._serialized_start=1285
+  _globals['_CONNECTREQUEST']._serialized_end=1481
+  _globals['_REPLICASPEC']._serialized_start=1484
+  _globals['_REPLICASPEC']._serialized_end=1690
+  _globals['_GANGMEMBER']._serialized_start=1692
+  _globals['_GANGMEMBER']._serialized_end=1749
+  _globals['_DESIRED']._serialized_start=1752
+  _globals['_DESIRED']._serialized_end=1956
+  _globals['_DESIRED_STOPTRACEPARENTSENTRY']._serialized_start=1901
+  _globals['_DESIRED_STOPTRACEPARENTSENTRY']._serialized_end=1956
+  _globals['_WELCOME']._serialized_start=1958
+  _globals['_WELCOME']._serialized_end=2054
+  _globals['_CONNECTRESPONSE']._serialized_start=2057
+  _globals['_CONNECTRESPONSE']._serialized_end=2217
+  _globals['_AGENTSERVICE']._serialized_start=2459
+  _globals['_AGENTSERVICE']._serialized_end=2553
 # @@protoc_insertion_point(module_scope)

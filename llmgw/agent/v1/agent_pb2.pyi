@@ -89,6 +89,7 @@ class ObservedReplica(_message.Message):
     ENGINE_FIELD_NUMBER: _builtins.int
     SINCE_FIELD_NUMBER: _builtins.int
     GANG_ADDRESS_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
     replica_id: _builtins.str
     revision: _builtins.int
     phase: Global___ProcessPhase.ValueType
@@ -113,6 +114,10 @@ class ObservedReplica(_message.Message):
 
     @_builtins.property
     def since(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def progress(self) -> _common_pb2.StartProgress:
+        """While STARTING: what it fetches or loads and how far (unset otherwise)."""
+
     def __init__(
         self,
         *,
@@ -130,10 +135,11 @@ class ObservedReplica(_message.Message):
         engine: _builtins.str = ...,
         since: _timestamp_pb2.Timestamp | None = ...,
         gang_address: _builtins.str = ...,
+        progress: _common_pb2.StartProgress | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress", "since", b"since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "engine", b"engine", "exit_code", b"exit_code", "gang_address", b"gang_address", "gpus", b"gpus", "log_tail", b"log_tail", "message", b"message", "model", b"model", "phase", b"phase", "pid", b"pid", "replica_id", b"replica_id", "restarts", b"restarts", "revision", b"revision", "since", b"since"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "engine", b"engine", "exit_code", b"exit_code", "gang_address", b"gang_address", "gpus", b"gpus", "log_tail", b"log_tail", "message", b"message", "model", b"model", "phase", b"phase", "pid", b"pid", "progress", b"progress", "replica_id", b"replica_id", "restarts", b"restarts", "revision", b"revision", "since", b"since"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

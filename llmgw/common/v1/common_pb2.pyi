@@ -89,6 +89,34 @@ LAYER_KIND_NO_CACHE: LayerKind.ValueType  # 5
 """Keeps nothing of its own (reuses another layer's KV, or has no attention)."""
 Global___LayerKind: _TypeAlias = LayerKind  # noqa: Y015
 
+class _StartStage:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _StartStageEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StartStage.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    START_STAGE_UNSPECIFIED: _StartStage.ValueType  # 0
+    """Not set: no progress is known (the replica is not starting, or its agent reports none)."""
+    START_STAGE_DOWNLOADING: _StartStage.ValueType  # 1
+    """The model's files are being fetched: by the agent (a GGUF URL) or by the engine itself
+    (a Hugging Face repo, seen growing in the Hub cache).
+    """
+    START_STAGE_LOADING: _StartStage.ValueType  # 2
+    """The engine process runs and loads the weights; its health check does not pass yet."""
+
+class StartStage(_StartStage, metaclass=_StartStageEnumTypeWrapper):
+    """Where a starting replica stands before its engine serves."""
+
+START_STAGE_UNSPECIFIED: StartStage.ValueType  # 0
+"""Not set: no progress is known (the replica is not starting, or its agent reports none)."""
+START_STAGE_DOWNLOADING: StartStage.ValueType  # 1
+"""The model's files are being fetched: by the agent (a GGUF URL) or by the engine itself
+(a Hugging Face repo, seen growing in the Hub cache).
+"""
+START_STAGE_LOADING: StartStage.ValueType  # 2
+"""The engine process runs and loads the weights; its health check does not pass yet."""
+Global___StartStage: _TypeAlias = StartStage  # noqa: Y015
+
 @_typing.final
 class OriginFile(_message.Message):
     """One file of a model's origin, with its size."""
@@ -818,3 +846,49 @@ class DevicePlacement(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DevicePlacement: _TypeAlias = DevicePlacement  # noqa: Y015
+
+@_typing.final
+class StartProgress(_message.Message):
+    """A starting replica's progress, as its agent measured it (at most one report a second per
+    replica: docs/cli.md).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STAGE_FIELD_NUMBER: _builtins.int
+    DONE_BYTES_FIELD_NUMBER: _builtins.int
+    TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    RATE_BYTES_PER_S_FIELD_NUMBER: _builtins.int
+    FILES_DONE_FIELD_NUMBER: _builtins.int
+    FILES_TOTAL_FIELD_NUMBER: _builtins.int
+    FILE_FIELD_NUMBER: _builtins.int
+    stage: Global___StartStage.ValueType
+    done_bytes: _builtins.int
+    """Bytes of the model's files fetched so far."""
+    total_bytes: _builtins.int
+    """Bytes in all (0: not known, e.g. an engine's own download)."""
+    rate_bytes_per_s: _builtins.int
+    """The recent download rate in bytes a second (0: not known or not downloading)."""
+    files_done: _builtins.int
+    """Files fetched whole so far, and in all (0: not known)."""
+    files_total: _builtins.int
+    file: _builtins.str
+    """The file being fetched or loaded (its name, not a path)."""
+    def __init__(
+        self,
+        *,
+        stage: Global___StartStage.ValueType = ...,
+        done_bytes: _builtins.int = ...,
+        total_bytes: _builtins.int = ...,
+        rate_bytes_per_s: _builtins.int = ...,
+        files_done: _builtins.int = ...,
+        files_total: _builtins.int = ...,
+        file: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done_bytes", b"done_bytes", "file", b"file", "files_done", b"files_done", "files_total", b"files_total", "rate_bytes_per_s", b"rate_bytes_per_s", "stage", b"stage", "total_bytes", b"total_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartProgress: _TypeAlias = StartProgress  # noqa: Y015

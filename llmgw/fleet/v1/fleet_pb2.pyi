@@ -1436,6 +1436,7 @@ class Replica(_message.Message):
     ENGINE_FIELD_NUMBER: _builtins.int
     ARGS_FIELD_NUMBER: _builtins.int
     MEMBERS_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     model: _builtins.str
     profile: _builtins.str
@@ -1459,6 +1460,10 @@ class Replica(_message.Message):
         address above) first; empty for a replica on one node.
         """
 
+    @_builtins.property
+    def progress(self) -> _common_pb2.StartProgress:
+        """While STARTING: what its agent last reported of its download or load (unset otherwise)."""
+
     def __init__(
         self,
         *,
@@ -1476,10 +1481,11 @@ class Replica(_message.Message):
         engine: _builtins.str = ...,
         args: _abc.Iterable[_builtins.str] | None = ...,
         members: _abc.Iterable[Global___ReplicaMember] | None = ...,
+        progress: _common_pb2.StartProgress | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress", "since", b"since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "args", b"args", "engine", b"engine", "gpus", b"gpus", "id", b"id", "members", b"members", "model", b"model", "node", b"node", "phase", b"phase", "profile", b"profile", "reason", b"reason", "restarts", b"restarts", "revision", b"revision", "since", b"since"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "args", b"args", "engine", b"engine", "gpus", b"gpus", "id", b"id", "members", b"members", "model", b"model", "node", b"node", "phase", b"phase", "profile", b"profile", "progress", b"progress", "reason", b"reason", "restarts", b"restarts", "revision", b"revision", "since", b"since"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

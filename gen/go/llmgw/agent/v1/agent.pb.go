@@ -120,7 +120,9 @@ type ObservedReplica struct {
 	Since   *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=since,proto3" json:"since,omitempty"`
 	// host:port this gang member listens on for the rest of its gang (a head's rendezvous, a
 	// llama.cpp rpc-server); empty for a replica on one node or a member that does not listen.
-	GangAddress   string `protobuf:"bytes,14,opt,name=gang_address,json=gangAddress,proto3" json:"gang_address,omitempty"`
+	GangAddress string `protobuf:"bytes,14,opt,name=gang_address,json=gangAddress,proto3" json:"gang_address,omitempty"`
+	// While STARTING: what it fetches or loads and how far (unset otherwise).
+	Progress      *v1.StartProgress `protobuf:"bytes,20,opt,name=progress,proto3" json:"progress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -251,6 +253,13 @@ func (x *ObservedReplica) GetGangAddress() string {
 		return x.GangAddress
 	}
 	return ""
+}
+
+func (x *ObservedReplica) GetProgress() *v1.StartProgress {
+	if x != nil {
+		return x.Progress
+	}
+	return nil
 }
 
 // The agent's first message: the node's identity and full state.
@@ -1148,7 +1157,7 @@ var File_llmgw_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_llmgw_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1allmgw/agent/v1/agent.proto\x12\x0ellmgw.agent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cllmgw/common/v1/common.proto\"\xb1\x03\n" +
+	"\x1allmgw/agent/v1/agent.proto\x12\x0ellmgw.agent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cllmgw/common/v1/common.proto\"\xed\x03\n" +
 	"\x0fObservedReplica\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x1a\n" +
@@ -1165,7 +1174,8 @@ const file_llmgw_agent_v1_agent_proto_rawDesc = "" +
 	"\x05model\x18\v \x01(\tR\x05model\x12\x16\n" +
 	"\x06engine\x18\f \x01(\tR\x06engine\x120\n" +
 	"\x05since\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12!\n" +
-	"\fgang_address\x18\x0e \x01(\tR\vgangAddress\"\xd2\x04\n" +
+	"\fgang_address\x18\x0e \x01(\tR\vgangAddress\x12:\n" +
+	"\bprogress\x18\x14 \x01(\v2\x1e.llmgw.common.v1.StartProgressR\bprogress\"\xd2\x04\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x129\n" +
 	"\x06labels\x18\x02 \x03(\v2!.llmgw.agent.v1.Hello.LabelsEntryR\x06labels\x12+\n" +
@@ -1283,36 +1293,38 @@ var file_llmgw_agent_v1_agent_proto_goTypes = []any{
 	nil,                           // 14: llmgw.agent.v1.Hello.EngineVersionsEntry
 	nil,                           // 15: llmgw.agent.v1.Desired.StopTraceparentsEntry
 	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
-	(*v1.Card)(nil),               // 17: llmgw.common.v1.Card
+	(*v1.StartProgress)(nil),      // 17: llmgw.common.v1.StartProgress
+	(*v1.Card)(nil),               // 18: llmgw.common.v1.Card
 }
 var file_llmgw_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: llmgw.agent.v1.ObservedReplica.phase:type_name -> llmgw.agent.v1.ProcessPhase
 	16, // 1: llmgw.agent.v1.ObservedReplica.since:type_name -> google.protobuf.Timestamp
-	13, // 2: llmgw.agent.v1.Hello.labels:type_name -> llmgw.agent.v1.Hello.LabelsEntry
-	17, // 3: llmgw.agent.v1.Hello.cards:type_name -> llmgw.common.v1.Card
-	1,  // 4: llmgw.agent.v1.Hello.replicas:type_name -> llmgw.agent.v1.ObservedReplica
-	14, // 5: llmgw.agent.v1.Hello.engine_versions:type_name -> llmgw.agent.v1.Hello.EngineVersionsEntry
-	16, // 6: llmgw.agent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	17, // 7: llmgw.agent.v1.Heartbeat.cards:type_name -> llmgw.common.v1.Card
-	5,  // 8: llmgw.agent.v1.Ack.rejected:type_name -> llmgw.agent.v1.Rejection
-	1,  // 9: llmgw.agent.v1.ReplicaUpdate.replica:type_name -> llmgw.agent.v1.ObservedReplica
-	2,  // 10: llmgw.agent.v1.ConnectRequest.hello:type_name -> llmgw.agent.v1.Hello
-	3,  // 11: llmgw.agent.v1.ConnectRequest.heartbeat:type_name -> llmgw.agent.v1.Heartbeat
-	4,  // 12: llmgw.agent.v1.ConnectRequest.ack:type_name -> llmgw.agent.v1.Ack
-	6,  // 13: llmgw.agent.v1.ConnectRequest.update:type_name -> llmgw.agent.v1.ReplicaUpdate
-	9,  // 14: llmgw.agent.v1.ReplicaSpec.gang:type_name -> llmgw.agent.v1.GangMember
-	8,  // 15: llmgw.agent.v1.Desired.replicas:type_name -> llmgw.agent.v1.ReplicaSpec
-	15, // 16: llmgw.agent.v1.Desired.stop_traceparents:type_name -> llmgw.agent.v1.Desired.StopTraceparentsEntry
-	11, // 17: llmgw.agent.v1.ConnectResponse.welcome:type_name -> llmgw.agent.v1.Welcome
-	10, // 18: llmgw.agent.v1.ConnectResponse.desired:type_name -> llmgw.agent.v1.Desired
-	3,  // 19: llmgw.agent.v1.ConnectResponse.heartbeat:type_name -> llmgw.agent.v1.Heartbeat
-	7,  // 20: llmgw.agent.v1.AgentService.Connect:input_type -> llmgw.agent.v1.ConnectRequest
-	12, // 21: llmgw.agent.v1.AgentService.Connect:output_type -> llmgw.agent.v1.ConnectResponse
-	21, // [21:22] is the sub-list for method output_type
-	20, // [20:21] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	17, // 2: llmgw.agent.v1.ObservedReplica.progress:type_name -> llmgw.common.v1.StartProgress
+	13, // 3: llmgw.agent.v1.Hello.labels:type_name -> llmgw.agent.v1.Hello.LabelsEntry
+	18, // 4: llmgw.agent.v1.Hello.cards:type_name -> llmgw.common.v1.Card
+	1,  // 5: llmgw.agent.v1.Hello.replicas:type_name -> llmgw.agent.v1.ObservedReplica
+	14, // 6: llmgw.agent.v1.Hello.engine_versions:type_name -> llmgw.agent.v1.Hello.EngineVersionsEntry
+	16, // 7: llmgw.agent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	18, // 8: llmgw.agent.v1.Heartbeat.cards:type_name -> llmgw.common.v1.Card
+	5,  // 9: llmgw.agent.v1.Ack.rejected:type_name -> llmgw.agent.v1.Rejection
+	1,  // 10: llmgw.agent.v1.ReplicaUpdate.replica:type_name -> llmgw.agent.v1.ObservedReplica
+	2,  // 11: llmgw.agent.v1.ConnectRequest.hello:type_name -> llmgw.agent.v1.Hello
+	3,  // 12: llmgw.agent.v1.ConnectRequest.heartbeat:type_name -> llmgw.agent.v1.Heartbeat
+	4,  // 13: llmgw.agent.v1.ConnectRequest.ack:type_name -> llmgw.agent.v1.Ack
+	6,  // 14: llmgw.agent.v1.ConnectRequest.update:type_name -> llmgw.agent.v1.ReplicaUpdate
+	9,  // 15: llmgw.agent.v1.ReplicaSpec.gang:type_name -> llmgw.agent.v1.GangMember
+	8,  // 16: llmgw.agent.v1.Desired.replicas:type_name -> llmgw.agent.v1.ReplicaSpec
+	15, // 17: llmgw.agent.v1.Desired.stop_traceparents:type_name -> llmgw.agent.v1.Desired.StopTraceparentsEntry
+	11, // 18: llmgw.agent.v1.ConnectResponse.welcome:type_name -> llmgw.agent.v1.Welcome
+	10, // 19: llmgw.agent.v1.ConnectResponse.desired:type_name -> llmgw.agent.v1.Desired
+	3,  // 20: llmgw.agent.v1.ConnectResponse.heartbeat:type_name -> llmgw.agent.v1.Heartbeat
+	7,  // 21: llmgw.agent.v1.AgentService.Connect:input_type -> llmgw.agent.v1.ConnectRequest
+	12, // 22: llmgw.agent.v1.AgentService.Connect:output_type -> llmgw.agent.v1.ConnectResponse
+	22, // [22:23] is the sub-list for method output_type
+	21, // [21:22] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_agent_v1_agent_proto_init() }

@@ -150,6 +150,60 @@ func (LayerKind) EnumDescriptor() ([]byte, []int) {
 	return file_llmgw_common_v1_common_proto_rawDescGZIP(), []int{1}
 }
 
+// Where a starting replica stands before its engine serves.
+type StartStage int32
+
+const (
+	// Not set: no progress is known (the replica is not starting, or its agent reports none).
+	StartStage_START_STAGE_UNSPECIFIED StartStage = 0
+	// The model's files are being fetched: by the agent (a GGUF URL) or by the engine itself
+	// (a Hugging Face repo, seen growing in the Hub cache).
+	StartStage_START_STAGE_DOWNLOADING StartStage = 1
+	// The engine process runs and loads the weights; its health check does not pass yet.
+	StartStage_START_STAGE_LOADING StartStage = 2
+)
+
+// Enum value maps for StartStage.
+var (
+	StartStage_name = map[int32]string{
+		0: "START_STAGE_UNSPECIFIED",
+		1: "START_STAGE_DOWNLOADING",
+		2: "START_STAGE_LOADING",
+	}
+	StartStage_value = map[string]int32{
+		"START_STAGE_UNSPECIFIED": 0,
+		"START_STAGE_DOWNLOADING": 1,
+		"START_STAGE_LOADING":     2,
+	}
+)
+
+func (x StartStage) Enum() *StartStage {
+	p := new(StartStage)
+	*p = x
+	return p
+}
+
+func (x StartStage) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (StartStage) Descriptor() protoreflect.EnumDescriptor {
+	return file_llmgw_common_v1_common_proto_enumTypes[2].Descriptor()
+}
+
+func (StartStage) Type() protoreflect.EnumType {
+	return &file_llmgw_common_v1_common_proto_enumTypes[2]
+}
+
+func (x StartStage) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use StartStage.Descriptor instead.
+func (StartStage) EnumDescriptor() ([]byte, []int) {
+	return file_llmgw_common_v1_common_proto_rawDescGZIP(), []int{2}
+}
+
 // One file of a model's origin, with its size.
 type OriginFile struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1692,6 +1746,105 @@ func (x *DevicePlacement) GetComputeBytes() int64 {
 	return 0
 }
 
+// A starting replica's progress, as its agent measured it (at most one report a second per
+// replica: docs/cli.md).
+type StartProgress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Stage StartStage             `protobuf:"varint,1,opt,name=stage,proto3,enum=llmgw.common.v1.StartStage" json:"stage,omitempty"`
+	// Bytes of the model's files fetched so far.
+	DoneBytes int64 `protobuf:"varint,2,opt,name=done_bytes,json=doneBytes,proto3" json:"done_bytes,omitempty"`
+	// Bytes in all (0: not known, e.g. an engine's own download).
+	TotalBytes int64 `protobuf:"varint,3,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	// The recent download rate in bytes a second (0: not known or not downloading).
+	RateBytesPerS int64 `protobuf:"varint,4,opt,name=rate_bytes_per_s,json=rateBytesPerS,proto3" json:"rate_bytes_per_s,omitempty"`
+	// Files fetched whole so far, and in all (0: not known).
+	FilesDone  int32 `protobuf:"varint,5,opt,name=files_done,json=filesDone,proto3" json:"files_done,omitempty"`
+	FilesTotal int32 `protobuf:"varint,6,opt,name=files_total,json=filesTotal,proto3" json:"files_total,omitempty"`
+	// The file being fetched or loaded (its name, not a path).
+	File          string `protobuf:"bytes,7,opt,name=file,proto3" json:"file,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartProgress) Reset() {
+	*x = StartProgress{}
+	mi := &file_llmgw_common_v1_common_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartProgress) ProtoMessage() {}
+
+func (x *StartProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_common_v1_common_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartProgress.ProtoReflect.Descriptor instead.
+func (*StartProgress) Descriptor() ([]byte, []int) {
+	return file_llmgw_common_v1_common_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *StartProgress) GetStage() StartStage {
+	if x != nil {
+		return x.Stage
+	}
+	return StartStage_START_STAGE_UNSPECIFIED
+}
+
+func (x *StartProgress) GetDoneBytes() int64 {
+	if x != nil {
+		return x.DoneBytes
+	}
+	return 0
+}
+
+func (x *StartProgress) GetTotalBytes() int64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
+func (x *StartProgress) GetRateBytesPerS() int64 {
+	if x != nil {
+		return x.RateBytesPerS
+	}
+	return 0
+}
+
+func (x *StartProgress) GetFilesDone() int32 {
+	if x != nil {
+		return x.FilesDone
+	}
+	return 0
+}
+
+func (x *StartProgress) GetFilesTotal() int32 {
+	if x != nil {
+		return x.FilesTotal
+	}
+	return 0
+}
+
+func (x *StartProgress) GetFile() string {
+	if x != nil {
+		return x.File
+	}
+	return ""
+}
+
 var File_llmgw_common_v1_common_proto protoreflect.FileDescriptor
 
 const file_llmgw_common_v1_common_proto_rawDesc = "" +
@@ -1853,7 +2006,19 @@ const file_llmgw_common_v1_common_proto_rawDesc = "" +
 	"\x06output\x18\x05 \x01(\bR\x06output\x12#\n" +
 	"\rweights_bytes\x18\x06 \x01(\x03R\fweightsBytes\x12\x19\n" +
 	"\bkv_bytes\x18\a \x01(\x03R\akvBytes\x12#\n" +
-	"\rcompute_bytes\x18\b \x01(\x03R\fcomputeBytes*\x99\x01\n" +
+	"\rcompute_bytes\x18\b \x01(\x03R\fcomputeBytes\"\xff\x01\n" +
+	"\rStartProgress\x121\n" +
+	"\x05stage\x18\x01 \x01(\x0e2\x1b.llmgw.common.v1.StartStageR\x05stage\x12\x1d\n" +
+	"\n" +
+	"done_bytes\x18\x02 \x01(\x03R\tdoneBytes\x12\x1f\n" +
+	"\vtotal_bytes\x18\x03 \x01(\x03R\n" +
+	"totalBytes\x12'\n" +
+	"\x10rate_bytes_per_s\x18\x04 \x01(\x03R\rrateBytesPerS\x12\x1d\n" +
+	"\n" +
+	"files_done\x18\x05 \x01(\x05R\tfilesDone\x12\x1f\n" +
+	"\vfiles_total\x18\x06 \x01(\x05R\n" +
+	"filesTotal\x12\x12\n" +
+	"\x04file\x18\a \x01(\tR\x04file*\x99\x01\n" +
 	"\n" +
 	"FitVerdict\x12\x1b\n" +
 	"\x17FIT_VERDICT_UNSPECIFIED\x10\x00\x12\x14\n" +
@@ -1867,7 +2032,12 @@ const file_llmgw_common_v1_common_proto_rawDesc = "" +
 	"\x12LAYER_KIND_SLIDING\x10\x02\x12\x12\n" +
 	"\x0eLAYER_KIND_MLA\x10\x03\x12\x18\n" +
 	"\x14LAYER_KIND_RECURRENT\x10\x04\x12\x17\n" +
-	"\x13LAYER_KIND_NO_CACHE\x10\x05B?Z=gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/common/v1;commonv1b\x06proto3"
+	"\x13LAYER_KIND_NO_CACHE\x10\x05*_\n" +
+	"\n" +
+	"StartStage\x12\x1b\n" +
+	"\x17START_STAGE_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17START_STAGE_DOWNLOADING\x10\x01\x12\x17\n" +
+	"\x13START_STAGE_LOADING\x10\x02B?Z=gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/common/v1;commonv1b\x06proto3"
 
 var (
 	file_llmgw_common_v1_common_proto_rawDescOnce sync.Once
@@ -1881,50 +2051,53 @@ func file_llmgw_common_v1_common_proto_rawDescGZIP() []byte {
 	return file_llmgw_common_v1_common_proto_rawDescData
 }
 
-var file_llmgw_common_v1_common_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_llmgw_common_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_llmgw_common_v1_common_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_llmgw_common_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_llmgw_common_v1_common_proto_goTypes = []any{
 	(FitVerdict)(0),         // 0: llmgw.common.v1.FitVerdict
 	(LayerKind)(0),          // 1: llmgw.common.v1.LayerKind
-	(*OriginFile)(nil),      // 2: llmgw.common.v1.OriginFile
-	(*Origin)(nil),          // 3: llmgw.common.v1.Origin
-	(*Profile)(nil),         // 4: llmgw.common.v1.Profile
-	(*Model)(nil),           // 5: llmgw.common.v1.Model
-	(*InventoryNode)(nil),   // 6: llmgw.common.v1.InventoryNode
-	(*Card)(nil),            // 7: llmgw.common.v1.Card
-	(*Inventory)(nil),       // 8: llmgw.common.v1.Inventory
-	(*Memory)(nil),          // 9: llmgw.common.v1.Memory
-	(*LayerShape)(nil),      // 10: llmgw.common.v1.LayerShape
-	(*ModelShape)(nil),      // 11: llmgw.common.v1.ModelShape
-	(*ProfileChange)(nil),   // 12: llmgw.common.v1.ProfileChange
-	(*ContextChange)(nil),   // 13: llmgw.common.v1.ContextChange
-	(*GPUsChange)(nil),      // 14: llmgw.common.v1.GPUsChange
-	(*DevicePlacement)(nil), // 15: llmgw.common.v1.DevicePlacement
-	nil,                     // 16: llmgw.common.v1.InventoryNode.EngineVersionsEntry
+	(StartStage)(0),         // 2: llmgw.common.v1.StartStage
+	(*OriginFile)(nil),      // 3: llmgw.common.v1.OriginFile
+	(*Origin)(nil),          // 4: llmgw.common.v1.Origin
+	(*Profile)(nil),         // 5: llmgw.common.v1.Profile
+	(*Model)(nil),           // 6: llmgw.common.v1.Model
+	(*InventoryNode)(nil),   // 7: llmgw.common.v1.InventoryNode
+	(*Card)(nil),            // 8: llmgw.common.v1.Card
+	(*Inventory)(nil),       // 9: llmgw.common.v1.Inventory
+	(*Memory)(nil),          // 10: llmgw.common.v1.Memory
+	(*LayerShape)(nil),      // 11: llmgw.common.v1.LayerShape
+	(*ModelShape)(nil),      // 12: llmgw.common.v1.ModelShape
+	(*ProfileChange)(nil),   // 13: llmgw.common.v1.ProfileChange
+	(*ContextChange)(nil),   // 14: llmgw.common.v1.ContextChange
+	(*GPUsChange)(nil),      // 15: llmgw.common.v1.GPUsChange
+	(*DevicePlacement)(nil), // 16: llmgw.common.v1.DevicePlacement
+	(*StartProgress)(nil),   // 17: llmgw.common.v1.StartProgress
+	nil,                     // 18: llmgw.common.v1.InventoryNode.EngineVersionsEntry
 }
 var file_llmgw_common_v1_common_proto_depIdxs = []int32{
-	2,  // 0: llmgw.common.v1.Origin.files:type_name -> llmgw.common.v1.OriginFile
-	3,  // 1: llmgw.common.v1.Model.origin:type_name -> llmgw.common.v1.Origin
-	4,  // 2: llmgw.common.v1.Model.profiles:type_name -> llmgw.common.v1.Profile
-	11, // 3: llmgw.common.v1.Model.shape:type_name -> llmgw.common.v1.ModelShape
-	16, // 4: llmgw.common.v1.InventoryNode.engine_versions:type_name -> llmgw.common.v1.InventoryNode.EngineVersionsEntry
-	6,  // 5: llmgw.common.v1.Inventory.nodes:type_name -> llmgw.common.v1.InventoryNode
+	3,  // 0: llmgw.common.v1.Origin.files:type_name -> llmgw.common.v1.OriginFile
+	4,  // 1: llmgw.common.v1.Model.origin:type_name -> llmgw.common.v1.Origin
+	5,  // 2: llmgw.common.v1.Model.profiles:type_name -> llmgw.common.v1.Profile
+	12, // 3: llmgw.common.v1.Model.shape:type_name -> llmgw.common.v1.ModelShape
+	18, // 4: llmgw.common.v1.InventoryNode.engine_versions:type_name -> llmgw.common.v1.InventoryNode.EngineVersionsEntry
+	7,  // 5: llmgw.common.v1.Inventory.nodes:type_name -> llmgw.common.v1.InventoryNode
 	0,  // 6: llmgw.common.v1.Memory.verdict:type_name -> llmgw.common.v1.FitVerdict
-	15, // 7: llmgw.common.v1.Memory.devices:type_name -> llmgw.common.v1.DevicePlacement
+	16, // 7: llmgw.common.v1.Memory.devices:type_name -> llmgw.common.v1.DevicePlacement
 	1,  // 8: llmgw.common.v1.LayerShape.kind:type_name -> llmgw.common.v1.LayerKind
 	1,  // 9: llmgw.common.v1.ModelShape.layer_kinds:type_name -> llmgw.common.v1.LayerKind
-	10, // 10: llmgw.common.v1.ModelShape.layer_shapes:type_name -> llmgw.common.v1.LayerShape
-	9,  // 11: llmgw.common.v1.ProfileChange.memory:type_name -> llmgw.common.v1.Memory
-	9,  // 12: llmgw.common.v1.ProfileChange.memory_before:type_name -> llmgw.common.v1.Memory
-	12, // 13: llmgw.common.v1.ContextChange.profiles:type_name -> llmgw.common.v1.ProfileChange
+	11, // 10: llmgw.common.v1.ModelShape.layer_shapes:type_name -> llmgw.common.v1.LayerShape
+	10, // 11: llmgw.common.v1.ProfileChange.memory:type_name -> llmgw.common.v1.Memory
+	10, // 12: llmgw.common.v1.ProfileChange.memory_before:type_name -> llmgw.common.v1.Memory
+	13, // 13: llmgw.common.v1.ContextChange.profiles:type_name -> llmgw.common.v1.ProfileChange
 	0,  // 14: llmgw.common.v1.ContextChange.verdict:type_name -> llmgw.common.v1.FitVerdict
-	12, // 15: llmgw.common.v1.GPUsChange.profiles:type_name -> llmgw.common.v1.ProfileChange
+	13, // 15: llmgw.common.v1.GPUsChange.profiles:type_name -> llmgw.common.v1.ProfileChange
 	0,  // 16: llmgw.common.v1.GPUsChange.verdict:type_name -> llmgw.common.v1.FitVerdict
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	2,  // 17: llmgw.common.v1.StartProgress.stage:type_name -> llmgw.common.v1.StartStage
+	18, // [18:18] is the sub-list for method output_type
+	18, // [18:18] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_common_v1_common_proto_init() }
@@ -1937,8 +2110,8 @@ func file_llmgw_common_v1_common_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_llmgw_common_v1_common_proto_rawDesc), len(file_llmgw_common_v1_common_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   15,
+			NumEnums:      3,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

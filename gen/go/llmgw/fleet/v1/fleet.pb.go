@@ -2905,7 +2905,9 @@ type Replica struct {
 	Args     []string               `protobuf:"bytes,13,rep,name=args,proto3" json:"args,omitempty"`
 	// A replica spanning several nodes (a gang): its members by rank, the head (node, gpus,
 	// address above) first; empty for a replica on one node.
-	Members       []*ReplicaMember `protobuf:"bytes,14,rep,name=members,proto3" json:"members,omitempty"`
+	Members []*ReplicaMember `protobuf:"bytes,14,rep,name=members,proto3" json:"members,omitempty"`
+	// While STARTING: what its agent last reported of its download or load (unset otherwise).
+	Progress      *v1.StartProgress `protobuf:"bytes,20,opt,name=progress,proto3" json:"progress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3034,6 +3036,13 @@ func (x *Replica) GetArgs() []string {
 func (x *Replica) GetMembers() []*ReplicaMember {
 	if x != nil {
 		return x.Members
+	}
+	return nil
+}
+
+func (x *Replica) GetProgress() *v1.StartProgress {
+	if x != nil {
+		return x.Progress
 	}
 	return nil
 }
@@ -3759,7 +3768,7 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x12\n" +
 	"\x10ListNodesRequest\"?\n" +
 	"\x11ListNodesResponse\x12*\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x14.llmgw.fleet.v1.NodeR\x05nodes\"\xa6\x03\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x14.llmgw.fleet.v1.NodeR\x05nodes\"\xe2\x03\n" +
 	"\aReplica\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x18\n" +
@@ -3775,7 +3784,8 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\x05since\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x16\n" +
 	"\x06engine\x18\f \x01(\tR\x06engine\x12\x12\n" +
 	"\x04args\x18\r \x03(\tR\x04args\x127\n" +
-	"\amembers\x18\x0e \x03(\v2\x1d.llmgw.fleet.v1.ReplicaMemberR\amembers\"\xa2\x01\n" +
+	"\amembers\x18\x0e \x03(\v2\x1d.llmgw.fleet.v1.ReplicaMemberR\amembers\x12:\n" +
+	"\bprogress\x18\x14 \x01(\v2\x1e.llmgw.common.v1.StartProgressR\bprogress\"\xa2\x01\n" +
 	"\rReplicaMember\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x12\n" +
@@ -3988,6 +3998,7 @@ var file_llmgw_fleet_v1_fleet_proto_goTypes = []any{
 	(*v1.GPUsChange)(nil),              // 52: llmgw.common.v1.GPUsChange
 	(*v1.Model)(nil),                   // 53: llmgw.common.v1.Model
 	(*v1.Card)(nil),                    // 54: llmgw.common.v1.Card
+	(*v1.StartProgress)(nil),           // 55: llmgw.common.v1.StartProgress
 }
 var file_llmgw_fleet_v1_fleet_proto_depIdxs = []int32{
 	2,  // 0: llmgw.fleet.v1.RolloutStep.mode:type_name -> llmgw.fleet.v1.RolloutMode
@@ -4031,52 +4042,53 @@ var file_llmgw_fleet_v1_fleet_proto_depIdxs = []int32{
 	6,  // 38: llmgw.fleet.v1.Replica.phase:type_name -> llmgw.fleet.v1.ReplicaPhase
 	50, // 39: llmgw.fleet.v1.Replica.since:type_name -> google.protobuf.Timestamp
 	43, // 40: llmgw.fleet.v1.Replica.members:type_name -> llmgw.fleet.v1.ReplicaMember
-	6,  // 41: llmgw.fleet.v1.ReplicaMember.phase:type_name -> llmgw.fleet.v1.ReplicaPhase
-	42, // 42: llmgw.fleet.v1.ListReplicasResponse.replicas:type_name -> llmgw.fleet.v1.Replica
-	6,  // 43: llmgw.fleet.v1.Endpoint.phase:type_name -> llmgw.fleet.v1.ReplicaPhase
-	7,  // 44: llmgw.fleet.v1.Endpoint.api_dialect:type_name -> llmgw.fleet.v1.ApiDialect
-	50, // 45: llmgw.fleet.v1.Endpoint.ready_since:type_name -> google.protobuf.Timestamp
-	9,  // 46: llmgw.fleet.v1.WatchReplicasResponse.kind:type_name -> llmgw.fleet.v1.WatchReplicasResponse.Kind
-	47, // 47: llmgw.fleet.v1.WatchReplicasResponse.endpoint:type_name -> llmgw.fleet.v1.Endpoint
-	8,  // 48: llmgw.fleet.v1.WatchReplicasResponse.reason:type_name -> llmgw.fleet.v1.EndpointReason
-	50, // 49: llmgw.fleet.v1.WatchReplicasResponse.time:type_name -> google.protobuf.Timestamp
-	27, // 50: llmgw.fleet.v1.FleetService.CreateModel:input_type -> llmgw.fleet.v1.CreateModelRequest
-	29, // 51: llmgw.fleet.v1.FleetService.GetModel:input_type -> llmgw.fleet.v1.GetModelRequest
-	31, // 52: llmgw.fleet.v1.FleetService.ListModels:input_type -> llmgw.fleet.v1.ListModelsRequest
-	33, // 53: llmgw.fleet.v1.FleetService.UpdateModel:input_type -> llmgw.fleet.v1.UpdateModelRequest
-	35, // 54: llmgw.fleet.v1.FleetService.DeleteModel:input_type -> llmgw.fleet.v1.DeleteModelRequest
-	37, // 55: llmgw.fleet.v1.FleetService.ListModelRevisions:input_type -> llmgw.fleet.v1.ListModelRevisionsRequest
-	40, // 56: llmgw.fleet.v1.FleetService.ListNodes:input_type -> llmgw.fleet.v1.ListNodesRequest
-	44, // 57: llmgw.fleet.v1.FleetService.ListReplicas:input_type -> llmgw.fleet.v1.ListReplicasRequest
-	46, // 58: llmgw.fleet.v1.FleetService.WatchReplicas:input_type -> llmgw.fleet.v1.WatchReplicasRequest
-	12, // 59: llmgw.fleet.v1.FleetService.SetContext:input_type -> llmgw.fleet.v1.SetContextRequest
-	14, // 60: llmgw.fleet.v1.FleetService.SetGPUs:input_type -> llmgw.fleet.v1.SetGPUsRequest
-	16, // 61: llmgw.fleet.v1.FleetService.GetRollout:input_type -> llmgw.fleet.v1.GetRolloutRequest
-	18, // 62: llmgw.fleet.v1.FleetService.ListRollouts:input_type -> llmgw.fleet.v1.ListRolloutsRequest
-	20, // 63: llmgw.fleet.v1.FleetService.WatchRollout:input_type -> llmgw.fleet.v1.WatchRolloutRequest
-	22, // 64: llmgw.fleet.v1.FleetService.CancelRollout:input_type -> llmgw.fleet.v1.CancelRolloutRequest
-	24, // 65: llmgw.fleet.v1.FleetService.UndoRollout:input_type -> llmgw.fleet.v1.UndoRolloutRequest
-	28, // 66: llmgw.fleet.v1.FleetService.CreateModel:output_type -> llmgw.fleet.v1.CreateModelResponse
-	30, // 67: llmgw.fleet.v1.FleetService.GetModel:output_type -> llmgw.fleet.v1.GetModelResponse
-	32, // 68: llmgw.fleet.v1.FleetService.ListModels:output_type -> llmgw.fleet.v1.ListModelsResponse
-	34, // 69: llmgw.fleet.v1.FleetService.UpdateModel:output_type -> llmgw.fleet.v1.UpdateModelResponse
-	36, // 70: llmgw.fleet.v1.FleetService.DeleteModel:output_type -> llmgw.fleet.v1.DeleteModelResponse
-	38, // 71: llmgw.fleet.v1.FleetService.ListModelRevisions:output_type -> llmgw.fleet.v1.ListModelRevisionsResponse
-	41, // 72: llmgw.fleet.v1.FleetService.ListNodes:output_type -> llmgw.fleet.v1.ListNodesResponse
-	45, // 73: llmgw.fleet.v1.FleetService.ListReplicas:output_type -> llmgw.fleet.v1.ListReplicasResponse
-	48, // 74: llmgw.fleet.v1.FleetService.WatchReplicas:output_type -> llmgw.fleet.v1.WatchReplicasResponse
-	13, // 75: llmgw.fleet.v1.FleetService.SetContext:output_type -> llmgw.fleet.v1.SetContextResponse
-	15, // 76: llmgw.fleet.v1.FleetService.SetGPUs:output_type -> llmgw.fleet.v1.SetGPUsResponse
-	17, // 77: llmgw.fleet.v1.FleetService.GetRollout:output_type -> llmgw.fleet.v1.GetRolloutResponse
-	19, // 78: llmgw.fleet.v1.FleetService.ListRollouts:output_type -> llmgw.fleet.v1.ListRolloutsResponse
-	21, // 79: llmgw.fleet.v1.FleetService.WatchRollout:output_type -> llmgw.fleet.v1.WatchRolloutResponse
-	23, // 80: llmgw.fleet.v1.FleetService.CancelRollout:output_type -> llmgw.fleet.v1.CancelRolloutResponse
-	25, // 81: llmgw.fleet.v1.FleetService.UndoRollout:output_type -> llmgw.fleet.v1.UndoRolloutResponse
-	66, // [66:82] is the sub-list for method output_type
-	50, // [50:66] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	50, // [50:50] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	55, // 41: llmgw.fleet.v1.Replica.progress:type_name -> llmgw.common.v1.StartProgress
+	6,  // 42: llmgw.fleet.v1.ReplicaMember.phase:type_name -> llmgw.fleet.v1.ReplicaPhase
+	42, // 43: llmgw.fleet.v1.ListReplicasResponse.replicas:type_name -> llmgw.fleet.v1.Replica
+	6,  // 44: llmgw.fleet.v1.Endpoint.phase:type_name -> llmgw.fleet.v1.ReplicaPhase
+	7,  // 45: llmgw.fleet.v1.Endpoint.api_dialect:type_name -> llmgw.fleet.v1.ApiDialect
+	50, // 46: llmgw.fleet.v1.Endpoint.ready_since:type_name -> google.protobuf.Timestamp
+	9,  // 47: llmgw.fleet.v1.WatchReplicasResponse.kind:type_name -> llmgw.fleet.v1.WatchReplicasResponse.Kind
+	47, // 48: llmgw.fleet.v1.WatchReplicasResponse.endpoint:type_name -> llmgw.fleet.v1.Endpoint
+	8,  // 49: llmgw.fleet.v1.WatchReplicasResponse.reason:type_name -> llmgw.fleet.v1.EndpointReason
+	50, // 50: llmgw.fleet.v1.WatchReplicasResponse.time:type_name -> google.protobuf.Timestamp
+	27, // 51: llmgw.fleet.v1.FleetService.CreateModel:input_type -> llmgw.fleet.v1.CreateModelRequest
+	29, // 52: llmgw.fleet.v1.FleetService.GetModel:input_type -> llmgw.fleet.v1.GetModelRequest
+	31, // 53: llmgw.fleet.v1.FleetService.ListModels:input_type -> llmgw.fleet.v1.ListModelsRequest
+	33, // 54: llmgw.fleet.v1.FleetService.UpdateModel:input_type -> llmgw.fleet.v1.UpdateModelRequest
+	35, // 55: llmgw.fleet.v1.FleetService.DeleteModel:input_type -> llmgw.fleet.v1.DeleteModelRequest
+	37, // 56: llmgw.fleet.v1.FleetService.ListModelRevisions:input_type -> llmgw.fleet.v1.ListModelRevisionsRequest
+	40, // 57: llmgw.fleet.v1.FleetService.ListNodes:input_type -> llmgw.fleet.v1.ListNodesRequest
+	44, // 58: llmgw.fleet.v1.FleetService.ListReplicas:input_type -> llmgw.fleet.v1.ListReplicasRequest
+	46, // 59: llmgw.fleet.v1.FleetService.WatchReplicas:input_type -> llmgw.fleet.v1.WatchReplicasRequest
+	12, // 60: llmgw.fleet.v1.FleetService.SetContext:input_type -> llmgw.fleet.v1.SetContextRequest
+	14, // 61: llmgw.fleet.v1.FleetService.SetGPUs:input_type -> llmgw.fleet.v1.SetGPUsRequest
+	16, // 62: llmgw.fleet.v1.FleetService.GetRollout:input_type -> llmgw.fleet.v1.GetRolloutRequest
+	18, // 63: llmgw.fleet.v1.FleetService.ListRollouts:input_type -> llmgw.fleet.v1.ListRolloutsRequest
+	20, // 64: llmgw.fleet.v1.FleetService.WatchRollout:input_type -> llmgw.fleet.v1.WatchRolloutRequest
+	22, // 65: llmgw.fleet.v1.FleetService.CancelRollout:input_type -> llmgw.fleet.v1.CancelRolloutRequest
+	24, // 66: llmgw.fleet.v1.FleetService.UndoRollout:input_type -> llmgw.fleet.v1.UndoRolloutRequest
+	28, // 67: llmgw.fleet.v1.FleetService.CreateModel:output_type -> llmgw.fleet.v1.CreateModelResponse
+	30, // 68: llmgw.fleet.v1.FleetService.GetModel:output_type -> llmgw.fleet.v1.GetModelResponse
+	32, // 69: llmgw.fleet.v1.FleetService.ListModels:output_type -> llmgw.fleet.v1.ListModelsResponse
+	34, // 70: llmgw.fleet.v1.FleetService.UpdateModel:output_type -> llmgw.fleet.v1.UpdateModelResponse
+	36, // 71: llmgw.fleet.v1.FleetService.DeleteModel:output_type -> llmgw.fleet.v1.DeleteModelResponse
+	38, // 72: llmgw.fleet.v1.FleetService.ListModelRevisions:output_type -> llmgw.fleet.v1.ListModelRevisionsResponse
+	41, // 73: llmgw.fleet.v1.FleetService.ListNodes:output_type -> llmgw.fleet.v1.ListNodesResponse
+	45, // 74: llmgw.fleet.v1.FleetService.ListReplicas:output_type -> llmgw.fleet.v1.ListReplicasResponse
+	48, // 75: llmgw.fleet.v1.FleetService.WatchReplicas:output_type -> llmgw.fleet.v1.WatchReplicasResponse
+	13, // 76: llmgw.fleet.v1.FleetService.SetContext:output_type -> llmgw.fleet.v1.SetContextResponse
+	15, // 77: llmgw.fleet.v1.FleetService.SetGPUs:output_type -> llmgw.fleet.v1.SetGPUsResponse
+	17, // 78: llmgw.fleet.v1.FleetService.GetRollout:output_type -> llmgw.fleet.v1.GetRolloutResponse
+	19, // 79: llmgw.fleet.v1.FleetService.ListRollouts:output_type -> llmgw.fleet.v1.ListRolloutsResponse
+	21, // 80: llmgw.fleet.v1.FleetService.WatchRollout:output_type -> llmgw.fleet.v1.WatchRolloutResponse
+	23, // 81: llmgw.fleet.v1.FleetService.CancelRollout:output_type -> llmgw.fleet.v1.CancelRolloutResponse
+	25, // 82: llmgw.fleet.v1.FleetService.UndoRollout:output_type -> llmgw.fleet.v1.UndoRolloutResponse
+	67, // [67:83] is the sub-list for method output_type
+	51, // [51:67] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_fleet_v1_fleet_proto_init() }
