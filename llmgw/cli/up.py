@@ -312,6 +312,9 @@ class Up:
                 "--listen",
                 f"{p.host}:{p.planner_port}",
                 *server_flags(pki.ca, pki.planner),
+                # The same roles and revoked list as the fleet's, re-read when edited.
+                "--settings",
+                str(p.settings),
                 *roots,
                 *p.metrics(0),
                 *json_logs,
