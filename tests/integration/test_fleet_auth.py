@@ -97,11 +97,16 @@ def pki(tmp_path: Path) -> Pki:
 
 
 @pytest.fixture
-async def planner(pki: Pki) -> AsyncIterator[PlannerServer]:
-    """A planner over mutual TLS (the fleet dials it with its own client pair)."""
+async def planner(pki: Pki, tmp_path: Path) -> AsyncIterator[PlannerServer]:
+    """A planner over mutual TLS (the fleet dials it with its own client pair, fleet-caller,
+    a viewer of the planner by its settings)."""
     cert, key = pki.local.servers["planner"]
+    roles = tmp_path / "planner-settings.yaml"
+    roles.write_text("roles:\n  viewer: [fleet-caller]\n")
     server = await start_planner(
-        "127.0.0.1:0", tls=ServerTLS(cert=cert, key=key, ca=pki.local.ca_cert)
+        "127.0.0.1:0",
+        tls=ServerTLS(cert=cert, key=key, ca=pki.local.ca_cert),
+        settings_path=str(roles),
     )
     yield server
     await server.stop(grace_s=0.5)
