@@ -41,6 +41,7 @@ from fleet_svc.agent.process import (
     wait_group_gone,
 )
 from fleet_svc.agent.replica import Observation, Phase, ReplicaSpec
+from fleet_svc.agent.secrets import SecretError, resolve_all
 from llmgw.clock import Clock
 
 log = structlog.get_logger("fleet_svc.agent.runner")
@@ -307,8 +308,16 @@ class ReplicaRunner:
             argv, self._gang_port = member.argv, member.gang_port
         else:
             argv = engine.command(spec, ctx.config.engine_host, self._port)
+        try:
+            secrets = resolve_all(engine.secret_env)
+        except SecretError as exc:
+            # The message names the variable and its source, never a value.
+            self._log.note(str(exc))
+            self._report(Phase.STARTING, message=str(exc), pid=0)
+            return None
         env = dict(os.environ)
         env.update(engine.env)
+        env.update(secrets)
         env.update(ctx.cards.env_for(spec.gpus))
         # Which cards the engine sees; none ("") for a CPU replica, so it cannot take any.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
