@@ -51,6 +51,7 @@ HOLD_WAIT_S = 300.0
 
 
 def _pair(folder: Path, user: str) -> ClientTLS:
+    """`user`'s pair in `folder`, trusting its CA."""
     return ClientTLS(
         ca=folder / certs.CA_CERT, cert=folder / f"{user}.crt", key=folder / f"{user}.key"
     )

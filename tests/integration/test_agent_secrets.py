@@ -31,6 +31,7 @@ ENGINE = (
 
 
 def _replicas(tmp_path: Path, ref: SecretRef) -> ReplicaSet:
+    """A replica set whose one engine records the HF_TOKEN it gets, given by `ref`."""
     base = fast_config().engines["standin"]
     engine = replace(
         base,

@@ -75,6 +75,7 @@ async def _cli(*args: str) -> tuple[int, str]:
 
 
 def _flags(pki: Pki, user: str = "admin") -> list[str]:
+    """`--tls-ca/--tls-cert/--tls-key` of `user`'s pair."""
     cert, key = pki.local.clients[user]
     return ["--tls-ca", str(pki.local.ca_cert), "--tls-cert", str(cert), "--tls-key", str(key)]
 
