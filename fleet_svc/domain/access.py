@@ -41,9 +41,9 @@ from llmgw.authz.policy import (
     Role,
     Roles,
     Tokens,
-    check_role,
     is_public,
     refuse_unreadable_or_revoked,
+    require_role,
     role_text,
     short,
     token_hash,
@@ -143,7 +143,7 @@ def decide(method: str, caller: Caller, policy: Policy) -> None:
     need = RPC_ROLES.get(method)
     refuse_unreadable_or_revoked(rpc, caller, policy)
     if need != AGENT_ROLE:
-        check_role(rpc, need if isinstance(need, Role) else None, caller, policy)
+        require_role(rpc, need if isinstance(need, Role) else None, caller, policy)
         return
     if caller.kind == NODE or (not policy.node_certificates and caller.kind == ANONYMOUS):
         return

@@ -392,6 +392,17 @@ def check_role(rpc: str, need: Role | None, caller: Caller, policy: Policy) -> N
             `need`; `need` None: nobody may call `rpc`.
     """
     refuse_unreadable_or_revoked(rpc, caller, policy)
+    require_role(rpc, need, caller, policy)
+
+
+def require_role(rpc: str, need: Role | None, caller: Caller, policy: Policy) -> None:
+    """`check_role` past the unreadable-roles and revocation checks (for a service's `decide`
+    that made them already).
+
+    Raises:
+        Unauthenticated: auth is on and the caller is nobody.
+        RoleRequired: the caller's roles do not reach `need` (None: nobody may call `rpc`).
+    """
     if not policy.auth:
         return
     if need is None:

@@ -27,9 +27,9 @@ from llmgw.authz.policy import (
     Role,
     RoleRequired,
     Roles,
-    check_role,
     is_public,
     refuse_unreadable_or_revoked,
+    require_role,
     short,
 )
 from llmgw.rpc.handlers import admitted
@@ -89,7 +89,7 @@ def decide(method: str, caller: Caller, policy: Policy) -> None:
             required=need.label,
             has="agent",
         )
-    check_role(rpc, need, caller, policy)
+    require_role(rpc, need, caller, policy)
 
 
 def authenticator_for(
