@@ -4,8 +4,9 @@ ListModels latency and the fleet's memory.
 The fleet runs as a child process over mutual TLS (certificates from llmgw.certs), with a
 settings file (so every stream is tracked for live revocation, as in a deployment) giving
 every verified user the viewer role. The flood runs in another child process: IDENTITIES
-viewer identities, each over its own channels (50 streams a connection), together try to open
-STREAMS WatchReplicas streams and hold the ones the fleet admits (each reads its snapshot);
+viewer identities, each over its own channels (50 streams a connection, a connection's streams
+opened once the previous connection's have their answer), together try to open STREAMS
+WatchReplicas streams and hold the ones the fleet admits (each reads its snapshot);
 the ones past the per-identity cap (`max_streams_per_identity`, 256) are refused
 RESOURCE_EXHAUSTED. Meanwhile the bench process, as admin, calls ListModels back to back.
 
@@ -63,14 +64,15 @@ async def child(address: str, folder: str, users: str, count: int) -> None:
     the admitted ones until stdin closes."""
     names = users.split(",")
     per_user = math.ceil(count / len(names))
+    shares = [min(per_user, count - i * per_user) for i in range(len(names))]
     channels: list[grpc.aio.Channel] = []
     held = 0
     refused = 0
     reasons: dict[str, int] = {}
     settled = asyncio.Event()
-    total = 0
+    total = sum(n for n in shares if n > 0)
 
-    async def stream(stub: fleet_pb2_grpc.FleetServiceAsyncStub) -> None:
+    async def stream(stub: fleet_pb2_grpc.FleetServiceAsyncStub, first: asyncio.Event) -> None:
         nonlocal held, refused
         call = stub.WatchReplicas(fleet_pb2.WatchReplicasRequest())
         counted = False
@@ -79,11 +81,13 @@ async def child(address: str, folder: str, users: str, count: int) -> None:
                 if not counted:
                     counted = True
                     held += 1
+                    first.set()
                     if held + refused == total:
                         settled.set()
         except grpc.aio.AioRpcError as exc:
             if not counted:
                 refused += 1
+                first.set()
                 why = f"{exc.code().name}: {(exc.details() or '')[:60]}"
                 reasons[why] = reasons.get(why, 0) + 1
                 if held + refused == total:
@@ -91,16 +95,20 @@ async def child(address: str, folder: str, users: str, count: int) -> None:
 
     tasks: list[asyncio.Task[None]] = []
     options = [("grpc.use_local_subchannel_pool", 1)]
-    for name in names:
+    for name, mine in zip(names, shares, strict=True):
         tls = _pair(Path(folder), name)
-        mine = min(per_user, count - total)
-        for start in range(0, mine, STREAMS_PER_CHANNEL):
+        for start in range(0, max(mine, 0), STREAMS_PER_CHANNEL):
             channel = aio_channel(address, tls, options)
+            await channel.channel_ready()
             channels.append(channel)
             stub = fleet_pb2_grpc.FleetServiceStub(channel)
-            for _ in range(min(STREAMS_PER_CHANNEL, mine - start)):
-                tasks.append(asyncio.create_task(stream(stub)))
-        total += mine
+            # A connection's streams are opened together, and the next connection's once
+            # these have their answer (a snapshot or a refusal): a flood that holds, not a
+            # burst that tests how fast gRPC accepts new streams.
+            firsts = [asyncio.Event() for _ in range(min(STREAMS_PER_CHANNEL, mine - start))]
+            for first in firsts:
+                tasks.append(asyncio.create_task(stream(stub, first)))
+            await asyncio.wait_for(asyncio.gather(*(f.wait() for f in firsts)), HOLD_WAIT_S)
     await asyncio.wait_for(settled.wait(), HOLD_WAIT_S)
     print(f"held {held} refused {refused}", flush=True)
     print(json.dumps(reasons), flush=True)
