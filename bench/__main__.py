@@ -29,6 +29,7 @@ from bench import (
     planner_throughput,
     rollout_overhead,
     store_pg,
+    stream_flood,
     watch_replicas,
 )
 
@@ -144,6 +145,14 @@ BENCHES: dict[str, Bench] = {
     "watch_replicas": Bench(
         watch_replicas.run,
         r"^(last_p50_ms|last_p99_ms|each_p50_ms)@|^last_p(50|99)_ratio$",
+    ),
+    "stream_flood": Bench(
+        stream_flood.run,
+        r"^(p50_ms|p99_ms|p99_ratio|held|refused|rss_mb)@",
+        (
+            Goal(r"^p99_ratio@", "<= 2x idle", lambda v: v <= 2.0),
+            Goal(r"^rss_mb@", "<= 300 MB", lambda v: v <= 300.0),
+        ),
     ),
     "rollout_overhead": Bench(
         rollout_overhead.run,

@@ -1,6 +1,6 @@
 """Run the fleet: `python -m fleet_svc --listen HOST:PORT --store PATH|DSN [--settings FILE]
 [--tls-cert F --tls-key F [--tls-ca F]] [--planner-tls-ca F --planner-tls-cert F
---planner-tls-key F] [--tokens FILE]`.
+--planner-tls-key F [--planner-tls-server-name NAME]] [--tokens FILE]`.
 
 Exit codes (llmgw.cmdline's table, docs/cli.md): 0 stopped by SIGTERM/SIGINT; 1 a
 configuration it cannot use (a bad settings file, an unknown store URL, a DSN libpq cannot
@@ -168,6 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
     to_planner.add_argument(
         "--planner-tls-key", help=f"that certificate's private key (env {ENV_KEY})"
     )
+    to_planner.add_argument(
+        "--planner-tls-server-name",
+        default=None,
+        help="the name to check the planner's certificate against (default "
+        "planner.service.llmgw, so another service's certificate of the CA is refused; a host "
+        "name for a planner pair that names no service)",
+    )
     add_metrics_argument(parser)
     add_probe_argument(parser)
     add_trace_argument(parser)
@@ -184,7 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tracing = configure_tracing("llmgw-fleet", opts.trace)
         tls = server_tls_from_args(opts)
-        planner_tls = client_tls(opts.planner_tls_ca, opts.planner_tls_cert, opts.planner_tls_key)
+        planner_tls = client_tls(
+            opts.planner_tls_ca,
+            opts.planner_tls_cert,
+            opts.planner_tls_key,
+            server_name=opts.planner_tls_server_name,
+        )
         asyncio.run(
             serve(
                 FleetOptions(

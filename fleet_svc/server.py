@@ -213,7 +213,10 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         hub=EndpointHub(clock.wall, heartbeat_s=opts.watch_heartbeat_s),
         model_at=catalog.model_at,
     )
-    planner = GrpcPlanner(opts.planner, tls=opts.planner_tls)
+    # The planner is checked as planner.service.llmgw (unless a server name was given), so
+    # another service's certificate of the same CA cannot pose as it.
+    planner_tls = opts.planner_tls.expecting("planner") if opts.planner_tls else None
+    planner = GrpcPlanner(opts.planner, tls=planner_tls)
     app = FleetApp(
         catalog,
         controller,

@@ -31,7 +31,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from llmgw.tls import node_uri, user_uri
+from llmgw.tls import SERVICE_DOMAIN, node_uri, service_name, user_uri
+
+__all__ = ["SERVICE_DOMAIN", "service_name"]
 
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
@@ -204,19 +206,6 @@ def issue(
 
 SERVER_NAMES = ("localhost", "127.0.0.1")
 """Every server certificate names these, so a client on the same machine can dial it."""
-
-
-SERVICE_DOMAIN = "service.llmgw"
-"""Server certificates also name their service as `NAME.service.llmgw` (a DNS SAN no host
-has): a client that expects service NAME dials with that name as the TLS server name
-(`ClientTLS.server_name`, the agent's `--tls-server-name`), so the standard host-name check
-refuses a certificate of any other service of the same CA (the planner's posing as the
-fleet)."""
-
-
-def service_name(service: str) -> str:
-    """The DNS SAN naming `service`: `fleet.service.llmgw`."""
-    return f"{service}.{SERVICE_DOMAIN}"
 
 
 def names_service(cert_path: Path, service: str) -> bool:

@@ -34,7 +34,7 @@ import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,18 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 ENV_CA = "LLMGW_TLS_CA"
 ENV_CERT = "LLMGW_TLS_CERT"
 ENV_KEY = "LLMGW_TLS_KEY"
+ENV_SERVER_NAME = "LLMGW_TLS_SERVER_NAME"
+
+SERVICE_DOMAIN = "service.llmgw"
+"""Server certificates also name their service as `NAME.service.llmgw` (a DNS SAN no host
+has): a client that expects service NAME checks the server's certificate against that name
+(`ClientTLS.expecting`), so the standard host-name check refuses a certificate of any other
+service of the same CA (the planner's posing as the fleet)."""
+
+
+def service_name(service: str) -> str:
+    """The DNS SAN naming `service`: `fleet.service.llmgw`."""
+    return f"{service}.{SERVICE_DOMAIN}"
 
 
 class TLSConfigError(ValueError):
@@ -442,6 +454,14 @@ class ClientTLS:
     """The name to check the server's certificate against when it is not the host dialled
     (a node dialling the fleet by an address its certificate does not list)."""
 
+    def expecting(self, service: str) -> ClientTLS:
+        """These settings checking the server as `service` (`fleet.service.llmgw`), unless a
+        server name was given (`--tls-server-name`: a host name, for a pair that names no
+        service)."""
+        if self.server_name:
+            return self
+        return replace(self, server_name=service_name(service))
+
     def options(self) -> list[tuple[str, Any]]:
         """Channel options these settings need."""
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
@@ -464,11 +484,12 @@ def client_tls(
     cert: str | Path | None = None,
     key: str | Path | None = None,
     *,
+    server_name: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> ClientTLS | None:
     """The client TLS settings: each flag given wins over its environment variable
-    (LLMGW_TLS_CA, LLMGW_TLS_CERT, LLMGW_TLS_KEY); None when neither gives anything
-    (plaintext).
+    (LLMGW_TLS_CA, LLMGW_TLS_CERT, LLMGW_TLS_KEY, LLMGW_TLS_SERVER_NAME); None when neither
+    gives a file (plaintext).
 
     Raises:
         TLSConfigError: a certificate without its key, or the reverse.
@@ -477,6 +498,7 @@ def client_tls(
     ca = ca or environ.get(ENV_CA) or None
     cert = cert or environ.get(ENV_CERT) or None
     key = key or environ.get(ENV_KEY) or None
+    server_name = server_name or environ.get(ENV_SERVER_NAME) or None
     if ca is None and cert is None and key is None:
         return None
     if (cert is None) != (key is None):
@@ -488,6 +510,7 @@ def client_tls(
         ca=Path(ca) if ca else None,
         cert=Path(cert) if cert else None,
         key=Path(key) if key else None,
+        server_name=server_name,
     )
 
 
@@ -507,11 +530,19 @@ def add_client_tls_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tls-ca", help=f"the CA that signed the server (env {ENV_CA})")
     group.add_argument("--tls-cert", help=f"this client's certificate (env {ENV_CERT})")
     group.add_argument("--tls-key", help=f"this client's private key (env {ENV_KEY})")
+    group.add_argument(
+        "--tls-server-name",
+        help="the name to check the server's certificate against instead of the host dialled "
+        "(`llmgw ctl`, `llmgw plan`: default SERVICE.service.llmgw; a host name for a pair "
+        f"that names no service; env {ENV_SERVER_NAME})",
+    )
 
 
 def client_tls_from_args(opts: argparse.Namespace) -> ClientTLS | None:
     """`client_tls` from a parser that had `add_client_tls_arguments`."""
-    return client_tls(opts.tls_ca, opts.tls_cert, opts.tls_key)
+    return client_tls(
+        opts.tls_ca, opts.tls_cert, opts.tls_key, server_name=getattr(opts, "tls_server_name", None)
+    )
 
 
 def aio_channel(

@@ -9,6 +9,7 @@ import asyncio
 import os
 import sys
 
+from llmgw.authz.policy import InvalidRoles
 from llmgw.cmdline import (
     EXIT_ERROR,
     UsageParser,
@@ -88,6 +89,18 @@ def build_parser() -> argparse.ArgumentParser:
         "readiness probe sees it and the Service stops sending (default %(default)s; "
         "deploy/ sets it above the readiness probe's period times its failure threshold)",
     )
+    access = parser.add_argument_group("who may call")
+    access.add_argument(
+        "--settings",
+        default="",
+        help="the cluster settings YAML whose roles: and revoked: the planner honours, re-read "
+        "when it changes (the fleet's file; default: admin and viewer, the fleet a viewer)",
+    )
+    access.add_argument(
+        "--tokens",
+        default="",
+        help="a file of bearer tokens (NAME SHA256HEX lines, as the fleet's --tokens)",
+    )
     add_metrics_argument(parser)
     add_probe_argument(parser)
     add_trace_argument(parser)
@@ -123,8 +136,13 @@ def main(argv: list[str] | None = None) -> int:
                 metrics=opts.metrics,
                 probes=opts.probe_listen,
                 drain_s=opts.drain_delay,
+                settings_path=opts.settings,
+                tokens_path=opts.tokens,
             )
         )
+    except InvalidRoles as exc:
+        print(f"planner: {exc.message}", file=sys.stderr)
+        return EXIT_ERROR
     except (RuntimeError, TLSConfigError, ValueError, OSError) as exc:
         print(f"planner: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -21,6 +21,7 @@ from llmgw.rpc.intake import IntakeInterceptor, server_options
 from llmgw.rpc.reflection import enable_reflection
 from llmgw.tls import ServerTLS, bind
 from planner_svc.metrics import add_planner_metrics
+from planner_svc.rpc.auth import PlannerAuthInterceptor, authenticator_for
 from planner_svc.rpc.servicer import SERVICE_NAME, PlannerServicer, Resolver, add_planner_service
 from planner_svc.rpc.status import DOMAIN
 from planner_svc.sources.budget import FetchLimits
@@ -103,6 +104,8 @@ async def start_planner(
     probes: str = "",
     limits: Limits | None = None,
     max_connection_age_s: float = MAX_CONNECTION_AGE_S,
+    settings_path: str = "",
+    tokens_path: str = "",
 ) -> PlannerServer:
     """Start a planner listening on `listen` (HOST:PORT; port 0 picks one).
 
@@ -120,12 +123,18 @@ async def start_planner(
             (default: from the environment, `Limits.from_env`; docs/errors.md).
         max_connection_age_s: GOAWAY each connection after this long (0: never; see
             MAX_CONNECTION_AGE_S).
+        settings_path: the cluster settings whose `roles:` (and `revoked:`) the planner
+            honours, re-read when they change (planner_svc.rpc.auth); "": the defaults.
+        tokens_path: a tokens file of bearer tokens (as the fleet's); "": none.
 
     Raises:
         TLSConfigError: plaintext off loopback without `insecure`, or unusable TLS files.
         RuntimeError: the address could not be bound.
+        InvalidRoles: the settings' `roles:` is malformed.
+        ValueError: the tokens file cannot be read or parsed.
     """
     limits = limits or Limits.from_env(os.environ)
+    authenticator = authenticator_for(tls, tokens_path, settings_path)
     if resolver is None:
         resolver = ShapeResolver(
             policy=policy or SourcePolicy.from_env(os.environ),
@@ -133,8 +142,11 @@ async def start_planner(
         )
     registry = CollectorRegistry() if metrics else None
     # Metrics outermost (every call counted), then the intake: a request too large or
-    # malformed is refused before anything reads it.
-    interceptors: list[grpc.aio.ServerInterceptor] = [IntakeInterceptor(DOMAIN, limits)]
+    # malformed is refused before anything reads it; then who calls (roles, revocation).
+    interceptors: list[grpc.aio.ServerInterceptor] = [
+        IntakeInterceptor(DOMAIN, limits),
+        PlannerAuthInterceptor(authenticator),
+    ]
     if registry is not None:
         interceptors.insert(0, RpcMetrics(registry))
         add_planner_metrics(registry, resolver)
@@ -184,11 +196,20 @@ async def serve(
     metrics: str = "",
     probes: str = "",
     drain_s: float = 0.0,
+    settings_path: str = "",
+    tokens_path: str = "",
 ) -> None:
     """Run a planner until SIGTERM or SIGINT, then shut it down gracefully: NOT_SERVING, still
     serving for `drain_s`, then calls in flight given SHUTDOWN_GRACE_S."""
     running = await start_planner(
-        listen, tls=tls, insecure=insecure, policy=policy, metrics=metrics, probes=probes
+        listen,
+        tls=tls,
+        insecure=insecure,
+        policy=policy,
+        metrics=metrics,
+        probes=probes,
+        settings_path=settings_path,
+        tokens_path=tokens_path,
     )
     host = listen.rsplit(":", 1)[0]
     # The first line stays `planner listening on HOST:PORT` (llmgw up and scripts read it);

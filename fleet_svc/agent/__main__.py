@@ -153,12 +153,6 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: stop them)",
     )
     add_client_tls_arguments(parser)
-    parser.add_argument(
-        "--tls-server-name",
-        default=None,
-        help="the name to check the fleet's certificate against when it is not the host in "
-        "--fleet (an address the certificate does not list)",
-    )
     add_log_format_argument(parser)
     parser.add_argument(
         "--advertise-host",
@@ -226,8 +220,6 @@ async def run_agent(opts: argparse.Namespace, spans: Spans | None = None) -> Non
     state_dir.mkdir(parents=True, exist_ok=True)
     cards = discover_cards(opts.gpus, opts.gpus_file, state_dir)
     tls = client_tls_from_args(opts)
-    if tls is not None and opts.tls_server_name:
-        tls = replace(tls, server_name=opts.tls_server_name)
     if tls is not None:
         tls.credentials()  # unreadable files fail now, not at every reconnection
     replicas = ReplicaSet(config, cards, state_dir, spans=spans)

@@ -22,6 +22,7 @@ from fleet_svc.agent.admission import REFUSAL_TABLES, STANDIN_FLAGS, ArgRules
 from fleet_svc.agent.backoff import Backoff, RestartLimit
 from fleet_svc.agent.fetch import DEFAULT_FETCH_MAX_BYTES
 from fleet_svc.agent.replica import ReplicaSpec
+from fleet_svc.agent.secrets import SecretError, SecretRef, parse_env_value
 from fleet_svc.agent.source_args import LLAMACPP_SOURCE_ARGS as LLAMACPP_SOURCE_ARGS
 from fleet_svc.agent.source_args import SOURCE_KINDS as SOURCE_KINDS
 from fleet_svc.agent.source_args import not_a_flag, pin_items, pins_revision, source_parts
@@ -95,6 +96,9 @@ class EngineConfig:
     start_timeout_s: float = 600.0
     stop_grace_s: float = 30.0
     env: Mapping[str, str] = field(default_factory=dict)
+    secret_env: Mapping[str, SecretRef] = field(default_factory=dict)
+    """Variables whose values the agent resolves at each start (`fleet_svc.agent.secrets`):
+    never in the fleet's hands, never logged."""
     module: str = ""
     source_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     worker_program: tuple[str, ...] = ()
@@ -358,6 +362,10 @@ def parse_engine(
     env = data.get("env", {}) or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
         raise ConfigError(f"{where}: env must map names to values")
+    try:
+        env_values = {k: parse_env_value(k, v, where) for k, v in env.items()}
+    except SecretError as exc:
+        raise ConfigError(str(exc)) from exc
     refuse = data.get("refuse_flags", {}) or {}
     if not isinstance(refuse, dict) or not all(isinstance(v, str) for v in refuse.values()):
         raise ConfigError(f"{where}: refuse_flags maps each flag to why it is refused")
@@ -408,7 +416,8 @@ def parse_engine(
         health_path=health_path,
         start_timeout_s=_number(data, "start_timeout_s", 600.0, where),
         stop_grace_s=_number(data, "stop_grace_s", 30.0, where),
-        env={str(k): str(v) for k, v in env.items()},
+        env={k: v for k, v in env_values.items() if isinstance(v, str)},
+        secret_env={k: v for k, v in env_values.items() if isinstance(v, SecretRef)},
         module=module,
         source_args=source_args,
         worker_program=worker_program,

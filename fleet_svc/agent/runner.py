@@ -42,6 +42,7 @@ from fleet_svc.agent.process import (
 )
 from fleet_svc.agent.progress import Gate, hub_cache, hub_download, repo_of
 from fleet_svc.agent.replica import Observation, Phase, Progress, ReplicaSpec, Stage
+from fleet_svc.agent.secrets import SecretError, resolve_all
 from llmgw.clock import Clock
 
 log = structlog.get_logger("fleet_svc.agent.runner")
@@ -353,8 +354,16 @@ class ReplicaRunner:
             argv, self._gang_port = member.argv, member.gang_port
         else:
             argv = engine.command(spec, ctx.config.engine_host, self._port)
+        try:
+            secrets = resolve_all(engine.secret_env)
+        except SecretError as exc:
+            # The message names the variable and its source, never a value.
+            self._log.note(str(exc))
+            self._report(Phase.STARTING, message=str(exc), pid=0)
+            return None
         env = dict(os.environ)
         env.update(engine.env)
+        env.update(secrets)
         env.update(ctx.cards.env_for(spec.gpus))
         # Which cards the engine sees; none ("") for a CPU replica, so it cannot take any.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmgw.authz.policy import AccessRefusal, RoleRequired, Unauthenticated
 from llmgw.refusal import Refusal
+
+__all__ = ["AccessRefusal", "RoleRequired", "Unauthenticated"]
+"""The refusals for who calls are the planner's too (llmgw.authz.policy); named here as well,
+so the fleet's code raises every refusal of its own from one module."""
 
 
 @dataclass
@@ -219,35 +224,6 @@ class InvalidSource(InvalidModel):
 
     def metadata(self) -> dict[str, str]:
         return {"field": self.field, "source": self.source[:200]}
-
-
-@dataclass
-class Unauthenticated(FleetError):
-    """A call with auth enabled that names nobody: no client certificate with an llmgw
-    identity, and no bearer token (or a wrong one)."""
-
-    rpc: str = ""
-
-    def metadata(self) -> dict[str, str]:
-        return {"rpc": self.rpc}
-
-
-@dataclass
-class RoleRequired(FleetError):
-    """The caller is known but its roles do not allow the call."""
-
-    rpc: str = ""
-    identity: str = ""
-    required: str = ""
-    has: str = ""
-
-    def metadata(self) -> dict[str, str]:
-        return {
-            "rpc": self.rpc,
-            "identity": self.identity,
-            "required_role": self.required,
-            "roles": self.has,
-        }
 
 
 @dataclass

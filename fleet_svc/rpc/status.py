@@ -14,6 +14,7 @@ from grpc_status import rpc_status
 from fleet_svc.domain import errors
 from fleet_svc.store.base import NotLeader, StoreDamaged, StoreError, StoreUnavailable
 from fleet_svc.watch import WATCHER_QUEUE, WatcherTooSlow
+from llmgw.refusal import Refusal
 from llmgw.rpc.status import INTERNAL, build_status, guarded, subclasses
 
 log = structlog.get_logger(__name__)
@@ -22,7 +23,7 @@ DOMAIN = "fleet.llmgw.dev"
 """`ErrorInfo.domain` of every fleet error."""
 
 # class -> (code, reason); never UNAVAILABLE for a refusal (meshes retry that code).
-_TABLE: tuple[tuple[type[errors.FleetError], grpc.StatusCode, str], ...] = (
+_TABLE: tuple[tuple[type[Refusal], grpc.StatusCode, str], ...] = (
     (errors.ModelNotFound, grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND"),
     (errors.ModelExists, grpc.StatusCode.ALREADY_EXISTS, "MODEL_EXISTS"),
     (errors.ModelDeclared, grpc.StatusCode.FAILED_PRECONDITION, "MODEL_DECLARED"),
@@ -53,7 +54,7 @@ _TABLE: tuple[tuple[type[errors.FleetError], grpc.StatusCode, str], ...] = (
 )
 
 
-def code_and_reason(exc: errors.FleetError) -> tuple[grpc.StatusCode, str]:
+def code_and_reason(exc: Refusal) -> tuple[grpc.StatusCode, str]:
     """The status code and ErrorInfo reason of a fleet exception."""
     for cls, code, reason in _TABLE:
         if isinstance(exc, cls):
@@ -61,7 +62,7 @@ def code_and_reason(exc: errors.FleetError) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, "INTERNAL"
 
 
-def to_status(exc: errors.FleetError) -> status_pb2.Status:
+def to_status(exc: Refusal) -> status_pb2.Status:
     """A google.rpc.Status with ErrorInfo and the details that fit."""
     code, reason = code_and_reason(exc)
     name = getattr(exc, "name", "")
@@ -139,7 +140,7 @@ def _status_of(exc: Exception) -> status_pb2.Status | None:
         return exc.status
     if isinstance(exc, StoreError):
         return store_status(exc)
-    return to_status(exc) if isinstance(exc, errors.FleetError) else None
+    return to_status(exc) if isinstance(exc, errors.FleetError | errors.AccessRefusal) else None
 
 
 refusals_as_status = guarded(_status_of)
@@ -184,7 +185,9 @@ def example_statuses() -> list[status_pb2.Status]:
     defaults, each store failure, a watcher cut off): the reasons, codes and metadata keys
     docs/errors.md must list. REFUSED is among them only for the root, FleetError, which
     nothing raises as such."""
-    out = [to_status(cls("example")) for cls in subclasses(errors.FleetError)]
+    classes: list[type[Refusal]] = [*subclasses(errors.FleetError)]
+    classes += [errors.Unauthenticated, errors.RoleRequired]
+    out = [to_status(cls("example")) for cls in classes]
     for failure in (
         StoreUnavailable("data/fleet.db", "example"),
         StoreDamaged("data/fleet.db", "example"),

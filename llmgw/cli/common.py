@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from llmgw.certs import names_service
 from llmgw.cli import jsonpath
 from llmgw.clients import FleetClient, PlannerClient, Refused, Unreachable
 from llmgw.cmdline import (
@@ -160,6 +161,19 @@ def credentials(opts: argparse.Namespace) -> Credentials:
     return Credentials(local, token, str(folder))
 
 
+def expecting(creds: Credentials, service: str) -> ClientTLS | None:
+    """The TLS settings checking the server as `service` (`fleet.service.llmgw`): always from
+    flags or the environment; from a local `llmgw up` folder only when its pair of that
+    service names it (a pair from before service names: the host name, as before)."""
+    if creds.tls is None:
+        return None
+    if creds.found not in ("", "flags"):
+        pair = Path(creds.found) / f"{service}.crt"
+        if pair.is_file() and not names_service(pair, service):
+            return creds.tls
+    return creds.tls.expecting(service)
+
+
 def _client_failure(exc: Exception) -> UsageError:
     """A client that could not be made (a TLS file unreadable, a token that cannot travel)."""
     return UsageError(str(exc))
@@ -180,7 +194,7 @@ def fleet_client(opts: argparse.Namespace) -> FleetClient:
             opts.fleet,
             caller=caller_name(opts.as_name),
             timeout_s=opts.timeout,
-            tls=creds.tls,
+            tls=expecting(creds, "fleet"),
             token=creds.token,
         )
     except (TLSConfigError, ValueError) as exc:
@@ -196,7 +210,12 @@ def planner_client(opts: argparse.Namespace) -> PlannerClient:
     creds = credentials(opts)
     opts.credentials = creds
     try:
-        return PlannerClient(opts.planner, timeout_s=opts.timeout, tls=creds.tls, token=creds.token)
+        return PlannerClient(
+            opts.planner,
+            timeout_s=opts.timeout,
+            tls=expecting(creds, "planner"),
+            token=creds.token,
+        )
     except (TLSConfigError, ValueError) as exc:
         raise _client_failure(exc) from exc
 

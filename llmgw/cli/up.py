@@ -335,6 +335,9 @@ class Up:
                 "--listen",
                 f"{p.host}:{p.planner_port}",
                 *server_flags(pki.ca, pki.planner),
+                # The same roles and revoked list as the fleet's, re-read when edited.
+                "--settings",
+                str(p.settings),
                 *roots,
                 *p.metrics(0),
                 *json_logs,
@@ -360,6 +363,13 @@ class Up:
                 str(p.settings),
                 *server_flags(pki.ca, pki.fleet),
                 *tls_flags("planner-", pki.ca, pki.fleet_client),
+                # The fleet checks the planner's service name; a planner pair from before
+                # service names is checked by the host the fleet dials.
+                *(
+                    []
+                    if names_service(pki.planner[0], "planner")
+                    else ["--planner-tls-server-name", planner_address.rsplit(":", 1)[0]]
+                ),
                 *p.metrics(1),
                 *json_logs,
             ],

@@ -77,14 +77,27 @@ _TLS_WHY = {
 """BoringSSL's reasons, said for people."""
 
 
-def tls_problem(details: str, *, secure: bool | None = None) -> str:
+_WRONG_NAME = ("Hostname Verification Check failed", "not in peer certificate")
+"""gRPC core's words for a server certificate that does not name the server name checked."""
+
+
+def tls_problem(details: str, *, secure: bool | None = None, service: str = "") -> str:
     """A sentence for a connection that failed in or around its TLS handshake, "" for any
     other failure.
 
     Args:
         details: gRPC's details of an UNAVAILABLE call.
         secure: whether this client spoke TLS (None: not known), to say what a hang-up means.
+        service: the service this client expects ("fleet", "planner"), for a certificate that
+            names another.
     """
+    if any(words in details for words in _WRONG_NAME):
+        expected = f"the {service} ({service}.service.llmgw)" if service else "the name checked"
+        return (
+            f"refused the server's certificate: it does not name {expected}, so this is "
+            "another service of the same CA (check the address), or a pair that names no "
+            "service (give --tls-server-name HOST to check the host name instead)"
+        )
     match = _HANDSHAKE.search(details)
     if match is not None:
         why = match.group("why").strip()
@@ -187,7 +200,7 @@ def decode(
         status = status_pb2.Status(code=code.value[0], message=details)
     reason, metadata = _error_info(status)
     if code in UNREACHABLE_CODES:
-        tls = tls_problem(details, secure=secure) if reason is None else ""
+        tls = tls_problem(details, secure=secure, service=service) if reason is None else ""
         return Unreachable(
             address=address,
             detail=details,

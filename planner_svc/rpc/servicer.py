@@ -16,6 +16,8 @@ import grpc
 import structlog
 from google.protobuf.message import Message
 
+from llmgw.authz.guard import current_caller
+from llmgw.authz.policy import ANONYMOUS
 from llmgw.common.v1 import common_pb2
 from llmgw.engines.llamacpp import LLAMACPP_VERSION
 from llmgw.limits import DEFAULT_LIMITS, Limits
@@ -47,8 +49,12 @@ class Resolver(Protocol):
 
 
 def caller_of(context: Context) -> str:
-    """Who a call is from, for per-caller limits: its certificate identity, else the host it
-    came from (the port varies by connection), else ""."""
+    """Who a call is from, for per-caller limits: the identity the call was admitted as
+    (planner_svc.rpc.auth: certificate or token), else its certificate identity, else the host
+    it came from (the port varies by connection), else ""."""
+    admitted = current_caller()
+    if admitted is not None and admitted.kind != ANONYMOUS:
+        return admitted.identity
     identity = peer_identity(context)
     if identity is not None:
         return str(identity)

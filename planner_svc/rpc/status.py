@@ -6,6 +6,7 @@ from __future__ import annotations
 import grpc
 from google.rpc import status_pb2
 
+from llmgw.authz.policy import AccessRefusal, RoleRequired, Unauthenticated
 from llmgw.engines.gang import EngineSingleNode
 from llmgw.refusal import Refusal
 from llmgw.rpc.status import build_status, guarded, subclasses
@@ -37,6 +38,9 @@ _TABLE: tuple[tuple[type[Refusal], grpc.StatusCode, str | None], ...] = (
     (errors.SourceUnreachable, grpc.StatusCode.FAILED_PRECONDITION, "SOURCE_UNREACHABLE"),
     (errors.ProfileNotFound, grpc.StatusCode.NOT_FOUND, "PROFILE_NOT_FOUND"),
     (errors.ResolutionsBusy, grpc.StatusCode.RESOURCE_EXHAUSTED, "RESOLUTIONS_BUSY"),
+    # Who calls (llmgw.authz, the fleet's rules too): the same reasons as the fleet's.
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED"),
+    (RoleRequired, grpc.StatusCode.PERMISSION_DENIED, "ROLE_REQUIRED"),
     (errors.PlannerError, grpc.StatusCode.FAILED_PRECONDITION, "REFUSED"),
     (errors.EngineError, grpc.StatusCode.FAILED_PRECONDITION, "REFUSED"),
 )
@@ -92,7 +96,13 @@ def _subject(exc: Refusal) -> str:
 
 
 def _status_of(exc: Exception) -> status_pb2.Status | None:
-    planner = (errors.PlannerError, errors.EngineError, errors.InvalidValue, errors.InvalidShape)
+    planner = (
+        errors.PlannerError,
+        errors.EngineError,
+        errors.InvalidValue,
+        errors.InvalidShape,
+        AccessRefusal,
+    )
     return to_status(exc) if isinstance(exc, planner) else None
 
 
@@ -113,7 +123,7 @@ def example_statuses() -> list[status_pb2.Status]:
     """One status for every class the table answers (each refusal class loaded, built with
     its defaults): the reasons, codes and metadata keys docs/errors.md must list. REFUSED is
     among them only for the roots, which nothing raises as such."""
-    out = []
+    out = [to_status(Unauthenticated("example")), to_status(RoleRequired("example"))]
     for root in _ROOTS:
         for cls in subclasses(root):
             out.append(to_status(cls("example")))

@@ -97,11 +97,16 @@ def pki(tmp_path: Path) -> Pki:
 
 
 @pytest.fixture
-async def planner(pki: Pki) -> AsyncIterator[PlannerServer]:
-    """A planner over mutual TLS (the fleet dials it with its own client pair)."""
+async def planner(pki: Pki, tmp_path: Path) -> AsyncIterator[PlannerServer]:
+    """A planner over mutual TLS (the fleet dials it with its own client pair, fleet-caller,
+    a viewer of the planner by its settings)."""
     cert, key = pki.local.servers["planner"]
+    roles = tmp_path / "planner-settings.yaml"
+    roles.write_text("roles:\n  viewer: [fleet-caller]\n")
     server = await start_planner(
-        "127.0.0.1:0", tls=ServerTLS(cert=cert, key=key, ca=pki.local.ca_cert)
+        "127.0.0.1:0",
+        tls=ServerTLS(cert=cert, key=key, ca=pki.local.ca_cert),
+        settings_path=str(roles),
     )
     yield server
     await server.stop(grace_s=0.5)
@@ -238,7 +243,8 @@ async def test_every_mutation_allowed_or_refused_is_one_audit_event(
     pki: Pki, tmp_path: Path
 ) -> None:
     """A refused DeleteModel and an allowed CreateModel each log one `audit` event with the
-    identity, the RPC, the model and the outcome; reads log none."""
+    identity, the RPC, the model and the outcome; reads are `audit_read` events, the first of
+    each kind at once (repeats are counted, not logged)."""
     async with (
         tls_fleet(tmp_path, pki.fleet, settings=settings(tmp_path)) as fleet,
         fleet_stub(fleet.port, pki.user("admin")) as admin,
@@ -249,6 +255,15 @@ async def test_every_mutation_allowed_or_refused_is_one_audit_event(
             await refused(viewer.DeleteModel(fleet_pb2.DeleteModelRequest(name="llama")))
             await viewer.ListModels(fleet_pb2.ListModelsRequest())
             await refused(admin.CreateModel(fleet_pb2.CreateModelRequest(model=llama())))  # exists
+            for _ in range(3):
+                await viewer.GetModel(fleet_pb2.GetModelRequest(name="llama"))
+            await refused(viewer.GetModel(fleet_pb2.GetModelRequest(name="nope")))
+    reads = [e for e in logs if e["event"] == "audit_read"]
+    assert [(e["identity"], e["rpc"], e["model"], e["outcome"]) for e in reads] == [
+        ("user:viewer", "ListModels", "", "OK"),
+        ("user:viewer", "GetModel", "llama", "OK"),
+        ("user:viewer", "GetModel", "nope", "NOT_FOUND"),
+    ]
     audits = [e for e in logs if e["event"] == "audit"]
     assert [(e["identity"], e["rpc"], e["model"], e["outcome"]) for e in audits] == [
         ("user:admin", "CreateModel", "llama", "OK"),

@@ -438,7 +438,7 @@ SETTINGS = """\
 roles:
   admin: [admin]
   operator: [gateway]
-  viewer: [viewer]
+  viewer: [viewer, fleet-caller]
   gateway: [gateway]
 models:
   - name: declared
@@ -502,7 +502,7 @@ async def services(tmp: Path, pki: Pki, gguf_root: Path) -> AsyncIterator[dict[s
     async with AsyncExitStack() as stack:
         policy = SourcePolicy.from_settings(allow_hosts=["127.0.0.1:*"])
         planner: PlannerServer = await start_planner(
-            "127.0.0.1:0", tls=pki.server("planner"), policy=policy
+            "127.0.0.1:0", tls=pki.server("planner"), policy=policy, settings_path=str(settings)
         )
         stack.push_async_callback(planner.stop, 0.5)
         planner_at = f"127.0.0.1:{planner.port}"
@@ -683,7 +683,9 @@ async def two_fleets(tmp: Path, pki: Pki) -> AsyncIterator[tuple[str, str]]:
     settings.write_text(SETTINGS)
     with fresh_database() as (_name, dsn):
         async with AsyncExitStack() as stack:
-            planner: PlannerServer = await start_planner("127.0.0.1:0", tls=pki.server("planner"))
+            planner: PlannerServer = await start_planner(
+                "127.0.0.1:0", tls=pki.server("planner"), settings_path=str(settings)
+            )
             stack.push_async_callback(planner.stop, 0.5)
             fleets: list[FleetServer] = []
             for _ in range(2):

@@ -17,6 +17,7 @@ from bench import (
     planner_memory,
     planner_throughput,
     rollout_overhead,
+    stream_flood,
     watch_replicas,
 )
 
@@ -80,8 +81,19 @@ async def test_rollout_overhead_reports_both_variants_and_the_parallel_pair(
     assert_sane(figures, ("scripted_rollout", "real_rollout", "real_floor", "parallel_"))
 
 
+async def test_stream_flood_reports_latency_held_streams_and_memory(tmp_path: Path) -> None:
+    """A small flood (300 streams: spread over two identities, then from one) is held, the
+    one identity's past its cap refused, and every round's p99 and RSS reported."""
+    figures = await stream_flood.measure(300, tmp_path)
+    assert figures["held@one"] + figures["refused@one"] == 300
+    assert figures["held@one"] <= 256
+    assert figures["held@spread"] > 0
+    assert {"p99_ratio@spread", "p99_ratio@one", "rss_mb@spread"} <= set(figures)
+    assert_sane(figures, ("p50_", "p99_", "rss_"))
+
+
 def test_the_runner_knows_every_benchmark_and_refuses_unknown_names() -> None:
-    """`python -m bench` lists all ten benchmarks and refuses a name it does not know."""
+    """`python -m bench` lists all eleven benchmarks and refuses a name it does not know."""
     assert set(bench_main.BENCHES) == {
         "planner_throughput",
         "planner_memory",
@@ -93,6 +105,7 @@ def test_the_runner_knows_every_benchmark_and_refuses_unknown_names() -> None:
         "store_pg",
         "fleet_failover",
         "fleet_spread",
+        "stream_flood",
     }
     with pytest.raises(SystemExit) as refused:
         bench_main.main(["no_such_bench"])
