@@ -94,21 +94,46 @@ Llama-3.1-8B's 32 layers (7.4 MiB a layer). The same logs show the KV pool not r
 kv cache memory in use is 19.54 GiB"): the planner does not subtract it, and carries it as
 margin (a build that applies it gives that much less)."""
 
-HYBRID_NON_TORCH_BYTES = 1152 * MIB
-"""What a hybrid model's recurrent layers (Gated DeltaNet, Mamba) add to non-torch memory (their
-Triton kernels' workspaces): vLLM 0.10.2 serving Qwen3-Next-80B-A3B at tp 2 on H200s printed
-1.38 GiB of non-torch memory (attention-only models at tp > 1: 0.21-0.25)."""
-
 HYBRID_NON_TORCH_MARGIN_BYTES = 512 * MIB
-"""The hybrid surcharge rests on one log: half a GiB either way."""
+"""A hybrid model's recurrent layers (Gated DeltaNet, Mamba) may add Triton workspaces to
+non-torch memory. The one log (vLLM 0.10.2 serving Qwen3-Next-80B-A3B at tp 2 on H200s, 1.38
+GiB of non-torch memory) is explained by NVLink's collective buffers alone (NVLINK_NON_TORCH
+below: H100 tp 2 and A100 tp 8 logs show 2.07 and 2.10 GiB for attention-only models), so no
+surcharge is added; half a GiB of margin stays for what the recurrent kernels may hold."""
 
 GRAPH_SPREAD = 0.25
 """How far captured CUDA graphs stray from their per-layer figure (17.6 to 21.4 MiB a dense
 layer seen, torch_overhead.CUDA_GRAPH_BYTES_PER_LAYER)."""
 
 NON_TORCH_NCCL_BYTES = 160 * MIB
-"""What tensor parallel adds to non-torch memory (NCCL's and the custom all-reduce's buffers):
-gt-039 (tp 4) 0.21 GiB against 0.06-0.07 on one card (gt-038; vLLM 0.10.2 on an H100)."""
+"""What tensor parallel adds to non-torch memory on cards joined by PCIe only (L40S, L4, RTX,
+A10G: NCCL's buffers, no NVLink channels): gt-039 (4 L40S, tp 4) 0.21 GiB against 0.06-0.07
+on one card (gt-038; vLLM 0.10.2 on an H100)."""
+
+NVLINK_NON_TORCH_V0 = 2088 * MIB
+NVLINK_NON_TORCH_V1_EARLY = 1320 * MIB
+NVLINK_NON_TORCH_V1 = 1864 * MIB
+"""What tensor parallel adds to non-torch memory on NVLink cards (NVLINK_CARDS), by version:
+NCCL opens many more channels over NVLink/NVSwitch than over PCIe, each with its own
+buffers, and the custom all-reduce maps its IPC buffers; both are allocated outside torch
+during the profile run, so vLLM counts them as non-torch (vllm/utils memory_profiling: the
+device's used memory less torch's reserved, against the snapshot taken before loading).
+V0 0.7.1 on 8 A100-SXM4-40GB (tp 8, DeepSeek-Coder-V2-Lite): 'non_torch_memory takes 2.10GiB'
+against 0.06 on one card, so 2.04 GiB (SageMaker DJL-LMI README, code index file id
+3706561278; vLLM PR #10511's pre-merge check gave the same step, 1.79 → 3.58 GiB from tp 1 to
+tp 2 on an H100). V1 0.10.2 on 2 H200s (tp 2, Qwen3-Next-80B-A3B): 1.38 GiB against 0.09, so
+1.29 GiB. V1 0.19.0 on 2 H100s (tp 2, Llama-3.1-8B): 2.07 GiB against 0.25, so 1.82 GiB
+(LLMD_REPORT). 0.11-0.16 and 0.21+ have no log: they take 0.19's figure, the nearest range
+measured. The step does not grow with tp (2.07 at tp 2, 2.10 at tp 8)."""
+
+NVLINK_CARDS = ("h100", "h200", "h800", "h20", "a100", "a800", "b200", "b100", "gb200", "gh200")
+"""Card classes sold as SXM/NVLink parts (a name with "pcie" in it is not taken as one)."""
+
+
+def nvlink_card(card: Card) -> bool:
+    """Whether `card` is taken to be joined to its peers by NVLink (NVLINK_CARDS)."""
+    name = card.name.strip().lower()
+    return "pcie" not in name and name.startswith(NVLINK_CARDS)
 
 
 TP_GATHER_BYTES_PER_LOGIT = 10
@@ -136,6 +161,8 @@ class VllmRules(Ranged):
     tp_gather_bytes_per_logit: int = 0
     """What tensor parallel adds to the sampler's peak per logit (TP_GATHER_BYTES_PER_LOGIT
     where a logged run shows it, else 0)."""
+    nvlink_non_torch_bytes: int = NVLINK_NON_TORCH_V1
+    """What tensor parallel adds to non-torch memory on NVLink cards (NVLINK_NON_TORCH_*)."""
 
 
 VLLM_RULES: tuple[VllmRules, ...] = (
@@ -149,17 +176,31 @@ VLLM_RULES: tuple[VllmRules, ...] = (
         352 * MIB,
         v0=True,
         tp_gather_bytes_per_logit=TP_GATHER_BYTES_PER_LOGIT,
+        nvlink_non_torch_bytes=NVLINK_NON_TORCH_V0,
     ),
     VllmRules(
         (0, 6, 5),
+        (0, 7, 0),
+        "vLLM V0 0.6.5 to 0.6.6",
+        0.90,
+        38,
+        0,
+        104 * MIB,
+        v0=True,
+        tp_gather_bytes_per_logit=TP_GATHER_BYTES_PER_LOGIT,
+        nvlink_non_torch_bytes=NVLINK_NON_TORCH_V0,
+    ),
+    VllmRules(
+        (0, 7, 0),
         (0, 8, 0),
-        "vLLM V0 0.6.5 to 0.7",
+        "vLLM V0 0.7",
         0.90,
         38,
         0,
         64 * MIB,
         v0=True,
         tp_gather_bytes_per_logit=TP_GATHER_BYTES_PER_LOGIT,
+        nvlink_non_torch_bytes=NVLINK_NON_TORCH_V0,
     ),
     VllmRules(
         (0, 8, 0),
@@ -170,6 +211,7 @@ VLLM_RULES: tuple[VllmRules, ...] = (
         0,
         96 * MIB,
         tp_gather_bytes_per_logit=TP_GATHER_BYTES_PER_LOGIT,
+        nvlink_non_torch_bytes=NVLINK_NON_TORCH_V1_EARLY,
     ),
     VllmRules((0, 11, 0), (0, 17, 0), "vLLM V1 0.11 to 0.16", 0.90, 38, 224 * MIB, 96 * MIB),
     VllmRules((0, 17, 0), (0, 21, 0), "vLLM V1 0.17 to 0.20", 0.90, 14, 120 * MIB, 256 * MIB),
@@ -213,8 +255,11 @@ the forward pass either way.
 Non-torch memory: V0 before 0.6.5 0.35 GiB (gt-023: its "Memory profiling results" counted
 what the card held after profiling less torch's, the CUDA context with it); from 0.6.5 V0
 profiles against a snapshot taken after the CUDA context and NCCL are up (vLLM PR #10511,
-"overhaul memory profiling", merged 2024-12-14 for 0.6.5) and both 0.7 logs above print 0.05
-GiB, so 64 MiB; V1 0.06-0.07 (gt-038; 0.10.2 on an H100), so 96 MiB;
+"overhaul memory profiling", merged 2024-12-14 for 0.6.5): 0.6.5-0.6.6 print 0.10 GiB for
+unquantized text models (Qwen2.5-7B on an RTX 3090 under 0.6.6, Meta-Llama-3-8B on an A100
+40GB under 0.6.6; logged_runs.jsonl), so 104 MiB; the 0.7 logs print 0.01-0.08 (0.05 on 24 GB
+cards twice, 0.08 on an L40S, 0.01 on a T4), so 64 MiB; V1 0.06-0.07 (gt-038; 0.10.2 on an
+H100), so 96 MiB;
 from 0.21 vLLM counts every persistent allocation from the device's free memory ("consumed
 memory (weights + non-torch)": v0.31.0, 15.26 GiB for Llama-3.1-8B's 14.99 of weights), 272
 MiB; 0.18-0.19 measured 0.24-0.25 on an H100 (LLMD_REPORT: "non-torch forward increase
@@ -483,10 +528,10 @@ def _vllm_overhead(
         if rules.graph_estimate:
             estimate = GRAPH_ESTIMATE_BYTES_PER_MOE_LAYER if moe else GRAPH_ESTIMATE_BYTES_PER_LAYER
             graph_margin = layers * estimate
-    non_torch = rules.non_torch_bytes + (NON_TORCH_NCCL_BYTES if tp > 1 else 0)
+    non_torch = rules.non_torch_bytes
+    if tp > 1:
+        non_torch += rules.nvlink_non_torch_bytes if nvlink_card(card) else NON_TORCH_NCCL_BYTES
     hybrid = shape.has_recurrent
-    if hybrid:
-        non_torch += HYBRID_NON_TORCH_BYTES
     util = grammar.fraction(args, GPU_MEMORY_UTILIZATION) or (
         default_utilisation if default_utilisation is not None else rules.utilisation
     )

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from llmgw.cardclass import cuda_total
 from llmgw.engines.base import Card, CardNeed
 from llmgw.engines.vllm_memory import VLLM_RULES
 from llmgw.shape import Compute, Layer, LayerKind, ModelShape
@@ -79,7 +80,10 @@ def need_of(run: dict[str, Any], version: str | None = None) -> CardNeed:
     )
 
 
-POOLED = [run for run in RUNS if "available_kv_gib" in run["printed"]]
+FITTED = [run for run in RUNS if "known_gap" not in run]
+GAPS = [run for run in RUNS if "known_gap" in run]
+"""Rows the planner does not meet yet, each saying why (`known_gap`): kept as bounds."""
+POOLED = [run for run in FITTED if "available_kv_gib" in run["printed"]]
 
 
 def test_the_fixture_cites_every_run() -> None:
@@ -108,7 +112,7 @@ def test_kv_pool_as_logged(run: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(
-    "run", [r for r in RUNS if "activation_gib" in r["printed"]], ids=lambda r: r["id"]
+    "run", [r for r in FITTED if "activation_gib" in r["printed"]], ids=lambda r: r["id"]
 )
 def test_profiling_peak_as_logged(run: dict[str, Any]) -> None:
     """The profile run's torch peak vLLM printed, within 5 % or 0.05 GiB."""
@@ -150,3 +154,45 @@ def test_a_version_in_no_range_says_so_with_a_wider_margin(version: str) -> None
     assert "newest rules known" in unknown.rules and "margin spans" in unknown.rules
     assert unknown.kv_pool_bytes == known.kv_pool_bytes
     assert unknown.margin_bytes > known.margin_bytes
+
+
+@pytest.mark.parametrize("run", GAPS, ids=[run["id"] for run in GAPS])
+def test_a_known_gap_says_why_and_is_still_a_gap(run: dict[str, Any]) -> None:
+    """A row the planner does not meet names the reason, and the planner is indeed outside the
+    tolerance on it: a change that closes the gap must move the row to the fitted set."""
+    assert len(run["known_gap"]) > 40
+    need = need_of(run)
+    assert not close(need.kv_pool_bytes, run["printed"]["available_kv_gib"])
+
+
+def test_the_logged_runs_span_cards_utilisations_and_tensor_parallel() -> None:
+    """The fitted rows hold L4-class, L40S, T4, A100 and H100 cards, utilisations at or below
+    0.5 and at or above 0.85, and tensor parallel on NVLink."""
+    kinds = " ".join(run["card_kind"] for run in FITTED if "card_kind" in run).lower()
+    assert all(name in kinds for name in ("l4", "l40s", "t4", "a100"))
+    assert any(run["utilisation"] <= 0.5 for run in FITTED)
+    assert any(run["utilisation"] >= 0.85 for run in FITTED)
+    assert any(run["tp"] >= 8 for run in FITTED)
+
+
+def test_tensor_parallel_on_nvlink_adds_the_collective_buffers() -> None:
+    """At tp 8 on A100s (NVSwitch) vLLM V0 printed 2.10 GiB of non-torch memory, at tp 2 on
+    H100s V1 0.19 printed 2.07: the planner's figure is that, where a PCIe card at the same tp
+    and version gets NCCL's small buffers only."""
+    runs = {run["id"]: run for run in RUNS}
+    for run_id in (
+        "log-0.7.1-a100-40-deepseek-coder-v2-lite-tp8",
+        "llmd-0.19.0-h100-llama-3.1-8b-tp2",
+    ):
+        run = runs[run_id]
+        need = need_of(run)
+        assert close(need.non_torch_bytes, run["printed"]["non_torch_gib"], 0.02)
+        pcie = need_of({**run, "gpu": "L40S-48GB"})
+        assert pcie.non_torch_bytes < need.non_torch_bytes - GIB
+
+
+def test_the_l4_cuda_total_is_the_logged_one() -> None:
+    """An L4's CUDA total is what vLLM's CI printed on its L4 agents (22.05 GiB), not the
+    NVML total less the largest driver reserve."""
+    total = cuda_total("L4-24GB", 0)
+    assert abs(total.bytes / GIB - 22.05) < 0.005 and "33297" in total.source
