@@ -111,8 +111,9 @@ A10G: NCCL's buffers, no NVLink channels): gt-039 (4 L40S, tp 4) 0.21 GiB agains
 on one card (gt-038; vLLM 0.10.2 on an H100)."""
 
 NVLINK_NON_TORCH_V0 = 2088 * MIB
-NVLINK_NON_TORCH_V1_EARLY = 1320 * MIB
+NVLINK_NON_TORCH_V1_EARLY = 1560 * MIB
 NVLINK_NON_TORCH_V1 = 1864 * MIB
+NVLINK_NON_TORCH_MARGIN_BYTES = 384 * MIB
 """What tensor parallel adds to non-torch memory on NVLink cards (NVLINK_CARDS), by version:
 NCCL opens many more channels over NVLink/NVSwitch than over PCIe, each with its own
 buffers, and the custom all-reduce maps its IPC buffers; both are allocated outside torch
@@ -122,9 +123,12 @@ V0 0.7.1 on 8 A100-SXM4-40GB (tp 8, DeepSeek-Coder-V2-Lite): 'non_torch_memory t
 against 0.06 on one card, so 2.04 GiB (SageMaker DJL-LMI README, code index file id
 3706561278; vLLM PR #10511's pre-merge check gave the same step, 1.79 → 3.58 GiB from tp 1 to
 tp 2 on an H100). V1 0.10.2 on 2 H200s (tp 2, Qwen3-Next-80B-A3B): 1.38 GiB against 0.09, so
-1.29 GiB. V1 0.19.0 on 2 H100s (tp 2, Llama-3.1-8B): 2.07 GiB against 0.25, so 1.82 GiB
-(LLMD_REPORT). 0.11-0.16 and 0.21+ have no log: they take 0.19's figure, the nearest range
-measured. The step does not grow with tp (2.07 at tp 2, 2.10 at tp 8)."""
+1.29 GiB; on 4 H100s (tp 4, the same model with its MTP drafter; vLLM issue #24881) 1.84, so
+1.75: 0.8-0.10 take the middle, 1.52 GiB. V1 0.19.0 on 2 H100s (tp 2, Llama-3.1-8B): 2.07 GiB
+against 0.25, so 1.82 GiB (LLMD_REPORT). 0.11-0.16 and 0.21+ have no log: they take 0.19's
+figure, the nearest range measured. The step does not grow with tp (2.07 at tp 2, 2.10 at tp
+8). The logs spread 1.29 to 2.04 GiB: NVLINK_NON_TORCH_MARGIN_BYTES is carried as margin
+beside it."""
 
 NVLINK_CARDS = ("h100", "h200", "h800", "h20", "a100", "a800", "b200", "b100", "gb200", "gh200")
 """Card classes sold as SXM/NVLink parts (a name with "pcie" in it is not taken as one)."""
@@ -529,8 +533,9 @@ def _vllm_overhead(
             estimate = GRAPH_ESTIMATE_BYTES_PER_MOE_LAYER if moe else GRAPH_ESTIMATE_BYTES_PER_LAYER
             graph_margin = layers * estimate
     non_torch = rules.non_torch_bytes
+    nvlink = tp > 1 and nvlink_card(card)
     if tp > 1:
-        non_torch += rules.nvlink_non_torch_bytes if nvlink_card(card) else NON_TORCH_NCCL_BYTES
+        non_torch += rules.nvlink_non_torch_bytes if nvlink else NON_TORCH_NCCL_BYTES
     hybrid = shape.has_recurrent
     util = grammar.fraction(args, GPU_MEMORY_UTILIZATION) or (
         default_utilisation if default_utilisation is not None else rules.utilisation
@@ -541,6 +546,7 @@ def _vllm_overhead(
         activation_margin
         + NON_TORCH_MARGIN_BYTES
         + (HYBRID_NON_TORCH_MARGIN_BYTES if hybrid else 0)
+        + (NVLINK_NON_TORCH_MARGIN_BYTES if nvlink else 0)
         + graph_margin
         + int(card.cuda_margin_bytes * util)
     )

@@ -58,6 +58,7 @@ def shape_of(run: dict[str, Any]) -> ModelShape:
                 hidden_size=int(arch["hidden_size"]),
                 intermediate_size=int(arch["intermediate_size"]),
                 vocab_size=int(arch["vocab_size"]),
+                vision=bool(arch.get("vision", False)),
             ),
         )
     return replace(shape, weights_bytes=int(run["weights_gib"] * GIB) * int(run["tp"]))
