@@ -117,8 +117,9 @@ NVLINK_NON_TORCH_MARGIN_BYTES = 384 * MIB
 """What tensor parallel adds to non-torch memory on NVLink cards (NVLINK_CARDS), by version:
 NCCL opens many more channels over NVLink/NVSwitch than over PCIe, each with its own
 buffers, and the custom all-reduce maps its IPC buffers; both are allocated outside torch
-during the profile run, so vLLM counts them as non-torch (vllm/utils memory_profiling: the
-device's used memory less torch's reserved, against the snapshot taken before loading).
+by the time profiling ends, so vLLM counts them as non-torch (vllm/utils/mem_utils.py
+memory_profiling: `non_torch_increase` is the device's used memory less torch's reserved after
+the profile run, less the same at the snapshot taken when the instance was created).
 V0 0.7.1 on 8 A100-SXM4-40GB (tp 8, DeepSeek-Coder-V2-Lite): 'non_torch_memory takes 2.10GiB'
 against 0.06 on one card, so 2.04 GiB (SageMaker DJL-LMI README, code index file id
 3706561278; vLLM PR #10511's pre-merge check gave the same step, 1.79 → 3.58 GiB from tp 1 to
