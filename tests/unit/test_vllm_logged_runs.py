@@ -12,7 +12,7 @@ import pytest
 
 from llmgw.cardclass import cuda_total
 from llmgw.engines.base import Card, CardNeed
-from llmgw.engines.vllm_memory import VLLM_RULES
+from llmgw.engines.vllm_memory import VLLM_RULES, nvlink_card
 from llmgw.shape import Compute, Layer, LayerKind, ModelShape
 from planner_svc.domain.hf_shape import shape_from_hf_config
 from planner_svc.domain.memory import card_need
@@ -197,3 +197,22 @@ def test_the_l4_cuda_total_is_the_logged_one() -> None:
     NVML total less the largest driver reserve."""
     total = cuda_total("L4-24GB", 0)
     assert abs(total.bytes / GIB - 22.05) < 0.005 and "33297" in total.source
+
+
+@pytest.mark.parametrize(
+    ("name", "nvlink"),
+    [
+        ("H100-80GB", True),
+        ("h200-141gb", True),
+        ("A100-40GB", True),
+        ("H100-PCIe-80GB", False),
+        ("L40S-48GB", False),
+        ("L4-24GB", False),
+        ("RTX4090-24GB", False),
+        ("24GB", False),
+    ],
+)
+def test_nvlink_parts_are_told_by_their_class(name: str, nvlink: bool) -> None:
+    """SXM/NVLink classes take NVLink's non-torch step at tp > 1; a class naming PCIe, the
+    PCIe-only cards and a bare size do not."""
+    assert nvlink_card(Card(name, 0, 0, "")) is nvlink
