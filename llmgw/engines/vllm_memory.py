@@ -134,11 +134,49 @@ beside it."""
 NVLINK_CARDS = ("h100", "h200", "h800", "h20", "a100", "a800", "b200", "b100", "gb200", "gh200")
 """Card classes sold as SXM/NVLink parts (a name with "pcie" in it is not taken as one)."""
 
+NVLS_CARDS = ("h100", "h200", "h800", "h20", "b200", "b100", "gb200", "gh200")
+"""The NVLink classes whose NVSwitch does NVLink SHARP (Hopper and later): NCCL's NVLS
+algorithm maps its multicast buffers there when the first large all-reduce runs, which is the
+profile run, so the step survives the snapshot moving after the collectives' set-up (0.19 on
+two H100s still printed 2.07 GiB). Ampere NVLink parts (A100, A800) have no NVLS: under V1
+they take what a PCIe card takes (no V1 log on A100 at tp > 1 shows the step, and outside
+measurements at tp 1 and 2 on A100s find vLLM's non-torch figure not growing with tp)."""
+
+COLLECTIVES_IN_SNAPSHOT = (0, 11, 0)
+"""From 0.11 vLLM takes its start-up snapshot after `init_worker_distributed_environment`
+(vllm-project/vllm PR #25359, "Fix OOM in vLLM replicas by ensuring consistent NCCL memory
+accounting", merged September 2025 after 0.10.2): NCCL's communicators, their warm-up
+all-reduce (pynccl.py runs one when CudaCommunicator builds it) and the custom all-reduce's
+buffers are then in the snapshot, outside the non-torch increase. Before, init_device took the
+snapshot first and the profile counted them (gt-039, 0.10.2 on four L40S: 0.21 GiB against
+0.06-0.07 on one card)."""
+
 
 def nvlink_card(card: Card) -> bool:
     """Whether `card` is taken to be joined to its peers by NVLink (NVLINK_CARDS)."""
     name = card.name.strip().lower()
     return "pcie" not in name and name.startswith(NVLINK_CARDS)
+
+
+def nvls_card(card: Card) -> bool:
+    """Whether `card` is an NVLink part whose NVSwitch does NVLink SHARP (NVLS_CARDS)."""
+    return nvlink_card(card) and card.name.strip().lower().startswith(NVLS_CARDS)
+
+
+def collective_step(rules: VllmRules, card: Card, tp: int) -> tuple[int, int, str]:
+    """What tensor parallel over `tp` cards adds to vLLM's non-torch figure under `rules` on
+    `card`, its margin, and the words for `rules`: NVLink's collective buffers where a log
+    shows vLLM counting them (V0 on any NVLink part; V1 on NVLS parts), NCCL's PCIe-sized
+    buffers where the snapshot precedes the collectives' set-up (before 0.11), else nothing,
+    with that much margin (COLLECTIVES_IN_SNAPSHOT)."""
+    if tp <= 1:
+        return 0, 0, ""
+    if nvlink_card(card) and (rules.v0 or nvls_card(card)):
+        step = rules.nvlink_non_torch_bytes
+        return step, NVLINK_NON_TORCH_MARGIN_BYTES, f"NVLink collectives {step / GIB:.2f} GiB"
+    if rules.since < COLLECTIVES_IN_SNAPSHOT:
+        return NON_TORCH_NCCL_BYTES, 0, ""
+    return 0, NON_TORCH_NCCL_BYTES, "collectives set up before the snapshot (PR #25359)"
 
 
 TP_GATHER_BYTES_PER_LOGIT = 10
@@ -533,10 +571,8 @@ def _vllm_overhead(
         if rules.graph_estimate:
             estimate = GRAPH_ESTIMATE_BYTES_PER_MOE_LAYER if moe else GRAPH_ESTIMATE_BYTES_PER_LAYER
             graph_margin = layers * estimate
-    non_torch = rules.non_torch_bytes
-    nvlink = tp > 1 and nvlink_card(card)
-    if tp > 1:
-        non_torch += rules.nvlink_non_torch_bytes if nvlink else NON_TORCH_NCCL_BYTES
+    step, step_margin, step_said = collective_step(rules, card, tp)
+    non_torch = rules.non_torch_bytes + step
     hybrid = shape.has_recurrent
     util = grammar.fraction(args, GPU_MEMORY_UTILIZATION) or (
         default_utilisation if default_utilisation is not None else rules.utilisation
@@ -547,11 +583,13 @@ def _vllm_overhead(
         activation_margin
         + NON_TORCH_MARGIN_BYTES
         + (HYBRID_NON_TORCH_MARGIN_BYTES if hybrid else 0)
-        + (NVLINK_NON_TORCH_MARGIN_BYTES if nvlink else 0)
+        + step_margin
         + graph_margin
         + int(card.cuda_margin_bytes * util)
     )
     said = profile.rules_said
+    if step_said:
+        said += f"; {step_said}"
     if graphs_out:
         said += "; CUDA graphs outside the budget"
         if graph_margin:

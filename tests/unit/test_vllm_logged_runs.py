@@ -12,7 +12,7 @@ import pytest
 
 from llmgw.cardclass import cuda_total
 from llmgw.engines.base import Card, CardNeed
-from llmgw.engines.vllm_memory import VLLM_RULES, nvlink_card
+from llmgw.engines.vllm_memory import VLLM_RULES, nvlink_card, nvls_card
 from llmgw.shape import Compute, Layer, LayerKind, ModelShape
 from planner_svc.domain.hf_shape import shape_from_hf_config
 from planner_svc.domain.memory import card_need
@@ -190,6 +190,47 @@ def test_tensor_parallel_on_nvlink_adds_the_collective_buffers() -> None:
         assert close(need.non_torch_bytes, run["printed"]["non_torch_gib"], 0.02)
         pcie = need_of({**run, "gpu": "L40S-48GB"})
         assert pcie.non_torch_bytes < need.non_torch_bytes - GIB
+
+
+@pytest.mark.parametrize(
+    ("gpu", "version", "step_gib"),
+    [
+        ("A100-80GB", "0.7.1", 2.04),
+        ("A100-80GB", "0.10.2", 0.16),
+        ("A100-80GB", "0.11.0", 0.0),
+        ("A100-80GB", "0.19.0", 0.0),
+        ("L40S-48GB", "0.10.2", 0.16),
+        ("L40S-48GB", "0.14.0", 0.0),
+        ("H100-80GB", "0.10.2", 1.52),
+        ("H100-80GB", "0.19.0", 1.82),
+    ],
+)
+def test_the_collective_step_follows_the_snapshot_and_the_switch(
+    gpu: str, version: str, step_gib: float
+) -> None:
+    """What tp 2 adds to non-torch memory over tp 1: V0 counts NVLink's buffers on any NVLink
+    part; V1 only on NVLS parts (Hopper on); PCIe cards and A100s under V1 add NCCL's small
+    buffers before 0.11 and nothing after (the snapshot follows the collectives' set-up)."""
+    context = ["--max-model-len", "4096"]
+    base: dict[str, Any] = {
+        "hf": "meta-llama__Llama-3.1-8B-Instruct",
+        "gpu": gpu,
+        "cuda_total_gib": 79.0,
+        "weights_gib": 7.5,
+        "engine_version": version,
+        "args": context,
+    }
+    one = need_of({**base, "tp": 1})
+    two = need_of({**base, "tp": 2, "args": [*context, "-tp", "2"]})
+    assert abs((two.non_torch_bytes - one.non_torch_bytes) / GIB - step_gib) < 0.01
+    assert two.margin_bytes >= one.margin_bytes
+
+
+def test_ampere_nvlink_parts_do_no_nvlink_sharp() -> None:
+    """A100s are NVLink parts without NVLS; H100s and B200s have it; a PCIe H100 has neither."""
+    assert nvlink_card(Card("A100-80GB")) and not nvls_card(Card("A100-80GB"))
+    assert nvls_card(Card("H100-80GB")) and nvls_card(Card("B200-180GB"))
+    assert not nvls_card(Card("H100-PCIe-80GB"))
 
 
 def test_the_l4_cuda_total_is_the_logged_one() -> None:
