@@ -23,6 +23,7 @@ total, current_platform.get_device_total_memory) whose name is not an A100,
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -52,6 +53,7 @@ CHUNKED_PREFILL = ("--enable-chunked-prefill",)
 ENFORCE_EAGER = ("--enforce-eager",)
 GPU_MEMORY_UTILIZATION = ("--gpu-memory-utilization",)
 EXPERT_PARALLEL = ("--enable-expert-parallel",)
+LIMIT_MM_PER_PROMPT = ("--limit-mm-per-prompt",)
 
 LARGE_CARD_BYTES = 70 * GIB
 BATCHED_TOKENS_LARGE_CARD = 8192
@@ -178,6 +180,24 @@ def collective_step(rules: VllmRules, card: Card, tp: int) -> tuple[int, int, st
         return NON_TORCH_NCCL_BYTES, 0, ""
     return 0, NON_TORCH_NCCL_BYTES, "collectives set up before the snapshot (PR #25359)"
 
+
+CROSS_ATTENTION_IMAGE_TOKEN_BYTES = 47_980
+"""What vLLM V0's profile run holds per encoder token of a cross-attention VLM's dummy images
+at its peak, the vision tower's (mllama). V0's encoder-decoder runner
+(vllm/worker/enc_dec_model_runner.py profile_run) builds max_num_seqs dummy requests, each
+with `--limit-mm-per-prompt` images (1 by default) of the most tiles
+(mllama.py dummy_encoder_data_for_mllama: get_max_mllama_image_tokens, 4 × 1601 tokens), and
+runs the vision tower over all of them at once; it does not cut the requests by the image's
+tokens as the decoder-only runner does. The tower's widths say what is alive per token at its
+last local layer: the tiles' attention mask (mllama.py _prepare_aspect_ratio_attention_mask:
+(4 × 1608)² bf16 per image, 12,864 B a token), the five kept intermediate layers' outputs
+(intermediate_layers_indices, 5 × 1280 × 2 B), the MLP's two 5120-wide tensors and the
+residual, about 46-51 KB. The figure is the one log's: vLLM PR #12126 (V0 0.6.6, H100,
+Llama-3.2-11B-Vision, 128 requests), 'PyTorch activation peak memory takes 36.63GiB' over
+128 × 6404 tokens. Llama-3.2-90B-Vision has the same tower, so the same figure."""
+
+CROSS_ATTENTION_MARGIN = 0.10
+"""How far the figure above may stray: the widths' sum spans 46-51 KB a token around it."""
 
 TP_GATHER_BYTES_PER_LOGIT = 10
 """With tensor parallel the LM head's vocabulary shards are all-gathered into whole logits
@@ -483,7 +503,14 @@ def _unknown_spread(
         return spread
     forward = forward_cost(shape, tp=tp, expert_parallel=grammar.has(args, EXPERT_PARALLEL))
     figures = [
-        _activation(shape, forward, profile_at(other, "", flags, tokens), other, tp)[0]
+        _activation(
+            shape,
+            forward,
+            profile_at(other, "", flags, tokens),
+            other,
+            tp,
+            images_per_prompt(grammar, args),
+        )[0]
         + other.non_torch_bytes
         for other in VLLM_RULES
     ]
@@ -560,7 +587,9 @@ def _vllm_overhead(
     rules = profile.rules
     expert_parallel = grammar.has(args, EXPERT_PARALLEL)
     forward = forward_cost(shape, tp=tp, expert_parallel=expert_parallel)
-    activation, activation_margin = _activation(shape, forward, profile, rules, tp)
+    activation, activation_margin = _activation(
+        shape, forward, profile, rules, tp, images_per_prompt(grammar, args)
+    )
     eager = grammar.has(args, ENFORCE_EAGER)
     layers = layers_per_stage(shape, pp)
     graphs_out = graph_margin = 0
@@ -607,12 +636,41 @@ def _vllm_overhead(
     )
 
 
+def images_per_prompt(grammar: Grammar, args: Sequence[str]) -> int:
+    """The images a dummy request carries: `--limit-mm-per-prompt`'s image count (written
+    `image=N` or as JSON `{"image": N}`), 1 when it does not say."""
+    raw = grammar.get(args, LIMIT_MM_PER_PROMPT) or ""
+    found = re.search(r"image[\"']?\s*[:=]\s*(\d{1,3})\b", raw)
+    return max(int(found.group(1)), 1) if found else 1
+
+
 def _activation(
-    shape: ModelShape, forward: ForwardCost, profile: VllmProfile, rules: VllmRules, tp: int
+    shape: ModelShape,
+    forward: ForwardCost,
+    profile: VllmProfile,
+    rules: VllmRules,
+    tp: int,
+    images: int = 1,
 ) -> tuple[int, int]:
     """The profile run's torch peak under `rules` and its margin: the larger of the forward
     pass over the batch and the dummy sampler over its requests (with the hidden states of
-    the batch still alive), plus a multimodal model's retained encoder outputs."""
+    the batch still alive), plus a multimodal model's retained encoder outputs; under V0 a
+    cross-attention VLM's vision tower over every request's dummy images when that is larger
+    (CROSS_ATTENTION_IMAGE_TOKEN_BYTES)."""
+    tokens = shape.compute.cross_attention_image_tokens if shape.compute else 0
+    if rules.v0 and tokens:
+        tower = profile.max_num_seqs * images * tokens * CROSS_ATTENTION_IMAGE_TOKEN_BYTES
+        peak, margin = _text_activation(shape, forward, profile, rules, tp)
+        if tower > peak:
+            return tower, int(tower * CROSS_ATTENTION_MARGIN)
+        return peak, margin
+    return _text_activation(shape, forward, profile, rules, tp)
+
+
+def _text_activation(
+    shape: ModelShape, forward: ForwardCost, profile: VllmProfile, rules: VllmRules, tp: int
+) -> tuple[int, int]:
+    """`_activation` for the forward pass and the sampler."""
     batched = profile.batched_tokens
     forward_bytes = forward.bytes(batched)
     hidden_bytes = batched * activation_width(shape) * ACTIVATION_BYTES

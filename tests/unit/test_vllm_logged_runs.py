@@ -14,6 +14,7 @@ from llmgw.cardclass import cuda_total
 from llmgw.engines.base import Card, CardNeed
 from llmgw.engines.vllm_memory import VLLM_RULES, nvlink_card, nvls_card
 from llmgw.shape import Compute, Layer, LayerKind, ModelShape
+from planner_svc.domain.hf_compute import compute_from_hf_config
 from planner_svc.domain.hf_shape import shape_from_hf_config
 from planner_svc.domain.memory import card_need
 
@@ -59,6 +60,7 @@ def shape_of(run: dict[str, Any]) -> ModelShape:
                 intermediate_size=int(arch["intermediate_size"]),
                 vocab_size=int(arch["vocab_size"]),
                 vision=bool(arch.get("vision", False)),
+                cross_attention_image_tokens=int(arch.get("cross_attention_image_tokens", 0)),
             ),
         )
     return replace(shape, weights_bytes=int(run["weights_gib"] * GIB) * int(run["tp"]))
@@ -257,3 +259,29 @@ def test_nvlink_parts_are_told_by_their_class(name: str, nvlink: bool) -> None:
     """SXM/NVLink classes take NVLink's non-torch step at tp > 1; a class naming PCIe, the
     PCIe-only cards and a bare size do not."""
     assert nvlink_card(Card(name, 0, 0, "")) is nvlink
+
+
+def test_mllama_under_v0_profiles_its_vision_tower_over_every_request() -> None:
+    """V0's encoder-decoder runner gives each of max_num_seqs dummy requests
+    `--limit-mm-per-prompt` images of 6404 encoder tokens: the peak follows requests × images
+    (36.63 GiB logged at 128 × 1); V1 ranges do not apply it."""
+    run = next(r for r in RUNS if r["id"] == "pr12126-0.6.6-h100-llama-3.2-11b-vision")
+    logged = need_of(run)
+    assert close(logged.activation_bytes, run["printed"]["activation_gib"], PEAK_TOLERANCE)
+    half = need_of({**run, "args": [*run["args"][:2], "--max-num-seqs", "64", "--enforce-eager"]})
+    two = need_of({**run, "args": [*run["args"], "--limit-mm-per-prompt", "image=2"]})
+    as_json = need_of({**run, "args": [*run["args"], "--limit-mm-per-prompt", '{"image": 2}']})
+    assert abs(half.activation_bytes * 2 - logged.activation_bytes) <= 4
+    assert two.activation_bytes == as_json.activation_bytes == 2 * logged.activation_bytes
+    assert need_of(run, "0.10.2").activation_bytes < GIB * 4
+
+
+def test_mllama_image_tokens_are_read_from_its_config() -> None:
+    """An mllama config's vision tower gives 4 tiles × (560 / 14)² + 1 = 6404 tokens an image;
+    a config of another model type gives none."""
+    vision = {"image_size": 560, "patch_size": 14, "max_num_tiles": 4, "hidden_size": 1280}
+    text = {"hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256}
+    mllama = {"model_type": "mllama", "vision_config": vision, "text_config": text}
+    assert compute_from_hf_config(mllama).cross_attention_image_tokens == 6404
+    other = compute_from_hf_config({**mllama, "model_type": "llava"})
+    assert other.cross_attention_image_tokens == 0
