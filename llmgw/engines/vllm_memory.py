@@ -160,6 +160,12 @@ def nvlink_card(card: Card) -> bool:
     return "pcie" not in name and name.startswith(NVLINK_CARDS)
 
 
+AMPERE_V0_STEP_FROM_TP = 8
+"""On Ampere NVLink parts (A100, A800) NVLink's step is applied under V0 from this tp on: the
+one log is at tp 8 (8 A100s, 2.10 GiB non-torch under 0.7.1), and outside measurements on A100s
+at tp 1 and 2 find vLLM's non-KV memory not growing with tp, so tp 2-4 take the PCIe figure."""
+
+
 def nvls_card(card: Card) -> bool:
     """Whether `card` is an NVLink part whose NVSwitch does NVLink SHARP (NVLS_CARDS)."""
     return nvlink_card(card) and card.name.strip().lower().startswith(NVLS_CARDS)
@@ -168,12 +174,14 @@ def nvls_card(card: Card) -> bool:
 def collective_step(rules: VllmRules, card: Card, tp: int) -> tuple[int, int, str]:
     """What tensor parallel over `tp` cards adds to vLLM's non-torch figure under `rules` on
     `card`, its margin, and the words for `rules`: NVLink's collective buffers where a log
-    shows vLLM counting them (V0 on any NVLink part; V1 on NVLS parts), NCCL's PCIe-sized
+    shows vLLM counting them (NVLS parts at any tp; Ampere NVLink parts under V0 from tp 8,
+    AMPERE_V0_STEP_FROM_TP), NCCL's PCIe-sized
     buffers where the snapshot precedes the collectives' set-up (before 0.11), else nothing,
     with that much margin (COLLECTIVES_IN_SNAPSHOT)."""
     if tp <= 1:
         return 0, 0, ""
-    if nvlink_card(card) and (rules.v0 or nvls_card(card)):
+    ampere_v0 = rules.v0 and not nvls_card(card) and tp >= AMPERE_V0_STEP_FROM_TP
+    if nvlink_card(card) and (nvls_card(card) or ampere_v0):
         step = rules.nvlink_non_torch_bytes
         return step, NVLINK_NON_TORCH_MARGIN_BYTES, f"NVLink collectives {step / GIB:.2f} GiB"
     if rules.since < COLLECTIVES_IN_SNAPSHOT:

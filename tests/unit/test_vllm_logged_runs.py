@@ -197,7 +197,8 @@ def test_tensor_parallel_on_nvlink_adds_the_collective_buffers() -> None:
 @pytest.mark.parametrize(
     ("gpu", "version", "step_gib"),
     [
-        ("A100-80GB", "0.7.1", 2.04),
+        ("A100-80GB", "0.7.1", 0.16),
+        ("H100-80GB", "0.7.1", 2.04),
         ("A100-80GB", "0.10.2", 0.16),
         ("A100-80GB", "0.11.0", 0.0),
         ("A100-80GB", "0.19.0", 0.0),
@@ -210,9 +211,10 @@ def test_tensor_parallel_on_nvlink_adds_the_collective_buffers() -> None:
 def test_the_collective_step_follows_the_snapshot_and_the_switch(
     gpu: str, version: str, step_gib: float
 ) -> None:
-    """What tp 2 adds to non-torch memory over tp 1: V0 counts NVLink's buffers on any NVLink
-    part; V1 only on NVLS parts (Hopper on); PCIe cards and A100s under V1 add NCCL's small
-    buffers before 0.11 and nothing after (the snapshot follows the collectives' set-up)."""
+    """What tp 2 adds to non-torch memory over tp 1: NVLink's buffers on NVLS parts (Hopper
+    on); PCIe cards and A100s add NCCL's small buffers before 0.11 and nothing after (the
+    snapshot follows the collectives' set-up). A100s under V0 take NVLink's step from tp 8
+    (the tp 8 log, test_tensor_parallel_on_nvlink_adds_the_collective_buffers)."""
     context = ["--max-model-len", "4096"]
     base: dict[str, Any] = {
         "hf": "meta-llama__Llama-3.1-8B-Instruct",
