@@ -61,8 +61,20 @@ KNOWN_CARDS: dict[str, CardMemory] = {
         45486,
         "44.42 GiB: gt-039 (vLLM V1 on L40S, 'Free memory on device (43.93/44.42 GiB)')",
     ),
-    "l4-24gb": CardMemory(23034),
-    "a10g-24gb": CardMemory(23028),
+    "l4-24gb": CardMemory(
+        23034,
+        22579,
+        "22.05 GiB: vLLM's own CI on L4 agents, 'Free memory on device cuda:0 (1.53/22.05 GiB) "
+        "on startup' (vllm-project/vllm issue #33297, PR #33154 naming the L4; the same total "
+        "in PR #23513's CI failure '(16.56/22.05 GiB)')",
+    ),
+    "a10g-24gb": CardMemory(
+        23028,
+        22589,
+        "22.06 GiB: vLLM on a single A10, 'Free memory on device cuda:0 (6.67/22.06 GiB) on "
+        "startup' (a public training script's notes, code index file id 59085660774); V0 0.7 "
+        "logs on a 24 GB card print 22.06-22.07 GiB",
+    ),
     "rtx3090-24gb": CardMemory(
         24576,
         24146,
@@ -76,8 +88,8 @@ KNOWN_CARD_MIB: dict[str, int] = {name: card.nvml_mib for name, card in KNOWN_CA
 
 DRIVER_RESERVE_MIB = 768
 """NVML total − CUDA total on a card whose CUDA total no log gives: the largest of the known
-gaps (H100 469 MiB, RTX 3090 430, L40S 582, A100-80GB 768), so the derived CUDA total is at the
-low end and the budget errs small."""
+gaps (H100 469 MiB, RTX 3090 430, L40S 582, L4 455, A10G 439, A100-80GB 768), so the derived
+CUDA total is at the low end and the budget errs small."""
 
 DRIVER_RESERVE_SPREAD_MIB = 340
 """How far a derived CUDA total may be off: the spread of the known gaps (430 to 768 MiB)."""

@@ -87,6 +87,10 @@ class Compute:
     shared_intermediate_size: int = 0
     dense_layers: int = 0
     vision: bool = False
+    cross_attention_image_tokens: int = 0
+    """A cross-attention vision-language model's encoder tokens for one image at its most
+    tiles (mllama: max_num_tiles × ((image_size // 14)² + 1), vLLM's
+    get_max_mllama_image_tokens); 0 for other models."""
 
 
 @dataclass(frozen=True)

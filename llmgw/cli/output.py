@@ -21,6 +21,7 @@ from llmgw.cli import jsonpath
 from llmgw.cli.common import GIB, OutputFormat, output_of
 from llmgw.cli.progress import progress_text
 from llmgw.clients.convert import (
+    BatchFit,
     ContextChange,
     GPUsChange,
     Model,
@@ -219,6 +220,17 @@ def print_gpus_change(change: GPUsChange) -> None:
     """A card-count change for people: the cards a replica, then each profile's change."""
     say(f"{change.model}: {change.gpus} cards a replica")
     _print_profiles(change)
+
+
+def print_batches(batches: Sequence[BatchFit]) -> None:
+    """Per profile sized for a batch: whether that many concurrent requests fit, and how many
+    of that context the KV pool holds."""
+    for b in batches:
+        verdict = "fits" if b.fits else "does not fit"
+        say(
+            f"  batch of {b.sequences} x {b.tokens} tokens on {b.profile} ({b.engine}, "
+            f"{b.flag}): {verdict}; the pool holds {b.contexts_held} at that length"
+        )
 
 
 def _gib_text(n: int) -> str:

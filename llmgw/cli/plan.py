@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from llmgw.cli.common import (
@@ -23,7 +24,13 @@ from llmgw.cli.common import (
     planner_client,
 )
 from llmgw.cli.inputs import inventory_from_args, model_from_args
-from llmgw.cli.output import print_context_change, print_gpus_change, print_shape, printer
+from llmgw.cli.output import (
+    print_batches,
+    print_context_change,
+    print_gpus_change,
+    print_shape,
+    printer,
+)
 from llmgw.clients.convert import as_data, enum_name
 
 
@@ -43,9 +50,13 @@ def context(opts: argparse.Namespace) -> int:
     """`plan context MODEL TOKENS`: the change a new context would make."""
     model, inventory = model_from_args(opts), inventory_from_args(opts)
     with planner_client(opts) as planner:
-        answer = planner.size_context(model, opts.tokens, slots=opts.slots, inventory=inventory)
+        answer = planner.size_context(
+            model, opts.tokens, slots=opts.slots, sequences=opts.sequences, inventory=inventory
+        )
     printer(opts).show(
-        as_data(answer), lambda: print_context_change(answer.change), [f"model/{model.name}"]
+        as_data(answer),
+        lambda: _human(print_context_change, answer),
+        [f"model/{model.name}"],
     )
     return _checked(answer.change)
 
@@ -55,12 +66,24 @@ def gpus(opts: argparse.Namespace) -> int:
     model, inventory = model_from_args(opts), inventory_from_args(opts)
     with planner_client(opts) as planner:
         answer = planner.plan_gpus(
-            model, opts.gpus, profile=opts.profile or "", inventory=inventory
+            model,
+            opts.gpus,
+            profile=opts.profile or "",
+            sequences=opts.sequences,
+            inventory=inventory,
         )
     printer(opts).show(
-        as_data(answer), lambda: print_gpus_change(answer.change), [f"model/{model.name}"]
+        as_data(answer),
+        lambda: _human(print_gpus_change, answer),
+        [f"model/{model.name}"],
     )
     return _checked(answer.change)
+
+
+def _human(change_printer: Callable[[Any], None], answer: Any) -> None:
+    """An answer for people: its change, then any batch it was asked to size."""
+    change_printer(answer.change)
+    print_batches(answer.batches)
 
 
 def _checked(change: Any) -> int:
@@ -95,6 +118,32 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
         help="an inventory node COUNTxCLASS[:MEMGiB], e.g. 8xH100-80GB (repeat)",
     )
     p.add_argument("--inventory", help="an inventory file (YAML/JSON: {nodes: [...]})")
+
+
+INT32_MAX = 2**31 - 1
+
+
+def count(text: str) -> int:
+    """A flag's count: a whole number from 0 to 2^31 − 1 (the planner refuses what its
+    engine cannot take; this only keeps the request encodable)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text[:40]!r}") from None
+    if not 0 <= value <= INT32_MAX:
+        raise argparse.ArgumentTypeError(f"{value} is outside 0..{INT32_MAX}")
+    return value
+
+
+def _sequences_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--sequences",
+        type=count,
+        default=0,
+        help="concurrent requests to size for, written to the engine's own flag "
+        "(vLLM --max-num-seqs, SGLang --max-running-requests, TensorRT-LLM --max_batch_size, "
+        "llama.cpp --parallel); the answer says whether that batch fits (default 0: none)",
+    )
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -139,7 +188,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     _model_flags(cmd)
     cmd.add_argument("tokens", metavar="TOKENS", type=int, help="tokens one request may use")
-    cmd.add_argument("--slots", type=int, default=0, help="llama.cpp slots (default 0: keep them)")
+    cmd.add_argument(
+        "--slots", type=count, default=0, help="llama.cpp slots (default 0: keep them)"
+    )
+    _sequences_flag(cmd)
     cmd.add_argument("--profile", help="the name of the profile made from the flags")
     add_output_flags(cmd, hidden=True)
     cmd.set_defaults(run=context)
@@ -155,6 +207,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "gpus", metavar="N", type=int, help="cards each replica uses on each of its nodes"
     )
     cmd.add_argument("--profile", help="only this profile (default: every GPU profile)")
+    _sequences_flag(cmd)
     add_output_flags(cmd, hidden=True)
     cmd.set_defaults(run=gpus)
     return plan

@@ -34,6 +34,7 @@ RolloutEvent = fleet_pb2.WatchRolloutResponse
 ReplicaEvent = fleet_pb2.WatchReplicasResponse
 DescribeModelAnswer = planner_pb2.DescribeModelResponse
 SizeContextAnswer = planner_pb2.SizeContextResponse
+BatchFit = planner_pb2.BatchFit
 PlanGPUsAnswer = planner_pb2.PlanGPUsResponse
 SetGPUsAnswer = fleet_pb2.SetGPUsResponse
 SetContextAnswer = fleet_pb2.SetContextResponse

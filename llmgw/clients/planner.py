@@ -82,23 +82,38 @@ class PlannerClient:
         )
 
     def size_context(
-        self, model: Model, tokens: int, *, slots: int = 0, inventory: Inventory | None = None
+        self,
+        model: Model,
+        tokens: int,
+        *,
+        slots: int = 0,
+        sequences: int = 0,
+        inventory: Inventory | None = None,
     ) -> SizeContextAnswer:
-        """The change serving `tokens` a request would make to `model`'s profiles."""
+        """The change serving `tokens` a request would make to `model`'s profiles; with
+        `sequences` > 0, also whether that many concurrent requests of `tokens` fit (the
+        answer's `batches`, one per profile sized)."""
         request = planner_pb2.SizeContextRequest(
-            model=model, tokens=tokens, slots=slots, inventory=inventory
+            model=model, tokens=tokens, slots=slots, sequences=sequences, inventory=inventory
         )
         return self._call(
             lambda: self._stub.SizeContext(request, timeout=self.timeout_s, metadata=self.metadata)
         )
 
     def plan_gpus(
-        self, model: Model, gpus: int, *, profile: str = "", inventory: Inventory | None = None
+        self,
+        model: Model,
+        gpus: int,
+        *,
+        profile: str = "",
+        sequences: int = 0,
+        inventory: Inventory | None = None,
     ) -> PlanGPUsAnswer:
         """The change `gpus` cards a replica would make to `model`'s GPU profiles (or to
-        `profile` alone)."""
+        `profile` alone); with `sequences` > 0, also whether that many concurrent requests at
+        each profile's context fit (the answer's `batches`)."""
         request = planner_pb2.PlanGPUsRequest(
-            model=model, gpus=gpus, profile=profile, inventory=inventory
+            model=model, gpus=gpus, profile=profile, sequences=sequences, inventory=inventory
         )
         return self._call(
             lambda: self._stub.PlanGPUs(request, timeout=self.timeout_s, metadata=self.metadata)

@@ -21,6 +21,7 @@ from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, Grammar, RefusedFl
 from llmgw.engines.heads import TpOptions
 from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
 from llmgw.engines.tensor_parallel import TensorParallelEngine
+from llmgw.engines.versions import parse_version
 from llmgw.shape import Layer, LayerKind, ModelShape
 
 GRAMMAR = Grammar("sglang", folds_underscores=False, joined_ok=True, abbreviates=True)
@@ -60,11 +61,12 @@ SGLANG_SWA_FULL_TOKENS_RATIO = 0.8
 """`--swa-full-tokens-ratio` default: a sliding layer's pool holds this share of a full
 layer's tokens (server_args.py; model_runner_kv_cache_mixin.py set_num_tokens_hybrid_swa)."""
 
-SGLANG_PRELOAD_BYTES = 512 * MIB
+SGLANG_PRELOAD_BYTES = 432 * MIB
 """Memory in use before SGLang measures the free memory its fraction applies to (CUDA
-context, NCCL), below CUDA's total: gt-049 saw 21.63 GiB free on an L4 (NVML 22.49 GiB, CUDA's
-total some 0.4 to 0.75 GiB less); vLLM's logs show 0.41 to 0.53 GiB in use at its snapshot
-(vllm_memory.CUDA_CONTEXT_BYTES)."""
+context, NCCL), below CUDA's total: gt-049 saw 21.63 GiB free on an L4 at tp 4 'Load weight
+begin. avail mem=21.63 GB', against the L4's logged CUDA total of 22.05 GiB
+(cardclass.KNOWN_CARDS), so 0.42 GiB; vLLM's logs show 0.41 to 0.53 GiB in use at its
+snapshot (vllm_memory.CUDA_CONTEXT_BYTES)."""
 
 SGLANG_PRELOAD_MARGIN_BYTES = 384 * MIB
 """How far the preload may be off (tensor parallel adds NCCL buffers)."""
@@ -210,16 +212,45 @@ class SglangPool(CachePool):
         return ceil_to(math.ceil(self.tokens * ratio), self.block)
 
 
+SGLANG_V04_FRACTIONS: tuple[tuple[int, float], ...] = (
+    (16, 0.79),
+    (8, 0.81),
+    (4, 0.85),
+    (2, 0.87),
+    (1, 0.88),
+)
+"""SGLang 0.4's default `--mem-fraction-static` by tensor parallel size, whatever the card
+(python/sglang/srt/server_args.py ServerArgs.__post_init__ as of v0.4.3: "Set mem fraction
+static, which depends on the tensor parallelism size": tp ≥ 16 0.79, ≥ 8 0.81, ≥ 4 0.85, ≥ 2
+0.87, else 0.88; the card's memory set only the chunked-prefill size (2048 under 25,000 MiB,
+else 8192) and the CUDA-graph batch). gt-049 (0.4.3.post4, four L4s at tp 4) ran at 0.85."""
+
+SGLANG_V04_UNTIL = (0, 5, 0)
+"""Versions before this take SGLANG_V04_FRACTIONS; from 0.5 the fraction follows the card's
+memory less a reserve (PR #10975's heuristics, below). The 0.4.6-0.4.10 adjustments for cards
+over 96 GiB (PR #5893, at least 18 GB left on an H200; PR #6718, B200) are not modelled: such
+a card under 0.4 takes the table."""
+
+
+def _v04(engine_version: str) -> bool:
+    """Whether `engine_version` names an SGLang release before 0.5."""
+    version = parse_version(engine_version)
+    return version is not None and version < SGLANG_V04_UNTIL
+
+
 def sglang_mem_fraction_static(
-    card_memory_bytes: int, args: Sequence[str], *, tp: int, pp: int
+    card_memory_bytes: int, args: Sequence[str], *, tp: int, pp: int, engine_version: str = ""
 ) -> float:
-    """SGLang's `--mem-fraction-static`: the flag, else the default SGLang derives from the
-    card's memory (server_args.py _handle_gpu_memory_settings): (card − reserve) / card,
-    rounded to 3 places; 0.88 when the card's memory is not known.
+    """SGLang's `--mem-fraction-static`: the flag, else the default SGLang derives: before 0.5
+    by tensor parallel size (SGLANG_V04_FRACTIONS), from 0.5 from the card's memory
+    (server_args.py _handle_gpu_memory_settings): (card − reserve) / card, rounded to 3
+    places; 0.88 when the card's memory is not known. No version named: the newest rule.
     """
     given = GRAMMAR.fraction(args, MEM_FRACTION_STATIC)
     if given is not None:
         return given
+    if _v04(engine_version):
+        return next(fraction for ranks, fraction in SGLANG_V04_FRACTIONS if tp >= ranks)
     if card_memory_bytes <= 0:
         return 0.88
     gpu_mib = card_memory_bytes / MIB
@@ -309,14 +340,19 @@ class Sglang(TensorParallelEngine):
         (CUDA's total less what the CUDA context and NCCL hold, `SGLANG_PRELOAD_BYTES`);
         activations and CUDA graphs live outside it, in what SGLang's own reserve leaves
         (the default fraction is derived from NVML's total, as SGLang reads it)."""
-        mfs = sglang_mem_fraction_static(card.nvml_bytes, args, tp=tp, pp=pp)
+        mfs = sglang_mem_fraction_static(
+            card.nvml_bytes, args, tp=tp, pp=pp, engine_version=engine_version
+        )
+        rule = "by tp (SGLang 0.4)" if _v04(engine_version) else "from the card"
+        if GRAMMAR.fraction(args, MEM_FRACTION_STATIC) is not None:
+            rule = "as given"
         free_before = max(card.cuda_bytes - SGLANG_PRELOAD_BYTES, 0)
         margin = int(mfs * (SGLANG_PRELOAD_MARGIN_BYTES + card.cuda_margin_bytes))
         return Overhead(
             budget_bytes=int(free_before * mfs),
             margin_bytes=margin,
             rules=(
-                f"SGLang: mem_fraction_static {mfs:g} of the memory free before loading "
+                f"SGLang: mem_fraction_static {mfs:g} ({rule}) of the memory free before loading "
                 f"(CUDA total {card.cuda_source or 'not known'}, less "
                 f"{SGLANG_PRELOAD_BYTES // MIB} MiB in use)"
             ),

@@ -23,6 +23,7 @@ total, current_platform.get_device_total_memory) whose name is not an A100,
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -52,6 +53,7 @@ CHUNKED_PREFILL = ("--enable-chunked-prefill",)
 ENFORCE_EAGER = ("--enforce-eager",)
 GPU_MEMORY_UTILIZATION = ("--gpu-memory-utilization",)
 EXPERT_PARALLEL = ("--enable-expert-parallel",)
+LIMIT_MM_PER_PROMPT = ("--limit-mm-per-prompt",)
 
 LARGE_CARD_BYTES = 70 * GIB
 BATCHED_TOKENS_LARGE_CARD = 8192
@@ -94,22 +96,116 @@ Llama-3.1-8B's 32 layers (7.4 MiB a layer). The same logs show the KV pool not r
 kv cache memory in use is 19.54 GiB"): the planner does not subtract it, and carries it as
 margin (a build that applies it gives that much less)."""
 
-HYBRID_NON_TORCH_BYTES = 1152 * MIB
-"""What a hybrid model's recurrent layers (Gated DeltaNet, Mamba) add to non-torch memory (their
-Triton kernels' workspaces): vLLM 0.10.2 serving Qwen3-Next-80B-A3B at tp 2 on H200s printed
-1.38 GiB of non-torch memory (attention-only models at tp > 1: 0.21-0.25)."""
-
 HYBRID_NON_TORCH_MARGIN_BYTES = 512 * MIB
-"""The hybrid surcharge rests on one log: half a GiB either way."""
+"""A hybrid model's recurrent layers (Gated DeltaNet, Mamba) may add Triton workspaces to
+non-torch memory. The one log (vLLM 0.10.2 serving Qwen3-Next-80B-A3B at tp 2 on H200s, 1.38
+GiB of non-torch memory) is explained by NVLink's collective buffers alone (NVLINK_NON_TORCH
+below: H100 tp 2 and A100 tp 8 logs show 2.07 and 2.10 GiB for attention-only models), so no
+surcharge is added; half a GiB of margin stays for what the recurrent kernels may hold."""
 
 GRAPH_SPREAD = 0.25
 """How far captured CUDA graphs stray from their per-layer figure (17.6 to 21.4 MiB a dense
 layer seen, torch_overhead.CUDA_GRAPH_BYTES_PER_LAYER)."""
 
 NON_TORCH_NCCL_BYTES = 160 * MIB
-"""What tensor parallel adds to non-torch memory (NCCL's and the custom all-reduce's buffers):
-gt-039 (tp 4) 0.21 GiB against 0.06-0.07 on one card (gt-038; vLLM 0.10.2 on an H100)."""
+"""What tensor parallel adds to non-torch memory on cards joined by PCIe only (L40S, L4, RTX,
+A10G: NCCL's buffers, no NVLink channels): gt-039 (4 L40S, tp 4) 0.21 GiB against 0.06-0.07
+on one card (gt-038; vLLM 0.10.2 on an H100)."""
 
+NVLINK_NON_TORCH_V0 = 2088 * MIB
+NVLINK_NON_TORCH_V1_EARLY = 1560 * MIB
+NVLINK_NON_TORCH_V1 = 1864 * MIB
+NVLINK_NON_TORCH_MARGIN_BYTES = 384 * MIB
+"""What tensor parallel adds to non-torch memory on NVLink cards (NVLINK_CARDS), by version:
+NCCL opens many more channels over NVLink/NVSwitch than over PCIe, each with its own
+buffers, and the custom all-reduce maps its IPC buffers; both are allocated outside torch
+by the time profiling ends, so vLLM counts them as non-torch (vllm/utils/mem_utils.py
+memory_profiling: `non_torch_increase` is the device's used memory less torch's reserved after
+the profile run, less the same at the snapshot taken when the instance was created).
+V0 0.7.1 on 8 A100-SXM4-40GB (tp 8, DeepSeek-Coder-V2-Lite): 'non_torch_memory takes 2.10GiB'
+against 0.06 on one card, so 2.04 GiB (SageMaker DJL-LMI README, code index file id
+3706561278; vLLM PR #10511's pre-merge check gave the same step, 1.79 → 3.58 GiB from tp 1 to
+tp 2 on an H100). V1 0.10.2 on 2 H200s (tp 2, Qwen3-Next-80B-A3B): 1.38 GiB against 0.09, so
+1.29 GiB; on 4 H100s (tp 4, the same model with its MTP drafter; vLLM issue #24881) 1.84, so
+1.75: 0.8-0.10 take the middle, 1.52 GiB. V1 0.19.0 on 2 H100s (tp 2, Llama-3.1-8B): 2.07 GiB
+against 0.25, so 1.82 GiB (LLMD_REPORT). 0.11-0.16 and 0.21+ have no log: they take 0.19's
+figure, the nearest range measured. The step does not grow with tp (2.07 at tp 2, 2.10 at tp
+8). The logs spread 1.29 to 2.04 GiB: NVLINK_NON_TORCH_MARGIN_BYTES is carried as margin
+beside it."""
+
+NVLINK_CARDS = ("h100", "h200", "h800", "h20", "a100", "a800", "b200", "b100", "gb200", "gh200")
+"""Card classes sold as SXM/NVLink parts (a name with "pcie" in it is not taken as one)."""
+
+NVLS_CARDS = ("h100", "h200", "h800", "h20", "b200", "b100", "gb200", "gh200")
+"""The NVLink classes whose NVSwitch does NVLink SHARP (Hopper and later): NCCL's NVLS
+algorithm maps its multicast buffers there when the first large all-reduce runs, which is the
+profile run, so the step survives the snapshot moving after the collectives' set-up (0.19 on
+two H100s still printed 2.07 GiB). Ampere NVLink parts (A100, A800) have no NVLS: under V1
+they take what a PCIe card takes (no V1 log on A100 at tp > 1 shows the step, and outside
+measurements at tp 1 and 2 on A100s find vLLM's non-torch figure not growing with tp)."""
+
+COLLECTIVES_IN_SNAPSHOT = (0, 11, 0)
+"""From 0.11 vLLM takes its start-up snapshot after `init_worker_distributed_environment`
+(vllm-project/vllm PR #25359, "Fix OOM in vLLM replicas by ensuring consistent NCCL memory
+accounting", merged September 2025 after 0.10.2): NCCL's communicators, their warm-up
+all-reduce (pynccl.py runs one when CudaCommunicator builds it) and the custom all-reduce's
+buffers are then in the snapshot, outside the non-torch increase. Before, init_device took the
+snapshot first and the profile counted them (gt-039, 0.10.2 on four L40S: 0.21 GiB against
+0.06-0.07 on one card)."""
+
+
+def nvlink_card(card: Card) -> bool:
+    """Whether `card` is taken to be joined to its peers by NVLink (NVLINK_CARDS)."""
+    name = card.name.strip().lower()
+    return "pcie" not in name and name.startswith(NVLINK_CARDS)
+
+
+AMPERE_V0_STEP_FROM_TP = 8
+"""On Ampere NVLink parts (A100, A800) NVLink's step is applied under V0 from this tp on: the
+one log is at tp 8 (8 A100s, 2.10 GiB non-torch under 0.7.1), and outside measurements on A100s
+at tp 1 and 2 find vLLM's non-KV memory not growing with tp, so tp 2-4 take the PCIe figure."""
+
+
+def nvls_card(card: Card) -> bool:
+    """Whether `card` is an NVLink part whose NVSwitch does NVLink SHARP (NVLS_CARDS)."""
+    return nvlink_card(card) and card.name.strip().lower().startswith(NVLS_CARDS)
+
+
+def collective_step(rules: VllmRules, card: Card, tp: int) -> tuple[int, int, str]:
+    """What tensor parallel over `tp` cards adds to vLLM's non-torch figure under `rules` on
+    `card`, its margin, and the words for `rules`: NVLink's collective buffers where a log
+    shows vLLM counting them (NVLS parts at any tp; Ampere NVLink parts under V0 from tp 8,
+    AMPERE_V0_STEP_FROM_TP), NCCL's PCIe-sized
+    buffers where the snapshot precedes the collectives' set-up (before 0.11), else nothing,
+    with that much margin (COLLECTIVES_IN_SNAPSHOT)."""
+    if tp <= 1:
+        return 0, 0, ""
+    ampere_v0 = rules.v0 and not nvls_card(card) and tp >= AMPERE_V0_STEP_FROM_TP
+    if nvlink_card(card) and (nvls_card(card) or ampere_v0):
+        step = rules.nvlink_non_torch_bytes
+        return step, NVLINK_NON_TORCH_MARGIN_BYTES, f"NVLink collectives {step / GIB:.2f} GiB"
+    if rules.since < COLLECTIVES_IN_SNAPSHOT:
+        return NON_TORCH_NCCL_BYTES, 0, ""
+    return 0, NON_TORCH_NCCL_BYTES, "collectives set up before the snapshot (PR #25359)"
+
+
+CROSS_ATTENTION_IMAGE_TOKEN_BYTES = 47_980
+"""What vLLM V0's profile run holds per encoder token of a cross-attention VLM's dummy images
+at its peak, the vision tower's (mllama). V0's encoder-decoder runner
+(vllm/worker/enc_dec_model_runner.py profile_run) builds max_num_seqs dummy requests, each
+with `--limit-mm-per-prompt` images (1 by default) of the most tiles
+(mllama.py dummy_encoder_data_for_mllama: get_max_mllama_image_tokens, 4 × 1601 tokens), and
+runs the vision tower over all of them at once; it does not cut the requests by the image's
+tokens as the decoder-only runner does. The tower's widths say what is alive per token at its
+last local layer: the tiles' attention mask (mllama.py _prepare_aspect_ratio_attention_mask:
+(4 × 1608)² bf16 per image, 12,864 B a token), the five kept intermediate layers' outputs
+(intermediate_layers_indices, 5 × 1280 × 2 B), the MLP's two 5120-wide tensors and the
+residual, about 46-51 KB. The figure is the one log's: vLLM PR #12126 (V0 0.6.6, H100,
+Llama-3.2-11B-Vision, 128 requests), 'PyTorch activation peak memory takes 36.63GiB' over
+128 × 6404 tokens. Llama-3.2-90B-Vision has the same tower, so the same figure."""
+
+CROSS_ATTENTION_MARGIN = 0.10
+"""How far the figure above may stray: the widths' sum spans 46-51 KB a token around it."""
 
 TP_GATHER_BYTES_PER_LOGIT = 10
 """With tensor parallel the LM head's vocabulary shards are all-gathered into whole logits
@@ -136,6 +232,8 @@ class VllmRules(Ranged):
     tp_gather_bytes_per_logit: int = 0
     """What tensor parallel adds to the sampler's peak per logit (TP_GATHER_BYTES_PER_LOGIT
     where a logged run shows it, else 0)."""
+    nvlink_non_torch_bytes: int = NVLINK_NON_TORCH_V1
+    """What tensor parallel adds to non-torch memory on NVLink cards (NVLINK_NON_TORCH_*)."""
 
 
 VLLM_RULES: tuple[VllmRules, ...] = (
@@ -149,17 +247,31 @@ VLLM_RULES: tuple[VllmRules, ...] = (
         352 * MIB,
         v0=True,
         tp_gather_bytes_per_logit=TP_GATHER_BYTES_PER_LOGIT,
+        nvlink_non_torch_bytes=NVLINK_NON_TORCH_V0,
     ),
     VllmRules(
         (0, 6, 5),
+        (0, 7, 0),
+        "vLLM V0 0.6.5 to 0.6.6",
+        0.90,
+        38,
+        0,
+        104 * MIB,
+        v0=True,
+        tp_gather_bytes_per_logit=TP_GATHER_BYTES_PER_LOGIT,
+        nvlink_non_torch_bytes=NVLINK_NON_TORCH_V0,
+    ),
+    VllmRules(
+        (0, 7, 0),
         (0, 8, 0),
-        "vLLM V0 0.6.5 to 0.7",
+        "vLLM V0 0.7",
         0.90,
         38,
         0,
         64 * MIB,
         v0=True,
         tp_gather_bytes_per_logit=TP_GATHER_BYTES_PER_LOGIT,
+        nvlink_non_torch_bytes=NVLINK_NON_TORCH_V0,
     ),
     VllmRules(
         (0, 8, 0),
@@ -170,6 +282,7 @@ VLLM_RULES: tuple[VllmRules, ...] = (
         0,
         96 * MIB,
         tp_gather_bytes_per_logit=TP_GATHER_BYTES_PER_LOGIT,
+        nvlink_non_torch_bytes=NVLINK_NON_TORCH_V1_EARLY,
     ),
     VllmRules((0, 11, 0), (0, 17, 0), "vLLM V1 0.11 to 0.16", 0.90, 38, 224 * MIB, 96 * MIB),
     VllmRules((0, 17, 0), (0, 21, 0), "vLLM V1 0.17 to 0.20", 0.90, 14, 120 * MIB, 256 * MIB),
@@ -213,8 +326,11 @@ the forward pass either way.
 Non-torch memory: V0 before 0.6.5 0.35 GiB (gt-023: its "Memory profiling results" counted
 what the card held after profiling less torch's, the CUDA context with it); from 0.6.5 V0
 profiles against a snapshot taken after the CUDA context and NCCL are up (vLLM PR #10511,
-"overhaul memory profiling", merged 2024-12-14 for 0.6.5) and both 0.7 logs above print 0.05
-GiB, so 64 MiB; V1 0.06-0.07 (gt-038; 0.10.2 on an H100), so 96 MiB;
+"overhaul memory profiling", merged 2024-12-14 for 0.6.5): 0.6.5-0.6.6 print 0.10 GiB for
+unquantized text models (Qwen2.5-7B on an RTX 3090 under 0.6.6, Meta-Llama-3-8B on an A100
+40GB under 0.6.6; logged_runs.jsonl), so 104 MiB; the 0.7 logs print 0.01-0.08 (0.05 on 24 GB
+cards twice, 0.08 on an L40S, 0.01 on a T4), so 64 MiB; V1 0.06-0.07 (gt-038; 0.10.2 on an
+H100), so 96 MiB;
 from 0.21 vLLM counts every persistent allocation from the device's free memory ("consumed
 memory (weights + non-torch)": v0.31.0, 15.26 GiB for Llama-3.1-8B's 14.99 of weights), 272
 MiB; 0.18-0.19 measured 0.24-0.25 on an H100 (LLMD_REPORT: "non-torch forward increase
@@ -395,7 +511,14 @@ def _unknown_spread(
         return spread
     forward = forward_cost(shape, tp=tp, expert_parallel=grammar.has(args, EXPERT_PARALLEL))
     figures = [
-        _activation(shape, forward, profile_at(other, "", flags, tokens), other, tp)[0]
+        _activation(
+            shape,
+            forward,
+            profile_at(other, "", flags, tokens),
+            other,
+            tp,
+            images_per_prompt(grammar, args),
+        )[0]
         + other.non_torch_bytes
         for other in VLLM_RULES
     ]
@@ -472,7 +595,9 @@ def _vllm_overhead(
     rules = profile.rules
     expert_parallel = grammar.has(args, EXPERT_PARALLEL)
     forward = forward_cost(shape, tp=tp, expert_parallel=expert_parallel)
-    activation, activation_margin = _activation(shape, forward, profile, rules, tp)
+    activation, activation_margin = _activation(
+        shape, forward, profile, rules, tp, images_per_prompt(grammar, args)
+    )
     eager = grammar.has(args, ENFORCE_EAGER)
     layers = layers_per_stage(shape, pp)
     graphs_out = graph_margin = 0
@@ -483,10 +608,9 @@ def _vllm_overhead(
         if rules.graph_estimate:
             estimate = GRAPH_ESTIMATE_BYTES_PER_MOE_LAYER if moe else GRAPH_ESTIMATE_BYTES_PER_LAYER
             graph_margin = layers * estimate
-    non_torch = rules.non_torch_bytes + (NON_TORCH_NCCL_BYTES if tp > 1 else 0)
+    step, step_margin, step_said = collective_step(rules, card, tp)
+    non_torch = rules.non_torch_bytes + step
     hybrid = shape.has_recurrent
-    if hybrid:
-        non_torch += HYBRID_NON_TORCH_BYTES
     util = grammar.fraction(args, GPU_MEMORY_UTILIZATION) or (
         default_utilisation if default_utilisation is not None else rules.utilisation
     )
@@ -496,10 +620,13 @@ def _vllm_overhead(
         activation_margin
         + NON_TORCH_MARGIN_BYTES
         + (HYBRID_NON_TORCH_MARGIN_BYTES if hybrid else 0)
+        + step_margin
         + graph_margin
         + int(card.cuda_margin_bytes * util)
     )
     said = profile.rules_said
+    if step_said:
+        said += f"; {step_said}"
     if graphs_out:
         said += "; CUDA graphs outside the budget"
         if graph_margin:
@@ -517,12 +644,41 @@ def _vllm_overhead(
     )
 
 
+def images_per_prompt(grammar: Grammar, args: Sequence[str]) -> int:
+    """The images a dummy request carries: `--limit-mm-per-prompt`'s image count (written
+    `image=N` or as JSON `{"image": N}`), 1 when it does not say."""
+    raw = grammar.get(args, LIMIT_MM_PER_PROMPT) or ""
+    found = re.search(r"image[\"']?\s*[:=]\s*(\d{1,3})\b", raw)
+    return max(int(found.group(1)), 1) if found else 1
+
+
 def _activation(
-    shape: ModelShape, forward: ForwardCost, profile: VllmProfile, rules: VllmRules, tp: int
+    shape: ModelShape,
+    forward: ForwardCost,
+    profile: VllmProfile,
+    rules: VllmRules,
+    tp: int,
+    images: int = 1,
 ) -> tuple[int, int]:
     """The profile run's torch peak under `rules` and its margin: the larger of the forward
     pass over the batch and the dummy sampler over its requests (with the hidden states of
-    the batch still alive), plus a multimodal model's retained encoder outputs."""
+    the batch still alive), plus a multimodal model's retained encoder outputs; under V0 a
+    cross-attention VLM's vision tower over every request's dummy images when that is larger
+    (CROSS_ATTENTION_IMAGE_TOKEN_BYTES)."""
+    tokens = shape.compute.cross_attention_image_tokens if shape.compute else 0
+    if rules.v0 and tokens:
+        tower = profile.max_num_seqs * images * tokens * CROSS_ATTENTION_IMAGE_TOKEN_BYTES
+        peak, margin = _text_activation(shape, forward, profile, rules, tp)
+        if tower > peak:
+            return tower, int(tower * CROSS_ATTENTION_MARGIN)
+        return peak, margin
+    return _text_activation(shape, forward, profile, rules, tp)
+
+
+def _text_activation(
+    shape: ModelShape, forward: ForwardCost, profile: VllmProfile, rules: VllmRules, tp: int
+) -> tuple[int, int]:
+    """`_activation` for the forward pass and the sampler."""
     batched = profile.batched_tokens
     forward_bytes = forward.bytes(batched)
     hidden_bytes = batched * activation_width(shape) * ACTIVATION_BYTES

@@ -67,6 +67,7 @@ def compute_from_hf_config(config: Mapping[str, object]) -> Compute:
     dense_layers = get(("first_k_dense_replace",)) if experts else 0
     vision = any(isinstance(config.get(k), Mapping | str) and config.get(k) for k in _VISION_KEYS)
     return Compute(
+        cross_attention_image_tokens=_mllama_image_tokens(config),
         hidden_size=hidden,
         intermediate_size=intermediate,
         vocab_size=get(("vocab_size", "padded_vocab_size")),
@@ -77,3 +78,19 @@ def compute_from_hf_config(config: Mapping[str, object]) -> Compute:
         dense_layers=dense_layers,
         vision=vision,
     )
+
+
+MLLAMA_PATCH = 14
+"""vLLM counts an mllama tile's tokens with a 14-pixel patch (mllama.py get_max_mllama_image_tokens
+divides `image_size` by 14)."""
+
+
+def _mllama_image_tokens(config: Mapping[str, object]) -> int:
+    """An mllama config's encoder tokens for one image at its most tiles (0 for other models):
+    max_num_tiles × ((image_size // 14)² + 1), 4 × 1601 for Llama-3.2-Vision."""
+    vision = config.get("vision_config")
+    if config.get("model_type") != "mllama" or not isinstance(vision, Mapping):
+        return 0
+    tiles = _whole(vision.get("max_num_tiles")) or 4
+    size = _whole(vision.get("image_size")) or 560
+    return tiles * ((size // MLLAMA_PATCH) ** 2 + 1)

@@ -85,6 +85,42 @@ async def test_context_prints_the_change_and_json_for_scripts(tmp_path: Path) ->
     assert answer["change"]["max_output"] and camel_keys(answer) == []
 
 
+async def test_sequences_reach_the_planner_and_the_answer_says_whether_the_batch_fits(
+    tmp_path: Path,
+) -> None:
+    """`--sequences N` on `plan context` and `plan gpus` is written to vLLM's --max-num-seqs
+    and the answer says whether N requests of the context fit, for people and in JSON."""
+    spec = tmp_path / "model.yaml"
+    spec.write_text(yaml.safe_dump(MODEL))
+    node = ("--node", "8xH100-80GB")
+    async with running_planner() as (server, _stub, _ch):
+        code, out, _ = await llmgw(
+            server.port, "context", str(spec), "8192", "--sequences", "32", *node
+        )
+        jcode, jout, _ = await llmgw(
+            server.port, "--json", "context", str(spec), "131072", "--sequences", "64", *node
+        )
+        gcode, gout, _ = await llmgw(
+            server.port, "--json", "gpus", str(spec), "2", "--sequences", "32", *node
+        )
+    assert code == 0 and "batch of 32 x 8192 tokens on gpu (vllm, --max-num-seqs): fits" in out
+    assert jcode == 0
+    (batch,) = json.loads(jout)["batches"]
+    assert batch["sequences"] == 64 and batch["flag"] == "--max-num-seqs"
+    assert batch.get("fits", False) is False and 0 < int(batch["contexts_held"]) < 64
+    assert gcode == 0
+    (batch,) = json.loads(gout)["batches"]
+    assert batch["sequences"] == 32 and batch["fits"] is True
+
+
+@pytest.mark.parametrize("flag", ["--sequences", "--slots"])
+@pytest.mark.parametrize("value", ["99999999999", "-1", "many"])
+async def test_a_count_out_of_range_is_refused_before_asking(flag: str, value: str) -> None:
+    """A count the request cannot carry is a usage error (64) naming the flag, no traceback."""
+    code, _, err = await llmgw(1, "context", "hf://a/b", "4096", flag, value)
+    assert code == 64 and flag in err and "Traceback" not in err
+
+
 async def test_refusal_exits_2_with_reason_and_numbers(tmp_path: Path) -> None:
     """A refused plan exits 2 and prints the reason and its metadata."""
     spec = tmp_path / "model.yaml"

@@ -215,7 +215,12 @@ def test_unreadable_claims_are_dropped(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("spec", "cuda_bytes"),
-    [("2xH100-80GB", 81090 * MIB), ("A100-80GB", 81152 * MIB), ("L4-24GB", 0)],
+    [
+        ("2xH100-80GB", 81090 * MIB),
+        ("A100-80GB", 81152 * MIB),
+        ("L4-24GB", 22579 * MIB),
+        ("RTX4090-24GB", 0),
+    ],
 )
 def test_standin_cards_report_the_logged_cuda_total(spec: str, cuda_bytes: int) -> None:
     """A stand-in card of a class an engine log gives a CUDA total for reports it; one no log

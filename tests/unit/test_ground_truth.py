@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from llmgw.cardclass import KNOWN_CARD_MIB
 from llmgw.engines.base import Card, CardNeed, Verdict
 from llmgw.engines.heads import splits_heads, valid_tp_counts
 from llmgw.engines.sglang import sglang_available_kv_bytes, sglang_token_capacity
@@ -509,6 +510,43 @@ def test_sglang_capacity_from_its_memory_lines() -> None:
     assert within(got, printed["max_total_num_tokens"]), got
     k_bytes = printed["max_total_num_tokens"] * 65_536 // 2
     assert within(k_bytes, printed["k_size_gb"] * GIB)
+
+
+def test_sglang_04_at_tp4_on_l4s_sizes_its_pool_as_logged() -> None:
+    """gt-049 replayed whole: SGLang 0.4.3.post4 picks mem_fraction_static 0.85 at tp 4 by
+    itself (server_args.py as of 0.4: by tp size), on an L4's CUDA total less what is in use
+    before loading; 15.54 GiB of weights a card leave 46,611 tokens, within 1 %."""
+    row = ROWS["gt-049"]
+    printed = row["printed"]
+    shape = replace(
+        shape_from_arch(row["arch"]), weights_bytes=int(printed["weights_mem_usage_gb"] * GIB) * 4
+    )
+    args = ["--context-length", "131072", "--tp", "4"]
+    need = card_need(
+        "sglang",
+        shape,
+        args=args,
+        tokens=131072,
+        slots=1,
+        cards=4,
+        card_memory_bytes=0,
+        card=Card.of("L4-24GB", KNOWN_CARD_MIB["l4-24gb"] << 20),
+        engine_version=row["engine_version"],
+    )
+    assert "0.85 (by tp (SGLang 0.4))" in need.rules
+    assert within(need.kv_token_capacity, printed["max_total_num_tokens"]), need.kv_token_capacity
+    newer = card_need(
+        "sglang",
+        shape,
+        args=args,
+        tokens=131072,
+        slots=1,
+        cards=4,
+        card_memory_bytes=0,
+        card=Card.of("L4-24GB", KNOWN_CARD_MIB["l4-24gb"] << 20),
+        engine_version="0.5.4",
+    )
+    assert newer.kv_token_capacity < need.kv_token_capacity
 
 
 def test_sglang_cache_bytes_for_its_token_count() -> None:

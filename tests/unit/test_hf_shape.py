@@ -64,6 +64,9 @@ EXPECTED: dict[str, Expected] = {
     "meta-llama__Llama-3.2-1B-Instruct": Expected({FULL: 16}, 32, 8, 64, 64, 32_768, 0, 0, 131_072),
     # use_sliding_window false: no window despite sliding_window 131072; 28 x 4 x 256 x 2.
     "Qwen__Qwen2.5-7B-Instruct": Expected({FULL: 28}, 28, 4, 128, 128, 57_344, 0, 0, 32_768),
+    # Qwen2-VL's language model is Qwen2.5-7B's widths: 28 x 4 x 256 x 2 = 57,344 (UI-TARS log:
+    # 5102 blocks x 16 x 57,344 B = 4.36 GiB as printed).
+    "Qwen__Qwen2-VL-7B-Instruct": Expected({FULL: 28}, 28, 4, 128, 128, 57_344, 0, 0, 32_768),
     # 80 x 8 x 256 x 2 = 327,680, same trap as 7B.
     "Qwen__Qwen2.5-72B-Instruct": Expected({FULL: 80}, 64, 8, 128, 128, 327_680, 0, 0, 32_768),
     # head_dim 128 (hidden 4096 / 32 heads agrees): 36 x 8 x 256 x 2 = 147,456.

@@ -45,9 +45,11 @@ def test_card_totals_as_nvml_and_cuda_report_them() -> None:
     reserve, with a margin; a node's report wins."""
     h100 = cuda_total("H100-80GB", 81559 * MIB)
     assert h100.bytes == 81090 * MIB and "79.19" in h100.source and h100.margin_bytes == 0
+    rtx4090 = cuda_total("RTX4090-24GB", 24564 * MIB)
+    assert rtx4090.bytes == (24564 - DRIVER_RESERVE_MIB) * MIB
+    assert rtx4090.margin_bytes == DRIVER_RESERVE_SPREAD_MIB * MIB
     l4 = cuda_total("L4-24GB", 23034 * MIB)
-    assert l4.bytes == (23034 - DRIVER_RESERVE_MIB) * MIB
-    assert l4.margin_bytes == DRIVER_RESERVE_SPREAD_MIB * MIB
+    assert l4.bytes == 22579 * MIB and "22.05" in l4.source and l4.margin_bytes == 0
     assert cuda_total("H100-80GB", 81559 * MIB, 81000 * MIB).bytes == 81000 * MIB
     reported = Inventory(
         nodes=(

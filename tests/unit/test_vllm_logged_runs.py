@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
+from llmgw.cardclass import cuda_total
 from llmgw.engines.base import Card, CardNeed
-from llmgw.engines.vllm_memory import VLLM_RULES
+from llmgw.engines.vllm_memory import VLLM_RULES, nvlink_card, nvls_card
 from llmgw.shape import Compute, Layer, LayerKind, ModelShape
+from planner_svc.domain.hf_compute import compute_from_hf_config
 from planner_svc.domain.hf_shape import shape_from_hf_config
 from planner_svc.domain.memory import card_need
 
@@ -57,6 +59,8 @@ def shape_of(run: dict[str, Any]) -> ModelShape:
                 hidden_size=int(arch["hidden_size"]),
                 intermediate_size=int(arch["intermediate_size"]),
                 vocab_size=int(arch["vocab_size"]),
+                vision=bool(arch.get("vision", False)),
+                cross_attention_image_tokens=int(arch.get("cross_attention_image_tokens", 0)),
             ),
         )
     return replace(shape, weights_bytes=int(run["weights_gib"] * GIB) * int(run["tp"]))
@@ -79,7 +83,10 @@ def need_of(run: dict[str, Any], version: str | None = None) -> CardNeed:
     )
 
 
-POOLED = [run for run in RUNS if "available_kv_gib" in run["printed"]]
+FITTED = [run for run in RUNS if "known_gap" not in run]
+GAPS = [run for run in RUNS if "known_gap" in run]
+"""Rows the planner does not meet yet, each saying why (`known_gap`): kept as bounds."""
+POOLED = [run for run in FITTED if "available_kv_gib" in run["printed"]]
 
 
 def test_the_fixture_cites_every_run() -> None:
@@ -108,7 +115,7 @@ def test_kv_pool_as_logged(run: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(
-    "run", [r for r in RUNS if "activation_gib" in r["printed"]], ids=lambda r: r["id"]
+    "run", [r for r in FITTED if "activation_gib" in r["printed"]], ids=lambda r: r["id"]
 )
 def test_profiling_peak_as_logged(run: dict[str, Any]) -> None:
     """The profile run's torch peak vLLM printed, within 5 % or 0.05 GiB."""
@@ -150,3 +157,133 @@ def test_a_version_in_no_range_says_so_with_a_wider_margin(version: str) -> None
     assert "newest rules known" in unknown.rules and "margin spans" in unknown.rules
     assert unknown.kv_pool_bytes == known.kv_pool_bytes
     assert unknown.margin_bytes > known.margin_bytes
+
+
+@pytest.mark.parametrize("run", GAPS, ids=[run["id"] for run in GAPS])
+def test_a_known_gap_says_why_and_is_still_a_gap(run: dict[str, Any]) -> None:
+    """A row the planner does not meet names the reason, and the planner is indeed outside the
+    tolerance on it: a change that closes the gap must move the row to the fitted set."""
+    assert len(run["known_gap"]) > 40
+    need = need_of(run)
+    assert not close(need.kv_pool_bytes, run["printed"]["available_kv_gib"])
+
+
+def test_the_logged_runs_span_cards_utilisations_and_tensor_parallel() -> None:
+    """The fitted rows hold L4-class, L40S, T4, A100 and H100 cards, utilisations at or below
+    0.5 and at or above 0.85, and tensor parallel on NVLink."""
+    kinds = " ".join(run["card_kind"] for run in FITTED if "card_kind" in run).lower()
+    assert all(name in kinds for name in ("l4", "l40s", "t4", "a100"))
+    assert any(run["utilisation"] <= 0.5 for run in FITTED)
+    assert any(run["utilisation"] >= 0.85 for run in FITTED)
+    assert any(run["tp"] >= 8 for run in FITTED)
+
+
+def test_tensor_parallel_on_nvlink_adds_the_collective_buffers() -> None:
+    """At tp 8 on A100s (NVSwitch) vLLM V0 printed 2.10 GiB of non-torch memory, at tp 2 on
+    H100s V1 0.19 printed 2.07: the planner's figure is that, where a PCIe card at the same tp
+    and version gets NCCL's small buffers only."""
+    runs = {run["id"]: run for run in RUNS}
+    for run_id in (
+        "log-0.7.1-a100-40-deepseek-coder-v2-lite-tp8",
+        "llmd-0.19.0-h100-llama-3.1-8b-tp2",
+    ):
+        run = runs[run_id]
+        need = need_of(run)
+        assert close(need.non_torch_bytes, run["printed"]["non_torch_gib"], 0.02)
+        pcie = need_of({**run, "gpu": "L40S-48GB"})
+        assert pcie.non_torch_bytes < need.non_torch_bytes - GIB
+
+
+@pytest.mark.parametrize(
+    ("gpu", "version", "step_gib"),
+    [
+        ("A100-80GB", "0.7.1", 0.16),
+        ("H100-80GB", "0.7.1", 2.04),
+        ("A100-80GB", "0.10.2", 0.16),
+        ("A100-80GB", "0.11.0", 0.0),
+        ("A100-80GB", "0.19.0", 0.0),
+        ("L40S-48GB", "0.10.2", 0.16),
+        ("L40S-48GB", "0.14.0", 0.0),
+        ("H100-80GB", "0.10.2", 1.52),
+        ("H100-80GB", "0.19.0", 1.82),
+    ],
+)
+def test_the_collective_step_follows_the_snapshot_and_the_switch(
+    gpu: str, version: str, step_gib: float
+) -> None:
+    """What tp 2 adds to non-torch memory over tp 1: NVLink's buffers on NVLS parts (Hopper
+    on); PCIe cards and A100s add NCCL's small buffers before 0.11 and nothing after (the
+    snapshot follows the collectives' set-up). A100s under V0 take NVLink's step from tp 8
+    (the tp 8 log, test_tensor_parallel_on_nvlink_adds_the_collective_buffers)."""
+    context = ["--max-model-len", "4096"]
+    base: dict[str, Any] = {
+        "hf": "meta-llama__Llama-3.1-8B-Instruct",
+        "gpu": gpu,
+        "cuda_total_gib": 79.0,
+        "weights_gib": 7.5,
+        "engine_version": version,
+        "args": context,
+    }
+    one = need_of({**base, "tp": 1})
+    two = need_of({**base, "tp": 2, "args": [*context, "-tp", "2"]})
+    assert abs((two.non_torch_bytes - one.non_torch_bytes) / GIB - step_gib) < 0.01
+    assert two.margin_bytes >= one.margin_bytes
+
+
+def test_ampere_nvlink_parts_do_no_nvlink_sharp() -> None:
+    """A100s are NVLink parts without NVLS; H100s and B200s have it; a PCIe H100 has neither."""
+    assert nvlink_card(Card("A100-80GB")) and not nvls_card(Card("A100-80GB"))
+    assert nvls_card(Card("H100-80GB")) and nvls_card(Card("B200-180GB"))
+    assert not nvls_card(Card("H100-PCIe-80GB"))
+
+
+def test_the_l4_cuda_total_is_the_logged_one() -> None:
+    """An L4's CUDA total is what vLLM's CI printed on its L4 agents (22.05 GiB), not the
+    NVML total less the largest driver reserve."""
+    total = cuda_total("L4-24GB", 0)
+    assert abs(total.bytes / GIB - 22.05) < 0.005 and "33297" in total.source
+
+
+@pytest.mark.parametrize(
+    ("name", "nvlink"),
+    [
+        ("H100-80GB", True),
+        ("h200-141gb", True),
+        ("A100-40GB", True),
+        ("H100-PCIe-80GB", False),
+        ("L40S-48GB", False),
+        ("L4-24GB", False),
+        ("RTX4090-24GB", False),
+        ("24GB", False),
+    ],
+)
+def test_nvlink_parts_are_told_by_their_class(name: str, nvlink: bool) -> None:
+    """SXM/NVLink classes take NVLink's non-torch step at tp > 1; a class naming PCIe, the
+    PCIe-only cards and a bare size do not."""
+    assert nvlink_card(Card(name, 0, 0, "")) is nvlink
+
+
+def test_mllama_under_v0_profiles_its_vision_tower_over_every_request() -> None:
+    """V0's encoder-decoder runner gives each of max_num_seqs dummy requests
+    `--limit-mm-per-prompt` images of 6404 encoder tokens: the peak follows requests × images
+    (36.63 GiB logged at 128 × 1); V1 ranges do not apply it."""
+    run = next(r for r in RUNS if r["id"] == "pr12126-0.6.6-h100-llama-3.2-11b-vision")
+    logged = need_of(run)
+    assert close(logged.activation_bytes, run["printed"]["activation_gib"], PEAK_TOLERANCE)
+    half = need_of({**run, "args": [*run["args"][:2], "--max-num-seqs", "64", "--enforce-eager"]})
+    two = need_of({**run, "args": [*run["args"], "--limit-mm-per-prompt", "image=2"]})
+    as_json = need_of({**run, "args": [*run["args"], "--limit-mm-per-prompt", '{"image": 2}']})
+    assert abs(half.activation_bytes * 2 - logged.activation_bytes) <= 4
+    assert two.activation_bytes == as_json.activation_bytes == 2 * logged.activation_bytes
+    assert need_of(run, "0.10.2").activation_bytes < GIB * 4
+
+
+def test_mllama_image_tokens_are_read_from_its_config() -> None:
+    """An mllama config's vision tower gives 4 tiles × (560 / 14)² + 1 = 6404 tokens an image;
+    a config of another model type gives none."""
+    vision = {"image_size": 560, "patch_size": 14, "max_num_tiles": 4, "hidden_size": 1280}
+    text = {"hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256}
+    mllama = {"model_type": "mllama", "vision_config": vision, "text_config": text}
+    assert compute_from_hf_config(mllama).cross_attention_image_tokens == 6404
+    other = compute_from_hf_config({**mllama, "model_type": "llava"})
+    assert other.cross_attention_image_tokens == 0
