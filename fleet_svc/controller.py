@@ -135,6 +135,7 @@ class Controller:
         """Replicas changed (None: forgotten) since the last flush to the store."""
         self._wake = asyncio.Event()
         self._rollouts = Rollouts(store, clock, self._new_id)
+        self.hub.weigh = self._rollouts.weights  # a canary's step splits its model's weight
         self._asked = 0
         """Counts changes the API side committed and announced (`changed`)."""
         self._adopted = 0
@@ -208,6 +209,7 @@ class Controller:
         self.state.replicas = replicas
         self._publish_all()
         self._rollouts.follow()
+        self._settle_weights()
 
     def _publish_all(self) -> None:
         for rid in set(self.hub.ready) - set(self.state.replicas):
@@ -661,8 +663,14 @@ class Controller:
                 managed=self.managed,
             )
         )
+        self._settle_weights()
         self.flush()
         self._dispatch(now)
+
+    def _settle_weights(self) -> None:
+        """Publish the weights of the models whose canary moved (domain.canary)."""
+        while self._rollouts.settle:
+            self.hub.reweigh(self._rollouts.settle.pop())
 
     def _adopt(self, wants: list[ProfileWant], now: float) -> None:
         """Take up what the API side committed (Rollouts.adopt), when something may be

@@ -3,11 +3,13 @@
 Roles, each including the ones before it:
 
 - viewer: every read and watch (catalog, nodes, replicas, rollouts);
-- operator: + SetContext, SetGPUs, CancelRollout, UndoRollout;
+- operator: + SetContext, SetGPUs, CancelRollout, UndoRollout, PromoteRollout;
 - admin: + CreateModel, UpdateModel, DeleteModel.
 
 `agent` is apart: AgentService.Connect, for node identities only (spiffe://llmgw/node/NAME),
-which have no other role. Health and reflection need nobody.
+which have no other role. `gateway` is apart too: ReportTraffic, for the identities the
+settings list under `gateway:` only (whatever other role they have; in dev mode, anyone).
+Health and reflection need nobody.
 
 One table, `RPC_ROLES`, names the role of every RPC; `decide` applies it. An RPC missing from
 the table is refused to everyone (a new RPC is closed until someone puts it in the table; a
@@ -58,6 +60,9 @@ class Role(enum.IntEnum):
 AGENT_ROLE = "agent"
 """Connect's requirement: a node identity (not a role a user can be given)."""
 
+GATEWAY_ROLE = "gateway"
+"""ReportTraffic's requirement: an identity listed under the settings' `gateway:`."""
+
 Need = Role | str
 
 RPC_ROLES: Mapping[str, Need] = {
@@ -74,6 +79,8 @@ RPC_ROLES: Mapping[str, Need] = {
     FLEET + "SetGPUs": Role.OPERATOR,
     FLEET + "CancelRollout": Role.OPERATOR,
     FLEET + "UndoRollout": Role.OPERATOR,
+    FLEET + "PromoteRollout": Role.OPERATOR,
+    FLEET + "ReportTraffic": GATEWAY_ROLE,
     FLEET + "CreateModel": Role.ADMIN,
     FLEET + "UpdateModel": Role.ADMIN,
     FLEET + "DeleteModel": Role.ADMIN,
@@ -91,6 +98,7 @@ MUTATIONS = frozenset(
         "SetGPUs",
         "CancelRollout",
         "UndoRollout",
+        "PromoteRollout",
     )
 )
 """The RPCs that change the fleet: each one, allowed or refused, is one audit event."""
@@ -360,6 +368,30 @@ def _role_text(role: Role | None) -> str:
     return role.label if role is not None else "none"
 
 
+def _gateway_only(rpc: str, caller: Caller, policy: Policy) -> None:
+    """Allow a gateway identity acting for nobody; refuse everyone else.
+
+    Raises:
+        Unauthenticated, RoleRequired.
+    """
+    if caller.kind == ANONYMOUS:
+        raise errors.Unauthenticated(
+            f"{rpc} needs a gateway's client certificate or token", rpc=rpc
+        )
+    gateway = caller.kind == USER and policy.roles.may_act_for_others(caller.name)
+    if gateway and not caller.acting_for:
+        return
+    role = policy.roles.role_of(caller.name) if caller.kind == USER else None
+    raise errors.RoleRequired(
+        f"{rpc} is for gateways (the settings' `gateway:` list), reporting for themselves:"
+        f" {caller.identity} is not one" + (" (or names a person)" if caller.acting_for else ""),
+        rpc=rpc,
+        identity=caller.identity,
+        required=GATEWAY_ROLE,
+        has=AGENT_ROLE if caller.kind == NODE else _role_text(role),
+    )
+
+
 def decide(method: str, caller: Caller, policy: Policy) -> None:
     """Allow a call or raise the refusal.
 
@@ -401,6 +433,9 @@ def decide(method: str, caller: Caller, policy: Policy) -> None:
             has=_role_text(policy.roles.role_of(caller.name)),
         )
     if not policy.auth:
+        return
+    if need == GATEWAY_ROLE:
+        _gateway_only(rpc, caller, policy)
         return
     if need is None:
         raise errors.RoleRequired(

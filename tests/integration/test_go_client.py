@@ -61,6 +61,9 @@ NOT_PROVOKED = {
     # tests/unit/test_fetch_budget.py holds resolutions past the planner's).
     "TOO_MANY_CALLS": "needs a caller holding more streams or calls open than its cap",
     "RESOLUTIONS_BUSY": "needs more source resolutions in flight at once than the planner's cap",
+    # Canary rollouts (tests/integration/test_canary.py provokes both against a running canary).
+    "CANARY_ANALYSIS_FAILED": "a failed canary's Rollout.failure, never the status of a call",
+    "NOT_CANARY": "needs a canary rollout that ended, which this run's fleet does not make",
 }
 # Reasons the leader run (two fleets on one PostgreSQL) decodes, not the main run.
 DECODED_BY_THE_LEADER_RUN = {"NOT_LEADER"}
