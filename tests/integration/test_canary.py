@@ -1,0 +1,285 @@
+"""Canary rollouts judged by a scripted gateway's traffic reports: weights per step in
+WatchReplicas, promotion to SUCCEEDED, failure undone on its own, holding for too few requests,
+reports of several gateways summed and a repeated interval counted once (real gRPC fleet and
+planner, scripted agents)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+from llmgw.testing.eventually import assert_eventually
+from llmgw.testing.gateway import ScriptedGateway, Seen
+from llmgw.testing.router import Router
+from tests.integration.test_rollouts import cluster, reason_and_meta, replicas, vllm_model
+
+READY = fleet_pb2.REPLICA_PHASE_READY
+E = fleet_pb2.RolloutEventKind
+
+
+def policy(**fields: object) -> fleet_pb2.CanaryPolicy:
+    """A quick canary: steps 25, 50, 100 % of a second each, judged after 20 requests."""
+    base: dict[str, object] = {"steps": [25, 50, 100], "step_min_s": 1, "step_min_requests": 20}
+    base.update(fields)
+    return fleet_pb2.CanaryPolicy(**base)  # type: ignore[arg-type]
+
+
+async def ready_model(stub: fleet_pb2_grpc.FleetServiceAsyncStub, n: int = 2) -> None:
+    """Create vmodel with `n` replicas and wait until they are READY."""
+    await stub.CreateModel(fleet_pb2.CreateModelRequest(model=vllm_model(replicas=n)))
+
+    async def ready() -> bool:
+        return sum(1 for r in await replicas(stub) if r.phase == READY) == n
+
+    await assert_eventually(ready, what=f"{n} READY")
+
+
+def weights_by_revision(router: Router) -> dict[int, int]:
+    """The routing table's weights summed per revision."""
+    out: dict[int, int] = {}
+    for ep in router.table.values():
+        out[ep.revision] = out.get(ep.revision, 0) + ep.weight
+    return out
+
+
+@contextlib.asynccontextmanager
+async def reporting(
+    gateway: ScriptedGateway,
+    router: Router,
+    seen: Callable[[fleet_pb2.Endpoint], Seen | None],
+    every_s: float = 0.2,
+) -> AsyncIterator[None]:
+    """Report the routing table's endpoints as `seen` says, every `every_s`, meanwhile."""
+
+    async def loop() -> None:
+        while True:
+            if router.table:
+                await gateway.send(list(router.table.values()), seen)
+            await asyncio.sleep(every_s)
+
+    task = asyncio.create_task(loop())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def canary(stub: fleet_pb2_grpc.FleetServiceAsyncStub, rid: str) -> fleet_pb2.CanaryStatus:
+    """A rollout's canary status now."""
+    return (await stub.GetRollout(fleet_pb2.GetRolloutRequest(id=rid))).rollout.canary
+
+
+async def test_healthy_reports_promote_every_step_with_weights_as_the_step_says(
+    tmp_path: Path,
+) -> None:
+    """A context change as a canary: each step's weights reach WatchReplicas (new revision's
+    endpoints sum to the step's share of the model's total), every step promotes on healthy
+    reports, and the rollout SUCCEEDS with the new revision everywhere."""
+    async with cluster(tmp_path) as (_fleet, stub, _agents):
+        await ready_model(stub)
+        router = Router(stub, "vmodel")
+        gateway = ScriptedGateway(stub, "gw-a")
+        async with reporting(gateway, router, lambda ep: Seen(requests=30)):
+            answer = await stub.SetContext(
+                fleet_pb2.SetContextRequest(name="vmodel", tokens=4096, canary=policy())
+            )
+            rid, new = answer.rollout_id, answer.model.revision
+            seen_steps: list[int] = []
+            async for ev in stub.WatchRollout(fleet_pb2.WatchRolloutRequest(id=rid)):
+                if ev.kind == E.ROLLOUT_EVENT_KIND_CANARY_STEP and not ev.canary.promoted:
+                    pct = ev.canary.weight_percent
+                    seen_steps.append(pct)
+
+                    def at_step(pct: int = pct) -> bool:
+                        w = weights_by_revision(router)
+                        total = sum(w.values())
+                        return len(w) == 2 and w.get(new, 0) == round(total * pct / 100)
+
+                    await assert_eventually(at_step, what=f"weights at {pct} %", timeout_s=5)
+        ro = (await stub.GetRollout(fleet_pb2.GetRolloutRequest(id=rid))).rollout
+        left = await replicas(stub)
+        await router.stop()
+    assert ro.state == fleet_pb2.ROLLOUT_STATE_SUCCEEDED, ro.reason
+    assert seen_steps == [25, 50, 100]
+    assert ro.strategy == fleet_pb2.STRATEGY_CANARY and ro.canary.promoted
+    assert ro.canary.canary.requests >= 20
+    assert left and all(r.revision == new for r in left)
+
+
+async def test_errors_on_the_canary_fail_it_and_the_old_revision_gets_its_weight_back(
+    tmp_path: Path,
+) -> None:
+    """5xx reported against the canary only: FAILED with CANARY_ANALYSIS_FAILED (figures and
+    thresholds in Rollout.failure and the events), the old revision back at its full weight
+    within one report interval, and the new replicas retired."""
+    async with cluster(tmp_path) as (_fleet, stub, _agents):
+        await ready_model(stub)
+        router = Router(stub, "vmodel")
+        gateway = ScriptedGateway(stub, "gw-a")
+        answer = await stub.SetContext(
+            fleet_pb2.SetContextRequest(name="vmodel", tokens=4096, canary=policy(step_min_s=600))
+        )
+        rid, old, new = answer.rollout_id, answer.model.revision - 1, answer.model.revision
+
+        async def canary_routed() -> bool:
+            return (await canary(stub, rid)).weight_percent == 25 and new in weights_by_revision(
+                router
+            )
+
+        await assert_eventually(canary_routed, what="the canary at 25 %", timeout_s=20)
+        own = {ep.replica_id: ep for ep in router.table.values() if ep.revision == old}
+        full = sum(100 * ep.cards for ep in own.values())
+
+        def bad(ep: fleet_pb2.Endpoint) -> Seen:
+            return Seen(requests=50, errors_5xx=20 if ep.revision == new else 0)
+
+        sent = time.monotonic()
+        await gateway.send(list(router.table.values()), bad)
+
+        def back() -> bool:
+            w = weights_by_revision(router)
+            return new not in w and w.get(old) == full
+
+        await assert_eventually(back, what="old revision at full weight", timeout_s=5)
+        took = time.monotonic() - sent
+        ro = (await stub.GetRollout(fleet_pb2.GetRolloutRequest(id=rid))).rollout
+        assert ro.state == fleet_pb2.ROLLOUT_STATE_FAILED
+        assert ro.failure.reason == "CANARY_ANALYSIS_FAILED"
+        assert ro.failure.metadata["failed_checks"] == "error_ratio"
+        assert ro.failure.metadata["error_ratio"] == "0.4"
+        assert ro.failure.metadata["error_ratio_threshold"] == "0.01"
+        assert "error_ratio 0.4 > 0.01" in ro.reason
+        events = [ev async for ev in stub.WatchRollout(fleet_pb2.WatchRolloutRequest(id=rid))]
+        judged = [ev for ev in events if ev.kind == E.ROLLOUT_EVENT_KIND_CANARY_ANALYSIS]
+        assert judged[-1].canary.verdict == fleet_pb2.CANARY_VERDICT_FAIL
+        assert judged[-1].canary.canary.errors == 20 and judged[-1].canary.canary.revision == new
+        assert events[-1].kind == E.ROLLOUT_EVENT_KIND_ROLLOUT_FAILED
+
+        async def retired() -> bool:
+            return not [r for r in await replicas(stub) if r.revision == new]
+
+        await assert_eventually(retired, what="the canary replica retired", timeout_s=10)
+        assert {r.id for r in await replicas(stub)} == set(own)
+        await router.stop()
+    assert took <= gateway.interval_s + 1.0, f"{took:.2f} s to the old revision's full weight"
+
+
+async def test_too_few_requests_hold_the_step(tmp_path: Path) -> None:
+    """Reports with fewer requests than a step needs hold it past its least time: no
+    promotion, verdict HOLD saying how many it has."""
+    async with cluster(tmp_path) as (_fleet, stub, _agents):
+        await ready_model(stub)
+        router = Router(stub, "vmodel")
+        gateway = ScriptedGateway(stub, "gw-a")
+        answer = await stub.SetContext(
+            fleet_pb2.SetContextRequest(
+                name="vmodel", tokens=4096, canary=policy(step_min_requests=1000)
+            )
+        )
+        rid = answer.rollout_id
+        async with reporting(gateway, router, lambda ep: Seen(requests=5)):
+            await asyncio.sleep(3.0)  # three times the step's least time
+        status = await canary(stub, rid)
+        await router.stop()
+    assert status.step == 0 and status.weight_percent == 25
+    assert status.verdict == fleet_pb2.CANARY_VERDICT_HOLD
+    assert "of the 1000 requests" in status.findings[0]
+
+
+async def test_two_gateways_are_summed_and_a_repeated_interval_counts_once(
+    tmp_path: Path,
+) -> None:
+    """One gateway's 60 canary requests hold a step that needs 100, the same report sent
+    again is a duplicate and changes nothing, and a second gateway's 60 make 120: promoted."""
+    async with cluster(tmp_path) as (_fleet, stub, _agents):
+        await ready_model(stub)
+        router = Router(stub, "vmodel")
+        a, b = ScriptedGateway(stub, "gw-a"), ScriptedGateway(stub, "gw-b")
+        answer = await stub.SetContext(
+            fleet_pb2.SetContextRequest(
+                name="vmodel", tokens=4096, canary=policy(step_min_requests=100)
+            )
+        )
+        rid, new = answer.rollout_id, answer.model.revision
+
+        async def started() -> bool:
+            return (await canary(stub, rid)).weight_percent == 25 and new in weights_by_revision(
+                router
+            )
+
+        await assert_eventually(started, what="the canary's first step", timeout_s=20)
+        endpoints = list(router.table.values())
+        first = await a.send(endpoints, lambda ep: Seen(requests=60))
+        assert not first.duplicate
+
+        async def counted(n: int) -> bool:
+            return (await canary(stub, rid)).canary.requests == n
+
+        await assert_eventually(lambda: counted(60), what="60 canary requests")
+        again = await a.resend(a.sent[-1])
+        assert again.duplicate
+        await asyncio.sleep(0.5)
+        status = await canary(stub, rid)
+        assert (status.step, status.canary.requests) == (0, 60)
+        assert status.verdict == fleet_pb2.CANARY_VERDICT_HOLD
+        # The other instance's report of the same interval start is its own.
+        same_start = a.sent[-1].interval_start.ToNanoseconds() / 1e9
+        await b.send(endpoints, lambda ep: Seen(requests=60), start_s=same_start)
+
+        async def promoted() -> bool:
+            return (await canary(stub, rid)).step == 1
+
+        await assert_eventually(promoted, what="promoted on 120 requests")
+        await router.stop()
+
+
+async def test_a_canary_policy_with_another_strategy_or_hostile_reports_are_refused(
+    tmp_path: Path,
+) -> None:
+    """A canary with --in-place, steps that fall, and reports that cannot be counted are
+    INVALID_REQUEST naming the field; nothing is written."""
+    async with cluster(tmp_path) as (_fleet, stub, _agents):
+        await ready_model(stub)
+        bad_changes = [
+            fleet_pb2.SetGPUsRequest(name="vmodel", gpus=2, in_place=True, canary=policy()),
+            fleet_pb2.SetGPUsRequest(
+                name="vmodel", gpus=2, strategy=fleet_pb2.STRATEGY_AUTO, canary=policy()
+            ),
+        ]
+        for request in bad_changes:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.SetGPUs(request)
+            assert reason_and_meta(caught.value)[0] == "INVALID_REQUEST"
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.SetContext(
+                fleet_pb2.SetContextRequest(
+                    name="vmodel", tokens=4096, canary=policy(steps=[50, 5])
+                )
+            )
+        assert reason_and_meta(caught.value) == ("INVALID_REQUEST", {"field": "canary.steps"})
+        assert not (await stub.ListRollouts(fleet_pb2.ListRolloutsRequest())).rollouts
+        gateway = ScriptedGateway(stub, "gw-a")
+        ep = fleet_pb2.Endpoint(replica_id="r-1", model="vmodel", revision=1)
+        hostile = [
+            ("", lambda e: Seen(requests=1)),
+            ("gw", lambda e: Seen(requests=1, errors_5xx=2)),
+            ("gw", lambda e: Seen(requests=-1)),
+        ]
+        for name, seen in hostile:
+            gateway.name = name
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await gateway.send([ep], seen)
+            assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert reason_and_meta(caught.value)[0] == "INVALID_REQUEST"
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.PromoteRollout(fleet_pb2.PromoteRolloutRequest(id="ro-nope"))
+        assert reason_and_meta(caught.value)[0] == "ROLLOUT_NOT_FOUND"
