@@ -18,7 +18,12 @@ from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from llmgw.testing.eventually import assert_eventually
 from llmgw.testing.gateway import ScriptedGateway, Seen
 from llmgw.testing.router import Router
+from llmgw.testing.scripted_agent import ScriptedAgent
+from tests.integration.test_fleet_auth import ROLES, error_info, refused, settings
+from tests.integration.test_fleet_tls import fleet_stub, make_pki, tls_fleet
 from tests.integration.test_rollouts import cluster, reason_and_meta, replicas, vllm_model
+from tests.support.fleet_procs import fleet_process
+from tests.support.planner import running_planner
 
 READY = fleet_pb2.REPLICA_PHASE_READY
 E = fleet_pb2.RolloutEventKind
@@ -283,3 +288,102 @@ async def test_a_canary_policy_with_another_strategy_or_hostile_reports_are_refu
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await stub.PromoteRollout(fleet_pb2.PromoteRolloutRequest(id="ro-nope"))
         assert reason_and_meta(caught.value)[0] == "ROLLOUT_NOT_FOUND"
+
+
+async def test_only_the_gateway_role_may_report_traffic(tmp_path: Path) -> None:
+    """Over mutual TLS with roles: the identity listed under `gateway:` reports (a repeat is
+    a duplicate); an admin, an operator, a node and a gateway acting for a person are
+    PERMISSION_DENIED ROLE_REQUIRED naming the gateway role; nothing they sent was kept."""
+    pki = make_pki(tmp_path / "tls")
+    roles = ROLES.replace("admin: [admin]", "admin: [admin, gateway]")
+    ep = fleet_pb2.Endpoint(replica_id="r-1", model="vmodel", revision=1)
+    async with tls_fleet(tmp_path, pki.fleet, settings=settings(tmp_path, roles)) as fleet:
+        async with (
+            fleet_stub(fleet.port, pki.user("gateway")) as gw,
+            fleet_stub(fleet.port, pki.user("admin")) as admin,
+            fleet_stub(fleet.port, pki.user("operator")) as operator,
+            fleet_stub(fleet.port, pki.node("a")) as node,
+        ):
+            one = ScriptedGateway(gw, "gw-a")
+            assert not (await one.send([ep], lambda e: Seen(requests=5))).duplicate
+            assert (await one.resend(one.sent[-1])).duplicate
+            for stub in (admin, operator, node):
+                err = await refused(ScriptedGateway(stub, "gw-x").send([ep], lambda e: Seen(5)))
+                assert err.code() is grpc.StatusCode.PERMISSION_DENIED
+                info = error_info(err)
+                assert (info.reason, info.metadata["required_role"]) == (
+                    "ROLE_REQUIRED",
+                    "gateway",
+                )
+            acting = gw.ReportTraffic(
+                one.sent[-1], metadata=(("x-llmgw-caller", "alice"),), timeout=10
+            )
+            assert error_info(await refused(acting)).reason == "ROLE_REQUIRED"
+        kept = fleet.store.list_traffic("vmodel", 0)
+    assert {r.gateway for r in kept} == {"gw-a"} and len(kept) == 1
+
+
+async def test_kill_9_mid_step_resumes_the_canary_at_its_step(tmp_path: Path) -> None:
+    """A fleet process killed with SIGKILL in a canary's second step starts again at that
+    step, its window and the figures so far read back from the store; its weights are the
+    step's in the new process' WatchReplicas, and more healthy reports take it to
+    SUCCEEDED."""
+    async with running_planner() as (planner, _p, _c):
+        address = f"127.0.0.1:{planner.port}"
+        store = str(tmp_path / "fleet.db")
+        with fleet_process(store, tmp_path, "fleet-a", planner=address) as first:
+            agent = ScriptedAgent(first.address, "node-0", gpus=4)
+            agent.start()
+            async with grpc.aio.insecure_channel(first.address) as channel:
+                stub = fleet_pb2_grpc.FleetServiceStub(channel)
+                await ready_model(stub)
+                router = Router(stub, "vmodel")
+                answer = await stub.SetContext(
+                    fleet_pb2.SetContextRequest(
+                        name="vmodel", tokens=4096, canary=policy(step_min_requests=60)
+                    )
+                )
+                rid, new = answer.rollout_id, answer.model.revision
+                async with reporting(ScriptedGateway(stub, "gw-a"), router, lambda e: Seen(25)):
+
+                    async def second_step() -> bool:
+                        return (await canary(stub, rid)).step == 1
+
+                    await assert_eventually(second_step, what="the second step", timeout_s=20)
+                # One report inside the second step: 25 of its 40 requests, so it holds.
+                await asyncio.sleep(0.3)
+                await ScriptedGateway(stub, "gw-b").send(
+                    list(router.table.values()), lambda e: Seen(25)
+                )
+
+                async def counted() -> bool:
+                    return (await canary(stub, rid)).canary.requests == 25
+
+                await assert_eventually(counted, what="25 requests in the second step")
+                before = await canary(stub, rid)
+                await router.stop()
+            first.kill()
+            await agent.stop()
+        assert before.step == 1 and before.weight_percent == 50
+        with fleet_process(store, tmp_path, "fleet-b", planner=address) as second:
+            agent.address = second.address
+            agent.start()
+            async with grpc.aio.insecure_channel(second.address) as channel:
+                stub = fleet_pb2_grpc.FleetServiceStub(channel)
+                after = await canary(stub, rid)
+                assert (after.step, after.step_started_at) == (1, before.step_started_at)
+                assert after.canary.requests == before.canary.requests > 0
+                router = Router(stub, "vmodel")
+
+                def at_half() -> bool:
+                    w = weights_by_revision(router)
+                    return len(w) == 2 and w[new] == sum(w.values()) // 2
+
+                await assert_eventually(at_half, what="50 % after the restart", timeout_s=15)
+                async with reporting(ScriptedGateway(stub, "gw-a"), router, lambda e: Seen(25)):
+                    async for _ in stub.WatchRollout(fleet_pb2.WatchRolloutRequest(id=rid)):
+                        pass
+                ro = (await stub.GetRollout(fleet_pb2.GetRolloutRequest(id=rid))).rollout
+                await router.stop()
+            await agent.stop()
+    assert ro.state == fleet_pb2.ROLLOUT_STATE_SUCCEEDED, ro.reason
