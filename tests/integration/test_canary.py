@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from llmgw.testing.eventually import assert_eventually
 from llmgw.testing.gateway import ScriptedGateway, Seen
 from llmgw.testing.router import Router
 from llmgw.testing.scripted_agent import ScriptedAgent
+from tests.integration.test_cli_ctl import ctl
 from tests.integration.test_fleet_auth import ROLES, error_info, refused, settings
 from tests.integration.test_fleet_tls import fleet_stub, make_pki, tls_fleet
 from tests.integration.test_rollouts import cluster, reason_and_meta, replicas, vllm_model
@@ -387,3 +389,51 @@ async def test_kill_9_mid_step_resumes_the_canary_at_its_step(tmp_path: Path) ->
                 await router.stop()
             await agent.stop()
     assert ro.state == fleet_pb2.ROLLOUT_STATE_SUCCEEDED, ro.reason
+
+
+async def test_the_cli_starts_a_canary_promotes_it_and_watches_it_as_a_table(
+    tmp_path: Path,
+) -> None:
+    """`model context --canary-*` starts a canary; `rollout promote` moves it a step and
+    `rollout promote --full` past the rest; `rollout watch` prints its steps as a table
+    (a header, a row per step and verdict) and exits 0 once it SUCCEEDED; `rollout abort`
+    of an ended rollout changes nothing."""
+    async with cluster(tmp_path) as (fleet, stub, _agents):
+        await ready_model(stub)
+        started = await ctl(
+            fleet.port,
+            "model",
+            "context",
+            "vmodel",
+            "4096",
+            "--canary-steps",
+            "10,50,100",
+            "--canary-step-s",
+            "600",
+            "--no-wait",
+            "-o",
+            "json",
+        )
+        assert started.code == 0, started.err
+        rid = json.loads(started.out)["rollout_id"]
+
+        async def at(step: int) -> bool:
+            status = await canary(stub, rid)
+            return status.step == step and status.weight_percent > 0
+
+        await assert_eventually(lambda: at(0), what="the first step", timeout_s=20)
+        one = await ctl(fleet.port, "rollout", "promote", rid)
+        assert one.code == 0, one.err
+        await assert_eventually(lambda: at(1), what="promoted a step")
+        full = await ctl(fleet.port, "rollout", "promote", rid, "--full")
+        assert full.code == 0, full.err
+        watched = await ctl(fleet.port, "rollout", "watch", rid)
+        assert watched.code == 0, watched.err
+        again = await ctl(fleet.port, "rollout", "promote", rid)
+        aborted = await ctl(fleet.port, "rollout", "abort", rid)
+    lines = watched.out.splitlines()
+    assert any(line.startswith("    time   step  new/old %") for line in lines), watched.out
+    assert any("10/90" in line for line in lines) and any("50/50" in line for line in lines)
+    assert any("promoted to every step by" in line for line in lines)
+    assert again.code == 2 and "NOT_CANARY" in again.err
+    assert aborted.code == 0
