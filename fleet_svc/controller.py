@@ -44,6 +44,7 @@ from fleet_svc.domain.reports import (
     reported,
     stopped_with_their_node,
 )
+from fleet_svc.domain.rollout import Event as RolloutEvent
 from fleet_svc.domain.rollout import Rollout
 from fleet_svc.rollouts import Rollouts
 from fleet_svc.store.base import NotLeader, Store, StoreError
@@ -523,6 +524,11 @@ class Controller:
     def rollout_listeners(self) -> list[Callable[[Rollout], None]]:
         """Called with each rollout as it ends (fleet_svc.rollouts.Rollouts.on_end)."""
         return self._rollouts.on_end
+
+    @property
+    def rollout_event_listeners(self) -> list[Callable[[Rollout, RolloutEvent], None]]:
+        """Called with each event a rollout records (fleet_svc.rollouts.Rollouts.on_event)."""
+        return self._rollouts.on_event
 
     @property
     def rollout_signal(self) -> asyncio.Event:

@@ -54,6 +54,9 @@ class Rollouts:
         self.on_end: list[Callable[[Rollout], None]] = []
         """Called with each rollout as it ended (succeeded, failed or cancelled), once it is
         stored: how metrics (fleet_svc/metrics.py) count outcomes without the loop knowing."""
+        self.on_event: list[Callable[[Rollout, Event], None]] = []
+        """Called with each event a rollout records, once stored (metrics count a canary's
+        verdicts so)."""
         self._seen: dict[str, float] = {}
         """Rollout id -> when it last changed, as `follow` last read it."""
         self.settle: set[str] = set()
@@ -230,6 +233,12 @@ class Rollouts:
         if events:
             signal, self.signal = self.signal, asyncio.Event()
             signal.set()
+        for e in events:
+            for listener in self.on_event:
+                try:
+                    listener(ro, e)
+                except Exception:  # an observer's bug must not stop the controller
+                    log.exception("rollout_listener_failed", rollout_id=ro.id)
         return ro
 
     def _ended(self, ro: Rollout) -> None:

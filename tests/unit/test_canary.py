@@ -8,6 +8,7 @@ import itertools
 from dataclasses import replace
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from fleet_svc.domain.canary import (
     CanaryRun,
@@ -26,7 +27,8 @@ from fleet_svc.domain.control import Retire
 from fleet_svc.domain.errors import CanaryAnalysisFailed
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
-from fleet_svc.domain.rollout import EventKind, Rollout, RolloutState, Stage, Step, Strategy
+from fleet_svc.domain.rollout import Event, EventKind, Rollout, RolloutState, Stage, Step, Strategy
+from fleet_svc.metrics import CanaryMetrics, canary_gauges
 from fleet_svc.rpc.status import code_and_reason
 from fleet_svc.store.canary_rows import canary_doc, canary_of_doc
 
@@ -287,3 +289,29 @@ def test_a_canary_state_round_trips_through_its_row() -> None:
 def test_the_failure_reason_is_the_status_tables() -> None:
     """The reason a failed canary carries is the one the error table names (docs/errors.md)."""
     assert code_and_reason(CanaryAnalysisFailed("x"))[1] == CANARY_ANALYSIS_FAILED
+
+
+def test_metrics_show_a_canarys_step_weight_figures_and_verdicts() -> None:
+    """A canary being judged shows its step, weight and both revisions' figures; each
+    analysis recorded counts its verdict."""
+    run = CanaryRun(
+        policy=Policy(steps=(10, 50)),
+        step=1,
+        step_started_s=5.0,
+        verdict=Verdict.HOLD,
+        canary=Figures(requests=40, errors=2),
+        baseline=Figures(requests=400),
+    )
+    ro = replace(canary_rollout(), canary=run)
+    families = {f.name: f for f in canary_gauges([ro])}
+    assert families["llmgw_fleet_canary_step"].samples[0].value == 2
+    assert families["llmgw_fleet_canary_weight_percent"].samples[0].value == 50
+    ratios = {s.labels["role"]: s.value for s in families["llmgw_fleet_canary_error_ratio"].samples}
+    assert ratios == {"canary": 0.05, "baseline": 0.0}
+    registry = CollectorRegistry()
+    counter = CanaryMetrics(registry)
+    counter(ro, Event(EventKind.CANARY_ANALYSIS, canary=replace(run, verdict=Verdict.FAIL)))
+    counter(ro, Event(EventKind.CANARY_STEP, canary=run))
+    text = generate_latest(registry).decode()
+    assert 'llmgw_fleet_canary_verdicts_total{verdict="fail"} 1.0' in text
+    assert 'llmgw_fleet_canary_verdicts_total{verdict="hold"} 0.0' in text
