@@ -14,6 +14,7 @@ import pytest
 from bench import __main__ as bench_main
 from bench import (
     agent_fanin,
+    canary_undo,
     planner_memory,
     planner_throughput,
     rollout_overhead,
@@ -80,8 +81,15 @@ async def test_rollout_overhead_reports_both_variants_and_the_parallel_pair(
     assert_sane(figures, ("scripted_rollout", "real_rollout", "real_floor", "parallel_"))
 
 
+async def test_canary_undo_reports_bursts_against_aborts(tmp_path: Path) -> None:
+    """A canary failed by a burst and one aborted are both timed back to full old weight."""
+    figures = await canary_undo.measure(1, tmp_path)
+    assert {"burst_p99_s", "abort_p99_s", "burst_over_abort_p99"} <= set(figures)
+    assert_sane(figures, ("burst_", "abort_"))
+
+
 def test_the_runner_knows_every_benchmark_and_refuses_unknown_names() -> None:
-    """`python -m bench` lists all ten benchmarks and refuses a name it does not know."""
+    """`python -m bench` lists all eleven benchmarks and refuses a name it does not know."""
     assert set(bench_main.BENCHES) == {
         "planner_throughput",
         "planner_memory",
@@ -93,6 +101,7 @@ def test_the_runner_knows_every_benchmark_and_refuses_unknown_names() -> None:
         "store_pg",
         "fleet_failover",
         "fleet_spread",
+        "canary_undo",
     }
     with pytest.raises(SystemExit) as refused:
         bench_main.main(["no_such_bench"])
