@@ -16,6 +16,7 @@ from fleet_svc.domain.canary import (
     judge,
 )
 from fleet_svc.domain.control import Action
+from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.rollout import Event, EventKind, Rollout, Stage, fail, in_canary
 
@@ -33,6 +34,21 @@ def ready_to_judge(ro: Rollout) -> bool:
     """Whether every canary step's new replica is ready (the weighted steps may run)."""
     canaries = [s for s in ro.steps if s.canary]
     return bool(canaries) and all(s.stage is Stage.CANARY for s in canaries)
+
+
+def _lost_canary(ro: Rollout, replicas: Mapping[str, ReplicaState]) -> str:
+    """Why a canary replica serving its step can serve no more ("" when all can): gone, or
+    FAILED or LOST (a crash the agent restarts is waited for: it comes back READY)."""
+    for step in ro.steps:
+        if not step.canary or step.stage is not Stage.CANARY:
+            continue
+        new = replicas.get(step.new_id)
+        if new is None:
+            return f"canary replica {step.new_id} is gone"
+        if new.phase in (ReplicaPhase.FAILED, ReplicaPhase.LOST):
+            where = new.node or "no node"
+            return f"canary replica {new.id} on {where} is {new.phase.value}: {new.reason}"
+    return ""
 
 
 def _weights_line(run: CanaryRun) -> str:
@@ -61,6 +77,9 @@ def step_on(
     run = ro.canary
     if run is None or not in_canary(ro) or ro.done:
         return ro, [], []
+    lost = _lost_canary(ro, replicas)
+    if lost:
+        return fail(ro, lost, replicas, now_s, new_id=new_id)
     if not run.started:
         if not ready_to_judge(ro):
             return ro, [], []

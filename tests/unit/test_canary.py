@@ -315,3 +315,18 @@ def test_metrics_show_a_canarys_step_weight_figures_and_verdicts() -> None:
     text = generate_latest(registry).decode()
     assert 'llmgw_fleet_canary_verdicts_total{verdict="fail"} 1.0' in text
     assert 'llmgw_fleet_canary_verdicts_total{verdict="hold"} 0.0' in text
+
+
+@pytest.mark.parametrize("phase", [ReplicaPhase.FAILED, ReplicaPhase.LOST, None])
+def test_a_canary_replica_that_cannot_serve_fails_the_rollout(phase: ReplicaPhase | None) -> None:
+    """A canary replica FAILED, LOST or gone fails the rollout instead of holding forever."""
+    replicas = dict(REPLICAS)
+    if phase is None:
+        del replicas["c"]
+    else:
+        replicas["c"] = replace(replicas["c"], phase=phase)
+    ended, _a, events = step_on(
+        canary_rollout(), Figures(), Figures(), 1.0, replicas, 0.0, new_id=new_id
+    )
+    assert ended.state is RolloutState.FAILED and "canary replica c" in ended.reason
+    assert events[-1].kind is EventKind.ROLLOUT_FAILED
