@@ -312,17 +312,6 @@ _STRATEGIES = {
 }
 
 
-def strategy_of(value: int, in_place: bool = False) -> Strategy:
-    """The strategy a request asks for (unset: beside; `in_place` wins over unset)."""
-    if value == fleet_pb2.STRATEGY_IN_PLACE or (in_place and value == 0):
-        return Strategy.IN_PLACE
-    if value == fleet_pb2.STRATEGY_AUTO:
-        return Strategy.AUTO
-    if value == fleet_pb2.STRATEGY_CANARY:
-        return Strategy.CANARY
-    return Strategy.BESIDE
-
-
 _MODES = {
     Mode.UNDECIDED: fleet_pb2.ROLLOUT_MODE_UNSPECIFIED,
     Mode.BESIDE: fleet_pb2.ROLLOUT_MODE_BESIDE,

@@ -326,6 +326,7 @@ def test_a_replica_row_from_before_gangs_reads_as_one_node_after_migrating(
     # And what later steps added, so the database is as a fleet of schema 3 left it.
     backend.raw("DROP TABLE rollout_requests", ())
     backend.raw("DROP INDEX rollouts_by_state", ())
+    backend.raw("DROP TABLE traffic_reports", ())
     if backend.kind == "sqlite":
         backend.raw("PRAGMA user_version = 3", ())
     else:
