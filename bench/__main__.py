@@ -23,6 +23,7 @@ import grpc
 
 from bench import (
     agent_fanin,
+    canary_undo,
     fleet_failover,
     fleet_spread,
     planner_memory,
@@ -179,6 +180,11 @@ BENCHES: dict[str, Bench] = {
             Goal(r"^lead_max_s$", "<= 10 s", lambda v: v <= 10.0),
             Goal(r"^(lost|doubled|stuck|restarted|agents_not_back)$", "none", lambda v: v == 0),
         ),
+    ),
+    "canary_undo": Bench(
+        canary_undo.run,
+        r"^(burst_p50_s|burst_p99_s|abort_p99_s|burst_over_abort_p99)$",
+        (Goal(r"^burst_p99_s$", "<= 1 report interval + 1 s (2 s)", lambda v: v <= 2.0),),
     ),
     "fleet_spread": Bench(
         fleet_spread.run,

@@ -22,6 +22,7 @@ from fleet_svc.catalog import Catalog
 from fleet_svc.controller import Controller
 from fleet_svc.domain import errors
 from fleet_svc.domain.asked import context_asked, gpus_asked
+from fleet_svc.domain.canary import CanaryRun, Policy
 from fleet_svc.domain.catalog import (
     Entry,
     Revision,
@@ -36,11 +37,14 @@ from fleet_svc.domain.rollout import (
     Rollout,
     RolloutState,
     Strategy,
+    mark_canaries,
     plan_steps,
 )
 from fleet_svc.domain.room import check_room
+from fleet_svc.domain.traffic import EndpointReport, check_report
 from fleet_svc.planner import Planned, Planner
-from fleet_svc.store.base import RolloutRequest, Store
+from fleet_svc.store.base import RolloutRequest, Store, TrafficRecord
+from fleet_svc.store.canary_rows import histogram_doc
 from fleet_svc.store.catalog_rows import etag_of
 from fleet_svc.store.rows import load_rollout, rollout_record
 from fleet_svc.store_calls import StoreCalls
@@ -52,6 +56,8 @@ ADOPT_WAIT_S = 5.0
 """How long a change's answer waits for the controller to take the change up, so the caller
 reads its rollout started (or cancelled); past it (a store failing for the controller) the
 answer goes out and the next tick takes the change up."""
+TRAFFIC_KEPT_S = 86400.0
+"""How long the gateways' traffic reports are kept (a canary's step windows lie within)."""
 ACTIVE = (RolloutState.PENDING.value, RolloutState.RUNNING.value)
 """The stored states of a rollout that has not ended."""
 
@@ -91,6 +97,8 @@ class ChangeOptions:
     surge: int = 0
     allow_unchecked: bool = False
     """Apply a plan the planner could not check (the model's shape unread)."""
+    canary: Policy | None = None
+    """The canary's policy (strategy CANARY; None for the others)."""
 
 
 @dataclass(frozen=True)
@@ -458,7 +466,9 @@ class FleetApp:
         rev = self._changeable(read.name, read.etag, supersede=options.supersede)
         return self._apply(rev, rev.entry.with_model(new), kind, options)
 
-    def undo(self, rollout_id: str, *, by: str, dry_run: bool) -> tuple[Rollout | None, Applied]:
+    def undo(
+        self, rollout_id: str, *, by: str, dry_run: bool, canary: Policy | None = None
+    ) -> tuple[Rollout | None, Applied]:
         """Roll a model back to the revision before `rollout_id`, as a new rollout.
 
         Raises:
@@ -488,7 +498,13 @@ class FleetApp:
                 rollout_id=rollout_id,
             )
         rev = self._changeable(ro.model, "", supersede=False)
-        options = ChangeOptions(by=by, dry_run=dry_run, strategy=ro.strategy, surge=ro.surge)
+        # Undoing a canary goes back to a revision that served: beside, unless asked again.
+        strategy: Strategy = Strategy.BESIDE if ro.strategy is Strategy.CANARY else ro.strategy
+        if canary is not None:
+            strategy = Strategy.CANARY
+        options = ChangeOptions(
+            by=by, dry_run=dry_run, strategy=strategy, surge=ro.surge, canary=canary
+        )
         applied = self._apply(rev, previous.entry, "undo", options, undo_of=rollout_id)
         if not applied.rollout_id:
             return None, applied
@@ -507,13 +523,80 @@ class FleetApp:
             self._request_cancel(ro, f"cancelled by {by}", by)
         return ro
 
-    def _request_cancel(self, ro: Rollout, reason: str, by: str) -> None:
+    def promote_rollout(self, rollout_id: str, *, full: bool, by: str) -> Rollout:
+        """Ask the controller to move a canary on without its analysis: its next step, or
+        (`full`) past every step. The rollout as the store holds it now.
+
+        Raises:
+            RolloutNotFound, NotCanary: the rollout is no canary being judged.
+        """
+        ro = self.rollout(rollout_id)
+        if ro.canary is None or ro.done or ro.canary.promoted:
+            why = (
+                "is not a canary"
+                if ro.canary is None
+                else ("has ended" if ro.done else "is promoted already")
+            )
+            raise errors.NotCanary(
+                f"rollout {rollout_id} {why}: only a running canary can be promoted",
+                rollout_id=rollout_id,
+            )
+        kind = "promote_full" if full else "promote"
+        self._request_cancel(ro, f"promoted by {by}", by, kind=kind)
+        return ro
+
+    async def report_traffic(
+        self,
+        gateway: str,
+        interval_start_s: float,
+        interval_s: int,
+        endpoints: list[EndpointReport],
+    ) -> bool:
+        """Keep one gateway instance's traffic of one interval for canary analysis, once per
+        (gateway, interval start); wake the controller to judge it.
+
+        Returns:
+            False when that (gateway, interval) was reported before (nothing counted again).
+
+        Raises:
+            InvalidRequest: the report cannot be counted (domain.traffic.check_report).
+        """
+        now = self._clock()
+        check_report(gateway, interval_start_s, interval_s, endpoints, now)
+        start_ms = round(interval_start_s * 1000)
+        records = [
+            TrafficRecord(
+                gateway=gateway,
+                interval_start_ms=start_ms,
+                replica_id=e.replica_id,
+                model=e.model,
+                revision=e.revision,
+                interval_s=interval_s,
+                figures={
+                    "requests": e.requests,
+                    "errors_5xx": e.errors_5xx,
+                    "timeouts": e.timeouts,
+                    "context_refusals": e.context_refusals,
+                    "ttft": histogram_doc(e.ttft),
+                    "itl": histogram_doc(e.itl),
+                },
+                received_at=now,
+            )
+            for e in endpoints
+        ]
+        prune = round((now - TRAFFIC_KEPT_S) * 1000)
+        kept = await self.calls.run(lambda: self._store.put_traffic(records, prune_before_ms=prune))
+        if kept:
+            self._controller.wake()
+        return bool(kept)
+
+    def _request_cancel(self, ro: Rollout, reason: str, by: str, kind: str = "cancel") -> None:
         self._view().handed.append(ro.id)
         self._store.put_rollout_request(
             RolloutRequest(
                 id="rq-" + uuid.uuid4().hex[:10],
                 rollout_id=ro.id,
-                kind="cancel",
+                kind=kind,
                 reason=reason,
                 by=by,
                 created_at=self._clock(),
@@ -554,6 +637,10 @@ class FleetApp:
         steps = plan_steps(old.name, changed, state.replicas, wants_of([committed]))
         if not steps:
             return Applied(committed, "", 0)
+        canary = None
+        if options.strategy is Strategy.CANARY:
+            canary = CanaryRun(policy=options.canary or Policy())
+            steps = mark_canaries(steps)
         ro = Rollout(
             id="ro-" + uuid.uuid4().hex[:10],
             model=old.name,
@@ -571,6 +658,7 @@ class FleetApp:
             state=RolloutState.PENDING,
             updated_s=self._clock(),
             trace=self._trace_context(),
+            canary=canary,
         )
         self._store.put_rollout(rollout_record(ro))
         state.handed.append(ro.id)

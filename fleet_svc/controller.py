@@ -45,6 +45,7 @@ from fleet_svc.domain.reports import (
     reported,
     stopped_with_their_node,
 )
+from fleet_svc.domain.rollout import Event as RolloutEvent
 from fleet_svc.domain.rollout import Rollout
 from fleet_svc.rollouts import Rollouts
 from fleet_svc.store.base import NotLeader, Store, StoreError
@@ -136,6 +137,7 @@ class Controller:
         """Replicas changed (None: forgotten) since the last flush to the store."""
         self._wake = asyncio.Event()
         self._rollouts = Rollouts(store, clock, self._new_id)
+        self.hub.weigh = self._rollouts.weights  # a canary's step splits its model's weight
         self._asked = 0
         """Counts changes the API side committed and announced (`changed`)."""
         self._adopted = 0
@@ -209,6 +211,7 @@ class Controller:
         self.state.replicas = replicas
         self._publish_all()
         self._rollouts.follow()
+        self._settle_weights()
 
     def _publish_all(self) -> None:
         for rid in set(self.hub.ready) - set(self.state.replicas):
@@ -537,6 +540,11 @@ class Controller:
         return self._rollouts.on_end
 
     @property
+    def rollout_event_listeners(self) -> list[Callable[[Rollout, RolloutEvent], None]]:
+        """Called with each event a rollout records (fleet_svc.rollouts.Rollouts.on_event)."""
+        return self._rollouts.on_event
+
+    @property
     def rollout_signal(self) -> asyncio.Event:
         """Set (and replaced) whenever a rollout records events."""
         return self._rollouts.signal
@@ -675,8 +683,14 @@ class Controller:
                 managed=self.managed,
             )
         )
+        self._settle_weights()
         self.flush()
         self._dispatch(now)
+
+    def _settle_weights(self) -> None:
+        """Publish the weights of the models whose canary moved (domain.canary)."""
+        while self._rollouts.settle:
+            self.hub.reweigh(self._rollouts.settle.pop())
 
     def _adopt(self, wants: list[ProfileWant], now: float) -> None:
         """Take up what the API side committed (Rollouts.adopt), when something may be

@@ -1,7 +1,8 @@
 """The fleet's own metrics: replicas and nodes by phase, connected agents and how long since
 each was heard, running and ended rollouts (by outcome, with durations) and the age of the
-oldest running one, leadership, whether the store answers, and the endpoint watchers (open, and
-cut off for falling behind). deploy/monitoring's alerts are written on these.
+oldest running one, canaries (their step, weight, figures per revision, verdicts), leadership,
+whether the store answers, and the endpoint watchers (open, and cut off for falling behind).
+deploy/monitoring's alerts are written on these.
 
 Gauges are read from the controller's state at every scrape, on the event loop (the endpoint
 runs there, llmgw.metrics); rollout outcomes are counted as they end, through the controller's
@@ -10,7 +11,7 @@ rollout listeners. Nothing here writes fleet state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -20,7 +21,7 @@ from prometheus_client.registry import Collector
 from fleet_svc.controller import Controller
 from fleet_svc.domain.nodes import NodePhase
 from fleet_svc.domain.phases import ReplicaPhase
-from fleet_svc.domain.rollout import Rollout
+from fleet_svc.domain.rollout import Event, EventKind, Rollout, in_canary
 from llmgw.clock import Clock
 
 ROLLOUT_BUCKETS_S = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
@@ -103,6 +104,7 @@ class FleetCollector(Collector):
             "Seconds since the oldest running rollout was created (0 with none running).",
             value=max(0.0, self._clock.wall() - min(running)) if running else 0.0,
         )
+        yield from canary_gauges(self._controller.rollouts.values())
         yield GaugeMetricFamily(
             "llmgw_fleet_store_up",
             "1 while the store answers this fleet's probes (fleet_svc.store_health), else 0.",
@@ -128,6 +130,72 @@ class FleetCollector(Collector):
             "The fencing epoch of the leadership lease this fleet holds or last saw.",
             value=lead.epoch,
         )
+
+
+def canary_gauges(rollouts: Iterable[Rollout]) -> Iterator[GaugeMetricFamily]:
+    """Each canary being judged: its step (1-based), the new revision's weight, and the
+    figures of its last analysis per revision (`role` canary or baseline)."""
+    step = GaugeMetricFamily(
+        "llmgw_fleet_canary_step",
+        "The step a canary is at (1-based; 0 until its replicas are ready).",
+        labels=["model", "rollout"],
+    )
+    weight = GaugeMetricFamily(
+        "llmgw_fleet_canary_weight_percent",
+        "The new revision's share of its model's weight during a canary.",
+        labels=["model", "rollout"],
+    )
+    names = {
+        "requests": "Requests the gateways reported in the canary step's window",
+        "error_ratio": "5xx and timeouts per request in the canary step's window",
+        "context_refusal_ratio": "Context-length refusals per request in the step's window",
+        "p99_ttft_ms": "p99 time to first token in the canary step's window",
+        "p99_itl_ms": "p99 inter-token latency in the canary step's window",
+    }
+    figures = {
+        key: GaugeMetricFamily(
+            f"llmgw_fleet_canary_{key}",
+            f"{text}, per revision.",
+            labels=["model", "revision", "role"],
+        )
+        for key, text in names.items()
+    }
+    for ro in rollouts:
+        run = ro.canary
+        if run is None or not in_canary(ro):
+            continue
+        step.add_metric([ro.model, ro.id], run.step + 1 if run.started else 0)
+        weight.add_metric([ro.model, ro.id], run.weight_percent)
+        for role, revision, f in (
+            ("canary", ro.to_revision, run.canary),
+            ("baseline", ro.from_revision, run.baseline),
+        ):
+            for key, family in figures.items():
+                family.add_metric([ro.model, str(revision), role], float(getattr(f, key)))
+    yield step
+    yield weight
+    yield from figures.values()
+
+
+class CanaryMetrics:
+    """Counts canary analyses by verdict as they are recorded:
+    `llmgw_fleet_canary_verdicts_total{verdict}` (promote, hold, fail)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.verdicts = Counter(
+            "llmgw_fleet_canary_verdicts",
+            "Canary analyses recorded, by verdict (a hold is counted when its reason changes).",
+            ["verdict"],
+            registry=registry,
+        )
+        for verdict in ("promote", "hold", "fail"):
+            self.verdicts.labels(verdict)
+
+    def __call__(self, ro: Rollout, event: Event) -> None:
+        """Count one event if it is a canary's analysis."""
+        run = event.canary
+        if event.kind is EventKind.CANARY_ANALYSIS and run is not None and run.verdict.value:
+            self.verdicts.labels(run.verdict.value).inc()
 
 
 class RolloutMetrics:
@@ -168,3 +236,4 @@ def add_fleet_metrics(
     `store_problem` is the store's last probe ("" while it answers: StoreHealth.problem)."""
     registry.register(FleetCollector(controller, clock, leadership, store_problem))
     controller.rollout_listeners.append(RolloutMetrics(registry))
+    controller.rollout_event_listeners.append(CanaryMetrics(registry))

@@ -10,18 +10,33 @@ from dataclasses import replace
 
 import structlog
 
+from fleet_svc.domain.canary import split_weights
+from fleet_svc.domain.canary_steps import promote as promote_canary
+from fleet_svc.domain.canary_steps import step_on, window_start
 from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.control import Action
 from fleet_svc.domain.nodes import NodeView
 from fleet_svc.domain.replicas import ReplicaState
-from fleet_svc.domain.rollout import ENDINGS, Event, EventKind, Rollout, RolloutState, Stage
+from fleet_svc.domain.rollout import (
+    ENDINGS,
+    Event,
+    EventKind,
+    Rollout,
+    RolloutState,
+    Stage,
+    in_canary,
+)
 from fleet_svc.domain.rollout import advance as advance_rollout
 from fleet_svc.domain.rollout import cancel as cancel_rollout
 from fleet_svc.store.base import Store
+from fleet_svc.store.canary_rows import canary_doc, revision_figures
 from fleet_svc.store.rows import load_rollout, rollout_record
 from llmgw.clock import Clock
 
 log = structlog.get_logger(__name__)
+
+PROMOTIONS = frozenset({"promote", "promote_full"})
+"""Kinds of rollout requests that promote a canary (every other kind cancels)."""
 
 
 class Rollouts:
@@ -39,8 +54,14 @@ class Rollouts:
         self.on_end: list[Callable[[Rollout], None]] = []
         """Called with each rollout as it ended (succeeded, failed or cancelled), once it is
         stored: how metrics (fleet_svc/metrics.py) count outcomes without the loop knowing."""
+        self.on_event: list[Callable[[Rollout, Event], None]] = []
+        """Called with each event a rollout records, once stored (metrics count a canary's
+        verdicts so)."""
         self._seen: dict[str, float] = {}
         """Rollout id -> when it last changed, as `follow` last read it."""
+        self.settle: set[str] = set()
+        """Models whose canary's weights may have changed since the controller last
+        published them (a step began, the canary ended or was promoted)."""
 
     def load(self) -> None:
         """The rollouts running when the fleet stopped; a starting step gets its whole start
@@ -55,13 +76,19 @@ class Rollouts:
                     replace(s, started_s=now) if s.stage is Stage.STARTING else s for s in ro.steps
                 )
                 self.running[stored.id] = replace(ro, steps=steps)
+                if ro.canary is not None:
+                    self.settle.add(ro.model)
 
     def follow(self) -> None:
         """Read the running rollouts from the store (a fleet that does not lead: another
         writes them), waking watchers when any rollout changed since the last read."""
         stored = self._store.list_rollouts()
         seen = {r.id: r.updated_at for r in stored}
+        before = self.running
         self.running = {r.id: load_rollout(r) for r in stored if r.state == "RUNNING"}
+        for ro in [*before.values(), *self.running.values()]:
+            if ro.canary is not None:
+                self.settle.add(ro.model)
         if seen != self._seen:
             self._seen = seen
             signal, self.signal = self.signal, asyncio.Event()
@@ -91,7 +118,9 @@ class Rollouts:
         pending = {rec.id: load_rollout(rec) for rec in reversed(stored)}
         out: list[Action] = []
         for req in requests:
-            if req.rollout_id in self.running:
+            if req.kind in PROMOTIONS:
+                self._promote(req.rollout_id, full=req.kind == "promote_full", by=req.by)
+            elif req.rollout_id in self.running:
                 out.extend(self.cancel(req.rollout_id, req.reason, replicas)[1])
             elif req.rollout_id in pending:
                 self._end_unstarted(pending.pop(req.rollout_id), req.reason)
@@ -114,6 +143,35 @@ class Rollouts:
         if requests:
             self._store.delete_rollout_requests([r.id for r in requests])
         return out
+
+    def _promote(self, rollout_id: str, *, full: bool, by: str) -> None:
+        """Carry out an operator's promotion of a running canary (else nothing)."""
+        ro = self.running.get(rollout_id)
+        if ro is None:
+            return
+        promoted, events = promote_canary(ro, full=full, by=by, now_wall=self._clock.wall())
+        if events:
+            self.running[rollout_id] = self.save(promoted, events)
+            log.info("canary_promoted", rollout_id=rollout_id, full=full, by=by)
+
+    def weights(self, model: str, endpoints: Mapping[str, tuple[int, int]]) -> dict[str, int]:
+        """The weights of a model's routable endpoints (replica id -> (revision, own
+        weight)): split by its canary's step while one is judged, else their own."""
+        ro = self.of_model(model)
+        if ro is None or ro.canary is None or not in_canary(ro):
+            return {rid: w for rid, (_rev, w) in endpoints.items()}
+        return split_weights(endpoints, ro.to_revision, ro.canary.weight_percent)
+
+    def _judge(
+        self, ro: Rollout, replicas: Mapping[str, ReplicaState], now_s: float
+    ) -> tuple[Rollout, list[Action], list[Event]]:
+        """A canary's step moved on by the traffic the gateways reported for its window."""
+        since = window_start(ro)
+        records = self._store.list_traffic(ro.model, int(since * 1000)) if since > 0 else []
+        canary, baseline = revision_figures(records, ro.to_revision)
+        return step_on(
+            ro, canary, baseline, self._clock.wall(), replicas, now_s, new_id=self._new_id
+        )
 
     def _start(self, ro: Rollout) -> None:
         """Store a rollout as running (it was pending)."""
@@ -151,6 +209,8 @@ class Rollouts:
         right after it (RUNNING until the ending event, which carries the end state); wake its
         watchers."""
         self.saves += 1
+        if ro.canary is not None:
+            self.settle.add(ro.model)
         wall = self._clock.wall()
         ro = replace(ro, updated_s=wall)
         self._store.put_rollout(rollout_record(ro))
@@ -167,11 +227,18 @@ class Rollouts:
                     "mode": e.mode.value,
                     "message": e.message,
                     "state": (ro.state if e.kind in ENDINGS else RolloutState.RUNNING).value,
+                    **({"canary": canary_doc(e.canary)} if e.canary is not None else {}),
                 },
             )
         if events:
             signal, self.signal = self.signal, asyncio.Event()
             signal.set()
+        for e in events:
+            for listener in self.on_event:
+                try:
+                    listener(ro, e)
+                except Exception:  # an observer's bug must not stop the controller
+                    log.exception("rollout_listener_failed", rollout_id=ro.id)
         return ro
 
     def _ended(self, ro: Rollout) -> None:
@@ -208,6 +275,9 @@ class Rollouts:
                 ended, actions, events = advance_rollout(
                     ro, replicas, by_key, nodes, now_s, new_id=self._new_id, logs=logs
                 )
+                if in_canary(ended) and not ended.done:
+                    ended, more, judged = self._judge(ended, replicas, now_s)
+                    actions, events = [*actions, *more], [*events, *judged]
             if events or ended != ro:
                 ended = self.save(ended, events)
             out.extend(actions)

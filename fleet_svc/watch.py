@@ -8,8 +8,8 @@ import enum
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, replace
 
 import structlog
 
@@ -64,6 +64,15 @@ class EndpointEvent:
         return self.endpoint.model if self.endpoint is not None else ""
 
 
+Weigher = Callable[[str, Mapping[str, tuple[int, int]]], Mapping[str, int]]
+"""(model, replica id -> (revision, own weight)) -> replica id -> the weight to publish."""
+
+
+def own_weights(model: str, endpoints: Mapping[str, tuple[int, int]]) -> Mapping[str, int]:
+    """Every endpoint keeps its own weight (no canary)."""
+    return {rid: w for rid, (_rev, w) in endpoints.items()}
+
+
 class WatcherTooSlow(Exception):
     """A watcher fell too far behind and was cut off."""
 
@@ -92,6 +101,12 @@ class EndpointHub:
         self.heartbeat_s = heartbeat_s
         self.epoch = epoch or uuid.uuid4().hex[:16]
         self._ready: dict[str, Endpoint] = {}
+        self._own: dict[str, Endpoint] = {}
+        """The routable endpoints as put, with their own weights (`_ready` as published)."""
+        self._of_model: dict[str, set[str]] = {}
+        """Model -> the replica ids of its endpoints in `_own`."""
+        self.weigh: Weigher = own_weights
+        """What decides the published weights of a model's endpoints (a canary's split)."""
         self._seq = 0
         self._history: deque[EndpointEvent] = deque(maxlen=max(history, 1))
         self._watchers: set[asyncio.Queue[EndpointEvent | None]] = set()
@@ -122,17 +137,45 @@ class EndpointHub:
 
     def put(self, endpoint: Endpoint) -> None:
         """An endpoint is routable: ADDED when new, UPDATED when it changed, else nothing."""
-        old = self._ready.get(endpoint.replica_id)
-        if old == endpoint:
+        if self._own.get(endpoint.replica_id) == endpoint and endpoint.replica_id in self._ready:
             return
-        self._ready[endpoint.replica_id] = endpoint
-        self._publish(EventKind.ADDED if old is None else EventKind.UPDATED, endpoint)
+        was = self._own.get(endpoint.replica_id)
+        if was is not None and was.model != endpoint.model:
+            self._of_model.get(was.model, set()).discard(endpoint.replica_id)
+        self._own[endpoint.replica_id] = endpoint
+        self._of_model.setdefault(endpoint.model, set()).add(endpoint.replica_id)
+        self.reweigh(endpoint.model, first=endpoint.replica_id)
 
     def remove(self, replica_id: str, reason: EndpointReason) -> None:
-        """An endpoint must no longer be routed to: REMOVED with `reason` (before it stops)."""
+        """An endpoint must no longer be routed to: REMOVED with `reason` (before it stops);
+        the model's other endpoints are weighed again."""
+        own = self._own.pop(replica_id, None)
+        if own is not None:
+            ids = self._of_model.get(own.model, set())
+            ids.discard(replica_id)
+            if not ids:
+                self._of_model.pop(own.model, None)
         old = self._ready.pop(replica_id, None)
         if old is not None:
             self._publish(EventKind.REMOVED, old, reason)
+            self.reweigh(old.model)
+
+    def reweigh(self, model: str = "", *, first: str = "") -> None:
+        """Publish the weights `weigh` gives each endpoint of `model` (every model's when ""):
+        UPDATED for an endpoint whose weight changed, ADDED for one not published yet
+        (`first`, the endpoint just put, goes first)."""
+        models = [model] if model else sorted(self._of_model)
+        for name in models:
+            mine = {rid: self._own[rid] for rid in self._of_model.get(name, ())}
+            weights = self.weigh(name, {rid: (e.revision, e.weight) for rid, e in mine.items()})
+            order = sorted(mine, key=lambda rid: (rid != first, rid))
+            for rid in order:
+                want = replace(mine[rid], weight=weights.get(rid, mine[rid].weight))
+                old = self._ready.get(rid)
+                if old == want:
+                    continue
+                self._ready[rid] = want
+                self._publish(EventKind.ADDED if old is None else EventKind.UPDATED, want)
 
     def _event(self, kind: EventKind, **fields: object) -> EndpointEvent:
         return EndpointEvent(kind, self._seq, self._wall(), self.epoch, **fields)  # type: ignore[arg-type]

@@ -3,11 +3,13 @@
 Roles, each including the ones before it:
 
 - viewer: every read and watch (catalog, nodes, replicas, rollouts);
-- operator: + SetContext, SetGPUs, CancelRollout, UndoRollout;
+- operator: + SetContext, SetGPUs, CancelRollout, UndoRollout, PromoteRollout;
 - admin: + CreateModel, UpdateModel, DeleteModel.
 
 `agent` is apart: AgentService.Connect, for node identities only (spiffe://llmgw/node/NAME),
-which have no other role. Health and reflection need nobody.
+which have no other role. `gateway` is apart too: ReportTraffic, for the identities the
+settings list under `gateway:` only (whatever other role they have; in dev mode, anyone).
+Health and reflection need nobody.
 
 The roles, callers, revoked list and tokens are the planner's too (llmgw.authz.policy);
 this module holds the fleet's own table and decision.
@@ -79,6 +81,9 @@ AGENT = "/llmgw.agent.v1.AgentService/"
 AGENT_ROLE = "agent"
 """Connect's requirement: a node identity (not a role a user can be given)."""
 
+GATEWAY_ROLE = "gateway"
+"""ReportTraffic's requirement: an identity listed under the settings' `gateway:`."""
+
 Need = Role | str
 
 RPC_ROLES: Mapping[str, Need] = {
@@ -95,6 +100,8 @@ RPC_ROLES: Mapping[str, Need] = {
     FLEET + "SetGPUs": Role.OPERATOR,
     FLEET + "CancelRollout": Role.OPERATOR,
     FLEET + "UndoRollout": Role.OPERATOR,
+    FLEET + "PromoteRollout": Role.OPERATOR,
+    FLEET + "ReportTraffic": GATEWAY_ROLE,
     FLEET + "CreateModel": Role.ADMIN,
     FLEET + "UpdateModel": Role.ADMIN,
     FLEET + "DeleteModel": Role.ADMIN,
@@ -112,6 +119,7 @@ MUTATIONS = frozenset(
         "SetGPUs",
         "CancelRollout",
         "UndoRollout",
+        "PromoteRollout",
     )
 )
 """The RPCs that change the fleet: each one, allowed or refused, is one audit event."""
@@ -130,6 +138,30 @@ def parse_roles(data: object, source: str = "settings") -> Roles:
         raise errors.InvalidModel(exc.message, field=exc.field) from exc
 
 
+def _gateway_only(rpc: str, caller: Caller, policy: Policy) -> None:
+    """Allow a gateway identity acting for nobody; refuse everyone else.
+
+    Raises:
+        Unauthenticated, RoleRequired.
+    """
+    if caller.kind == ANONYMOUS:
+        raise errors.Unauthenticated(
+            f"{rpc} needs a gateway's client certificate or token", rpc=rpc
+        )
+    gateway = caller.kind == USER and policy.roles.may_act_for_others(caller.name)
+    if gateway and not caller.acting_for:
+        return
+    role = policy.roles.role_of(caller.name) if caller.kind == USER else None
+    raise errors.RoleRequired(
+        f"{rpc} is for gateways (the settings' `gateway:` list), reporting for themselves:"
+        f" {caller.identity} is not one" + (" (or names a person)" if caller.acting_for else ""),
+        rpc=rpc,
+        identity=caller.identity,
+        required=GATEWAY_ROLE,
+        has=AGENT_ROLE if caller.kind == NODE else role_text(role),
+    )
+
+
 def decide(method: str, caller: Caller, policy: Policy) -> None:
     """Allow a call or raise the refusal.
 
@@ -142,6 +174,10 @@ def decide(method: str, caller: Caller, policy: Policy) -> None:
     rpc = short(method)
     need = RPC_ROLES.get(method)
     refuse_unreadable_or_revoked(rpc, caller, policy)
+    if need == GATEWAY_ROLE:
+        if policy.auth:
+            _gateway_only(rpc, caller, policy)
+        return
     if need != AGENT_ROLE:
         require_role(rpc, need if isinstance(need, Role) else None, caller, policy)
         return

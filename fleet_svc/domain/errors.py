@@ -286,3 +286,35 @@ class TooManyCalls(FleetError):
             "scope": self.scope,
             "identity": self.identity,
         }
+
+
+@dataclass
+class NotCanary(FleetError):
+    """A promotion of a rollout that is no canary being judged (not one, ended, promoted)."""
+
+    rollout_id: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"rollout_id": self.rollout_id}
+
+
+@dataclass
+class InvalidRequest(FleetError):
+    """A request whose fields cannot be acted on (a canary policy, a traffic report): the
+    field it names, and what would do."""
+
+    field: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        return {"field": self.field}
+
+
+@dataclass
+class CanaryAnalysisFailed(FleetError):
+    """A canary broke its analysis' thresholds: not a call's refusal but a rollout's end,
+    carried as ErrorInfo in `Rollout.failure` (metadata: the figures and thresholds)."""
+
+    figures: dict[str, str] | None = None
+
+    def metadata(self) -> dict[str, str]:
+        return dict(self.figures or {})

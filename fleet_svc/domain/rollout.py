@@ -7,6 +7,7 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from fleet_svc.domain.canary import CanaryRun
 from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.control import Action, Create, Retire, cards_in_use
 from fleet_svc.domain.nodes import NodeView
@@ -52,6 +53,9 @@ class Strategy(enum.Enum):
     """The old replica stops first; the new one starts on the cards it freed."""
     AUTO = "auto"
     """Beside where a node has room, in place where none has, decided per step."""
+    CANARY = "canary"
+    """Beside, after a canary: one new replica per changed profile serves the policy's
+    traffic steps beside the old ones, judged by the gateway's reports (domain.canary)."""
 
 
 class Stage(enum.Enum):
@@ -69,6 +73,9 @@ class Stage(enum.Enum):
     """The new replica did not turn healthy."""
     CANCELLED = "cancelled"
     """The rollout ended before this step finished."""
+    CANARY = "canary"
+    """The new replica is healthy and serves its canary's traffic share beside the old
+    replicas; the step goes on once the canary is promoted."""
 
 
 class Mode(enum.StrEnum):
@@ -98,6 +105,9 @@ class Step:
     """When the step started, on the controller's monotonic clock (the start timeout counts
     from it; a restarted fleet starts it again)."""
     message: str = ""
+    canary: bool = False
+    """This step's new replica is its profile's canary (it starts first and serves the
+    canary's traffic steps before its old replica is retired)."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +137,12 @@ class Rollout:
     trace: str = ""
     """The trace context of the request that made the change ("" when untraced): the replicas
     the rollout starts and stops carry it to their agents."""
+    canary: CanaryRun | None = None
+    """A canary rollout's policy, step and figures (None for other strategies)."""
+    failure_reason: str = ""
+    """The stable reason of a failure that has one (e.g. CANARY_ANALYSIS_FAILED)."""
+    failure_metadata: Mapping[str, str] = field(default_factory=dict)
+    """What the failure's reason is about: figures and thresholds, numbers as strings."""
 
     @property
     def done(self) -> bool:
@@ -161,6 +177,10 @@ class EventKind(enum.StrEnum):
     """A new replica did not turn healthy; the rollout stopped."""
     ROLLOUT_CANCELLED = "rollout_cancelled"
     """Cancelled or superseded."""
+    CANARY_STEP = "canary_step"
+    """A canary step began: the new revision's share of the model's weight."""
+    CANARY_ANALYSIS = "canary_analysis"
+    """A canary step was judged: its figures and verdict."""
 
 
 ENDINGS = frozenset(
@@ -180,6 +200,8 @@ class Event:
     gpus: tuple[int, ...] = ()
     mode: Mode = Mode.UNDECIDED
     message: str = ""
+    canary: CanaryRun | None = None
+    """A canary event's step, weights, figures and verdict."""
 
 
 def plan_steps(
@@ -205,6 +227,17 @@ def plan_steps(
         steps.extend(Step(profile=w.profile, old_id=r.id, old_node=r.node) for r in old)
         steps.extend(Step(profile=w.profile) for _ in range(max(w.replicas - len(old), 0)))
     return tuple(steps)
+
+
+def mark_canaries(steps: tuple[Step, ...]) -> tuple[Step, ...]:
+    """The steps with each profile's first replacement of a serving replica (else its first
+    step) marked as that profile's canary."""
+    chosen: dict[str, int] = {}
+    for i, step in enumerate(steps):
+        if step.profile not in chosen or (step.old_id and not steps[chosen[step.profile]].old_id):
+            chosen[step.profile] = i
+    picked = set(chosen.values())
+    return tuple(replace(s, canary=i in picked) for i, s in enumerate(steps))
 
 
 def room_beside(
@@ -259,10 +292,17 @@ def advance(
     steps = list(ro.steps)
     busy = sum(1 for s in steps if s.stage in (Stage.STARTING, Stage.RETIRING))
     failure: tuple[Step, str] | None = None
+    judging = in_canary(ro)
     for i, step in enumerate(steps):
         want = wants.get((ro.model, step.profile))
         if want is None:
             steps[i] = replace(step, stage=Stage.CANCELLED, message="the profile was removed")
+            continue
+        if judging and step.stage is Stage.WAITING:
+            # Until the canary is promoted only the canaries start (all at once: each is one
+            # replica beside its profile's old ones); the other steps wait for the verdict.
+            if step.canary:
+                steps[i] = _begin(ro, step, want, replicas, nodes, now_s, new_id, out)
             continue
         if step.stage is Stage.WAITING and busy < max(ro.surge, 1):
             steps[i] = _begin(ro, step, want, replicas, nodes, now_s, new_id, out)
@@ -274,6 +314,8 @@ def advance(
                 break
         elif step.stage is Stage.RETIRING:
             steps[i] = _retiring(ro, step, want, replicas, now_s, new_id, out)
+        elif step.stage is Stage.CANARY and not judging:
+            steps[i] = _after_canary(ro, step, replicas, out)
         if step.stage in (Stage.STARTING, Stage.RETIRING) and steps[i].stage is Stage.DONE:
             busy -= 1  # a step that finished frees its place for a waiting one this pass
     ro = replace(ro, steps=tuple(steps))
@@ -288,6 +330,28 @@ def advance(
             Event(EventKind.ROLLOUT_SUCCEEDED, message=f"revision {ro.to_revision} serves")
         )
     return ro, out.actions, out.events
+
+
+def in_canary(ro: Rollout) -> bool:
+    """Whether a rollout's canary is still being judged (not promoted yet)."""
+    return ro.canary is not None and not ro.canary.promoted
+
+
+def fail(
+    ro: Rollout,
+    reason: str,
+    replicas: Mapping[str, ReplicaState],
+    now_s: float,
+    *,
+    new_id: Callable[[], str],
+    events: tuple[Event, ...] = (),
+) -> tuple[Rollout, list[Action], list[Event]]:
+    """End a running rollout FAILED for `reason` (after `events`): the new replicas are
+    stopped (a canary's too), old ones keep serving."""
+    if ro.done:
+        return ro, [], []
+    out = _Tick(events=list(events))
+    return _end(ro, RolloutState.FAILED, reason, replicas, now_s, new_id, out, ())
 
 
 def cancel(
@@ -338,7 +402,7 @@ def _begin(
         mode = Mode.BESIDE
         if old is not None:
             out.actions.append(Retire(old.id, f"replaced by rollout {ro.id} before it was placed"))
-    elif ro.strategy is Strategy.BESIDE:
+    elif ro.strategy in (Strategy.BESIDE, Strategy.CANARY):
         mode = Mode.BESIDE
     elif ro.strategy is Strategy.IN_PLACE:
         mode = Mode.IN_PLACE
@@ -419,6 +483,8 @@ def _starting(
     out.events.append(
         Event(EventKind.REPLICA_READY, step.profile, new.id, new.node, new.gpus, step.mode)
     )
+    if step.canary and in_canary(ro):
+        return replace(step, stage=Stage.CANARY), ""
     old = replicas.get(step.old_id) if step.old_id else None
     if step.mode is Mode.BESIDE and old is not None:
         out.actions.append(Retire(old.id, f"replaced beside by rollout {ro.id}"))
@@ -430,6 +496,24 @@ def _starting(
         Event(EventKind.STEP_DONE, step.profile, new.id, new.node, new.gpus, step.mode)
     )
     return replace(step, stage=Stage.DONE), ""
+
+
+def _after_canary(
+    ro: Rollout, step: Step, replicas: Mapping[str, ReplicaState], out: _Tick
+) -> Step:
+    """The canary was promoted: its step goes on as a beside step whose new replica is
+    ready (the old one is retired, or the step is done when it replaces none)."""
+    old = replicas.get(step.old_id) if step.old_id else None
+    if old is not None:
+        out.actions.append(Retire(old.id, f"replaced beside by rollout {ro.id}'s canary"))
+        out.events.append(
+            Event(EventKind.REPLICA_DRAINING, step.profile, old.id, old.node, old.gpus, step.mode)
+        )
+        return replace(step, stage=Stage.RETIRING)
+    out.events.append(
+        Event(EventKind.STEP_DONE, step.profile, step.new_id, step.node, step.gpus, step.mode)
+    )
+    return replace(step, stage=Stage.DONE)
 
 
 def _retiring(
@@ -479,7 +563,7 @@ def _end(
             steps.append(step)
             continue
         new = replicas.get(step.new_id) if step.new_id else None
-        if step.stage is Stage.STARTING and new is not None:
+        if step.stage in (Stage.STARTING, Stage.CANARY) and new is not None:
             out.actions.append(Retire(new.id, f"rollout {ro.id} {state.value.lower()}: {reason}"))
             out.events.append(
                 Event(

@@ -94,7 +94,7 @@ def check_room(
         if not serving:
             continue
         want = want_of(p)
-        if strategy is Strategy.BESIDE:
+        if strategy in (Strategy.BESIDE, Strategy.CANARY):
             _check_beside(old.name, p.name, p.gpu_class, want, nodes, replicas)
             continue
         if strategy is Strategy.AUTO and room_beside(want, nodes, replicas)[0]:

@@ -17,7 +17,9 @@ from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import HOLDS_CARDS, ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState, StartProgress
 from fleet_svc.domain.rollout import EventKind, Mode, Rollout, RolloutState, Stage, Strategy
+from fleet_svc.rpc.canary_convert import canary_status, failure_info
 from fleet_svc.store.base import EventRecord
+from fleet_svc.store.canary_rows import canary_of_doc
 from fleet_svc.watch import EndpointEvent
 from fleet_svc.watch import EventKind as EndpointKind
 from llmgw.common.v1 import common_pb2
@@ -326,16 +328,8 @@ _STRATEGIES = {
     Strategy.BESIDE: fleet_pb2.STRATEGY_BESIDE,
     Strategy.IN_PLACE: fleet_pb2.STRATEGY_IN_PLACE,
     Strategy.AUTO: fleet_pb2.STRATEGY_AUTO,
+    Strategy.CANARY: fleet_pb2.STRATEGY_CANARY,
 }
-
-
-def strategy_of(value: int, in_place: bool = False) -> Strategy:
-    """The strategy a request asks for (unset: beside; `in_place` wins over unset)."""
-    if value == fleet_pb2.STRATEGY_IN_PLACE or (in_place and value == 0):
-        return Strategy.IN_PLACE
-    if value == fleet_pb2.STRATEGY_AUTO:
-        return Strategy.AUTO
-    return Strategy.BESIDE
 
 
 _MODES = {
@@ -378,7 +372,7 @@ def rollout_state_of(state: RolloutState) -> fleet_pb2.RolloutState.ValueType:
 
 def rollout(ro: Rollout, undo_available: bool = False) -> fleet_pb2.Rollout:
     """A rollout as the API shows it."""
-    return fleet_pb2.Rollout(
+    answer = fleet_pb2.Rollout(
         id=ro.id,
         model=ro.model,
         kind=ro.kind,
@@ -408,13 +402,24 @@ def rollout(ro: Rollout, undo_available: bool = False) -> fleet_pb2.Rollout:
         undo_available=undo_available,
         surge=ro.surge,
     )
+    if ro.canary is not None:
+        answer.canary.CopyFrom(
+            canary_status(
+                ro.canary, canary_revision=ro.to_revision, baseline_revision=ro.from_revision
+            )
+        )
+    failure = failure_info(ro)
+    if failure is not None:
+        answer.failure.CopyFrom(failure)
+    return answer
 
 
-def rollout_event(e: EventRecord) -> fleet_pb2.WatchRolloutResponse:
-    """A stored rollout event as the stream sends it."""
+def rollout_event(e: EventRecord, ro: Rollout | None = None) -> fleet_pb2.WatchRolloutResponse:
+    """A stored rollout event as the stream sends it (`ro`, the rollout, names the revisions
+    of a canary event's figures)."""
     ev = e.event
     state = str(ev.get("state", "RUNNING"))
-    return fleet_pb2.WatchRolloutResponse(
+    answer = fleet_pb2.WatchRolloutResponse(
         rollout_id=e.rollout_id,
         seq=e.seq,
         at=timestamp(e.at),
@@ -427,3 +432,13 @@ def rollout_event(e: EventRecord) -> fleet_pb2.WatchRolloutResponse:
         state=fleet_pb2.RolloutState.Value(f"ROLLOUT_STATE_{state}"),
         profile=str(ev.get("profile", "")),
     )
+    run = canary_of_doc(ev.get("canary"))
+    if run is not None:
+        answer.canary.CopyFrom(
+            canary_status(
+                run,
+                canary_revision=ro.to_revision if ro is not None else 0,
+                baseline_revision=ro.from_revision if ro is not None else 0,
+            )
+        )
+    return answer

@@ -15,7 +15,7 @@ from google.protobuf.message import Message
 
 from fleet_svc.app import ChangeOptions, FleetApp
 from fleet_svc.controller import Controller
-from fleet_svc.rpc import convert
+from fleet_svc.rpc import canary_convert, convert
 from fleet_svc.rpc.auth import current_caller
 from fleet_svc.rpc.status import refusals_as_status, stream_refusals_as_status
 from fleet_svc.store.base import Store
@@ -149,13 +149,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
             applied = self._app.update_model(
                 convert.accepted_entry(request.model, self._limits),
                 request.etag,
-                ChangeOptions(
-                    by=caller_of(context),
-                    dry_run=request.dry_run,
-                    strategy=convert.strategy_of(request.strategy),
-                    supersede=request.supersede,
-                    surge=request.surge,
-                ),
+                _options(request, caller_of(context)),
             )
             return fleet_pb2.UpdateModelResponse(
                 model=convert.catalog_model(applied.revision),
@@ -265,14 +259,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
                 tokens=request.tokens,
                 slots=request.slots,
                 etag=request.etag,
-                options=ChangeOptions(
-                    by=caller_of(context),
-                    dry_run=request.dry_run,
-                    strategy=convert.strategy_of(request.strategy),
-                    supersede=request.supersede,
-                    surge=request.surge,
-                    allow_unchecked=request.allow_unchecked,
-                ),
+                options=_options(request, caller_of(context)),
             )
 
             def answer() -> fleet_pb2.SetContextResponse:
@@ -302,14 +289,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
                 gpus=request.gpus,
                 profile=request.profile,
                 etag=request.etag,
-                options=ChangeOptions(
-                    by=caller_of(context),
-                    dry_run=request.dry_run,
-                    strategy=convert.strategy_of(request.strategy, request.in_place),
-                    supersede=request.supersede,
-                    surge=request.surge,
-                    allow_unchecked=request.allow_unchecked,
-                ),
+                options=_options(request, caller_of(context), in_place=request.in_place),
             )
 
             def answer() -> fleet_pb2.SetGPUsResponse:
@@ -359,7 +339,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
     ) -> AsyncIterator[fleet_pb2.WatchRolloutResponse]:
         """A rollout's events after `after_seq`, then live ones until it ends."""
         calls = self._app.calls
-        await calls.run(self._app.rollout, request.id)
+        watched = await calls.run(self._app.rollout, request.id)
         seq = max(request.after_seq, 0)
         last_state = "RUNNING"
         settle = END_SETTLE_READS
@@ -367,14 +347,14 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
             signal = self._controller.rollout_signal
             for event in await calls.run(self._store.list_events, request.id, seq):
                 seq, last_state = event.seq, str(event.event.get("state", "RUNNING"))
-                yield convert.rollout_event(event)
+                yield convert.rollout_event(event, watched)
             if (await calls.run(self._app.rollout, request.id)).done:
                 # Ended. Its events are stored with (or before) the state that ends it, but a
                 # read may fall between the two writes, so it reads again until an event says
                 # how it ended.
                 for event in await calls.run(self._store.list_events, request.id, seq):
                     seq, last_state = event.seq, str(event.event.get("state", "RUNNING"))
-                    yield convert.rollout_event(event)
+                    yield convert.rollout_event(event, watched)
                 settle -= 1
                 if last_state != "RUNNING" or settle <= 0:
                     return
@@ -405,7 +385,14 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         """Roll back to the revision before a rollout, as a new rollout."""
 
         def make() -> fleet_pb2.UndoRolloutResponse:
-            ro, applied = self._app.undo(request.id, by=caller_of(context), dry_run=request.dry_run)
+            policy = (
+                canary_convert.policy_of_proto(request.canary)
+                if request.HasField("canary")
+                else None
+            )
+            ro, applied = self._app.undo(
+                request.id, by=caller_of(context), dry_run=request.dry_run, canary=policy
+            )
             answer = fleet_pb2.UndoRolloutResponse(model=convert.catalog_model(applied.revision))
             if ro is not None:
                 answer.rollout.CopyFrom(convert.rollout(ro))
@@ -422,6 +409,53 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
             # The new rollout as it is once the controller took it up (a retry too).
             answer.rollout.CopyFrom(await self._app.calls.run(self._rollout_now, answer.rollout.id))
         return answer
+
+    @refusals_as_status
+    async def PromoteRollout(
+        self, request: fleet_pb2.PromoteRolloutRequest, context: Context
+    ) -> fleet_pb2.PromoteRolloutResponse:
+        """Move a canary to its next step (or past every step) without its analysis."""
+
+        def make() -> fleet_pb2.PromoteRolloutResponse:
+            ro = self._app.promote_rollout(request.id, full=request.full, by=caller_of(context))
+            return fleet_pb2.PromoteRolloutResponse(rollout=convert.rollout(ro))
+
+        await self._once(request, "PromoteRollout", fleet_pb2.PromoteRolloutResponse, now(make))
+        rollout = await self._app.calls.run(self._rollout_now, request.id)
+        return fleet_pb2.PromoteRolloutResponse(rollout=rollout)
+
+    @refusals_as_status
+    async def ReportTraffic(
+        self, request: fleet_pb2.ReportTrafficRequest, context: Context
+    ) -> fleet_pb2.ReportTrafficResponse:
+        """One gateway instance's traffic of one interval, kept once for canary analysis."""
+        kept = await self._app.report_traffic(
+            request.gateway,
+            request.interval_start.ToNanoseconds() / 1e9,
+            request.interval_s,
+            canary_convert.endpoint_reports(request),
+        )
+        return fleet_pb2.ReportTrafficResponse(duplicate=not kept)
+
+
+ChangeRequest = (
+    fleet_pb2.SetContextRequest | fleet_pb2.SetGPUsRequest | fleet_pb2.UpdateModelRequest
+)
+
+
+def _options(request: ChangeRequest, by: str, *, in_place: bool = False) -> ChangeOptions:
+    """How a change's request asks for it to be carried out (its strategy and canary)."""
+    policy = request.canary if request.HasField("canary") else None
+    strategy, canary = canary_convert.change_strategy(request.strategy, policy, in_place=in_place)
+    return ChangeOptions(
+        by=by,
+        dry_run=request.dry_run,
+        strategy=strategy,
+        supersede=request.supersede,
+        surge=request.surge,
+        allow_unchecked=getattr(request, "allow_unchecked", False),
+        canary=canary,
+    )
 
 
 SERVICE_NAME = fleet_pb2.DESCRIPTOR.services_by_name["FleetService"].full_name

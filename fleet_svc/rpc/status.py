@@ -39,6 +39,10 @@ _TABLE: tuple[tuple[type[Refusal], grpc.StatusCode, str], ...] = (
     (errors.PlanNotChecked, grpc.StatusCode.FAILED_PRECONDITION, "PLAN_NOT_CHECKED"),
     (errors.RolloutNotFound, grpc.StatusCode.NOT_FOUND, "ROLLOUT_NOT_FOUND"),
     (errors.CannotUndo, grpc.StatusCode.FAILED_PRECONDITION, "CANNOT_UNDO"),
+    (errors.NotCanary, grpc.StatusCode.FAILED_PRECONDITION, "NOT_CANARY"),
+    # Never a call's answer: the reason in a failed canary's Rollout.failure.
+    (errors.CanaryAnalysisFailed, grpc.StatusCode.FAILED_PRECONDITION, "CANARY_ANALYSIS_FAILED"),
+    (errors.InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST"),
     (errors.NoHello, grpc.StatusCode.INVALID_ARGUMENT, "NO_HELLO"),
     (errors.StreamReplaced, grpc.StatusCode.ABORTED, "STREAM_REPLACED"),
     (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED"),
@@ -72,7 +76,7 @@ def to_status(exc: Refusal) -> status_pb2.Status:
         DOMAIN,
         exc.message,
         exc.metadata(),
-        field=exc.field if isinstance(exc, errors.InvalidModel) else "",
+        field=exc.field if isinstance(exc, errors.InvalidModel | errors.InvalidRequest) else "",
         subject=name,
         resource=("llmgw.fleet.v1.CatalogModel", name)
         if isinstance(exc, errors.ModelNotFound | errors.ModelExists)

@@ -103,6 +103,22 @@ class EventRecord:
     event: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class TrafficRecord:
+    """What one gateway instance saw of one endpoint over one interval (ReportTraffic):
+    `interval_start_ms` on the gateway's clock (milliseconds since the epoch); `figures` the
+    counts and latency histograms as JSON-able data (fleet_svc/traffic.py reads them)."""
+
+    gateway: str
+    interval_start_ms: int
+    replica_id: str
+    model: str
+    revision: int
+    interval_s: int
+    figures: dict[str, Any]
+    received_at: float = 0.0
+
+
 class StaleRevision(Exception):
     """A write expected a revision that is no longer the model's latest."""
 
@@ -281,6 +297,15 @@ class Store(Protocol):
 
     def delete_rollout_requests(self, ids: Sequence[str]) -> None:
         """Forget requests the controller carried out."""
+
+    # What the gateways report of their traffic (canary analysis).
+    def put_traffic(self, records: Sequence[TrafficRecord], *, prune_before_ms: int) -> bool:
+        """Keep one gateway's report of one interval (every record shares `gateway` and
+        `interval_start_ms`), once: False, writing nothing, when that (gateway, interval) was
+        kept before. Reports whose interval began before `prune_before_ms` are forgotten."""
+
+    def list_traffic(self, model: str, since_ms: int) -> list[TrafficRecord]:
+        """The model's traffic records of intervals that began at or after `since_ms`."""
 
     # Small named values (counters, the last desired version per node …).
     def get_value(self, key: str) -> str | None:

@@ -20,6 +20,7 @@ from fleet_svc.store.base import (
     RolloutRecord,
     RolloutRequest,
     StoreDamaged,
+    TrafficRecord,
 )
 from fleet_svc.store.verify import decoded, json_object, model_key
 
@@ -30,6 +31,9 @@ REPLICA_COLUMNS = (
 )
 ROLLOUT_COLUMNS = "id, model, state, spec, created_at, updated_at"
 EVENT_COLUMNS = "rollout_id, seq, at, event"
+TRAFFIC_COLUMNS = (
+    "gateway, interval_start_ms, replica_id, model, revision, interval_s, figures, received_at"
+)
 
 
 def rollout_filter(model: str, states: Sequence[str], mark: str) -> tuple[str, list[Any]]:
@@ -161,6 +165,44 @@ def event_of_row(where: str, row: tuple[Any, ...]) -> EventRecord:
         "rollout_events",
         f"{rollout_id}#{seq}",
         lambda: EventRecord(str(rollout_id), int(seq), float(at), json_object(_loaded(event))),
+    )
+
+
+def traffic_of_row(where: str, row: tuple[Any, ...]) -> TrafficRecord:
+    """A traffic report row as a record.
+
+    Raises:
+        StoreDamaged.
+    """
+    gateway, start, replica_id, model, revision, interval_s, figures, received_at = row
+    return decoded(
+        where,
+        "traffic_reports",
+        f"{gateway}@{start}/{replica_id}",
+        lambda: TrafficRecord(
+            gateway=str(gateway),
+            interval_start_ms=int(start),
+            replica_id=str(replica_id),
+            model=str(model),
+            revision=int(revision),
+            interval_s=int(interval_s),
+            figures=json_object(_loaded(figures)),
+            received_at=float(received_at),
+        ),
+    )
+
+
+def traffic_row(record: TrafficRecord) -> tuple[Any, ...]:
+    """A traffic record as the row both stores write (figures as JSON text)."""
+    return (
+        record.gateway,
+        record.interval_start_ms,
+        record.replica_id,
+        record.model,
+        record.revision,
+        record.interval_s,
+        dump_json(record.figures),
+        record.received_at,
     )
 
 

@@ -168,6 +168,29 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE replicas ADD COLUMN progress TEXT NOT NULL DEFAULT '{}'",
         ),
     ),
+    Migration(
+        version=7,
+        summary="the gateways' traffic reports, for canary analysis",
+        statements=(
+            # One row per endpoint of one gateway's report of one interval; the key makes a
+            # repeated report (a retry) count once. Kept a day (pruned as reports arrive).
+            """
+            CREATE TABLE traffic_reports (
+                gateway           TEXT    NOT NULL,
+                interval_start_ms BIGINT  NOT NULL,
+                replica_id        TEXT    NOT NULL,
+                model             TEXT    NOT NULL,
+                revision          BIGINT  NOT NULL,
+                interval_s        INTEGER NOT NULL,
+                figures           TEXT    NOT NULL,
+                received_at       REAL NOT NULL,
+                PRIMARY KEY (gateway, interval_start_ms, replica_id)
+            )
+            """,
+            "CREATE INDEX traffic_by_model ON traffic_reports (model, interval_start_ms)",
+            "CREATE INDEX traffic_by_age ON traffic_reports (interval_start_ms)",
+        ),
+    ),
 )
 
 

@@ -53,12 +53,14 @@ from fleet_svc.store.base import (
     StaleRevision,
     StoreDamaged,
     StoreUnavailable,
+    TrafficRecord,
 )
 from fleet_svc.store.codec import (
     EVENT_COLUMNS,
     MODEL_COLUMNS,
     REPLICA_COLUMNS,
     ROLLOUT_COLUMNS,
+    TRAFFIC_COLUMNS,
     dump_json,
     event_of_row,
     model_of_row,
@@ -67,6 +69,8 @@ from fleet_svc.store.codec import (
     request_of_row,
     rollout_filter,
     rollout_of_row,
+    traffic_of_row,
+    traffic_row,
 )
 from fleet_svc.store.migrations import SchemaTooNew, latest_version
 from fleet_svc.store.postgres_lease import IDLE_IN_TRANSACTION_MS, Lease, acquire, check_fence
@@ -637,6 +641,52 @@ class PostgresStore:
             return
         with self.link.connection() as conn, self._writing(conn):
             conn.execute("DELETE FROM rollout_requests WHERE id = ANY(%s)", (list(ids),))
+
+    # Traffic reports.
+
+    @_guarded
+    def put_traffic(self, records: Sequence[TrafficRecord], *, prune_before_ms: int) -> bool:
+        """Keep one gateway's report of one interval once (False: it was kept before); the
+        first row's key decides under the insert's own conflict check, so two fleets taking
+        the same report at once keep it once."""
+        if not records:
+            return True
+        first = records[0]
+        with self.link.connection() as conn, self._writing(conn, transaction=True):
+            conn.execute(
+                "DELETE FROM traffic_reports WHERE interval_start_ms < %s", (prune_before_ms,)
+            )
+            # Serialize reports of one (gateway, interval): the second waits, then sees it.
+            conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtext(%s))",
+                (f"traffic/{first.gateway}/{first.interval_start_ms}",),
+            )
+            seen = conn.execute(
+                "SELECT 1 FROM traffic_reports WHERE gateway = %s AND interval_start_ms = %s"
+                " LIMIT 1",
+                (first.gateway, first.interval_start_ms),
+            ).fetchone()
+            if seen is not None:
+                return False
+            with conn.cursor() as cur:
+                cur.executemany(
+                    f"INSERT INTO traffic_reports ({TRAFFIC_COLUMNS})"
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s::json, %s)",
+                    [traffic_row(r) for r in records],
+                )
+        return True
+
+    @_guarded
+    def list_traffic(self, model: str, since_ms: int) -> list[TrafficRecord]:
+        """The model's traffic records of intervals that began at or after `since_ms`."""
+        with self.link.connection() as conn:
+            rows = conn.execute(
+                f"SELECT {TRAFFIC_COLUMNS} FROM traffic_reports"
+                " WHERE model = %s AND interval_start_ms >= %s"
+                " ORDER BY interval_start_ms, gateway",
+                (model, since_ms),
+            ).fetchall()
+        return self._readable(rows, traffic_of_row)
 
     @_once
     def append_event(self, rollout_id: str, at: float, event: dict[str, Any]) -> int:

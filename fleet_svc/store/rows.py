@@ -17,6 +17,7 @@ from fleet_svc.domain.placement import Want
 from fleet_svc.domain.replicas import Member, ReplicaSpec, ReplicaState, StartProgress
 from fleet_svc.domain.rollout import Mode, Rollout, RolloutState, Stage, Step, Strategy
 from fleet_svc.store.base import ReplicaRecord, RolloutRecord
+from fleet_svc.store.canary_rows import canary_doc, canary_of_doc
 
 P = ReplicaPhase
 
@@ -207,10 +208,15 @@ def rollout_record(ro: Rollout) -> RolloutRecord:
                 "old_node": s.old_node,
                 "started_s": s.started_s,
                 "message": s.message,
+                **({"canary": True} if s.canary else {}),
             }
             for s in ro.steps
         ],
     }
+    if ro.canary is not None:
+        spec["canary"] = canary_doc(ro.canary)
+    if ro.failure_reason:
+        spec["failure"] = {"reason": ro.failure_reason, "metadata": dict(ro.failure_metadata)}
     return RolloutRecord(
         id=ro.id,
         model=ro.model,
@@ -224,6 +230,8 @@ def rollout_record(ro: Rollout) -> RolloutRecord:
 def load_rollout(rec: RolloutRecord) -> Rollout:
     """A rollout from its store record."""
     s = rec.spec
+    stored_failure = s.get("failure")
+    failure: dict[str, Any] = stored_failure if isinstance(stored_failure, dict) else {}
     return Rollout(
         id=rec.id,
         model=rec.model,
@@ -243,6 +251,7 @@ def load_rollout(rec: RolloutRecord) -> Rollout:
                 old_node=str(st.get("old_node", "")),
                 started_s=float(st.get("started_s", 0.0)),
                 message=str(st.get("message", "")),
+                canary=bool(st.get("canary", False)),
             )
             for st in s.get("steps", [])
         ),
@@ -257,4 +266,7 @@ def load_rollout(rec: RolloutRecord) -> Rollout:
         start_timeout_s=float(s.get("start_timeout_s", 600.0)),
         old_specs={str(k): spec_of_doc(v) for k, v in s.get("old_specs", {}).items()},
         trace=str(s.get("trace", "")),
+        canary=canary_of_doc(s.get("canary")),
+        failure_reason=str(failure.get("reason", "")),
+        failure_metadata={str(k): str(v) for k, v in failure.get("metadata", {}).items()},
     )

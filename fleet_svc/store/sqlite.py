@@ -28,12 +28,14 @@ from fleet_svc.store.base import (
     StoreDamaged,
     StoreError,
     StoreUnavailable,
+    TrafficRecord,
 )
 from fleet_svc.store.codec import (
     EVENT_COLUMNS,
     MODEL_COLUMNS,
     REPLICA_COLUMNS,
     ROLLOUT_COLUMNS,
+    TRAFFIC_COLUMNS,
     dump_json,
     event_of_row,
     model_of_row,
@@ -42,6 +44,8 @@ from fleet_svc.store.codec import (
     request_of_row,
     rollout_filter,
     rollout_of_row,
+    traffic_of_row,
+    traffic_row,
 )
 from fleet_svc.store.migrations import check_not_newer, immediate, migrate
 from fleet_svc.store.verify import check_all
@@ -575,6 +579,40 @@ class SQLiteStore:
             (rollout_id, after_seq),
         ).fetchall()
         return self._readable(rows, event_of_row)
+
+    # Traffic reports.
+
+    @_guarded
+    def put_traffic(self, records: Sequence[TrafficRecord], *, prune_before_ms: int) -> bool:
+        """Keep one gateway's report of one interval once (False: it was kept before)."""
+        if not records:
+            return True
+        first = records[0]
+        with immediate(self._conn):
+            self._conn.execute(
+                "DELETE FROM traffic_reports WHERE interval_start_ms < ?", (prune_before_ms,)
+            )
+            seen = self._conn.execute(
+                "SELECT 1 FROM traffic_reports WHERE gateway = ? AND interval_start_ms = ? LIMIT 1",
+                (first.gateway, first.interval_start_ms),
+            ).fetchone()
+            if seen is not None:
+                return False
+            self._conn.executemany(
+                f"INSERT INTO traffic_reports ({TRAFFIC_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [traffic_row(r) for r in records],
+            )
+        return True
+
+    @_guarded
+    def list_traffic(self, model: str, since_ms: int) -> list[TrafficRecord]:
+        """The model's traffic records of intervals that began at or after `since_ms`."""
+        rows = self._conn.execute(
+            f"SELECT {TRAFFIC_COLUMNS} FROM traffic_reports"
+            " WHERE model = ? AND interval_start_ms >= ? ORDER BY interval_start_ms, gateway",
+            (model, since_ms),
+        ).fetchall()
+        return self._readable(rows, traffic_of_row)
 
     def _readable(
         self, rows: Sequence[tuple[Any, ...]], decode: Callable[[str, tuple[Any, ...]], R]

@@ -393,3 +393,70 @@ def run_command(opts: argparse.Namespace) -> int:
         else:
             print(text, file=sys.stderr)
         return EXIT_REFUSED
+
+
+def _percents(text: str) -> list[int]:
+    """`5,25,50,100` as a list of percents."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list of percents such as 5,25,50,100"
+        ) from None
+
+
+CANARY_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
+    ("--canary-steps", "steps", _percents, "percents of the model's weight, e.g. 5,25,50,100"),
+    ("--canary-step-s", "step_min_s", int, "the least seconds a step lasts (default 60)"),
+    (
+        "--canary-min-requests",
+        "step_min_requests",
+        int,
+        "requests the canary serves before a step is judged (default 100)",
+    ),
+    (
+        "--canary-max-error-ratio",
+        "max_error_ratio",
+        float,
+        "the most 5xx and timeouts per request (default 0.01; negative: not checked)",
+    ),
+    (
+        "--canary-max-error-increase",
+        "max_error_ratio_increase",
+        float,
+        "the most the canary's error ratio may exceed the old revision's",
+    ),
+    ("--canary-max-ttft-ms", "max_p99_ttft_ms", int, "the most p99 time to first token"),
+    ("--canary-max-itl-ms", "max_p99_itl_ms", int, "the most p99 inter-token latency"),
+    (
+        "--canary-max-context-refusals",
+        "max_context_refusal_ratio",
+        float,
+        "the most requests refused for context length, per request",
+    ),
+)
+"""The canary policy's flags: flag, the policy's field, its type, help."""
+
+
+def add_canary_flags(parser: argparse.ArgumentParser) -> None:
+    """The canary flags (any of them makes the change a canary: --strategy canary)."""
+    group = parser.add_argument_group("canary (docs/rollouts.md)")
+    for flag, name, kind, text in CANARY_FLAGS:
+        metavar = {"steps": "PCT,...", "step_min_s": "S"}.get(name, "N")
+        if kind is float:
+            metavar = "RATIO"
+        elif name.endswith("_ms"):
+            metavar = "MS"
+        group.add_argument(flag, dest=f"canary_{name}", type=kind, metavar=metavar, help=text)
+
+
+def canary_of(opts: argparse.Namespace) -> dict[str, Any] | None:
+    """The canary policy the flags ask for (None: no canary flag and no --strategy canary)."""
+    fields = {
+        name: getattr(opts, f"canary_{name}")
+        for _flag, name, _kind, _text in CANARY_FLAGS
+        if getattr(opts, f"canary_{name}", None) is not None
+    }
+    if not fields and getattr(opts, "strategy", "") != "canary":
+        return None
+    return fields

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from llmgw.cli.common import add_ctl_command, example, fleet_client
+from llmgw.cli.common import add_canary_flags, add_ctl_command, canary_of, example, fleet_client
 from llmgw.cli.ctl_rollout import ended, follow
 from llmgw.cli.inputs import read_model_file
 from llmgw.cli.output import (
@@ -134,6 +134,7 @@ def model_update(opts: argparse.Namespace) -> int:
             strategy=opts.strategy or "",
             supersede=opts.supersede,
             surge=opts.surge,
+            canary=canary_of(opts),
         )
         name = answer.model.model.name
         n = answer.restarted
@@ -221,6 +222,7 @@ def _ask(
         "supersede": opts.supersede,
         "surge": opts.surge,
         "allow_unchecked": opts.allow_unchecked,
+        "canary": canary_of(opts),
     }
     if opts.change == "gpus":
         answer = fleet.set_gpus(
@@ -265,8 +267,8 @@ def _change_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--strategy",
         choices=sorted(STRATEGIES),
-        help="how replicas are replaced: beside (the default), in-place, or auto (beside "
-        "where there is room)",
+        help="how replicas are replaced: beside (the default), in-place, auto (beside "
+        "where there is room), or canary (beside, judged by the gateway's traffic)",
     )
     p.add_argument(
         "--surge",
@@ -275,6 +277,7 @@ def _change_flags(p: argparse.ArgumentParser) -> None:
         help="replicas replaced at once (default 0: the fleet's, one at a time)",
     )
     p.add_argument("--supersede", action="store_true", help="cancel a rollout in progress first")
+    add_canary_flags(p)
     p.add_argument(
         "--allow-unchecked",
         action="store_true",

@@ -1,5 +1,6 @@
-"""`llmgw ctl rollout list|status|watch|cancel|undo`: the rollouts of applied changes, and
-following one until it ends (also after `ctl model gpus|context`).
+"""`llmgw ctl rollout list|status|watch|cancel|undo|promote|abort`: the rollouts of applied
+changes, following one until it ends (also after `ctl model gpus|context`), a canary's steps
+as a live table.
 
 Exit codes beyond `ctl`'s: 4 the rollout failed, 5 it was cancelled.
 """
@@ -14,7 +15,9 @@ from typing import Any
 from llmgw.cli.common import (
     EXIT_ROLLOUT_CANCELLED,
     EXIT_ROLLOUT_FAILED,
+    add_canary_flags,
     add_ctl_command,
+    canary_of,
     example,
     fleet_client,
 )
@@ -29,7 +32,7 @@ from llmgw.cli.output import (
     table,
 )
 from llmgw.clients import ClientError, FleetClient
-from llmgw.clients.convert import Rollout, as_data, enum_name
+from llmgw.clients.convert import Rollout, RolloutEvent, as_data, enum_name
 
 WAITING_POLL_S = 2.0
 """How often a followed rollout's new replicas are looked at for why they wait (a PENDING
@@ -64,14 +67,66 @@ def follow(
         threading.Thread(
             target=_say_waiting, args=(fleet, model, created, stop), daemon=True
         ).start()
+    canary_rows = 0
     try:
         for ev in fleet.watch_rollout(rollout_id, after_seq):
             if enum_name(ev, "kind") == "ROLLOUT_EVENT_KIND_REPLICA_CREATED" and ev.replica_id:
                 created.add(ev.replica_id)
+            if ev.HasField("canary") and not out.machine:
+                # A canary's steps and verdicts as a live table: a header, then a row each.
+                if canary_rows % 20 == 0:
+                    say(CANARY_HEADER)
+                canary_rows += 1
+                say(canary_row(ev))
+                continue
             out.event(as_data(ev), event_line(ev))
     finally:
         stop.set()
     return fleet.get_rollout(rollout_id)
+
+
+CANARY_COLUMNS = (
+    ("time", 8),
+    ("step", 5),
+    ("new/old %", 9),
+    ("verdict", 7),
+    ("canary req", 10),
+    ("err %", 6),
+    ("ctx %", 6),
+    ("ttft99", 7),
+    ("itl99", 6),
+    ("base req", 9),
+    ("err %", 6),
+)
+CANARY_HEADER = "  ".join(name.rjust(width) for name, width in CANARY_COLUMNS) + "  findings"
+"""The live table's header (printed again every 20 rows)."""
+
+
+def canary_row(ev: RolloutEvent) -> str:
+    """One canary event as a row of the live table: its step, weights, verdict and figures
+    of the canary and the old revision (the baseline); findings or the message last."""
+    c = ev.canary
+    at = time.strftime("%H:%M:%S", time.localtime(ev.at.seconds))
+    steps = len(c.policy.steps)
+    step = "done" if c.promoted else f"{min(c.step + 1, steps)}/{steps}"
+    verdict = enum_name(c, "verdict").removeprefix("CANARY_VERDICT_").lower()
+    if verdict == "unspecified":
+        verdict = "-"
+    cells = (
+        at,
+        step,
+        f"{c.weight_percent}/{100 - c.weight_percent}" if not c.promoted else "-",
+        verdict,
+        str(c.canary.requests),
+        f"{100 * c.canary.error_ratio:.2f}",
+        f"{100 * c.canary.context_refusal_ratio:.2f}",
+        f"{c.canary.p99_ttft_ms:.0f}",
+        f"{c.canary.p99_itl_ms:.0f}",
+        str(c.baseline.requests),
+        f"{100 * c.baseline.error_ratio:.2f}",
+    )
+    row = "  ".join(v.rjust(w) for v, (_n, w) in zip(cells, CANARY_COLUMNS, strict=True))
+    return f"{row}  {'; '.join(c.findings) or ev.message}"
 
 
 def ended(ro: Rollout, out: Printer) -> int:
@@ -149,12 +204,25 @@ def rollout_cancel(opts: argparse.Namespace) -> int:
         return _show_rollout(opts, fleet.cancel_rollout(opts.id))
 
 
+def rollout_promote(opts: argparse.Namespace) -> int:
+    """`rollout promote ID [--full]`: move a canary on without waiting for its analysis."""
+    with fleet_client(opts) as fleet:
+        return _show_rollout(opts, fleet.promote_rollout(opts.id, full=opts.full))
+
+
+def rollout_abort(opts: argparse.Namespace) -> int:
+    """`rollout abort ID`: end a rollout now (a canary: the old revision back at its full
+    weight, the new replicas retired); the same request as cancel."""
+    with fleet_client(opts) as fleet:
+        return _show_rollout(opts, fleet.cancel_rollout(opts.id))
+
+
 def rollout_undo(opts: argparse.Namespace) -> int:
     """`rollout undo ID`: roll a model back to the revision before a rollout, and follow the
     rollout that does it."""
     out = printer(opts)
     with fleet_client(opts) as fleet:
-        u = fleet.undo_rollout(opts.id, dry_run=opts.dry_run)
+        u = fleet.undo_rollout(opts.id, dry_run=opts.dry_run, canary=canary_of(opts))
         name, rev = u.model.model.name, u.model.revision
         if opts.dry_run or not u.rollout.id or opts.no_wait:
             out.show(
@@ -172,7 +240,8 @@ def add_commands(groups: Any) -> None:
     rollout = groups.add_parser(
         "rollout",
         help="rollouts of applied changes",
-        description="The rollouts of applied changes: list them, follow, cancel or undo one.",
+        description="The rollouts of applied changes: list them, follow, cancel or undo one; "
+        "promote or abort a canary.",
         epilog=example("llmgw ctl rollout list"),
     )
     commands = rollout.add_subparsers(dest="ctl_cmd", metavar="COMMAND", required=True)
@@ -227,3 +296,21 @@ def add_commands(groups: Any) -> None:
     undo.add_argument(
         "--no-wait", action="store_true", help="return once the undoing rollout started"
     )
+    add_canary_flags(undo)
+    promote = add_ctl_command(
+        commands,
+        "promote",
+        "move a canary to its next step without waiting for its analysis",
+        rollout_promote,
+        "llmgw ctl rollout promote ro-1a2b3c4d --full",
+    )
+    promote.add_argument("id", metavar="ID", help="the canary rollout's id")
+    promote.add_argument("--full", action="store_true", help="past every remaining step at once")
+    abort = add_ctl_command(
+        commands,
+        "abort",
+        "end a rollout now: a canary's old revision gets its full weight back",
+        rollout_abort,
+        "llmgw ctl rollout abort ro-1a2b3c4d",
+    )
+    abort.add_argument("id", metavar="ID", help="the rollout's id")

@@ -302,8 +302,23 @@ def print_rollout(ro: Rollout) -> None:
             f"  [{s.profile}] {s.old_replica or '(new)'} -> {s.new_replica or '?'}"
             f"{where}: {stage_name(s)}{' ' + mode if mode else ''}"
         )
+    if ro.HasField("canary"):
+        c = ro.canary
+        steps = "/".join(str(p) for p in c.policy.steps)
+        where = "promoted" if c.promoted else f"step {c.step + 1} of {steps} %"
+        verdict = short_name(c, "verdict", "CANARY_VERDICT_").lower()
+        say(
+            f"  canary: {where}, new revision {c.weight_percent} %, {verdict}; canary "
+            f"{c.canary.requests} requests {100 * c.canary.error_ratio:.2f} % errors, baseline "
+            f"{c.baseline.requests} requests {100 * c.baseline.error_ratio:.2f} % errors"
+        )
+        for finding in c.findings:
+            say(f"    {finding}")
     if ro.reason:
         say(f"  reason: {ro.reason}")
+    if ro.HasField("failure"):
+        meta = ", ".join(f"{k}={v}" for k, v in sorted(ro.failure.metadata.items()))
+        say(f"  failure: {ro.failure.reason}" + (f" ({meta})" if meta else ""))
     for line in ro.log_tail:
         say(f"  | {line}")
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -59,8 +59,15 @@ STRATEGIES: dict[str, fleet_pb2.Strategy.ValueType] = {
     "beside": fleet_pb2.STRATEGY_BESIDE,
     "in-place": fleet_pb2.STRATEGY_IN_PLACE,
     "auto": fleet_pb2.STRATEGY_AUTO,
+    "canary": fleet_pb2.STRATEGY_CANARY,
 }
 """A rollout's strategies by the names people give them."""
+
+
+def canary_policy(fields: Mapping[str, Any] | None) -> fleet_pb2.CanaryPolicy | None:
+    """A canary policy from its fields by their proto names (None: no canary asked)."""
+    return None if fields is None else fleet_pb2.CanaryPolicy(**fields)
+
 
 T = TypeVar("T")
 
@@ -198,6 +205,7 @@ class FleetClient:
         strategy: str = "",
         supersede: bool = False,
         surge: int = 0,
+        canary: Mapping[str, Any] | None = None,
     ) -> fleet_pb2.UpdateModelResponse:
         """Replace a model of the catalog, refused unless it is still at `etag` (when given);
         replicas that would run otherwise are replaced by a rollout (`rollout_id`).
@@ -213,6 +221,7 @@ class FleetClient:
             strategy=STRATEGIES.get(strategy, fleet_pb2.STRATEGY_UNSPECIFIED),
             supersede=supersede,
             surge=surge,
+            canary=canary_policy(canary),
         )
         return self._call(
             lambda: self._stub.UpdateModel(request, timeout=self.timeout_s, metadata=self.metadata)
@@ -287,6 +296,7 @@ class FleetClient:
         supersede: bool = False,
         surge: int = 0,
         allow_unchecked: bool = False,
+        canary: Mapping[str, Any] | None = None,
     ) -> fleet_pb2.SetGPUsResponse:
         """Plan `gpus` cards a replica for a model's GPU profiles and roll it out.
 
@@ -307,6 +317,7 @@ class FleetClient:
             supersede=supersede,
             surge=surge,
             allow_unchecked=allow_unchecked,
+            canary=canary_policy(canary),
         )
         return self._call(
             lambda: self._stub.SetGPUs(request, timeout=self.timeout_s, metadata=self.metadata)
@@ -325,6 +336,7 @@ class FleetClient:
         supersede: bool = False,
         surge: int = 0,
         allow_unchecked: bool = False,
+        canary: Mapping[str, Any] | None = None,
     ) -> fleet_pb2.SetContextResponse:
         """Size a new context for a model and roll it out.
 
@@ -343,6 +355,7 @@ class FleetClient:
             supersede=supersede,
             surge=surge,
             allow_unchecked=allow_unchecked,
+            canary=canary_policy(canary),
         )
         return self._call(
             lambda: self._stub.SetContext(request, timeout=self.timeout_s, metadata=self.metadata)
@@ -374,12 +387,34 @@ class FleetClient:
             )
         ).rollout
 
+    def promote_rollout(
+        self, rollout_id: str, *, full: bool = False, request_id: str = ""
+    ) -> Rollout:
+        """Move a canary to its next step (or, `full`, past every step) without its analysis."""
+        request = fleet_pb2.PromoteRolloutRequest(
+            id=rollout_id, request_id=request_id or new_request_id(), full=full
+        )
+        return self._call(
+            lambda: self._stub.PromoteRollout(
+                request, timeout=self.timeout_s, metadata=self.metadata
+            )
+        ).rollout
+
     def undo_rollout(
-        self, rollout_id: str, *, dry_run: bool = False, request_id: str = ""
+        self,
+        rollout_id: str,
+        *,
+        dry_run: bool = False,
+        request_id: str = "",
+        canary: Mapping[str, Any] | None = None,
     ) -> fleet_pb2.UndoRolloutResponse:
-        """Roll a model back to its revision before a rollout (itself rolled out)."""
+        """Roll a model back to its revision before a rollout (itself rolled out; as a canary
+        with `canary`'s policy fields when given)."""
         request = fleet_pb2.UndoRolloutRequest(
-            id=rollout_id, request_id=request_id or new_request_id(), dry_run=dry_run
+            id=rollout_id,
+            request_id=request_id or new_request_id(),
+            dry_run=dry_run,
+            canary=canary_policy(canary),
         )
         return self._call(
             lambda: self._stub.UndoRollout(request, timeout=self.timeout_s, metadata=self.metadata)

@@ -180,3 +180,24 @@ async def test_every_progress_field_survives_the_stream_the_store_and_a_restart(
             assert not done.HasField("progress")
         finally:
             await agent.stop()
+
+
+async def test_every_field_of_a_canary_policy_survives_the_rollout_and_a_restart(
+    tmp_path: Path, store_url: str
+) -> None:
+    """A canary policy with every field set, sent with UpdateModel, reads back field for field
+    in GetRollout and WatchRollout's events, before and after the fleet restarts on its store."""
+    policy = fill(fleet_pb2.CanaryPolicy(), 1)
+    assert isinstance(policy, fleet_pb2.CanaryPolicy) and unset_fields(policy) == []
+    model = filled_model(1)
+    async with running_fleet(tmp_path, store_url=store_url) as (_, stub):
+        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=model))
+        changed = filled_model(2, name=model.name)
+        answer = await stub.UpdateModel(fleet_pb2.UpdateModelRequest(model=changed, canary=policy))
+        assert answer.rollout_id
+        got = await stub.GetRollout(fleet_pb2.GetRolloutRequest(id=answer.rollout_id))
+        assert got.rollout.strategy == fleet_pb2.STRATEGY_CANARY
+        assert got.rollout.canary.policy == policy
+    async with running_fleet(tmp_path, store_url=store_url) as (_, stub):
+        again = await stub.GetRollout(fleet_pb2.GetRolloutRequest(id=answer.rollout_id))
+        assert again.rollout.canary.policy == policy

@@ -61,6 +61,8 @@ NOT_PROVOKED = {
     # tests/unit/test_fetch_budget.py holds resolutions past the planner's).
     "TOO_MANY_CALLS": "needs a caller holding more streams or calls open than its cap",
     "RESOLUTIONS_BUSY": "needs more source resolutions in flight at once than the planner's cap",
+    # tests/integration/test_canary.py fails canaries and reads Rollout.failure.
+    "CANARY_ANALYSIS_FAILED": "a failed canary's Rollout.failure, never the status of a call",
 }
 # Reasons the leader run (two fleets on one PostgreSQL) decodes, not the main run.
 DECODED_BY_THE_LEADER_RUN = {"NOT_LEADER"}
@@ -600,10 +602,10 @@ async def test_go_client_calls_every_rpc_routes_and_decodes_every_refusal(
 ) -> None:
     """Built in module mode on the newest grpc-go, the Go client calls every RPC of both
     services (and the agents' Connect), follows three rollouts to SUCCEEDED and one to
-    CANCELLED (resuming each watch from the last seq), routes to the new revision from
-    WatchReplicas with never fewer endpoints than before a beside rollout, and decodes
-    ErrorInfo with the reason, domain and metadata of every reason in the tables a caller
-    can provoke."""
+    CANCELLED (resuming each watch from the last seq), reports traffic as the gateway, routes
+    to the new revision from WatchReplicas with never fewer endpoints than before a beside
+    rollout, and decodes ErrorInfo with the reason, domain and metadata of every reason in the
+    tables a caller can provoke."""
     pki = Pki(tmp_path / "tls")
     models = tmp_path / "models"
     models.mkdir()

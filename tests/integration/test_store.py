@@ -30,6 +30,7 @@ from fleet_svc.store.base import (
     StaleRevision,
     Store,
     StoreDamaged,
+    TrafficRecord,
 )
 from fleet_svc.store.postgres import PostgresStore
 from fleet_svc.store.sqlite import SQLiteStore
@@ -345,6 +346,7 @@ def test_a_replica_row_from_before_gangs_reads_as_one_node_after_migrating(
     backend.raw("ALTER TABLE replicas DROP COLUMN progress", ())
     backend.raw("DROP TABLE rollout_requests", ())
     backend.raw("DROP INDEX rollouts_by_state", ())
+    backend.raw("DROP TABLE traffic_reports", ())
     if backend.kind == "sqlite":
         backend.raw("PRAGMA user_version = 3", ())
     else:
@@ -887,3 +889,34 @@ def test_a_claim_racing_another_finds_the_id_taken_once_it_commits(backend: Back
     assert not failures
     assert results == [True, False]
     assert seen is not None and seen.answer == b"first"
+
+
+# Traffic reports ------------------------------------------------------------------------------
+
+
+def test_traffic_is_kept_once_per_gateway_and_interval_and_pruned_by_age(store: Store) -> None:
+    """A (gateway, interval) is kept once (a repeat writes nothing and says so), another
+    gateway's report of the same interval is its own, listings are per model from a start,
+    and reports older than the prune bound are forgotten."""
+
+    def rec(
+        gateway: str, start_ms: int, rid: str, model: str = "m", requests: int = 1
+    ) -> TrafficRecord:
+        return TrafficRecord(gateway, start_ms, rid, model, 2, 1, {"requests": requests}, 5.0)
+
+    assert store.put_traffic(
+        [rec("a", 1000, "r1"), rec("a", 1000, "r2", "other")], prune_before_ms=0
+    )
+    assert not store.put_traffic([rec("a", 1000, "r1", requests=99)], prune_before_ms=0)
+    assert store.put_traffic([rec("b", 1000, "r1")], prune_before_ms=0)
+    assert store.put_traffic([rec("a", 2000, "r1")], prune_before_ms=0)
+    listed = store.list_traffic("m", 1000)
+    assert [(r.gateway, r.interval_start_ms, r.figures["requests"]) for r in listed] == [
+        ("a", 1000, 1),
+        ("b", 1000, 1),
+        ("a", 2000, 1),
+    ]
+    assert [r.replica_id for r in store.list_traffic("other", 0)] == ["r2"]
+    assert [r.interval_start_ms for r in store.list_traffic("m", 1500)] == [2000]
+    assert store.put_traffic([rec("c", 3000, "r1")], prune_before_ms=2000)
+    assert [r.interval_start_ms for r in store.list_traffic("m", 0)] == [2000, 3000]

@@ -29,6 +29,8 @@ CHOSEN: dict[str, Callable[[int, int], object]] = {
     "Profile.nodes": lambda _seed, _i: 1,
     # A few replicas: each is a row the controller keeps (no agent runs them here).
     "Profile.replicas": lambda seed, i: seed + i,
+    # A canary's steps rise within 1..100 % (fleet_svc/domain/canary.py policy_of).
+    "CanaryPolicy.steps": lambda seed, i: 10 * seed + 20 * i + 1,
     # One cache element's bytes: 1..8 (llmgw.rpc.common.shape_from_proto).
     "ModelShape.kv_dtype_bytes": lambda seed, _i: seed,
 }

@@ -14,6 +14,7 @@ import pytest
 from bench import __main__ as bench_main
 from bench import (
     agent_fanin,
+    canary_undo,
     planner_memory,
     planner_throughput,
     rollout_overhead,
@@ -92,8 +93,15 @@ async def test_stream_flood_reports_latency_held_streams_and_memory(tmp_path: Pa
     assert_sane(figures, ("p50_", "p99_", "rss_"))
 
 
+async def test_canary_undo_reports_bursts_against_aborts(tmp_path: Path) -> None:
+    """A canary failed by a burst and one aborted are both timed back to full old weight."""
+    figures = await canary_undo.measure(1, tmp_path)
+    assert {"burst_p99_s", "abort_p99_s", "burst_over_abort_p99"} <= set(figures)
+    assert_sane(figures, ("burst_", "abort_"))
+
+
 def test_the_runner_knows_every_benchmark_and_refuses_unknown_names() -> None:
-    """`python -m bench` lists all eleven benchmarks and refuses a name it does not know."""
+    """`python -m bench` lists all twelve benchmarks and refuses a name it does not know."""
     assert set(bench_main.BENCHES) == {
         "planner_throughput",
         "planner_memory",
@@ -106,6 +114,7 @@ def test_the_runner_knows_every_benchmark_and_refuses_unknown_names() -> None:
         "fleet_failover",
         "fleet_spread",
         "stream_flood",
+        "canary_undo",
     }
     with pytest.raises(SystemExit) as refused:
         bench_main.main(["no_such_bench"])

@@ -41,6 +41,8 @@ RULES: dict[str, list[tuple[str, str, str]]] = {
     "WatchRollout": [("get", "/api/v1/rollouts/{id}:watch", "")],
     "CancelRollout": [("post", "/api/v1/rollouts/{id}:cancel", "*")],
     "UndoRollout": [("post", "/api/v1/rollouts/{id}:undo", "*")],
+    "PromoteRollout": [("post", "/api/v1/rollouts/{id}:promote", "*")],
+    "ReportTraffic": [("post", "/api/v1/traffic", "*")],
 }
 
 

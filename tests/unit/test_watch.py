@@ -4,11 +4,13 @@ history is gone, heartbeats on idle streams, slow watchers cut off."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 
 import pytest
 
 from fleet_svc import watch
+from fleet_svc.domain.canary import split_weights
 from fleet_svc.domain.endpoints import Endpoint, EndpointReason
 from fleet_svc.watch import EndpointEvent, EndpointHub, EventKind, WatcherTooSlow
 
@@ -166,3 +168,45 @@ def test_heartbeat_interval_must_be_positive() -> None:
     """A zero heartbeat interval is refused when the hub is made."""
     with pytest.raises(ValueError, match="positive"):
         EndpointHub(heartbeat_s=0)
+
+
+def test_a_weigher_sets_published_weights_and_reweighs_the_model_on_each_change() -> None:
+    """With a weigher (a canary's split), a put publishes its endpoint at the split weight and
+    UPDATEs the model's others whose weight moved; a remove reweighs the rest; another
+    model's endpoints are untouched; reweigh() publishes a changed split."""
+    h = hub()
+    share = {"pct": 25}
+
+    def weigh(model: str, eps: Mapping[str, tuple[int, int]]) -> Mapping[str, int]:
+        if model != "m":
+            return {rid: w for rid, (_r, w) in eps.items()}
+        return split_weights(eps, 2, share["pct"])
+
+    h.weigh = weigh
+    old1, old2 = replace(ep("o1"), weight=100), replace(ep("o2"), weight=100)
+    h.put(old1)
+    h.put(old2)
+    h.put(replace(ep("x", model="other"), weight=100))
+    seq = h.seq
+    h.put(replace(ep("c"), revision=2, weight=100))
+    events = h.since(seq)
+    assert [(e.kind, e.endpoint.replica_id) for e in events if e.endpoint] == [
+        (K.ADDED, "c"),
+        (K.UPDATED, "o1"),
+        (K.UPDATED, "o2"),
+    ]
+    assert {rid: e.weight for rid, e in h.ready.items()} == {
+        "o1": 113,
+        "o2": 112,
+        "c": 75,
+        "x": 100,
+    }
+    share["pct"] = 50
+    h.reweigh("m")
+    assert {rid: e.weight for rid, e in h.ready.items() if rid != "x"} == {
+        "o1": 75,
+        "o2": 75,
+        "c": 150,
+    }
+    h.remove("c", EndpointReason.DRAINING)
+    assert {rid: e.weight for rid, e in h.ready.items()} == {"o1": 100, "o2": 100, "x": 100}

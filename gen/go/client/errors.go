@@ -49,6 +49,7 @@ const (
 	ReasonUnknownEngine       Reason = "UNKNOWN_ENGINE"
 
 	// The fleet (domain fleet.llmgw.dev).
+	ReasonCanaryAnalysisFailed Reason = "CANARY_ANALYSIS_FAILED" // a failed canary's Rollout.failure
 	ReasonCannotUndo           Reason = "CANNOT_UNDO"
 	ReasonInvalidModel         Reason = "INVALID_MODEL"
 	ReasonModelDeclared        Reason = "MODEL_DECLARED"
@@ -59,6 +60,7 @@ const (
 	ReasonNoHello              Reason = "NO_HELLO"
 	ReasonNoRoomBeside         Reason = "NO_ROOM_BESIDE"
 	ReasonNoRoomInPlace        Reason = "NO_ROOM_IN_PLACE"
+	ReasonNotCanary            Reason = "NOT_CANARY"
 	ReasonPlanNotChecked       Reason = "PLAN_NOT_CHECKED"
 	ReasonPlannerFailed        Reason = "PLANNER_FAILED"
 	ReasonPlannerUnavailable   Reason = "PLANNER_UNAVAILABLE"

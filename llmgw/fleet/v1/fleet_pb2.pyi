@@ -9,6 +9,7 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.rpc import error_details_pb2 as _error_details_pb2
 from llmgw.common.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
@@ -37,6 +38,12 @@ class _StrategyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Strategy.Val
     """The old replica stops first, its cards are freed, the new one starts on them."""
     STRATEGY_AUTO: _Strategy.ValueType  # 3
     """Beside where a node has room, in place where none has, decided per replica."""
+    STRATEGY_CANARY: _Strategy.ValueType  # 4
+    """Beside, with a canary judged by the gateway's traffic reports: one new replica per
+    changed profile starts beside the old ones and gets the policy's traffic steps of the
+    model's weight; each step promotes, holds or fails on the figures; a failure is undone on
+    its own. Never chosen by auto. Refused up front without room beside (NO_ROOM_BESIDE).
+    """
 
 class Strategy(_Strategy, metaclass=_StrategyEnumTypeWrapper):
     """How a rollout replaces replicas."""
@@ -51,7 +58,45 @@ STRATEGY_IN_PLACE: Strategy.ValueType  # 2
 """The old replica stops first, its cards are freed, the new one starts on them."""
 STRATEGY_AUTO: Strategy.ValueType  # 3
 """Beside where a node has room, in place where none has, decided per replica."""
+STRATEGY_CANARY: Strategy.ValueType  # 4
+"""Beside, with a canary judged by the gateway's traffic reports: one new replica per
+changed profile starts beside the old ones and gets the policy's traffic steps of the
+model's weight; each step promotes, holds or fails on the figures; a failure is undone on
+its own. Never chosen by auto. Refused up front without room beside (NO_ROOM_BESIDE).
+"""
 Global___Strategy: _TypeAlias = Strategy  # noqa: Y015
+
+class _CanaryVerdict:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CanaryVerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CanaryVerdict.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CANARY_VERDICT_UNSPECIFIED: _CanaryVerdict.ValueType  # 0
+    """Not judged yet."""
+    CANARY_VERDICT_PROMOTE: _CanaryVerdict.ValueType  # 1
+    """The step passed: the next step's weights are set (or, after the last, the old replicas
+    are replaced).
+    """
+    CANARY_VERDICT_HOLD: _CanaryVerdict.ValueType  # 2
+    """Too few requests or too little time yet: the step goes on."""
+    CANARY_VERDICT_FAIL: _CanaryVerdict.ValueType  # 3
+    """A threshold was broken: the rollout fails and is undone (CANARY_ANALYSIS_FAILED)."""
+
+class CanaryVerdict(_CanaryVerdict, metaclass=_CanaryVerdictEnumTypeWrapper):
+    """What one analysis of a canary step decided."""
+
+CANARY_VERDICT_UNSPECIFIED: CanaryVerdict.ValueType  # 0
+"""Not judged yet."""
+CANARY_VERDICT_PROMOTE: CanaryVerdict.ValueType  # 1
+"""The step passed: the next step's weights are set (or, after the last, the old replicas
+are replaced).
+"""
+CANARY_VERDICT_HOLD: CanaryVerdict.ValueType  # 2
+"""Too few requests or too little time yet: the step goes on."""
+CANARY_VERDICT_FAIL: CanaryVerdict.ValueType  # 3
+"""A threshold was broken: the rollout fails and is undone (CANARY_ANALYSIS_FAILED)."""
+Global___CanaryVerdict: _TypeAlias = CanaryVerdict  # noqa: Y015
 
 class _RolloutState:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -129,6 +174,10 @@ class _RolloutStageEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RolloutS
     """The new replica did not become healthy."""
     ROLLOUT_STAGE_CANCELLED: _RolloutStage.ValueType  # 6
     """The rollout ended before this step finished."""
+    ROLLOUT_STAGE_CANARY: _RolloutStage.ValueType  # 7
+    """A canary: the new replica serves its traffic step beside the old replicas, judged by
+    the gateway's reports.
+    """
 
 class RolloutStage(_RolloutStage, metaclass=_RolloutStageEnumTypeWrapper):
     """Where one step of a rollout stands."""
@@ -147,6 +196,10 @@ ROLLOUT_STAGE_FAILED: RolloutStage.ValueType  # 5
 """The new replica did not become healthy."""
 ROLLOUT_STAGE_CANCELLED: RolloutStage.ValueType  # 6
 """The rollout ended before this step finished."""
+ROLLOUT_STAGE_CANARY: RolloutStage.ValueType  # 7
+"""A canary: the new replica serves its traffic step beside the old replicas, judged by
+the gateway's reports.
+"""
 Global___RolloutStage: _TypeAlias = RolloutStage  # noqa: Y015
 
 class _RolloutEventKind:
@@ -181,6 +234,10 @@ class _RolloutEventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Roll
     """A new replica did not become healthy (state FAILED; message: why)."""
     ROLLOUT_EVENT_KIND_ROLLOUT_CANCELLED: _RolloutEventKind.ValueType  # 12
     """Cancelled or superseded (state CANCELLED; message: why)."""
+    ROLLOUT_EVENT_KIND_CANARY_STEP: _RolloutEventKind.ValueType  # 13
+    """A canary step began: the weights it sets (canary: the figures are empty)."""
+    ROLLOUT_EVENT_KIND_CANARY_ANALYSIS: _RolloutEventKind.ValueType  # 14
+    """A canary step was judged (canary: the figures, the verdict and the findings)."""
 
 class RolloutEventKind(_RolloutEventKind, metaclass=_RolloutEventKindEnumTypeWrapper):
     """What happened in a rollout: the kind of a WatchRolloutResponse."""
@@ -211,6 +268,10 @@ ROLLOUT_EVENT_KIND_ROLLOUT_FAILED: RolloutEventKind.ValueType  # 11
 """A new replica did not become healthy (state FAILED; message: why)."""
 ROLLOUT_EVENT_KIND_ROLLOUT_CANCELLED: RolloutEventKind.ValueType  # 12
 """Cancelled or superseded (state CANCELLED; message: why)."""
+ROLLOUT_EVENT_KIND_CANARY_STEP: RolloutEventKind.ValueType  # 13
+"""A canary step began: the weights it sets (canary: the figures are empty)."""
+ROLLOUT_EVENT_KIND_CANARY_ANALYSIS: RolloutEventKind.ValueType  # 14
+"""A canary step was judged (canary: the figures, the verdict and the findings)."""
 Global___RolloutEventKind: _TypeAlias = RolloutEventKind  # noqa: Y015
 
 class _NodePhase:
@@ -378,6 +439,171 @@ ENDPOINT_REASON_DELETED: EndpointReason.ValueType  # 5
 Global___EndpointReason: _TypeAlias = EndpointReason  # noqa: Y015
 
 @_typing.final
+class CanaryPolicy(_message.Message):
+    """A canary's traffic steps and the analysis that judges each one."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEPS_FIELD_NUMBER: _builtins.int
+    STEP_MIN_S_FIELD_NUMBER: _builtins.int
+    STEP_MIN_REQUESTS_FIELD_NUMBER: _builtins.int
+    MAX_ERROR_RATIO_FIELD_NUMBER: _builtins.int
+    MAX_ERROR_RATIO_INCREASE_FIELD_NUMBER: _builtins.int
+    MAX_P99_TTFT_MS_FIELD_NUMBER: _builtins.int
+    MAX_P99_ITL_MS_FIELD_NUMBER: _builtins.int
+    MAX_CONTEXT_REFUSAL_RATIO_FIELD_NUMBER: _builtins.int
+    step_min_s: _builtins.int
+    """The least time a step lasts before it may promote (0: 60 s)."""
+    step_min_requests: _builtins.int
+    """The least requests the canary must have served in a step before it is judged
+    (0: 100). Fewer: the step holds.
+    """
+    max_error_ratio: _builtins.float
+    """The most errors (5xx and timeouts) per request the canary may have (0: 0.01; a
+    negative value: not checked).
+    """
+    max_error_ratio_increase: _builtins.float
+    """The most the canary's error ratio may exceed the baseline's (the old revision's, same
+    window) by, e.g. 0.01 for one point (0: not checked).
+    """
+    max_p99_ttft_ms: _builtins.int
+    """The canary's p99 time to first token may be at most this (0: not checked)."""
+    max_p99_itl_ms: _builtins.int
+    """The canary's p99 inter-token latency may be at most this (0: not checked)."""
+    max_context_refusal_ratio: _builtins.float
+    """The most requests refused for context length per request the canary may have
+    (0: not checked).
+    """
+    @_builtins.property
+    def steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Percent of the model's weight the new revision gets at each step, rising, 1..100
+        (empty: 5, 25, 50, 100).
+        """
+
+    def __init__(
+        self,
+        *,
+        steps: _abc.Iterable[_builtins.int] | None = ...,
+        step_min_s: _builtins.int = ...,
+        step_min_requests: _builtins.int = ...,
+        max_error_ratio: _builtins.float = ...,
+        max_error_ratio_increase: _builtins.float = ...,
+        max_p99_ttft_ms: _builtins.int = ...,
+        max_p99_itl_ms: _builtins.int = ...,
+        max_context_refusal_ratio: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_context_refusal_ratio", b"max_context_refusal_ratio", "max_error_ratio", b"max_error_ratio", "max_error_ratio_increase", b"max_error_ratio_increase", "max_p99_itl_ms", b"max_p99_itl_ms", "max_p99_ttft_ms", b"max_p99_ttft_ms", "step_min_requests", b"step_min_requests", "step_min_s", b"step_min_s", "steps", b"steps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CanaryPolicy: _TypeAlias = CanaryPolicy  # noqa: Y015
+
+@_typing.final
+class TrafficFigures(_message.Message):
+    """One revision's figures over a canary step's window (every gateway's reports summed)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    ERRORS_FIELD_NUMBER: _builtins.int
+    CONTEXT_REFUSALS_FIELD_NUMBER: _builtins.int
+    ERROR_RATIO_FIELD_NUMBER: _builtins.int
+    CONTEXT_REFUSAL_RATIO_FIELD_NUMBER: _builtins.int
+    P99_TTFT_MS_FIELD_NUMBER: _builtins.int
+    P99_ITL_MS_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    requests: _builtins.int
+    errors: _builtins.int
+    """5xx answers and timeouts."""
+    context_refusals: _builtins.int
+    error_ratio: _builtins.float
+    context_refusal_ratio: _builtins.float
+    p99_ttft_ms: _builtins.float
+    """0 when no request was timed."""
+    p99_itl_ms: _builtins.float
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+        requests: _builtins.int = ...,
+        errors: _builtins.int = ...,
+        context_refusals: _builtins.int = ...,
+        error_ratio: _builtins.float = ...,
+        context_refusal_ratio: _builtins.float = ...,
+        p99_ttft_ms: _builtins.float = ...,
+        p99_itl_ms: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_refusal_ratio", b"context_refusal_ratio", "context_refusals", b"context_refusals", "error_ratio", b"error_ratio", "errors", b"errors", "p99_itl_ms", b"p99_itl_ms", "p99_ttft_ms", b"p99_ttft_ms", "requests", b"requests", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrafficFigures: _TypeAlias = TrafficFigures  # noqa: Y015
+
+@_typing.final
+class CanaryStatus(_message.Message):
+    """A canary rollout's progress: its policy, its step and the figures so far."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    WEIGHT_PERCENT_FIELD_NUMBER: _builtins.int
+    STEP_STARTED_AT_FIELD_NUMBER: _builtins.int
+    CANARY_FIELD_NUMBER: _builtins.int
+    BASELINE_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    FINDINGS_FIELD_NUMBER: _builtins.int
+    PROMOTED_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    """The step now (0-based into policy.steps); past the last once promoted."""
+    weight_percent: _builtins.int
+    """The percent of the model's weight the new revision has now (0 before the canary
+    replicas are ready and after the canary ended).
+    """
+    verdict: Global___CanaryVerdict.ValueType
+    promoted: _builtins.bool
+    """Every step passed (or was promoted by hand): the old replicas are being replaced."""
+    @_builtins.property
+    def policy(self) -> Global___CanaryPolicy: ...
+    @_builtins.property
+    def step_started_at(self) -> _timestamp_pb2.Timestamp:
+        """When the step's window began (the fleet's clock)."""
+
+    @_builtins.property
+    def canary(self) -> Global___TrafficFigures: ...
+    @_builtins.property
+    def baseline(self) -> Global___TrafficFigures: ...
+    @_builtins.property
+    def findings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The checks that failed or why the step holds, one line each."""
+
+    def __init__(
+        self,
+        *,
+        policy: Global___CanaryPolicy | None = ...,
+        step: _builtins.int = ...,
+        weight_percent: _builtins.int = ...,
+        step_started_at: _timestamp_pb2.Timestamp | None = ...,
+        canary: Global___TrafficFigures | None = ...,
+        baseline: Global___TrafficFigures | None = ...,
+        verdict: Global___CanaryVerdict.ValueType = ...,
+        findings: _abc.Iterable[_builtins.str] | None = ...,
+        promoted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["baseline", b"baseline", "canary", b"canary", "policy", b"policy", "step_started_at", b"step_started_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["baseline", b"baseline", "canary", b"canary", "findings", b"findings", "policy", b"policy", "promoted", b"promoted", "step", b"step", "step_started_at", b"step_started_at", "verdict", b"verdict", "weight_percent", b"weight_percent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CanaryStatus: _TypeAlias = CanaryStatus  # noqa: Y015
+
+@_typing.final
 class RolloutStep(_message.Message):
     """One replica's replacement in a rollout."""
 
@@ -444,6 +670,8 @@ class Rollout(_message.Message):
     UNDO_OF_FIELD_NUMBER: _builtins.int
     UNDO_AVAILABLE_FIELD_NUMBER: _builtins.int
     SURGE_FIELD_NUMBER: _builtins.int
+    CANARY_FIELD_NUMBER: _builtins.int
+    FAILURE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     model: _builtins.str
     kind: _builtins.str
@@ -471,6 +699,17 @@ class Rollout(_message.Message):
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def canary(self) -> Global___CanaryStatus:
+        """A canary rollout's policy, step and figures (unset for other strategies)."""
+
+    @_builtins.property
+    def failure(self) -> _error_details_pb2.ErrorInfo:
+        """Why it failed, as the error model says it: reason (e.g. CANARY_ANALYSIS_FAILED) and
+        metadata (the failing figures and their thresholds, numbers as strings). Unset unless a
+        failure has a reason.
+        """
+
     def __init__(
         self,
         *,
@@ -490,10 +729,12 @@ class Rollout(_message.Message):
         undo_of: _builtins.str = ...,
         undo_available: _builtins.bool = ...,
         surge: _builtins.int = ...,
+        canary: Global___CanaryStatus | None = ...,
+        failure: _error_details_pb2.ErrorInfo | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["canary", b"canary", "created_at", b"created_at", "failure", b"failure", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "created_by", b"created_by", "from_revision", b"from_revision", "id", b"id", "kind", b"kind", "log_tail", b"log_tail", "model", b"model", "reason", b"reason", "state", b"state", "steps", b"steps", "strategy", b"strategy", "surge", b"surge", "to_revision", b"to_revision", "undo_available", b"undo_available", "undo_of", b"undo_of", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["canary", b"canary", "created_at", b"created_at", "created_by", b"created_by", "failure", b"failure", "from_revision", b"from_revision", "id", b"id", "kind", b"kind", "log_tail", b"log_tail", "model", b"model", "reason", b"reason", "state", b"state", "steps", b"steps", "strategy", b"strategy", "surge", b"surge", "to_revision", b"to_revision", "undo_available", b"undo_available", "undo_of", b"undo_of", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -515,6 +756,7 @@ class SetContextRequest(_message.Message):
     SUPERSEDE_FIELD_NUMBER: _builtins.int
     SURGE_FIELD_NUMBER: _builtins.int
     ALLOW_UNCHECKED_FIELD_NUMBER: _builtins.int
+    CANARY_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tokens: _builtins.int
     slots: _builtins.int
@@ -533,6 +775,10 @@ class SetContextRequest(_message.Message):
     """Apply the plan even when the planner could not read the model's shape (its change's
     verdict NOT_CHECKED); without it such a plan is refused (PLAN_NOT_CHECKED).
     """
+    @_builtins.property
+    def canary(self) -> Global___CanaryPolicy:
+        """Roll out as a canary with this policy (strategy unset or CANARY)."""
+
     def __init__(
         self,
         *,
@@ -546,10 +792,11 @@ class SetContextRequest(_message.Message):
         supersede: _builtins.bool = ...,
         surge: _builtins.int = ...,
         allow_unchecked: _builtins.bool = ...,
+        canary: Global___CanaryPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["canary", b"canary"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_unchecked", b"allow_unchecked", "dry_run", b"dry_run", "etag", b"etag", "name", b"name", "request_id", b"request_id", "slots", b"slots", "strategy", b"strategy", "supersede", b"supersede", "surge", b"surge", "tokens", b"tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_unchecked", b"allow_unchecked", "canary", b"canary", "dry_run", b"dry_run", "etag", b"etag", "name", b"name", "request_id", b"request_id", "slots", b"slots", "strategy", b"strategy", "supersede", b"supersede", "surge", b"surge", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -609,6 +856,7 @@ class SetGPUsRequest(_message.Message):
     SUPERSEDE_FIELD_NUMBER: _builtins.int
     SURGE_FIELD_NUMBER: _builtins.int
     ALLOW_UNCHECKED_FIELD_NUMBER: _builtins.int
+    CANARY_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     gpus: _builtins.int
     profile: _builtins.str
@@ -623,6 +871,10 @@ class SetGPUsRequest(_message.Message):
     surge: _builtins.int
     allow_unchecked: _builtins.bool
     """As SetContextRequest's: apply a plan whose verdict is NOT_CHECKED."""
+    @_builtins.property
+    def canary(self) -> Global___CanaryPolicy:
+        """Roll out as a canary with this policy (strategy unset or CANARY)."""
+
     def __init__(
         self,
         *,
@@ -637,10 +889,11 @@ class SetGPUsRequest(_message.Message):
         supersede: _builtins.bool = ...,
         surge: _builtins.int = ...,
         allow_unchecked: _builtins.bool = ...,
+        canary: Global___CanaryPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["canary", b"canary"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_unchecked", b"allow_unchecked", "dry_run", b"dry_run", "etag", b"etag", "gpus", b"gpus", "in_place", b"in_place", "name", b"name", "profile", b"profile", "request_id", b"request_id", "strategy", b"strategy", "supersede", b"supersede", "surge", b"surge"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_unchecked", b"allow_unchecked", "canary", b"canary", "dry_run", b"dry_run", "etag", b"etag", "gpus", b"gpus", "in_place", b"in_place", "name", b"name", "profile", b"profile", "request_id", b"request_id", "strategy", b"strategy", "supersede", b"supersede", "surge", b"surge"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -809,6 +1062,7 @@ class WatchRolloutResponse(_message.Message):
     PROFILE_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
     MODE_FIELD_NUMBER: _builtins.int
+    CANARY_FIELD_NUMBER: _builtins.int
     rollout_id: _builtins.str
     seq: _builtins.int
     replica_id: _builtins.str
@@ -825,6 +1079,12 @@ class WatchRolloutResponse(_message.Message):
     def at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def canary(self) -> Global___CanaryStatus:
+        """A canary event's step, weights, figures and verdict (CANARY_STEP, CANARY_ANALYSIS, and
+        the ROLLOUT_FAILED of a failed analysis).
+        """
+
     def __init__(
         self,
         *,
@@ -839,10 +1099,11 @@ class WatchRolloutResponse(_message.Message):
         profile: _builtins.str = ...,
         kind: Global___RolloutEventKind.ValueType = ...,
         mode: Global___RolloutMode.ValueType = ...,
+        canary: Global___CanaryStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "canary", b"canary"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "gpus", b"gpus", "kind", b"kind", "message", b"message", "mode", b"mode", "node", b"node", "profile", b"profile", "replica_id", b"replica_id", "rollout_id", b"rollout_id", "seq", b"seq", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "canary", b"canary", "gpus", b"gpus", "kind", b"kind", "message", b"message", "mode", b"mode", "node", b"node", "profile", b"profile", "replica_id", b"replica_id", "rollout_id", b"rollout_id", "seq", b"seq", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -903,23 +1164,218 @@ class UndoRolloutRequest(_message.Message):
     ID_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
+    CANARY_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     request_id: _builtins.str
     dry_run: _builtins.bool
+    @_builtins.property
+    def canary(self) -> Global___CanaryPolicy:
+        """Roll the undo out as a canary with this policy (unset: as the rollout undone was, a
+        canary's undo beside).
+        """
+
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
         request_id: _builtins.str = ...,
         dry_run: _builtins.bool = ...,
+        canary: Global___CanaryPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["canary", b"canary"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "id", b"id", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["canary", b"canary", "dry_run", b"dry_run", "id", b"id", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UndoRolloutRequest: _TypeAlias = UndoRolloutRequest  # noqa: Y015
+
+@_typing.final
+class PromoteRolloutRequest(_message.Message):
+    """PromoteRolloutRequest names a canary rollout to move on."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    FULL_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    request_id: _builtins.str
+    full: _builtins.bool
+    """Past every remaining step at once, not just the current one."""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+        full: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["full", b"full", "id", b"id", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PromoteRolloutRequest: _TypeAlias = PromoteRolloutRequest  # noqa: Y015
+
+@_typing.final
+class PromoteRolloutResponse(_message.Message):
+    """PromoteRolloutResponse is the rollout as it stands once the controller took it up."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLLOUT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rollout(self) -> Global___Rollout: ...
+    def __init__(
+        self,
+        *,
+        rollout: Global___Rollout | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rollout", b"rollout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rollout", b"rollout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PromoteRolloutResponse: _TypeAlias = PromoteRolloutResponse  # noqa: Y015
+
+@_typing.final
+class LatencyHistogram(_message.Message):
+    """Per TTFT or inter-token latency: how many requests fell in each bucket (not cumulative)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UPPER_BOUNDS_MS_FIELD_NUMBER: _builtins.int
+    COUNTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def upper_bounds_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """Each bucket's upper bound, rising; one more count than bounds (the last: above all)."""
+
+    @_builtins.property
+    def counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        upper_bounds_ms: _abc.Iterable[_builtins.float] | None = ...,
+        counts: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "upper_bounds_ms", b"upper_bounds_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LatencyHistogram: _TypeAlias = LatencyHistogram  # noqa: Y015
+
+@_typing.final
+class EndpointTraffic(_message.Message):
+    """What a gateway saw of one endpoint over one interval."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPLICA_ID_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    ERRORS_5XX_FIELD_NUMBER: _builtins.int
+    TIMEOUTS_FIELD_NUMBER: _builtins.int
+    CONTEXT_REFUSALS_FIELD_NUMBER: _builtins.int
+    TTFT_FIELD_NUMBER: _builtins.int
+    ITL_FIELD_NUMBER: _builtins.int
+    replica_id: _builtins.str
+    model: _builtins.str
+    revision: _builtins.int
+    """The endpoint's revision as WatchReplicas gave it."""
+    requests: _builtins.int
+    errors_5xx: _builtins.int
+    """Answers with an HTTP 5xx status."""
+    timeouts: _builtins.int
+    """Requests the gateway gave up on (no first token or no answer in its deadline)."""
+    context_refusals: _builtins.int
+    """Requests the engine refused because the prompt and output exceed its context."""
+    @_builtins.property
+    def ttft(self) -> Global___LatencyHistogram: ...
+    @_builtins.property
+    def itl(self) -> Global___LatencyHistogram: ...
+    def __init__(
+        self,
+        *,
+        replica_id: _builtins.str = ...,
+        model: _builtins.str = ...,
+        revision: _builtins.int = ...,
+        requests: _builtins.int = ...,
+        errors_5xx: _builtins.int = ...,
+        timeouts: _builtins.int = ...,
+        context_refusals: _builtins.int = ...,
+        ttft: Global___LatencyHistogram | None = ...,
+        itl: Global___LatencyHistogram | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["itl", b"itl", "ttft", b"ttft"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_refusals", b"context_refusals", "errors_5xx", b"errors_5xx", "itl", b"itl", "model", b"model", "replica_id", b"replica_id", "requests", b"requests", "revision", b"revision", "timeouts", b"timeouts", "ttft", b"ttft"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndpointTraffic: _TypeAlias = EndpointTraffic  # noqa: Y015
+
+@_typing.final
+class ReportTrafficRequest(_message.Message):
+    """ReportTrafficRequest is one gateway instance's figures for one interval."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GATEWAY_FIELD_NUMBER: _builtins.int
+    INTERVAL_START_FIELD_NUMBER: _builtins.int
+    INTERVAL_S_FIELD_NUMBER: _builtins.int
+    ENDPOINTS_FIELD_NUMBER: _builtins.int
+    gateway: _builtins.str
+    """The gateway instance (e.g. its pod name): reports of several instances are summed."""
+    interval_s: _builtins.int
+    """The interval's length, 1..3600 s."""
+    @_builtins.property
+    def interval_start(self) -> _timestamp_pb2.Timestamp:
+        """When the interval began (the gateway's clock); with `gateway`, the report's key."""
+
+    @_builtins.property
+    def endpoints(self) -> _containers.RepeatedCompositeFieldContainer[Global___EndpointTraffic]: ...
+    def __init__(
+        self,
+        *,
+        gateway: _builtins.str = ...,
+        interval_start: _timestamp_pb2.Timestamp | None = ...,
+        interval_s: _builtins.int = ...,
+        endpoints: _abc.Iterable[Global___EndpointTraffic] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["interval_start", b"interval_start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoints", b"endpoints", "gateway", b"gateway", "interval_s", b"interval_s", "interval_start", b"interval_start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportTrafficRequest: _TypeAlias = ReportTrafficRequest  # noqa: Y015
+
+@_typing.final
+class ReportTrafficResponse(_message.Message):
+    """ReportTrafficResponse says whether the report was counted."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DUPLICATE_FIELD_NUMBER: _builtins.int
+    duplicate: _builtins.bool
+    """This (gateway, interval_start) was reported before: this one was not counted again."""
+    def __init__(
+        self,
+        *,
+        duplicate: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duplicate", b"duplicate"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportTrafficResponse: _TypeAlias = ReportTrafficResponse  # noqa: Y015
 
 @_typing.final
 class UndoRolloutResponse(_message.Message):
@@ -1145,6 +1601,7 @@ class UpdateModelRequest(_message.Message):
     STRATEGY_FIELD_NUMBER: _builtins.int
     SUPERSEDE_FIELD_NUMBER: _builtins.int
     SURGE_FIELD_NUMBER: _builtins.int
+    CANARY_FIELD_NUMBER: _builtins.int
     etag: _builtins.str
     """The etag read; empty skips the check."""
     request_id: _builtins.str
@@ -1157,6 +1614,10 @@ class UpdateModelRequest(_message.Message):
     """Replicas replaced at once; 0 means one."""
     @_builtins.property
     def model(self) -> _common_pb2.Model: ...
+    @_builtins.property
+    def canary(self) -> Global___CanaryPolicy:
+        """Roll out as a canary with this policy (strategy unset or CANARY)."""
+
     def __init__(
         self,
         *,
@@ -1167,10 +1628,11 @@ class UpdateModelRequest(_message.Message):
         strategy: Global___Strategy.ValueType = ...,
         supersede: _builtins.bool = ...,
         surge: _builtins.int = ...,
+        canary: Global___CanaryPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["canary", b"canary", "model", b"model"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "etag", b"etag", "model", b"model", "request_id", b"request_id", "strategy", b"strategy", "supersede", b"supersede", "surge", b"surge"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["canary", b"canary", "dry_run", b"dry_run", "etag", b"etag", "model", b"model", "request_id", b"request_id", "strategy", b"strategy", "supersede", b"supersede", "surge", b"surge"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -115,6 +115,16 @@ class FleetServiceStub:
                 request_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.UndoRolloutRequest.SerializeToString,
                 response_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.UndoRolloutResponse.FromString,
                 _registered_method=True)
+        self.PromoteRollout = channel.unary_unary(
+                '/llmgw.fleet.v1.FleetService/PromoteRollout',
+                request_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.PromoteRolloutRequest.SerializeToString,
+                response_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.PromoteRolloutResponse.FromString,
+                _registered_method=True)
+        self.ReportTraffic = channel.unary_unary(
+                '/llmgw.fleet.v1.FleetService/ReportTraffic',
+                request_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.ReportTrafficRequest.SerializeToString,
+                response_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.ReportTrafficResponse.FromString,
+                _registered_method=True)
 
 
 class FleetServiceServicer:
@@ -234,6 +244,23 @@ class FleetServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PromoteRollout(self, request, context):
+        """Move a canary rollout to its next traffic step (or, `full`, past every step) without
+        waiting for its analysis. Abort is CancelRollout: the old revision back at full weight.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportTraffic(self, request, context):
+        """What a gateway saw of each endpoint over one interval, for canary analysis (the gateway
+        role only). Unary and batched: one call per gateway instance per interval, idempotent per
+        (gateway, interval_start), so a retry through a proxy or mesh counts once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FleetServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -316,6 +343,16 @@ def add_FleetServiceServicer_to_server(servicer, server):
                     servicer.UndoRollout,
                     request_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.UndoRolloutRequest.FromString,
                     response_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.UndoRolloutResponse.SerializeToString,
+            ),
+            'PromoteRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.PromoteRollout,
+                    request_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.PromoteRolloutRequest.FromString,
+                    response_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.PromoteRolloutResponse.SerializeToString,
+            ),
+            'ReportTraffic': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportTraffic,
+                    request_deserializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.ReportTrafficRequest.FromString,
+                    response_serializer=llmgw_dot_fleet_dot_v1_dot_fleet__pb2.ReportTrafficResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -751,6 +788,60 @@ class FleetService:
             '/llmgw.fleet.v1.FleetService/UndoRollout',
             llmgw_dot_fleet_dot_v1_dot_fleet__pb2.UndoRolloutRequest.SerializeToString,
             llmgw_dot_fleet_dot_v1_dot_fleet__pb2.UndoRolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PromoteRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.fleet.v1.FleetService/PromoteRollout',
+            llmgw_dot_fleet_dot_v1_dot_fleet__pb2.PromoteRolloutRequest.SerializeToString,
+            llmgw_dot_fleet_dot_v1_dot_fleet__pb2.PromoteRolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportTraffic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.fleet.v1.FleetService/ReportTraffic',
+            llmgw_dot_fleet_dot_v1_dot_fleet__pb2.ReportTrafficRequest.SerializeToString,
+            llmgw_dot_fleet_dot_v1_dot_fleet__pb2.ReportTrafficResponse.FromString,
             options,
             channel_credentials,
             insecure,

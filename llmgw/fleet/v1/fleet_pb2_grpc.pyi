@@ -67,6 +67,15 @@ class FleetServiceStub:
     """Stop a running rollout: a new replica in flight is stopped, old ones keep serving."""
     UndoRollout: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.UndoRolloutRequest, _fleet_pb2.UndoRolloutResponse]
     """Roll a model back to the revision before a rollout, as a new rollout."""
+    PromoteRollout: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.PromoteRolloutRequest, _fleet_pb2.PromoteRolloutResponse]
+    """Move a canary rollout to its next traffic step (or, `full`, past every step) without
+    waiting for its analysis. Abort is CancelRollout: the old revision back at full weight.
+    """
+    ReportTraffic: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.ReportTrafficRequest, _fleet_pb2.ReportTrafficResponse]
+    """What a gateway saw of each endpoint over one interval, for canary analysis (the gateway
+    role only). Unary and batched: one call per gateway instance per interval, idempotent per
+    (gateway, interval_start), so a retry through a proxy or mesh counts once.
+    """
 
 @_typing.type_check_only
 class FleetServiceAsyncStub(FleetServiceStub):
@@ -107,6 +116,15 @@ class FleetServiceAsyncStub(FleetServiceStub):
     """Stop a running rollout: a new replica in flight is stopped, old ones keep serving."""
     UndoRollout: _aio.UnaryUnaryMultiCallable[_fleet_pb2.UndoRolloutRequest, _fleet_pb2.UndoRolloutResponse]  # type: ignore[assignment]
     """Roll a model back to the revision before a rollout, as a new rollout."""
+    PromoteRollout: _aio.UnaryUnaryMultiCallable[_fleet_pb2.PromoteRolloutRequest, _fleet_pb2.PromoteRolloutResponse]  # type: ignore[assignment]
+    """Move a canary rollout to its next traffic step (or, `full`, past every step) without
+    waiting for its analysis. Abort is CancelRollout: the old revision back at full weight.
+    """
+    ReportTraffic: _aio.UnaryUnaryMultiCallable[_fleet_pb2.ReportTrafficRequest, _fleet_pb2.ReportTrafficResponse]  # type: ignore[assignment]
+    """What a gateway saw of each endpoint over one interval, for canary analysis (the gateway
+    role only). Unary and batched: one call per gateway instance per interval, idempotent per
+    (gateway, interval_start), so a retry through a proxy or mesh counts once.
+    """
 
 class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
     """FleetService owns the catalog and the replicas."""
@@ -240,5 +258,26 @@ class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_fleet_pb2.UndoRolloutResponse, _abc.Awaitable[_fleet_pb2.UndoRolloutResponse]]:
         """Roll a model back to the revision before a rollout, as a new rollout."""
+
+    @_abc_1.abstractmethod
+    def PromoteRollout(
+        self,
+        request: _fleet_pb2.PromoteRolloutRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_fleet_pb2.PromoteRolloutResponse, _abc.Awaitable[_fleet_pb2.PromoteRolloutResponse]]:
+        """Move a canary rollout to its next traffic step (or, `full`, past every step) without
+        waiting for its analysis. Abort is CancelRollout: the old revision back at full weight.
+        """
+
+    @_abc_1.abstractmethod
+    def ReportTraffic(
+        self,
+        request: _fleet_pb2.ReportTrafficRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_fleet_pb2.ReportTrafficResponse, _abc.Awaitable[_fleet_pb2.ReportTrafficResponse]]:
+        """What a gateway saw of each endpoint over one interval, for canary analysis (the gateway
+        role only). Unary and batched: one call per gateway instance per interval, idempotent per
+        (gateway, interval_start), so a retry through a proxy or mesh counts once.
+        """
 
 def add_FleetServiceServicer_to_server(servicer: FleetServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"gitea.mynodes.xyz/ilker/llmgw/gen/go/client"
 	commonv1 "gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/common/v1"
@@ -458,6 +459,7 @@ func main() {
 			listed.Rollouts, undo.Rollout.Id, sc.RolloutId, gpus.RolloutId)
 	}
 
+	canaryCalls(&cfg, fleet, undo.Rollout.Id, model.Name)
 	statefulRefusals(&cfg, fleet, model.Name)
 	for _, c := range cfg.Refusals {
 		runRefusal(&cfg, c)
@@ -819,4 +821,44 @@ func snake(s string) string {
 		prev = r
 	}
 	return b.String()
+}
+
+// canaryCalls promotes a rollout that is no canary (NOT_CANARY) and reports traffic as the
+// gateway identity (a repeat of the same interval is a duplicate) and as the admin, which is
+// not a gateway (ROLE_REQUIRED).
+func canaryCalls(cfg *Config, fleet fleetv1.FleetServiceClient, rolloutID, model string) {
+	ctx, cancel := deadline()
+	_, err := fleet.PromoteRollout(ctx, &fleetv1.PromoteRolloutRequest{Id: rolloutID, RequestId: "go-promote-1"})
+	cancel()
+	called("fleet", "PromoteRollout")
+	refused("PromoteRollout of a rollout that is no canary", err, codes.FailedPrecondition, "NOT_CANARY")
+
+	gwConn := dial(cfg, cfg.Fleet, "gateway")
+	defer gwConn.Close()
+	gateway := fleetv1.NewFleetServiceClient(gwConn)
+	traffic := &fleetv1.ReportTrafficRequest{
+		Gateway:       "go-gateway",
+		IntervalStart: timestamppb.Now(),
+		IntervalS:     10,
+		Endpoints: []*fleetv1.EndpointTraffic{{
+			ReplicaId: "r-go", Model: model, Revision: 1, Requests: 10, Errors_5Xx: 1,
+			Ttft: &fleetv1.LatencyHistogram{UpperBoundsMs: []float64{50, 100}, Counts: []int64{8, 2, 0}},
+		}},
+	}
+	ctx, cancel = deadline()
+	first, err := gateway.ReportTraffic(ctx, traffic)
+	cancel()
+	must(err, "ReportTraffic")
+	called("fleet", "ReportTraffic")
+	ctx, cancel = deadline()
+	again, err := gateway.ReportTraffic(ctx, traffic)
+	cancel()
+	must(err, "ReportTraffic again")
+	if first.Duplicate || !again.Duplicate {
+		fail("ReportTraffic: first duplicate=%v, repeat duplicate=%v", first.Duplicate, again.Duplicate)
+	}
+	ctx, cancel = deadline()
+	_, err = fleet.ReportTraffic(ctx, traffic)
+	cancel()
+	refused("ReportTraffic by an identity not listed as a gateway", err, codes.PermissionDenied, "ROLE_REQUIRED")
 }

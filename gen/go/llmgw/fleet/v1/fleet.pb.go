@@ -11,6 +11,7 @@ package fleetv1
 import (
 	v1 "gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/common/v1"
 	_ "google.golang.org/genproto/googleapis/api/annotations"
+	errdetails "google.golang.org/genproto/googleapis/rpc/errdetails"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
@@ -39,6 +40,11 @@ const (
 	Strategy_STRATEGY_IN_PLACE Strategy = 2
 	// Beside where a node has room, in place where none has, decided per replica.
 	Strategy_STRATEGY_AUTO Strategy = 3
+	// Beside, with a canary judged by the gateway's traffic reports: one new replica per
+	// changed profile starts beside the old ones and gets the policy's traffic steps of the
+	// model's weight; each step promotes, holds or fails on the figures; a failure is undone on
+	// its own. Never chosen by auto. Refused up front without room beside (NO_ROOM_BESIDE).
+	Strategy_STRATEGY_CANARY Strategy = 4
 )
 
 // Enum value maps for Strategy.
@@ -48,12 +54,14 @@ var (
 		1: "STRATEGY_BESIDE",
 		2: "STRATEGY_IN_PLACE",
 		3: "STRATEGY_AUTO",
+		4: "STRATEGY_CANARY",
 	}
 	Strategy_value = map[string]int32{
 		"STRATEGY_UNSPECIFIED": 0,
 		"STRATEGY_BESIDE":      1,
 		"STRATEGY_IN_PLACE":    2,
 		"STRATEGY_AUTO":        3,
+		"STRATEGY_CANARY":      4,
 	}
 )
 
@@ -82,6 +90,64 @@ func (x Strategy) Number() protoreflect.EnumNumber {
 // Deprecated: Use Strategy.Descriptor instead.
 func (Strategy) EnumDescriptor() ([]byte, []int) {
 	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{0}
+}
+
+// What one analysis of a canary step decided.
+type CanaryVerdict int32
+
+const (
+	// Not judged yet.
+	CanaryVerdict_CANARY_VERDICT_UNSPECIFIED CanaryVerdict = 0
+	// The step passed: the next step's weights are set (or, after the last, the old replicas
+	// are replaced).
+	CanaryVerdict_CANARY_VERDICT_PROMOTE CanaryVerdict = 1
+	// Too few requests or too little time yet: the step goes on.
+	CanaryVerdict_CANARY_VERDICT_HOLD CanaryVerdict = 2
+	// A threshold was broken: the rollout fails and is undone (CANARY_ANALYSIS_FAILED).
+	CanaryVerdict_CANARY_VERDICT_FAIL CanaryVerdict = 3
+)
+
+// Enum value maps for CanaryVerdict.
+var (
+	CanaryVerdict_name = map[int32]string{
+		0: "CANARY_VERDICT_UNSPECIFIED",
+		1: "CANARY_VERDICT_PROMOTE",
+		2: "CANARY_VERDICT_HOLD",
+		3: "CANARY_VERDICT_FAIL",
+	}
+	CanaryVerdict_value = map[string]int32{
+		"CANARY_VERDICT_UNSPECIFIED": 0,
+		"CANARY_VERDICT_PROMOTE":     1,
+		"CANARY_VERDICT_HOLD":        2,
+		"CANARY_VERDICT_FAIL":        3,
+	}
+)
+
+func (x CanaryVerdict) Enum() *CanaryVerdict {
+	p := new(CanaryVerdict)
+	*p = x
+	return p
+}
+
+func (x CanaryVerdict) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CanaryVerdict) Descriptor() protoreflect.EnumDescriptor {
+	return file_llmgw_fleet_v1_fleet_proto_enumTypes[1].Descriptor()
+}
+
+func (CanaryVerdict) Type() protoreflect.EnumType {
+	return &file_llmgw_fleet_v1_fleet_proto_enumTypes[1]
+}
+
+func (x CanaryVerdict) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CanaryVerdict.Descriptor instead.
+func (CanaryVerdict) EnumDescriptor() ([]byte, []int) {
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{1}
 }
 
 // Where a rollout stands.
@@ -129,11 +195,11 @@ func (x RolloutState) String() string {
 }
 
 func (RolloutState) Descriptor() protoreflect.EnumDescriptor {
-	return file_llmgw_fleet_v1_fleet_proto_enumTypes[1].Descriptor()
+	return file_llmgw_fleet_v1_fleet_proto_enumTypes[2].Descriptor()
 }
 
 func (RolloutState) Type() protoreflect.EnumType {
-	return &file_llmgw_fleet_v1_fleet_proto_enumTypes[1]
+	return &file_llmgw_fleet_v1_fleet_proto_enumTypes[2]
 }
 
 func (x RolloutState) Number() protoreflect.EnumNumber {
@@ -142,7 +208,7 @@ func (x RolloutState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RolloutState.Descriptor instead.
 func (RolloutState) EnumDescriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{1}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{2}
 }
 
 // How one step replaces its replica.
@@ -182,11 +248,11 @@ func (x RolloutMode) String() string {
 }
 
 func (RolloutMode) Descriptor() protoreflect.EnumDescriptor {
-	return file_llmgw_fleet_v1_fleet_proto_enumTypes[2].Descriptor()
+	return file_llmgw_fleet_v1_fleet_proto_enumTypes[3].Descriptor()
 }
 
 func (RolloutMode) Type() protoreflect.EnumType {
-	return &file_llmgw_fleet_v1_fleet_proto_enumTypes[2]
+	return &file_llmgw_fleet_v1_fleet_proto_enumTypes[3]
 }
 
 func (x RolloutMode) Number() protoreflect.EnumNumber {
@@ -195,7 +261,7 @@ func (x RolloutMode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RolloutMode.Descriptor instead.
 func (RolloutMode) EnumDescriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{2}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{3}
 }
 
 // Where one step of a rollout stands.
@@ -216,6 +282,9 @@ const (
 	RolloutStage_ROLLOUT_STAGE_FAILED RolloutStage = 5
 	// The rollout ended before this step finished.
 	RolloutStage_ROLLOUT_STAGE_CANCELLED RolloutStage = 6
+	// A canary: the new replica serves its traffic step beside the old replicas, judged by
+	// the gateway's reports.
+	RolloutStage_ROLLOUT_STAGE_CANARY RolloutStage = 7
 )
 
 // Enum value maps for RolloutStage.
@@ -228,6 +297,7 @@ var (
 		4: "ROLLOUT_STAGE_DONE",
 		5: "ROLLOUT_STAGE_FAILED",
 		6: "ROLLOUT_STAGE_CANCELLED",
+		7: "ROLLOUT_STAGE_CANARY",
 	}
 	RolloutStage_value = map[string]int32{
 		"ROLLOUT_STAGE_UNSPECIFIED": 0,
@@ -237,6 +307,7 @@ var (
 		"ROLLOUT_STAGE_DONE":        4,
 		"ROLLOUT_STAGE_FAILED":      5,
 		"ROLLOUT_STAGE_CANCELLED":   6,
+		"ROLLOUT_STAGE_CANARY":      7,
 	}
 )
 
@@ -251,11 +322,11 @@ func (x RolloutStage) String() string {
 }
 
 func (RolloutStage) Descriptor() protoreflect.EnumDescriptor {
-	return file_llmgw_fleet_v1_fleet_proto_enumTypes[3].Descriptor()
+	return file_llmgw_fleet_v1_fleet_proto_enumTypes[4].Descriptor()
 }
 
 func (RolloutStage) Type() protoreflect.EnumType {
-	return &file_llmgw_fleet_v1_fleet_proto_enumTypes[3]
+	return &file_llmgw_fleet_v1_fleet_proto_enumTypes[4]
 }
 
 func (x RolloutStage) Number() protoreflect.EnumNumber {
@@ -264,7 +335,7 @@ func (x RolloutStage) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RolloutStage.Descriptor instead.
 func (RolloutStage) EnumDescriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{3}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{4}
 }
 
 // What happened in a rollout: the kind of a WatchRolloutResponse.
@@ -297,6 +368,10 @@ const (
 	RolloutEventKind_ROLLOUT_EVENT_KIND_ROLLOUT_FAILED RolloutEventKind = 11
 	// Cancelled or superseded (state CANCELLED; message: why).
 	RolloutEventKind_ROLLOUT_EVENT_KIND_ROLLOUT_CANCELLED RolloutEventKind = 12
+	// A canary step began: the weights it sets (canary: the figures are empty).
+	RolloutEventKind_ROLLOUT_EVENT_KIND_CANARY_STEP RolloutEventKind = 13
+	// A canary step was judged (canary: the figures, the verdict and the findings).
+	RolloutEventKind_ROLLOUT_EVENT_KIND_CANARY_ANALYSIS RolloutEventKind = 14
 )
 
 // Enum value maps for RolloutEventKind.
@@ -315,6 +390,8 @@ var (
 		10: "ROLLOUT_EVENT_KIND_ROLLOUT_SUCCEEDED",
 		11: "ROLLOUT_EVENT_KIND_ROLLOUT_FAILED",
 		12: "ROLLOUT_EVENT_KIND_ROLLOUT_CANCELLED",
+		13: "ROLLOUT_EVENT_KIND_CANARY_STEP",
+		14: "ROLLOUT_EVENT_KIND_CANARY_ANALYSIS",
 	}
 	RolloutEventKind_value = map[string]int32{
 		"ROLLOUT_EVENT_KIND_UNSPECIFIED":       0,
@@ -330,6 +407,8 @@ var (
 		"ROLLOUT_EVENT_KIND_ROLLOUT_SUCCEEDED": 10,
 		"ROLLOUT_EVENT_KIND_ROLLOUT_FAILED":    11,
 		"ROLLOUT_EVENT_KIND_ROLLOUT_CANCELLED": 12,
+		"ROLLOUT_EVENT_KIND_CANARY_STEP":       13,
+		"ROLLOUT_EVENT_KIND_CANARY_ANALYSIS":   14,
 	}
 )
 
@@ -344,11 +423,11 @@ func (x RolloutEventKind) String() string {
 }
 
 func (RolloutEventKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_llmgw_fleet_v1_fleet_proto_enumTypes[4].Descriptor()
+	return file_llmgw_fleet_v1_fleet_proto_enumTypes[5].Descriptor()
 }
 
 func (RolloutEventKind) Type() protoreflect.EnumType {
-	return &file_llmgw_fleet_v1_fleet_proto_enumTypes[4]
+	return &file_llmgw_fleet_v1_fleet_proto_enumTypes[5]
 }
 
 func (x RolloutEventKind) Number() protoreflect.EnumNumber {
@@ -357,7 +436,7 @@ func (x RolloutEventKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RolloutEventKind.Descriptor instead.
 func (RolloutEventKind) EnumDescriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{4}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{5}
 }
 
 // A node's phase, by its agent's heartbeats.
@@ -401,11 +480,11 @@ func (x NodePhase) String() string {
 }
 
 func (NodePhase) Descriptor() protoreflect.EnumDescriptor {
-	return file_llmgw_fleet_v1_fleet_proto_enumTypes[5].Descriptor()
+	return file_llmgw_fleet_v1_fleet_proto_enumTypes[6].Descriptor()
 }
 
 func (NodePhase) Type() protoreflect.EnumType {
-	return &file_llmgw_fleet_v1_fleet_proto_enumTypes[5]
+	return &file_llmgw_fleet_v1_fleet_proto_enumTypes[6]
 }
 
 func (x NodePhase) Number() protoreflect.EnumNumber {
@@ -414,7 +493,7 @@ func (x NodePhase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use NodePhase.Descriptor instead.
 func (NodePhase) EnumDescriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{5}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{6}
 }
 
 // A replica's phase in the fleet.
@@ -482,11 +561,11 @@ func (x ReplicaPhase) String() string {
 }
 
 func (ReplicaPhase) Descriptor() protoreflect.EnumDescriptor {
-	return file_llmgw_fleet_v1_fleet_proto_enumTypes[6].Descriptor()
+	return file_llmgw_fleet_v1_fleet_proto_enumTypes[7].Descriptor()
 }
 
 func (ReplicaPhase) Type() protoreflect.EnumType {
-	return &file_llmgw_fleet_v1_fleet_proto_enumTypes[6]
+	return &file_llmgw_fleet_v1_fleet_proto_enumTypes[7]
 }
 
 func (x ReplicaPhase) Number() protoreflect.EnumNumber {
@@ -495,7 +574,7 @@ func (x ReplicaPhase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReplicaPhase.Descriptor instead.
 func (ReplicaPhase) EnumDescriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{6}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{7}
 }
 
 // The HTTP API an endpoint speaks.
@@ -541,11 +620,11 @@ func (x ApiDialect) String() string {
 }
 
 func (ApiDialect) Descriptor() protoreflect.EnumDescriptor {
-	return file_llmgw_fleet_v1_fleet_proto_enumTypes[7].Descriptor()
+	return file_llmgw_fleet_v1_fleet_proto_enumTypes[8].Descriptor()
 }
 
 func (ApiDialect) Type() protoreflect.EnumType {
-	return &file_llmgw_fleet_v1_fleet_proto_enumTypes[7]
+	return &file_llmgw_fleet_v1_fleet_proto_enumTypes[8]
 }
 
 func (x ApiDialect) Number() protoreflect.EnumNumber {
@@ -554,7 +633,7 @@ func (x ApiDialect) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ApiDialect.Descriptor instead.
 func (ApiDialect) EnumDescriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{7}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{8}
 }
 
 // Why an endpoint left routing.
@@ -609,11 +688,11 @@ func (x EndpointReason) String() string {
 }
 
 func (EndpointReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_llmgw_fleet_v1_fleet_proto_enumTypes[8].Descriptor()
+	return file_llmgw_fleet_v1_fleet_proto_enumTypes[9].Descriptor()
 }
 
 func (EndpointReason) Type() protoreflect.EnumType {
-	return &file_llmgw_fleet_v1_fleet_proto_enumTypes[8]
+	return &file_llmgw_fleet_v1_fleet_proto_enumTypes[9]
 }
 
 func (x EndpointReason) Number() protoreflect.EnumNumber {
@@ -622,7 +701,7 @@ func (x EndpointReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EndpointReason.Descriptor instead.
 func (EndpointReason) EnumDescriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{8}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{9}
 }
 
 // What happened to an endpoint.
@@ -675,11 +754,11 @@ func (x WatchReplicasResponse_Kind) String() string {
 }
 
 func (WatchReplicasResponse_Kind) Descriptor() protoreflect.EnumDescriptor {
-	return file_llmgw_fleet_v1_fleet_proto_enumTypes[9].Descriptor()
+	return file_llmgw_fleet_v1_fleet_proto_enumTypes[10].Descriptor()
 }
 
 func (WatchReplicasResponse_Kind) Type() protoreflect.EnumType {
-	return &file_llmgw_fleet_v1_fleet_proto_enumTypes[9]
+	return &file_llmgw_fleet_v1_fleet_proto_enumTypes[10]
 }
 
 func (x WatchReplicasResponse_Kind) Number() protoreflect.EnumNumber {
@@ -688,7 +767,339 @@ func (x WatchReplicasResponse_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchReplicasResponse_Kind.Descriptor instead.
 func (WatchReplicasResponse_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{38, 0}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{47, 0}
+}
+
+// A canary's traffic steps and the analysis that judges each one.
+type CanaryPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Percent of the model's weight the new revision gets at each step, rising, 1..100
+	// (empty: 5, 25, 50, 100).
+	Steps []int32 `protobuf:"varint,1,rep,packed,name=steps,proto3" json:"steps,omitempty"`
+	// The least time a step lasts before it may promote (0: 60 s).
+	StepMinS int32 `protobuf:"varint,2,opt,name=step_min_s,json=stepMinS,proto3" json:"step_min_s,omitempty"`
+	// The least requests the canary must have served in a step before it is judged
+	// (0: 100). Fewer: the step holds.
+	StepMinRequests int64 `protobuf:"varint,3,opt,name=step_min_requests,json=stepMinRequests,proto3" json:"step_min_requests,omitempty"`
+	// The most errors (5xx and timeouts) per request the canary may have (0: 0.01; a
+	// negative value: not checked).
+	MaxErrorRatio float64 `protobuf:"fixed64,4,opt,name=max_error_ratio,json=maxErrorRatio,proto3" json:"max_error_ratio,omitempty"`
+	// The most the canary's error ratio may exceed the baseline's (the old revision's, same
+	// window) by, e.g. 0.01 for one point (0: not checked).
+	MaxErrorRatioIncrease float64 `protobuf:"fixed64,5,opt,name=max_error_ratio_increase,json=maxErrorRatioIncrease,proto3" json:"max_error_ratio_increase,omitempty"`
+	// The canary's p99 time to first token may be at most this (0: not checked).
+	MaxP99TtftMs int64 `protobuf:"varint,6,opt,name=max_p99_ttft_ms,json=maxP99TtftMs,proto3" json:"max_p99_ttft_ms,omitempty"`
+	// The canary's p99 inter-token latency may be at most this (0: not checked).
+	MaxP99ItlMs int64 `protobuf:"varint,7,opt,name=max_p99_itl_ms,json=maxP99ItlMs,proto3" json:"max_p99_itl_ms,omitempty"`
+	// The most requests refused for context length per request the canary may have
+	// (0: not checked).
+	MaxContextRefusalRatio float64 `protobuf:"fixed64,8,opt,name=max_context_refusal_ratio,json=maxContextRefusalRatio,proto3" json:"max_context_refusal_ratio,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
+}
+
+func (x *CanaryPolicy) Reset() {
+	*x = CanaryPolicy{}
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CanaryPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CanaryPolicy) ProtoMessage() {}
+
+func (x *CanaryPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CanaryPolicy.ProtoReflect.Descriptor instead.
+func (*CanaryPolicy) Descriptor() ([]byte, []int) {
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *CanaryPolicy) GetSteps() []int32 {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *CanaryPolicy) GetStepMinS() int32 {
+	if x != nil {
+		return x.StepMinS
+	}
+	return 0
+}
+
+func (x *CanaryPolicy) GetStepMinRequests() int64 {
+	if x != nil {
+		return x.StepMinRequests
+	}
+	return 0
+}
+
+func (x *CanaryPolicy) GetMaxErrorRatio() float64 {
+	if x != nil {
+		return x.MaxErrorRatio
+	}
+	return 0
+}
+
+func (x *CanaryPolicy) GetMaxErrorRatioIncrease() float64 {
+	if x != nil {
+		return x.MaxErrorRatioIncrease
+	}
+	return 0
+}
+
+func (x *CanaryPolicy) GetMaxP99TtftMs() int64 {
+	if x != nil {
+		return x.MaxP99TtftMs
+	}
+	return 0
+}
+
+func (x *CanaryPolicy) GetMaxP99ItlMs() int64 {
+	if x != nil {
+		return x.MaxP99ItlMs
+	}
+	return 0
+}
+
+func (x *CanaryPolicy) GetMaxContextRefusalRatio() float64 {
+	if x != nil {
+		return x.MaxContextRefusalRatio
+	}
+	return 0
+}
+
+// One revision's figures over a canary step's window (every gateway's reports summed).
+type TrafficFigures struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Revision int64                  `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	Requests int64                  `protobuf:"varint,2,opt,name=requests,proto3" json:"requests,omitempty"`
+	// 5xx answers and timeouts.
+	Errors              int64   `protobuf:"varint,3,opt,name=errors,proto3" json:"errors,omitempty"`
+	ContextRefusals     int64   `protobuf:"varint,4,opt,name=context_refusals,json=contextRefusals,proto3" json:"context_refusals,omitempty"`
+	ErrorRatio          float64 `protobuf:"fixed64,5,opt,name=error_ratio,json=errorRatio,proto3" json:"error_ratio,omitempty"`
+	ContextRefusalRatio float64 `protobuf:"fixed64,6,opt,name=context_refusal_ratio,json=contextRefusalRatio,proto3" json:"context_refusal_ratio,omitempty"`
+	// 0 when no request was timed.
+	P99TtftMs     float64 `protobuf:"fixed64,7,opt,name=p99_ttft_ms,json=p99TtftMs,proto3" json:"p99_ttft_ms,omitempty"`
+	P99ItlMs      float64 `protobuf:"fixed64,8,opt,name=p99_itl_ms,json=p99ItlMs,proto3" json:"p99_itl_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrafficFigures) Reset() {
+	*x = TrafficFigures{}
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficFigures) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficFigures) ProtoMessage() {}
+
+func (x *TrafficFigures) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficFigures.ProtoReflect.Descriptor instead.
+func (*TrafficFigures) Descriptor() ([]byte, []int) {
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TrafficFigures) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *TrafficFigures) GetRequests() int64 {
+	if x != nil {
+		return x.Requests
+	}
+	return 0
+}
+
+func (x *TrafficFigures) GetErrors() int64 {
+	if x != nil {
+		return x.Errors
+	}
+	return 0
+}
+
+func (x *TrafficFigures) GetContextRefusals() int64 {
+	if x != nil {
+		return x.ContextRefusals
+	}
+	return 0
+}
+
+func (x *TrafficFigures) GetErrorRatio() float64 {
+	if x != nil {
+		return x.ErrorRatio
+	}
+	return 0
+}
+
+func (x *TrafficFigures) GetContextRefusalRatio() float64 {
+	if x != nil {
+		return x.ContextRefusalRatio
+	}
+	return 0
+}
+
+func (x *TrafficFigures) GetP99TtftMs() float64 {
+	if x != nil {
+		return x.P99TtftMs
+	}
+	return 0
+}
+
+func (x *TrafficFigures) GetP99ItlMs() float64 {
+	if x != nil {
+		return x.P99ItlMs
+	}
+	return 0
+}
+
+// A canary rollout's progress: its policy, its step and the figures so far.
+type CanaryStatus struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Policy *CanaryPolicy          `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	// The step now (0-based into policy.steps); past the last once promoted.
+	Step int32 `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
+	// The percent of the model's weight the new revision has now (0 before the canary
+	// replicas are ready and after the canary ended).
+	WeightPercent int32 `protobuf:"varint,3,opt,name=weight_percent,json=weightPercent,proto3" json:"weight_percent,omitempty"`
+	// When the step's window began (the fleet's clock).
+	StepStartedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=step_started_at,json=stepStartedAt,proto3" json:"step_started_at,omitempty"`
+	Canary        *TrafficFigures        `protobuf:"bytes,5,opt,name=canary,proto3" json:"canary,omitempty"`
+	Baseline      *TrafficFigures        `protobuf:"bytes,6,opt,name=baseline,proto3" json:"baseline,omitempty"`
+	Verdict       CanaryVerdict          `protobuf:"varint,7,opt,name=verdict,proto3,enum=llmgw.fleet.v1.CanaryVerdict" json:"verdict,omitempty"`
+	// The checks that failed or why the step holds, one line each.
+	Findings []string `protobuf:"bytes,8,rep,name=findings,proto3" json:"findings,omitempty"`
+	// Every step passed (or was promoted by hand): the old replicas are being replaced.
+	Promoted      bool `protobuf:"varint,9,opt,name=promoted,proto3" json:"promoted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CanaryStatus) Reset() {
+	*x = CanaryStatus{}
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CanaryStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CanaryStatus) ProtoMessage() {}
+
+func (x *CanaryStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CanaryStatus.ProtoReflect.Descriptor instead.
+func (*CanaryStatus) Descriptor() ([]byte, []int) {
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *CanaryStatus) GetPolicy() *CanaryPolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+func (x *CanaryStatus) GetStep() int32 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *CanaryStatus) GetWeightPercent() int32 {
+	if x != nil {
+		return x.WeightPercent
+	}
+	return 0
+}
+
+func (x *CanaryStatus) GetStepStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StepStartedAt
+	}
+	return nil
+}
+
+func (x *CanaryStatus) GetCanary() *TrafficFigures {
+	if x != nil {
+		return x.Canary
+	}
+	return nil
+}
+
+func (x *CanaryStatus) GetBaseline() *TrafficFigures {
+	if x != nil {
+		return x.Baseline
+	}
+	return nil
+}
+
+func (x *CanaryStatus) GetVerdict() CanaryVerdict {
+	if x != nil {
+		return x.Verdict
+	}
+	return CanaryVerdict_CANARY_VERDICT_UNSPECIFIED
+}
+
+func (x *CanaryStatus) GetFindings() []string {
+	if x != nil {
+		return x.Findings
+	}
+	return nil
+}
+
+func (x *CanaryStatus) GetPromoted() bool {
+	if x != nil {
+		return x.Promoted
+	}
+	return false
 }
 
 // One replica's replacement in a rollout.
@@ -710,7 +1121,7 @@ type RolloutStep struct {
 
 func (x *RolloutStep) Reset() {
 	*x = RolloutStep{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[0]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -722,7 +1133,7 @@ func (x *RolloutStep) String() string {
 func (*RolloutStep) ProtoMessage() {}
 
 func (x *RolloutStep) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[0]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -735,7 +1146,7 @@ func (x *RolloutStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutStep.ProtoReflect.Descriptor instead.
 func (*RolloutStep) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{0}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RolloutStep) GetProfile() string {
@@ -818,14 +1229,20 @@ type Rollout struct {
 	// Whether UndoRollout can roll this one back now.
 	UndoAvailable bool `protobuf:"varint,15,opt,name=undo_available,json=undoAvailable,proto3" json:"undo_available,omitempty"`
 	// Replicas a step may replace at once (bounded surge).
-	Surge         int32 `protobuf:"varint,16,opt,name=surge,proto3" json:"surge,omitempty"`
+	Surge int32 `protobuf:"varint,16,opt,name=surge,proto3" json:"surge,omitempty"`
+	// A canary rollout's policy, step and figures (unset for other strategies).
+	Canary *CanaryStatus `protobuf:"bytes,17,opt,name=canary,proto3" json:"canary,omitempty"`
+	// Why it failed, as the error model says it: reason (e.g. CANARY_ANALYSIS_FAILED) and
+	// metadata (the failing figures and their thresholds, numbers as strings). Unset unless a
+	// failure has a reason.
+	Failure       *errdetails.ErrorInfo `protobuf:"bytes,18,opt,name=failure,proto3" json:"failure,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Rollout) Reset() {
 	*x = Rollout{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[1]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -837,7 +1254,7 @@ func (x *Rollout) String() string {
 func (*Rollout) ProtoMessage() {}
 
 func (x *Rollout) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[1]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -850,7 +1267,7 @@ func (x *Rollout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rollout.ProtoReflect.Descriptor instead.
 func (*Rollout) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{1}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Rollout) GetId() string {
@@ -965,6 +1382,20 @@ func (x *Rollout) GetSurge() int32 {
 	return 0
 }
 
+func (x *Rollout) GetCanary() *CanaryStatus {
+	if x != nil {
+		return x.Canary
+	}
+	return nil
+}
+
+func (x *Rollout) GetFailure() *errdetails.ErrorInfo {
+	if x != nil {
+		return x.Failure
+	}
+	return nil
+}
+
 // SetContextRequest asks for a new context.
 type SetContextRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -985,13 +1416,15 @@ type SetContextRequest struct {
 	// Apply the plan even when the planner could not read the model's shape (its change's
 	// verdict NOT_CHECKED); without it such a plan is refused (PLAN_NOT_CHECKED).
 	AllowUnchecked bool `protobuf:"varint,10,opt,name=allow_unchecked,json=allowUnchecked,proto3" json:"allow_unchecked,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Roll out as a canary with this policy (strategy unset or CANARY).
+	Canary        *CanaryPolicy `protobuf:"bytes,11,opt,name=canary,proto3" json:"canary,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SetContextRequest) Reset() {
 	*x = SetContextRequest{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[2]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1003,7 +1436,7 @@ func (x *SetContextRequest) String() string {
 func (*SetContextRequest) ProtoMessage() {}
 
 func (x *SetContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[2]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1016,7 +1449,7 @@ func (x *SetContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetContextRequest.ProtoReflect.Descriptor instead.
 func (*SetContextRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{2}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SetContextRequest) GetName() string {
@@ -1089,6 +1522,13 @@ func (x *SetContextRequest) GetAllowUnchecked() bool {
 	return false
 }
 
+func (x *SetContextRequest) GetCanary() *CanaryPolicy {
+	if x != nil {
+		return x.Canary
+	}
+	return nil
+}
+
 // SetContextResponse is the change and the rollout carrying it out.
 type SetContextResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -1105,7 +1545,7 @@ type SetContextResponse struct {
 
 func (x *SetContextResponse) Reset() {
 	*x = SetContextResponse{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[3]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1117,7 +1557,7 @@ func (x *SetContextResponse) String() string {
 func (*SetContextResponse) ProtoMessage() {}
 
 func (x *SetContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[3]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1130,7 +1570,7 @@ func (x *SetContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetContextResponse.ProtoReflect.Descriptor instead.
 func (*SetContextResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{3}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SetContextResponse) GetChange() *v1.ContextChange {
@@ -1178,13 +1618,15 @@ type SetGPUsRequest struct {
 	Surge     int32    `protobuf:"varint,10,opt,name=surge,proto3" json:"surge,omitempty"`
 	// As SetContextRequest's: apply a plan whose verdict is NOT_CHECKED.
 	AllowUnchecked bool `protobuf:"varint,11,opt,name=allow_unchecked,json=allowUnchecked,proto3" json:"allow_unchecked,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Roll out as a canary with this policy (strategy unset or CANARY).
+	Canary        *CanaryPolicy `protobuf:"bytes,12,opt,name=canary,proto3" json:"canary,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SetGPUsRequest) Reset() {
 	*x = SetGPUsRequest{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[4]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1196,7 +1638,7 @@ func (x *SetGPUsRequest) String() string {
 func (*SetGPUsRequest) ProtoMessage() {}
 
 func (x *SetGPUsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[4]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1209,7 +1651,7 @@ func (x *SetGPUsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetGPUsRequest.ProtoReflect.Descriptor instead.
 func (*SetGPUsRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{4}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SetGPUsRequest) GetName() string {
@@ -1289,6 +1731,13 @@ func (x *SetGPUsRequest) GetAllowUnchecked() bool {
 	return false
 }
 
+func (x *SetGPUsRequest) GetCanary() *CanaryPolicy {
+	if x != nil {
+		return x.Canary
+	}
+	return nil
+}
+
 // SetGPUsResponse is the change and the rollout carrying it out.
 type SetGPUsResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -1303,7 +1752,7 @@ type SetGPUsResponse struct {
 
 func (x *SetGPUsResponse) Reset() {
 	*x = SetGPUsResponse{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[5]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1315,7 +1764,7 @@ func (x *SetGPUsResponse) String() string {
 func (*SetGPUsResponse) ProtoMessage() {}
 
 func (x *SetGPUsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[5]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1328,7 +1777,7 @@ func (x *SetGPUsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetGPUsResponse.ProtoReflect.Descriptor instead.
 func (*SetGPUsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{5}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SetGPUsResponse) GetChange() *v1.GPUsChange {
@@ -1369,7 +1818,7 @@ type GetRolloutRequest struct {
 
 func (x *GetRolloutRequest) Reset() {
 	*x = GetRolloutRequest{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[6]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1381,7 +1830,7 @@ func (x *GetRolloutRequest) String() string {
 func (*GetRolloutRequest) ProtoMessage() {}
 
 func (x *GetRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[6]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1394,7 +1843,7 @@ func (x *GetRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRolloutRequest.ProtoReflect.Descriptor instead.
 func (*GetRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{6}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetRolloutRequest) GetId() string {
@@ -1414,7 +1863,7 @@ type GetRolloutResponse struct {
 
 func (x *GetRolloutResponse) Reset() {
 	*x = GetRolloutResponse{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[7]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1426,7 +1875,7 @@ func (x *GetRolloutResponse) String() string {
 func (*GetRolloutResponse) ProtoMessage() {}
 
 func (x *GetRolloutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[7]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1439,7 +1888,7 @@ func (x *GetRolloutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRolloutResponse.ProtoReflect.Descriptor instead.
 func (*GetRolloutResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{7}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetRolloutResponse) GetRollout() *Rollout {
@@ -1459,7 +1908,7 @@ type ListRolloutsRequest struct {
 
 func (x *ListRolloutsRequest) Reset() {
 	*x = ListRolloutsRequest{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[8]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1471,7 +1920,7 @@ func (x *ListRolloutsRequest) String() string {
 func (*ListRolloutsRequest) ProtoMessage() {}
 
 func (x *ListRolloutsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[8]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1484,7 +1933,7 @@ func (x *ListRolloutsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRolloutsRequest.ProtoReflect.Descriptor instead.
 func (*ListRolloutsRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{8}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListRolloutsRequest) GetModel() string {
@@ -1504,7 +1953,7 @@ type ListRolloutsResponse struct {
 
 func (x *ListRolloutsResponse) Reset() {
 	*x = ListRolloutsResponse{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[9]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1516,7 +1965,7 @@ func (x *ListRolloutsResponse) String() string {
 func (*ListRolloutsResponse) ProtoMessage() {}
 
 func (x *ListRolloutsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[9]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1529,7 +1978,7 @@ func (x *ListRolloutsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRolloutsResponse.ProtoReflect.Descriptor instead.
 func (*ListRolloutsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{9}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListRolloutsResponse) GetRollouts() []*Rollout {
@@ -1552,7 +2001,7 @@ type WatchRolloutRequest struct {
 
 func (x *WatchRolloutRequest) Reset() {
 	*x = WatchRolloutRequest{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[10]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1564,7 +2013,7 @@ func (x *WatchRolloutRequest) String() string {
 func (*WatchRolloutRequest) ProtoMessage() {}
 
 func (x *WatchRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[10]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1577,7 +2026,7 @@ func (x *WatchRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRolloutRequest.ProtoReflect.Descriptor instead.
 func (*WatchRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{10}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WatchRolloutRequest) GetId() string {
@@ -1606,17 +2055,20 @@ type WatchRolloutResponse struct {
 	Message   string                 `protobuf:"bytes,9,opt,name=message,proto3" json:"message,omitempty"`
 	// The rollout's state right after this event: RUNNING until its last event
 	// (ROLLOUT_SUCCEEDED, ROLLOUT_FAILED or ROLLOUT_CANCELLED), which carries the end state.
-	State         RolloutState     `protobuf:"varint,10,opt,name=state,proto3,enum=llmgw.fleet.v1.RolloutState" json:"state,omitempty"`
-	Profile       string           `protobuf:"bytes,11,opt,name=profile,proto3" json:"profile,omitempty"`
-	Kind          RolloutEventKind `protobuf:"varint,12,opt,name=kind,proto3,enum=llmgw.fleet.v1.RolloutEventKind" json:"kind,omitempty"`
-	Mode          RolloutMode      `protobuf:"varint,13,opt,name=mode,proto3,enum=llmgw.fleet.v1.RolloutMode" json:"mode,omitempty"`
+	State   RolloutState     `protobuf:"varint,10,opt,name=state,proto3,enum=llmgw.fleet.v1.RolloutState" json:"state,omitempty"`
+	Profile string           `protobuf:"bytes,11,opt,name=profile,proto3" json:"profile,omitempty"`
+	Kind    RolloutEventKind `protobuf:"varint,12,opt,name=kind,proto3,enum=llmgw.fleet.v1.RolloutEventKind" json:"kind,omitempty"`
+	Mode    RolloutMode      `protobuf:"varint,13,opt,name=mode,proto3,enum=llmgw.fleet.v1.RolloutMode" json:"mode,omitempty"`
+	// A canary event's step, weights, figures and verdict (CANARY_STEP, CANARY_ANALYSIS, and
+	// the ROLLOUT_FAILED of a failed analysis).
+	Canary        *CanaryStatus `protobuf:"bytes,14,opt,name=canary,proto3" json:"canary,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchRolloutResponse) Reset() {
 	*x = WatchRolloutResponse{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[11]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1628,7 +2080,7 @@ func (x *WatchRolloutResponse) String() string {
 func (*WatchRolloutResponse) ProtoMessage() {}
 
 func (x *WatchRolloutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[11]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1641,7 +2093,7 @@ func (x *WatchRolloutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRolloutResponse.ProtoReflect.Descriptor instead.
 func (*WatchRolloutResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{11}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WatchRolloutResponse) GetRolloutId() string {
@@ -1721,6 +2173,13 @@ func (x *WatchRolloutResponse) GetMode() RolloutMode {
 	return RolloutMode_ROLLOUT_MODE_UNSPECIFIED
 }
 
+func (x *WatchRolloutResponse) GetCanary() *CanaryStatus {
+	if x != nil {
+		return x.Canary
+	}
+	return nil
+}
+
 // CancelRolloutRequest names a rollout.
 type CancelRolloutRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1732,7 +2191,7 @@ type CancelRolloutRequest struct {
 
 func (x *CancelRolloutRequest) Reset() {
 	*x = CancelRolloutRequest{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[12]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1744,7 +2203,7 @@ func (x *CancelRolloutRequest) String() string {
 func (*CancelRolloutRequest) ProtoMessage() {}
 
 func (x *CancelRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[12]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1757,7 +2216,7 @@ func (x *CancelRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRolloutRequest.ProtoReflect.Descriptor instead.
 func (*CancelRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{12}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CancelRolloutRequest) GetId() string {
@@ -1784,7 +2243,7 @@ type CancelRolloutResponse struct {
 
 func (x *CancelRolloutResponse) Reset() {
 	*x = CancelRolloutResponse{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[13]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1796,7 +2255,7 @@ func (x *CancelRolloutResponse) String() string {
 func (*CancelRolloutResponse) ProtoMessage() {}
 
 func (x *CancelRolloutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[13]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1809,7 +2268,7 @@ func (x *CancelRolloutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRolloutResponse.ProtoReflect.Descriptor instead.
 func (*CancelRolloutResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{13}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CancelRolloutResponse) GetRollout() *Rollout {
@@ -1821,17 +2280,20 @@ func (x *CancelRolloutResponse) GetRollout() *Rollout {
 
 // UndoRolloutRequest names a rollout to roll back.
 type UndoRolloutRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	RequestId     string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	DryRun        bool                   `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	RequestId string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	DryRun    bool                   `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// Roll the undo out as a canary with this policy (unset: as the rollout undone was, a
+	// canary's undo beside).
+	Canary        *CanaryPolicy `protobuf:"bytes,4,opt,name=canary,proto3" json:"canary,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UndoRolloutRequest) Reset() {
 	*x = UndoRolloutRequest{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[14]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1843,7 +2305,7 @@ func (x *UndoRolloutRequest) String() string {
 func (*UndoRolloutRequest) ProtoMessage() {}
 
 func (x *UndoRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[14]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1856,7 +2318,7 @@ func (x *UndoRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndoRolloutRequest.ProtoReflect.Descriptor instead.
 func (*UndoRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{14}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *UndoRolloutRequest) GetId() string {
@@ -1880,6 +2342,405 @@ func (x *UndoRolloutRequest) GetDryRun() bool {
 	return false
 }
 
+func (x *UndoRolloutRequest) GetCanary() *CanaryPolicy {
+	if x != nil {
+		return x.Canary
+	}
+	return nil
+}
+
+// PromoteRolloutRequest names a canary rollout to move on.
+type PromoteRolloutRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	RequestId string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Past every remaining step at once, not just the current one.
+	Full          bool `protobuf:"varint,3,opt,name=full,proto3" json:"full,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PromoteRolloutRequest) Reset() {
+	*x = PromoteRolloutRequest{}
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PromoteRolloutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PromoteRolloutRequest) ProtoMessage() {}
+
+func (x *PromoteRolloutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PromoteRolloutRequest.ProtoReflect.Descriptor instead.
+func (*PromoteRolloutRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *PromoteRolloutRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *PromoteRolloutRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *PromoteRolloutRequest) GetFull() bool {
+	if x != nil {
+		return x.Full
+	}
+	return false
+}
+
+// PromoteRolloutResponse is the rollout as it stands once the controller took it up.
+type PromoteRolloutResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rollout       *Rollout               `protobuf:"bytes,1,opt,name=rollout,proto3" json:"rollout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PromoteRolloutResponse) Reset() {
+	*x = PromoteRolloutResponse{}
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PromoteRolloutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PromoteRolloutResponse) ProtoMessage() {}
+
+func (x *PromoteRolloutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PromoteRolloutResponse.ProtoReflect.Descriptor instead.
+func (*PromoteRolloutResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *PromoteRolloutResponse) GetRollout() *Rollout {
+	if x != nil {
+		return x.Rollout
+	}
+	return nil
+}
+
+// Per TTFT or inter-token latency: how many requests fell in each bucket (not cumulative).
+type LatencyHistogram struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Each bucket's upper bound, rising; one more count than bounds (the last: above all).
+	UpperBoundsMs []float64 `protobuf:"fixed64,1,rep,packed,name=upper_bounds_ms,json=upperBoundsMs,proto3" json:"upper_bounds_ms,omitempty"`
+	Counts        []int64   `protobuf:"varint,2,rep,packed,name=counts,proto3" json:"counts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LatencyHistogram) Reset() {
+	*x = LatencyHistogram{}
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LatencyHistogram) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LatencyHistogram) ProtoMessage() {}
+
+func (x *LatencyHistogram) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LatencyHistogram.ProtoReflect.Descriptor instead.
+func (*LatencyHistogram) Descriptor() ([]byte, []int) {
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *LatencyHistogram) GetUpperBoundsMs() []float64 {
+	if x != nil {
+		return x.UpperBoundsMs
+	}
+	return nil
+}
+
+func (x *LatencyHistogram) GetCounts() []int64 {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
+// What a gateway saw of one endpoint over one interval.
+type EndpointTraffic struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	ReplicaId string                 `protobuf:"bytes,1,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
+	Model     string                 `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	// The endpoint's revision as WatchReplicas gave it.
+	Revision int64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	Requests int64 `protobuf:"varint,4,opt,name=requests,proto3" json:"requests,omitempty"`
+	// Answers with an HTTP 5xx status.
+	Errors_5Xx int64 `protobuf:"varint,5,opt,name=errors_5xx,json=errors5xx,proto3" json:"errors_5xx,omitempty"`
+	// Requests the gateway gave up on (no first token or no answer in its deadline).
+	Timeouts int64 `protobuf:"varint,6,opt,name=timeouts,proto3" json:"timeouts,omitempty"`
+	// Requests the engine refused because the prompt and output exceed its context.
+	ContextRefusals int64             `protobuf:"varint,7,opt,name=context_refusals,json=contextRefusals,proto3" json:"context_refusals,omitempty"`
+	Ttft            *LatencyHistogram `protobuf:"bytes,8,opt,name=ttft,proto3" json:"ttft,omitempty"`
+	Itl             *LatencyHistogram `protobuf:"bytes,9,opt,name=itl,proto3" json:"itl,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *EndpointTraffic) Reset() {
+	*x = EndpointTraffic{}
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndpointTraffic) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndpointTraffic) ProtoMessage() {}
+
+func (x *EndpointTraffic) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndpointTraffic.ProtoReflect.Descriptor instead.
+func (*EndpointTraffic) Descriptor() ([]byte, []int) {
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *EndpointTraffic) GetReplicaId() string {
+	if x != nil {
+		return x.ReplicaId
+	}
+	return ""
+}
+
+func (x *EndpointTraffic) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *EndpointTraffic) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *EndpointTraffic) GetRequests() int64 {
+	if x != nil {
+		return x.Requests
+	}
+	return 0
+}
+
+func (x *EndpointTraffic) GetErrors_5Xx() int64 {
+	if x != nil {
+		return x.Errors_5Xx
+	}
+	return 0
+}
+
+func (x *EndpointTraffic) GetTimeouts() int64 {
+	if x != nil {
+		return x.Timeouts
+	}
+	return 0
+}
+
+func (x *EndpointTraffic) GetContextRefusals() int64 {
+	if x != nil {
+		return x.ContextRefusals
+	}
+	return 0
+}
+
+func (x *EndpointTraffic) GetTtft() *LatencyHistogram {
+	if x != nil {
+		return x.Ttft
+	}
+	return nil
+}
+
+func (x *EndpointTraffic) GetItl() *LatencyHistogram {
+	if x != nil {
+		return x.Itl
+	}
+	return nil
+}
+
+// ReportTrafficRequest is one gateway instance's figures for one interval.
+type ReportTrafficRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The gateway instance (e.g. its pod name): reports of several instances are summed.
+	Gateway string `protobuf:"bytes,1,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	// When the interval began (the gateway's clock); with `gateway`, the report's key.
+	IntervalStart *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=interval_start,json=intervalStart,proto3" json:"interval_start,omitempty"`
+	// The interval's length, 1..3600 s.
+	IntervalS     int32              `protobuf:"varint,3,opt,name=interval_s,json=intervalS,proto3" json:"interval_s,omitempty"`
+	Endpoints     []*EndpointTraffic `protobuf:"bytes,4,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportTrafficRequest) Reset() {
+	*x = ReportTrafficRequest{}
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportTrafficRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportTrafficRequest) ProtoMessage() {}
+
+func (x *ReportTrafficRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportTrafficRequest.ProtoReflect.Descriptor instead.
+func (*ReportTrafficRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ReportTrafficRequest) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
+func (x *ReportTrafficRequest) GetIntervalStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.IntervalStart
+	}
+	return nil
+}
+
+func (x *ReportTrafficRequest) GetIntervalS() int32 {
+	if x != nil {
+		return x.IntervalS
+	}
+	return 0
+}
+
+func (x *ReportTrafficRequest) GetEndpoints() []*EndpointTraffic {
+	if x != nil {
+		return x.Endpoints
+	}
+	return nil
+}
+
+// ReportTrafficResponse says whether the report was counted.
+type ReportTrafficResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// This (gateway, interval_start) was reported before: this one was not counted again.
+	Duplicate     bool `protobuf:"varint,1,opt,name=duplicate,proto3" json:"duplicate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportTrafficResponse) Reset() {
+	*x = ReportTrafficResponse{}
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportTrafficResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportTrafficResponse) ProtoMessage() {}
+
+func (x *ReportTrafficResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportTrafficResponse.ProtoReflect.Descriptor instead.
+func (*ReportTrafficResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ReportTrafficResponse) GetDuplicate() bool {
+	if x != nil {
+		return x.Duplicate
+	}
+	return false
+}
+
 // UndoRolloutResponse is the new rollout back to the previous revision.
 type UndoRolloutResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1891,7 +2752,7 @@ type UndoRolloutResponse struct {
 
 func (x *UndoRolloutResponse) Reset() {
 	*x = UndoRolloutResponse{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[15]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1903,7 +2764,7 @@ func (x *UndoRolloutResponse) String() string {
 func (*UndoRolloutResponse) ProtoMessage() {}
 
 func (x *UndoRolloutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[15]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1916,7 +2777,7 @@ func (x *UndoRolloutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndoRolloutResponse.ProtoReflect.Descriptor instead.
 func (*UndoRolloutResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{15}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *UndoRolloutResponse) GetRollout() *Rollout {
@@ -1957,7 +2818,7 @@ type CatalogModel struct {
 
 func (x *CatalogModel) Reset() {
 	*x = CatalogModel{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[16]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1969,7 +2830,7 @@ func (x *CatalogModel) String() string {
 func (*CatalogModel) ProtoMessage() {}
 
 func (x *CatalogModel) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[16]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1982,7 +2843,7 @@ func (x *CatalogModel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CatalogModel.ProtoReflect.Descriptor instead.
 func (*CatalogModel) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{16}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CatalogModel) GetModel() *v1.Model {
@@ -2053,7 +2914,7 @@ type CreateModelRequest struct {
 
 func (x *CreateModelRequest) Reset() {
 	*x = CreateModelRequest{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[17]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2065,7 +2926,7 @@ func (x *CreateModelRequest) String() string {
 func (*CreateModelRequest) ProtoMessage() {}
 
 func (x *CreateModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[17]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2078,7 +2939,7 @@ func (x *CreateModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateModelRequest.ProtoReflect.Descriptor instead.
 func (*CreateModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{17}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CreateModelRequest) GetModel() *v1.Model {
@@ -2105,7 +2966,7 @@ type CreateModelResponse struct {
 
 func (x *CreateModelResponse) Reset() {
 	*x = CreateModelResponse{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[18]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2117,7 +2978,7 @@ func (x *CreateModelResponse) String() string {
 func (*CreateModelResponse) ProtoMessage() {}
 
 func (x *CreateModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[18]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2130,7 +2991,7 @@ func (x *CreateModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateModelResponse.ProtoReflect.Descriptor instead.
 func (*CreateModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{18}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CreateModelResponse) GetModel() *CatalogModel {
@@ -2150,7 +3011,7 @@ type GetModelRequest struct {
 
 func (x *GetModelRequest) Reset() {
 	*x = GetModelRequest{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[19]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2162,7 +3023,7 @@ func (x *GetModelRequest) String() string {
 func (*GetModelRequest) ProtoMessage() {}
 
 func (x *GetModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[19]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2175,7 +3036,7 @@ func (x *GetModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelRequest.ProtoReflect.Descriptor instead.
 func (*GetModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{19}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetModelRequest) GetName() string {
@@ -2195,7 +3056,7 @@ type GetModelResponse struct {
 
 func (x *GetModelResponse) Reset() {
 	*x = GetModelResponse{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[20]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2207,7 +3068,7 @@ func (x *GetModelResponse) String() string {
 func (*GetModelResponse) ProtoMessage() {}
 
 func (x *GetModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[20]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2220,7 +3081,7 @@ func (x *GetModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelResponse.ProtoReflect.Descriptor instead.
 func (*GetModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{20}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetModelResponse) GetModel() *CatalogModel {
@@ -2239,7 +3100,7 @@ type ListModelsRequest struct {
 
 func (x *ListModelsRequest) Reset() {
 	*x = ListModelsRequest{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[21]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2251,7 +3112,7 @@ func (x *ListModelsRequest) String() string {
 func (*ListModelsRequest) ProtoMessage() {}
 
 func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[21]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2264,7 +3125,7 @@ func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsRequest.ProtoReflect.Descriptor instead.
 func (*ListModelsRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{21}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{30}
 }
 
 // ListModelsResponse is the catalog.
@@ -2277,7 +3138,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[22]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2289,7 +3150,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[22]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2302,7 +3163,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{22}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListModelsResponse) GetModels() []*CatalogModel {
@@ -2327,14 +3188,16 @@ type UpdateModelRequest struct {
 	// Cancel a rollout of the model in progress instead of refusing (ROLLOUT_IN_PROGRESS).
 	Supersede bool `protobuf:"varint,6,opt,name=supersede,proto3" json:"supersede,omitempty"`
 	// Replicas replaced at once; 0 means one.
-	Surge         int32 `protobuf:"varint,7,opt,name=surge,proto3" json:"surge,omitempty"`
+	Surge int32 `protobuf:"varint,7,opt,name=surge,proto3" json:"surge,omitempty"`
+	// Roll out as a canary with this policy (strategy unset or CANARY).
+	Canary        *CanaryPolicy `protobuf:"bytes,8,opt,name=canary,proto3" json:"canary,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UpdateModelRequest) Reset() {
 	*x = UpdateModelRequest{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[23]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2346,7 +3209,7 @@ func (x *UpdateModelRequest) String() string {
 func (*UpdateModelRequest) ProtoMessage() {}
 
 func (x *UpdateModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[23]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2359,7 +3222,7 @@ func (x *UpdateModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateModelRequest.ProtoReflect.Descriptor instead.
 func (*UpdateModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{23}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *UpdateModelRequest) GetModel() *v1.Model {
@@ -2411,6 +3274,13 @@ func (x *UpdateModelRequest) GetSurge() int32 {
 	return 0
 }
 
+func (x *UpdateModelRequest) GetCanary() *CanaryPolicy {
+	if x != nil {
+		return x.Canary
+	}
+	return nil
+}
+
 // UpdateModelResponse is the new revision and the rollout carrying it out.
 type UpdateModelResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2427,7 +3297,7 @@ type UpdateModelResponse struct {
 
 func (x *UpdateModelResponse) Reset() {
 	*x = UpdateModelResponse{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[24]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2439,7 +3309,7 @@ func (x *UpdateModelResponse) String() string {
 func (*UpdateModelResponse) ProtoMessage() {}
 
 func (x *UpdateModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[24]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2452,7 +3322,7 @@ func (x *UpdateModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateModelResponse.ProtoReflect.Descriptor instead.
 func (*UpdateModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{24}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *UpdateModelResponse) GetModel() *CatalogModel {
@@ -2495,7 +3365,7 @@ type DeleteModelRequest struct {
 
 func (x *DeleteModelRequest) Reset() {
 	*x = DeleteModelRequest{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[25]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2507,7 +3377,7 @@ func (x *DeleteModelRequest) String() string {
 func (*DeleteModelRequest) ProtoMessage() {}
 
 func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[25]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2520,7 +3390,7 @@ func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelRequest.ProtoReflect.Descriptor instead.
 func (*DeleteModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{25}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeleteModelRequest) GetName() string {
@@ -2554,7 +3424,7 @@ type DeleteModelResponse struct {
 
 func (x *DeleteModelResponse) Reset() {
 	*x = DeleteModelResponse{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[26]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2566,7 +3436,7 @@ func (x *DeleteModelResponse) String() string {
 func (*DeleteModelResponse) ProtoMessage() {}
 
 func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[26]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2579,7 +3449,7 @@ func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelResponse.ProtoReflect.Descriptor instead.
 func (*DeleteModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{26}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DeleteModelResponse) GetModel() *CatalogModel {
@@ -2599,7 +3469,7 @@ type ListModelRevisionsRequest struct {
 
 func (x *ListModelRevisionsRequest) Reset() {
 	*x = ListModelRevisionsRequest{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[27]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2611,7 +3481,7 @@ func (x *ListModelRevisionsRequest) String() string {
 func (*ListModelRevisionsRequest) ProtoMessage() {}
 
 func (x *ListModelRevisionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[27]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2624,7 +3494,7 @@ func (x *ListModelRevisionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelRevisionsRequest.ProtoReflect.Descriptor instead.
 func (*ListModelRevisionsRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{27}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListModelRevisionsRequest) GetName() string {
@@ -2644,7 +3514,7 @@ type ListModelRevisionsResponse struct {
 
 func (x *ListModelRevisionsResponse) Reset() {
 	*x = ListModelRevisionsResponse{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[28]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2656,7 +3526,7 @@ func (x *ListModelRevisionsResponse) String() string {
 func (*ListModelRevisionsResponse) ProtoMessage() {}
 
 func (x *ListModelRevisionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[28]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2669,7 +3539,7 @@ func (x *ListModelRevisionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelRevisionsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelRevisionsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{28}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListModelRevisionsResponse) GetRevisions() []*CatalogModel {
@@ -2699,7 +3569,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[29]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2711,7 +3581,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[29]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2724,7 +3594,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{29}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Node) GetName() string {
@@ -2813,7 +3683,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[30]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2825,7 +3695,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[30]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2838,7 +3708,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{30}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{39}
 }
 
 // ListNodesResponse is the nodes.
@@ -2851,7 +3721,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[31]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2863,7 +3733,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[31]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2876,7 +3746,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{31}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -2914,7 +3784,7 @@ type Replica struct {
 
 func (x *Replica) Reset() {
 	*x = Replica{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[32]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2926,7 +3796,7 @@ func (x *Replica) String() string {
 func (*Replica) ProtoMessage() {}
 
 func (x *Replica) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[32]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2939,7 +3809,7 @@ func (x *Replica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replica.ProtoReflect.Descriptor instead.
 func (*Replica) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{32}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Replica) GetId() string {
@@ -3064,7 +3934,7 @@ type ReplicaMember struct {
 
 func (x *ReplicaMember) Reset() {
 	*x = ReplicaMember{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[33]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3076,7 +3946,7 @@ func (x *ReplicaMember) String() string {
 func (*ReplicaMember) ProtoMessage() {}
 
 func (x *ReplicaMember) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[33]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3089,7 +3959,7 @@ func (x *ReplicaMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaMember.ProtoReflect.Descriptor instead.
 func (*ReplicaMember) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{33}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ReplicaMember) GetRank() int32 {
@@ -3137,7 +4007,7 @@ type ListReplicasRequest struct {
 
 func (x *ListReplicasRequest) Reset() {
 	*x = ListReplicasRequest{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[34]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3149,7 +4019,7 @@ func (x *ListReplicasRequest) String() string {
 func (*ListReplicasRequest) ProtoMessage() {}
 
 func (x *ListReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[34]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3162,7 +4032,7 @@ func (x *ListReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ListReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{34}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListReplicasRequest) GetModel() string {
@@ -3182,7 +4052,7 @@ type ListReplicasResponse struct {
 
 func (x *ListReplicasResponse) Reset() {
 	*x = ListReplicasResponse{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[35]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3194,7 +4064,7 @@ func (x *ListReplicasResponse) String() string {
 func (*ListReplicasResponse) ProtoMessage() {}
 
 func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[35]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3207,7 +4077,7 @@ func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{35}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListReplicasResponse) GetReplicas() []*Replica {
@@ -3237,7 +4107,7 @@ type WatchReplicasRequest struct {
 
 func (x *WatchReplicasRequest) Reset() {
 	*x = WatchReplicasRequest{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[36]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3249,7 +4119,7 @@ func (x *WatchReplicasRequest) String() string {
 func (*WatchReplicasRequest) ProtoMessage() {}
 
 func (x *WatchReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[36]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3262,7 +4132,7 @@ func (x *WatchReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchReplicasRequest.ProtoReflect.Descriptor instead.
 func (*WatchReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{36}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *WatchReplicasRequest) GetModel() string {
@@ -3324,7 +4194,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[37]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3336,7 +4206,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[37]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3349,7 +4219,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{37}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Endpoint) GetReplicaId() string {
@@ -3497,7 +4367,7 @@ type WatchReplicasResponse struct {
 
 func (x *WatchReplicasResponse) Reset() {
 	*x = WatchReplicasResponse{}
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[38]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3509,7 +4379,7 @@ func (x *WatchReplicasResponse) String() string {
 func (*WatchReplicasResponse) ProtoMessage() {}
 
 func (x *WatchReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[38]
+	mi := &file_llmgw_fleet_v1_fleet_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3522,7 +4392,7 @@ func (x *WatchReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchReplicasResponse.ProtoReflect.Descriptor instead.
 func (*WatchReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{38}
+	return file_llmgw_fleet_v1_fleet_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *WatchReplicasResponse) GetKind() WatchReplicasResponse_Kind {
@@ -3585,7 +4455,38 @@ var File_llmgw_fleet_v1_fleet_proto protoreflect.FileDescriptor
 
 const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\n" +
-	"\x1allmgw/fleet/v1/fleet.proto\x12\x0ellmgw.fleet.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cllmgw/common/v1/common.proto\"\x9c\x02\n" +
+	"\x1allmgw/fleet/v1/fleet.proto\x12\x0ellmgw.fleet.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1egoogle/rpc/error_details.proto\x1a\x1cllmgw/common/v1/common.proto\"\xd6\x02\n" +
+	"\fCanaryPolicy\x12\x14\n" +
+	"\x05steps\x18\x01 \x03(\x05R\x05steps\x12\x1c\n" +
+	"\n" +
+	"step_min_s\x18\x02 \x01(\x05R\bstepMinS\x12*\n" +
+	"\x11step_min_requests\x18\x03 \x01(\x03R\x0fstepMinRequests\x12&\n" +
+	"\x0fmax_error_ratio\x18\x04 \x01(\x01R\rmaxErrorRatio\x127\n" +
+	"\x18max_error_ratio_increase\x18\x05 \x01(\x01R\x15maxErrorRatioIncrease\x12%\n" +
+	"\x0fmax_p99_ttft_ms\x18\x06 \x01(\x03R\fmaxP99TtftMs\x12#\n" +
+	"\x0emax_p99_itl_ms\x18\a \x01(\x03R\vmaxP99ItlMs\x129\n" +
+	"\x19max_context_refusal_ratio\x18\b \x01(\x01R\x16maxContextRefusalRatio\"\x9e\x02\n" +
+	"\x0eTrafficFigures\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x1a\n" +
+	"\brequests\x18\x02 \x01(\x03R\brequests\x12\x16\n" +
+	"\x06errors\x18\x03 \x01(\x03R\x06errors\x12)\n" +
+	"\x10context_refusals\x18\x04 \x01(\x03R\x0fcontextRefusals\x12\x1f\n" +
+	"\verror_ratio\x18\x05 \x01(\x01R\n" +
+	"errorRatio\x122\n" +
+	"\x15context_refusal_ratio\x18\x06 \x01(\x01R\x13contextRefusalRatio\x12\x1e\n" +
+	"\vp99_ttft_ms\x18\a \x01(\x01R\tp99TtftMs\x12\x1c\n" +
+	"\n" +
+	"p99_itl_ms\x18\b \x01(\x01R\bp99ItlMs\"\xa8\x03\n" +
+	"\fCanaryStatus\x124\n" +
+	"\x06policy\x18\x01 \x01(\v2\x1c.llmgw.fleet.v1.CanaryPolicyR\x06policy\x12\x12\n" +
+	"\x04step\x18\x02 \x01(\x05R\x04step\x12%\n" +
+	"\x0eweight_percent\x18\x03 \x01(\x05R\rweightPercent\x12B\n" +
+	"\x0fstep_started_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\rstepStartedAt\x126\n" +
+	"\x06canary\x18\x05 \x01(\v2\x1e.llmgw.fleet.v1.TrafficFiguresR\x06canary\x12:\n" +
+	"\bbaseline\x18\x06 \x01(\v2\x1e.llmgw.fleet.v1.TrafficFiguresR\bbaseline\x127\n" +
+	"\averdict\x18\a \x01(\x0e2\x1d.llmgw.fleet.v1.CanaryVerdictR\averdict\x12\x1a\n" +
+	"\bfindings\x18\b \x03(\tR\bfindings\x12\x1a\n" +
+	"\bpromoted\x18\t \x01(\bR\bpromoted\"\x9c\x02\n" +
 	"\vRolloutStep\x12\x18\n" +
 	"\aprofile\x18\x01 \x01(\tR\aprofile\x12\x1f\n" +
 	"\vold_replica\x18\x02 \x01(\tR\n" +
@@ -3597,7 +4498,7 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\amessage\x18\b \x01(\tR\amessage\x12/\n" +
 	"\x04mode\x18\t \x01(\x0e2\x1b.llmgw.fleet.v1.RolloutModeR\x04mode\x122\n" +
 	"\x05stage\x18\n" +
-	" \x01(\x0e2\x1c.llmgw.fleet.v1.RolloutStageR\x05stageJ\x04\b\x04\x10\x05J\x04\b\x05\x10\x06\"\xc4\x04\n" +
+	" \x01(\x0e2\x1c.llmgw.fleet.v1.RolloutStageR\x05stageJ\x04\b\x04\x10\x05J\x04\b\x05\x10\x06\"\xab\x05\n" +
 	"\aRollout\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x12\n" +
@@ -3619,7 +4520,9 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"created_by\x18\r \x01(\tR\tcreatedBy\x12\x17\n" +
 	"\aundo_of\x18\x0e \x01(\tR\x06undoOf\x12%\n" +
 	"\x0eundo_available\x18\x0f \x01(\bR\rundoAvailable\x12\x14\n" +
-	"\x05surge\x18\x10 \x01(\x05R\x05surge\"\xb4\x02\n" +
+	"\x05surge\x18\x10 \x01(\x05R\x05surge\x124\n" +
+	"\x06canary\x18\x11 \x01(\v2\x1c.llmgw.fleet.v1.CanaryStatusR\x06canary\x12/\n" +
+	"\afailure\x18\x12 \x01(\v2\x15.google.rpc.ErrorInfoR\afailure\"\xea\x02\n" +
 	"\x11SetContextRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06tokens\x18\x02 \x01(\x03R\x06tokens\x12\x14\n" +
@@ -3632,13 +4535,14 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\tsupersede\x18\b \x01(\bR\tsupersede\x12\x14\n" +
 	"\x05surge\x18\t \x01(\x05R\x05surge\x12'\n" +
 	"\x0fallow_unchecked\x18\n" +
-	" \x01(\bR\x0eallowUnchecked\"\xbd\x01\n" +
+	" \x01(\bR\x0eallowUnchecked\x124\n" +
+	"\x06canary\x18\v \x01(\v2\x1c.llmgw.fleet.v1.CanaryPolicyR\x06canary\"\xbd\x01\n" +
 	"\x12SetContextResponse\x126\n" +
 	"\x06change\x18\x01 \x01(\v2\x1e.llmgw.common.v1.ContextChangeR\x06change\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x02 \x01(\tR\trolloutId\x122\n" +
 	"\x05model\x18\x03 \x01(\v2\x1c.llmgw.fleet.v1.CatalogModelR\x05model\x12\x1c\n" +
-	"\tunchanged\x18\x04 \x01(\bR\tunchanged\"\xcc\x02\n" +
+	"\tunchanged\x18\x04 \x01(\bR\tunchanged\"\x82\x03\n" +
 	"\x0eSetGPUsRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04gpus\x18\x02 \x01(\x05R\x04gpus\x12\x18\n" +
@@ -3652,7 +4556,8 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\tsupersede\x18\t \x01(\bR\tsupersede\x12\x14\n" +
 	"\x05surge\x18\n" +
 	" \x01(\x05R\x05surge\x12'\n" +
-	"\x0fallow_unchecked\x18\v \x01(\bR\x0eallowUnchecked\"\xb7\x01\n" +
+	"\x0fallow_unchecked\x18\v \x01(\bR\x0eallowUnchecked\x124\n" +
+	"\x06canary\x18\f \x01(\v2\x1c.llmgw.fleet.v1.CanaryPolicyR\x06canary\"\xb7\x01\n" +
 	"\x0fSetGPUsResponse\x123\n" +
 	"\x06change\x18\x01 \x01(\v2\x1b.llmgw.common.v1.GPUsChangeR\x06change\x12\x1d\n" +
 	"\n" +
@@ -3669,7 +4574,7 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\brollouts\x18\x01 \x03(\v2\x17.llmgw.fleet.v1.RolloutR\brollouts\"B\n" +
 	"\x13WatchRolloutRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
-	"\tafter_seq\x18\x02 \x01(\x03R\bafterSeq\"\x95\x03\n" +
+	"\tafter_seq\x18\x02 \x01(\x03R\bafterSeq\"\xcb\x03\n" +
 	"\x14WatchRolloutResponse\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x01 \x01(\tR\trolloutId\x12\x10\n" +
@@ -3684,18 +4589,50 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	" \x01(\x0e2\x1c.llmgw.fleet.v1.RolloutStateR\x05state\x12\x18\n" +
 	"\aprofile\x18\v \x01(\tR\aprofile\x124\n" +
 	"\x04kind\x18\f \x01(\x0e2 .llmgw.fleet.v1.RolloutEventKindR\x04kind\x12/\n" +
-	"\x04mode\x18\r \x01(\x0e2\x1b.llmgw.fleet.v1.RolloutModeR\x04modeJ\x04\b\x04\x10\x05J\x04\b\b\x10\t\"E\n" +
+	"\x04mode\x18\r \x01(\x0e2\x1b.llmgw.fleet.v1.RolloutModeR\x04mode\x124\n" +
+	"\x06canary\x18\x0e \x01(\v2\x1c.llmgw.fleet.v1.CanaryStatusR\x06canaryJ\x04\b\x04\x10\x05J\x04\b\b\x10\t\"E\n" +
 	"\x14CancelRolloutRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\"J\n" +
 	"\x15CancelRolloutResponse\x121\n" +
-	"\arollout\x18\x01 \x01(\v2\x17.llmgw.fleet.v1.RolloutR\arollout\"\\\n" +
+	"\arollout\x18\x01 \x01(\v2\x17.llmgw.fleet.v1.RolloutR\arollout\"\x92\x01\n" +
 	"\x12UndoRolloutRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\x12\x17\n" +
-	"\adry_run\x18\x03 \x01(\bR\x06dryRun\"|\n" +
+	"\adry_run\x18\x03 \x01(\bR\x06dryRun\x124\n" +
+	"\x06canary\x18\x04 \x01(\v2\x1c.llmgw.fleet.v1.CanaryPolicyR\x06canary\"Z\n" +
+	"\x15PromoteRolloutRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\x12\x12\n" +
+	"\x04full\x18\x03 \x01(\bR\x04full\"K\n" +
+	"\x16PromoteRolloutResponse\x121\n" +
+	"\arollout\x18\x01 \x01(\v2\x17.llmgw.fleet.v1.RolloutR\arollout\"R\n" +
+	"\x10LatencyHistogram\x12&\n" +
+	"\x0fupper_bounds_ms\x18\x01 \x03(\x01R\rupperBoundsMs\x12\x16\n" +
+	"\x06counts\x18\x02 \x03(\x03R\x06counts\"\xce\x02\n" +
+	"\x0fEndpointTraffic\x12\x1d\n" +
+	"\n" +
+	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\x12\x1a\n" +
+	"\brequests\x18\x04 \x01(\x03R\brequests\x12\x1d\n" +
+	"\n" +
+	"errors_5xx\x18\x05 \x01(\x03R\terrors5xx\x12\x1a\n" +
+	"\btimeouts\x18\x06 \x01(\x03R\btimeouts\x12)\n" +
+	"\x10context_refusals\x18\a \x01(\x03R\x0fcontextRefusals\x124\n" +
+	"\x04ttft\x18\b \x01(\v2 .llmgw.fleet.v1.LatencyHistogramR\x04ttft\x122\n" +
+	"\x03itl\x18\t \x01(\v2 .llmgw.fleet.v1.LatencyHistogramR\x03itl\"\xd1\x01\n" +
+	"\x14ReportTrafficRequest\x12\x18\n" +
+	"\agateway\x18\x01 \x01(\tR\agateway\x12A\n" +
+	"\x0einterval_start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\rintervalStart\x12\x1d\n" +
+	"\n" +
+	"interval_s\x18\x03 \x01(\x05R\tintervalS\x12=\n" +
+	"\tendpoints\x18\x04 \x03(\v2\x1f.llmgw.fleet.v1.EndpointTrafficR\tendpoints\"5\n" +
+	"\x15ReportTrafficResponse\x12\x1c\n" +
+	"\tduplicate\x18\x01 \x01(\bR\tduplicate\"|\n" +
 	"\x13UndoRolloutResponse\x121\n" +
 	"\arollout\x18\x01 \x01(\v2\x17.llmgw.fleet.v1.RolloutR\arollout\x122\n" +
 	"\x05model\x18\x02 \x01(\v2\x1c.llmgw.fleet.v1.CatalogModelR\x05model\"\x9d\x02\n" +
@@ -3723,7 +4660,7 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\x05model\x18\x01 \x01(\v2\x1c.llmgw.fleet.v1.CatalogModelR\x05model\"\x13\n" +
 	"\x11ListModelsRequest\"J\n" +
 	"\x12ListModelsResponse\x124\n" +
-	"\x06models\x18\x01 \x03(\v2\x1c.llmgw.fleet.v1.CatalogModelR\x06models\"\xf8\x01\n" +
+	"\x06models\x18\x01 \x03(\v2\x1c.llmgw.fleet.v1.CatalogModelR\x06models\"\xae\x02\n" +
 	"\x12UpdateModelRequest\x12,\n" +
 	"\x05model\x18\x01 \x01(\v2\x16.llmgw.common.v1.ModelR\x05model\x12\x12\n" +
 	"\x04etag\x18\x02 \x01(\tR\x04etag\x12\x1d\n" +
@@ -3732,7 +4669,8 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\adry_run\x18\x04 \x01(\bR\x06dryRun\x124\n" +
 	"\bstrategy\x18\x05 \x01(\x0e2\x18.llmgw.fleet.v1.StrategyR\bstrategy\x12\x1c\n" +
 	"\tsupersede\x18\x06 \x01(\bR\tsupersede\x12\x14\n" +
-	"\x05surge\x18\a \x01(\x05R\x05surge\"\xa4\x01\n" +
+	"\x05surge\x18\a \x01(\x05R\x05surge\x124\n" +
+	"\x06canary\x18\b \x01(\v2\x1c.llmgw.fleet.v1.CanaryPolicyR\x06canary\"\xa4\x01\n" +
 	"\x13UpdateModelResponse\x122\n" +
 	"\x05model\x18\x01 \x01(\v2\x1c.llmgw.fleet.v1.CatalogModelR\x05model\x12\x1d\n" +
 	"\n" +
@@ -3839,12 +4777,18 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\fKIND_REMOVED\x10\x02\x12\x0f\n" +
 	"\vKIND_SYNCED\x10\x03\x12\x10\n" +
 	"\fKIND_UPDATED\x10\x04\x12\x12\n" +
-	"\x0eKIND_HEARTBEAT\x10\x05*c\n" +
+	"\x0eKIND_HEARTBEAT\x10\x05*x\n" +
 	"\bStrategy\x12\x18\n" +
 	"\x14STRATEGY_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fSTRATEGY_BESIDE\x10\x01\x12\x15\n" +
 	"\x11STRATEGY_IN_PLACE\x10\x02\x12\x11\n" +
-	"\rSTRATEGY_AUTO\x10\x03*\x9c\x01\n" +
+	"\rSTRATEGY_AUTO\x10\x03\x12\x13\n" +
+	"\x0fSTRATEGY_CANARY\x10\x04*}\n" +
+	"\rCanaryVerdict\x12\x1e\n" +
+	"\x1aCANARY_VERDICT_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16CANARY_VERDICT_PROMOTE\x10\x01\x12\x17\n" +
+	"\x13CANARY_VERDICT_HOLD\x10\x02\x12\x17\n" +
+	"\x13CANARY_VERDICT_FAIL\x10\x03*\x9c\x01\n" +
 	"\fRolloutState\x12\x1d\n" +
 	"\x19ROLLOUT_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15ROLLOUT_STATE_RUNNING\x10\x01\x12\x1b\n" +
@@ -3854,7 +4798,7 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\vRolloutMode\x12\x1c\n" +
 	"\x18ROLLOUT_MODE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13ROLLOUT_MODE_BESIDE\x10\x01\x12\x19\n" +
-	"\x15ROLLOUT_MODE_IN_PLACE\x10\x02*\xcf\x01\n" +
+	"\x15ROLLOUT_MODE_IN_PLACE\x10\x02*\xe9\x01\n" +
 	"\fRolloutStage\x12\x1d\n" +
 	"\x19ROLLOUT_STAGE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15ROLLOUT_STAGE_WAITING\x10\x01\x12\x1a\n" +
@@ -3862,7 +4806,8 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\x16ROLLOUT_STAGE_RETIRING\x10\x03\x12\x16\n" +
 	"\x12ROLLOUT_STAGE_DONE\x10\x04\x12\x18\n" +
 	"\x14ROLLOUT_STAGE_FAILED\x10\x05\x12\x1b\n" +
-	"\x17ROLLOUT_STAGE_CANCELLED\x10\x06*\x8a\x04\n" +
+	"\x17ROLLOUT_STAGE_CANCELLED\x10\x06\x12\x18\n" +
+	"\x14ROLLOUT_STAGE_CANARY\x10\a*\xd6\x04\n" +
 	"\x10RolloutEventKind\x12\"\n" +
 	"\x1eROLLOUT_EVENT_KIND_UNSPECIFIED\x10\x00\x12&\n" +
 	"\"ROLLOUT_EVENT_KIND_ROLLOUT_STARTED\x10\x01\x12#\n" +
@@ -3877,7 +4822,9 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"$ROLLOUT_EVENT_KIND_ROLLOUT_SUCCEEDED\x10\n" +
 	"\x12%\n" +
 	"!ROLLOUT_EVENT_KIND_ROLLOUT_FAILED\x10\v\x12(\n" +
-	"$ROLLOUT_EVENT_KIND_ROLLOUT_CANCELLED\x10\f*l\n" +
+	"$ROLLOUT_EVENT_KIND_ROLLOUT_CANCELLED\x10\f\x12\"\n" +
+	"\x1eROLLOUT_EVENT_KIND_CANARY_STEP\x10\r\x12&\n" +
+	"\"ROLLOUT_EVENT_KIND_CANARY_ANALYSIS\x10\x0e*l\n" +
 	"\tNodePhase\x12\x1a\n" +
 	"\x16NODE_PHASE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10NODE_PHASE_READY\x10\x01\x12\x18\n" +
@@ -3906,7 +4853,7 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\x16ENDPOINT_REASON_FAILED\x10\x02\x12\"\n" +
 	"\x1eENDPOINT_REASON_NODE_NOT_READY\x10\x03\x12\x1d\n" +
 	"\x19ENDPOINT_REASON_NODE_LOST\x10\x04\x12\x1b\n" +
-	"\x17ENDPOINT_REASON_DELETED\x10\x052\xa8\x10\n" +
+	"\x17ENDPOINT_REASON_DELETED\x10\x052\xae\x12\n" +
 	"\fFleetService\x12u\n" +
 	"\vCreateModel\x12\".llmgw.fleet.v1.CreateModelRequest\x1a#.llmgw.fleet.v1.CreateModelResponse\"\x1d\x82\xd3\xe4\x93\x02\x17:\x05model\"\x0e/api/v1/models\x12l\n" +
 	"\bGetModel\x12\x1f.llmgw.fleet.v1.GetModelRequest\x1a .llmgw.fleet.v1.GetModelResponse\"\x1d\x82\xd3\xe4\x93\x02\x17\x12\x15/api/v1/models/{name}\x12k\n" +
@@ -3926,7 +4873,9 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\fListRollouts\x12#.llmgw.fleet.v1.ListRolloutsRequest\x1a$.llmgw.fleet.v1.ListRolloutsResponse\";\x82\xd3\xe4\x93\x025Z!\x12\x1f/api/v1/models/{model}/rollouts\x12\x10/api/v1/rollouts\x12\x80\x01\n" +
 	"\fWatchRollout\x12#.llmgw.fleet.v1.WatchRolloutRequest\x1a$.llmgw.fleet.v1.WatchRolloutResponse\"#\x82\xd3\xe4\x93\x02\x1d\x12\x1b/api/v1/rollouts/{id}:watch0\x01\x12\x85\x01\n" +
 	"\rCancelRollout\x12$.llmgw.fleet.v1.CancelRolloutRequest\x1a%.llmgw.fleet.v1.CancelRolloutResponse\"'\x82\xd3\xe4\x93\x02!:\x01*\"\x1c/api/v1/rollouts/{id}:cancel\x12}\n" +
-	"\vUndoRollout\x12\".llmgw.fleet.v1.UndoRolloutRequest\x1a#.llmgw.fleet.v1.UndoRolloutResponse\"%\x82\xd3\xe4\x93\x02\x1f:\x01*\"\x1a/api/v1/rollouts/{id}:undoB=Z;gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/fleet/v1;fleetv1b\x06proto3"
+	"\vUndoRollout\x12\".llmgw.fleet.v1.UndoRolloutRequest\x1a#.llmgw.fleet.v1.UndoRolloutResponse\"%\x82\xd3\xe4\x93\x02\x1f:\x01*\"\x1a/api/v1/rollouts/{id}:undo\x12\x89\x01\n" +
+	"\x0ePromoteRollout\x12%.llmgw.fleet.v1.PromoteRolloutRequest\x1a&.llmgw.fleet.v1.PromoteRolloutResponse\"(\x82\xd3\xe4\x93\x02\":\x01*\"\x1d/api/v1/rollouts/{id}:promote\x12x\n" +
+	"\rReportTraffic\x12$.llmgw.fleet.v1.ReportTrafficRequest\x1a%.llmgw.fleet.v1.ReportTrafficResponse\"\x1a\x82\xd3\xe4\x93\x02\x14:\x01*\"\x0f/api/v1/trafficB=Z;gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/fleet/v1;fleetv1b\x06proto3"
 
 var (
 	file_llmgw_fleet_v1_fleet_proto_rawDescOnce sync.Once
@@ -3940,155 +4889,187 @@ func file_llmgw_fleet_v1_fleet_proto_rawDescGZIP() []byte {
 	return file_llmgw_fleet_v1_fleet_proto_rawDescData
 }
 
-var file_llmgw_fleet_v1_fleet_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_llmgw_fleet_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_llmgw_fleet_v1_fleet_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
+var file_llmgw_fleet_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_llmgw_fleet_v1_fleet_proto_goTypes = []any{
 	(Strategy)(0),                      // 0: llmgw.fleet.v1.Strategy
-	(RolloutState)(0),                  // 1: llmgw.fleet.v1.RolloutState
-	(RolloutMode)(0),                   // 2: llmgw.fleet.v1.RolloutMode
-	(RolloutStage)(0),                  // 3: llmgw.fleet.v1.RolloutStage
-	(RolloutEventKind)(0),              // 4: llmgw.fleet.v1.RolloutEventKind
-	(NodePhase)(0),                     // 5: llmgw.fleet.v1.NodePhase
-	(ReplicaPhase)(0),                  // 6: llmgw.fleet.v1.ReplicaPhase
-	(ApiDialect)(0),                    // 7: llmgw.fleet.v1.ApiDialect
-	(EndpointReason)(0),                // 8: llmgw.fleet.v1.EndpointReason
-	(WatchReplicasResponse_Kind)(0),    // 9: llmgw.fleet.v1.WatchReplicasResponse.Kind
-	(*RolloutStep)(nil),                // 10: llmgw.fleet.v1.RolloutStep
-	(*Rollout)(nil),                    // 11: llmgw.fleet.v1.Rollout
-	(*SetContextRequest)(nil),          // 12: llmgw.fleet.v1.SetContextRequest
-	(*SetContextResponse)(nil),         // 13: llmgw.fleet.v1.SetContextResponse
-	(*SetGPUsRequest)(nil),             // 14: llmgw.fleet.v1.SetGPUsRequest
-	(*SetGPUsResponse)(nil),            // 15: llmgw.fleet.v1.SetGPUsResponse
-	(*GetRolloutRequest)(nil),          // 16: llmgw.fleet.v1.GetRolloutRequest
-	(*GetRolloutResponse)(nil),         // 17: llmgw.fleet.v1.GetRolloutResponse
-	(*ListRolloutsRequest)(nil),        // 18: llmgw.fleet.v1.ListRolloutsRequest
-	(*ListRolloutsResponse)(nil),       // 19: llmgw.fleet.v1.ListRolloutsResponse
-	(*WatchRolloutRequest)(nil),        // 20: llmgw.fleet.v1.WatchRolloutRequest
-	(*WatchRolloutResponse)(nil),       // 21: llmgw.fleet.v1.WatchRolloutResponse
-	(*CancelRolloutRequest)(nil),       // 22: llmgw.fleet.v1.CancelRolloutRequest
-	(*CancelRolloutResponse)(nil),      // 23: llmgw.fleet.v1.CancelRolloutResponse
-	(*UndoRolloutRequest)(nil),         // 24: llmgw.fleet.v1.UndoRolloutRequest
-	(*UndoRolloutResponse)(nil),        // 25: llmgw.fleet.v1.UndoRolloutResponse
-	(*CatalogModel)(nil),               // 26: llmgw.fleet.v1.CatalogModel
-	(*CreateModelRequest)(nil),         // 27: llmgw.fleet.v1.CreateModelRequest
-	(*CreateModelResponse)(nil),        // 28: llmgw.fleet.v1.CreateModelResponse
-	(*GetModelRequest)(nil),            // 29: llmgw.fleet.v1.GetModelRequest
-	(*GetModelResponse)(nil),           // 30: llmgw.fleet.v1.GetModelResponse
-	(*ListModelsRequest)(nil),          // 31: llmgw.fleet.v1.ListModelsRequest
-	(*ListModelsResponse)(nil),         // 32: llmgw.fleet.v1.ListModelsResponse
-	(*UpdateModelRequest)(nil),         // 33: llmgw.fleet.v1.UpdateModelRequest
-	(*UpdateModelResponse)(nil),        // 34: llmgw.fleet.v1.UpdateModelResponse
-	(*DeleteModelRequest)(nil),         // 35: llmgw.fleet.v1.DeleteModelRequest
-	(*DeleteModelResponse)(nil),        // 36: llmgw.fleet.v1.DeleteModelResponse
-	(*ListModelRevisionsRequest)(nil),  // 37: llmgw.fleet.v1.ListModelRevisionsRequest
-	(*ListModelRevisionsResponse)(nil), // 38: llmgw.fleet.v1.ListModelRevisionsResponse
-	(*Node)(nil),                       // 39: llmgw.fleet.v1.Node
-	(*ListNodesRequest)(nil),           // 40: llmgw.fleet.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),          // 41: llmgw.fleet.v1.ListNodesResponse
-	(*Replica)(nil),                    // 42: llmgw.fleet.v1.Replica
-	(*ReplicaMember)(nil),              // 43: llmgw.fleet.v1.ReplicaMember
-	(*ListReplicasRequest)(nil),        // 44: llmgw.fleet.v1.ListReplicasRequest
-	(*ListReplicasResponse)(nil),       // 45: llmgw.fleet.v1.ListReplicasResponse
-	(*WatchReplicasRequest)(nil),       // 46: llmgw.fleet.v1.WatchReplicasRequest
-	(*Endpoint)(nil),                   // 47: llmgw.fleet.v1.Endpoint
-	(*WatchReplicasResponse)(nil),      // 48: llmgw.fleet.v1.WatchReplicasResponse
-	nil,                                // 49: llmgw.fleet.v1.Node.LabelsEntry
-	(*timestamppb.Timestamp)(nil),      // 50: google.protobuf.Timestamp
-	(*v1.ContextChange)(nil),           // 51: llmgw.common.v1.ContextChange
-	(*v1.GPUsChange)(nil),              // 52: llmgw.common.v1.GPUsChange
-	(*v1.Model)(nil),                   // 53: llmgw.common.v1.Model
-	(*v1.Card)(nil),                    // 54: llmgw.common.v1.Card
-	(*v1.StartProgress)(nil),           // 55: llmgw.common.v1.StartProgress
+	(CanaryVerdict)(0),                 // 1: llmgw.fleet.v1.CanaryVerdict
+	(RolloutState)(0),                  // 2: llmgw.fleet.v1.RolloutState
+	(RolloutMode)(0),                   // 3: llmgw.fleet.v1.RolloutMode
+	(RolloutStage)(0),                  // 4: llmgw.fleet.v1.RolloutStage
+	(RolloutEventKind)(0),              // 5: llmgw.fleet.v1.RolloutEventKind
+	(NodePhase)(0),                     // 6: llmgw.fleet.v1.NodePhase
+	(ReplicaPhase)(0),                  // 7: llmgw.fleet.v1.ReplicaPhase
+	(ApiDialect)(0),                    // 8: llmgw.fleet.v1.ApiDialect
+	(EndpointReason)(0),                // 9: llmgw.fleet.v1.EndpointReason
+	(WatchReplicasResponse_Kind)(0),    // 10: llmgw.fleet.v1.WatchReplicasResponse.Kind
+	(*CanaryPolicy)(nil),               // 11: llmgw.fleet.v1.CanaryPolicy
+	(*TrafficFigures)(nil),             // 12: llmgw.fleet.v1.TrafficFigures
+	(*CanaryStatus)(nil),               // 13: llmgw.fleet.v1.CanaryStatus
+	(*RolloutStep)(nil),                // 14: llmgw.fleet.v1.RolloutStep
+	(*Rollout)(nil),                    // 15: llmgw.fleet.v1.Rollout
+	(*SetContextRequest)(nil),          // 16: llmgw.fleet.v1.SetContextRequest
+	(*SetContextResponse)(nil),         // 17: llmgw.fleet.v1.SetContextResponse
+	(*SetGPUsRequest)(nil),             // 18: llmgw.fleet.v1.SetGPUsRequest
+	(*SetGPUsResponse)(nil),            // 19: llmgw.fleet.v1.SetGPUsResponse
+	(*GetRolloutRequest)(nil),          // 20: llmgw.fleet.v1.GetRolloutRequest
+	(*GetRolloutResponse)(nil),         // 21: llmgw.fleet.v1.GetRolloutResponse
+	(*ListRolloutsRequest)(nil),        // 22: llmgw.fleet.v1.ListRolloutsRequest
+	(*ListRolloutsResponse)(nil),       // 23: llmgw.fleet.v1.ListRolloutsResponse
+	(*WatchRolloutRequest)(nil),        // 24: llmgw.fleet.v1.WatchRolloutRequest
+	(*WatchRolloutResponse)(nil),       // 25: llmgw.fleet.v1.WatchRolloutResponse
+	(*CancelRolloutRequest)(nil),       // 26: llmgw.fleet.v1.CancelRolloutRequest
+	(*CancelRolloutResponse)(nil),      // 27: llmgw.fleet.v1.CancelRolloutResponse
+	(*UndoRolloutRequest)(nil),         // 28: llmgw.fleet.v1.UndoRolloutRequest
+	(*PromoteRolloutRequest)(nil),      // 29: llmgw.fleet.v1.PromoteRolloutRequest
+	(*PromoteRolloutResponse)(nil),     // 30: llmgw.fleet.v1.PromoteRolloutResponse
+	(*LatencyHistogram)(nil),           // 31: llmgw.fleet.v1.LatencyHistogram
+	(*EndpointTraffic)(nil),            // 32: llmgw.fleet.v1.EndpointTraffic
+	(*ReportTrafficRequest)(nil),       // 33: llmgw.fleet.v1.ReportTrafficRequest
+	(*ReportTrafficResponse)(nil),      // 34: llmgw.fleet.v1.ReportTrafficResponse
+	(*UndoRolloutResponse)(nil),        // 35: llmgw.fleet.v1.UndoRolloutResponse
+	(*CatalogModel)(nil),               // 36: llmgw.fleet.v1.CatalogModel
+	(*CreateModelRequest)(nil),         // 37: llmgw.fleet.v1.CreateModelRequest
+	(*CreateModelResponse)(nil),        // 38: llmgw.fleet.v1.CreateModelResponse
+	(*GetModelRequest)(nil),            // 39: llmgw.fleet.v1.GetModelRequest
+	(*GetModelResponse)(nil),           // 40: llmgw.fleet.v1.GetModelResponse
+	(*ListModelsRequest)(nil),          // 41: llmgw.fleet.v1.ListModelsRequest
+	(*ListModelsResponse)(nil),         // 42: llmgw.fleet.v1.ListModelsResponse
+	(*UpdateModelRequest)(nil),         // 43: llmgw.fleet.v1.UpdateModelRequest
+	(*UpdateModelResponse)(nil),        // 44: llmgw.fleet.v1.UpdateModelResponse
+	(*DeleteModelRequest)(nil),         // 45: llmgw.fleet.v1.DeleteModelRequest
+	(*DeleteModelResponse)(nil),        // 46: llmgw.fleet.v1.DeleteModelResponse
+	(*ListModelRevisionsRequest)(nil),  // 47: llmgw.fleet.v1.ListModelRevisionsRequest
+	(*ListModelRevisionsResponse)(nil), // 48: llmgw.fleet.v1.ListModelRevisionsResponse
+	(*Node)(nil),                       // 49: llmgw.fleet.v1.Node
+	(*ListNodesRequest)(nil),           // 50: llmgw.fleet.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),          // 51: llmgw.fleet.v1.ListNodesResponse
+	(*Replica)(nil),                    // 52: llmgw.fleet.v1.Replica
+	(*ReplicaMember)(nil),              // 53: llmgw.fleet.v1.ReplicaMember
+	(*ListReplicasRequest)(nil),        // 54: llmgw.fleet.v1.ListReplicasRequest
+	(*ListReplicasResponse)(nil),       // 55: llmgw.fleet.v1.ListReplicasResponse
+	(*WatchReplicasRequest)(nil),       // 56: llmgw.fleet.v1.WatchReplicasRequest
+	(*Endpoint)(nil),                   // 57: llmgw.fleet.v1.Endpoint
+	(*WatchReplicasResponse)(nil),      // 58: llmgw.fleet.v1.WatchReplicasResponse
+	nil,                                // 59: llmgw.fleet.v1.Node.LabelsEntry
+	(*timestamppb.Timestamp)(nil),      // 60: google.protobuf.Timestamp
+	(*errdetails.ErrorInfo)(nil),       // 61: google.rpc.ErrorInfo
+	(*v1.ContextChange)(nil),           // 62: llmgw.common.v1.ContextChange
+	(*v1.GPUsChange)(nil),              // 63: llmgw.common.v1.GPUsChange
+	(*v1.Model)(nil),                   // 64: llmgw.common.v1.Model
+	(*v1.Card)(nil),                    // 65: llmgw.common.v1.Card
+	(*v1.StartProgress)(nil),           // 66: llmgw.common.v1.StartProgress
 }
 var file_llmgw_fleet_v1_fleet_proto_depIdxs = []int32{
-	2,  // 0: llmgw.fleet.v1.RolloutStep.mode:type_name -> llmgw.fleet.v1.RolloutMode
-	3,  // 1: llmgw.fleet.v1.RolloutStep.stage:type_name -> llmgw.fleet.v1.RolloutStage
-	0,  // 2: llmgw.fleet.v1.Rollout.strategy:type_name -> llmgw.fleet.v1.Strategy
-	1,  // 3: llmgw.fleet.v1.Rollout.state:type_name -> llmgw.fleet.v1.RolloutState
-	10, // 4: llmgw.fleet.v1.Rollout.steps:type_name -> llmgw.fleet.v1.RolloutStep
-	50, // 5: llmgw.fleet.v1.Rollout.created_at:type_name -> google.protobuf.Timestamp
-	50, // 6: llmgw.fleet.v1.Rollout.updated_at:type_name -> google.protobuf.Timestamp
-	0,  // 7: llmgw.fleet.v1.SetContextRequest.strategy:type_name -> llmgw.fleet.v1.Strategy
-	51, // 8: llmgw.fleet.v1.SetContextResponse.change:type_name -> llmgw.common.v1.ContextChange
-	26, // 9: llmgw.fleet.v1.SetContextResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
-	0,  // 10: llmgw.fleet.v1.SetGPUsRequest.strategy:type_name -> llmgw.fleet.v1.Strategy
-	52, // 11: llmgw.fleet.v1.SetGPUsResponse.change:type_name -> llmgw.common.v1.GPUsChange
-	26, // 12: llmgw.fleet.v1.SetGPUsResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
-	11, // 13: llmgw.fleet.v1.GetRolloutResponse.rollout:type_name -> llmgw.fleet.v1.Rollout
-	11, // 14: llmgw.fleet.v1.ListRolloutsResponse.rollouts:type_name -> llmgw.fleet.v1.Rollout
-	50, // 15: llmgw.fleet.v1.WatchRolloutResponse.at:type_name -> google.protobuf.Timestamp
-	1,  // 16: llmgw.fleet.v1.WatchRolloutResponse.state:type_name -> llmgw.fleet.v1.RolloutState
-	4,  // 17: llmgw.fleet.v1.WatchRolloutResponse.kind:type_name -> llmgw.fleet.v1.RolloutEventKind
-	2,  // 18: llmgw.fleet.v1.WatchRolloutResponse.mode:type_name -> llmgw.fleet.v1.RolloutMode
-	11, // 19: llmgw.fleet.v1.CancelRolloutResponse.rollout:type_name -> llmgw.fleet.v1.Rollout
-	11, // 20: llmgw.fleet.v1.UndoRolloutResponse.rollout:type_name -> llmgw.fleet.v1.Rollout
-	26, // 21: llmgw.fleet.v1.UndoRolloutResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
-	53, // 22: llmgw.fleet.v1.CatalogModel.model:type_name -> llmgw.common.v1.Model
-	50, // 23: llmgw.fleet.v1.CatalogModel.updated_at:type_name -> google.protobuf.Timestamp
-	53, // 24: llmgw.fleet.v1.CreateModelRequest.model:type_name -> llmgw.common.v1.Model
-	26, // 25: llmgw.fleet.v1.CreateModelResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
-	26, // 26: llmgw.fleet.v1.GetModelResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
-	26, // 27: llmgw.fleet.v1.ListModelsResponse.models:type_name -> llmgw.fleet.v1.CatalogModel
-	53, // 28: llmgw.fleet.v1.UpdateModelRequest.model:type_name -> llmgw.common.v1.Model
-	0,  // 29: llmgw.fleet.v1.UpdateModelRequest.strategy:type_name -> llmgw.fleet.v1.Strategy
-	26, // 30: llmgw.fleet.v1.UpdateModelResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
-	26, // 31: llmgw.fleet.v1.DeleteModelResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
-	26, // 32: llmgw.fleet.v1.ListModelRevisionsResponse.revisions:type_name -> llmgw.fleet.v1.CatalogModel
-	49, // 33: llmgw.fleet.v1.Node.labels:type_name -> llmgw.fleet.v1.Node.LabelsEntry
-	54, // 34: llmgw.fleet.v1.Node.cards:type_name -> llmgw.common.v1.Card
-	5,  // 35: llmgw.fleet.v1.Node.phase:type_name -> llmgw.fleet.v1.NodePhase
-	50, // 36: llmgw.fleet.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
-	39, // 37: llmgw.fleet.v1.ListNodesResponse.nodes:type_name -> llmgw.fleet.v1.Node
-	6,  // 38: llmgw.fleet.v1.Replica.phase:type_name -> llmgw.fleet.v1.ReplicaPhase
-	50, // 39: llmgw.fleet.v1.Replica.since:type_name -> google.protobuf.Timestamp
-	43, // 40: llmgw.fleet.v1.Replica.members:type_name -> llmgw.fleet.v1.ReplicaMember
-	55, // 41: llmgw.fleet.v1.Replica.progress:type_name -> llmgw.common.v1.StartProgress
-	6,  // 42: llmgw.fleet.v1.ReplicaMember.phase:type_name -> llmgw.fleet.v1.ReplicaPhase
-	42, // 43: llmgw.fleet.v1.ListReplicasResponse.replicas:type_name -> llmgw.fleet.v1.Replica
-	6,  // 44: llmgw.fleet.v1.Endpoint.phase:type_name -> llmgw.fleet.v1.ReplicaPhase
-	7,  // 45: llmgw.fleet.v1.Endpoint.api_dialect:type_name -> llmgw.fleet.v1.ApiDialect
-	50, // 46: llmgw.fleet.v1.Endpoint.ready_since:type_name -> google.protobuf.Timestamp
-	9,  // 47: llmgw.fleet.v1.WatchReplicasResponse.kind:type_name -> llmgw.fleet.v1.WatchReplicasResponse.Kind
-	47, // 48: llmgw.fleet.v1.WatchReplicasResponse.endpoint:type_name -> llmgw.fleet.v1.Endpoint
-	8,  // 49: llmgw.fleet.v1.WatchReplicasResponse.reason:type_name -> llmgw.fleet.v1.EndpointReason
-	50, // 50: llmgw.fleet.v1.WatchReplicasResponse.time:type_name -> google.protobuf.Timestamp
-	27, // 51: llmgw.fleet.v1.FleetService.CreateModel:input_type -> llmgw.fleet.v1.CreateModelRequest
-	29, // 52: llmgw.fleet.v1.FleetService.GetModel:input_type -> llmgw.fleet.v1.GetModelRequest
-	31, // 53: llmgw.fleet.v1.FleetService.ListModels:input_type -> llmgw.fleet.v1.ListModelsRequest
-	33, // 54: llmgw.fleet.v1.FleetService.UpdateModel:input_type -> llmgw.fleet.v1.UpdateModelRequest
-	35, // 55: llmgw.fleet.v1.FleetService.DeleteModel:input_type -> llmgw.fleet.v1.DeleteModelRequest
-	37, // 56: llmgw.fleet.v1.FleetService.ListModelRevisions:input_type -> llmgw.fleet.v1.ListModelRevisionsRequest
-	40, // 57: llmgw.fleet.v1.FleetService.ListNodes:input_type -> llmgw.fleet.v1.ListNodesRequest
-	44, // 58: llmgw.fleet.v1.FleetService.ListReplicas:input_type -> llmgw.fleet.v1.ListReplicasRequest
-	46, // 59: llmgw.fleet.v1.FleetService.WatchReplicas:input_type -> llmgw.fleet.v1.WatchReplicasRequest
-	12, // 60: llmgw.fleet.v1.FleetService.SetContext:input_type -> llmgw.fleet.v1.SetContextRequest
-	14, // 61: llmgw.fleet.v1.FleetService.SetGPUs:input_type -> llmgw.fleet.v1.SetGPUsRequest
-	16, // 62: llmgw.fleet.v1.FleetService.GetRollout:input_type -> llmgw.fleet.v1.GetRolloutRequest
-	18, // 63: llmgw.fleet.v1.FleetService.ListRollouts:input_type -> llmgw.fleet.v1.ListRolloutsRequest
-	20, // 64: llmgw.fleet.v1.FleetService.WatchRollout:input_type -> llmgw.fleet.v1.WatchRolloutRequest
-	22, // 65: llmgw.fleet.v1.FleetService.CancelRollout:input_type -> llmgw.fleet.v1.CancelRolloutRequest
-	24, // 66: llmgw.fleet.v1.FleetService.UndoRollout:input_type -> llmgw.fleet.v1.UndoRolloutRequest
-	28, // 67: llmgw.fleet.v1.FleetService.CreateModel:output_type -> llmgw.fleet.v1.CreateModelResponse
-	30, // 68: llmgw.fleet.v1.FleetService.GetModel:output_type -> llmgw.fleet.v1.GetModelResponse
-	32, // 69: llmgw.fleet.v1.FleetService.ListModels:output_type -> llmgw.fleet.v1.ListModelsResponse
-	34, // 70: llmgw.fleet.v1.FleetService.UpdateModel:output_type -> llmgw.fleet.v1.UpdateModelResponse
-	36, // 71: llmgw.fleet.v1.FleetService.DeleteModel:output_type -> llmgw.fleet.v1.DeleteModelResponse
-	38, // 72: llmgw.fleet.v1.FleetService.ListModelRevisions:output_type -> llmgw.fleet.v1.ListModelRevisionsResponse
-	41, // 73: llmgw.fleet.v1.FleetService.ListNodes:output_type -> llmgw.fleet.v1.ListNodesResponse
-	45, // 74: llmgw.fleet.v1.FleetService.ListReplicas:output_type -> llmgw.fleet.v1.ListReplicasResponse
-	48, // 75: llmgw.fleet.v1.FleetService.WatchReplicas:output_type -> llmgw.fleet.v1.WatchReplicasResponse
-	13, // 76: llmgw.fleet.v1.FleetService.SetContext:output_type -> llmgw.fleet.v1.SetContextResponse
-	15, // 77: llmgw.fleet.v1.FleetService.SetGPUs:output_type -> llmgw.fleet.v1.SetGPUsResponse
-	17, // 78: llmgw.fleet.v1.FleetService.GetRollout:output_type -> llmgw.fleet.v1.GetRolloutResponse
-	19, // 79: llmgw.fleet.v1.FleetService.ListRollouts:output_type -> llmgw.fleet.v1.ListRolloutsResponse
-	21, // 80: llmgw.fleet.v1.FleetService.WatchRollout:output_type -> llmgw.fleet.v1.WatchRolloutResponse
-	23, // 81: llmgw.fleet.v1.FleetService.CancelRollout:output_type -> llmgw.fleet.v1.CancelRolloutResponse
-	25, // 82: llmgw.fleet.v1.FleetService.UndoRollout:output_type -> llmgw.fleet.v1.UndoRolloutResponse
-	67, // [67:83] is the sub-list for method output_type
-	51, // [51:67] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	11, // 0: llmgw.fleet.v1.CanaryStatus.policy:type_name -> llmgw.fleet.v1.CanaryPolicy
+	60, // 1: llmgw.fleet.v1.CanaryStatus.step_started_at:type_name -> google.protobuf.Timestamp
+	12, // 2: llmgw.fleet.v1.CanaryStatus.canary:type_name -> llmgw.fleet.v1.TrafficFigures
+	12, // 3: llmgw.fleet.v1.CanaryStatus.baseline:type_name -> llmgw.fleet.v1.TrafficFigures
+	1,  // 4: llmgw.fleet.v1.CanaryStatus.verdict:type_name -> llmgw.fleet.v1.CanaryVerdict
+	3,  // 5: llmgw.fleet.v1.RolloutStep.mode:type_name -> llmgw.fleet.v1.RolloutMode
+	4,  // 6: llmgw.fleet.v1.RolloutStep.stage:type_name -> llmgw.fleet.v1.RolloutStage
+	0,  // 7: llmgw.fleet.v1.Rollout.strategy:type_name -> llmgw.fleet.v1.Strategy
+	2,  // 8: llmgw.fleet.v1.Rollout.state:type_name -> llmgw.fleet.v1.RolloutState
+	14, // 9: llmgw.fleet.v1.Rollout.steps:type_name -> llmgw.fleet.v1.RolloutStep
+	60, // 10: llmgw.fleet.v1.Rollout.created_at:type_name -> google.protobuf.Timestamp
+	60, // 11: llmgw.fleet.v1.Rollout.updated_at:type_name -> google.protobuf.Timestamp
+	13, // 12: llmgw.fleet.v1.Rollout.canary:type_name -> llmgw.fleet.v1.CanaryStatus
+	61, // 13: llmgw.fleet.v1.Rollout.failure:type_name -> google.rpc.ErrorInfo
+	0,  // 14: llmgw.fleet.v1.SetContextRequest.strategy:type_name -> llmgw.fleet.v1.Strategy
+	11, // 15: llmgw.fleet.v1.SetContextRequest.canary:type_name -> llmgw.fleet.v1.CanaryPolicy
+	62, // 16: llmgw.fleet.v1.SetContextResponse.change:type_name -> llmgw.common.v1.ContextChange
+	36, // 17: llmgw.fleet.v1.SetContextResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
+	0,  // 18: llmgw.fleet.v1.SetGPUsRequest.strategy:type_name -> llmgw.fleet.v1.Strategy
+	11, // 19: llmgw.fleet.v1.SetGPUsRequest.canary:type_name -> llmgw.fleet.v1.CanaryPolicy
+	63, // 20: llmgw.fleet.v1.SetGPUsResponse.change:type_name -> llmgw.common.v1.GPUsChange
+	36, // 21: llmgw.fleet.v1.SetGPUsResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
+	15, // 22: llmgw.fleet.v1.GetRolloutResponse.rollout:type_name -> llmgw.fleet.v1.Rollout
+	15, // 23: llmgw.fleet.v1.ListRolloutsResponse.rollouts:type_name -> llmgw.fleet.v1.Rollout
+	60, // 24: llmgw.fleet.v1.WatchRolloutResponse.at:type_name -> google.protobuf.Timestamp
+	2,  // 25: llmgw.fleet.v1.WatchRolloutResponse.state:type_name -> llmgw.fleet.v1.RolloutState
+	5,  // 26: llmgw.fleet.v1.WatchRolloutResponse.kind:type_name -> llmgw.fleet.v1.RolloutEventKind
+	3,  // 27: llmgw.fleet.v1.WatchRolloutResponse.mode:type_name -> llmgw.fleet.v1.RolloutMode
+	13, // 28: llmgw.fleet.v1.WatchRolloutResponse.canary:type_name -> llmgw.fleet.v1.CanaryStatus
+	15, // 29: llmgw.fleet.v1.CancelRolloutResponse.rollout:type_name -> llmgw.fleet.v1.Rollout
+	11, // 30: llmgw.fleet.v1.UndoRolloutRequest.canary:type_name -> llmgw.fleet.v1.CanaryPolicy
+	15, // 31: llmgw.fleet.v1.PromoteRolloutResponse.rollout:type_name -> llmgw.fleet.v1.Rollout
+	31, // 32: llmgw.fleet.v1.EndpointTraffic.ttft:type_name -> llmgw.fleet.v1.LatencyHistogram
+	31, // 33: llmgw.fleet.v1.EndpointTraffic.itl:type_name -> llmgw.fleet.v1.LatencyHistogram
+	60, // 34: llmgw.fleet.v1.ReportTrafficRequest.interval_start:type_name -> google.protobuf.Timestamp
+	32, // 35: llmgw.fleet.v1.ReportTrafficRequest.endpoints:type_name -> llmgw.fleet.v1.EndpointTraffic
+	15, // 36: llmgw.fleet.v1.UndoRolloutResponse.rollout:type_name -> llmgw.fleet.v1.Rollout
+	36, // 37: llmgw.fleet.v1.UndoRolloutResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
+	64, // 38: llmgw.fleet.v1.CatalogModel.model:type_name -> llmgw.common.v1.Model
+	60, // 39: llmgw.fleet.v1.CatalogModel.updated_at:type_name -> google.protobuf.Timestamp
+	64, // 40: llmgw.fleet.v1.CreateModelRequest.model:type_name -> llmgw.common.v1.Model
+	36, // 41: llmgw.fleet.v1.CreateModelResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
+	36, // 42: llmgw.fleet.v1.GetModelResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
+	36, // 43: llmgw.fleet.v1.ListModelsResponse.models:type_name -> llmgw.fleet.v1.CatalogModel
+	64, // 44: llmgw.fleet.v1.UpdateModelRequest.model:type_name -> llmgw.common.v1.Model
+	0,  // 45: llmgw.fleet.v1.UpdateModelRequest.strategy:type_name -> llmgw.fleet.v1.Strategy
+	11, // 46: llmgw.fleet.v1.UpdateModelRequest.canary:type_name -> llmgw.fleet.v1.CanaryPolicy
+	36, // 47: llmgw.fleet.v1.UpdateModelResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
+	36, // 48: llmgw.fleet.v1.DeleteModelResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
+	36, // 49: llmgw.fleet.v1.ListModelRevisionsResponse.revisions:type_name -> llmgw.fleet.v1.CatalogModel
+	59, // 50: llmgw.fleet.v1.Node.labels:type_name -> llmgw.fleet.v1.Node.LabelsEntry
+	65, // 51: llmgw.fleet.v1.Node.cards:type_name -> llmgw.common.v1.Card
+	6,  // 52: llmgw.fleet.v1.Node.phase:type_name -> llmgw.fleet.v1.NodePhase
+	60, // 53: llmgw.fleet.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	49, // 54: llmgw.fleet.v1.ListNodesResponse.nodes:type_name -> llmgw.fleet.v1.Node
+	7,  // 55: llmgw.fleet.v1.Replica.phase:type_name -> llmgw.fleet.v1.ReplicaPhase
+	60, // 56: llmgw.fleet.v1.Replica.since:type_name -> google.protobuf.Timestamp
+	53, // 57: llmgw.fleet.v1.Replica.members:type_name -> llmgw.fleet.v1.ReplicaMember
+	66, // 58: llmgw.fleet.v1.Replica.progress:type_name -> llmgw.common.v1.StartProgress
+	7,  // 59: llmgw.fleet.v1.ReplicaMember.phase:type_name -> llmgw.fleet.v1.ReplicaPhase
+	52, // 60: llmgw.fleet.v1.ListReplicasResponse.replicas:type_name -> llmgw.fleet.v1.Replica
+	7,  // 61: llmgw.fleet.v1.Endpoint.phase:type_name -> llmgw.fleet.v1.ReplicaPhase
+	8,  // 62: llmgw.fleet.v1.Endpoint.api_dialect:type_name -> llmgw.fleet.v1.ApiDialect
+	60, // 63: llmgw.fleet.v1.Endpoint.ready_since:type_name -> google.protobuf.Timestamp
+	10, // 64: llmgw.fleet.v1.WatchReplicasResponse.kind:type_name -> llmgw.fleet.v1.WatchReplicasResponse.Kind
+	57, // 65: llmgw.fleet.v1.WatchReplicasResponse.endpoint:type_name -> llmgw.fleet.v1.Endpoint
+	9,  // 66: llmgw.fleet.v1.WatchReplicasResponse.reason:type_name -> llmgw.fleet.v1.EndpointReason
+	60, // 67: llmgw.fleet.v1.WatchReplicasResponse.time:type_name -> google.protobuf.Timestamp
+	37, // 68: llmgw.fleet.v1.FleetService.CreateModel:input_type -> llmgw.fleet.v1.CreateModelRequest
+	39, // 69: llmgw.fleet.v1.FleetService.GetModel:input_type -> llmgw.fleet.v1.GetModelRequest
+	41, // 70: llmgw.fleet.v1.FleetService.ListModels:input_type -> llmgw.fleet.v1.ListModelsRequest
+	43, // 71: llmgw.fleet.v1.FleetService.UpdateModel:input_type -> llmgw.fleet.v1.UpdateModelRequest
+	45, // 72: llmgw.fleet.v1.FleetService.DeleteModel:input_type -> llmgw.fleet.v1.DeleteModelRequest
+	47, // 73: llmgw.fleet.v1.FleetService.ListModelRevisions:input_type -> llmgw.fleet.v1.ListModelRevisionsRequest
+	50, // 74: llmgw.fleet.v1.FleetService.ListNodes:input_type -> llmgw.fleet.v1.ListNodesRequest
+	54, // 75: llmgw.fleet.v1.FleetService.ListReplicas:input_type -> llmgw.fleet.v1.ListReplicasRequest
+	56, // 76: llmgw.fleet.v1.FleetService.WatchReplicas:input_type -> llmgw.fleet.v1.WatchReplicasRequest
+	16, // 77: llmgw.fleet.v1.FleetService.SetContext:input_type -> llmgw.fleet.v1.SetContextRequest
+	18, // 78: llmgw.fleet.v1.FleetService.SetGPUs:input_type -> llmgw.fleet.v1.SetGPUsRequest
+	20, // 79: llmgw.fleet.v1.FleetService.GetRollout:input_type -> llmgw.fleet.v1.GetRolloutRequest
+	22, // 80: llmgw.fleet.v1.FleetService.ListRollouts:input_type -> llmgw.fleet.v1.ListRolloutsRequest
+	24, // 81: llmgw.fleet.v1.FleetService.WatchRollout:input_type -> llmgw.fleet.v1.WatchRolloutRequest
+	26, // 82: llmgw.fleet.v1.FleetService.CancelRollout:input_type -> llmgw.fleet.v1.CancelRolloutRequest
+	28, // 83: llmgw.fleet.v1.FleetService.UndoRollout:input_type -> llmgw.fleet.v1.UndoRolloutRequest
+	29, // 84: llmgw.fleet.v1.FleetService.PromoteRollout:input_type -> llmgw.fleet.v1.PromoteRolloutRequest
+	33, // 85: llmgw.fleet.v1.FleetService.ReportTraffic:input_type -> llmgw.fleet.v1.ReportTrafficRequest
+	38, // 86: llmgw.fleet.v1.FleetService.CreateModel:output_type -> llmgw.fleet.v1.CreateModelResponse
+	40, // 87: llmgw.fleet.v1.FleetService.GetModel:output_type -> llmgw.fleet.v1.GetModelResponse
+	42, // 88: llmgw.fleet.v1.FleetService.ListModels:output_type -> llmgw.fleet.v1.ListModelsResponse
+	44, // 89: llmgw.fleet.v1.FleetService.UpdateModel:output_type -> llmgw.fleet.v1.UpdateModelResponse
+	46, // 90: llmgw.fleet.v1.FleetService.DeleteModel:output_type -> llmgw.fleet.v1.DeleteModelResponse
+	48, // 91: llmgw.fleet.v1.FleetService.ListModelRevisions:output_type -> llmgw.fleet.v1.ListModelRevisionsResponse
+	51, // 92: llmgw.fleet.v1.FleetService.ListNodes:output_type -> llmgw.fleet.v1.ListNodesResponse
+	55, // 93: llmgw.fleet.v1.FleetService.ListReplicas:output_type -> llmgw.fleet.v1.ListReplicasResponse
+	58, // 94: llmgw.fleet.v1.FleetService.WatchReplicas:output_type -> llmgw.fleet.v1.WatchReplicasResponse
+	17, // 95: llmgw.fleet.v1.FleetService.SetContext:output_type -> llmgw.fleet.v1.SetContextResponse
+	19, // 96: llmgw.fleet.v1.FleetService.SetGPUs:output_type -> llmgw.fleet.v1.SetGPUsResponse
+	21, // 97: llmgw.fleet.v1.FleetService.GetRollout:output_type -> llmgw.fleet.v1.GetRolloutResponse
+	23, // 98: llmgw.fleet.v1.FleetService.ListRollouts:output_type -> llmgw.fleet.v1.ListRolloutsResponse
+	25, // 99: llmgw.fleet.v1.FleetService.WatchRollout:output_type -> llmgw.fleet.v1.WatchRolloutResponse
+	27, // 100: llmgw.fleet.v1.FleetService.CancelRollout:output_type -> llmgw.fleet.v1.CancelRolloutResponse
+	35, // 101: llmgw.fleet.v1.FleetService.UndoRollout:output_type -> llmgw.fleet.v1.UndoRolloutResponse
+	30, // 102: llmgw.fleet.v1.FleetService.PromoteRollout:output_type -> llmgw.fleet.v1.PromoteRolloutResponse
+	34, // 103: llmgw.fleet.v1.FleetService.ReportTraffic:output_type -> llmgw.fleet.v1.ReportTrafficResponse
+	86, // [86:104] is the sub-list for method output_type
+	68, // [68:86] is the sub-list for method input_type
+	68, // [68:68] is the sub-list for extension type_name
+	68, // [68:68] is the sub-list for extension extendee
+	0,  // [0:68] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_fleet_v1_fleet_proto_init() }
@@ -4101,8 +5082,8 @@ func file_llmgw_fleet_v1_fleet_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_llmgw_fleet_v1_fleet_proto_rawDesc), len(file_llmgw_fleet_v1_fleet_proto_rawDesc)),
-			NumEnums:      10,
-			NumMessages:   40,
+			NumEnums:      11,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

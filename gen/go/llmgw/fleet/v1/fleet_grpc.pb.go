@@ -37,6 +37,8 @@ const (
 	FleetService_WatchRollout_FullMethodName       = "/llmgw.fleet.v1.FleetService/WatchRollout"
 	FleetService_CancelRollout_FullMethodName      = "/llmgw.fleet.v1.FleetService/CancelRollout"
 	FleetService_UndoRollout_FullMethodName        = "/llmgw.fleet.v1.FleetService/UndoRollout"
+	FleetService_PromoteRollout_FullMethodName     = "/llmgw.fleet.v1.FleetService/PromoteRollout"
+	FleetService_ReportTraffic_FullMethodName      = "/llmgw.fleet.v1.FleetService/ReportTraffic"
 )
 
 // FleetServiceClient is the client API for FleetService service.
@@ -78,6 +80,13 @@ type FleetServiceClient interface {
 	CancelRollout(ctx context.Context, in *CancelRolloutRequest, opts ...grpc.CallOption) (*CancelRolloutResponse, error)
 	// Roll a model back to the revision before a rollout, as a new rollout.
 	UndoRollout(ctx context.Context, in *UndoRolloutRequest, opts ...grpc.CallOption) (*UndoRolloutResponse, error)
+	// Move a canary rollout to its next traffic step (or, `full`, past every step) without
+	// waiting for its analysis. Abort is CancelRollout: the old revision back at full weight.
+	PromoteRollout(ctx context.Context, in *PromoteRolloutRequest, opts ...grpc.CallOption) (*PromoteRolloutResponse, error)
+	// What a gateway saw of each endpoint over one interval, for canary analysis (the gateway
+	// role only). Unary and batched: one call per gateway instance per interval, idempotent per
+	// (gateway, interval_start), so a retry through a proxy or mesh counts once.
+	ReportTraffic(ctx context.Context, in *ReportTrafficRequest, opts ...grpc.CallOption) (*ReportTrafficResponse, error)
 }
 
 type fleetServiceClient struct {
@@ -266,6 +275,26 @@ func (c *fleetServiceClient) UndoRollout(ctx context.Context, in *UndoRolloutReq
 	return out, nil
 }
 
+func (c *fleetServiceClient) PromoteRollout(ctx context.Context, in *PromoteRolloutRequest, opts ...grpc.CallOption) (*PromoteRolloutResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PromoteRolloutResponse)
+	err := c.cc.Invoke(ctx, FleetService_PromoteRollout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *fleetServiceClient) ReportTraffic(ctx context.Context, in *ReportTrafficRequest, opts ...grpc.CallOption) (*ReportTrafficResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportTrafficResponse)
+	err := c.cc.Invoke(ctx, FleetService_ReportTraffic_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // FleetServiceServer is the server API for FleetService service.
 // All implementations must embed UnimplementedFleetServiceServer
 // for forward compatibility.
@@ -305,6 +334,13 @@ type FleetServiceServer interface {
 	CancelRollout(context.Context, *CancelRolloutRequest) (*CancelRolloutResponse, error)
 	// Roll a model back to the revision before a rollout, as a new rollout.
 	UndoRollout(context.Context, *UndoRolloutRequest) (*UndoRolloutResponse, error)
+	// Move a canary rollout to its next traffic step (or, `full`, past every step) without
+	// waiting for its analysis. Abort is CancelRollout: the old revision back at full weight.
+	PromoteRollout(context.Context, *PromoteRolloutRequest) (*PromoteRolloutResponse, error)
+	// What a gateway saw of each endpoint over one interval, for canary analysis (the gateway
+	// role only). Unary and batched: one call per gateway instance per interval, idempotent per
+	// (gateway, interval_start), so a retry through a proxy or mesh counts once.
+	ReportTraffic(context.Context, *ReportTrafficRequest) (*ReportTrafficResponse, error)
 	mustEmbedUnimplementedFleetServiceServer()
 }
 
@@ -362,6 +398,12 @@ func (UnimplementedFleetServiceServer) CancelRollout(context.Context, *CancelRol
 }
 func (UnimplementedFleetServiceServer) UndoRollout(context.Context, *UndoRolloutRequest) (*UndoRolloutResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method UndoRollout not implemented")
+}
+func (UnimplementedFleetServiceServer) PromoteRollout(context.Context, *PromoteRolloutRequest) (*PromoteRolloutResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PromoteRollout not implemented")
+}
+func (UnimplementedFleetServiceServer) ReportTraffic(context.Context, *ReportTrafficRequest) (*ReportTrafficResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportTraffic not implemented")
 }
 func (UnimplementedFleetServiceServer) mustEmbedUnimplementedFleetServiceServer() {}
 func (UnimplementedFleetServiceServer) testEmbeddedByValue()                      {}
@@ -658,6 +700,42 @@ func _FleetService_UndoRollout_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _FleetService_PromoteRollout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PromoteRolloutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FleetServiceServer).PromoteRollout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FleetService_PromoteRollout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FleetServiceServer).PromoteRollout(ctx, req.(*PromoteRolloutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FleetService_ReportTraffic_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportTrafficRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FleetServiceServer).ReportTraffic(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FleetService_ReportTraffic_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FleetServiceServer).ReportTraffic(ctx, req.(*ReportTrafficRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // FleetService_ServiceDesc is the grpc.ServiceDesc for FleetService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -720,6 +798,14 @@ var FleetService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "UndoRollout",
 			Handler:    _FleetService_UndoRollout_Handler,
+		},
+		{
+			MethodName: "PromoteRollout",
+			Handler:    _FleetService_PromoteRollout_Handler,
+		},
+		{
+			MethodName: "ReportTraffic",
+			Handler:    _FleetService_ReportTraffic_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
