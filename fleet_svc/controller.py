@@ -16,6 +16,7 @@ from typing import Protocol
 import structlog
 
 from fleet_svc.agents.desired import DesiredSets, desired_by_node
+from fleet_svc.agents.remote import RemoteNodes
 from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.control import (
     Action,
@@ -156,6 +157,8 @@ class Controller:
         """When this fleet last loaded its state from the store (started or took over)."""
         self._trusting = True
         """Whether replicas on nodes not heard from are still routed (see _unknown_node_phase)."""
+        self.remote: RemoteNodes | None = None
+        """Agents other fleets hold, heard through the store (fleets sharing one store)."""
         self._load()
 
     def wall_of(self, monotonic_s: float) -> float:
@@ -193,6 +196,8 @@ class Controller:
         self._reloaded_s = self._clock.monotonic()
         self._trusting = True
         self._adopted_at = None
+        if self.remote is not None:
+            self.remote.reset()
         self._load()
         self._publish_all()
 
@@ -214,11 +219,6 @@ class Controller:
             self.hub.remove(rid, EndpointReason.DRAINING)
         for r in self.state.replicas.values():
             self._publish(r)
-
-    def drop_agents(self, reason: str) -> None:
-        """End every agent's stream (this fleet stopped leading: they go to the leader)."""
-        for link in list(self.state.links.values()):
-            link.close(reason)
 
     def flush(self) -> None:
         """Write every replica changed since the last flush, in one transaction.
@@ -627,6 +627,8 @@ class Controller:
 
     def tick(self) -> None:
         """Snapshot -> plan -> dispatch."""
+        if self.remote is not None:
+            self.remote.apply(self.remote.read(), self, self._clock.wall())
         now = self._clock.monotonic()
         if self._trusting and now - self._reloaded_s >= self.liveness.grace_s:
             self._trusting = False  # nodes still silent now leave routing
@@ -663,6 +665,8 @@ class Controller:
         )
         self.flush()
         self._dispatch(now)
+        if self.remote is not None:
+            self.remote.push()
 
     def _adopt(self, wants: list[ProfileWant], now: float) -> None:
         """Take up what the API side committed (Rollouts.adopt), when something may be

@@ -16,16 +16,17 @@ import grpc
 import structlog
 from grpc_status import rpc_status
 
-from fleet_svc.domain.access import AGENT, FLEET, MUTATIONS
+from fleet_svc.domain.access import FLEET, MUTATIONS
 from fleet_svc.rpc.status import store_status
 from fleet_svc.store.base import NotLeader
 from llmgw.rpc.handlers import admitted
 
 log = structlog.get_logger(__name__)
 
-LEADER_ONLY = MUTATIONS | {FLEET + "ListNodes", AGENT + "Connect"}
+LEADER_ONLY = MUTATIONS | {FLEET + "ListNodes"}
 """The RPCs a fleet that does not lead refuses (dry runs of changes too: they size against the
-live inventory, which only the leader's agents report)."""
+live inventory, which only the leader's controller holds). Agents' streams are served by every
+fleet (fleet_svc/rpc/agent_relay.py)."""
 
 Refusal = Callable[[], NotLeader | None]
 
