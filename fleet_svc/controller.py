@@ -589,7 +589,11 @@ class Controller:
             before = self._changes + self._rollouts.saves
             try:
                 if self.leading():
+                    if self.remote is not None:
+                        await self.remote.fetch()
                     self.tick()
+                    if self.remote is not None:
+                        await self.remote.push()
                     self._tick_passed()
             except StoreError as exc:
                 self._tick_failed(exc)
@@ -628,7 +632,7 @@ class Controller:
     def tick(self) -> None:
         """Snapshot -> plan -> dispatch."""
         if self.remote is not None:
-            self.remote.apply(self.remote.read(), self, self._clock.wall())
+            self.remote.apply_fetched(self, self._clock.wall())
         now = self._clock.monotonic()
         if self._trusting and now - self._reloaded_s >= self.liveness.grace_s:
             self._trusting = False  # nodes still silent now leave routing
@@ -665,8 +669,6 @@ class Controller:
         )
         self.flush()
         self._dispatch(now)
-        if self.remote is not None:
-            self.remote.push()
 
     def _adopt(self, wants: list[ProfileWant], now: float) -> None:
         """Take up what the API side committed (Rollouts.adopt), when something may be

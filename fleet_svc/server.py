@@ -244,7 +244,9 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
     holder = leadership.holder if leadership is not None else ""
     relay = NodeRelay(store, clock, holder, controller.liveness, app.calls)
     if leadership is not None:
-        controller.remote = RemoteNodes(store, holder, encode_desired, controller.liveness)
+        controller.remote = RemoteNodes(
+            store, holder, encode_desired, controller.liveness, offload=app.calls.run
+        )
     duties = Duties(
         controller,
         catalog,

@@ -16,9 +16,9 @@ are not taken for connected nodes when the leader loads them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import structlog
 
@@ -32,6 +32,19 @@ log = structlog.get_logger(__name__)
 
 Encode = Callable[[str, int, Sequence[ReplicaState], Mapping[str, str]], bytes]
 """A node's desired set (node, version, replicas, stop traces) as the message its agent is sent."""
+T = TypeVar("T")
+
+
+class Offload(Protocol):
+    """Runs a function of store calls where it cannot block the loop (fleet_svc.store_calls)."""
+
+    def __call__(self, fn: Callable[[], T], /) -> Awaitable[T]:
+        """`fn()`, awaited."""
+        ...
+
+
+async def _on_the_loop(fn: Callable[[], T]) -> T:
+    return fn()
 
 
 class AgentEvents(Protocol):
@@ -91,20 +104,43 @@ class RemoteNodes:
     docstring). `holder` names this fleet: rows it wrote itself are its own streams, which
     its controller hears directly."""
 
-    def __init__(self, store: Store, holder: str, encode: Encode, liveness: Liveness) -> None:
+    def __init__(
+        self,
+        store: Store,
+        holder: str,
+        encode: Encode,
+        liveness: Liveness,
+        offload: Offload | None = None,
+    ) -> None:
         self._store = store
         self.holder = holder
         self._encode = encode
         self._liveness = liveness
+        self._offload = offload or _on_the_loop
         self._seq = 0
         self._heard: dict[str, _Heard] = {}
         self._pending: dict[str, DesiredRecord] = {}
+        self._fetched: list[NodeReport] = []
 
     def reset(self) -> None:
         """Forget everything (the controller reloaded its state): the next read is a full one."""
         self._seq = 0
         self._heard = {}
         self._pending = {}
+        self._fetched = []
+
+    async def fetch(self) -> None:
+        """Read the rows written since the last read, off the loop where the store allows it
+        (the next tick applies them: `apply_fetched`)."""
+        seq = self._seq
+        rows = await self._offload(lambda: self._store.list_node_reports(seq))
+        if seq == self._seq:  # not reset meanwhile
+            self._fetched.extend(rows)
+
+    def apply_fetched(self, events: AgentEvents, wall_now: float) -> None:
+        """Apply what `fetch` read (the tick calls it first)."""
+        rows, self._fetched = self._fetched, []
+        self.apply(rows, events, wall_now)
 
     def queue(
         self, node: str, version: int, replicas: Sequence[ReplicaState], stop: Mapping[str, str]
@@ -113,10 +149,6 @@ class RemoteNodes:
         self._pending[node] = DesiredRecord(
             node, version, self._encode(node, version, replicas, stop)
         )
-
-    def read(self) -> list[NodeReport]:
-        """The rows written since the last read (a store call: run where it may block)."""
-        return self._store.list_node_reports(self._seq)
 
     def apply(self, rows: Sequence[NodeReport], events: AgentEvents, wall_now: float) -> None:
         """Turn rows read into the controller's events."""
@@ -163,13 +195,13 @@ class RemoteNodes:
             events.acknowledged(node, news.ack_version, news.rejected)
         heard.news = news
 
-    def push(self) -> None:
-        """Write the desired sets queued since the last push (kept for the next one when the
-        store refuses)."""
+    async def push(self) -> None:
+        """Write the desired sets queued since the last push, off the loop where the store
+        allows it (kept for the next push when the store refuses)."""
         if not self._pending:
             return
         records = list(self._pending.values())
-        self._store.put_desired(records)
+        await self._offload(lambda: self._store.put_desired(records))
         for r in records:
             if self._pending.get(r.node) is r:
                 del self._pending[r.node]

@@ -65,7 +65,7 @@ def row(
     return NodeReport(node, holder, stream, up, heard_at, report_doc(view, observed, ack, ()))
 
 
-def test_rows_become_a_hello_then_news_then_a_goodbye(tmp_path: Path) -> None:
+async def test_rows_become_a_hello_then_news_then_a_goodbye(tmp_path: Path) -> None:
     """A stream's first row is a hello with its replicas; later rows of the same stream give
     heartbeats, only the replica reports that changed, and acknowledgements that moved; a
     row saying the stream ended ends it; this fleet's own rows are skipped."""
@@ -76,64 +76,72 @@ def test_rows_become_a_hello_then_news_then_a_goodbye(tmp_path: Path) -> None:
     store.put_node_reports(
         [row("n1", "s1", 100.0, observed=(starting,)), row("n2", "x", 100.0, holder="f1")]
     )
-    remote.apply(remote.read(), heard, 100.5)
+    await remote.fetch()
+    remote.apply_fetched(heard, 100.5)
     assert heard.events == [("hello", "n1", "s1", "r1")]
     ready = Observed("r1", 1, ReplicaPhase.READY, address="h:1")
     store.put_node_reports([row("n1", "s1", 101.0, free=7, observed=(ready,), ack=4)])
-    remote.apply(remote.read(), heard, 101.0)
+    await remote.fetch()
+    remote.apply_fetched(heard, 101.0)
     assert heard.events[1:] == [
         ("beat", "n1", "7"),
         ("observe", "n1", "r1", "READY"),
         ("ack", "n1", "4", ""),
     ]
     store.put_node_reports([row("n1", "s1", 102.0, free=7, observed=(ready,), ack=4)])
-    remote.apply(remote.read(), heard, 102.0)
+    await remote.fetch()
+    remote.apply_fetched(heard, 102.0)
     assert heard.events[4:] == [("beat", "n1", "7")], "no news is no event but the heartbeat"
     store.put_node_reports([row("n1", "s1", 103.0, up=False)])
-    remote.apply(remote.read(), heard, 103.0)
+    await remote.fetch()
+    remote.apply_fetched(heard, 103.0)
     assert heard.events[5:] == [("bye", "n1", "s1")]
 
 
-def test_a_new_stream_is_a_new_hello_and_a_replaced_one_is_no_news(tmp_path: Path) -> None:
+async def test_a_new_stream_is_a_new_hello_and_a_replaced_one_is_no_news(tmp_path: Path) -> None:
     """The node's agent reconnects (to another fleet): a new hello; the old stream's link,
     once closed by the controller, makes its later rows no news."""
     store = SQLiteStore(tmp_path / "f.db")
     remote = RemoteNodes(store, "f1", encode, LIVENESS)
     heard = Heard()
     store.put_node_reports([row("n1", "s1", 100.0)])
-    remote.apply(remote.read(), heard, 100.0)
+    await remote.fetch()
+    remote.apply_fetched(heard, 100.0)
     store.put_node_reports([row("n1", "s2", 101.0, holder="f3")])
-    remote.apply(remote.read(), heard, 101.0)
+    await remote.fetch()
+    remote.apply_fetched(heard, 101.0)
     assert [e[:3] for e in heard.events] == [("hello", "n1", "s1"), ("hello", "n1", "s2")]
     heard.links["n1"].close("replaced")
     store.put_node_reports([row("n1", "s2", 102.0, holder="f3", free=1)])
-    remote.apply(remote.read(), heard, 102.0)
+    await remote.fetch()
+    remote.apply_fetched(heard, 102.0)
     assert len(heard.events) == 2
 
 
-def test_a_leader_loading_rows_skips_streams_gone_quiet(tmp_path: Path) -> None:
+async def test_a_leader_loading_rows_skips_streams_gone_quiet(tmp_path: Path) -> None:
     """On its first read (it just took over) a stream whose row was last refreshed longer
     ago than the grace is not taken for a connected node: its holder stopped refreshing it."""
     store = SQLiteStore(tmp_path / "f.db")
     store.put_node_reports([row("old", "s1", 100.0), row("fresh", "s2", 109.0)])
     remote = RemoteNodes(store, "f1", encode, LIVENESS)
     heard = Heard()
-    remote.apply(remote.read(), heard, 110.0)
+    await remote.fetch()
+    remote.apply_fetched(heard, 110.0)
     assert [e[1] for e in heard.events] == ["fresh"]
 
 
-def test_desired_sets_go_to_the_store_and_wait_there_when_it_refuses(tmp_path: Path) -> None:
+async def test_desired_sets_go_to_the_store_at_the_next_push(tmp_path: Path) -> None:
     """A set sent on a stored link is written at the next push, the newest per node."""
     store = SQLiteStore(tmp_path / "f.db")
     remote = RemoteNodes(store, "f1", encode, LIVENESS)
     link = StoredLink("n1", "f2", "s1", remote)
     link.send_desired(1, [], {})
     link.send_desired(2, [], {})
-    remote.push()
+    await remote.push()
     assert [(d.node, d.version, d.body) for d in store.list_desired()] == [("n1", 2, b"n1:2:0")]
     link.close("replaced")
     link.send_desired(3, [], {})
-    remote.push()
+    await remote.push()
     assert len(store.list_desired()) == 1, "a closed link sends nothing"
 
 
