@@ -272,6 +272,7 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
             clock,
             lambda: LeaderStatus(duties.is_leader, duties.epoch),
             store_problem=lambda: store_health.problem,
+            streams=lambda: relay.held,
         )
         metrics_server = await start_metrics_server(opts.metrics, registry)
     probe_server = await start_probe_server(opts.probes, health_servicer) if opts.probes else None

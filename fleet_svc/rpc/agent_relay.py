@@ -92,6 +92,11 @@ class NodeRelay:
         self._failing = ""
 
     @property
+    def held(self) -> int:
+        """How many agents' streams this fleet holds."""
+        return len(self._held)
+
+    @property
     def leading(self) -> bool:
         """Whether events go to this fleet's controller."""
         return self._leader is not None
