@@ -47,7 +47,7 @@ from fleet_svc.domain.reports import (
 )
 from fleet_svc.domain.rollout import Rollout
 from fleet_svc.rollouts import Rollouts
-from fleet_svc.store.base import NotLeader, Store, StoreError
+from fleet_svc.store.base import NotLeader, ReplicaRecord, RolloutRecord, Store, StoreError
 from fleet_svc.store.rows import replica_of, replica_record
 from fleet_svc.watch import EndpointHub
 from llmgw.clock import Clock
@@ -201,18 +201,23 @@ class Controller:
         self._load()
         self._publish_all()
 
-    def follow(self) -> None:
-        """Refresh replicas and running rollouts from the store, for a fleet that does not
-        lead: its reads (ListReplicas, GetRollout) and watches (WatchReplicas, WatchRollout)
-        then answer what the leader wrote."""
+    def followed(self) -> tuple[list[ReplicaRecord], list[RolloutRecord]]:
+        """The rows `follow` reads (store calls only: a follower runs this off the loop)."""
+        return self._store.list_replicas(), self._store.list_rollouts()
+
+    def follow(self, rows: tuple[list[ReplicaRecord], list[RolloutRecord]] | None = None) -> None:
+        """Refresh replicas and running rollouts from the store (or from the `followed` rows
+        given), for a fleet that does not lead: its reads (ListReplicas, GetRollout) and
+        watches (WatchReplicas, WatchRollout) then answer what the leader wrote."""
+        stored, rollouts = rows if rows is not None else self.followed()
         now, wall = self._clock.monotonic(), self._clock.wall()
         replicas = {}
-        for rec in self._store.list_replicas():
+        for rec in stored:
             r = replica_of(rec)
             replicas[r.id] = replace(r, entered_s=now - max(wall - r.since_s, 0.0))
         self.state.replicas = replicas
         self._publish_all()
-        self._rollouts.follow()
+        self._rollouts.follow(rollouts)
 
     def _publish_all(self) -> None:
         for rid in set(self.hub.ready) - set(self.state.replicas):

@@ -167,13 +167,16 @@ class Duties:
                 try:
                     # Without a notification, the rows are read again only when the server's
                     # digest of them moved: one small query per FOLLOW_S while nothing changes.
+                    # The store is read on a thread (a leased store is PostgreSQL: its calls
+                    # may come from any thread), so the streams this fleet holds go on.
+                    leadership = self.leadership
                     now = (
-                        self.leadership.state_digest()
-                        if self.leadership is not None and not told
+                        await asyncio.to_thread(leadership.state_digest)
+                        if leadership is not None and not told
                         else None
                     )
                     if now is None or now != digest:
-                        self.controller.follow()
+                        self.controller.follow(await asyncio.to_thread(self.controller.followed))
                         self.agents.notified()
                         digest = now
                     if self._failing:

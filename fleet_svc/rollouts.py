@@ -17,7 +17,7 @@ from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.rollout import ENDINGS, Event, EventKind, Rollout, RolloutState, Stage
 from fleet_svc.domain.rollout import advance as advance_rollout
 from fleet_svc.domain.rollout import cancel as cancel_rollout
-from fleet_svc.store.base import Store
+from fleet_svc.store.base import RolloutRecord, Store
 from fleet_svc.store.rows import load_rollout, rollout_record
 from llmgw.clock import Clock
 
@@ -56,10 +56,9 @@ class Rollouts:
                 )
                 self.running[stored.id] = replace(ro, steps=steps)
 
-    def follow(self) -> None:
-        """Read the running rollouts from the store (a fleet that does not lead: another
-        writes them), waking watchers when any rollout changed since the last read."""
-        stored = self._store.list_rollouts()
+    def follow(self, stored: list[RolloutRecord]) -> None:
+        """Take the running rollouts from the store's rows (a fleet that does not lead:
+        another writes them), waking watchers when any rollout changed since the last read."""
         seen = {r.id: r.updated_at for r in stored}
         self.running = {r.id: load_rollout(r) for r in stored if r.state == "RUNNING"}
         if seen != self._seen:

@@ -324,7 +324,7 @@ async def test_a_leader_that_loses_its_lease_keeps_its_agents_streams_through_th
                     for n in ("node-1", "node-9")
                 )
 
-            await assert_eventually(both_ready, timeout_s=10, what="both nodes on the new leader")
+            await assert_eventually(both_ready, timeout_s=30, what="both nodes on the new leader")
             assert scripted.close_code is None, "no stream ended"
             assert agent.client.fleet == f"127.0.0.1:{leader.port}"
             on_new = stub_of(follower, stack)
@@ -334,8 +334,10 @@ async def test_a_leader_that_loses_its_lease_keeps_its_agents_streams_through_th
                 rs = (await on_new.ListReplicas(fleet_pb2.ListReplicasRequest())).replicas
                 return len(rs) == 2 and all(r.phase == fleet_pb2.REPLICA_PHASE_READY for r in rs)
 
-            # Both nodes' streams are on the old leader: READY replicas ran there.
-            await assert_eventually(two_ready, timeout_s=15, what="two READY replicas")
+            # Both nodes' streams are on the old leader: READY replicas ran there. (A desired
+            # set the new leader wrote before the old one began forwarding is sent again after
+            # RESEND_S unacknowledged: up to 5 s more.)
+            await assert_eventually(two_ready, timeout_s=30, what="two READY replicas")
 
 
 async def test_a_follower_learns_of_the_leaders_writes_from_the_store_s_notifications() -> None:
