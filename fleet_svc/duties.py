@@ -176,8 +176,8 @@ class Duties:
                         else None
                     )
                     if now is None or now != digest:
+                        self.agents.notified()  # desired sets first: agents wait on them
                         self.controller.follow(await asyncio.to_thread(self.controller.followed))
-                        self.agents.notified()
                         digest = now
                     if self._failing:
                         log.info("follow_recovered")
