@@ -212,12 +212,14 @@ class NodeRelay:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._next_wait_s())
             self._wake.clear()
-            await asyncio.sleep(FLUSH_S)  # gather what else comes in the meantime
-            if self._leader is not None:
-                self._gone.clear()
-                self._dirty.clear()
-                continue
             try:
+                if self._leader is None and self._pull.is_set():
+                    await self._forward()  # the agents wait on these: before any write
+                await asyncio.sleep(FLUSH_S)  # gather what else comes in the meantime
+                if self._leader is not None:
+                    self._gone.clear()
+                    self._dirty.clear()
+                    continue
                 await self._write()
                 await self._forward()
                 if self._failing:
