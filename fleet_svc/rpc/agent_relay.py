@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,10 @@ FLUSH_S = 0.05
 """The longest an agent's report waits before it is written (while following)."""
 PULL_S = 1.0
 """Besides the store's notifications, how often a follower reads desired sets written."""
+
+MAX_OBSERVED = 1024
+"""Replicas a stream's row keeps reports of: a node runs a handful; past this many, reports of
+more are dropped and logged (an agent cannot grow its row without bound)."""
 
 _DONE = frozenset({"STOPPED", "FAILED"})
 
@@ -141,11 +146,12 @@ class NodeRelay:
         old = self._held.get(view.name)
         if old is not None and old.link is not link:
             old.link.close("replaced by a newer connection from the same node")
-        seen = {o.replica_id: o for o in observed}
+        reported = list(observed)
+        seen = {o.replica_id: o for o in itertools.islice(reported, MAX_OBSERVED)}
         held = _Held(link, view, observed=seen, heard_at=self._clock.wall(), since_seq=self._seen)
         self._held[view.name] = held
         if self._leader is not None:
-            self._leader.agent_connected(view, seen.values(), link)
+            self._leader.agent_connected(view, reported, link)
         else:
             self._changed(view.name)
 
@@ -182,7 +188,10 @@ class NodeRelay:
         if held is None:
             return
         held.heard_at = self._clock.wall()
-        held.observed[o.replica_id] = o
+        if o.replica_id not in held.observed and len(held.observed) >= MAX_OBSERVED:
+            log.warning("replica_report_dropped", node=node, replica_id=o.replica_id[:64])
+        else:
+            held.observed[o.replica_id] = o
         if self._leader is not None:
             self._leader.observe(node, o)
         else:

@@ -11,7 +11,7 @@ from fleet_svc.agents.reports import news_of
 from fleet_svc.domain.nodes import Card, Liveness, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.reports import Observed
-from fleet_svc.rpc.agent_relay import NodeRelay, encode_desired
+from fleet_svc.rpc.agent_relay import MAX_OBSERVED, NodeRelay, encode_desired
 from fleet_svc.rpc.agent_stream import StreamLink
 from fleet_svc.store.base import DesiredRecord
 from fleet_svc.store.sqlite import SQLiteStore
@@ -64,5 +64,27 @@ async def test_a_follower_writes_its_streams_and_forwards_only_later_sets(tmp_pa
         await settle(relay)
         [gone] = store.list_node_reports(row.seq)
         assert (gone.node, gone.connected, gone.stream) == ("n1", False, row.stream)
+    finally:
+        task.cancel()
+
+
+async def test_a_stream_s_row_keeps_at_most_max_observed_replicas(tmp_path: Path) -> None:
+    """An agent reporting more replicas than MAX_OBSERVED cannot grow its node's row past
+    that: the reports of the ones beyond are dropped (a replica already kept is updated)."""
+    store = SQLiteStore(tmp_path / "f.db")
+    relay = NodeRelay(store, FakeClock(), "fleet-b", LIVENESS, StoreCalls(store))
+    relay.follow()
+    task = asyncio.create_task(relay.run())
+    try:
+        relay.agent_connected(NodeView(name="n1"), [], StreamLink("n1"))
+        for i in range(MAX_OBSERVED + 5):
+            relay.observe("n1", Observed(f"r{i}", 1, ReplicaPhase.STARTING))
+        relay.observe("n1", Observed("r0", 1, ReplicaPhase.READY))
+        await settle(relay)
+        [row] = store.list_node_reports()
+        news = news_of("n1", row.report)
+        assert len(news.observed) == MAX_OBSERVED
+        assert f"r{MAX_OBSERVED}" not in news.observed
+        assert news.observed["r0"].phase is ReplicaPhase.READY
     finally:
         task.cancel()
