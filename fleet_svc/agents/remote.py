@@ -9,10 +9,12 @@ stream carries heartbeats, replica reports and acknowledgements. A node's desire
 the store as a row the holding fleet forwards.
 
 Freshness: the holder refreshes its nodes' rows at least every heartbeat interval while their
-streams last. A row that stops moving (its holder died) is a node gone silent: the controller's
-liveness marks it NOT_READY after the grace and LOST later, exactly as for a silent stream here,
-while the agent reconnects to another fleet (a new stream: a hello). Rows older than the grace
-are not taken for connected nodes when the leader loads them."""
+streams last, each with `heard_at`, when its agent last spoke. Only a row whose `heard_at`
+moved is a heartbeat. A row that stops moving (its holder died), or whose `heard_at` does not
+(its agent is silent), is a node gone silent: the controller's liveness marks it NOT_READY
+after the grace and LOST later, exactly as for a silent stream here, while the agent
+reconnects to another fleet (a new stream: a hello). Rows older than the grace are not taken
+for connected nodes when the leader loads them."""
 
 from __future__ import annotations
 
@@ -97,6 +99,7 @@ class _Heard:
 
     link: StoredLink
     news: NodeNews
+    heard_at: float
 
 
 class RemoteNodes:
@@ -173,21 +176,27 @@ class RemoteNodes:
         if same and heard is not None:
             if heard.link.closed:
                 return  # replaced since by a newer stream (here, or through another row)
-            self._news(row.node, heard, news_of(row.node, row.report), events)
+            self._news(row.node, heard, news_of(row.node, row.report), row.heard_at, events)
             return
         if first and wall_now - row.heard_at >= self._liveness.grace_s:
             return  # a stream its holder stopped refreshing before this fleet loaded it
         news = news_of(row.node, row.report)
         link = StoredLink(row.node, row.holder, row.stream, self)
-        self._heard[row.node] = _Heard(link, news)
+        self._heard[row.node] = _Heard(link, news, row.heard_at)
         events.agent_connected(news.view, list(news.observed.values()), link)
         if news.ack_version:
             events.acknowledged(row.node, news.ack_version, news.rejected)
         log.info("agent_held_elsewhere", node=row.node, holder=row.holder)
 
-    def _news(self, node: str, heard: _Heard, news: NodeNews, events: AgentEvents) -> None:
+    def _news(
+        self, node: str, heard: _Heard, news: NodeNews, heard_at: float, events: AgentEvents
+    ) -> None:
         old = heard.news
-        events.heartbeat(node, news.view.cards, news.view.memory_free_bytes)
+        if heard_at > heard.heard_at:
+            # The agent spoke since the last row (a row refreshed over a silent stream is
+            # not a heartbeat: the node goes NOT_READY as a silent one here would).
+            events.heartbeat(node, news.view.cards, news.view.memory_free_bytes)
+            heard.heard_at = heard_at
         for rid, o in news.observed.items():
             if old.observed.get(rid) != o:
                 events.observe(node, o)

@@ -92,9 +92,13 @@ async def test_rows_become_a_hello_then_news_then_a_goodbye(tmp_path: Path) -> N
     await remote.fetch()
     remote.apply_fetched(heard, 102.0)
     assert heard.events[4:] == [("beat", "n1", "7")], "no news is no event but the heartbeat"
+    store.put_node_reports([row("n1", "s1", 102.0, free=7, observed=(ready,), ack=4)])
+    await remote.fetch()
+    remote.apply_fetched(heard, 105.0)
+    assert len(heard.events) == 5, "a row refreshed over a silent stream is no heartbeat"
     store.put_node_reports([row("n1", "s1", 103.0, up=False)])
     await remote.fetch()
-    remote.apply_fetched(heard, 103.0)
+    remote.apply_fetched(heard, 106.0)
     assert heard.events[5:] == [("bye", "n1", "s1")]
 
 
