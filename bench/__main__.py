@@ -188,7 +188,12 @@ BENCHES: dict[str, Bench] = {
     ),
     "fleet_spread": Bench(
         fleet_spread.run,
-        r"^(cpu_ms_per_agent_s|ack_p99_ms)@|^(cpu_per_agent_ratio|ack_p99_ratio|agents)$",
+        r"^(cpu_ms_per_agent_s|busiest_ms_per_agent_s|ack_p99_ms)@"
+        r"|^(cpu_per_agent_ratio|busiest_per_agent_ratio|ack_p99_ratio|agents)$",
+        (
+            Goal(r"^busiest_per_agent_ratio$", "<= 0.4", lambda v: v <= 0.4),
+            Goal(r"^ack_p99_ms@3$", "<= 1000 ms", lambda v: v <= 1000.0),
+        ),
     ),
 }
 

@@ -17,6 +17,7 @@ from typing import Protocol
 import structlog
 
 from fleet_svc.agents.desired import DesiredSets, desired_by_node
+from fleet_svc.agents.remote import RemoteNodes
 from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.control import (
     Action,
@@ -48,7 +49,7 @@ from fleet_svc.domain.reports import (
 from fleet_svc.domain.rollout import Event as RolloutEvent
 from fleet_svc.domain.rollout import Rollout
 from fleet_svc.rollouts import Rollouts
-from fleet_svc.store.base import NotLeader, Store, StoreError
+from fleet_svc.store.base import NotLeader, ReplicaRecord, RolloutRecord, Store, StoreError
 from fleet_svc.store.rows import replica_of, replica_record
 from fleet_svc.watch import EndpointHub
 from llmgw.clock import Clock
@@ -159,6 +160,8 @@ class Controller:
         """When this fleet last loaded its state from the store (started or took over)."""
         self._trusting = True
         """Whether replicas on nodes not heard from are still routed (see _unknown_node_phase)."""
+        self.remote: RemoteNodes | None = None
+        """Agents other fleets hold, heard through the store (fleets sharing one store)."""
         self._load()
 
     def wall_of(self, monotonic_s: float) -> float:
@@ -196,21 +199,28 @@ class Controller:
         self._reloaded_s = self._clock.monotonic()
         self._trusting = True
         self._adopted_at = None
+        if self.remote is not None:
+            self.remote.reset()
         self._load()
         self._publish_all()
 
-    def follow(self) -> None:
-        """Refresh replicas and running rollouts from the store, for a fleet that does not
-        lead: its reads (ListReplicas, GetRollout) and watches (WatchReplicas, WatchRollout)
-        then answer what the leader wrote."""
+    def followed(self) -> tuple[list[ReplicaRecord], list[RolloutRecord]]:
+        """The rows `follow` reads (store calls only: a follower runs this off the loop)."""
+        return self._store.list_replicas(), self._store.list_rollouts()
+
+    def follow(self, rows: tuple[list[ReplicaRecord], list[RolloutRecord]] | None = None) -> None:
+        """Refresh replicas and running rollouts from the store (or from the `followed` rows
+        given), for a fleet that does not lead: its reads (ListReplicas, GetRollout) and
+        watches (WatchReplicas, WatchRollout) then answer what the leader wrote."""
+        stored, rollouts = rows if rows is not None else self.followed()
         now, wall = self._clock.monotonic(), self._clock.wall()
         replicas = {}
-        for rec in self._store.list_replicas():
+        for rec in stored:
             r = replica_of(rec)
             replicas[r.id] = replace(r, entered_s=now - max(wall - r.since_s, 0.0))
         self.state.replicas = replicas
         self._publish_all()
-        self._rollouts.follow()
+        self._rollouts.follow(rollouts)
         self._settle_weights()
 
     def _publish_all(self) -> None:
@@ -218,11 +228,6 @@ class Controller:
             self.hub.remove(rid, EndpointReason.DRAINING)
         for r in self.state.replicas.values():
             self._publish(r)
-
-    def drop_agents(self, reason: str) -> None:
-        """End every agent's stream (this fleet stopped leading: they go to the leader)."""
-        for link in list(self.state.links.values()):
-            link.close(reason)
 
     def flush(self) -> None:
         """Write every replica changed since the last flush, in one transaction.
@@ -611,7 +616,11 @@ class Controller:
             before = self._changes + self._rollouts.saves
             try:
                 if self.leading():
+                    if self.remote is not None:
+                        await self.remote.fetch()
                     self.tick()
+                    if self.remote is not None:
+                        await self.remote.push()
                     self._tick_passed()
             except StoreError as exc:
                 self._tick_failed(exc)
@@ -649,6 +658,8 @@ class Controller:
 
     def tick(self) -> None:
         """Snapshot -> plan -> dispatch."""
+        if self.remote is not None:
+            self.remote.apply_fetched(self, self._clock.wall())
         now = self._clock.monotonic()
         if self._trusting and now - self._reloaded_s >= self.liveness.grace_s:
             self._trusting = False  # nodes still silent now leave routing
@@ -714,12 +725,17 @@ class Controller:
     def _dispatch(self, now: float) -> None:
         """Send each connected node its desired set when it changed (or was not acked)."""
         desired = desired_by_node(self.state.replicas.values())
-        for send in self.desired.due(desired, list(self.state.links), now):
-            stop_traces = {
-                r.id: r.trace
-                for r in self.state.replicas.values()
-                if send.node in r.nodes and r.trace and r.phase not in RUNNING
-            }
+        sends = self.desired.due(desired, list(self.state.links), now)
+        # The traced stops by node, gathered once (not once a node: a change of 1,000
+        # replicas is 1,000 sends).
+        stopping: dict[str, dict[str, str]] = {}
+        if sends:
+            for r in self.state.replicas.values():
+                if r.trace and r.phase not in RUNNING:
+                    for name in r.nodes:
+                        stopping.setdefault(name, {})[r.id] = r.trace
+        for send in sends:
+            stop_traces = stopping.get(send.node, {})
             self.state.links[send.node].send_desired(send.version, send.replicas, stop_traces)
             log.info(
                 "desired_sent", node=send.node, version=send.version, replicas=len(send.replicas)

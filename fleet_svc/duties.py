@@ -2,11 +2,12 @@
 
 A fleet on a store without a lease (SQLite: one fleet per file) always leads. On a leased store
 (PostgreSQL) it leads only while its Leadership holds the lease: then it loads the state its
-predecessor left, writes the settings file's models, runs the controller and serves the agents;
-deposed, it stops the controller, ends the agents' streams (they are told where the leader is)
-and, like every follower, reads the replicas and rollouts again whenever the store notifies it
-that the leader wrote some (PostgreSQL's LISTEN/NOTIFY), so its reads and watches show what
-the leader wrote.
+predecessor left, writes the settings file's models and runs the controller, which hears the
+agents' streams held here directly; deposed, it stops the controller and, like every follower,
+reads the replicas and rollouts again whenever the store notifies it that the leader wrote some
+(PostgreSQL's LISTEN/NOTIFY), so its reads and watches show what the leader wrote. Leading or
+not, it serves agents' streams (`Agents`: fleet_svc.rpc.agent_relay), and a change of leader
+ends none of them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Sequence
+from typing import Protocol
 
 import structlog
 
@@ -32,6 +34,30 @@ rollouts changed (the server's digest of them) and, when they did, reads them: a
 for a notification lost (the listener reconnects, and reads once when it does)."""
 
 
+class Agents(Protocol):
+    """The agents' streams this fleet holds (fleet_svc.rpc.agent_relay.NodeRelay)."""
+
+    def lead(self, controller: Controller) -> None:
+        """This fleet leads: its controller hears the streams."""
+
+    def follow(self) -> None:
+        """This fleet follows: the streams go through the store."""
+
+    def notified(self) -> None:
+        """The store said the leader wrote."""
+
+
+class _NoAgents:
+    def lead(self, controller: Controller) -> None:
+        pass
+
+    def follow(self) -> None:
+        pass
+
+    def notified(self) -> None:
+        pass
+
+
 class Duties:
     """Runs the controller while this fleet leads, follows the store while it does not."""
 
@@ -44,8 +70,10 @@ class Duties:
         declared: Sequence[Entry] = (),
         settings_path: str = "",
         follow_s: float = FOLLOW_S,
+        agents: Agents | None = None,
     ) -> None:
         self.controller = controller
+        self.agents: Agents = agents or _NoAgents()
         self.catalog = catalog
         self.leadership = leadership
         self._declared = tuple(declared)
@@ -80,6 +108,7 @@ class Duties:
         leadership = self.leadership
         if leadership is None:
             self._declare()
+            self.agents.lead(self.controller)
             self._task = asyncio.create_task(self.controller.run())
             return
         leadership.on_elected = self._elected
@@ -98,6 +127,7 @@ class Duties:
     def _elected(self, epoch: int) -> None:
         self._cancel()
         self.controller.reload()
+        self.agents.lead(self.controller)
         self.catalog.forget_wants()
         try:
             self._declare()
@@ -107,7 +137,7 @@ class Duties:
 
     def _deposed(self, why: str) -> None:
         self._cancel()
-        self.controller.drop_agents(why)
+        self.agents.follow()
         self._task = asyncio.create_task(self._follow())
 
     def _cancel(self) -> None:
@@ -137,13 +167,17 @@ class Duties:
                 try:
                     # Without a notification, the rows are read again only when the server's
                     # digest of them moved: one small query per FOLLOW_S while nothing changes.
+                    # The store is read on a thread (a leased store is PostgreSQL: its calls
+                    # may come from any thread), so the streams this fleet holds go on.
+                    leadership = self.leadership
                     now = (
-                        self.leadership.state_digest()
-                        if self.leadership is not None and not told
+                        await asyncio.to_thread(leadership.state_digest)
+                        if leadership is not None and not told
                         else None
                     )
                     if now is None or now != digest:
-                        self.controller.follow()
+                        self.agents.notified()  # desired sets first: agents wait on them
+                        self.controller.follow(await asyncio.to_thread(self.controller.followed))
                         digest = now
                     if self._failing:
                         log.info("follow_recovered")

@@ -50,7 +50,9 @@ class FleetCollector(Collector):
         clock: Clock,
         leadership: Callable[[], Leadership],
         store_problem: Callable[[], str | None],
+        streams: Callable[[], int] | None = None,
     ) -> None:
+        self._streams = streams
         self._controller = controller
         self._clock = clock
         self._leadership = leadership
@@ -79,7 +81,7 @@ class FleetCollector(Collector):
         yield GaugeMetricFamily(
             "llmgw_fleet_agents_connected",
             "Agents with a stream open to this fleet.",
-            value=len(state.links),
+            value=self._streams() if self._streams is not None else len(state.links),
         )
         lag = GaugeMetricFamily(
             "llmgw_fleet_agent_heartbeat_lag_seconds",
@@ -230,10 +232,12 @@ def add_fleet_metrics(
     clock: Clock,
     leadership: Callable[[], Leadership] = sole_leader,
     store_problem: Callable[[], str | None] = lambda: "",
+    streams: Callable[[], int] | None = None,
 ) -> None:
     """Put the fleet's collectors in `registry`, its rollout counters listening on
     `controller` (the RPC series are the server interceptor's, llmgw.metrics.RpcMetrics);
-    `store_problem` is the store's last probe ("" while it answers: StoreHealth.problem)."""
-    registry.register(FleetCollector(controller, clock, leadership, store_problem))
+    `store_problem` is the store's last probe ("" while it answers: StoreHealth.problem);
+    `streams` counts the agents' streams this fleet holds (None: the controller's links)."""
+    registry.register(FleetCollector(controller, clock, leadership, store_problem, streams))
     controller.rollout_listeners.append(RolloutMetrics(registry))
     controller.rollout_event_listeners.append(CanaryMetrics(registry))

@@ -28,7 +28,7 @@ from fleet_svc.domain.rollout import (
 )
 from fleet_svc.domain.rollout import advance as advance_rollout
 from fleet_svc.domain.rollout import cancel as cancel_rollout
-from fleet_svc.store.base import Store
+from fleet_svc.store.base import RolloutRecord, Store
 from fleet_svc.store.canary_rows import canary_doc, revision_figures
 from fleet_svc.store.rows import load_rollout, rollout_record
 from llmgw.clock import Clock
@@ -79,10 +79,9 @@ class Rollouts:
                 if ro.canary is not None:
                     self.settle.add(ro.model)
 
-    def follow(self) -> None:
-        """Read the running rollouts from the store (a fleet that does not lead: another
-        writes them), waking watchers when any rollout changed since the last read."""
-        stored = self._store.list_rollouts()
+    def follow(self, stored: list[RolloutRecord]) -> None:
+        """Take the running rollouts from the store's rows (a fleet that does not lead:
+        another writes them), waking watchers when any rollout changed since the last read."""
         seen = {r.id: r.updated_at for r in stored}
         before = self.running
         self.running = {r.id: load_rollout(r) for r in stored if r.state == "RUNNING"}

@@ -16,6 +16,7 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
+from fleet_svc.agents.remote import RemoteNodes
 from fleet_svc.answers import REQUEST_ID_WINDOW_S
 from fleet_svc.app import FleetApp
 from fleet_svc.catalog import Catalog
@@ -26,6 +27,7 @@ from fleet_svc.leadership import LEASE_S, RENEW_S, Leadership, LeasedStore
 from fleet_svc.metrics import Leadership as LeaderStatus
 from fleet_svc.metrics import add_fleet_metrics
 from fleet_svc.planner import Planner
+from fleet_svc.rpc.agent_relay import NodeRelay, encode_desired
 from fleet_svc.rpc.agent_stream import SERVICE_NAME as AGENT_SERVICE
 from fleet_svc.rpc.agent_stream import add_agent_service
 from fleet_svc.rpc.auth import AuthInterceptor, authenticator_for
@@ -124,6 +126,8 @@ class FleetServer:
     metrics: MetricsServer | None = None
     probes: ProbeServer | None = None
     app: FleetApp | None = None
+    relay: NodeRelay | None = None
+    relay_task: asyncio.Task[None] | None = None
 
     @property
     def loop_task(self) -> asyncio.Task[None]:
@@ -151,8 +155,14 @@ class FleetServer:
         await self.health.enter_graceful_shutdown()
         for link in list(self.controller.state.links.values()):
             link.close("")
+        if self.relay is not None:
+            self.relay.close_streams()
         await self.server.stop(grace_s)
         await self.duties.stop()
+        if self.relay_task is not None:
+            self.relay_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.relay_task
         if self.app is not None:
             self.app.calls.close()
         self.store.close()
@@ -232,6 +242,14 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         if isinstance(store, LeasedStore)
         else None
     )
+    # Every fleet serves agents; on a shared store, the leader hears those other fleets hold
+    # through the store (fleet_svc/agents/remote.py, fleet_svc/rpc/agent_relay.py).
+    holder = leadership.holder if leadership is not None else ""
+    relay = NodeRelay(store, clock, holder, controller.liveness, app.calls)
+    if leadership is not None:
+        controller.remote = RemoteNodes(
+            store, holder, encode_desired, controller.liveness, offload=app.calls.run
+        )
     duties = Duties(
         controller,
         catalog,
@@ -239,14 +257,11 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         declared=declared,
         settings_path=opts.settings_path,
         follow_s=opts.follow_s,
+        agents=relay,
     )
     gate.refusal = duties.refusal
     add_agent_service(
-        server,
-        controller,
-        clock,
-        node_certificates=authenticator.policy.node_certificates,
-        refusal=duties.refusal,
+        server, relay, clock, node_certificates=authenticator.policy.node_certificates
     )
     port = bind(server, opts.listen, opts.tls, insecure=opts.insecure, service="fleet")
     if leadership is not None:
@@ -260,11 +275,13 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
             clock,
             lambda: LeaderStatus(duties.is_leader, duties.epoch),
             store_problem=lambda: store_health.problem,
+            streams=lambda: relay.held,
         )
         metrics_server = await start_metrics_server(opts.metrics, registry)
     probe_server = await start_probe_server(opts.probes, health_servicer) if opts.probes else None
     await server.start()
     await duties.start()
+    relay_task = asyncio.create_task(relay.run())
     await store_health.check()
     store_task = asyncio.create_task(store_health.run())
     log.info(
@@ -290,6 +307,8 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         metrics_server,
         probe_server,
         app,
+        relay,
+        relay_task,
     )
 
 

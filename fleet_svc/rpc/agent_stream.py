@@ -7,24 +7,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 import grpc
 import structlog
 from google.protobuf import timestamp_pb2
 
-from fleet_svc.controller import Controller
 from fleet_svc.domain import errors
 from fleet_svc.domain.access import ANONYMOUS, NODE
 from fleet_svc.domain.gang import order_of
-from fleet_svc.domain.nodes import Card, NodeView
+from fleet_svc.domain.nodes import Card, Liveness, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState, StartProgress
 from fleet_svc.domain.reports import Observed, Rejection
 from fleet_svc.rpc.auth import current_caller
 from fleet_svc.rpc.status import stream_refusals_as_status
-from fleet_svc.store.base import NotLeader
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
 from llmgw.clock import Clock
 from llmgw.common.v1 import common_pb2
@@ -146,6 +144,19 @@ def spec_of(r: ReplicaState, node: str = "") -> agent_pb2.ReplicaSpec:
     )
 
 
+def desired_message(
+    node: str, version: int, replicas: Sequence[ReplicaState], stop_traces: Mapping[str, str]
+) -> agent_pb2.ConnectResponse:
+    """A node's whole desired set (with the trace context of the stops it asks)."""
+    return agent_pb2.ConnectResponse(
+        desired=agent_pb2.Desired(
+            version=version,
+            replicas=[spec_of(r, node) for r in replicas],
+            stop_traceparents=stop_traces,
+        )
+    )
+
+
 class StreamLink:
     """The controller's handle on one stream: a queue the stream's writer drains."""
 
@@ -161,15 +172,7 @@ class StreamLink:
         stop_traces: Mapping[str, str],
     ) -> None:
         """Queue the node's whole desired set (and the trace context of the stops it asks)."""
-        self.queue.put_nowait(
-            agent_pb2.ConnectResponse(
-                desired=agent_pb2.Desired(
-                    version=version,
-                    replicas=[spec_of(r, self.node) for r in replicas],
-                    stop_traceparents=stop_traces,
-                )
-            )
-        )
+        self.queue.put_nowait(desired_message(self.node, version, replicas, stop_traces))
 
     def close(self, reason: str) -> None:
         """End the stream; the first reason given is the one the agent is told."""
@@ -178,21 +181,36 @@ class StreamLink:
         self.queue.put_nowait(None)
 
 
-class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
-    """Serves Connect: one stream per node agent."""
+class AgentSink(Protocol):
+    """Where a stream's events go (fleet_svc.rpc.agent_relay.NodeRelay)."""
 
-    def __init__(
-        self,
-        controller: Controller,
-        clock: Clock,
-        *,
-        node_certificates: bool,
-        refusal: Callable[[], NotLeader | None] = lambda: None,
+    liveness: Liveness
+
+    def agent_connected(
+        self, view: NodeView, observed: Iterable[Observed], link: StreamLink
     ) -> None:
-        self._controller = controller
+        """A hello."""
+
+    def agent_disconnected(self, node: str, link: StreamLink) -> None:
+        """The stream ended."""
+
+    def heartbeat(self, node: str, cards: Sequence[Card], memory_free_bytes: int) -> None:
+        """A heartbeat."""
+
+    def observe(self, node: str, o: Observed) -> None:
+        """A replica report."""
+
+    def acknowledged(self, node: str, version: int, rejected: Sequence[Rejection]) -> None:
+        """An acknowledgement."""
+
+
+class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
+    """Serves Connect: one stream per node agent, on every fleet (leading or not)."""
+
+    def __init__(self, sink: AgentSink, clock: Clock, *, node_certificates: bool) -> None:
+        self._sink = sink
         self._clock = clock
         self._node_certificates = node_certificates
-        self._refusal = refusal
 
     @stream_refusals_as_status
     async def Connect(
@@ -218,7 +236,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         node = hello.node_name
         self._check_node(node, context)
         link = StreamLink(node)
-        liveness = self._controller.liveness
+        liveness = self._sink.liveness
         view = NodeView(
             name=node,
             labels={cleaned(k): cleaned(v) for k, v in hello.labels.items()},
@@ -236,7 +254,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 grace_heartbeats=liveness.grace_heartbeats,
             )
         )
-        self._controller.agent_connected(view, observed, link)
+        self._sink.agent_connected(view, observed, link)
         reader = asyncio.create_task(self._read(node, request_iterator, link))
         beater = asyncio.create_task(self._beat(link, liveness.interval_s))
         try:
@@ -251,11 +269,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             for task in (reader, beater):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-            self._controller.agent_disconnected(node, link)
+            self._sink.agent_disconnected(node, link)
         if link.closed_reason and not context.done():
-            # Ended by this fleet: it stopped leading (the agent is told where the leader
-            # is), or a newer stream from the node replaced this one.
-            raise self._refusal() or errors.StreamReplaced(link.closed_reason, node=node)
+            # Ended by this fleet: a newer stream from the node replaced this one.
+            raise errors.StreamReplaced(link.closed_reason, node=node)
 
     def _check_node(self, node: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         """A Hello is for the node the stream's certificate names, and nobody else's.
@@ -290,7 +307,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self, node: str, requests: AsyncIterator[agent_pb2.ConnectRequest], link: StreamLink
     ) -> None:
         """Apply the agent's reports until its side of the stream ends."""
-        c = self._controller
+        c = self._sink
         try:
             async for msg in requests:
                 kind = msg.WhichOneof("msg")
@@ -338,17 +355,10 @@ SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
 
 
 def add_agent_service(
-    server: grpc.aio.Server,
-    controller: Controller,
-    clock: Clock,
-    *,
-    node_certificates: bool,
-    refusal: Callable[[], NotLeader | None] = lambda: None,
+    server: grpc.aio.Server, sink: AgentSink, clock: Clock, *, node_certificates: bool
 ) -> None:
     """Serve the agents' Connect stream on `server` (`node_certificates`: every Hello needs
-    its node's certificate; `refusal`: what a stream this fleet ends is told when it does not
-    lead, None while it does)."""
+    its node's certificate)."""
     agent_pb2_grpc.add_AgentServiceServicer_to_server(
-        AgentServicer(controller, clock, node_certificates=node_certificates, refusal=refusal),
-        server,
+        AgentServicer(sink, clock, node_certificates=node_certificates), server
     )

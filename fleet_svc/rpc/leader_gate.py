@@ -3,8 +3,8 @@
 A server interceptor (after the auth interceptor: a caller not let in learns nothing of the
 leader), so no servicer method needing the leader is reached on a fleet that follows. Reads of
 what the store holds (the catalog, replicas, rollouts and their watches) are served by every
-fleet; changes, ListNodes (the agents' live reports, which only the leader hears) and the
-agents' Connect stream are the leader's.
+fleet, and so are agents' streams (fleet_svc/rpc/agent_relay.py); changes and ListNodes (the
+live inventory, which only the leader's controller holds) are the leader's.
 """
 
 from __future__ import annotations
@@ -16,16 +16,17 @@ import grpc
 import structlog
 from grpc_status import rpc_status
 
-from fleet_svc.domain.access import AGENT, FLEET, MUTATIONS
+from fleet_svc.domain.access import FLEET, MUTATIONS
 from fleet_svc.rpc.status import store_status
 from fleet_svc.store.base import NotLeader
 from llmgw.rpc.handlers import admitted
 
 log = structlog.get_logger(__name__)
 
-LEADER_ONLY = MUTATIONS | {FLEET + "ListNodes", AGENT + "Connect"}
+LEADER_ONLY = MUTATIONS | {FLEET + "ListNodes"}
 """The RPCs a fleet that does not lead refuses (dry runs of changes too: they size against the
-live inventory, which only the leader's agents report)."""
+live inventory, which only the leader's controller holds). Agents' streams are served by every
+fleet (fleet_svc/rpc/agent_relay.py)."""
 
 Refusal = Callable[[], NotLeader | None]
 

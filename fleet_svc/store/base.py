@@ -119,6 +119,40 @@ class TrafficRecord:
     received_at: float = 0.0
 
 
+@dataclass(frozen=True)
+class NodeReport:
+    """What the fleet holding a node's agent stream last heard of that node, for the leader's
+    controller when the stream is held by another fleet (fleet_svc/agents/remote.py).
+
+    `holder` names the fleet process holding the stream and `stream` that one connection (a
+    new one is a new hello); `heard_at` (seconds since the epoch) is when the agent was last
+    heard, refreshed at least every heartbeat interval while the stream lasts, so a row that
+    stops moving is a node gone silent (its holder died). `report` is JSON-able: the node's
+    Hello view, its latest report of each replica and its last acknowledgement. `seq` grows
+    with every write, across every fleet, in commit order: a reader asks for rows after the
+    last seq it saw."""
+
+    node: str
+    holder: str
+    stream: str
+    connected: bool
+    heard_at: float
+    report: dict[str, Any]
+    seq: int = 0
+
+
+@dataclass(frozen=True)
+class DesiredRecord:
+    """A node's desired set as the leader's controller made it, for the fleet holding that
+    node's stream: its version and the message to send as is (`body`, serialized). `seq` grows
+    with every write, in commit order (only the leader writes these, fenced)."""
+
+    node: str
+    version: int
+    body: bytes
+    seq: int = 0
+
+
 class StaleRevision(Exception):
     """A write expected a revision that is no longer the model's latest."""
 
@@ -306,6 +340,21 @@ class Store(Protocol):
 
     def list_traffic(self, model: str, since_ms: int) -> list[TrafficRecord]:
         """The model's traffic records of intervals that began at or after `since_ms`."""
+
+    # Agents' streams held by any fleet: their reports in, their desired sets out.
+    def put_node_reports(self, reports: Sequence[NodeReport]) -> None:
+        """Insert or replace the reports of nodes (by node), each given the next seq, in one
+        transaction. Not fenced: any fleet holding a node's stream writes its node's row."""
+
+    def list_node_reports(self, after_seq: int = 0) -> list[NodeReport]:
+        """Node reports written after `after_seq`, by seq."""
+
+    def put_desired(self, records: Sequence[DesiredRecord]) -> None:
+        """Insert or replace nodes' desired sets (by node), each given the next seq, in one
+        transaction (fenced like the controller's other writes)."""
+
+    def list_desired(self, after_seq: int = 0) -> list[DesiredRecord]:
+        """Desired sets written after `after_seq`, by seq."""
 
     # Small named values (counters, the last desired version per node …).
     def get_value(self, key: str) -> str | None:

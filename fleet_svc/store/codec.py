@@ -24,6 +24,8 @@ from fleet_svc.store.base import (
 )
 from fleet_svc.store.verify import decoded, json_object, model_key
 
+log = structlog.get_logger(__name__)
+
 MODEL_COLUMNS = "name, revision, spec, updated_by, updated_at, deleted, declared_in"
 REPLICA_COLUMNS = (
     "id, model, profile, revision, node, gpus, phase, reason, address, restarts, since, spec,"
@@ -72,6 +74,20 @@ def _loaded(value: Any) -> Any:
     if isinstance(value, str | bytes | bytearray):
         return json.loads(value)
     return value
+
+
+def loaded_object(value: Any) -> dict[str, Any]:
+    """A JSON column holding an object (a node's report); {} for one that does not decode to
+    an object (logged), so one bad row costs its node's report, not the reader's tick."""
+    try:
+        doc = _loaded(value)
+    except ValueError as exc:
+        log.warning("store_row_unreadable", problem=str(exc)[:200])
+        return {}
+    if not isinstance(doc, dict):
+        log.warning("store_row_unreadable", problem="not a JSON object")
+        return {}
+    return doc
 
 
 def model_of_row(where: str, row: tuple[Any, ...]) -> ModelRecord:
@@ -207,8 +223,6 @@ def traffic_row(record: TrafficRecord) -> tuple[Any, ...]:
 
 
 R = TypeVar("R")
-
-log = structlog.get_logger(__name__)
 
 
 def readable_rows(

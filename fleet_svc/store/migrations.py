@@ -191,6 +191,35 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX traffic_by_age ON traffic_reports (interval_start_ms)",
         ),
     ),
+    Migration(
+        version=8,
+        summary="agents' streams on any fleet: node reports in, desired sets out",
+        statements=(
+            # One row per node, written by the fleet holding its stream (not fenced).
+            """
+            CREATE TABLE node_reports (
+                node      TEXT    PRIMARY KEY,
+                holder    TEXT    NOT NULL,
+                stream    TEXT    NOT NULL,
+                connected INTEGER NOT NULL CHECK (connected IN (0, 1)),
+                heard_at  REAL    NOT NULL,
+                report    TEXT    NOT NULL,
+                seq       INTEGER NOT NULL
+            )
+            """,
+            "CREATE INDEX node_reports_by_seq ON node_reports (seq)",
+            # One row per node, written by the leader's controller (fenced).
+            """
+            CREATE TABLE desired_sets (
+                node    TEXT    PRIMARY KEY,
+                version INTEGER NOT NULL,
+                body    BLOB    NOT NULL,
+                seq     INTEGER NOT NULL
+            )
+            """,
+            "CREATE INDEX desired_sets_by_seq ON desired_sets (seq)",
+        ),
+    ),
 )
 
 

@@ -43,10 +43,13 @@ import psycopg_pool
 import structlog
 from psycopg import errors as pg_errors
 
+from fleet_svc.store import postgres_nodes
 from fleet_svc.store.base import (
     AnswerRecord,
+    DesiredRecord,
     EventRecord,
     ModelRecord,
+    NodeReport,
     ReplicaRecord,
     RolloutRecord,
     RolloutRequest,
@@ -540,6 +543,39 @@ class PostgresStore:
         with self.link.connection() as conn, self._writing(conn, transaction=True):
             conn.execute("DELETE FROM replicas WHERE id = %s", (replica_id,))
             _notify(conn)
+
+    # Agents' streams (fleet_svc/store/postgres_nodes.py).
+
+    @_guarded
+    def put_node_reports(self, reports: Sequence[NodeReport]) -> None:
+        """Upsert node reports at the next seqs, in one transaction (never fenced: a follower
+        writes the reports of the agents it holds)."""
+        if not reports:
+            return
+        with self.link.connection() as conn, conn.transaction():
+            postgres_nodes.put_reports(conn, reports)
+
+    @_guarded
+    def list_node_reports(self, after_seq: int = 0) -> list[NodeReport]:
+        """Node reports written after `after_seq`, by seq."""
+        with self.link.connection() as conn:
+            return postgres_nodes.list_reports(conn, after_seq)
+
+    @_guarded
+    def put_desired(self, records: Sequence[DesiredRecord]) -> None:
+        """Upsert desired sets at the next seqs in one fenced transaction; the fleets
+        listening are notified at its commit."""
+        if not records:
+            return
+        with self.link.connection() as conn, self._writing(conn, transaction=True):
+            postgres_nodes.put_desired(conn, records)
+            _notify(conn)
+
+    @_guarded
+    def list_desired(self, after_seq: int = 0) -> list[DesiredRecord]:
+        """Desired sets written after `after_seq`, by seq."""
+        with self.link.connection() as conn:
+            return postgres_nodes.list_desired(conn, after_seq)
 
     # Named values.
 

@@ -177,6 +177,36 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX traffic_by_age ON traffic_reports (interval_start_ms)",
         ),
     ),
+    Migration(
+        version=8,
+        summary="agents' streams on any fleet: node reports in, desired sets out",
+        statements=(
+            # One row per node, written by the fleet holding its stream (not fenced); `seq`
+            # is taken under NODE_REPORTS_LOCK, so seqs commit in order (postgres_nodes.py).
+            """
+            CREATE TABLE node_reports (
+                node      TEXT             PRIMARY KEY,
+                holder    TEXT             NOT NULL,
+                stream    TEXT             NOT NULL,
+                connected BOOLEAN          NOT NULL,
+                heard_at  DOUBLE PRECISION NOT NULL,
+                report    JSON             NOT NULL,
+                seq       BIGINT           NOT NULL
+            )
+            """,
+            "CREATE INDEX node_reports_by_seq ON node_reports (seq)",
+            # One row per node, written by the leader's controller (fenced).
+            """
+            CREATE TABLE desired_sets (
+                node    TEXT   PRIMARY KEY,
+                version BIGINT NOT NULL,
+                body    BYTEA  NOT NULL,
+                seq     BIGINT NOT NULL
+            )
+            """,
+            "CREATE INDEX desired_sets_by_seq ON desired_sets (seq)",
+        ),
+    ),
 )
 
 _VERSION_TABLE = """

@@ -17,10 +17,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from fleet_svc.store import sqlite_nodes
 from fleet_svc.store.base import (
     AnswerRecord,
+    DesiredRecord,
     EventRecord,
     ModelRecord,
+    NodeReport,
     ReplicaRecord,
     RolloutRecord,
     RolloutRequest,
@@ -467,6 +470,32 @@ class SQLiteStore:
     def delete_replica(self, replica_id: str) -> None:
         """Forget a replica (deleting an unknown id does nothing)."""
         self._conn.execute("DELETE FROM replicas WHERE id = ?", (replica_id,))
+
+    # Agents' streams (fleet_svc/store/sqlite_nodes.py).
+
+    @_guarded
+    def put_node_reports(self, reports: Sequence[NodeReport]) -> None:
+        """Upsert node reports at the next seqs, in one transaction."""
+        if reports:
+            with immediate(self._conn):
+                sqlite_nodes.put_reports(self._conn, reports)
+
+    @_guarded
+    def list_node_reports(self, after_seq: int = 0) -> list[NodeReport]:
+        """Node reports written after `after_seq`, by seq."""
+        return sqlite_nodes.list_reports(self._conn, after_seq)
+
+    @_guarded
+    def put_desired(self, records: Sequence[DesiredRecord]) -> None:
+        """Upsert desired sets at the next seqs, in one transaction."""
+        if records:
+            with immediate(self._conn):
+                sqlite_nodes.put_desired(self._conn, records)
+
+    @_guarded
+    def list_desired(self, after_seq: int = 0) -> list[DesiredRecord]:
+        """Desired sets written after `after_seq`, by seq."""
+        return sqlite_nodes.list_desired(self._conn, after_seq)
 
     # Named values.
 

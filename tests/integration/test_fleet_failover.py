@@ -6,11 +6,13 @@ writes nothing: every row written is audited by a trigger naming the session's f
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -62,11 +64,14 @@ def standin_model(replicas: int) -> common_pb2.Model:
 
 @contextmanager
 def agent_processes(
-    fleets: str, folder: Path, nodes: int
+    fleets: str | Sequence[str], folder: Path, nodes: int
 ) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """`nodes` real agents (stand-in engines, two stand-in cards each) given every fleet."""
+    """`nodes` real agents (stand-in engines, two stand-in cards each) given every fleet (the
+    same list for each, or agent i the i-th: an agent holds its stream on the first that
+    answers)."""
     procs = []
     for i in range(nodes):
+        given = fleets if isinstance(fleets, str) else fleets[i]
         state = folder / f"agent-{i}"
         state.mkdir()
         procs.append(
@@ -76,7 +81,7 @@ def agent_processes(
                     "-m",
                     "fleet_svc.agent",
                     "--fleet",
-                    fleets,
+                    given,
                     "--node",
                     f"node-{i}",
                     "--gpus",
@@ -190,6 +195,108 @@ async def _failover_mid_rollout(dsn: str, fleets: list[FleetProc], client: Fleet
     assert len(created) == len(set(created)) == 2, created
     final = {r.id for r in client.list_replicas().replicas}
     assert final == set(created), "the replicas serving are the ones the rollout created"
+
+
+async def test_kill_9_of_the_leader_with_every_agent_on_a_follower(tmp_path: Path) -> None:
+    """Three fleets, one real agent on each follower (the leader holds no stream): SIGKILL the
+    leader while a rollout's new replica starts. A follower leads at the next epoch; neither
+    agent reconnects (each was welcomed once, on its follower); the rollout finishes with
+    each new replica created once and started once on its agent; and a change made on the new
+    leader afterwards (the model deleted) reaches both agents through the store."""
+    with fresh_database() as (_name, dsn):
+        async with running_planner() as (planner, _p, _c):
+            with fleet_processes(dsn, tmp_path, 3, planner=f"127.0.0.1:{planner.port}") as fleets:
+                leader, one, two = (f.address for f in fleets)
+                client = FleetClient(f"{leader},{one},{two}", timeout_s=10)
+                try:
+                    with agent_processes([f"{one},{leader}", f"{two},{leader}"], tmp_path, 2):
+                        await _failover_with_agents_on_followers(dsn, fleets, client, tmp_path)
+                finally:
+                    client.close()
+
+
+def _agent_log(folder: Path, i: int, event: str) -> list[dict[str, object]]:
+    """The JSON lines of agent i's log naming `event`."""
+    out = []
+    for line in (folder / f"agent-{i}.log").read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            doc = json.loads(line)
+            if isinstance(doc, dict) and doc.get("event") == event:
+                out.append(doc)
+    return out
+
+
+async def _failover_with_agents_on_followers(
+    dsn: str, fleets: list[FleetProc], client: FleetClient, folder: Path
+) -> None:
+    def nodes_ready() -> bool:
+        nodes = client.list_nodes().nodes
+        return sum(1 for n in nodes if n.phase == fleet_pb2.NODE_PHASE_READY) == 2
+
+    def serving(revision: int) -> bool:
+        rs = client.list_replicas().replicas
+        return len(rs) == 2 and all(r.phase == READY and r.revision == revision for r in rs)
+
+    await assert_eventually(
+        lambda: asyncio.to_thread(nodes_ready), timeout_s=60, what="both agents, via followers"
+    )
+    old = leader_of(dsn, fleets)
+    assert old is fleets[0]
+    await asyncio.to_thread(client.create_model, standin_model(2))
+    await assert_eventually(
+        lambda: asyncio.to_thread(serving, 1), timeout_s=60, what="two replicas"
+    )
+    answer = await asyncio.to_thread(client.set_context, "vmodel", 16384)
+
+    def new_replica_starting() -> bool:
+        rs = client.list_replicas().replicas
+        return any(r.revision == 2 and r.phase == fleet_pb2.REPLICA_PHASE_STARTING for r in rs)
+
+    await assert_eventually(
+        lambda: asyncio.to_thread(new_replica_starting), timeout_s=30, what="a new replica"
+    )
+    epoch = lease_of(dsn).epoch  # type: ignore[union-attr]
+    old.kill()
+    survivors = fleets[1:]
+    await assert_eventually(
+        lambda: leader_of(dsn, survivors, epoch), timeout_s=30, what="a new leader"
+    )
+
+    def ended() -> fleet_pb2.Rollout | None:
+        ro = client.get_rollout(answer.rollout_id)
+        return ro if ro.state in TERMINAL else None
+
+    ro = await assert_eventually(
+        lambda: asyncio.to_thread(ended), timeout_s=120, what="the rollout's end"
+    )
+    assert ro.state == fleet_pb2.ROLLOUT_STATE_SUCCEEDED, ro.reason
+    await assert_eventually(
+        lambda: asyncio.to_thread(serving, 2), timeout_s=60, what="two new replicas"
+    )
+    events = await asyncio.to_thread(lambda: list(client.watch_rollout(answer.rollout_id)))
+    created = [
+        e.replica_id for e in events if e.kind == fleet_pb2.ROLLOUT_EVENT_KIND_REPLICA_CREATED
+    ]
+    assert len(created) == len(set(created)) == 2, created
+    assert {r.id for r in client.list_replicas().replicas} == set(created)
+    started = [d["replica_id"] for i in (0, 1) for d in _agent_log(folder, i, "replica_started")]
+    assert len(started) == len(set(started)) == 4, f"each replica started once: {started}"
+    assert set(created) <= set(started)
+    for i in (0, 1):
+        assert len(_agent_log(folder, i, "stream_welcomed")) == 1, f"agent {i} reconnected"
+    await asyncio.to_thread(client.delete_model, "vmodel")
+
+    def all_stopped() -> bool:
+        stopped = {
+            d["replica_id"] for i in (0, 1) for d in _agent_log(folder, i, "replica_stopped")
+        }
+        return set(started) <= stopped and not client.list_replicas().replicas
+
+    await assert_eventually(
+        lambda: asyncio.to_thread(all_stopped), timeout_s=60, what="every replica stopped"
+    )
+    for i in (0, 1):
+        assert len(_agent_log(folder, i, "stream_welcomed")) == 1, f"agent {i} reconnected"
 
 
 AUDITED = ("model_revisions", "replicas", "rollouts", "rollout_events", "named_values", "answers")

@@ -24,6 +24,9 @@ import pytest
 
 from fleet_svc.store.base import (
     AnswerRecord,
+    DesiredRecord,
+    NodeReport,
+    NotLeader,
     ReplicaRecord,
     RolloutRecord,
     RolloutRequest,
@@ -347,6 +350,8 @@ def test_a_replica_row_from_before_gangs_reads_as_one_node_after_migrating(
     backend.raw("DROP TABLE rollout_requests", ())
     backend.raw("DROP INDEX rollouts_by_state", ())
     backend.raw("DROP TABLE traffic_reports", ())
+    backend.raw("DROP TABLE node_reports", ())
+    backend.raw("DROP TABLE desired_sets", ())
     if backend.kind == "sqlite":
         backend.raw("PRAGMA user_version = 3", ())
     else:
@@ -920,3 +925,61 @@ def test_traffic_is_kept_once_per_gateway_and_interval_and_pruned_by_age(store: 
     assert [r.interval_start_ms for r in store.list_traffic("m", 1500)] == [2000]
     assert store.put_traffic([rec("c", 3000, "r1")], prune_before_ms=2000)
     assert [r.interval_start_ms for r in store.list_traffic("m", 0)] == [2000, 3000]
+
+
+def test_node_reports_are_read_after_a_seq_and_replaced_by_node(store: Store) -> None:
+    """Node reports read back as written, in the order written; a node's newer report
+    replaces its older at a higher seq, and a read after a seq returns only what is newer."""
+    a = NodeReport("node-a", "fleet-1", "s1", True, 10.0, {"view": {"cards": []}})
+    b = NodeReport("node-b", "fleet-2", "s2", True, 11.0, {"observed": [{"replica_id": "r"}]})
+    store.put_node_reports([a, b])
+    first = store.list_node_reports()
+    assert [(r.node, r.holder, r.stream, r.connected, r.heard_at, r.report) for r in first] == [
+        ("node-a", "fleet-1", "s1", True, 10.0, a.report),
+        ("node-b", "fleet-2", "s2", True, 11.0, b.report),
+    ]
+    assert first[0].seq < first[1].seq
+    gone = replace(a, connected=False, heard_at=12.0)
+    store.put_node_reports([gone])
+    newer = store.list_node_reports(first[1].seq)
+    assert [(r.node, r.connected, r.heard_at) for r in newer] == [("node-a", False, 12.0)]
+    assert newer[0].seq > first[1].seq
+    assert [r.node for r in store.list_node_reports()] == ["node-b", "node-a"]
+    store.put_node_reports([])
+    assert store.list_node_reports(newer[0].seq) == []
+
+
+def test_desired_sets_are_read_after_a_seq_and_replaced_by_node(store: Store) -> None:
+    """Desired sets read back byte for byte by seq; a node's newer set replaces its older."""
+    store.put_desired([DesiredRecord("node-a", 3, b"\x00\x01set"), DesiredRecord("node-b", 4, b"")])
+    first = store.list_desired()
+    assert [(d.node, d.version, d.body) for d in first] == [
+        ("node-a", 3, b"\x00\x01set"),
+        ("node-b", 4, b""),
+    ]
+    store.put_desired([DesiredRecord("node-a", 5, b"newer")])
+    newer = store.list_desired(first[-1].seq)
+    assert [(d.node, d.version, d.body) for d in newer] == [("node-a", 5, b"newer")]
+    assert len(store.list_desired()) == 2
+
+
+def test_a_fenced_store_refuses_a_stale_leaders_desired_sets_but_takes_node_reports(
+    backend: Backend,
+) -> None:
+    """On PostgreSQL desired sets are the leader's fenced writes: fenced with an epoch the
+    lease no longer holds, they are refused and nothing is written; node reports are written
+    by whichever fleet holds a stream, fenced or not."""
+    if backend.kind != "postgresql":
+        pytest.skip("only PostgreSQL has a lease")
+    store = backend.open()
+    try:
+        assert isinstance(store, PostgresStore)
+        store.acquire_lease("a", "127.0.0.1:1", 30)
+        store.fence(99)
+        with pytest.raises(NotLeader):
+            store.put_desired([DesiredRecord("node-a", 1, b"x")])
+        assert store.list_desired() == []
+        store.put_node_reports([NodeReport("node-a", "b", "s", True, 1.0, {})])
+        assert [r.node for r in store.list_node_reports()] == ["node-a"]
+    finally:
+        store.close()

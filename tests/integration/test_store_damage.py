@@ -27,6 +27,7 @@ from fleet_svc.store.postgres import PostgresStore
 from fleet_svc.store.sqlite import SQLiteStore
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from tests.support.postgres import dsn_of, fresh_database
+from tests.support.store_records import garble_an_index_page
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PAGE_BYTES = 4096
@@ -58,9 +59,7 @@ def said(proc: subprocess.CompletedProcess[str]) -> list[str]:
 
 
 def _filled(path: Path) -> int:
-    """A closed store with models, replicas and a rollout (many pages); how many pages. (70
-    models put an index's page, which quick_check reports on, in the middle of the file with
-    the schema as it is; on a table's page SQLite fails the check itself as "malformed".)"""
+    """A closed store with models, replicas and a rollout (many pages); how many pages."""
     with SQLiteStore(path) as store:
         for i in range(70):
             spec = {"name": f"m{i}", "source": "hf://org/" + "x" * 400}
@@ -70,10 +69,8 @@ def _filled(path: Path) -> int:
 
 
 def _garbage_page(path: Path) -> None:
-    pages = _filled(path)
-    with path.open("r+b") as f:
-        f.seek((pages // 2) * PAGE_BYTES)
-        f.write(b"\xff" * PAGE_BYTES)
+    _filled(path)
+    garble_an_index_page(path, PAGE_BYTES)
 
 
 def _broken_spec_row(path: Path) -> None:

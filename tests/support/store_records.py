@@ -3,6 +3,9 @@ SQLite-only cases)."""
 
 from __future__ import annotations
 
+import sqlite3
+from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 from fleet_svc.store.base import ModelRecord
@@ -47,3 +50,15 @@ def model(
         deleted=deleted,
         declared_in=declared_in,
     )
+
+
+def garble_an_index_page(path: Path, page_bytes: int = 4096) -> None:
+    """Overwrite the last index root page of a closed SQLite store file with garbage (0xFF: not
+    one of the four b-tree page types), wherever the schema puts it: quick_check reports a bad
+    index page as damage, where on a table's page SQLite fails the check itself "malformed"."""
+    with closing(sqlite3.connect(path)) as raw:
+        row = raw.execute("SELECT MAX(rootpage) FROM sqlite_master WHERE type = 'index'").fetchone()
+    page = int(row[0])
+    with path.open("r+b") as f:
+        f.seek((page - 1) * page_bytes)  # pages count from 1
+        f.write(b"\xff" * page_bytes)

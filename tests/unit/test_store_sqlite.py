@@ -25,7 +25,7 @@ from fleet_svc.store.migrations import (
 )
 from fleet_svc.store.sqlite import SQLiteStore
 from fleet_svc.store.urls import open_store
-from tests.support.store_records import model
+from tests.support.store_records import garble_an_index_page, model
 
 
 @pytest.fixture
@@ -195,9 +195,7 @@ PAGE_BYTES = 4096
 
 
 def _filled(path: Path, models: int = 70) -> int:
-    """A closed store file holding `models` models with long specs (many pages); its pages.
-    (70 puts an index's page, which quick_check reports on, in the middle of the file with the
-    schema as it is; on a table's page SQLite fails the check itself as "malformed".)"""
+    """A closed store file holding `models` models with long specs (many pages); its pages."""
     with SQLiteStore(path) as store:
         for i in range(models):
             spec = {"name": f"m{i}", "source": "hf://org/" + "x" * 400, "profiles": []}
@@ -212,13 +210,8 @@ def test_a_garbage_page_is_found_when_the_store_opens(tmp_path: Path) -> None:
     """A page of garbage in the middle of the file is refused at open as damage naming the
     file, rather than opening and failing every later read that touches the page."""
     path = tmp_path / "fleet.db"
-    pages = _filled(path)
-    assert pages > 8
-    with path.open("r+b") as f:
-        f.seek((pages // 2) * PAGE_BYTES)
-        # 0xFF: not one of the four b-tree page types (2, 5, 10, 13), so the page is garbage
-        # for certain (random bytes would be a valid type one time in 64).
-        f.write(b"\xff" * PAGE_BYTES)
+    assert _filled(path) > 8
+    garble_an_index_page(path, PAGE_BYTES)
     with pytest.raises(StoreDamaged) as refused:
         open_store(str(path))
     message = str(refused.value)

@@ -5,11 +5,11 @@ node's full state), applies each Desired and answers it with an Ack, sends a Rep
 every change of a replica and a Heartbeat on the interval the Welcome gave. When the stream
 drops it connects again after a backoff and says Hello again; replicas keep running meanwhile.
 
-Given several fleet addresses (fleets sharing one store, one leading), it finds the leader
-itself (llmgw.clients.leader): a fleet that does not lead refuses the stream with NOT_LEADER
-naming the leader, and the agent goes there at once; one that does not answer is passed over
-for the next address, the backoff held to SEARCH_CAP_S so an election's end is not missed by
-long.
+Given several fleet addresses (fleets sharing one store), it stays on the first that answers:
+every fleet serves agents' streams (docs/fleet.md, "Agents on any fleet"). One that does not
+answer is passed over for the next address (llmgw.clients.leader), the backoff held to
+SEARCH_CAP_S; a fleet that refuses the stream with NOT_LEADER naming another (one that serves
+agents only while it leads) sends the agent there at once.
 """
 
 from __future__ import annotations

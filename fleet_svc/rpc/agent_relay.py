@@ -1,0 +1,311 @@
+"""Where an agent's stream meets the fleet: the controller, while this fleet leads; the store,
+while it follows.
+
+Every fleet serves agents' streams. Leading, the relay hands each stream's events to the
+controller, which sends desired sets straight down the stream. Following, it writes each
+node's report to the store (fleet_svc.store.base.NodeReport: the Hello's view, the latest
+report of each replica, the last acknowledgement, when the agent was last heard) and sends
+the agent each desired set the leader's controller wrote for that node after the stream was
+recorded; the leader reads the reports (fleet_svc/agents/remote.py). A change of leader
+moves no stream: the relay hands its streams to the controller when this fleet is elected,
+and writes them all to the store when it is deposed.
+
+Rows are written in batches, at most FLUSH_S after an event and at least every heartbeat
+interval per stream (its freshness: the leader treats a row that stops moving as a silent
+node). Store calls run off the loop (fleet_svc.store_calls)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from fleet_svc.agents.reports import report_doc
+from fleet_svc.controller import Controller
+from fleet_svc.domain.nodes import Card, Liveness, NodeView
+from fleet_svc.domain.replicas import ReplicaState
+from fleet_svc.domain.reports import Observed, Rejection
+from fleet_svc.rpc.agent_stream import StreamLink, desired_message
+from fleet_svc.store.base import NodeReport, Store, StoreError
+from fleet_svc.store_calls import StoreCalls
+from llmgw.agent.v1 import agent_pb2
+from llmgw.clock import Clock
+
+log = structlog.get_logger(__name__)
+
+FLUSH_S = 0.05
+"""The longest an agent's report waits before it is written (while following)."""
+PULL_S = 1.0
+"""Besides the store's notifications, how often a follower reads desired sets written."""
+
+MAX_OBSERVED = 1024
+"""Replicas a stream's row keeps reports of: a node runs a handful; past this many, reports of
+more are dropped and logged (an agent cannot grow its row without bound)."""
+
+_DONE = frozenset({"STOPPED", "FAILED"})
+
+
+def encode_desired(
+    node: str, version: int, replicas: Sequence[ReplicaState], stop_traces: Mapping[str, str]
+) -> bytes:
+    """A node's desired set as the stored message its holder forwards as is."""
+    return desired_message(node, version, replicas, stop_traces).SerializeToString()
+
+
+@dataclass
+class _Held:
+    """One stream this fleet holds."""
+
+    link: StreamLink
+    view: NodeView
+    stream: str = field(default_factory=lambda: uuid.uuid4().hex)
+    observed: dict[str, Observed] = field(default_factory=dict)
+    ack_version: int = 0
+    rejected: tuple[Rejection, ...] = ()
+    heard_at: float = 0.0
+    connected: bool = True
+    written_at: float = 0.0
+    since_seq: int | None = None
+    """Desired sets written after this seq are this stream's (None: not known yet)."""
+
+
+class NodeRelay:
+    """The agents' streams this fleet holds (see the module docstring)."""
+
+    def __init__(
+        self, store: Store, clock: Clock, holder: str, liveness: Liveness, calls: StoreCalls
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self.holder = holder
+        self.liveness = liveness
+        self._calls = calls
+        self._held: dict[str, _Held] = {}
+        self._gone: list[_Held] = []
+        self._dirty: set[str] = set()
+        self._leader: Controller | None = None
+        self._seen: int | None = None
+        """The last desired seq read (None: not read since this fleet began following)."""
+        self._pulled_at = 0.0
+        self._wake = asyncio.Event()
+        self._pull = asyncio.Event()
+        self._failing = ""
+
+    @property
+    def held(self) -> int:
+        """How many agents' streams this fleet holds."""
+        return len(self._held)
+
+    @property
+    def leading(self) -> bool:
+        """Whether events go to this fleet's controller."""
+        return self._leader is not None
+
+    def close_streams(self) -> None:
+        """End every stream held here (the fleet stops)."""
+        for held in list(self._held.values()):
+            held.link.close("")
+
+    # -- leadership ----------------------------------------------------------------------
+
+    def lead(self, controller: Controller) -> None:
+        """This fleet leads: its controller hears every stream held here, each as a hello."""
+        self._leader = controller
+        for held in self._held.values():
+            controller.agent_connected(held.view, list(held.observed.values()), held.link)
+            if held.ack_version:
+                controller.acknowledged(held.view.name, held.ack_version, held.rejected)
+
+    def follow(self) -> None:
+        """This fleet follows: every stream held here is written to the store, and only
+        desired sets written from now on are forwarded."""
+        self._leader = None
+        self._seen = None
+        for node, held in self._held.items():
+            held.since_seq = None
+            self._dirty.add(node)
+        self._pull.set()
+        self._wake.set()
+
+    def notified(self) -> None:
+        """The store said the leader wrote: read the desired sets."""
+        self._pull.set()
+        self._wake.set()
+
+    # -- a stream's events ---------------------------------------------------------------
+
+    def agent_connected(
+        self, view: NodeView, observed: Iterable[Observed], link: StreamLink
+    ) -> None:
+        """A hello on a stream here (a newer one from the same node replaces the older)."""
+        old = self._held.get(view.name)
+        if old is not None and old.link is not link:
+            old.link.close("replaced by a newer connection from the same node")
+        reported = list(observed)
+        seen = {o.replica_id: o for o in itertools.islice(reported, MAX_OBSERVED)}
+        held = _Held(link, view, observed=seen, heard_at=self._clock.wall(), since_seq=self._seen)
+        self._held[view.name] = held
+        if self._leader is not None:
+            self._leader.agent_connected(view, reported, link)
+        else:
+            self._changed(view.name)
+
+    def agent_disconnected(self, node: str, link: StreamLink) -> None:
+        """A stream here ended."""
+        held = self._held.get(node)
+        if held is None or held.link is not link:
+            return
+        del self._held[node]
+        if self._leader is not None:
+            self._leader.agent_disconnected(node, link)
+            return
+        held.connected = False
+        held.heard_at = self._clock.wall()
+        self._dirty.discard(node)
+        self._gone.append(held)
+        self._wake.set()
+
+    def heartbeat(self, node: str, cards: Sequence[Card], memory_free_bytes: int) -> None:
+        """A heartbeat: the row is refreshed at the next write due (or with a change)."""
+        held = self._held.get(node)
+        if held is None:
+            return
+        held.heard_at = self._clock.wall()
+        if cards:
+            held.view.cards = tuple(cards)
+        held.view.memory_free_bytes = memory_free_bytes
+        if self._leader is not None:
+            self._leader.heartbeat(node, cards, memory_free_bytes)
+
+    def observe(self, node: str, o: Observed) -> None:
+        """A report of one replica."""
+        held = self._held.get(node)
+        if held is None:
+            return
+        held.heard_at = self._clock.wall()
+        if o.replica_id not in held.observed and len(held.observed) >= MAX_OBSERVED:
+            log.warning("replica_report_dropped", node=node, replica_id=o.replica_id[:64])
+        else:
+            held.observed[o.replica_id] = o
+        if self._leader is not None:
+            self._leader.observe(node, o)
+        else:
+            self._changed(node)
+
+    def acknowledged(self, node: str, version: int, rejected: Sequence[Rejection]) -> None:
+        """An acknowledgement of a desired set."""
+        held = self._held.get(node)
+        if held is None:
+            return
+        held.heard_at = self._clock.wall()
+        held.ack_version, held.rejected = version, tuple(rejected)
+        if self._leader is not None:
+            self._leader.acknowledged(node, version, rejected)
+        else:
+            self._changed(node)
+
+    def _changed(self, node: str) -> None:
+        self._dirty.add(node)
+        self._wake.set()
+
+    # -- the store, while following ------------------------------------------------------
+
+    async def run(self) -> None:
+        """Write reports and forward desired sets while following, until cancelled."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._next_wait_s())
+            self._wake.clear()
+            try:
+                if self._leader is None and self._pull.is_set():
+                    await self._forward()  # the agents wait on these: before any write
+                await asyncio.sleep(FLUSH_S)  # gather what else comes in the meantime
+                if self._leader is not None:
+                    self._gone.clear()
+                    self._dirty.clear()
+                    continue
+                await self._write()
+                await self._forward()
+                if self._failing:
+                    log.info("relay_recovered")
+                    self._failing = ""
+            except StoreError as exc:
+                if exc.problem != self._failing:
+                    log.warning("relay_failed", problem=exc.problem)
+                    self._failing = exc.problem
+                self._wake.set()
+                await asyncio.sleep(PULL_S)
+
+    def _next_wait_s(self) -> float:
+        if self._leader is not None or not self._held:
+            return PULL_S
+        refresh = self.liveness.interval_s
+        now = self._clock.wall()
+        oldest = min(h.written_at for h in self._held.values())
+        return max(min(refresh - (now - oldest), PULL_S), 0.0)
+
+    async def _write(self) -> None:
+        now = self._clock.wall()
+        due = [
+            h
+            for node, h in self._held.items()
+            if node in self._dirty or now - h.written_at >= self.liveness.interval_s
+        ]
+        batch = [*self._gone, *due]
+        if not batch:
+            return
+        rows = [
+            NodeReport(
+                node=h.view.name,
+                holder=self.holder,
+                stream=h.stream,
+                connected=h.connected,
+                heard_at=h.heard_at,
+                report=report_doc(h.view, h.observed.values(), h.ack_version, h.rejected),
+            )
+            for h in batch
+        ]
+        dirty = set(self._dirty)
+        await self._calls.run(self._store.put_node_reports, rows)
+        self._gone = [h for h in self._gone if h not in batch]
+        self._dirty -= dirty
+        for h in due:
+            h.written_at = now
+            # A replica reported gone is not news again once written.
+            for rid in [rid for rid, o in h.observed.items() if o.phase.value in _DONE]:
+                del h.observed[rid]
+
+    async def _forward(self) -> None:
+        now = self._clock.monotonic()
+        if not self._pull.is_set() and self._seen is not None and now - self._pulled_at < PULL_S:
+            return
+        self._pull.clear()
+        self._pulled_at = now
+        records = await self._calls.run(self._store.list_desired, self._seen or 0)
+        top = max((r.seq for r in records), default=self._seen or 0)
+        if self._seen is None:
+            # The first read since following began: what was written before is not for the
+            # streams held now (the leader sends each its full set once it reads their rows).
+            self._seen = top
+            for held in self._held.values():
+                if held.since_seq is None:
+                    held.since_seq = top
+            return
+        self._seen = top
+        for r in records:
+            at = self._held.get(r.node)
+            if at is None or at.since_seq is None or r.seq <= at.since_seq:
+                continue
+            msg = agent_pb2.ConnectResponse()
+            try:
+                msg.ParseFromString(r.body)
+            except Exception:
+                log.warning("desired_set_unreadable", node=r.node, seq=r.seq)
+                continue
+            at.link.queue.put_nowait(msg)
+            log.info("desired_forwarded", node=r.node, version=r.version)

@@ -1,0 +1,88 @@
+"""The PostgreSQL store's rows of agents' streams: node reports any fleet writes, desired sets
+the leader writes; each row given the next seq so a reader asks only for what is newer.
+
+Node reports come from several fleets at once, so their seqs are taken holding
+NODE_REPORTS_LOCK until commit: a seq is never committed after a higher one, and a reader that
+saw seq N has seen every row at or below it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from fleet_svc.store.base import DesiredRecord, NodeReport
+from fleet_svc.store.codec import dump_json, loaded_object
+
+NODE_REPORTS_LOCK = 0x6C6C6D67_77000002
+"""The advisory lock a write of node reports holds until it commits (see the docstring)."""
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+def _next_seq(conn: Conn, table: str) -> int:
+    row = conn.execute(f"SELECT COALESCE(MAX(seq), 0) FROM {table}").fetchone()
+    return (0 if row is None else int(row[0])) + 1
+
+
+def put_reports(conn: Conn, reports: Sequence[NodeReport]) -> None:
+    """Upsert `reports` in the caller's transaction, each at the next seq."""
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (NODE_REPORTS_LOCK,))
+    first = _next_seq(conn, "node_reports")
+    rows = [
+        (r.node, r.holder, r.stream, r.connected, r.heard_at, dump_json(r.report), first + i)
+        for i, r in enumerate(reports)
+    ]
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO node_reports (node, holder, stream, connected, heard_at, report, seq)"
+            " VALUES (%s, %s, %s, %s, %s, %s::json, %s) ON CONFLICT (node) DO UPDATE SET"
+            " holder = excluded.holder, stream = excluded.stream,"
+            " connected = excluded.connected, heard_at = excluded.heard_at,"
+            " report = excluded.report, seq = excluded.seq",
+            rows,
+        )
+
+
+def list_reports(conn: Conn, after_seq: int) -> list[NodeReport]:
+    """Rows after `after_seq`, by seq."""
+    rows = conn.execute(
+        "SELECT node, holder, stream, connected, heard_at, report, seq FROM node_reports"
+        " WHERE seq > %s ORDER BY seq",
+        (after_seq,),
+    ).fetchall()
+    return [
+        NodeReport(
+            node=str(r[0]),
+            holder=str(r[1]),
+            stream=str(r[2]),
+            connected=bool(r[3]),
+            heard_at=float(r[4]),
+            report=loaded_object(r[5]),
+            seq=int(r[6]),
+        )
+        for r in rows
+    ]
+
+
+def put_desired(conn: Conn, records: Sequence[DesiredRecord]) -> None:
+    """Upsert `records` in the caller's (fenced) transaction, each at the next seq."""
+    first = _next_seq(conn, "desired_sets")
+    rows = [(d.node, d.version, d.body, first + i) for i, d in enumerate(records)]
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO desired_sets (node, version, body, seq) VALUES (%s, %s, %s, %s)"
+            " ON CONFLICT (node) DO UPDATE SET version = excluded.version,"
+            " body = excluded.body, seq = excluded.seq",
+            rows,
+        )
+
+
+def list_desired(conn: Conn, after_seq: int) -> list[DesiredRecord]:
+    """Rows after `after_seq`, by seq."""
+    rows = conn.execute(
+        "SELECT node, version, body, seq FROM desired_sets WHERE seq > %s ORDER BY seq",
+        (after_seq,),
+    ).fetchall()
+    return [DesiredRecord(str(r[0]), int(r[1]), bytes(r[2]), int(r[3])) for r in rows]
