@@ -2,7 +2,13 @@
 
 What to do is decided by pure functions (domain.control.plan_actions, domain.rollout,
 domain.reports); this module keeps the state they read, applies the actions they return
-through the transition table, persists, and tells the agents (agents.desired)."""
+through the transition table, persists, and tells the agents (agents.desired).
+
+A tick runs on the event loop; its store calls (adopting and saving rollouts, the replica
+flush, the desired version) go through `calls`: on PostgreSQL one thread of the controller's
+own, so they never block the loop and reach the store one at a time, in the tick's order (a
+fenced write never overtakes an earlier one). Agents' reports go on meanwhile; one tick is
+awaited to its end before the next begins."""
 
 from __future__ import annotations
 
@@ -51,6 +57,7 @@ from fleet_svc.domain.rollout import Rollout
 from fleet_svc.rollouts import Rollouts
 from fleet_svc.store.base import NotLeader, ReplicaRecord, RolloutRecord, Store, StoreError
 from fleet_svc.store.rows import replica_of, replica_record
+from fleet_svc.store_calls import StoreCalls, inline
 from fleet_svc.watch import EndpointHub
 from llmgw.clock import Clock
 from llmgw.model import Model
@@ -64,6 +71,10 @@ ADOPT_POLL_S = 2.0
 """A tick reads the store for pending rollouts and requests when a change was announced, when
 the catalog's revisions moved (a pending rollout commits with its revision), and otherwise at
 least this often (what another fleet committed just before it lost its lease)."""
+FLUSH_ROUNDS = 3
+"""Flushes a tick makes at most before dispatching, while agents' reports keep changing
+replicas during the writes (those changes are of stored replicas: only a tick creates or
+places one)."""
 
 
 class AgentLink(Protocol):
@@ -131,13 +142,15 @@ class Controller:
         self._clock = clock
         self._new_id = new_id or (lambda: "r-" + uuid.uuid4().hex[:10])
         self.state = FleetState()
+        self.calls = StoreCalls(store, workers=1, name="fleet-controller")
+        """Where the controller's store calls run: one thread, so they keep their order."""
         self.desired = DesiredSets(store)
         self._changes = 0
         """Counts writes of fleet state; a tick that moved it is followed by another."""
         self._unsaved: dict[str, ReplicaState | None] = {}
         """Replicas changed (None: forgotten) since the last flush to the store."""
         self._wake = asyncio.Event()
-        self._rollouts = Rollouts(store, clock, self._new_id)
+        self._rollouts = Rollouts(store, self.calls, clock, self._new_id)
         self.hub.weigh = self._rollouts.weights  # a canary's step splits its model's weight
         self._asked = 0
         """Counts changes the API side committed and announced (`changed`)."""
@@ -229,21 +242,28 @@ class Controller:
         for r in self.state.replicas.values():
             self._publish(r)
 
-    def flush(self) -> None:
-        """Write every replica changed since the last flush, in one transaction.
+    async def flush(self) -> None:
+        """Write every replica changed since the last flush, in one transaction (and again,
+        up to FLUSH_ROUNDS, for what agents changed while it was written).
 
         Called at the end of each tick before any desired set is sent (so an agent never runs
         a replica the store does not hold). An observation not yet flushed when the fleet dies
         is lost, and told again by its agent.
         """
-        if not self._unsaved:
-            return
-        puts = [replica_record(r) for r in self._unsaved.values() if r is not None]
-        deletes = [rid for rid, r in self._unsaved.items() if r is None]
-        # Cleared only once written: a store that is down keeps the changes for the next flush
-        # (the tick fails before dispatch, so no agent is told of a replica not stored).
-        self._store.write_replicas(puts, deletes)
-        self._unsaved = {}
+        for _ in range(FLUSH_ROUNDS):
+            if not self._unsaved:
+                return
+            batch, self._unsaved = self._unsaved, {}
+            puts = [replica_record(r) for r in batch.values() if r is not None]
+            deletes = [rid for rid, r in batch.items() if r is None]
+            try:
+                await self.calls.run(self._store.write_replicas, puts, deletes)
+            except BaseException:
+                # A store that is down keeps the changes for the next flush (the tick fails
+                # before dispatch, so no agent is told of a replica not stored); what changed
+                # meanwhile is newer.
+                self._unsaved = {**batch, **self._unsaved}
+                raise
 
     # -- the one place replicas change -----------------------------------------------------
 
@@ -618,7 +638,7 @@ class Controller:
                 if self.leading():
                     if self.remote is not None:
                         await self.remote.fetch()
-                    self.tick()
+                    await self.step()
                     if self.remote is not None:
                         await self.remote.push()
                     self._tick_passed()
@@ -657,6 +677,11 @@ class Controller:
         return wait
 
     def tick(self) -> None:
+        """One tick run at once, for a store called on the loop (SQLite; tests drive the
+        controller so). On PostgreSQL `step` is awaited instead."""
+        inline(self.step())
+
+    async def step(self) -> None:
         """Snapshot -> plan -> dispatch."""
         if self.remote is not None:
             self.remote.apply_fetched(self, self._clock.wall())
@@ -677,9 +702,9 @@ class Controller:
                 view.phase, view.reason = phase, why
                 self._publish_node(view.name)
         wants = self._wants()
-        self._adopt(wants, now)
+        await self._adopt(wants, now)
         self._apply_all(
-            self._rollouts.advance(
+            await self._rollouts.advance(
                 now, wants, self.state.replicas, self.state.nodes, self.state.observed_logs
             )
         )
@@ -695,15 +720,15 @@ class Controller:
             )
         )
         self._settle_weights()
-        self.flush()
-        self._dispatch(now)
+        await self.flush()
+        await self._dispatch(now)
 
     def _settle_weights(self) -> None:
         """Publish the weights of the models whose canary moved (domain.canary)."""
         while self._rollouts.settle:
             self.hub.reweigh(self._rollouts.settle.pop())
 
-    def _adopt(self, wants: list[ProfileWant], now: float) -> None:
+    async def _adopt(self, wants: list[ProfileWant], now: float) -> None:
         """Take up what the API side committed (Rollouts.adopt), when something may be
         waiting: a change was announced, the catalog's revisions moved, or ADOPT_POLL_S
         passed."""
@@ -717,15 +742,18 @@ class Controller:
         ):
             return
         asked = self._asked
-        self._apply_all(self._rollouts.adopt(wants, self.state.replicas))
+        self._apply_all(await self._rollouts.adopt(wants, self.state.replicas))
         self._adopted, self._adopted_at = asked, (now, revisions)
         adoption, self._adoption = self._adoption, asyncio.Event()
         adoption.set()
 
-    def _dispatch(self, now: float) -> None:
-        """Send each connected node its desired set when it changed (or was not acked)."""
+    async def _dispatch(self, now: float) -> None:
+        """Send each connected node its desired set when it changed (or was not acked), once
+        the newest version is stored."""
         desired = desired_by_node(self.state.replicas.values())
         sends = self.desired.due(desired, list(self.state.links), now)
+        if sends:
+            await self.calls.run(self.desired.remember, sends)
         # The traced stops by node, gathered once (not once a node: a change of 1,000
         # replicas is 1,000 sends).
         stopping: dict[str, dict[str, str]] = {}
@@ -735,8 +763,10 @@ class Controller:
                     for name in r.nodes:
                         stopping.setdefault(name, {})[r.id] = r.trace
         for send in sends:
-            stop_traces = stopping.get(send.node, {})
-            self.state.links[send.node].send_desired(send.version, send.replicas, stop_traces)
+            link = self.state.links.get(send.node)
+            if link is None:  # its agent left while the version was stored
+                continue
+            link.send_desired(send.version, send.replicas, stopping.get(send.node, {}))
             log.info(
                 "desired_sent", node=send.node, version=send.version, replicas=len(send.replicas)
             )

@@ -207,7 +207,7 @@ class Duties:
                 await task
         if self.is_leader:
             try:
-                self.controller.flush()
+                await self.controller.flush()
             except StoreError as exc:
                 log.warning("final_flush_failed", problem=exc.problem)
         if self.leadership is not None:

@@ -1,6 +1,7 @@
 """The running rollouts: taken up from the store (the API side commits them PENDING, with
 its requests to cancel them), advanced and cancelled by the pure functions of domain.rollout,
-stored with their events, and a signal for those who watch them."""
+stored with their events, and a signal for those who watch them. Their store calls run through
+the controller's StoreCalls (off the loop on PostgreSQL), one at a time and in order."""
 
 from __future__ import annotations
 
@@ -28,9 +29,10 @@ from fleet_svc.domain.rollout import (
 )
 from fleet_svc.domain.rollout import advance as advance_rollout
 from fleet_svc.domain.rollout import cancel as cancel_rollout
-from fleet_svc.store.base import RolloutRecord, Store
+from fleet_svc.store.base import RolloutRecord, RolloutRequest, Store
 from fleet_svc.store.canary_rows import canary_doc, revision_figures
 from fleet_svc.store.rows import load_rollout, rollout_record
+from fleet_svc.store_calls import StoreCalls
 from llmgw.clock import Clock
 
 log = structlog.get_logger(__name__)
@@ -42,8 +44,11 @@ PROMOTIONS = frozenset({"promote", "promote_full"})
 class Rollouts:
     """Running rollouts by id, and the store of every rollout's state and events."""
 
-    def __init__(self, store: Store, clock: Clock, new_id: Callable[[], str]) -> None:
+    def __init__(
+        self, store: Store, calls: StoreCalls, clock: Clock, new_id: Callable[[], str]
+    ) -> None:
         self._store = store
+        self._calls = calls
         self._clock = clock
         self._new_id = new_id
         self.running: dict[str, Rollout] = {}
@@ -102,7 +107,9 @@ class Rollouts:
         """The rollout changing `model` now, if any."""
         return next((ro for ro in self.running.values() if ro.model == model), None)
 
-    def adopt(self, wants: list[ProfileWant], replicas: Mapping[str, ReplicaState]) -> list[Action]:
+    async def adopt(
+        self, wants: list[ProfileWant], replicas: Mapping[str, ReplicaState]
+    ) -> list[Action]:
         """Take up what the API side committed: its requests to cancel a rollout first, then
         the pending rollouts, oldest first; the actions that stop what a cancel ends.
 
@@ -112,17 +119,16 @@ class Rollouts:
         starting. One of a revision newer than `wants` (committed after they were read) waits
         for the next tick. Each request is forgotten once carried out.
         """
-        requests = self._store.list_rollout_requests()
-        stored = self._store.list_rollouts(states=(RolloutState.PENDING.value,))
+        requests, stored = await self._calls.run(self._committed)
         pending = {rec.id: load_rollout(rec) for rec in reversed(stored)}
         out: list[Action] = []
         for req in requests:
             if req.kind in PROMOTIONS:
-                self._promote(req.rollout_id, full=req.kind == "promote_full", by=req.by)
+                await self._promote(req.rollout_id, full=req.kind == "promote_full", by=req.by)
             elif req.rollout_id in self.running:
-                out.extend(self.cancel(req.rollout_id, req.reason, replicas)[1])
+                out.extend((await self.cancel(req.rollout_id, req.reason, replicas))[1])
             elif req.rollout_id in pending:
-                self._end_unstarted(pending.pop(req.rollout_id), req.reason)
+                await self._end_unstarted(pending.pop(req.rollout_id), req.reason)
         current = {w.model: w.revision for w in wants}
         for ro in pending.values():
             revision = current.get(ro.model, 0)
@@ -130,27 +136,34 @@ class Rollouts:
                 continue
             if revision != ro.to_revision:
                 held = f"revision {revision}" if revision else "no revision"
-                self._end_unstarted(
+                await self._end_unstarted(
                     ro, f"the catalog holds {held} of {ro.model}, not {ro.to_revision}"
                 )
                 continue
             running = self.of_model(ro.model)
             if running is not None:
                 reason = f"superseded by rollout {ro.id}, a newer change of the model"
-                out.extend(self.cancel(running.id, reason, replicas)[1])
-            self._start(replace(ro, state=RolloutState.RUNNING))
+                out.extend((await self.cancel(running.id, reason, replicas))[1])
+            await self._start(replace(ro, state=RolloutState.RUNNING))
         if requests:
-            self._store.delete_rollout_requests([r.id for r in requests])
+            await self._calls.run(self._store.delete_rollout_requests, [r.id for r in requests])
         return out
 
-    def _promote(self, rollout_id: str, *, full: bool, by: str) -> None:
+    def _committed(self) -> tuple[list[RolloutRequest], list[RolloutRecord]]:
+        """The API side's requests and its pending rollouts (store calls only)."""
+        return (
+            self._store.list_rollout_requests(),
+            self._store.list_rollouts(states=(RolloutState.PENDING.value,)),
+        )
+
+    async def _promote(self, rollout_id: str, *, full: bool, by: str) -> None:
         """Carry out an operator's promotion of a running canary (else nothing)."""
         ro = self.running.get(rollout_id)
         if ro is None:
             return
         promoted, events = promote_canary(ro, full=full, by=by, now_wall=self._clock.wall())
         if events:
-            self.running[rollout_id] = self.save(promoted, events)
+            self.running[rollout_id] = await self.save(promoted, events)
             log.info("canary_promoted", rollout_id=rollout_id, full=full, by=by)
 
     def weights(self, model: str, endpoints: Mapping[str, tuple[int, int]]) -> dict[str, int]:
@@ -161,33 +174,37 @@ class Rollouts:
             return {rid: w for rid, (_rev, w) in endpoints.items()}
         return split_weights(endpoints, ro.to_revision, ro.canary.weight_percent)
 
-    def _judge(
+    async def _judge(
         self, ro: Rollout, replicas: Mapping[str, ReplicaState], now_s: float
     ) -> tuple[Rollout, list[Action], list[Event]]:
         """A canary's step moved on by the traffic the gateways reported for its window."""
         since = window_start(ro)
-        records = self._store.list_traffic(ro.model, int(since * 1000)) if since > 0 else []
+        records = (
+            await self._calls.run(self._store.list_traffic, ro.model, int(since * 1000))
+            if since > 0
+            else []
+        )
         canary, baseline = revision_figures(records, ro.to_revision)
         return step_on(
             ro, canary, baseline, self._clock.wall(), replicas, now_s, new_id=self._new_id
         )
 
-    def _start(self, ro: Rollout) -> None:
+    async def _start(self, ro: Rollout) -> None:
         """Store a rollout as running (it was pending)."""
         started = Event(EventKind.ROLLOUT_STARTED, message=f"{ro.kind}: {ro.strategy.value}")
-        ro = self.save(ro, [started])
+        ro = await self.save(ro, [started])
         self.running[ro.id] = ro
         log.info("rollout_started", rollout_id=ro.id, model=ro.model, steps=len(ro.steps))
 
-    def _end_unstarted(self, ro: Rollout, reason: str) -> None:
+    async def _end_unstarted(self, ro: Rollout, reason: str) -> None:
         """End a pending rollout CANCELLED before any of its steps began."""
         steps = tuple(replace(s, stage=Stage.CANCELLED) for s in ro.steps)
         ended = replace(ro, state=RolloutState.CANCELLED, reason=reason, steps=steps)
-        ended = self.save(ended, [Event(EventKind.ROLLOUT_CANCELLED, message=reason)])
+        ended = await self.save(ended, [Event(EventKind.ROLLOUT_CANCELLED, message=reason)])
         log.info("rollout_cancelled", rollout_id=ro.id, reason=reason, started=False)
         self._ended(ended)
 
-    def cancel(
+    async def cancel(
         self, rollout_id: str, reason: str, replicas: Mapping[str, ReplicaState]
     ) -> tuple[Rollout | None, list[Action]]:
         """End a running rollout; it as it ended (None when not running) and the actions that
@@ -199,19 +216,33 @@ class Rollouts:
             ro, reason, replicas, self._clock.monotonic(), new_id=self._new_id
         )
         log.info("rollout_cancelled", rollout_id=rollout_id, reason=reason)
-        ended = self.save(ended, events)
+        ended = await self.save(ended, events)
         self._ended(ended)
         return ended, actions
 
-    def save(self, ro: Rollout, events: list[Event]) -> Rollout:
+    async def save(self, ro: Rollout, events: list[Event]) -> Rollout:
         """Store a rollout (stamped with the wall time) and its new events, each with the state
         right after it (RUNNING until the ending event, which carries the end state); wake its
-        watchers."""
+        watchers once stored."""
         self.saves += 1
         if ro.canary is not None:
             self.settle.add(ro.model)
         wall = self._clock.wall()
         ro = replace(ro, updated_s=wall)
+        await self._calls.run(self._write, ro, events, wall)
+        if events:
+            signal, self.signal = self.signal, asyncio.Event()
+            signal.set()
+        for e in events:
+            for listener in self.on_event:
+                try:
+                    listener(ro, e)
+                except Exception:  # an observer's bug must not stop the controller
+                    log.exception("rollout_listener_failed", rollout_id=ro.id)
+        return ro
+
+    def _write(self, ro: Rollout, events: list[Event], wall: float) -> None:
+        """The store calls of `save`: the rollout's row, then its events in order."""
         self._store.put_rollout(rollout_record(ro))
         for e in events:
             self._store.append_event(
@@ -229,16 +260,6 @@ class Rollouts:
                     **({"canary": canary_doc(e.canary)} if e.canary is not None else {}),
                 },
             )
-        if events:
-            signal, self.signal = self.signal, asyncio.Event()
-            signal.set()
-        for e in events:
-            for listener in self.on_event:
-                try:
-                    listener(ro, e)
-                except Exception:  # an observer's bug must not stop the controller
-                    log.exception("rollout_listener_failed", rollout_id=ro.id)
-        return ro
 
     def _ended(self, ro: Rollout) -> None:
         for listener in self.on_end:
@@ -247,7 +268,7 @@ class Rollouts:
             except Exception:  # an observer's bug must not stop the controller
                 log.exception("rollout_listener_failed", rollout_id=ro.id)
 
-    def advance(
+    async def advance(
         self,
         now_s: float,
         wants: list[ProfileWant],
@@ -275,10 +296,10 @@ class Rollouts:
                     ro, replicas, by_key, nodes, now_s, new_id=self._new_id, logs=logs
                 )
                 if in_canary(ended) and not ended.done:
-                    ended, more, judged = self._judge(ended, replicas, now_s)
+                    ended, more, judged = await self._judge(ended, replicas, now_s)
                     actions, events = [*actions, *more], [*events, *judged]
             if events or ended != ro:
-                ended = self.save(ended, events)
+                ended = await self.save(ended, events)
             out.extend(actions)
             if ended.done:
                 del self.running[ro.id]

@@ -165,6 +165,7 @@ class FleetServer:
                 await self.relay_task
         if self.app is not None:
             self.app.calls.close()
+        self.controller.calls.close()
         self.store.close()
         await self.planner.close()
         if self.metrics is not None:
@@ -248,7 +249,7 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
     relay = NodeRelay(store, clock, holder, controller.liveness, app.calls)
     if leadership is not None:
         controller.remote = RemoteNodes(
-            store, holder, encode_desired, controller.liveness, offload=app.calls.run
+            store, holder, encode_desired, controller.liveness, offload=controller.calls.run
         )
     duties = Duties(
         controller,

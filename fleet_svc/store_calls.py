@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from fleet_svc.store.base import Store
 
@@ -29,9 +29,11 @@ POOL_MAX), so the loop and the probes always find one free."""
 class StoreCalls:
     """Runs a function of store calls off the loop when the store allows it."""
 
-    def __init__(self, store: Store, *, workers: int = STORE_THREADS) -> None:
+    def __init__(
+        self, store: Store, *, workers: int = STORE_THREADS, name: str = "fleet-store"
+    ) -> None:
         self._pool = (
-            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleet-store")
+            ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
             if store.thread_safe
             else None
         )
@@ -53,3 +55,19 @@ class StoreCalls:
         """Let the threads go once their calls end."""
         if self._pool is not None:
             self._pool.shutdown(wait=False)
+
+
+def inline(step: Coroutine[Any, Any, R]) -> R:
+    """The result of a coroutine whose store calls all run on the loop (a StoreCalls over a
+    store bound to its thread never suspends it), got without a loop: for code and tests that
+    drive the controller by hand over SQLite.
+
+    Raises:
+        RuntimeError: the coroutine suspended (its store is called off the loop: await it).
+    """
+    try:
+        step.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    step.close()
+    raise RuntimeError("a store called off the loop: await the coroutine instead")

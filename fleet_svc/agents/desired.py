@@ -82,7 +82,8 @@ class DesiredSets:
     ) -> list[Send]:
         """The sets to send now to the connected `nodes`: each whose replicas (or their
         revisions) changed, or not acknowledged within RESEND_S, recorded as sent at `now_s`
-        (monotonic). The same set sent again keeps its version."""
+        (monotonic). The same set sent again keeps its version; `remember` stores the newest
+        before they go out."""
         out = []
         for node in nodes:
             want = desired.get(node, ())
@@ -95,6 +96,10 @@ class DesiredSets:
             version = pushed.version if same else next(self._version)
             out.append(Send(node, version, want))
             self._pushed[node] = _Pushed(version=version, key=key, sent_s=now_s, acked=False)
-        if out:
-            self._store.put_value(VERSION_KEY, str(max(s.version for s in out)))
         return out
+
+    def remember(self, sends: Sequence[Send]) -> None:
+        """Store the newest version among `sends` (a store call: the controller runs it off
+        the loop on PostgreSQL), so versions go on growing after a restart."""
+        if sends:
+            self._store.put_value(VERSION_KEY, str(max(s.version for s in sends)))

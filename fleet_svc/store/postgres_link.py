@@ -35,9 +35,9 @@ health probe, which always tries, reaches it again). Longer than a probe's perio
 worst wait (CALL_TIMEOUT_S), so while the server is down the probe keeps the window open and
 the event loop's own calls never wait for a connection."""
 POOL_MAX = 8
-"""Connections per fleet: its event loop, the health probe's and the lease's threads, and the
-API's (fleet_svc/store_calls.py, STORE_THREADS), with room to spare, so the loop's own calls
-never wait for a connection those threads hold."""
+"""Connections per fleet: its event loop, the health probe's and the lease's threads, the
+controller's one thread and the API's (fleet_svc/store_calls.py, STORE_THREADS), so the loop's
+own calls never wait for a connection those threads hold."""
 RECONNECT_CHAIN_S = 2.0
 """psycopg_pool's reconnect_timeout: how long one chain of connection attempts lasts. The pool
 doubles its wait after each failed attempt of a chain (1, 2, 4 … s, psycopg_pool's

@@ -19,6 +19,7 @@ from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState, StartProgress
 from fleet_svc.domain.reports import Observed
 from fleet_svc.store.rows import progress_doc
 from fleet_svc.store.sqlite import SQLiteStore
+from fleet_svc.store_calls import inline
 from llmgw.testing.clock import FakeClock
 
 P = ReplicaPhase
@@ -125,7 +126,7 @@ def test_versions_keep_growing_across_a_restart(fleet: Fleet, tmp_path: Path) ->
     """A restarted controller hands out versions above every one handed out before."""
     fleet.connect()
     fleet.controller.tick()
-    fleet.controller.flush()
+    inline(fleet.controller.flush())
     again = Fleet(tmp_path, fleet.clock)
     link = again.connect()
     again.controller.tick()
@@ -209,7 +210,7 @@ def test_progress_is_the_agents_latest_while_starting_and_goes_with_the_phase(
 
     seen(P.STARTING, downloading)
     assert fleet.replica().progress == downloading
-    fleet.controller.flush()
+    inline(fleet.controller.flush())
     assert [r.progress for r in fleet.store.list_replicas()] == [progress_doc(downloading)]
     fleet.controller.transition(rid, P.STARTING, "still placed")
     assert fleet.replica().progress == downloading
