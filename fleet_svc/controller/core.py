@@ -1,8 +1,9 @@
 """The fleet's controller: the one writer of fleet state, ticking snapshot -> plan -> dispatch.
 
 What to do is decided by pure functions (domain.control.plan_actions, domain.rollout,
-domain.reports); this module keeps the state they read, applies the actions they return
-through the transition table, persists, and tells the agents (agents.desired).
+domain.reports); this module keeps the state they read, ticks, persists, and tells the agents
+(agents.desired). The actions are applied through the transition table in
+fleet_svc.controller.writes; agents' events come in through fleet_svc.controller.agent_events.
 
 A tick runs on the event loop; its store calls (adopting and saving rollouts, the replica
 flush, the desired version) go through `calls`: on PostgreSQL one thread of the controller's
@@ -15,43 +16,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from types import EllipsisType
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import replace
 
 import structlog
 
 from fleet_svc.agents.desired import DesiredSets, desired_by_node
 from fleet_svc.agents.remote import RemoteNodes
+from fleet_svc.controller.agent_events import AgentEvents
+from fleet_svc.controller.writes import FleetState
 from fleet_svc.domain.catalog import ProfileWant
-from fleet_svc.domain.control import (
-    Action,
-    Assign,
-    Create,
-    Forget,
-    Hold,
-    MarkRetiring,
-    Move,
-    Report,
-    ReportMember,
-    Retire,
-    plan_actions,
-    retirement,
-)
-from fleet_svc.domain.endpoints import EndpointReason, endpoint_of, removal_reason, routable
-from fleet_svc.domain.nodes import Card, Liveness, NodePhase, NodeView, node_phase
-from fleet_svc.domain.phases import RUNNING, IllegalTransition, ReplicaPhase, check_transition
-from fleet_svc.domain.replicas import Member, ReplicaState, StartProgress
-from fleet_svc.domain.reports import (
-    Observed,
-    Rejection,
-    gang_reported,
-    missing_from_hello,
-    refused,
-    reported,
-    stopped_with_their_node,
-)
+from fleet_svc.domain.control import plan_actions
+from fleet_svc.domain.nodes import Liveness, NodeView, node_phase
+from fleet_svc.domain.phases import RUNNING, ReplicaPhase
+from fleet_svc.domain.replicas import ReplicaState
+from fleet_svc.domain.reports import stopped_with_their_node
 from fleet_svc.domain.rollout import Event as RolloutEvent
 from fleet_svc.domain.rollout import Rollout
 from fleet_svc.rollouts import Rollouts
@@ -77,38 +56,7 @@ replicas during the writes (those changes are of stored replicas: only a tick cr
 places one)."""
 
 
-class AgentLink(Protocol):
-    """The controller's handle on one agent's stream."""
-
-    def send_desired(
-        self,
-        version: int,
-        replicas: Sequence[ReplicaState],
-        stop_traces: Mapping[str, str],
-    ) -> None:
-        """Queue the node's whole desired set, with the trace context of each replica of
-        the node it no longer holds (by id; only those stopped by a traced request)."""
-
-    def close(self, reason: str) -> None:
-        """End the stream (a newer connection for the node replaced it)."""
-
-
-def _going(r: ReplicaState) -> bool:
-    """Whether a replica is on its way out (retiring, draining or stopping)."""
-    return r.retire or r.phase in (P.DRAINING, P.STOPPING)
-
-
-@dataclass
-class FleetState:
-    """What the controller holds: replicas, nodes, the agents' links."""
-
-    replicas: dict[str, ReplicaState] = field(default_factory=dict)
-    nodes: dict[str, NodeView] = field(default_factory=dict)
-    links: dict[str, AgentLink] = field(default_factory=dict)
-    observed_logs: dict[str, tuple[str, ...]] = field(default_factory=dict)
-
-
-class Controller:
+class Controller(AgentEvents):
     """Runs the fleet toward what the catalog wants, from what the agents report.
 
     Durations (heartbeats, drains, start timeouts, resends) are measured on `clock.monotonic`;
@@ -236,12 +184,6 @@ class Controller:
         self._rollouts.follow(rollouts)
         self._settle_weights()
 
-    def _publish_all(self) -> None:
-        for rid in set(self.hub.ready) - set(self.state.replicas):
-            self.hub.remove(rid, EndpointReason.DRAINING)
-        for r in self.state.replicas.values():
-            self._publish(r)
-
     async def flush(self) -> None:
         """Write every replica changed since the last flush, in one transaction (and again,
         up to FLUSH_ROUNDS, for what agents changed while it was written).
@@ -264,293 +206,6 @@ class Controller:
                 # meanwhile is newer.
                 self._unsaved = {**batch, **self._unsaved}
                 raise
-
-    # -- the one place replicas change -----------------------------------------------------
-
-    def _put(self, r: ReplicaState) -> None:
-        old = self.state.replicas.get(r.id)
-        if old is None or (_going(r) and not _going(old)):
-            # A new command for the agent (start it, or stop it): the request behind the
-            # model's running rollout, if any.
-            ro = self._rollouts.of_model(r.model)
-            r = replace(r, trace=ro.trace if ro is not None else "")
-        self._changes += 1
-        self.state.replicas[r.id] = r
-        self._unsaved[r.id] = r
-        self._publish(r)
-
-    def _publish(self, r: ReplicaState) -> None:
-        """Tell WatchReplicas: a READY replica with an address on a READY node is routable,
-        any other is not (domain.endpoints says why it left)."""
-        view = self.state.nodes.get(r.node)
-        node = view.phase if view is not None else self._unknown_node_phase()
-        if routable(r, node):
-            model = self._model_at(r.model, r.revision)
-            gpu_class = view.gpu_class if view is not None else ""
-            self.hub.put(endpoint_of(r, model=model, gpu_class=gpu_class))
-        elif r.id in self.hub:
-            self.hub.remove(r.id, removal_reason(r, node, wanted=self._wanted(r.model, r.profile)))
-
-    def _unknown_node_phase(self) -> NodePhase | None:
-        """The phase to route by for a node whose agent this fleet has not heard from.
-
-        A follower hears from no agent: it routes the replicas the leader wrote READY. A
-        fleet that just took over (reload) trusts them too until its agents had the grace of
-        a few missed heartbeats to say hello; after that an unknown node is not routed to."""
-        if not self.leading():
-            return NodePhase.READY
-        return NodePhase.READY if self._trusting else None
-
-    def _wanted(self, model: str, profile: str) -> bool:
-        return any(w.model == model and w.profile == profile for w in self._wants())
-
-    def _publish_node(self, node: str) -> None:
-        """A node's phase changed: its replicas leave routing or come back."""
-        for r in list(self.state.replicas.values()):
-            if r.node == node:
-                self._publish(r)
-
-    def transition(
-        self,
-        replica_id: str,
-        phase: ReplicaPhase,
-        reason: str = "",
-        *,
-        node: str | None = None,
-        gpus: tuple[int, ...] | None = None,
-        address: str | None = None,
-        restarts: int | None = None,
-        members: tuple[Member, ...] | None = None,
-        progress: StartProgress | EllipsisType | None = ...,
-    ) -> bool:
-        """Move a replica to `phase` through the transition table, saving and logging it
-        (with the placement or the report that came with the move; `progress` given only
-        by a report, else kept while the replica stays STARTING).
-
-        Returns:
-            Whether anything changed.
-        """
-        r = self.state.replicas.get(replica_id)
-        if r is None:
-            return False
-        try:
-            moved = check_transition(r.phase, phase)
-        except IllegalTransition as exc:
-            log.warning("transition_refused", replica=replica_id, error=str(exc))
-            return False
-        new = replace(
-            r,
-            phase=phase,
-            reason=reason if moved else r.reason,
-            node=r.node if node is None else node,
-            gpus=r.gpus if gpus is None else gpus,
-            address=r.address if address is None else address,
-            restarts=r.restarts if restarts is None else restarts,
-            members=r.members if members is None else members,
-            # Progress belongs to a replica starting on its node: an agent's report replaces
-            # it (`...`: not a report, kept), and it goes with the phase (placed again, ready,
-            # crashed).
-            progress=(
-                None
-                if phase is not P.STARTING
-                else (r.progress if not moved else None)
-                if progress is ...
-                else progress
-            ),
-        )
-        if moved:
-            new = replace(new, since_s=self._clock.wall(), entered_s=self._clock.monotonic())
-            log.info(
-                "replica_moved",
-                replica=r.id,
-                model=r.model,
-                node=r.node,
-                phase_from=r.phase.value,
-                phase=phase.value,
-                reason=reason,
-            )
-        if new != r:
-            self._put(new)
-        return moved or new != r
-
-    def _forget(self, replica_id: str) -> None:
-        self._changes += 1
-        r = self.state.replicas.pop(replica_id, None)
-        if r is not None:
-            if replica_id in self.hub:
-                view = self.state.nodes.get(r.node)
-                self.hub.remove(
-                    replica_id,
-                    removal_reason(
-                        None,
-                        view.phase if view is not None else None,
-                        wanted=self._wanted(r.model, r.profile),
-                    ),
-                )
-            self._unsaved[replica_id] = None
-            log.info("replica_forgotten", replica=replica_id, model=r.model, phase=r.phase.value)
-
-    def _apply(self, action: Action) -> None:
-        """Carry out one action a planning function returned."""
-        if isinstance(action, Create):
-            new = replace(action.replica, since_s=self._clock.wall())
-            self._put(new)
-            log.info("replica_created", replica=new.id, model=new.model, profile=new.profile)
-        elif isinstance(action, Assign):
-            members = tuple(
-                Member(rank=i, node=p.node, gpus=p.gpus) for i, p in enumerate(action.members)
-            )
-            where = ", ".join(m.node for m in members) or action.placement.node
-            self.transition(
-                action.replica_id,
-                P.STARTING,
-                f"placed on {where}" + (f" (a gang of {len(members)})" if members else ""),
-                node=action.placement.node,
-                gpus=action.placement.gpus,
-                members=members,
-            )
-        elif isinstance(action, ReportMember):
-            gang = self.state.replicas.get(action.replica_id)
-            if gang is not None and 0 <= action.rank < len(gang.members):
-                was = gang.members[action.rank]
-                now = replace(was, phase=action.phase, gang_address=action.gang_address)
-                if now != was:
-                    self._put(gang.with_member(now))
-        elif isinstance(action, Hold):
-            r = self.state.replicas.get(action.replica_id)
-            if r is not None and r.reason != action.reason:
-                self._put(replace(r, reason=action.reason))
-        elif isinstance(action, Move):
-            self.transition(action.replica_id, action.phase, action.reason)
-        elif isinstance(action, Report):
-            self.transition(
-                action.replica_id,
-                action.phase,
-                action.reason,
-                address=action.address,
-                restarts=action.restarts,
-                progress=action.progress,
-            )
-        elif isinstance(action, MarkRetiring):
-            r = self.state.replicas.get(action.replica_id)
-            if r is not None and not r.retire:
-                self._put(replace(r, retire=True))
-        elif isinstance(action, Retire):
-            self.retire(action.replica_id, action.reason)
-        elif isinstance(action, Forget):
-            self._forget(action.replica_id)
-
-    def _apply_all(self, actions: Iterable[Action]) -> None:
-        for action in actions:
-            self._apply(action)
-
-    def retire(self, replica_id: str, reason: str) -> None:
-        """Take a replica out: drain a READY one first, drop a PENDING one, stop the rest."""
-        r = self.state.replicas.get(replica_id)
-        if r is not None:
-            self._apply_all(retirement(r, reason))
-
-    # -- events from agents (facts; applied at once, the loop is woken) -------------------
-
-    def _heard(self, node: str) -> NodeView | None:
-        view = self.state.nodes.get(node)
-        if view is not None:
-            view.last_heard_s = self._clock.monotonic()
-        return view
-
-    def agent_connected(
-        self, view: NodeView, observed: Iterable[Observed], link: AgentLink
-    ) -> None:
-        """An agent said hello: its node's cards and the replicas it runs.
-
-        One connection per node: a newer one replaces the older, which is closed.
-        """
-        old_link = self.state.links.get(view.name)
-        if old_link is not None and old_link is not link:
-            old_link.close("replaced by a newer connection from the same node")
-            log.warning("agent_replaced", node=view.name)
-        self.state.links[view.name] = link
-        view.connected = True
-        view.last_heard_s = self._clock.monotonic()
-        view.phase = NodePhase.READY
-        self.state.nodes[view.name] = view
-        self.desired.reconnected(view.name)
-        seen = set()
-        for o in observed:
-            seen.add(o.replica_id)
-            self.observe(view.name, o)
-        self._apply_all(
-            missing_from_hello(list(self.state.replicas.values()), view.name, frozenset(seen))
-        )
-        self._publish_node(view.name)  # READY again: its running replicas are routable again
-        log.info("agent_connected", node=view.name, cards=len(view.cards), replicas=len(seen))
-        self.wake()
-
-    def agent_disconnected(self, node: str, link: AgentLink) -> None:
-        """An agent's stream ended; the node is NOT_READY until it says hello again."""
-        if self.state.links.get(node) is not link:
-            return
-        del self.state.links[node]
-        view = self.state.nodes.get(node)
-        if view is not None:
-            view.connected = False
-        log.info("agent_disconnected", node=node)
-        self.wake()
-
-    def heartbeat(self, node: str, cards: Sequence[Card], memory_free_bytes: int) -> None:
-        """An agent's heartbeat: its node is alive, its cards' use as reported."""
-        view = self._heard(node)
-        if view is None:
-            return
-        if cards:
-            view.cards = tuple(cards)
-        view.memory_free_bytes = memory_free_bytes
-
-    def observe(self, node: str, o: Observed) -> None:
-        """An agent's report of one replica."""
-        self._heard(node)
-        r = self.state.replicas.get(o.replica_id)
-        if r is not None and r.gang and node in r.nodes:
-            # A gang member's report: the gang's phase follows from all of them.
-            if o.log_tail:
-                self.state.observed_logs[r.id] = o.log_tail
-            gang = gang_reported(r, node, o)
-            self._apply_all(gang)
-            now = self.state.replicas.get(r.id)
-            if now is not None and now.phase is P.READY and now.id not in self.hub.ready:
-                self._publish(now)
-            if gang:
-                self.wake()
-            return
-        if r is not None and r.node != node:
-            # A node reports only its own replicas (as Kubernetes' node authorizer limits a
-            # kubelet to its pods): one placed elsewhere is not this agent's to describe.
-            log.warning(
-                "replica_report_dropped",
-                node=node,
-                replica_id=o.replica_id,
-                placed_on=r.node,
-                phase=o.phase.value,
-            )
-            return
-        if r is not None and r.node == node and o.log_tail:
-            self.state.observed_logs[r.id] = o.log_tail
-        change = reported(r, node, o)
-        if change is None:
-            return
-        self._apply(change)
-        now = self.state.replicas.get(change.replica_id)
-        if now is not None and now.phase is P.READY and now.id not in self.hub:
-            # READY since before a fleet restart: routable again only once its agent says so.
-            self._publish(now)
-        self.wake()
-
-    def acknowledged(self, node: str, version: int, rejected: Sequence[Rejection]) -> None:
-        """An agent acknowledged a desired version, refusing some replicas."""
-        self.desired.acknowledged(node, version)
-        self._apply_all(refused(self.state.replicas, node, rejected))
-        if rejected:
-            self.wake()
 
     # -- rollouts ------------------------------------------------------------------------
 
@@ -608,10 +263,6 @@ class Controller:
         return True
 
     # -- the loop -----------------------------------------------------------------------
-
-    def wake(self) -> None:
-        """Ask for a tick now (the catalog changed, or an agent reported)."""
-        self._wake.set()
 
     async def run(self) -> None:
         """Tick until cancelled; a tick that raises is logged and the loop goes on.
