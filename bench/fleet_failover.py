@@ -12,8 +12,9 @@ cards each run the `base` model's replicas. Each trial:
 2. kills the leader with SIGKILL (and starts a replacement on its address, as a restarted pod
    keeps its name, so three stay and the agents' list of fleets stays true);
 3. times until the database holds a live lease at a higher epoch (`lead_s`: the issue's goal
-   is <= 10 s; the lease bounds it by L + R), and until every agent was welcomed again by the
-   new leader (`agents_s`);
+   is <= 10 s; the lease bounds it by L + R), and until every agent whose stream was on the
+   killed leader was welcomed again by a fleet (`agents_s`); the agents on the other fleets
+   keep their streams (`moved` counts those that reconnected all the same: it should be 0);
 4. waits (up to SETTLE_S) for the fleet to settle on what the catalog wants, then counts:
    lost = wanted replicas missing, doubled = replicas beyond those wanted (or one replica run on
    two nodes), stuck = replicas not READY at the deadline, and restarted = `base` replicas whose
@@ -167,6 +168,10 @@ async def trial(
             )
         else:
             await stub.DeleteModel(fleet_pb2.DeleteModelRequest(name="extra"), timeout=5)
+    # Every fleet serves agents: only those whose stream was on the killed leader reconnect;
+    # the others keep their streams through the failover (docs/fleet.md, "Agents on any fleet").
+    orphaned = [a for a in agents if a.fleets.current == old.address]
+    kept = [(a, a.streams) for a in agents if a not in orphaned]
     killed_at = time.perf_counter()
     old.process.kill()
     await old.process.wait()
@@ -174,15 +179,17 @@ async def trial(
     replacement = asyncio.create_task(cluster.start_one(old.address))
     new, _ = await cluster.leader(above=epoch)
     lead_s = time.perf_counter() - killed_at
-    while not all(a.joined.is_set() and a.welcomed_at > killed_at for a in agents):
+    while not all(a.joined.is_set() and a.welcomed_at > killed_at for a in orphaned):
         if time.perf_counter() - killed_at > SETTLE_S + lead_s:
             break
         await asyncio.sleep(0.02)
-    back = all(a.joined.is_set() and a.welcomed_at > killed_at for a in agents)
-    agents_s = max(a.welcomed_at for a in agents) - killed_at if back else math.nan
-    for a in agents:
+    back = all(a.joined.is_set() and a.welcomed_at > killed_at for a in orphaned)
+    agents_s = max((a.welcomed_at for a in orphaned), default=killed_at) - killed_at
+    agents_s = agents_s if back else math.nan
+    for a in orphaned:
         if not (a.joined.is_set() and a.welcomed_at > killed_at):
             print(f"  {a.node} not back: trying {a.fleets.current}, errors {a.errors[-3:]}")
+    moved = sum(a.streams != streams for a, streams in kept)
     await replacement
     new_stub = cluster.stub(new.address)
     deadline = time.perf_counter() + SETTLE_S
@@ -204,6 +211,8 @@ async def trial(
     return {
         "lead_s": lead_s,
         "agents_s": agents_s,
+        "orphaned": len(orphaned),
+        "moved": moved,
         "lost": max(0, wanted - len(replicas)),
         "doubled": max(0, len(replicas) - wanted) + twice,
         "stuck": len(replicas) - len(ready_ids),
@@ -243,7 +252,8 @@ async def measure(trials: int, folder: Path, *, lease_s: float, renew_s: float) 
             rows.append(row)
             print(
                 f"trial {k:>2}: leader in {row['lead_s']:.2f} s, agents back in"
-                f" {row['agents_s']:.2f} s; lost {row['lost']:.0f}, doubled {row['doubled']:.0f},"
+                f" {row['agents_s']:.2f} s ({row['orphaned']:.0f} orphaned,"
+                f" {row['moved']:.0f} others moved); lost {row['lost']:.0f}, doubled {row['doubled']:.0f},"
                 f" stuck {row['stuck']:.0f}, base restarted {row['restarted']:.0f}",
                 flush=True,
             )
@@ -268,6 +278,7 @@ async def measure(trials: int, folder: Path, *, lease_s: float, renew_s: float) 
         "stuck": sum(r["stuck"] for r in rows),
         "restarted": sum(r["restarted"] for r in rows),
         "agents_not_back": sum(math.isnan(r["agents_s"]) for r in rows),
+        "moved": sum(r["moved"] for r in rows),
         "lead_max_over_lease": max(lead) / lease_s,
     }
 
@@ -281,7 +292,8 @@ def report(f: dict[str, float]) -> None:
         f" agents back median/max {f['agents_median_s']:.2f} / {f['agents_max_s']:.2f} s;"
         f" lost {f['lost']:.0f}, doubled {f['doubled']:.0f}, stuck {f['stuck']:.0f},"
         f" base replicas restarted {f['restarted']:.0f}; trials with an agent not back"
-        f" {f['agents_not_back']:.0f}"
+        f" {f['agents_not_back']:.0f}; agents of surviving fleets that reconnected"
+        f" {f['moved']:.0f}"
     )
 
 
