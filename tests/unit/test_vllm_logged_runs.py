@@ -12,7 +12,13 @@ import pytest
 
 from llmgw.cardclass import cuda_total
 from llmgw.engines.base import Card, CardNeed
-from llmgw.engines.vllm_memory import SAMPLER_MARGIN, VLLM_RULES, nvlink_card, nvls_card
+from llmgw.engines.vllm_memory import (
+    CUDA_CONTEXT_BYTES,
+    SAMPLER_MARGIN,
+    VLLM_RULES,
+    nvlink_card,
+    nvls_card,
+)
 from llmgw.shape import Compute, Layer, LayerKind, ModelShape
 from planner_svc.domain.hf_compute import compute_from_hf_config
 from planner_svc.domain.hf_shape import shape_from_hf_config
@@ -25,6 +31,7 @@ RUNS = [
     if line.strip()
 ]
 GIB = 1 << 30
+MIB = 1 << 20
 TOLERANCE = 0.01
 TOLERANCE_GIB = 0.05
 """A printed pool is matched within 1 % or 0.05 GiB, whichever is wider (two printed decimals,
@@ -302,3 +309,26 @@ def test_mllama_image_tokens_are_read_from_its_config() -> None:
     assert compute_from_hf_config(mllama).cross_attention_image_tokens == 6404
     other = compute_from_hf_config({**mllama, "model_type": "llava"})
     assert other.cross_attention_image_tokens == 0
+
+
+def test_from_0_21_the_graph_estimate_is_kept_out_of_the_pool() -> None:
+    """From 0.21 vLLM subtracts its CUDA-graph estimate from the KV pool (16 MiB a layer) and
+    captures the graphs inside the budget; under `--enforce-eager` there is no estimate, so the
+    pool is that much larger. Before 0.21 the graphs are captured outside the budget."""
+    base: dict[str, Any] = {
+        "hf": "meta-llama__Llama-3.1-8B-Instruct",
+        "gpu": "A100-80GB",
+        "cuda_total_gib": 79.25,
+        "weights_gib": 14.99,
+        "tp": 1,
+        "engine_version": "0.31.0",
+        "args": ["--max-model-len", "131072"],
+    }
+    graphs = need_of(base)
+    eager = need_of({**base, "args": [*base["args"], "--enforce-eager"]})
+    assert graphs.cuda_graph_bytes == 32 * 16 * MIB and eager.cuda_graph_bytes == 0
+    assert eager.kv_pool_bytes - graphs.kv_pool_bytes == 32 * 16 * MIB
+    assert graphs.outside_bytes == eager.outside_bytes == CUDA_CONTEXT_BYTES
+    assert "estimated inside the budget" in graphs.rules
+    older = need_of({**base, "engine_version": "0.19.0"})
+    assert older.cuda_graph_bytes == 0 and older.outside_bytes > CUDA_CONTEXT_BYTES
