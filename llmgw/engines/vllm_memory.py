@@ -244,7 +244,7 @@ class VllmRules(Ranged):
     non_torch_bytes: int = 0
     """Non-torch memory on one card (tensor parallel adds NON_TORCH_NCCL_BYTES)."""
     graph_estimate: bool = False
-    """Whether vLLM estimates CUDA graphs while profiling (it may subtract the estimate)."""
+    """Whether vLLM estimates CUDA graphs while profiling and keeps the estimate out of the pool."""
     v0: bool = False
     """V0's engine: chunked prefill off up to 32K unless asked."""
     tp_gather_bytes_per_logit: int = 0
