@@ -253,7 +253,8 @@ async def measure(trials: int, folder: Path, *, lease_s: float, renew_s: float) 
             print(
                 f"trial {k:>2}: leader in {row['lead_s']:.2f} s, agents back in"
                 f" {row['agents_s']:.2f} s ({row['orphaned']:.0f} orphaned,"
-                f" {row['moved']:.0f} others moved); lost {row['lost']:.0f}, doubled {row['doubled']:.0f},"
+                f" {row['moved']:.0f} others moved); lost {row['lost']:.0f},"
+                f" doubled {row['doubled']:.0f},"
                 f" stuck {row['stuck']:.0f}, base restarted {row['restarted']:.0f}",
                 flush=True,
             )
