@@ -37,6 +37,8 @@ from llmgw.testing.scripted_agent import ScriptedAgent
 
 TRIALS = 20
 INTERVAL_S = 1
+BACK_WITHIN_S = 30.0
+"""How long a trial waits for the old revision's full weight before it fails."""
 MODEL = "canary-bench"
 READY = fleet_pb2.REPLICA_PHASE_READY
 
@@ -105,12 +107,19 @@ async def trial(
     start = time.perf_counter()
     if abort:
         await stub.CancelRollout(fleet_pb2.CancelRolloutRequest(id=answer.rollout_id), timeout=30)
-    else:
-        await gateway.send(
-            list(router.table.values()),
-            lambda ep: Seen(requests=50, errors_5xx=20 if ep.revision == new else 0),
-        )
+    sent_at = start
     while not back():
+        # As a gateway does, one report an interval while the burst lasts: a report whose
+        # interval began before the step's window is not the step's (docs/rollouts.md), and the
+        # next one counts. Timed from the first; bounded, so a canary never judged fails here.
+        if not abort and (sent_at == start or time.perf_counter() - sent_at >= INTERVAL_S):
+            sent_at = time.perf_counter()
+            await gateway.send(
+                list(router.table.values()),
+                lambda ep: Seen(requests=50, errors_5xx=20 if ep.revision == new else 0),
+            )
+        if time.perf_counter() - start > BACK_WITHIN_S:
+            raise RuntimeError(f"the old revision was not back at full weight in {BACK_WITHIN_S} s")
         await asyncio.sleep(0.002)
     took = time.perf_counter() - start
 
