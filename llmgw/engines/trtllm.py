@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
+from functools import lru_cache
 
 import yaml
 
@@ -115,8 +116,15 @@ def trtllm_collective_bytes(card: Card | None, tp: int) -> tuple[int, int, str]:
     again as margin since no TensorRT-LLM log at tp > 1 is in the fixtures)."""
     if tp <= 1:
         return 0, 0, ""
+    return _collective_bytes(card.name if card is not None else "", tp)
+
+
+@lru_cache(maxsize=64)
+def _collective_bytes(card_name: str, tp: int) -> tuple[int, int, str]:
+    """`trtllm_collective_bytes` for a card class and tp, worked out once (sizing asks it for
+    every context)."""
     workspace = allreduce_workspace_bytes(tp)
-    if card is not None and nvls_card(card):
+    if card_name and nvls_card(Card(name=card_name)):
         nccl, margin = NVLINK_NON_TORCH_V1, NVLINK_NON_TORCH_MARGIN_BYTES
     else:
         nccl, margin = NON_TORCH_NCCL_BYTES, NON_TORCH_NCCL_BYTES
