@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import ClassVar
 
@@ -41,6 +41,12 @@ SPECULATIVE_ALGORITHM = ("--speculative-algorithm",)
 EP_SIZE = ("--ep-size", "--ep", "--expert-parallel-size")
 ENABLE_DP_ATTENTION = ("--enable-dp-attention",)
 DP_SIZE = ("--dp-size", "--dp", "--data-parallel-size")
+DSA_PREFILL_BACKEND = ("--nsa-prefill-backend", "--dsa-prefill-backend", "--nsa-prefill")
+DSA_DECODE_BACKEND = ("--nsa-decode-backend", "--dsa-decode-backend", "--nsa-decode")
+"""The kernels SGLang runs DeepSeek V3.2's sparse attention with (server_args.py: first
+`--nsa-prefill`/`--nsa-decode`, then `--nsa-prefill-backend`/`--nsa-decode-backend`, since
+0.5.13 spelled `--dsa-...`). "trtllm" keeps the plain MLA row (`sglang_dsa_packed`)."""
+DSA_UNPACKED_BACKENDS = frozenset({"trtllm"})
 REVISION = ("--revision",)
 """The model version SGLang loads: a branch, tag or commit (sglang/srt/server_args.py
 ServerArgs.revision)."""
@@ -159,6 +165,8 @@ ALLOWED: tuple[AllowedFlag, ...] = (
     switch("--disable-overlap-schedule"),
     switch("--enable-torch-compile"),
     AllowedFlag(("--attention-backend",)),
+    AllowedFlag(DSA_PREFILL_BACKEND),
+    AllowedFlag(DSA_DECODE_BACKEND),
     AllowedFlag(("--sampling-backend",)),
     AllowedFlag(("--grammar-backend",)),
     AllowedFlag(("--dtype",)),
@@ -311,6 +319,10 @@ class Sglang(TensorParallelEngine):
             attention_dp=dp if self.grammar.has(args, ENABLE_DP_ATTENTION) else 1,
         )
 
+    def cache_shape(self, shape: ModelShape, args: Sequence[str]) -> ModelShape:
+        """The shape as SGLang lays out its cache under `args` (`sglang_cache_shape`)."""
+        return sglang_cache_shape(shape, args)
+
     def pool(
         self, args: Sequence[str], *, tokens: int, sequences: int, card_memory_bytes: int
     ) -> SglangPool:
@@ -369,6 +381,39 @@ class Sglang(TensorParallelEngine):
 SGLANG = Sglang()
 
 
+def sglang_dsa_packed(args: Sequence[str]) -> bool:
+    """Whether SGLang stores DeepSeek V3.2's latent in its packed fp8 row (fp8 latent, a float32
+    scale per 128 of it, the rope part in bf16: 656 bytes for a 512 + 64 latent).
+
+    model_runner_kv_cache_mixin.py `calculate_mla_kv_cache_dim` (later
+    mem_cache/kv_cache_configurator.py) overrides the row only when the cache is
+    float8_e4m3fn and neither sparse-attention backend is "trtllm"; NSATokenToKVPool
+    (mem_cache/memory_pool.py) then keeps `nsa_kv_cache_store_fp8`. Otherwise the row is
+    kv_lora_rank + qk_rope_head_dim at the cache type: 576 bytes in fp8 (trtllm, or fp8_e5m2),
+    1152 in bf16. The indexer's fp8 keys and scales (132 bytes a layer) are kept either way.
+    (On ROCm with TileLang SGLang keeps the plain row too; the planner sizes CUDA cards.)"""
+    raw = GRAMMAR.get(args, KV_CACHE_DTYPE)
+    if raw is None or raw.strip().lower() != "fp8_e4m3":
+        return False
+    backends = (GRAMMAR.get(args, DSA_PREFILL_BACKEND), GRAMMAR.get(args, DSA_DECODE_BACKEND))
+    return not any((b or "").strip().lower() in DSA_UNPACKED_BACKENDS for b in backends)
+
+
+def sglang_cache_shape(shape: ModelShape, args: Sequence[str]) -> ModelShape:
+    """`shape` as SGLang lays out its cache under `args`: its packed fp8 rows
+    (`Layer.fp8_token_bytes`) dropped where `sglang_dsa_packed` says SGLang does not pack them.
+    The unpacked shape is built once per shape and kept in its `sizing_memo`."""
+    if not any(la.fp8_token_bytes for la, _ in shape.distinct_layers) or sglang_dsa_packed(args):
+        return shape
+    kept = shape.sizing_memo.get("sglang_unpacked")
+    if isinstance(kept, ModelShape):
+        return kept
+    layers = tuple(replace(la, fp8_token_bytes=0) for la in shape.layers)
+    unpacked = replace(shape, layers=layers)
+    shape.sizing_memo["sglang_unpacked"] = unpacked
+    return unpacked
+
+
 def sglang_available_kv_bytes(
     free_before_load_bytes: int, free_after_weights_bytes: int, mem_fraction_static: float
 ) -> int:
@@ -389,6 +434,7 @@ def sglang_token_capacity(
     """
     if available_kv_bytes <= 0:
         return 0
+    shape = sglang_cache_shape(shape, args)
     cell = token_bytes_on_card(shape, tp, SGLANG.cache_dtype_bytes(args, shape))
     if cell == 0:
         return 0

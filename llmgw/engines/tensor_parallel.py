@@ -177,10 +177,16 @@ class TensorParallelEngine:
         size = self.cache_dtypes[key]
         return Fraction(shape.kv_dtype_bytes) if size is None else size
 
+    def cache_shape(self, shape: ModelShape, args: Sequence[str]) -> ModelShape:
+        """The shape as the engine lays out its cache under `args` (the shape itself, unless
+        an engine stores a layer otherwise: SGLang's DeepSeek V3.2 rows by backend)."""
+        return shape
+
     def kv_cache_bytes(
         self, shape: ModelShape, *, tokens: int, sequences: int, tp: int, args: Sequence[str]
     ) -> int:
         """Each card's layers as `pool` keeps them, × tp cards."""
+        shape = self.cache_shape(shape, args)
         dtype = self.cache_dtype_bytes(args, shape)
         pool = self.pool(args, tokens=tokens, sequences=sequences, card_memory_bytes=0)
         return sum(layer_bytes_on_card(shape, pool, tp=tp, dtype=dtype)) * tp
@@ -201,6 +207,7 @@ class TensorParallelEngine:
         overhead, against its budget (`overhead_and_budget`); the KV pool the engine
         allocates there (the budget less the rest), its tokens and requests of `tokens`."""
         sequences = max(slots, 1)
+        shape = self.cache_shape(shape, args)
         card = card or Card.of("", card_memory_bytes)
         tp, pp, dtype, template = self._setting(
             shape, args, cards, card.cuda_bytes or card_memory_bytes

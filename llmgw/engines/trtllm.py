@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
+from functools import lru_cache
 
 import yaml
 
+from llmgw.cardclass import GIB, MIB
 from llmgw.engines.base import Card, Overhead
 from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, Grammar, RefusedFlag
 from llmgw.engines.kvcache import CachePool, token_bytes_on_card
@@ -32,6 +34,12 @@ from llmgw.engines.torch_overhead import (
     cuda_graph_bytes,
     forward_cost,
     layers_per_stage,
+)
+from llmgw.engines.vllm_memory import (
+    NON_TORCH_NCCL_BYTES,
+    NVLINK_NON_TORCH_MARGIN_BYTES,
+    NVLINK_NON_TORCH_V1,
+    nvls_card,
 )
 from llmgw.shape import Layer, ModelShape
 
@@ -69,6 +77,63 @@ TRTLLM_TOKENS_PER_BLOCK = 32
 
 TRTLLM_MAX_NUM_TOKENS = 8192
 """`trtllm-serve --max_num_tokens` default: the tokens of the profiling forward pass."""
+
+ALLREDUCE_WORKSPACE_BYTES_UP_TO_TP2 = 16_000_000
+ALLREDUCE_WORKSPACE_BYTES_ABOVE_TP2 = 8_000_000
+"""The `size` the PyTorch backend's all-reduce fusion workspace is built from: 16,000,000 bytes
+at tp <= 2, 8,000,000 above (tensorrt_llm/plugin/plugin.py CustomAllReduceHelper
+.max_workspace_size_auto, called by tensorrt_llm/_torch/distributed/ops.py
+get_allreduce_workspace on the first all-reduce, i.e. during the profiling pass). Newer trees
+take 64 MiB whatever the tp (the helper's rewrite, sized for max_num_tokens x hidden x 2); no
+release is known to the planner for that change, so it is not applied."""
+
+ALLREDUCE_BARRIER_BYTES_PER_RANK = 256
+"""The fusion workspace's barrier buffer: 256 bytes a rank
+(CustomAllReduceHelper.allocate_allreduce_fusion_workspace)."""
+
+
+def allreduce_workspace_bytes(tp: int) -> int:
+    """What TensorRT-LLM's all-reduce fusion workspace takes on each of `tp` ranks (0 at tp 1):
+    `allocate_allreduce_fusion_workspace` maps through CUDA IPC (outside torch) one data buffer
+    of size x tp, the barriers (256 B a rank) and three Lamport buffers of size x tp each."""
+    if tp <= 1:
+        return 0
+    size = ALLREDUCE_WORKSPACE_BYTES_UP_TO_TP2 if tp <= 2 else ALLREDUCE_WORKSPACE_BYTES_ABOVE_TP2
+    return size * tp + ALLREDUCE_BARRIER_BYTES_PER_RANK * tp + 3 * size * tp
+
+
+def trtllm_collective_bytes(card: Card | None, tp: int) -> tuple[int, int, str]:
+    """What tensor parallel over `tp` ranks adds to each card's non-torch memory before
+    TensorRT-LLM takes its free fraction, its margin, and the words for the rules.
+
+    TensorRT-LLM reads the card's free memory after its profiling pass
+    (tensorrt_llm/_torch/pyexecutor/_util.py: the peak is total less free, torch and non-torch
+    alike, with no earlier snapshot taken off), so every collective buffer set up by then
+    counts: the all-reduce fusion workspace (`allreduce_workspace_bytes`) and NCCL's
+    communicator, which the profiling pass's all-reduces use past the workspace's size. NCCL's
+    share is vLLM's measured step for the same library on the same cards (vllm_memory:
+    NVLINK_NON_TORCH_V1 on NVLink-SHARP parts, NON_TORCH_NCCL_BYTES elsewhere, with as much
+    again as margin since no TensorRT-LLM log at tp > 1 is in the fixtures)."""
+    if tp <= 1:
+        return 0, 0, ""
+    return _collective_bytes(card.name if card is not None else "", tp)
+
+
+@lru_cache(maxsize=64)
+def _collective_bytes(card_name: str, tp: int) -> tuple[int, int, str]:
+    """`trtllm_collective_bytes` for a card class and tp, worked out once (sizing asks it for
+    every context)."""
+    workspace = allreduce_workspace_bytes(tp)
+    if card_name and nvls_card(Card(name=card_name)):
+        nccl, margin = NVLINK_NON_TORCH_V1, NVLINK_NON_TORCH_MARGIN_BYTES
+    else:
+        nccl, margin = NON_TORCH_NCCL_BYTES, NON_TORCH_NCCL_BYTES
+    words = (
+        f"tp {tp}: all-reduce workspace {workspace / MIB:.0f} MiB and NCCL "
+        f"{nccl / GIB:.2f} GiB a rank"
+    )
+    return workspace + nccl, margin, words
+
 
 # What the node agent refuses to pass (tensorrt_llm/commands/serve.py).
 REFUSED: tuple[RefusedFlag, ...] = (
@@ -135,14 +200,18 @@ def extra_options(args: Sequence[str]) -> tuple[Mapping[str, object], str]:
     return (config if isinstance(config, Mapping) else {}), f"{EXTRA_OPTIONS[0]} read inline"
 
 
-def trtllm_overhead_bytes(shape: ModelShape, args: Sequence[str], *, pp: int, tp: int = 1) -> int:
+def trtllm_overhead_bytes(
+    shape: ModelShape, args: Sequence[str], *, pp: int, tp: int = 1, card: Card | None = None
+) -> int:
     """What a TensorRT-LLM card needs beside weights and KV before its free fraction applies:
-    the profiling pass over `--max_num_tokens` tokens, its sampler, non-torch memory and CUDA
-    graphs, with the constants measured on vLLM (both run the model in PyTorch)."""
+    the profiling pass over `--max_num_tokens` tokens, its sampler, non-torch memory (with
+    what tensor parallel adds on `card`, `trtllm_collective_bytes`) and CUDA graphs, with the
+    constants measured on vLLM (both run the model in PyTorch)."""
     batched = GRAMMAR.count(args, MAX_NUM_TOKENS) or TRTLLM_MAX_NUM_TOKENS
     forward = forward_cost(shape, tp=tp).bytes(batched)
     graphs = cuda_graph_bytes(shape, layers_per_stage(shape, pp))
-    return forward + SAMPLER_FALLBACK_BYTES + NON_TORCH_BYTES + graphs
+    collective = trtllm_collective_bytes(card, tp)[0]
+    return forward + SAMPLER_FALLBACK_BYTES + NON_TORCH_BYTES + collective + graphs
 
 
 def trtllm_free_fraction(args: Sequence[str]) -> float:
@@ -224,22 +293,30 @@ class TrtLlm(TensorParallelEngine):
         cost = forward_cost(shape, tp=tp)
         forward = cost.bytes(batched)
         graphs = cuda_graph_bytes(shape, layers_per_stage(shape, pp))
-        overhead = forward + SAMPLER_FALLBACK_BYTES + NON_TORCH_BYTES + graphs
+        collective, collective_margin, collective_words = trtllm_collective_bytes(card, tp)
+        non_torch = NON_TORCH_BYTES + collective
+        overhead = forward + SAMPLER_FALLBACK_BYTES + non_torch + graphs
         free = trtllm_free_fraction(args)
         total = card.cuda_bytes
         budget = int(free * total + (1 - free) * (weights_card_bytes + overhead))
-        uncertain = int(forward * cost.margin) + SAMPLER_FALLBACK_BYTES // 2 + graphs // 2
+        uncertain = (
+            int(forward * cost.margin)
+            + SAMPLER_FALLBACK_BYTES // 2
+            + graphs // 2
+            + collective_margin
+        )
         margin = int(free * (uncertain + NON_TORCH_MARGIN_BYTES + card.cuda_margin_bytes))
         read = extra_options(args)[1]
         return Overhead(
             budget_bytes=budget,
             activation_bytes=forward + SAMPLER_FALLBACK_BYTES,
-            non_torch_bytes=NON_TORCH_BYTES,
+            non_torch_bytes=non_torch,
             cuda_graph_bytes=graphs,
             margin_bytes=margin,
             rules=(
                 f"TensorRT-LLM: KV gets {free:g} of the memory free after weights and "
                 f"activations (CUDA total {card.cuda_source or 'not known'})"
+                + (f"; {collective_words}" if collective_words else "")
                 + (f"; {read}" if read else "")
             ),
             card_total_bytes=total,

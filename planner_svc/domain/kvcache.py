@@ -66,5 +66,8 @@ def kv_bytes_per_token_per_card(
         UnknownEngine, EngineRefuses, InvalidRequest.
     """
     check_pool(0, 1, tp)
-    dtype = registry.get(engine).cache_dtype_bytes(args, shape)
-    return token_bytes_on_card(shape, tp, dtype)
+    eng = registry.get(engine)
+    cache_shape = getattr(eng, "cache_shape", None)
+    if cache_shape is not None:
+        shape = cache_shape(shape, args)
+    return token_bytes_on_card(shape, tp, eng.cache_dtype_bytes(args, shape))

@@ -22,6 +22,7 @@ from planner_svc.domain.hf_shape import shape_from_hf_config
 from planner_svc.domain.memory import card_need, kv_bytes_per_token_per_card, kv_cache_bytes
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ground_truth" / "observations.jsonl"
+HF_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 GIB = 1 << 30
 TOLERANCE = 0.01
 """Printed GiB figures have two decimals; 1 % covers that and the engines' page rounding."""
@@ -560,6 +561,28 @@ def test_sglang_cache_bytes_for_its_token_count() -> None:
     assert within(per_card, (printed["k_size_gb"] + printed["v_size_gb"]) * GIB)
 
 
+def test_sglang_deepseek_v32_cell_and_pool_as_logged() -> None:
+    """gt-051 (SGLang with PR #11309, 8 B200s, fp8 cache, NSA page 64): each of the 61 layers
+    keeps a 656 B packed latent and a 132 B indexer key a token, 48,068 B in all; the printed
+    43.67 GB is 975,424 tokens plus the pool's one padding page, and that memory holds the
+    printed token count within 1 %. The run's fp8 cache was SGLang's own choice on B200; the
+    planner needs `--kv-cache-dtype fp8_e4m3` spelled out (its auto is the model's dtype)."""
+    row = ROWS["gt-051"]
+    printed = row["printed"]
+    config = json.loads((HF_FIXTURES / "deepseek-ai__DeepSeek-V3.2.json").read_text())
+    shape = shape_from_hf_config(config)
+    args = ["--kv-cache-dtype", "fp8_e4m3", "--page-size", "64"]
+    cell = kv_bytes_per_token_per_card("sglang", shape, row["tp"], args)
+    assert cell == row["arch"]["layers"] * (656 + 132)
+    tokens = int(printed["max_total_num_tokens"])
+    assert round((tokens + 64) * cell / GIB, 2) == printed["kv_size_gb"]
+    got = sglang_token_capacity(
+        shape, available_kv_bytes=int(printed["kv_size_gb"] * GIB), tp=row["tp"], args=args
+    )
+    assert got % 64 == 0
+    assert within(got, tokens)
+
+
 # --- TensorRT-LLM -----------------------------------------------------------------------
 
 
@@ -596,10 +619,9 @@ NOT_REPLAYED: dict[str, str] = {
     "width",
     "gt-045": "weights a GPU of an FP8 checkpoint whose size the fixtures do not have; nothing "
     "about the cache",
-    "gt-050": "DeepSeek-V3.2's NSA cache (fp8 latent with per-tile scales, bf16 rope, 656 B a "
-    "layer-token) and its indexer: the shape has no fields for them",
-    "gt-051": "DeepSeek-V3.2's NSA cache plus its fp8 indexer cache (132 B a layer-token): "
-    "not in the shape",
+    "gt-050": "SGLang before PR #11309 left the indexer's 132 B a layer-token out of its cell "
+    "size while still allocating it (54.52 GB printed, 65.49 held, per the PR): the planner "
+    "sizes the cell as PR #11309 and later count it (gt-051, replayed)",
     "gt-053": "no memory figure: the TensorRT engine's activations and free memory are not printed",
     "gt-056": "a hybrid GDN model without arch numbers; its token figure is not a capacity "
     "(blocks // groups × block size)",
@@ -628,7 +650,7 @@ LLAMACPP_ROWS: dict[str, str] = {
 REPLAYED: set[str] = (
     {row_id for row_id, _, _ in VLLM_CAPACITY}
     | {case for case, *_ in VLLM_AVAILABLE if case in ROWS}
-    | {"gt-024", "gt-029", "gt-030", "gt-046", "gt-048", "gt-049", "gt-027", "gt-052"}
+    | {"gt-024", "gt-029", "gt-030", "gt-046", "gt-048", "gt-049", "gt-027", "gt-052", "gt-051"}
 )
 
 

@@ -98,6 +98,11 @@ EXPECTED: dict[str, Expected] = {
     "deepseek-ai__DeepSeek-V3": Expected(
         {MLA: 61}, 128, 128, 576, 0, 70_272, 0, 0, 163_840, mla_expanded=(192, 128)
     ),
+    # DSA: V3's latent plus each layer's indexer key, fp8 128 + a 4-byte scale:
+    # 61 x (576 x 2 + 132) = 78,324 B/tok (written from the published config, PROVENANCE.md).
+    "deepseek-ai__DeepSeek-V3.2": Expected(
+        {MLA: 61}, 128, 128, 576, 0, 78_324, 0, 0, 163_840, mla_expanded=(192, 128)
+    ),
     # 27 x 576 x 2 = 31,104 B/tok.
     "deepseek-ai__DeepSeek-V2-Lite": Expected(
         {MLA: 27}, 16, 16, 576, 0, 31_104, 0, 0, 163_840, mla_expanded=(192, 128)
