@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import sys
 
@@ -118,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     from planner_svc.server import serve
     from planner_svc.sources.policy import SourcePolicy
+
+    # What the imports built lives as long as the process: frozen out of the collector's
+    # view, so each full collection a stream of requests sets off walks only their objects
+    # (it walked every module's too: about 25 us a fresh SizeContext, on average).
+    gc.collect()
+    gc.freeze()
 
     try:
         tracing = configure_tracing("llmgw-planner", opts.trace)

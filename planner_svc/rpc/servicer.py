@@ -7,7 +7,7 @@ import contextvars
 import functools
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Protocol, TypeAlias, TypeVar
@@ -31,6 +31,7 @@ from planner_svc.domain import errors
 from planner_svc.domain.context import check_size_request, size_context
 from planner_svc.domain.gpus import check_gpus_request, plan_gpus
 from planner_svc.rpc import convert, decoded
+from planner_svc.rpc.placing import PlanCosts, timed
 from planner_svc.rpc.status import refusals_as_status
 
 log = structlog.get_logger(__name__)
@@ -74,13 +75,42 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         # call (health checks included) for its whole length. One worker thread, not a pool:
         # the GIL lets only one plan run at a time anyway, so more threads would only hold
         # more requests' work in memory at once.
+        # A plan seen to be cheap runs on the loop instead: the hop costs more (placing.py).
         self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="planning")
+        self._costs = PlanCosts()
 
-    async def _planned(self, plan: Callable[[], T]) -> T:
-        """`plan()`, run on the planning thread (its context variables with it)."""
-        context = contextvars.copy_context()
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._planner, context.run, plan)
+    def _like(
+        self, request: Message, values: tuple[object, ...], extras: tuple[Hashable, ...]
+    ) -> tuple[Hashable, ...] | None:
+        """The key of plans like this request's; None when its model or inventory message
+        is too large to be kept decoded (then the values are new objects each call), or the
+        request too large for its other fields to be kept in a key."""
+        kept = decoded.KEPT_MESSAGE_BYTES
+        if request.ByteSize() > 3 * kept:
+            return None
+        for name in ("model", "inventory"):
+            if getattr(request, name).ByteSize() > kept:
+                return None
+        return PlanCosts.key(values, (type(request).__name__, *extras))
+
+    async def _planned(
+        self,
+        plan: Callable[[], T],
+        like: tuple[Hashable, ...] | None = None,
+        values: tuple[object, ...] = (),
+    ) -> T:
+        """`plan()`, run on the event loop when the last plan `like` it was cheap, else on the
+        planning thread (its context variables with it); its CPU noted under `like`."""
+        spent: list[float] = []
+        try:
+            if self._costs.cheap(like):
+                return timed(plan, spent)()
+            context = contextvars.copy_context()
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._planner, context.run, timed(plan, spent))
+        finally:
+            if spent:
+                self._costs.note(like, spent[0], values)
 
     async def _resolve(
         self, msg: common_pb2.Model, context: Context
@@ -137,6 +167,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         if hit is not None:
             return hit
         shape, note = self._shape_of(model, resolved)
+        values = (model, shape, inventory)
         change = await self._planned(
             functools.partial(
                 size_context,
@@ -147,7 +178,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
                 inventory=inventory,
                 note=note,
                 sequences=request.sequences,
-            )
+            ),
+            self._like(request, values, (request.slots, request.sequences, note)),
+            values,
         )
         log.info("context_sized", model=model.name, before=change.before, after=change.after)
         answer = planner_pb2.SizeContextResponse(
@@ -173,6 +206,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         if hit is not None:
             return hit
         shape, note = self._shape_of(model, resolved)
+        values = (model, shape, inventory)
         change = await self._planned(
             functools.partial(
                 plan_gpus,
@@ -183,7 +217,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
                 inventory=inventory,
                 note=note,
                 sequences=request.sequences,
-            )
+            ),
+            self._like(request, values, (request.gpus, request.profile, request.sequences, note)),
+            values,
         )
         log.info("gpus_planned", model=model.name, gpus=change.gpus)
         answer = planner_pb2.PlanGPUsResponse(
