@@ -13,7 +13,7 @@ from dataclasses import replace
 from fractions import Fraction
 from typing import ClassVar
 
-from llmgw.engines.base import Card, CardNeed, CardSplit, Overhead
+from llmgw.engines.base import Card, CardNeed, CardSplit, Overhead, SizingRequest
 from llmgw.engines.gang import EngineSingleNode, GangLaunch, GangMember
 from llmgw.engines.grammar import Flag, Grammar, RefusedFlag
 from llmgw.engines.heads import TpOptions, tp_failure
@@ -191,24 +191,15 @@ class TensorParallelEngine:
         pool = self.pool(args, tokens=tokens, sequences=sequences, card_memory_bytes=0)
         return sum(layer_bytes_on_card(shape, pool, tp=tp, dtype=dtype)) * tp
 
-    def card_need(
-        self,
-        shape: ModelShape,
-        *,
-        args: Sequence[str],
-        tokens: int,
-        slots: int,
-        cards: int,
-        card_memory_bytes: int,
-        card: Card | None = None,
-        engine_version: str = "",
-    ) -> CardNeed:
+    def card_need(self, shape: ModelShape, asked: SizingRequest) -> CardNeed:
         """A card's share of the weights and of its pipeline stage's KV, plus the engine's
         overhead, against its budget (`overhead_and_budget`); the KV pool the engine
         allocates there (the budget less the rest), its tokens and requests of `tokens`."""
-        sequences = max(slots, 1)
+        args, tokens, cards = asked.args, asked.tokens, asked.cards
+        card_memory_bytes = asked.card_memory_bytes
+        sequences = max(asked.slots, 1)
         shape = self.cache_shape(shape, args)
-        card = card or Card.of("", card_memory_bytes)
+        card = asked.card or Card.of("", card_memory_bytes)
         tp, pp, dtype, template = self._setting(
             shape, args, cards, card.cuda_bytes or card_memory_bytes
         )
@@ -225,7 +216,7 @@ class TensorParallelEngine:
             pp=pp,
             weights_card_bytes=weights_card,
             card=card,
-            engine_version=engine_version,
+            engine_version=asked.engine_version,
         )
         budget = over.budget_bytes if known else 0
         pool_bytes = max(budget - weights_card - over.total_bytes, 0) if budget else 0

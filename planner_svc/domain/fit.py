@@ -12,7 +12,7 @@ from llmgw.engines.versions import parse_version
 from llmgw.model import Inventory, Profile
 from llmgw.shape import ModelShape
 from planner_svc.domain.cards import GIB, card_of
-from planner_svc.domain.memory import card_need
+from planner_svc.domain.memory import SizingRequest, card_need
 
 MIN_CONTEXT_TOKENS = 256
 """The shortest context the planner accepts (the reference's SetContext rule)."""
@@ -60,16 +60,8 @@ def measure(
     card = card_of(profile.gpu_class, inventory)
     version = engine_version(engine, profile, inventory)
     from_nodes = bool(version) and not profile.engine_version.strip()
-    key = (engine.name, tuple(args), tokens, slots, cards, card, version, from_nodes)
-    kept = _needs_of(shape)
-    need = kept.get(key)
-    if need is not None:
-        kept.move_to_end(key)
-        return Fit(need)
-    need = card_need(
-        engine.name,
-        shape,
-        args=args,
+    asked = SizingRequest(
+        args=tuple(args),
         tokens=tokens,
         slots=slots,
         cards=cards,
@@ -77,12 +69,19 @@ def measure(
         card=card,
         engine_version=version,
     )
+    key = (engine.name, asked, from_nodes)
+    kept = _needs_of(shape)
+    need = kept.get(key)
+    if need is not None:
+        kept.move_to_end(key)
+        return Fit(need)
+    need = card_need(engine.name, shape, asked)
     if from_nodes:
         need = replace(
             need, rules=f"{need.rules}; {version} is what the {profile.gpu_class} nodes run"
         )
-    small = len(need.devices) <= NEEDS_DEVICES_KEPT and len(key[1]) <= NEEDS_ARGS_KEPT
-    if small and sum(map(len, key[1])) <= NEEDS_ARGS_CHARS_KEPT:
+    small = len(need.devices) <= NEEDS_DEVICES_KEPT and len(asked.args) <= NEEDS_ARGS_KEPT
+    if small and sum(map(len, asked.args)) <= NEEDS_ARGS_CHARS_KEPT:
         kept[key] = need
         while len(kept) > NEEDS_KEPT:
             kept.popitem(last=False)
