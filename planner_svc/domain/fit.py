@@ -60,8 +60,14 @@ def measure(
     card = card_of(profile.gpu_class, inventory)
     version = engine_version(engine, profile, inventory)
     from_nodes = bool(version) and not profile.engine_version.strip()
+    key = (engine.name, tuple(args), tokens, slots, cards, card, version, from_nodes)
+    kept = _needs_of(shape)
+    need = kept.get(key)
+    if need is not None:
+        kept.move_to_end(key)
+        return Fit(need)
     asked = SizingRequest(
-        args=tuple(args),
+        args=key[1],
         tokens=tokens,
         slots=slots,
         cards=cards,
@@ -69,12 +75,6 @@ def measure(
         card=card,
         engine_version=version,
     )
-    key = (engine.name, asked, from_nodes)
-    kept = _needs_of(shape)
-    need = kept.get(key)
-    if need is not None:
-        kept.move_to_end(key)
-        return Fit(need)
     need = card_need(engine.name, shape, asked)
     if from_nodes:
         need = replace(
