@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from google.protobuf import json_format, timestamp_pb2
 from google.protobuf.message import Message
@@ -17,6 +17,7 @@ from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import HOLDS_CARDS, ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState, StartProgress
 from fleet_svc.domain.rollout import EventKind, Mode, Rollout, RolloutState, Stage, Strategy
+from fleet_svc.planner import BatchAnswer
 from fleet_svc.rpc.canary_convert import canary_status, failure_info
 from fleet_svc.store.base import EventRecord
 from fleet_svc.store.canary_rows import canary_of_doc
@@ -26,6 +27,7 @@ from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2
 from llmgw.limits import DEFAULT_LIMITS, LimitExceeded, Limits
 from llmgw.model import InvalidValue, Inventory
+from llmgw.planner.v1 import planner_pb2
 from llmgw.rpc.common import model_from_proto, profile_to_proto, scalars_to_proto
 from llmgw.shape import InvalidShape
 from llmgw.sources import SourceRefused, parse_source, redacted
@@ -442,3 +444,16 @@ def rollout_event(e: EventRecord, ro: Rollout | None = None) -> fleet_pb2.WatchR
             )
         )
     return answer
+
+
+_BATCH_FIELDS = tuple(f.name for f in fields(BatchAnswer))
+
+
+def batch_from_proto(msg: planner_pb2.BatchFit) -> BatchAnswer:
+    """The planner's answer on a batch, as the fleet keeps it."""
+    return BatchAnswer(**{name: getattr(msg, name) for name in _BATCH_FIELDS})
+
+
+def batch_to_proto(batch: BatchAnswer) -> planner_pb2.BatchFit:
+    """A batch's answer as the fleet's SetContext and SetGPUs give it back."""
+    return planner_pb2.BatchFit(**{name: getattr(batch, name) for name in _BATCH_FIELDS})

@@ -15,6 +15,7 @@ from google.protobuf.message import Message
 
 from fleet_svc.app import ChangeOptions, FleetApp
 from fleet_svc.controller import Controller
+from fleet_svc.domain.asked import ContextAsk, GPUsAsk
 from fleet_svc.rpc import canary_convert, convert
 from fleet_svc.rpc.auth import current_caller
 from fleet_svc.rpc.status import refusals_as_status, stream_refusals_as_status
@@ -256,8 +257,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         async def prepare() -> Callable[[], fleet_pb2.SetContextResponse]:
             planned, commit = await self._app.prepare_context(
                 request.name,
-                tokens=request.tokens,
-                slots=request.slots,
+                ContextAsk(request.tokens, request.slots, request.sequences),
                 etag=request.etag,
                 options=_options(request, caller_of(context)),
             )
@@ -269,6 +269,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
                     rollout_id=applied.rollout_id,
                     model=convert.catalog_model(applied.revision),
                     unchanged=applied.unchanged,
+                    batches=[convert.batch_to_proto(b) for b in planned.batches],
                 )
 
             return answer
@@ -286,8 +287,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         async def prepare() -> Callable[[], fleet_pb2.SetGPUsResponse]:
             planned, commit = await self._app.prepare_gpus(
                 request.name,
-                gpus=request.gpus,
-                profile=request.profile,
+                GPUsAsk(request.gpus, request.profile, request.sequences),
                 etag=request.etag,
                 options=_options(request, caller_of(context), in_place=request.in_place),
             )
@@ -299,6 +299,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
                     rollout_id=applied.rollout_id,
                     model=convert.catalog_model(applied.revision),
                     unchanged=applied.unchanged,
+                    batches=[convert.batch_to_proto(b) for b in planned.batches],
                 )
 
             return answer

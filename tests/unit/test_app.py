@@ -15,6 +15,7 @@ from fleet_svc.app import Applied, ChangeOptions, FleetApp
 from fleet_svc.catalog import Catalog
 from fleet_svc.controller import Controller
 from fleet_svc.domain import errors
+from fleet_svc.domain.asked import ContextAsk, GPUsAsk
 from fleet_svc.domain.catalog import Entry
 from fleet_svc.domain.nodes import Card, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
@@ -48,10 +49,9 @@ class ScriptedPlanner:
         self.asked: list[tuple[str, Inventory]] = []
         self.meanwhile: Callable[[], None] = lambda: None
 
-    async def plan_gpus(
-        self, entry: Entry, inventory: Inventory, *, gpus: int, profile: str
-    ) -> Planned:
+    async def plan_gpus(self, entry: Entry, inventory: Inventory, ask: GPUsAsk) -> Planned:
         self.asked.append((entry.name, inventory))
+        gpus = ask.gpus
         self.meanwhile()
         profiles = tuple(
             replace(
@@ -64,11 +64,9 @@ class ScriptedPlanner:
         )
         return Planned(profiles=profiles, report={"gpus": gpus})
 
-    async def size_context(
-        self, entry: Entry, inventory: Inventory, *, tokens: int, slots: int
-    ) -> Planned:
+    async def size_context(self, entry: Entry, inventory: Inventory, ask: ContextAsk) -> Planned:
         self.asked.append((entry.name, inventory))
-        return Planned(entry.model.profiles, report={}, context_length=tokens, max_output=1024)
+        return Planned(entry.model.profiles, report={}, context_length=ask.tokens, max_output=1024)
 
     async def close(self) -> None:
         pass
@@ -177,9 +175,7 @@ async def set_gpus(
     """SetGPUs through the production path (`committed`)."""
     return await committed(
         fleet,
-        lambda: fleet.app.prepare_gpus(
-            name, gpus=gpus, profile=profile, etag=etag, options=options
-        ),
+        lambda: fleet.app.prepare_gpus(name, GPUsAsk(gpus, profile), etag=etag, options=options),
         options,
     )
 
@@ -191,7 +187,7 @@ async def set_context(
     return await committed(
         fleet,
         lambda: fleet.app.prepare_context(
-            name, tokens=tokens, slots=slots, etag=etag, options=options
+            name, ContextAsk(tokens, slots), etag=etag, options=options
         ),
         options,
     )
@@ -532,9 +528,7 @@ def planned_gpus(
     answers the rollout's id."""
 
     async def prepare() -> Callable[[], bytes]:
-        _, commit = await fleet.app.prepare_gpus(
-            "m", gpus=gpus, profile="", etag="", options=options
-        )
+        _, commit = await fleet.app.prepare_gpus("m", GPUsAsk(gpus), etag="", options=options)
         return lambda: commit().rollout_id.encode()
 
     return prepare
