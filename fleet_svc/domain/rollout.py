@@ -181,6 +181,9 @@ class EventKind(enum.StrEnum):
     """A canary step began: the new revision's share of the model's weight."""
     CANARY_ANALYSIS = "canary_analysis"
     """A canary step was judged: its figures and verdict."""
+    UNKNOWN = "unknown"
+    """A stored kind this fleet's code does not know (written by a newer fleet): read, never
+    written."""
 
 
 ENDINGS = frozenset(
@@ -202,6 +205,19 @@ class Event:
     message: str = ""
     canary: CanaryRun | None = None
     """A canary event's step, weights, figures and verdict."""
+
+
+@dataclass(frozen=True)
+class RolloutEvent:
+    """One event of a rollout as the store keeps it: its place in the rollout's sequence
+    (`seq`, from 1), when it was stored (`at_s`, wall-clock seconds), what happened, and the
+    rollout's state right after it (RUNNING until the ending event, which carries the end)."""
+
+    rollout_id: str
+    seq: int
+    at_s: float
+    event: Event
+    state: RolloutState = RolloutState.RUNNING
 
 
 def plan_steps(

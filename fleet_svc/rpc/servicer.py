@@ -16,6 +16,7 @@ from google.protobuf.message import Message
 from fleet_svc.app import ChangeOptions, FleetApp
 from fleet_svc.controller import Controller
 from fleet_svc.domain.asked import ContextAsk, GPUsAsk
+from fleet_svc.domain.rollout import RolloutState
 from fleet_svc.rpc import canary_convert, convert
 from fleet_svc.rpc.auth import current_caller
 from fleet_svc.rpc.status import refusals_as_status, stream_refusals_as_status
@@ -342,22 +343,22 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         calls = self._app.calls
         watched = await calls.run(self._app.rollout, request.id)
         seq = max(request.after_seq, 0)
-        last_state = "RUNNING"
+        last_state = RolloutState.RUNNING
         settle = END_SETTLE_READS
         while True:
             signal = self._controller.rollout_signal
-            for event in await calls.run(self._store.list_events, request.id, seq):
-                seq, last_state = event.seq, str(event.event.get("state", "RUNNING"))
+            for event in await calls.run(self._app.rollout_events, request.id, seq):
+                seq, last_state = event.seq, event.state
                 yield convert.rollout_event(event, watched)
             if (await calls.run(self._app.rollout, request.id)).done:
                 # Ended. Its events are stored with (or before) the state that ends it, but a
                 # read may fall between the two writes, so it reads again until an event says
                 # how it ended.
-                for event in await calls.run(self._store.list_events, request.id, seq):
-                    seq, last_state = event.seq, str(event.event.get("state", "RUNNING"))
+                for event in await calls.run(self._app.rollout_events, request.id, seq):
+                    seq, last_state = event.seq, event.state
                     yield convert.rollout_event(event, watched)
                 settle -= 1
-                if last_state != "RUNNING" or settle <= 0:
+                if last_state is not RolloutState.RUNNING or settle <= 0:
                     return
             with contextlib.suppress(TimeoutError):
                 # Woken by the rollout's events, or read again after a while: on a fleet that

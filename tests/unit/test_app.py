@@ -21,7 +21,7 @@ from fleet_svc.domain.nodes import Card, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.reports import Observed
-from fleet_svc.domain.rollout import RolloutState, Strategy
+from fleet_svc.domain.rollout import EventKind, RolloutState, Strategy
 from fleet_svc.planner import Planned
 from fleet_svc.store.base import StoreUnavailable
 from fleet_svc.store.rows import rollout_record
@@ -576,8 +576,8 @@ async def test_a_committed_change_runs_once_the_controller_takes_it_up(fleet: Fl
     assert again == first
     fleet.controller.tick()
     assert len(fleet.controller.state.replicas) == 2
-    events = [e.event["kind"] for e in fleet.store.list_events(rid)]
-    assert events.count("rollout_started") == 1
+    events = [e.event.kind for e in fleet.app.rollout_events(rid)]
+    assert events.count(EventKind.ROLLOUT_STARTED) == 1
 
 
 async def test_a_cancel_is_a_request_the_controller_carries_out(fleet: Fleet) -> None:
@@ -616,8 +616,8 @@ async def test_a_pending_rollout_cancelled_before_it_started_starts_nothing(
     assert ended.state is RolloutState.CANCELLED
     assert {s.new_id for s in ended.steps} == {""}
     assert list(fleet.controller.state.replicas) == ["r1"]
-    kinds = [e.event["kind"] for e in fleet.store.list_events(first.decode())]
-    assert kinds == ["rollout_cancelled"]
+    kinds = [(e.event.kind, e.state) for e in fleet.app.rollout_events(first.decode())]
+    assert kinds == [(EventKind.ROLLOUT_CANCELLED, RolloutState.CANCELLED)]
 
 
 async def test_a_pending_rollout_of_a_superseded_revision_never_starts(fleet: Fleet) -> None:

@@ -5,12 +5,32 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from fleet_svc.domain.canary import CanaryRun, Verdict
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Want
 from fleet_svc.domain.replicas import Member, ReplicaSpec, ReplicaState
-from fleet_svc.domain.rollout import Rollout, RolloutState, Stage, Step, Strategy
-from fleet_svc.store.base import ReplicaRecord, RolloutRecord
-from fleet_svc.store.rows import load_rollout, replica_of, replica_record, rollout_record
+from fleet_svc.domain.rollout import (
+    Event,
+    EventKind,
+    Mode,
+    Rollout,
+    RolloutEvent,
+    RolloutState,
+    Stage,
+    Step,
+    Strategy,
+)
+from fleet_svc.store.base import EventRecord, ReplicaRecord, RolloutRecord
+from fleet_svc.store.rows import (
+    event_doc,
+    load_event,
+    load_rollout,
+    replica_of,
+    replica_record,
+    rollout_record,
+)
 
 # A replica row as the fleet wrote it before its spec was typed: what the agent is told, the
 # rollout's hints, and the fleet's own bookkeeping under "_fleet".
@@ -168,3 +188,38 @@ def test_a_restored_replica_and_a_rollouts_old_specs_keep_their_own_cards() -> N
         old_specs={"gpu": spec},
     )
     assert load_rollout(rollout_record(ro)).old_specs["gpu"].want == old
+
+
+@pytest.mark.parametrize("kind", [k for k in EventKind if k is not EventKind.UNKNOWN])
+def test_a_rollout_event_row_reads_back_as_the_typed_event_it_was(kind: EventKind) -> None:
+    """Every kind of event, with every field set (a canary's figures too) and the rollout's
+    state after it, is the same typed value after its row is written and read."""
+    event = Event(
+        kind,
+        profile="gpu",
+        replica_id="r-1",
+        node="node-b",
+        gpus=(0, 3),
+        mode=Mode.IN_PLACE,
+        message="é ✓",
+        canary=CanaryRun(step=1, step_started_s=12.5, verdict=Verdict.HOLD, findings=("ok",)),
+    )
+    doc = event_doc(event, RolloutState.FAILED)
+    assert load_event(EventRecord("ro-1", 4, 20.25, doc)) == RolloutEvent(
+        "ro-1", 4, 20.25, event, RolloutState.FAILED
+    )
+
+
+def test_an_event_row_of_a_newer_fleet_reads_as_unknown_and_is_never_written() -> None:
+    """A kind, mode or state this fleet does not know reads as UNKNOWN, undecided and RUNNING
+    (so a watcher is sent it unspecified); writing an UNKNOWN event is refused."""
+    read = load_event(
+        EventRecord("ro-1", 1, 1.0, {"kind": "teleported", "mode": "sideways", "state": "HALF"})
+    )
+    assert (read.event.kind, read.event.mode, read.state) == (
+        EventKind.UNKNOWN,
+        Mode.UNDECIDED,
+        RolloutState.RUNNING,
+    )
+    with pytest.raises(ValueError, match="unknown kind"):
+        event_doc(read.event, RolloutState.RUNNING)
