@@ -23,6 +23,7 @@ from llmgw.engines.kvcache import (
     layer_bytes_on_card,
     token_bytes_on_card,
 )
+from llmgw.engines.memo import sizing_memo
 from llmgw.shape import ModelShape
 
 
@@ -251,13 +252,13 @@ class TensorParallelEngine:
     ) -> tuple[int, int, Fraction, CachePool]:
         """The (tp, pp) sizes, the cache type's bytes and the pool's layout (for no tokens yet)
         of `args` on `cards` cards: none of them depends on the context, so they are worked
-        out once per shape and setting and kept in its `sizing_memo` (bounded, SETTINGS_KEPT)
-        under the arguments less the context flag's value."""
+        out once per shape and setting and kept in its `sizing_memo` (`engines.memo`;
+        bounded, SETTINGS_KEPT) under the arguments less the context flag's value."""
         key = (self.name, _without_value(args, self.context_flag), cards, card_memory_bytes)
-        kept = shape.sizing_memo.get("tp_settings")
+        kept = sizing_memo(shape).get("tp_settings")
         if not isinstance(kept, OrderedDict):
             kept = OrderedDict()
-            shape.sizing_memo["tp_settings"] = kept
+            sizing_memo(shape)["tp_settings"] = kept
         hit = kept.get(key)
         if hit is not None:
             kept.move_to_end(key)

@@ -11,6 +11,7 @@ import pytest
 from llmgw.cardclass import DRIVER_RESERVE_MIB, DRIVER_RESERVE_SPREAD_MIB, MIB, cuda_total
 from llmgw.common.v1 import common_pb2
 from llmgw.engines.base import Card, CardNeed, SizingRequest, Verdict
+from llmgw.engines.memo import sizing_memo
 from llmgw.engines.versions import parse_version, pick
 from llmgw.engines.vllm import VLLM
 from llmgw.engines.vllm_memory import VLLM_RULES
@@ -256,4 +257,4 @@ def test_needs_kept_with_the_shape_are_bounded_and_never_answer_a_new_context() 
     assert kv_at(8192) == kv_at(8192) == 8192 * 131_072
     for tokens in range(1024, 1024 + 64 * (NEEDS_KEPT + 8), 64):
         assert kv_at(tokens) == tokens * 131_072
-    assert len(shape.sizing_memo["needs"]) == NEEDS_KEPT  # type: ignore[arg-type]
+    assert len(sizing_memo(shape)["needs"]) == NEEDS_KEPT  # type: ignore[arg-type]
