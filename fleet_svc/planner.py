@@ -8,7 +8,7 @@ refusals reach the caller unchanged; its silence is `PlannerUnavailable`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from fleet_svc.domain.asked import ContextAsk, GPUsAsk
 from fleet_svc.domain.catalog import Entry
@@ -33,11 +33,13 @@ class BatchAnswer:
 @dataclass(frozen=True)
 class Planned:
     """The planner's answer: the profiles to write back and, for a context change, the context
-    and output it sized. `report` is the planner's account of the change in its client's own
-    form; the fleet hands it back to its caller unread."""
+    and output it sized. `report` is the planner's account of the change as it sent it (its
+    serialized change message): the fleet reads what it needs into the fields beside it and
+    hands the rest back to its caller unread, so no planner message travels through the
+    fleet's core."""
 
     profiles: tuple[Profile, ...]
-    report: Any
+    report: bytes
     context_length: int = 0
     max_output: int = 0
     unchecked: str = ""

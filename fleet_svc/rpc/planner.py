@@ -75,7 +75,7 @@ class GrpcPlanner:
             raise _failed(exc) from exc
         return Planned(
             profiles=tuple(profile_from_proto(p, i) for i, p in enumerate(answer.profiles)),
-            report=answer.change,
+            report=answer.change.SerializeToString(),
             context_length=answer.change.after,
             max_output=answer.change.max_output,
             unchecked=_unchecked(answer.change),
@@ -97,7 +97,7 @@ class GrpcPlanner:
             raise _failed(exc) from exc
         return Planned(
             profiles=tuple(profile_from_proto(p, i) for i, p in enumerate(answer.profiles)),
-            report=answer.change,
+            report=answer.change.SerializeToString(),
             unchecked=_unchecked(answer.change),
             batches=tuple(batch_from_proto(b) for b in answer.batches),
         )

@@ -56,11 +56,10 @@ def now(make: Callable[[], M]) -> Callable[[], Awaitable[Callable[[], M]]]:
     return prepare
 
 
-def _change(report: object, restarted: int, kind: type[M]) -> M:
-    """The planner's account of a change, with the replicas the fleet restarts for it."""
-    assert isinstance(report, kind), f"the planner's report is a {type(report).__name__}"
-    change = kind()
-    change.CopyFrom(report)
+def _change(report: bytes, restarted: int, kind: type[M]) -> M:
+    """The planner's account of a change (as it sent it), with the replicas the fleet
+    restarts for it."""
+    change = kind.FromString(report)
     change.restarted = restarted  # type: ignore[attr-defined]
     return change
 

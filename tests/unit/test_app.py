@@ -62,11 +62,11 @@ class ScriptedPlanner:
             )
             for p in entry.model.profiles
         )
-        return Planned(profiles=profiles, report={"gpus": gpus})
+        return Planned(profiles=profiles, report=f"gpus={gpus}".encode())
 
     async def size_context(self, entry: Entry, inventory: Inventory, ask: ContextAsk) -> Planned:
         self.asked.append((entry.name, inventory))
-        return Planned(entry.model.profiles, report={}, context_length=ask.tokens, max_output=1024)
+        return Planned(entry.model.profiles, report=b"", context_length=ask.tokens, max_output=1024)
 
     async def close(self) -> None:
         pass
@@ -200,7 +200,7 @@ async def test_set_gpus_commits_the_planner_s_profiles_and_rolls_them_out(fleet:
     planned, applied = await set_gpus(fleet, "m", gpus=2, profile="", etag=etag, options=by())
     ((_, inventory),) = fleet.planner.asked
     assert [(n.name, n.gpus, n.free_gpus) for n in inventory.nodes] == [("n1", 4, 3)]
-    assert planned.report == {"gpus": 2}
+    assert planned.report == b"gpus=2"
     assert applied.revision.revision == 2 and applied.revision.updated_by == "bob"
     assert fleet.app.model("m").model.profiles[0].args == ("--tensor-parallel-size", "2")
     assert applied.restarted == 1 and applied.rollout_id
