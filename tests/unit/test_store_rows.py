@@ -1,5 +1,5 @@
-"""Replica and rollout rows: the layouts earlier fleets wrote load into typed values and are
-written back unchanged, so a database survives the upgrade."""
+"""Replica, rollout and rollout event rows: each loads into typed values and is written back
+unchanged, and a key a row lacks reads as its field's default."""
 
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ from fleet_svc.store.rows import (
     rollout_record,
 )
 
-# A replica row as the fleet wrote it before its spec was typed: what the agent is told, the
+# A replica row as the fleet writes it: what the agent is told, the
 # rollout's hints, and the fleet's own bookkeeping under "_fleet".
-OLD_REPLICA_SPEC: dict[str, Any] = {
+REPLICA_SPEC: dict[str, Any] = {
     "model": "qwen",
     "profile": "gpu",
     "engine": "vllm",
@@ -46,8 +46,8 @@ OLD_REPLICA_SPEC: dict[str, Any] = {
 }
 
 
-def test_an_old_replica_row_loads_typed_and_writes_back_the_same() -> None:
-    """Every key of an earlier row lands in a typed field and the row written back is equal."""
+def test_a_replica_row_loads_typed_and_writes_back_the_same() -> None:
+    """Every key of a row lands in a typed field and the row written back is equal."""
     record = ReplicaRecord(
         id="r-1",
         model="qwen",
@@ -60,7 +60,7 @@ def test_an_old_replica_row_loads_typed_and_writes_back_the_same() -> None:
         address="10.0.0.2:8000",
         restarts=1,
         since=1_764_000_000.5,
-        spec=OLD_REPLICA_SPEC,
+        spec=REPLICA_SPEC,
     )
     r = replica_of(record)
     assert r.spec == ReplicaSpec(
@@ -139,9 +139,9 @@ def test_a_rollout_row_round_trips() -> None:
     assert rollout_record(ro) == record
 
 
-def test_a_gang_row_keeps_every_member_and_an_old_row_has_none() -> None:
-    """A gang's members (rank, node, cards, phase, gang address) survive the row; a row of an
-    earlier fleet (no members) reads as a replica on one node."""
+def test_a_gang_row_keeps_every_member_and_a_row_without_members_has_none() -> None:
+    """A gang's members (rank, node, cards, phase, gang address) survive the row; a row
+    without members reads as a replica on one node."""
     g = ReplicaState(
         id="g",
         model="m",
