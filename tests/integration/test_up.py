@@ -509,8 +509,11 @@ def test_up_is_ready_while_llama_server_builds_then_rolls_llama_cpp_onto_it(
         assert any("building it in the background" in line for line in up.banner)
         first = next(r for r in up.replicas() if r["model"] == GGUF_MODEL)
         assert first["phase"] == "REPLICA_PHASE_READY" and first["revision"] == "1"
+        # The build is held at 50 % until up has told that phase (it polls every 0.5 s), so
+        # the phase line cannot be skipped by a build that ends before the next poll.
+        told = _said(up, "llama-server build: compiling")
         gate.touch()
-        said = _said(up, f"catalog: updated {GGUF_MODEL}")
+        said = told + _said(up, f"catalog: updated {GGUF_MODEL}")
         assert any("llama-server build: compiling" in line for line in said), said
         assert any(f"llama-server built ({built})" in line for line in said), said
         source = str(up.data / "models" / "tiny-llama.gguf")
