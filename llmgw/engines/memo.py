@@ -18,8 +18,9 @@ def sizing_memo(shape: ModelShape) -> dict[object, object]:
     simply work theirs out apart), it is dropped when the shape is collected, before its
     identity can be reused."""
     key = id(shape)
-    memo = _MEMOS.get(key)
-    if memo is None:
+    try:
+        return _MEMOS[key]
+    except KeyError:
         memo = _MEMOS[key] = {}
         weakref.finalize(shape, _MEMOS.pop, key, None).atexit = False
-    return memo
+        return memo
