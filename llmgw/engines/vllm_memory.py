@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 
 from llmgw.cardclass import GIB, MIB
@@ -503,6 +503,37 @@ def vllm_overhead(
         margin_bytes=over.margin_bytes + spread,
         rules=f"{over.rules}; {UNKNOWN_VERSION_NOTE} ({spread / GIB:.2f} GiB more)",
     )
+
+
+def vllm_overhead_tokens(
+    grammar: Grammar, args: Sequence[str], *, card: Card, engine_version: str
+) -> Callable[[int], Hashable]:
+    """What of a context `vllm_overhead` reads under `args` on `card` at `engine_version`, as
+    a function of the tokens (equal answers, equal overheads): nothing with chunked prefill
+    under V1 at a known version; under an unknown one, the batch V0 would profile (its range's
+    figures go into the margin, `_unknown_spread`); else the tokens themselves."""
+    rules, _ = pick(VLLM_RULES, engine_version)
+    if rules.v0 or grammar.has(args, NO_CHUNKED_PREFILL):
+        return _same_tokens
+    if in_a_range(VLLM_RULES, engine_version):
+        return _no_tokens
+    flags = batch_flags(grammar, args, card)
+
+    def v0_batch(tokens: int) -> Hashable:
+        v0 = profile_at(VLLM_RULES[0], "", flags, tokens)
+        return (v0.batched_tokens, v0.chunked_prefill)
+
+    return v0_batch
+
+
+def _same_tokens(tokens: int) -> Hashable:
+    """All of the context."""
+    return tokens
+
+
+def _no_tokens(tokens: int) -> Hashable:
+    """None of the context."""
+    return 0
 
 
 def _unknown_spread(
