@@ -563,18 +563,23 @@ def _unknown_spread(
     if isinstance(spread, int):
         return spread
     forward = forward_cost(shape, tp=tp, expert_parallel=grammar.has(args, EXPERT_PARALLEL))
-    figures = [
-        _activation(
-            shape,
-            forward,
-            profile_at(other, "", flags, tokens),
-            other,
-            tp,
-            images_per_prompt(grammar, args),
-        )[0]
-        + other.non_torch_bytes
-        for other in VLLM_RULES
-    ]
+    images = images_per_prompt(grammar, args)
+
+    def figure(rules: VllmRules) -> int:
+        profile = profile_at(rules, "", flags, tokens)
+        return _activation(shape, forward, profile, rules, tp, images)[0] + rules.non_torch_bytes
+
+    if flags.no_chunked:
+        figures = [figure(other) for other in VLLM_RULES]
+    else:
+        # With chunked prefill only V0's batch follows the context: the other ranges' lowest
+        # and highest figures are worked out once per setting.
+        newer_key = (masked, card, tp, "newer")
+        newer = kept.get(newer_key)
+        if not isinstance(newer, tuple):
+            ones = [figure(other) for other in VLLM_RULES if not other.v0]
+            newer = kept[newer_key] = (min(ones), max(ones))
+        figures = [*newer, *(figure(other) for other in VLLM_RULES if other.v0)]
     kept[key] = spread = max(figures) - min(figures)
     while len(kept) > 2 * OVERHEADS_KEPT:
         kept.popitem(last=False)
