@@ -227,24 +227,26 @@ CROSS_ATTENTION_MARGIN = 0.10
 
 FLASHINFER_SAMPLER_BYTES_PER_LOGIT = 13
 """What the dummy sampler run holds a logit when vLLM samples with FlashInfer, with no tensor
-parallel term. Under V1 0.8-0.10 `TopKTopPSampler` (vllm/v1/sample/ops/topk_topp_sampler.py,
-read at v0.8.5, v0.9.2, v0.10.1.1 and v0.10.2) takes FlashInfer whenever the package imports
-and VLLM_USE_FLASHINFER_SAMPLER is not set to 0 (0.8.5: a FlashInfer older than 0.2.3, the one
-vLLM's 0.8.5 image installs), and the PyTorch sort otherwise; from 0.13 (read at v0.13.0,
-v0.16.0, v0.19.0) FlashInfer is opt-in. vLLM's own images install it (docker/Dockerfile:
-0.2.1.post2 at v0.8.5, 0.2.6.post1 at v0.9.2, 0.3.0 at v0.10.2); `pip install vllm` does not
-before 0.13 (requirements/cuda.txt). flashinfer_sample hands the logits to
+parallel term. Under V1 0.8-0.11 `TopKTopPSampler` (vllm/v1/sample/ops/topk_topp_sampler.py,
+read at v0.8.5, v0.9.2, v0.10.1.1, v0.10.2 and v0.11.0, whose flashinfer_sample and
+_dummy_sampler_run are 0.10.2's) takes FlashInfer whenever the package imports and
+VLLM_USE_FLASHINFER_SAMPLER is not set to 0 (0.8.5: a FlashInfer older than 0.2.3, the one
+vLLM's 0.8.5 image installs), and the PyTorch sort otherwise; from 0.12 (read at v0.12.0,
+v0.13.0, v0.16.0, v0.19.0) FlashInfer is opt-in (VLLM_USE_FLASHINFER_SAMPLER=1), so those ranges
+carry no FlashInfer figure. vLLM's own images install it (docker/Dockerfile: 0.2.1.post2 at
+v0.8.5, 0.2.6.post1 at v0.9.2, 0.3.0 at v0.10.2, 0.3.1 at v0.11.0); `pip install vllm` does not
+before 0.12 (requirements/cuda.txt). flashinfer_sample hands the logits to
 top_k_top_p_sampling_from_logits, which masks the top-k (fp32) and softmaxes (fp32) without a
 sort: the bf16 logits 2 B, their fp32 copy 4 (sampler.py forward), the masked logits 4 and the
 probabilities 4 are alive at once, 14 B counted. The figure is the logs': vLLM 0.10.1.1 on an
-A100 80GB with FlashInfer installed ('Using FlashInfer for top-p & top-k sampling'), Qwen2-7B
-at utilisation 0.25 and 0.5, printed 5.01 and 24.83 GiB, so 0.55 GiB of non-KV memory both
-times, of which 0.47 over 256 × 152064 logits: 12.9 B a logit (github.com/dennislee22/
-vLLM-benchmarking log/vllm-7B-1gpuA10080GB-0.25GRAM.log, -0.5GRAM.log). At tp 2 the same
-setup printed 12.02 and 31.83 GiB: 0.67 GiB, the tp 1 figure plus NCCL's PCIe step and no
-gather term; the PyTorch sort's 28 B (+10 at tp > 1) is what a log without FlashInfer shows
-(gt-038, gt-039, and the same repository's A100 40GB run at tp 2 without FlashInfer, 11.03
-GiB)."""
+A100 80GB with FlashInfer installed ('Using FlashInfer for top-p & top-k sampling'), Qwen2-7B at
+utilisation 0.25 and 0.5, printed 5.01 and 24.83 GiB, so 0.55 GiB of non-KV memory both times,
+of which 0.47 over 256 × 152064 logits: 12.9 B a logit (github.com/dennislee22/
+vLLM-benchmarking log/vllm-7B-1gpuA10080GB-0.25GRAM.log, -0.5GRAM.log). At tp 2 the same setup
+printed 12.02 and 31.83 GiB: 0.67 GiB, the tp 1 figure plus NCCL's PCIe step and no gather term;
+the PyTorch sort's 28 B (+10 at tp > 1) is what the other logs show (gt-038, gt-039, which do not
+name their sampler, and the same repository's A100 40GB run at tp 2, which says FlashInfer is
+not available: 11.03 GiB)."""
 
 TP_GATHER_BYTES_PER_LOGIT = 10
 """With tensor parallel the LM head's vocabulary shards are all-gathered into whole logits
@@ -275,8 +277,8 @@ class VllmRules(Ranged):
     """What tensor parallel adds to non-torch memory on NVLink cards (NVLINK_NON_TORCH_*)."""
     flashinfer_bytes_per_logit: int = 0
     """The sampler's bytes a logit when FlashInfer is installed and the range's sampler takes it
-    by default (FLASHINFER_SAMPLER_BYTES_PER_LOGIT), else 0: the range's figure holds whatever
-    is installed."""
+    by default (FLASHINFER_SAMPLER_BYTES_PER_LOGIT: V1 0.8-0.11), else 0: the range's figure
+    holds whatever is installed."""
 
 
 VLLM_RULES: tuple[VllmRules, ...] = (
@@ -328,7 +330,17 @@ VLLM_RULES: tuple[VllmRules, ...] = (
         nvlink_non_torch_bytes=NVLINK_NON_TORCH_V1_EARLY,
         flashinfer_bytes_per_logit=FLASHINFER_SAMPLER_BYTES_PER_LOGIT,
     ),
-    VllmRules((0, 11, 0), (0, 17, 0), "vLLM V1 0.11 to 0.16", 0.90, 38, 224 * MIB, 96 * MIB),
+    VllmRules(
+        (0, 11, 0),
+        (0, 12, 0),
+        "vLLM V1 0.11.x",
+        0.90,
+        38,
+        224 * MIB,
+        96 * MIB,
+        flashinfer_bytes_per_logit=FLASHINFER_SAMPLER_BYTES_PER_LOGIT,
+    ),
+    VllmRules((0, 12, 0), (0, 17, 0), "vLLM V1 0.12 to 0.16", 0.90, 38, 224 * MIB, 96 * MIB),
     VllmRules((0, 17, 0), (0, 21, 0), "vLLM V1 0.17 to 0.20", 0.90, 14, 120 * MIB, 256 * MIB),
     VllmRules((0, 21, 0), None, "vLLM V1 0.21 and later", 0.92, 30, 0, 272 * MIB, True),
 )
