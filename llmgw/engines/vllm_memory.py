@@ -654,8 +654,9 @@ def _vllm_overhead(
     rules = profile.rules
     expert_parallel = grammar.has(args, EXPERT_PARALLEL)
     forward = forward_cost(shape, tp=tp, expert_parallel=expert_parallel)
+    flashinfer = bool(rules.flashinfer_bytes_per_logit) and declares_flashinfer(engine_version)
     activation, activation_margin = _activation(
-        shape, forward, profile, rules, tp, images_per_prompt(grammar, args)
+        shape, forward, profile, rules, tp, images_per_prompt(grammar, args), flashinfer
     )
     eager = grammar.has(args, ENFORCE_EAGER)
     layers = layers_per_stage(shape, pp)
@@ -685,7 +686,9 @@ def _vllm_overhead(
         + int(card.cuda_margin_bytes * util)
     )
     said = profile.rules_said
-    if rules.flashinfer_bytes_per_logit:
+    if flashinfer:
+        said += "; sampler FlashInfer's (the version's +flashinfer label)"
+    elif rules.flashinfer_bytes_per_logit:
         lower = activation - flashinfer_peak(shape, forward, profile, tp, grammar, args)
         if lower > 0:
             said += (
@@ -710,6 +713,19 @@ def _vllm_overhead(
         rules=f"{said}; utilisation {util:g} of the CUDA total ({card.cuda_source or 'not known'})",
         card_total_bytes=total,
     )
+
+
+FLASHINFER_LABEL = "flashinfer"
+"""The local version label (PEP 440, after "+") by which a profile or a node says its vLLM has
+FlashInfer installed, "0.10.2+flashinfer": vLLM's V1 0.8-0.11 sampler then takes it
+(FLASHINFER_SAMPLER_BYTES_PER_LOGIT) and the planner sizes the peak by it. Nothing in the
+arguments tells it, and vLLM's own version string does not carry it."""
+
+
+def declares_flashinfer(engine_version: str) -> bool:
+    """Whether `engine_version`'s local label (after "+") names FlashInfer (FLASHINFER_LABEL)."""
+    _, plus, local = engine_version.partition("+")
+    return bool(plus) and FLASHINFER_LABEL in local.lower()
 
 
 def flashinfer_peak(

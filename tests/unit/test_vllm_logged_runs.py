@@ -18,6 +18,7 @@ from llmgw.engines.vllm_memory import (
     CUDA_CONTEXT_BYTES,
     SAMPLER_MARGIN,
     VLLM_RULES,
+    declares_flashinfer,
     flashinfer_peak,
     nvlink_card,
     nvls_card,
@@ -95,9 +96,9 @@ def need_of(run: dict[str, Any], version: str | None = None) -> CardNeed:
 
 
 def flashinfer_pool(run: dict[str, Any]) -> int:
-    """The pool the planner gives the run's setting when vLLM samples with FlashInfer (the
-    central figure is the PyTorch sort's: the larger peak, as a plain `pip install vllm` has
-    it before 0.13): the central pool plus what FlashInfer's sampler leaves."""
+    """The pool the planner names beside its central one (the PyTorch sort's, the larger peak,
+    as a plain `pip install vllm` has it before 0.12) for vLLM sampling with FlashInfer: the
+    central pool plus what FlashInfer's sampler leaves."""
     need = need_of(run)
     args = list(run["args"])
     total = int(run["cuda_total_gib"] * GIB)
@@ -129,15 +130,21 @@ def test_the_fixture_cites_every_run() -> None:
 
 @pytest.mark.parametrize("run", POOLED, ids=[run["id"] for run in POOLED])
 def test_kv_pool_as_logged(run: dict[str, Any]) -> None:
-    """The KV pool vLLM printed at start, within 1 % or 0.05 GiB; the rules applied name the
-    version range that holds the run's version."""
-    need = need_of(run)
+    """The KV pool vLLM printed at start, within 1 % or 0.05 GiB (a run whose log names
+    FlashInfer's sampler asked as its operator declares it, "+flashinfer"); the rules applied
+    name the version range that holds the run's version."""
     printed = run["printed"]
-    pool = flashinfer_pool(run) if run.get("sampler") == "flashinfer" else need.kv_pool_bytes
+    version = run["engine_version"]
+    if run.get("sampler") == "flashinfer":  # as its operator would declare it: "+flashinfer"
+        version += "+flashinfer"
+    need = need_of(run, version)
+    if version != run["engine_version"]:
+        assert need.kv_pool_bytes == flashinfer_pool(run)
+    pool = need.kv_pool_bytes
     assert close(pool, printed["available_kv_gib"]), (pool / GIB, printed["available_kv_gib"])
     ranges = [rule.label for rule in VLLM_RULES if rule.label in need.rules]
-    assert len(ranges) == 1 and f"(version {run['engine_version']})" in need.rules
-    if "gpu_kv_cache_tokens" in printed and run.get("sampler") != "flashinfer":
+    assert len(ranges) == 1 and f"(version {version})" in need.rules
+    if "gpu_kv_cache_tokens" in printed:
         tokens = printed["gpu_kv_cache_tokens"]
         assert abs(need.kv_token_capacity - tokens) <= TOLERANCE * tokens
 
@@ -381,3 +388,30 @@ def test_from_0_21_the_graph_estimate_is_kept_out_of_the_pool() -> None:
     assert "estimated inside the budget" in graphs.rules
     older = need_of({**base, "engine_version": "0.19.0"})
     assert older.cuda_graph_bytes == 0 and older.outside_bytes > CUDA_CONTEXT_BYTES
+
+
+@pytest.mark.parametrize(
+    ("version", "declared"),
+    [
+        ("0.10.1.1+flashinfer", True),
+        ("0.10.2+cu128.flashinfer", True),
+        ("0.10.2", False),
+        ("0.10.2+cu128", False),
+        ("flashinfer", False),
+        ("", False),
+    ],
+)
+def test_flashinfer_is_declared_by_the_version_label(version: str, declared: bool) -> None:
+    """Only a local version label (after "+") naming FlashInfer declares it."""
+    assert declares_flashinfer(version) is declared
+
+
+def test_a_declared_flashinfer_applies_only_where_vllm_takes_it_by_default() -> None:
+    """Under 0.10 the "+flashinfer" label sizes the sampler by FlashInfer's line and says so;
+    from 0.12, where FlashInfer is opt-in, the label changes nothing."""
+    run = next(r for r in RUNS if r["id"] == "log-0.10.1.1-a100-80-qwen2-7b-u0.5-flashinfer")
+    plain, declared = need_of(run), need_of(run, "0.10.1.1+flashinfer")
+    assert declared.kv_pool_bytes > plain.kv_pool_bytes
+    assert "+flashinfer label" in declared.rules and "+flashinfer label" not in plain.rules
+    later, later_declared = need_of(run, "0.13.0"), need_of(run, "0.13.0+flashinfer")
+    assert later.kv_pool_bytes == later_declared.kv_pool_bytes
