@@ -91,6 +91,15 @@ class Profile:
     """The engine's version (e.g. "0.10.2"); empty: the planner applies the newest rules it
     knows."""
 
+    def with_args(self, args: tuple[str, ...]) -> Profile:
+        """This profile with other engine arguments, as every sizing makes it. A copy of the
+        fields rather than `dataclasses.replace`, which walks them (2.2 us against 0.4 on
+        the sizing path): a Profile derives nothing from its fields (no `__post_init__`;
+        tests/unit/test_inventory.py holds it so), so the copy is the whole value."""
+        copy = object.__new__(Profile)
+        copy.__dict__.update(self.__dict__, args=args)
+        return copy
+
     @property
     def on_cpu(self) -> bool:
         """Whether the profile runs in RAM (declared CPU-only, or with no card class)."""

@@ -401,7 +401,7 @@ def _resize_profile(
         asked_slots = slots_for(unsized, slots or unsized.slots(profile.args), sequences)
         written = with_sequences(unsized, profile.args, sequences)
         args = tuple(unsized.with_context(written, tokens, asked_slots))
-        return replace(profile, args=args), ProfileChange(
+        return profile.with_args(args), ProfileChange(
             profile=profile.name,
             engine=profile.engine,
             before="",
@@ -417,7 +417,7 @@ def _resize_profile(
         standing.before,
     )
     args = tuple(engine.with_context(batched, tokens, use_slots))
-    new_profile = replace(profile, args=args)
+    new_profile = profile.with_args(args)
     after = profile_need(
         engine, profile, shape, inventory, args=args, tokens=tokens, slots=use_slots
     )

@@ -1,13 +1,13 @@
-"""An inventory's nodes by card class, and sizing's memo beside a shape: both derived without
-changing the value they describe."""
+"""An inventory's nodes by card class, sizing's memo beside a shape and a profile's copy with
+other args: each made without changing the value it comes from."""
 
 from __future__ import annotations
 
 import gc
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from llmgw.engines.memo import _MEMOS, sizing_memo
-from llmgw.model import Inventory, Node
+from llmgw.model import Inventory, Node, Profile
 from tests.support.shapes import LLAMA_31_8B
 
 NODES = (
@@ -50,3 +50,27 @@ def test_a_shape_s_memo_is_its_own_and_goes_with_it() -> None:
     del shape, memo
     gc.collect()
     assert key not in _MEMOS
+
+
+def test_a_profile_with_other_args_is_the_profile_replace_would_make() -> None:
+    """Profile.with_args (the sizing path's copy) equals dataclasses.replace with those args,
+    every other field kept; it stays right only while a Profile derives nothing."""
+    p = Profile(
+        name="gpu",
+        engine="vllm",
+        args=("--max-model-len", "8192"),
+        gpu_class="H100-80GB",
+        gpus_per_node=2,
+        tp=2,
+        pp=1,
+        nodes=1,
+        min_memory_gb=3,
+        cpu_only=False,
+        replicas=4,
+        engine_version="0.11.0",
+    )
+    assert {f.name for f in fields(Profile)} <= set(vars(p))
+    new = p.with_args(("--max-model-len", "4096"))
+    assert new == replace(p, args=("--max-model-len", "4096")) and new is not p
+    assert p.args == ("--max-model-len", "8192")
+    assert not hasattr(Profile, "__post_init__")
