@@ -434,6 +434,13 @@ CANARY_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
         float,
         "the most requests refused for context length, per request",
     ),
+    (
+        "--canary-max-hold-s",
+        "max_hold_s",
+        int,
+        "the most seconds a step may hold for want of requests before the canary fails"
+        " (default: no limit)",
+    ),
 )
 """The canary policy's flags: flag, the policy's field, its type, help."""
 
@@ -442,7 +449,7 @@ def add_canary_flags(parser: argparse.ArgumentParser) -> None:
     """The canary flags (any of them makes the change a canary: --strategy canary)."""
     group = parser.add_argument_group("canary (docs/rollouts.md)")
     for flag, name, kind, text in CANARY_FLAGS:
-        metavar = {"steps": "PCT,...", "step_min_s": "S"}.get(name, "N")
+        metavar = {"steps": "PCT,...", "step_min_s": "S", "max_hold_s": "S"}.get(name, "N")
         if kind is float:
             metavar = "RATIO"
         elif name.endswith("_ms"):

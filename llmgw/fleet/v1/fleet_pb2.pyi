@@ -452,6 +452,7 @@ class CanaryPolicy(_message.Message):
     MAX_P99_TTFT_MS_FIELD_NUMBER: _builtins.int
     MAX_P99_ITL_MS_FIELD_NUMBER: _builtins.int
     MAX_CONTEXT_REFUSAL_RATIO_FIELD_NUMBER: _builtins.int
+    MAX_HOLD_S_FIELD_NUMBER: _builtins.int
     step_min_s: _builtins.int
     """The least time a step lasts before it may promote (0: 60 s)."""
     step_min_requests: _builtins.int
@@ -474,6 +475,12 @@ class CanaryPolicy(_message.Message):
     """The most requests refused for context length per request the canary may have
     (0: not checked).
     """
+    max_hold_s: _builtins.int
+    """The most time a step may hold for want of requests: past it the canary fails
+    (CANARY_ANALYSIS_FAILED) and is undone, as Flagger's progress deadline rolls a stalled
+    canary back. 0: no limit (the step holds until promoted or aborted by hand). At least
+    step_min_s when set; at most a week.
+    """
     @_builtins.property
     def steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Percent of the model's weight the new revision gets at each step, rising, 1..100
@@ -491,10 +498,11 @@ class CanaryPolicy(_message.Message):
         max_p99_ttft_ms: _builtins.int = ...,
         max_p99_itl_ms: _builtins.int = ...,
         max_context_refusal_ratio: _builtins.float = ...,
+        max_hold_s: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_context_refusal_ratio", b"max_context_refusal_ratio", "max_error_ratio", b"max_error_ratio", "max_error_ratio_increase", b"max_error_ratio_increase", "max_p99_itl_ms", b"max_p99_itl_ms", "max_p99_ttft_ms", b"max_p99_ttft_ms", "step_min_requests", b"step_min_requests", "step_min_s", b"step_min_s", "steps", b"steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_context_refusal_ratio", b"max_context_refusal_ratio", "max_error_ratio", b"max_error_ratio", "max_error_ratio_increase", b"max_error_ratio_increase", "max_hold_s", b"max_hold_s", "max_p99_itl_ms", b"max_p99_itl_ms", "max_p99_ttft_ms", b"max_p99_ttft_ms", "step_min_requests", b"step_min_requests", "step_min_s", b"step_min_s", "steps", b"steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -794,8 +794,13 @@ type CanaryPolicy struct {
 	// The most requests refused for context length per request the canary may have
 	// (0: not checked).
 	MaxContextRefusalRatio float64 `protobuf:"fixed64,8,opt,name=max_context_refusal_ratio,json=maxContextRefusalRatio,proto3" json:"max_context_refusal_ratio,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// The most time a step may hold for want of requests: past it the canary fails
+	// (CANARY_ANALYSIS_FAILED) and is undone, as Flagger's progress deadline rolls a stalled
+	// canary back. 0: no limit (the step holds until promoted or aborted by hand). At least
+	// step_min_s when set; at most a week.
+	MaxHoldS      int32 `protobuf:"varint,9,opt,name=max_hold_s,json=maxHoldS,proto3" json:"max_hold_s,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CanaryPolicy) Reset() {
@@ -880,6 +885,13 @@ func (x *CanaryPolicy) GetMaxP99ItlMs() int64 {
 func (x *CanaryPolicy) GetMaxContextRefusalRatio() float64 {
 	if x != nil {
 		return x.MaxContextRefusalRatio
+	}
+	return 0
+}
+
+func (x *CanaryPolicy) GetMaxHoldS() int32 {
+	if x != nil {
+		return x.MaxHoldS
 	}
 	return 0
 }
@@ -4455,7 +4467,7 @@ var File_llmgw_fleet_v1_fleet_proto protoreflect.FileDescriptor
 
 const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\n" +
-	"\x1allmgw/fleet/v1/fleet.proto\x12\x0ellmgw.fleet.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1egoogle/rpc/error_details.proto\x1a\x1cllmgw/common/v1/common.proto\"\xd6\x02\n" +
+	"\x1allmgw/fleet/v1/fleet.proto\x12\x0ellmgw.fleet.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1egoogle/rpc/error_details.proto\x1a\x1cllmgw/common/v1/common.proto\"\xf4\x02\n" +
 	"\fCanaryPolicy\x12\x14\n" +
 	"\x05steps\x18\x01 \x03(\x05R\x05steps\x12\x1c\n" +
 	"\n" +
@@ -4465,7 +4477,9 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\x18max_error_ratio_increase\x18\x05 \x01(\x01R\x15maxErrorRatioIncrease\x12%\n" +
 	"\x0fmax_p99_ttft_ms\x18\x06 \x01(\x03R\fmaxP99TtftMs\x12#\n" +
 	"\x0emax_p99_itl_ms\x18\a \x01(\x03R\vmaxP99ItlMs\x129\n" +
-	"\x19max_context_refusal_ratio\x18\b \x01(\x01R\x16maxContextRefusalRatio\"\x9e\x02\n" +
+	"\x19max_context_refusal_ratio\x18\b \x01(\x01R\x16maxContextRefusalRatio\x12\x1c\n" +
+	"\n" +
+	"max_hold_s\x18\t \x01(\x05R\bmaxHoldS\"\x9e\x02\n" +
 	"\x0eTrafficFigures\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x1a\n" +
 	"\brequests\x18\x02 \x01(\x03R\brequests\x12\x16\n" +
