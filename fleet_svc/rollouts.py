@@ -6,6 +6,7 @@ the controller's StoreCalls (off the loop on PostgreSQL), one at a time and in o
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
@@ -166,13 +167,17 @@ class Rollouts:
             self.running[rollout_id] = await self.save(promoted, events)
             log.info("canary_promoted", rollout_id=rollout_id, full=full, by=by)
 
-    def weights(self, model: str, endpoints: Mapping[str, tuple[int, int]]) -> dict[str, int]:
-        """The weights of a model's routable endpoints (replica id -> (revision, own
-        weight)): split by its canary's step while one is judged, else their own."""
+    def weights(
+        self, model: str
+    ) -> Callable[[Mapping[str, tuple[int, int]]], dict[str, int]] | None:
+        """How the weights of a model's routable endpoints are split (fleet_svc.watch.Weigher):
+        by its canary's step while one is judged; None (their own) otherwise."""
         ro = self.of_model(model)
         if ro is None or ro.canary is None or not in_canary(ro):
-            return {rid: w for rid, (_rev, w) in endpoints.items()}
-        return split_weights(endpoints, ro.to_revision, ro.canary.weight_percent)
+            return None
+        return functools.partial(
+            split_weights, new_revision=ro.to_revision, percent=ro.canary.weight_percent
+        )
 
     async def _judge(
         self, ro: Rollout, replicas: Mapping[str, ReplicaState], now_s: float
