@@ -28,8 +28,8 @@ from fleet_svc.domain.rollout import (
     Stage,
     in_canary,
 )
-from fleet_svc.domain.rollout import advance as advance_rollout
-from fleet_svc.domain.rollout import cancel as cancel_rollout
+from fleet_svc.domain.rollout_run import advance as advance_rollout
+from fleet_svc.domain.rollout_run import cancel as cancel_rollout
 from fleet_svc.store.base import RolloutRecord, RolloutRequest, Store
 from fleet_svc.store.canary_rows import revision_figures
 from fleet_svc.store.rows import event_doc, load_rollout, rollout_record
