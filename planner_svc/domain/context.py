@@ -322,8 +322,9 @@ class _Standing:
     before: ProfileNeed
     before_text: str
     held: tuple[object, ...]
-    """The model, profile and inventory its key names by identity, held so that no identity
-    can be reused while the entry lives."""
+    """The profile and inventory its key names by identity, held so that no identity can be
+    reused while the entry lives (never the model: an inline shape's model holds the shape,
+    and the shape's own memo holding it would keep the shape alive for good)."""
 
 
 STANDING_KEPT = 32
@@ -340,15 +341,16 @@ def _standing(
     slots: int,
     sequences: int,
 ) -> _Standing:
-    """`profile` as it stands, worked out once per shape, model, profile, inventory, slots and
-    batch and kept in the shape's `sizing_memo` (`llmgw.engines.memo`): each context asked of
-    it then costs only its own sizing. The model and inventory are the servicer's decoded
-    values (`planner_svc.rpc.decoded`), the same objects for the same messages.
+    """`profile` as it stands, worked out once per shape, profile, inventory, model context,
+    slots and batch and kept in the shape's `sizing_memo` (`llmgw.engines.memo`): each context
+    asked of it then costs only its own sizing. The profile and inventory are the servicer's
+    decoded values (`planner_svc.rpc.decoded`), the same objects for the same messages; of the
+    model only its context is read (`current_tokens`, where the arguments name none).
 
     Raises:
         UnknownEngine, EngineNoContext, SlotsOutOfRange (not kept).
     """
-    key = ("standing", id(model), id(profile), id(inventory), slots, sequences)
+    key = ("standing", id(profile), id(inventory), model.context_length, slots, sequences)
     memo = sizing_memo(shape)
     kept = memo.get("standing")
     if not isinstance(kept, OrderedDict):
@@ -376,7 +378,7 @@ def _standing(
         except (errors.PlannerError, errors.EngineError, errors.InvalidShape):
             before = ProfileNeed()  # the old settings need not be valid for the new ones to be
     text = before.describe() if not profile.on_cpu else f"{profile.min_memory_gb} GB of RAM"
-    standing = _Standing(engine, use_slots, batched, before, text, (model, profile, inventory))
+    standing = _Standing(engine, use_slots, batched, before, text, (profile, inventory))
     kept[key] = standing
     while len(kept) > STANDING_KEPT:
         kept.popitem(last=False)

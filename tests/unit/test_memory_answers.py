@@ -306,3 +306,24 @@ def test_a_profile_as_it_stands_is_kept_and_every_context_sized_as_without() -> 
         befores.append(change.profiles[0].need_before)
     assert all(b is befores[0] for b in befores)
     assert befores[0].card is not None and befores[0].card.kv_bytes == 8192 * 131_072
+
+
+def test_a_shape_whose_profiles_were_kept_as_they_stand_is_still_collected() -> None:
+    """What the shape's memo keeps does not hold the shape (an inline shape's model holds it,
+    so the memo keeps no model): once nothing else does, the shape and its memo go."""
+    import gc
+    import weakref
+
+    from llmgw.engines import memo
+
+    shape = replace(LLAMA_31_8B, trained_context=0)
+    model = replace(llama(), shape=shape)
+    for tokens in (4096, 16384):
+        size_context(model, shape, tokens=tokens, slots=0, inventory=H100)
+    assert id(shape) in memo._MEMOS
+    gone = weakref.ref(shape)
+    key = id(shape)
+    del shape, model
+    gc.collect()
+    assert gone() is None
+    assert key not in memo._MEMOS
