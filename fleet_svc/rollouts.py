@@ -28,11 +28,11 @@ from fleet_svc.domain.rollout import (
     Stage,
     in_canary,
 )
-from fleet_svc.domain.rollout import advance as advance_rollout
-from fleet_svc.domain.rollout import cancel as cancel_rollout
+from fleet_svc.domain.rollout_run import advance as advance_rollout
+from fleet_svc.domain.rollout_run import cancel as cancel_rollout
 from fleet_svc.store.base import RolloutRecord, RolloutRequest, Store
-from fleet_svc.store.canary_rows import canary_doc, revision_figures
-from fleet_svc.store.rows import load_rollout, rollout_record
+from fleet_svc.store.canary_rows import revision_figures
+from fleet_svc.store.rows import event_doc, load_rollout, rollout_record
 from fleet_svc.store_calls import StoreCalls
 from llmgw.clock import Clock
 
@@ -250,21 +250,8 @@ class Rollouts:
         """The store calls of `save`: the rollout's row, then its events in order."""
         self._store.put_rollout(rollout_record(ro))
         for e in events:
-            self._store.append_event(
-                ro.id,
-                wall,
-                {
-                    "kind": e.kind.value,
-                    "profile": e.profile,
-                    "replica_id": e.replica_id,
-                    "node": e.node,
-                    "gpus": list(e.gpus),
-                    "mode": e.mode.value,
-                    "message": e.message,
-                    "state": (ro.state if e.kind in ENDINGS else RolloutState.RUNNING).value,
-                    **({"canary": canary_doc(e.canary)} if e.canary is not None else {}),
-                },
-            )
+            state = ro.state if e.kind in ENDINGS else RolloutState.RUNNING
+            self._store.append_event(ro.id, wall, event_doc(e, state))
 
     def _ended(self, ro: Rollout) -> None:
         for listener in self.on_end:

@@ -467,3 +467,30 @@ def canary_of(opts: argparse.Namespace) -> dict[str, Any] | None:
     if not fields and getattr(opts, "strategy", "") != "canary":
         return None
     return fields
+
+
+INT32_MAX = 2**31 - 1
+
+
+def count(text: str) -> int:
+    """A flag's count: a whole number from 0 to 2^31 − 1 (the planner refuses what its
+    engine cannot take; this only keeps the request encodable)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text[:40]!r}") from None
+    if not 0 <= value <= INT32_MAX:
+        raise argparse.ArgumentTypeError(f"{value} is outside 0..{INT32_MAX}")
+    return value
+
+
+def sequences_flag(p: argparse.ArgumentParser) -> None:
+    """Add `--sequences N`: concurrent requests to size for (plan, and the fleet's changes)."""
+    p.add_argument(
+        "--sequences",
+        type=count,
+        default=0,
+        help="concurrent requests to size for, written to the engine's own flag "
+        "(vLLM --max-num-seqs, SGLang --max-running-requests, TensorRT-LLM --max_batch_size, "
+        "llama.cpp --parallel); the answer says whether that batch fits (default 0: none)",
+    )

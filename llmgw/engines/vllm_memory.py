@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from llmgw.cardclass import GIB, MIB
 from llmgw.engines.base import Card, Overhead
 from llmgw.engines.grammar import Grammar
+from llmgw.engines.memo import sizing_memo
 from llmgw.engines.torch_overhead import (
     ACTIVATION_BYTES,
     CUDA_GRAPH_BYTES_PER_LAYER,
@@ -496,8 +497,8 @@ def vllm_overhead(
 
     Worked out once per shape and setting: with chunked prefill (V1's default) and a known
     version nothing here depends on the context, so the answer is kept in the shape's
-    `sizing_memo` under the arguments with `--max-model-len`'s value left out (bounded,
-    OVERHEADS_KEPT)."""
+    `sizing_memo` (`engines.memo`) under the arguments with `--max-model-len`'s value left
+    out (bounded, OVERHEADS_KEPT)."""
     rules, _ = pick(VLLM_RULES, engine_version)
     token_free = not rules.v0 and not grammar.has(args, NO_CHUNKED_PREFILL)
     key = (
@@ -510,10 +511,10 @@ def vllm_overhead(
         default_utilisation,
         grammar.engine,
     )
-    kept = shape.sizing_memo.get("vllm_overheads")
+    kept = sizing_memo(shape).get("vllm_overheads")
     if not isinstance(kept, OrderedDict):
         kept = OrderedDict()
-        shape.sizing_memo["vllm_overheads"] = kept
+        sizing_memo(shape)["vllm_overheads"] = kept
     over = kept.get(key)
     if isinstance(over, Overhead):
         kept.move_to_end(key)
@@ -556,10 +557,10 @@ def _unknown_spread(
     a version in no known range carries (each range with its own batch: V0 profiles the whole
     context when chunked prefill is off). Kept per shape under the arguments less the context
     and the batch V0 would profile, which is all the context changes here."""
-    kept = shape.sizing_memo.get("vllm_spreads")
+    kept = sizing_memo(shape).get("vllm_spreads")
     if not isinstance(kept, OrderedDict):
         kept = OrderedDict()
-        shape.sizing_memo["vllm_spreads"] = kept
+        sizing_memo(shape)["vllm_spreads"] = kept
     flags = kept.get((masked, card))
     if not isinstance(flags, BatchFlags):
         flags = kept[(masked, card)] = batch_flags(grammar, args, card)

@@ -25,8 +25,8 @@ import httpx
 import pytest
 
 from llmgw.cli.supervisor import port_taken
-from llmgw.cli.up import gpu_class_of
 from llmgw.cli.up_build import ENV_BUILD
+from llmgw.cli.up_plan import gpu_class_of
 from llmgw.clients import FleetClient
 from llmgw.clients.convert import Model
 from llmgw.demo.catalog import (

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from llmgw.cardclass import cuda_total
-from llmgw.engines.base import Card, CardNeed
+from llmgw.engines.base import Card, CardNeed, SizingRequest
 from llmgw.engines.torch_overhead import forward_cost
 from llmgw.engines.vllm import GRAMMAR
 from llmgw.engines.vllm_memory import (
@@ -85,13 +85,15 @@ def need_of(run: dict[str, Any], version: str | None = None) -> CardNeed:
     return card_need(
         "vllm",
         shape_of(run),
-        args=args,
-        tokens=int(args[args.index("--max-model-len") + 1]),
-        slots=1,
-        cards=int(run["tp"]),
-        card_memory_bytes=total,
-        card=Card(run["gpu"], total, total, "printed"),
-        engine_version=run["engine_version"] if version is None else version,
+        SizingRequest(
+            args=tuple(args),
+            tokens=int(args[args.index("--max-model-len") + 1]),
+            slots=1,
+            cards=int(run["tp"]),
+            card_memory_bytes=total,
+            card=Card(run["gpu"], total, total, "printed"),
+            engine_version=run["engine_version"] if version is None else version,
+        ),
     )
 
 
