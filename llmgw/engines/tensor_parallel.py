@@ -8,7 +8,7 @@ engine's overhead; the count of cards must split the model's heads and widths (`
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import replace
 from fractions import Fraction
 from typing import ClassVar
@@ -209,19 +209,10 @@ class TensorParallelEngine:
         kv_card = fullest_stage(per_layer, pp)
         weights_card = -(-shape.weights_bytes // (tp * pp))
         known = card.nvml_bytes > 0 or card.cuda_bytes > 0
-        over = self.overhead_and_budget(
-            shape,
-            args,
-            tokens=tokens,
-            tp=tp,
-            pp=pp,
-            weights_card_bytes=weights_card,
-            card=card,
-            engine_version=asked.engine_version,
+        over, pool_bytes, capacity = self._overhead(
+            shape, args, tokens, tp, pp, weights_card, card, asked.engine_version
         )
         budget = over.budget_bytes if known else 0
-        pool_bytes = max(budget - weights_card - over.total_bytes, 0) if budget else 0
-        capacity = self.token_capacity(shape, available_kv_bytes=pool_bytes, tp=tp, args=args)
         return CardNeed(
             weights_bytes=shape.weights_bytes,
             kv_bytes=sum(per_layer) * tp,
@@ -246,6 +237,74 @@ class TensorParallelEngine:
             outside_margin_bytes=over.outside_margin_bytes,
             weights_known=shape.weights_bytes > 0,
         )
+
+    def _overhead(
+        self,
+        shape: ModelShape,
+        args: Sequence[str],
+        tokens: int,
+        tp: int,
+        pp: int,
+        weights_card: int,
+        card: Card,
+        engine_version: str,
+    ) -> tuple[Overhead, int, int]:
+        """The overhead (`overhead_and_budget`), the KV pool's bytes on a card and the tokens it
+        holds (`token_capacity`). Where the engine says which part of the context its overhead
+        reads (`overhead_tokens`), all three are kept per shape and setting (the arguments less
+        the context flag's value, the card, the version) under that part: a context never
+        asked before then costs a look-up, not the engine's rules (bounded: SETTINGS_KEPT
+        settings, OVERHEADS_PER_SETTING parts each)."""
+        setting = (self.name, _without_value(args, self.context_flag), tp, pp, card, engine_version)
+        memo = sizing_memo(shape)
+        kept = memo.get("tp_overheads")
+        if not isinstance(kept, OrderedDict):
+            kept = memo["tp_overheads"] = OrderedDict()
+        entry: _Overheads | None = kept.get(setting)
+        if entry is None:
+            entry = kept[setting] = (
+                self.overhead_tokens(args, card=card, engine_version=engine_version),
+                OrderedDict(),
+            )
+            while len(kept) > SETTINGS_KEPT:
+                kept.popitem(last=False)
+        else:
+            kept.move_to_end(setting)
+        part_of, figures = entry
+        part = part_of(tokens) if part_of is not None else None
+        hit = figures.get(part) if part_of is not None else None
+        if hit is not None:
+            figures.move_to_end(part)
+            return hit
+        over = self.overhead_and_budget(
+            shape,
+            args,
+            tokens=tokens,
+            tp=tp,
+            pp=pp,
+            weights_card_bytes=weights_card,
+            card=card,
+            engine_version=engine_version,
+        )
+        known = card.nvml_bytes > 0 or card.cuda_bytes > 0
+        budget = over.budget_bytes if known else 0
+        pool_bytes = max(budget - weights_card - over.total_bytes, 0) if budget else 0
+        capacity = self.token_capacity(shape, available_kv_bytes=pool_bytes, tp=tp, args=args)
+        found = (over, pool_bytes, capacity)
+        if part_of is not None:
+            figures[part] = found
+            while len(figures) > OVERHEADS_PER_SETTING:
+                figures.popitem(last=False)
+        return found
+
+    def overhead_tokens(
+        self, args: Sequence[str], *, card: Card, engine_version: str
+    ) -> Callable[[int], Hashable] | None:
+        """What of a context `overhead_and_budget` and `token_capacity` read under `args` on
+        `card` at `engine_version` (whatever the context flag's value): a function of the
+        tokens whose equal answers mean equal figures, worked out once per setting; None
+        (here) when they may read all of it, so nothing is kept."""
+        return None
 
     def _setting(
         self, shape: ModelShape, args: Sequence[str], cards: int, card_memory_bytes: int
@@ -309,6 +368,15 @@ class TensorParallelEngine:
 
 SETTINGS_KEPT = 32
 """Settings (argument lists × card counts × card sizes) kept per shape."""
+
+_Overheads = tuple[
+    Callable[[int], Hashable] | None, OrderedDict[Hashable, tuple[Overhead, int, int]]
+]
+"""One setting's kept overheads: what of a context they read, and the figures by it."""
+
+OVERHEADS_PER_SETTING = 16
+"""Overheads kept per setting: one where the context changes none of it, else the last few
+parts of a context that do (`overhead_tokens`)."""
 
 
 def _without_value(args: Sequence[str], flag: Flag) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ Constants name their source: vLLM's source file or documented default, or a grou
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import ClassVar
@@ -20,7 +20,7 @@ from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, Grammar, RefusedFl
 from llmgw.engines.heads import TpOptions
 from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
 from llmgw.engines.tensor_parallel import TensorParallelEngine
-from llmgw.engines.vllm_memory import VLLM_RULES, vllm_overhead
+from llmgw.engines.vllm_memory import VLLM_RULES, vllm_overhead, vllm_overhead_tokens
 from llmgw.shape import Layer, ModelShape
 
 GRAMMAR = Grammar("vllm", folds_underscores=True, joined_ok=True, abbreviates=True)
@@ -295,6 +295,13 @@ class Vllm(TensorParallelEngine):
             card=card,
             engine_version=engine_version,
         )
+
+    def overhead_tokens(
+        self, args: Sequence[str], *, card: Card, engine_version: str
+    ) -> Callable[[int], Hashable] | None:
+        """What of a context vLLM's overhead reads (`vllm_overhead_tokens`); its token
+        capacity reads none of it (`vllm_token_capacity`)."""
+        return vllm_overhead_tokens(GRAMMAR, args, card=card, engine_version=engine_version)
 
     def token_capacity(
         self, shape: ModelShape, *, available_kv_bytes: int, tp: int, args: Sequence[str]

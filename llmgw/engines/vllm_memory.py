@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 
 from llmgw.cardclass import GIB, MIB
@@ -543,6 +543,37 @@ def vllm_overhead(
     )
 
 
+def vllm_overhead_tokens(
+    grammar: Grammar, args: Sequence[str], *, card: Card, engine_version: str
+) -> Callable[[int], Hashable]:
+    """What of a context `vllm_overhead` reads under `args` on `card` at `engine_version`, as
+    a function of the tokens (equal answers, equal overheads): nothing with chunked prefill
+    under V1 at a known version; under an unknown one, the batch V0 would profile (its range's
+    figures go into the margin, `_unknown_spread`); else the tokens themselves."""
+    rules, _ = pick(VLLM_RULES, engine_version)
+    if rules.v0 or grammar.has(args, NO_CHUNKED_PREFILL):
+        return _same_tokens
+    if in_a_range(VLLM_RULES, engine_version):
+        return _no_tokens
+    flags = batch_flags(grammar, args, card)
+
+    def v0_batch(tokens: int) -> Hashable:
+        v0 = profile_at(VLLM_RULES[0], "", flags, tokens)
+        return (v0.batched_tokens, v0.chunked_prefill)
+
+    return v0_batch
+
+
+def _same_tokens(tokens: int) -> Hashable:
+    """All of the context."""
+    return tokens
+
+
+def _no_tokens(tokens: int) -> Hashable:
+    """None of the context."""
+    return 0
+
+
 def _unknown_spread(
     grammar: Grammar,
     shape: ModelShape,
@@ -570,18 +601,23 @@ def _unknown_spread(
     if isinstance(spread, int):
         return spread
     forward = forward_cost(shape, tp=tp, expert_parallel=grammar.has(args, EXPERT_PARALLEL))
-    figures = [
-        _activation(
-            shape,
-            forward,
-            profile_at(other, "", flags, tokens),
-            other,
-            tp,
-            images_per_prompt(grammar, args),
-        )[0]
-        + other.non_torch_bytes
-        for other in VLLM_RULES
-    ]
+    images = images_per_prompt(grammar, args)
+
+    def figure(rules: VllmRules) -> int:
+        profile = profile_at(rules, "", flags, tokens)
+        return _activation(shape, forward, profile, rules, tp, images)[0] + rules.non_torch_bytes
+
+    if flags.no_chunked:
+        figures = [figure(other) for other in VLLM_RULES]
+    else:
+        # With chunked prefill only V0's batch follows the context: the other ranges' lowest
+        # and highest figures are worked out once per setting.
+        newer_key = (masked, card, tp, "newer")
+        newer = kept.get(newer_key)
+        if not isinstance(newer, tuple):
+            ones = [figure(other) for other in VLLM_RULES if not other.v0]
+            newer = kept[newer_key] = (min(ones), max(ones))
+        figures = [*newer, *(figure(other) for other in VLLM_RULES if other.v0)]
     kept[key] = spread = max(figures) - min(figures)
     while len(kept) > 2 * OVERHEADS_KEPT:
         kept.popitem(last=False)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import operator
+from collections import OrderedDict
 from dataclasses import dataclass, field, fields, replace
 
 from llmgw.engines import registry
 from llmgw.engines.base import Engine, Verdict
+from llmgw.engines.memo import sizing_memo
 from llmgw.model import Inventory, Model, Profile
 from llmgw.shape import ModelShape
 from planner_svc.domain import errors
@@ -309,33 +311,57 @@ def _check_in_range(profile: Profile, *figures: int) -> None:
         )
 
 
-def _resize_profile(
+@dataclass(frozen=True)
+class _Standing:
+    """What resizing a profile reads that no context changes: its engine, the slots and the
+    arguments (batch set) a new context is written into, and its need as it stands."""
+
+    engine: Engine
+    slots: int
+    args: tuple[str, ...]
+    before: ProfileNeed
+    before_text: str
+    held: tuple[object, ...]
+    """The profile and inventory its key names by identity, held so that no identity can be
+    reused while the entry lives (never the model: an inline shape's model holds the shape,
+    and the shape's own memo holding it would keep the shape alive for good)."""
+
+
+STANDING_KEPT = 32
+"""Profiles as they stand kept per shape (models × profiles × inventories × slots ×
+batches asked of it; the least recently used go first)."""
+
+
+def _standing(
     model: Model,
     profile: Profile,
-    shape: ModelShape | None,
-    *,
-    tokens: int,
-    slots: int,
+    shape: ModelShape,
     inventory: Inventory,
-    notes: list[str],
-    sequences: int = 0,
-) -> tuple[Profile, ProfileChange]:
-    """One profile for the new context (and batch), refused where its cards would not hold
-    it."""
+    *,
+    slots: int,
+    sequences: int,
+) -> _Standing:
+    """`profile` as it stands, worked out once per shape, profile, inventory, model context,
+    slots and batch and kept in the shape's `sizing_memo` (`llmgw.engines.memo`): each context
+    asked of it then costs only its own sizing. The profile and inventory are the servicer's
+    decoded values (`planner_svc.rpc.decoded`), the same objects for the same messages; of the
+    model only its context is read (`current_tokens`, where the arguments name none).
+
+    Raises:
+        UnknownEngine, EngineNoContext, SlotsOutOfRange (not kept).
+    """
+    key = ("standing", id(profile), id(inventory), model.context_length, slots, sequences)
+    memo = sizing_memo(shape)
+    kept = memo.get("standing")
+    if not isinstance(kept, OrderedDict):
+        kept = memo["standing"] = OrderedDict()
+    hit = kept.get(key)
+    if hit is not None:
+        kept.move_to_end(key)
+        return hit  # type: ignore[no-any-return]
     engine = _context_engine(profile)
     use_slots = slots_for(engine, slots or engine.slots(profile.args), sequences)
-    batched = with_sequences(engine, profile.args, sequences)
-    args = tuple(engine.with_context(batched, tokens, use_slots))
-    new_profile = profile.with_args(args)
-    if shape is None:
-        return new_profile, ProfileChange(
-            profile=profile.name,
-            engine=profile.engine,
-            before="",
-            after="",
-            args=args,
-            args_before=profile.args,
-        )
+    batched = tuple(with_sequences(engine, profile.args, sequences))
     old_tokens = current_tokens(engine, profile, model)
     before = ProfileNeed()
     if old_tokens >= 1:
@@ -351,13 +377,56 @@ def _resize_profile(
             )
         except (errors.PlannerError, errors.EngineError, errors.InvalidShape):
             before = ProfileNeed()  # the old settings need not be valid for the new ones to be
+    text = before.describe() if not profile.on_cpu else f"{profile.min_memory_gb} GB of RAM"
+    standing = _Standing(engine, use_slots, batched, before, text, (profile, inventory))
+    kept[key] = standing
+    while len(kept) > STANDING_KEPT:
+        kept.popitem(last=False)
+    return standing
+
+
+def _resize_profile(
+    model: Model,
+    profile: Profile,
+    shape: ModelShape | None,
+    *,
+    tokens: int,
+    slots: int,
+    inventory: Inventory,
+    notes: list[str],
+    sequences: int = 0,
+) -> tuple[Profile, ProfileChange]:
+    """One profile for the new context (and batch), refused where its cards would not hold
+    it."""
+    if shape is None:
+        unsized = _context_engine(profile)
+        asked_slots = slots_for(unsized, slots or unsized.slots(profile.args), sequences)
+        written = with_sequences(unsized, profile.args, sequences)
+        args = tuple(unsized.with_context(written, tokens, asked_slots))
+        return profile.with_args(args), ProfileChange(
+            profile=profile.name,
+            engine=profile.engine,
+            before="",
+            after="",
+            args=args,
+            args_before=profile.args,
+        )
+    standing = _standing(model, profile, shape, inventory, slots=slots, sequences=sequences)
+    engine, use_slots, batched, before = (
+        standing.engine,
+        standing.slots,
+        standing.args,
+        standing.before,
+    )
+    args = tuple(engine.with_context(batched, tokens, use_slots))
+    new_profile = profile.with_args(args)
     after = profile_need(
         engine, profile, shape, inventory, args=args, tokens=tokens, slots=use_slots
     )
     change = ProfileChange(
         profile=profile.name,
         engine=profile.engine,
-        before=before.describe() if not profile.on_cpu else f"{profile.min_memory_gb} GB of RAM",
+        before=standing.before_text,
         after=after.describe(),
         args=args,
         args_before=profile.args,

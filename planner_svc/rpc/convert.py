@@ -117,16 +117,18 @@ def _ram_memory(need: ProfileNeed) -> common_pb2.Memory | None:
     return None
 
 
-def profile_change_to_proto(c: ProfileChange) -> common_pb2.ProfileChange:
-    """One profile's part of a change."""
-    msg = common_pb2.ProfileChange(
-        profile=c.profile,
-        engine=c.engine,
-        before=c.before,
-        after=c.after,
-        args=list(c.args),
-        args_before=list(c.args_before),
-    )
+def profile_change_to_proto(
+    c: ProfileChange, into: common_pb2.ProfileChange | None = None
+) -> common_pb2.ProfileChange:
+    """One profile's part of a change, written into `into` (an empty message: a repeated
+    field's new element, so nothing is copied again) or a new message."""
+    msg = common_pb2.ProfileChange() if into is None else into
+    msg.profile = c.profile
+    msg.engine = c.engine
+    msg.before = c.before
+    msg.after = c.after
+    msg.args.extend(c.args)
+    msg.args_before.extend(c.args_before)
     after, before = _memory(c.need, c.profile), _memory(c.need_before, c.profile)
     if after is not None:
         msg.memory.CopyFrom(after)
@@ -157,36 +159,40 @@ def plan_verdict(
     return max(seen, key=_ORDER.index), ""
 
 
-def context_change_to_proto(c: ContextChange, unchecked: str = "") -> common_pb2.ContextChange:
+def context_change_to_proto(
+    c: ContextChange, unchecked: str = "", into: common_pb2.ContextChange | None = None
+) -> common_pb2.ContextChange:
     """A context change as the contract carries it; `unchecked` says why the model's shape
-    could not be read ("" when it was)."""
-    profiles = [profile_change_to_proto(p) for p in c.profiles]
-    verdict, note = plan_verdict(profiles, unchecked)
-    return common_pb2.ContextChange(
-        model=c.model,
-        before=c.before,
-        after=c.after,
-        max_output=c.max_output,
-        trained=c.trained,
-        profiles=profiles,
-        note=c.note,
-        verdict=verdict,
-        verdict_note=note,
-    )
+    could not be read ("" when it was). Written into `into` (an empty message: the answer's
+    own field, so the change is not copied into it) or a new message."""
+    msg = common_pb2.ContextChange() if into is None else into
+    msg.SetInParent()  # present in its answer, as when it was passed to the constructor
+    for p in c.profiles:
+        profile_change_to_proto(p, msg.profiles.add())
+    msg.verdict, msg.verdict_note = plan_verdict(msg.profiles, unchecked)
+    msg.model = c.model
+    msg.before = c.before
+    msg.after = c.after
+    msg.max_output = c.max_output
+    msg.trained = c.trained
+    msg.note = c.note
+    return msg
 
 
-def gpus_change_to_proto(c: GPUsChange, unchecked: str = "") -> common_pb2.GPUsChange:
-    """A GPU change as the contract carries it (`unchecked` as for a context change)."""
-    profiles = [profile_change_to_proto(p) for p in c.profiles]
-    verdict, note = plan_verdict(profiles, unchecked)
-    return common_pb2.GPUsChange(
-        model=c.model,
-        gpus=c.gpus,
-        profiles=profiles,
-        note=c.note,
-        verdict=verdict,
-        verdict_note=note,
-    )
+def gpus_change_to_proto(
+    c: GPUsChange, unchecked: str = "", into: common_pb2.GPUsChange | None = None
+) -> common_pb2.GPUsChange:
+    """A GPU change as the contract carries it (`unchecked` and `into` as for a context
+    change)."""
+    msg = common_pb2.GPUsChange() if into is None else into
+    msg.SetInParent()  # present in its answer, as when it was passed to the constructor
+    for p in c.profiles:
+        profile_change_to_proto(p, msg.profiles.add())
+    msg.verdict, msg.verdict_note = plan_verdict(msg.profiles, unchecked)
+    msg.model = c.model
+    msg.gpus = c.gpus
+    msg.note = c.note
+    return msg
 
 
 def batch_to_proto(b: BatchFit) -> planner_pb2.BatchFit:

@@ -258,3 +258,72 @@ def test_needs_kept_with_the_shape_are_bounded_and_never_answer_a_new_context() 
     for tokens in range(1024, 1024 + 64 * (NEEDS_KEPT + 8), 64):
         assert kv_at(tokens) == tokens * 131_072
     assert len(sizing_memo(shape)["needs"]) == NEEDS_KEPT  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("version", ["", "0.6.3", "0.7.2", "0.10.2", "0.19.0", "0.31.0", "9.9"])
+@pytest.mark.parametrize(
+    "extra", [(), ("--no-enable-chunked-prefill",), ("--enable-chunked-prefill",)]
+)
+def test_overheads_kept_per_setting_answer_every_context_as_a_new_shape_does(
+    version: str, extra: tuple[str, ...]
+) -> None:
+    """The overhead, pool and capacity kept per shape and setting (`overhead_tokens`) give
+    each context the need a shape with nothing kept gives it: every version range (V0, whose
+    profiling batch follows the context, and one in no range, whose margin spans V0's), with
+    chunked prefill on, off and unsaid, at contexts on both sides of V0's thresholds, asked
+    rising and then falling so a kept figure would answer the wrong context."""
+    warm = replace(LLAMA_31_8B, trained_context=0)
+    card = card_of("H100-80GB", H100)
+    contexts = [1024, 2048, 4096, 8192, 8448, 16384, 32768, 33024, 65536, 131072]
+    for tokens in [*contexts, *reversed(contexts), 8192, 33024]:
+        asked = SizingRequest(
+            args=("--max-model-len", str(tokens), *extra),
+            tokens=tokens,
+            slots=1,
+            cards=1,
+            card_memory_bytes=card.nvml_bytes,
+            card=card,
+            engine_version=version,
+        )
+        cold = replace(LLAMA_31_8B, trained_context=0)  # nothing kept for it
+        assert card_need("vllm", warm, asked) == card_need("vllm", cold, asked), tokens
+
+
+def test_a_profile_as_it_stands_is_kept_and_every_context_sized_as_without() -> None:
+    """size_context keeps a profile as it stands (its need before, the arguments a context is
+    written into) per shape: answers for contexts asked one after another are those of a
+    shape with nothing kept, the need before the same value each time."""
+    model = llama()
+    warm = replace(LLAMA_31_8B, trained_context=0)
+    befores = []
+    for tokens in (4096, 16384, 2048, 16384, 100_000):
+        change = size_context(model, warm, tokens=tokens, slots=0, inventory=H100)
+        cold = size_context(
+            model, replace(LLAMA_31_8B, trained_context=0), tokens=tokens, slots=0, inventory=H100
+        )
+        assert change == cold
+        assert context_change_to_proto(change) == context_change_to_proto(cold)
+        befores.append(change.profiles[0].need_before)
+    assert all(b is befores[0] for b in befores)
+    assert befores[0].card is not None and befores[0].card.kv_bytes == 8192 * 131_072
+
+
+def test_a_shape_whose_profiles_were_kept_as_they_stand_is_still_collected() -> None:
+    """What the shape's memo keeps does not hold the shape (an inline shape's model holds it,
+    so the memo keeps no model): once nothing else does, the shape and its memo go."""
+    import gc
+    import weakref
+
+    from llmgw.engines import memo
+
+    shape = replace(LLAMA_31_8B, trained_context=0)
+    model = replace(llama(), shape=shape)
+    for tokens in (4096, 16384):
+        size_context(model, shape, tokens=tokens, slots=0, inventory=H100)
+    assert id(shape) in memo._MEMOS
+    gone = weakref.ref(shape)
+    key = id(shape)
+    del shape, model
+    gc.collect()
+    assert gone() is None
+    assert key not in memo._MEMOS
