@@ -6,8 +6,9 @@ sqlite.py is; its connections are postgres_link.py, its schema postgres_schema.p
 Isolation: READ COMMITTED (PostgreSQL's default), with each compare-and-swap made safe by a
 constraint or an explicit row lock rather than by SERIALIZABLE:
 - a catalog write inserts (name, revision + 1); the primary key lets one of two writers holding
-  the same etag insert it, and the other's unique violation is turned into StaleRevision naming
-  the winner's revision: the same answer SQLite's write lock gives;
+  the same etag insert it, and the other's insert (ON CONFLICT DO NOTHING: it waits for the
+  winner's commit, then does nothing) is turned into StaleRevision naming the winner's
+  revision: the same answer SQLite's write lock gives;
 - a request id's first answer is `INSERT … ON CONFLICT DO NOTHING`: the first commit wins;
 - an event's seq is taken under `SELECT … FOR UPDATE` of its rollout's row, so two appends to
   one rollout queue on that row instead of racing for MAX(seq) + 1 (events are append-only);
@@ -41,7 +42,6 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import psycopg
 import psycopg_pool
 import structlog
-from psycopg import errors as pg_errors
 
 from fleet_svc.store import postgres_nodes
 from fleet_svc.store.base import (
@@ -76,7 +76,15 @@ from fleet_svc.store.codec import (
     traffic_row,
 )
 from fleet_svc.store.migrations import SchemaTooNew, latest_version
-from fleet_svc.store.postgres_lease import IDLE_IN_TRANSACTION_MS, Lease, acquire, check_fence
+from fleet_svc.store.postgres_lease import (
+    FENCE_QUERY,
+    IDLE_IN_TRANSACTION_MS,
+    LEASE_NAME,
+    Lease,
+    acquire,
+    check_fence,
+    fenced,
+)
 from fleet_svc.store.postgres_lease import release as release_lease
 from fleet_svc.store.postgres_link import (
     CONNECT_TIMEOUT_S,
@@ -141,6 +149,7 @@ def _translating(
         for attempt in range(1, tries + 1):
             try:
                 result = method(self, *args, **kwargs)
+                self._settle_fence()
             except StoreDamaged as exc:
                 self.damage = self.damage or exc
                 raise
@@ -202,6 +211,8 @@ class PostgresStore:
         """The first damage a call found; `probe` reports it until the store is reopened."""
         self._fence: int | None = None
         """The leadership epoch every write is fenced with (None: writes are not fenced)."""
+        self._unsettled = threading.local()
+        """`fence`: the fence an `atomic` block of this thread sent and has not read yet."""
         kwargs: dict[str, Any] = {
             "autocommit": True,
             "connect_timeout": CONNECT_TIMEOUT_S,
@@ -340,13 +351,19 @@ class PostgresStore:
     def _writing(
         self, conn: psycopg.Connection[tuple[Any, ...]], *, transaction: bool = False
     ) -> Iterator[None]:
-        """The scope of one write: a transaction checking the fence first when fenced (or when
-        the write needs one anyway), else the bare autocommit statement(s)."""
+        """The scope of one write: inside `atomic`, its transaction (fenced at its start, its
+        share lock on the lease held until it ends: no savepoint, no second check); else a
+        transaction checking the fence first when fenced (or when the write needs one anyway),
+        pipelined (BEGIN and the fence's read in one round trip, the writes and COMMIT in
+        another); else the bare autocommit statement(s)."""
+        if self.link.pinned() is not None:
+            yield
+            return
         epoch = self._fence
         if epoch is None and not transaction:
             yield
             return
-        with conn.transaction():
+        with conn.pipeline(), conn.transaction():
             if epoch is not None:
                 check_fence(conn, epoch, self.where)
             yield
@@ -389,36 +406,29 @@ class PostgresStore:
             ValueError: a deletion of a model that is absent or deleted.
         """
         spec = dump_json(record.spec)
-        with self.link.connection() as conn:
-            try:
-                with self._writing(conn, transaction=True):
-                    last, absent = _latest(conn, record.name)
-                    if expect_revision != last and not (absent and expect_revision == 0):
-                        raise StaleRevision(record.name, expect_revision, last)
-                    if record.deleted and absent:
-                        raise ValueError(
-                            f"model {record.name!r} does not exist, so it cannot be deleted"
-                        )
-                    written = replace(record, revision=last + 1)
-                    conn.execute(
-                        f"INSERT INTO model_revisions ({MODEL_COLUMNS})"
-                        " VALUES (%s, %s, %s::json, %s, %s, %s, %s)",
-                        (
-                            written.name,
-                            written.revision,
-                            spec,
-                            written.updated_by,
-                            written.updated_at,
-                            written.deleted,
-                            written.declared_in,
-                        ),
-                    )
-            except pg_errors.UniqueViolation:
-                # Another writer inserted this revision after we read the last one.
-                raise StaleRevision(
-                    record.name, expect_revision, _latest(conn, record.name)[0]
-                ) from None
-        return written
+        with self.link.connection() as conn, self._writing(conn, transaction=True):
+            # One statement in the common case: the revision after the last, inserted only
+            # when the last is the one expected; a writer that read the same last revision
+            # and inserted first wins (this insert waits for its commit, then does nothing:
+            # no error, so an atomic block needs no savepoint around it).
+            row = conn.execute(
+                _PUT_MODEL,
+                {
+                    "name": record.name,
+                    "spec": spec,
+                    "by": record.updated_by,
+                    "at": record.updated_at,
+                    "deleted": record.deleted,
+                    "declared_in": record.declared_in,
+                    "expect": expect_revision,
+                },
+            ).fetchone()
+            if row is not None:
+                return replace(record, revision=int(row[0]))
+            last, absent = _latest(conn, record.name)
+            if record.deleted and absent and expect_revision in (0, last):
+                raise ValueError(f"model {record.name!r} does not exist, so it cannot be deleted")
+            raise StaleRevision(record.name, expect_revision, last)
 
     @_guarded
     def model_history(self, name: str) -> list[ModelRecord]:
@@ -443,14 +453,46 @@ class PostgresStore:
             return
         try:
             self.link.fail_fast()
-            with self.link.connection() as conn, self.link.pin(conn), conn.transaction():
+            # Pipelined: statements whose results the block does not read wait to go with the
+            # next one it does (BEGIN with the fence's read; the last writes with COMMIT).
+            with (
+                self.link.connection() as conn,
+                self.link.pin(conn),
+                conn.pipeline(),
+                conn.transaction(),
+            ):
                 if self._fence is not None:
-                    check_fence(conn, self._fence, self.where)
-                yield
+                    # Sent now (its share lock is taken before any write of the block), read
+                    # with the block's first answer (_settle_fence): no round trip of its own.
+                    self._unsettled.fence = (
+                        conn.execute(FENCE_QUERY, (LEASE_NAME,)),
+                        self._fence,
+                    )
+                try:
+                    yield
+                    self._settle_fence()
+                finally:
+                    self._unsettled.fence = None
         except NoConnection as exc:
             raise self.link.down(exc.problem) from exc
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(self.where, first_line(exc)) from exc
+
+    def _settle_fence(self) -> None:
+        """Inside `atomic`: refuse to go on unless the fence sent at its start holds (read once,
+        after the first statement whose answer was read: it came back in the same batch).
+
+        Raises:
+            NotLeader: the epoch is over; the block's transaction is rolled back.
+        """
+        unsettled: tuple[psycopg.Cursor[tuple[Any, ...]], int] | None = getattr(
+            self._unsettled, "fence", None
+        )
+        if unsettled is None:
+            return
+        self._unsettled.fence = None
+        cursor, epoch = unsettled
+        fenced(cursor.fetchone(), epoch, self.where)
 
     @_guarded
     def get_answer(self, request_id: str) -> AnswerRecord | None:
@@ -470,12 +512,12 @@ class PostgresStore:
         A racing attempt's uncommitted claim makes this insert wait for it (the primary key),
         then find the id taken."""
         with self.link.connection() as conn, self._writing(conn):
-            cur = conn.execute(
+            row = conn.execute(
                 "INSERT INTO answers (request_id, method, answer, created_at, fingerprint)"
-                " VALUES (%s, %s, '', %s, %s) ON CONFLICT (request_id) DO NOTHING",
+                " VALUES (%s, %s, '', %s, %s) ON CONFLICT (request_id) DO NOTHING RETURNING 1",
                 (request_id, method, self._clock(), fingerprint),
-            )
-            return cur.rowcount == 1
+            ).fetchone()
+            return row is not None
 
     @_guarded
     def put_answer(
@@ -497,8 +539,13 @@ class PostgresStore:
     def prune_answers(self, before: float) -> int:
         """Forget answers stored before `before`; how many were."""
         with self.link.connection() as conn, self._writing(conn):
-            cur = conn.execute("DELETE FROM answers WHERE created_at < %s", (before,))
-            return cur.rowcount
+            # Counted by the server: a pipelined statement's rowcount is not known until read.
+            row = conn.execute(
+                "WITH gone AS (DELETE FROM answers WHERE created_at < %s RETURNING 1)"
+                " SELECT count(*) FROM gone",
+                (before,),
+            ).fetchone()
+            return 0 if row is None else int(row[0])
 
     @_guarded
     def forget_answer(self, request_id: str) -> None:
@@ -772,6 +819,23 @@ _STATE_DIGEST = (
     " (SELECT md5(coalesce(string_agg(concat_ws('|', id, state, updated_at), ','"
     " ORDER BY id), '')) FROM rollouts)"
 )
+
+_PUT_MODEL = f"""
+WITH last AS (
+    SELECT revision, deleted FROM model_revisions WHERE name = %(name)s
+    ORDER BY revision DESC LIMIT 1
+)
+INSERT INTO model_revisions ({MODEL_COLUMNS})
+SELECT %(name)s, COALESCE((SELECT revision FROM last), 0) + 1, %(spec)s::json, %(by)s, %(at)s,
+       %(deleted)s, %(declared_in)s
+WHERE (COALESCE((SELECT revision FROM last), 0) = %(expect)s
+       OR (%(expect)s = 0 AND COALESCE((SELECT deleted FROM last), true)))
+  AND NOT (%(deleted)s AND COALESCE((SELECT deleted FROM last), true))
+ON CONFLICT (name, revision) DO NOTHING
+RETURNING revision
+"""
+"""A model's next revision, written only when its last one is %(expect)s (or it is absent and
+%(expect)s is 0), and never a deletion of a model that is absent: see PostgresStore.put_model."""
 
 _UPSERT_REPLICA = (
     f"INSERT INTO replicas ({REPLICA_COLUMNS})"
