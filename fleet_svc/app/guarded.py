@@ -68,19 +68,28 @@ class GuardedApp:
         prepare: Callable[[], Awaitable[Callable[[], bytes]]],
         still_true: Callable[[bytes], bool] = lambda _answer: True,
     ) -> bytes:
-        """The answer to a mutation, made once per request id (fleet_svc.answers: `replay`, then
-        `commit` on the store's threads); a change it hands the controller is waited for.
+        """The answer to a mutation, made once per request id (fleet_svc.answers: `commit` on
+        the store's threads); a change it hands the controller is waited for.
+
+        The id is looked up inside the commit's transaction (its claim), not before: a new id,
+        the common case, costs no read of its own. A retry is prepared again (its planner call
+        answered from the planner's memory) and then given its first answer; when preparing
+        it fails (its first attempt started a rollout, the planner is down), the id's first
+        answer is given if there is one, else the failure.
 
         Raises:
             RequestIdReused: the id was used for another method or another request.
         """
-        if request_id:
-            stored = await self.calls.run(
-                self._answers.replay, request_id, method, fingerprint, still_true
-            )
-            if stored is not None:
-                return stored
-        commit = await prepare()
+        try:
+            commit = await prepare()
+        except Exception:
+            if request_id:
+                stored = await self.calls.run(
+                    self._answers.replay, request_id, method, fingerprint, still_true
+                )
+                if stored is not None:
+                    return stored
+            raise
         view = self._view()
         try:
             answer = await self.calls.run(

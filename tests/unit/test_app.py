@@ -367,6 +367,38 @@ async def test_a_request_id_is_new_again_after_its_window(fleet: Fleet) -> None:
     assert stored is not None and stored.fingerprint == "b" and stored.answer == b"answer 2"
 
 
+async def test_a_request_id_past_its_window_is_new_before_its_row_is_pruned(
+    fleet: Fleet,
+) -> None:
+    """An id whose answer is older than the window answers afresh even while its row is still
+    stored (answers are pruned at most once a minute): the old row gives way to the new."""
+    runs: list[int] = []
+    fleet.app.request_id_window_s = 30.0
+    assert await fleet.app.once("req-1", "SetGPUs", "a", answers(runs)) == b"answer 1"
+    fleet.clock.advance(31.0)  # past the window, before the next prune is due
+    assert fleet.store.get_answer("req-1") is not None
+    assert await fleet.app.once("req-1", "CreateModel", "b", answers(runs)) == b"answer 2"
+    stored = fleet.store.get_answer("req-1")
+    assert stored is not None and (stored.method, stored.answer) == ("CreateModel", b"answer 2")
+
+
+async def test_a_retry_whose_preparing_fails_gets_its_first_answer(fleet: Fleet) -> None:
+    """A retry is prepared again; when preparing fails (its first attempt started a rollout,
+    say), the id's first answer is given, and an id never answered gets the failure."""
+    runs: list[int] = []
+    assert await fleet.app.once("req-1", "SetGPUs", "a", answers(runs)) == b"answer 1"
+
+    async def refused() -> Callable[[], bytes]:
+        raise errors.RolloutInProgress("model 'm' is rolling out", name="m", rollout_id="ro-1")
+
+    assert await fleet.app.once("req-1", "SetGPUs", "a", refused) == b"answer 1"
+    with pytest.raises(errors.RequestIdReused):
+        await fleet.app.once("req-1", "SetGPUs", "other body", refused)
+    with pytest.raises(errors.RolloutInProgress):
+        await fleet.app.once("req-2", "SetGPUs", "a", refused)
+    assert runs == [1] and fleet.store.get_answer("req-2") is None
+
+
 async def test_an_answer_without_a_fingerprint_matches_no_request(fleet: Fleet) -> None:
     """An answer row without a fingerprint (schema step 3 left those '') is no request's:
     its id is refused, whatever the body, and runs nothing."""
