@@ -4,6 +4,7 @@ allowed is the application layer's business (fleet_svc.app)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 
 import structlog
@@ -30,6 +31,11 @@ class Catalog:
         """Declared model name -> the settings file that declares it."""
         self._wants: list[ProfileWant] | None = None
         self._revisions: dict[tuple[str, int], Model | None] = {}
+        self._lock = threading.Lock()
+        """Guards the two caches: the API's threads write the catalog while the controller's
+        reads the wants (on PostgreSQL each on threads of their own)."""
+        self._generation = 0
+        """Counts the times the wants were forgotten: wants read across one are not kept."""
 
     def find(self, name: str) -> Revision | None:
         """The model's latest revision, None when absent or deleted."""
@@ -58,10 +64,14 @@ class Catalog:
                 log.warning("revision_unread", model=name, revision=revision, error=str(exc))
                 return None
             found = next((r for r in history if r.revision == revision), None)
-            if len(self._revisions) >= REVISIONS_KEPT:
+            self._remember(key, None if found is None else revision_of(found).model)
+        return self._revisions.get(key)
+
+    def _remember(self, key: tuple[str, int], model: Model | None) -> None:
+        with self._lock:
+            if key not in self._revisions and len(self._revisions) >= REVISIONS_KEPT:
                 self._revisions.pop(next(iter(self._revisions)))
-            self._revisions[key] = None if found is None else revision_of(found).model
-        return self._revisions[key]
+            self._revisions[key] = model
 
     def all(self) -> list[Revision]:
         """Every current model."""
@@ -123,7 +133,7 @@ class Catalog:
         log.info(
             "model_written", model=entry.name, revision=stored.revision, by=by, deleted=deleted
         )
-        self._wants = None
+        self.forget_wants()
         return revision_of(stored)
 
     def _etag_now(self, name: str) -> str:
@@ -144,13 +154,30 @@ class Catalog:
             self.declared[entry.name] = path
 
     def forget_wants(self) -> None:
-        """Read the wants from the store again at the next ask (another fleet may have changed
-        the catalog: this one was following while it led)."""
-        self._wants = None
+        """Read the wants from the store again at the next ask (the catalog changed, here or
+        by another fleet: this one was following while it led)."""
+        with self._lock:
+            self._generation += 1
+            self._wants = None
 
     def wants(self) -> list[ProfileWant]:
         """Every profile's wanted replicas, for the controller (kept until the catalog changes:
-        the controller asks every tick)."""
-        if self._wants is None:
-            self._wants = wants_of(self.all())
-        return list(self._wants)
+        the controller asks every tick). A store call when they were forgotten: the
+        controller asks from its own thread on PostgreSQL.
+
+        Wants read while the catalog changed (forget_wants ran meanwhile) are answered but
+        not kept, so the next ask reads the change. The current revisions' models are kept for
+        `model_at` too: the endpoints of a new revision's replicas are then made without a
+        store call."""
+        with self._lock:
+            kept, generation = self._wants, self._generation
+        if kept is not None:
+            return list(kept)
+        current = self.all()
+        wants = wants_of(current)
+        for rev in current:
+            self._remember((rev.name, rev.revision), rev.model)
+        with self._lock:
+            if generation == self._generation:
+                self._wants = wants
+        return list(wants)

@@ -59,10 +59,18 @@ class DesiredSets:
     """The versions of the nodes' desired sets. Versions only grow, across restarts too (the
     newest handed out is kept in the store), so an agent can tell a newer set from an older."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, version: int | None = None) -> None:
+        """Versions go on after `version`, the last one handed out (None: read from the
+        store here, a store call)."""
         self._store = store
         self._pushed: dict[str, _Pushed] = {}
-        self._version = itertools.count(int(store.get_value(VERSION_KEY) or 0) + 1)
+        last = self.stored_version(store) if version is None else version
+        self._version = itertools.count(last + 1)
+
+    @staticmethod
+    def stored_version(store: Store) -> int:
+        """The last version handed out, as the store keeps it (0: none yet)."""
+        return int(store.get_value(VERSION_KEY) or 0)
 
     def reconnected(self, node: str) -> None:
         """A node's agent said hello: its set is sent again in full."""

@@ -5,11 +5,12 @@ domain.reports); this module keeps the state they read, ticks, persists, and tel
 (agents.desired). The actions are applied through the transition table in
 fleet_svc.controller.writes; agents' events come in through fleet_svc.controller.agent_events.
 
-A tick runs on the event loop; its store calls (adopting and saving rollouts, the replica
-flush, the desired version) go through `calls`: on PostgreSQL one thread of the controller's
-own, so they never block the loop and reach the store one at a time, in the tick's order (a
-fenced write never overtakes an earlier one). Agents' reports go on meanwhile; one tick is
-awaited to its end before the next begins."""
+A tick runs on the event loop; its store calls (the catalog's wants, adopting and saving
+rollouts, the replica flush, the desired version) go through `calls`: on PostgreSQL one thread
+of the controller's own, so they never block the loop and reach the store one at a time, in the
+tick's order (a fenced write never overtakes an earlier one). Agents' reports go on meanwhile;
+one tick is awaited to its end before the next begins. A fleet taking over as leader loads its
+state through `calls` too (`reload`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import structlog
 
@@ -56,6 +57,18 @@ replicas during the writes (those changes are of stored replicas: only a tick cr
 places one)."""
 
 
+@dataclass
+class _Stored:
+    """What a fleet loads its state from (Controller._stored)."""
+
+    replicas: list[ReplicaRecord]
+    rollouts: list[RolloutRecord]
+    version: int | None = None
+    """The desired sets' last version (None: not read)."""
+    wants: list[ProfileWant] | None = None
+    """The catalog's wants (None: not read)."""
+
+
 class Controller(AgentEvents):
     """Runs the fleet toward what the catalog wants, from what the agents report.
 
@@ -79,6 +92,8 @@ class Controller(AgentEvents):
     ) -> None:
         self._store = store
         self._wants = wants
+        self._wants_read: list[ProfileWant] | None = None
+        """The wants as the last tick (or state load) read them."""
         self.hub = hub or EndpointHub(clock.wall)
         self._model_at = model_at or (lambda name, revision: None)
         """A model as one of its revisions was (for an endpoint's context and max output)."""
@@ -132,37 +147,61 @@ class Controller(AgentEvents):
     # -- persistence ---------------------------------------------------------------------
 
     def _load(self) -> None:
-        """Replicas the fleet accepted before a restart; their nodes are unknown until their
+        """Replicas the fleet accepted before a restart (read as it starts, before it
+        serves)."""
+        self._loaded(self._stored())
+
+    def _stored(self) -> _Stored:
+        """The rows a fleet loads its state from (store calls only)."""
+        return _Stored(self._store.list_replicas(), self._store.list_rollouts())
+
+    def _stored_for_takeover(self) -> _Stored:
+        """The rows a fleet taking over loads, its desired sets' last version, the wants, and
+        the models of the replicas' revisions (so publishing their endpoints makes no store
+        call): store calls only, run off the loop on PostgreSQL."""
+        stored = self._stored()
+        stored.version = DesiredSets.stored_version(self._store)
+        stored.wants = self._wants()
+        for key in sorted({(rec.model, rec.revision) for rec in stored.replicas}):
+            self._model_at(*key)
+        return stored
+
+    def _loaded(self, stored: _Stored) -> None:
+        """Take the state from the stored rows: the nodes of replicas are unknown until their
         agents say hello (and are lost if they never do). Durations go on from the stored
         wall-clock times."""
         now, wall = self._clock.monotonic(), self._clock.wall()
-        for rec in self._store.list_replicas():
+        for rec in stored.replicas:
             r = replica_of(rec)
             r = replace(r, entered_s=now - max(wall - r.since_s, 0.0))
             self.state.replicas[r.id] = r
             for name in r.nodes:  # a gang's members' nodes too: each is lost if it never returns
                 if name not in self.state.nodes:
                     self.state.nodes[name] = NodeView(name=name, last_heard_s=now)
-        self._rollouts.load()
+        self._rollouts.load(stored.rollouts)
         log.info(
             "fleet_state_loaded", replicas=len(self.state.replicas), rollouts=len(self.rollouts)
         )
 
-    def reload(self) -> None:
+    async def reload(self) -> None:
         """Forget what is held in memory and load it again from the store: a fleet elected
         leader takes over the state its predecessor left (its agents say hello to it next).
-        Endpoints the store holds READY stay routable meanwhile: they were the last leader's
-        word, and the gateway should not lose them for a change of leader."""
+        The rows are read off the loop (on PostgreSQL), and only then is the state replaced,
+        at once: until then reads answer from the state followed so far. Endpoints the store
+        holds READY stay routable meanwhile: they were the last leader's word, and the gateway
+        should not lose them for a change of leader."""
+        stored = await self.calls.run(self._stored_for_takeover)
         self.state = FleetState()
         self._unsaved = {}
         self._failing = ""
-        self.desired = DesiredSets(self._store)
+        self.desired = DesiredSets(self._store, version=stored.version)
+        self._wants_read = stored.wants
         self._reloaded_s = self._clock.monotonic()
         self._trusting = True
         self._adopted_at = None
         if self.remote is not None:
             self.remote.reset()
-        self._load()
+        self._loaded(stored)
         self._publish_all()
 
     def followed(self) -> tuple[list[ReplicaRecord], list[RolloutRecord]]:
@@ -352,7 +391,8 @@ class Controller(AgentEvents):
                 )
                 view.phase, view.reason = phase, why
                 self._publish_node(view.name)
-        wants = self._wants()
+        # A store call when the catalog changed: off the loop on PostgreSQL.
+        wants = self._wants_read = await self.calls.run(self._wants)
         await self._adopt(wants, now)
         self._apply_all(
             await self._rollouts.advance(
