@@ -385,6 +385,39 @@ class PostgresStore:
         return None if record.deleted else record
 
     @_guarded
+    def model_to_change(
+        self, name: str, states: Sequence[str]
+    ) -> tuple[ModelRecord | None, list[RolloutRecord]]:
+        """The model's latest revision and its rollouts in `states` (Store.model_to_change):
+        both statements sent before either answer is read, so one round trip."""
+        where, params = rollout_filter(name, states, "%s")
+        with self.link.connection() as conn, self._pipelined(conn):
+            model = conn.execute(
+                f"SELECT {MODEL_COLUMNS} FROM model_revisions WHERE name = %s"
+                " ORDER BY revision DESC LIMIT 1",
+                (name,),
+            )
+            rollouts = conn.execute(
+                f"SELECT {ROLLOUT_COLUMNS} FROM rollouts{where} ORDER BY created_at DESC, id DESC",
+                params,
+            )
+            row = model.fetchone()
+            rows = rollouts.fetchall()
+        record = None if row is None else model_of_row(self.where, row)
+        return (None if record is None or record.deleted else record), self._readable(
+            rows, rollout_of_row
+        )
+
+    @contextmanager
+    def _pipelined(self, conn: psycopg.Connection[tuple[Any, ...]]) -> Iterator[None]:
+        """Statements sent together: a pipeline (inside `atomic`, its own)."""
+        if self.link.pinned() is not None:
+            yield
+            return
+        with conn.pipeline():
+            yield
+
+    @_guarded
     def list_models(self) -> list[ModelRecord]:
         """Every current (latest, not deleted) model, by name."""
         with self.link.connection() as conn:

@@ -671,6 +671,26 @@ def test_rollouts_are_listed_newest_first_by_model(store: Store) -> None:
     assert [r.id for r in store.list_rollouts("m1", states=("RUNNING",))] == ["ro-c", "ro-a"]
 
 
+def test_what_a_change_reads_first_is_the_latest_revision_and_its_rollouts(store: Store) -> None:
+    """model_to_change answers as get_model and list_rollouts of the model's `states` do,
+    within an atomic block too: nothing for a model never written, no revision once deleted
+    (its rollouts still listed)."""
+    assert store.model_to_change("llama-3.1-8b", ("RUNNING",)) == (None, [])
+    store.put_model(model(), expect_revision=0)
+    store.put_model(model(updated_by="bob@example.com"), expect_revision=1)
+    for rid, state, at in [("ro-a", "SUCCEEDED", 10.0), ("ro-b", "RUNNING", 20.0)]:
+        store.put_rollout(RolloutRecord(rid, "llama-3.1-8b", state, {}, at, at))
+    store.put_rollout(RolloutRecord("ro-c", "other", "RUNNING", {}, 30.0, 30.0))
+    latest, running = store.model_to_change("llama-3.1-8b", ("PENDING", "RUNNING"))
+    assert latest == store.get_model("llama-3.1-8b") and latest is not None
+    assert latest.revision == 2 and [r.id for r in running] == ["ro-b"]
+    with store.atomic():
+        assert store.model_to_change("llama-3.1-8b", ("PENDING", "RUNNING")) == (latest, running)
+    store.put_model(model(deleted=True), expect_revision=2)
+    gone, still = store.model_to_change("llama-3.1-8b", ("RUNNING", "SUCCEEDED"))
+    assert gone is None and [r.id for r in still] == ["ro-b", "ro-a"]
+
+
 def test_a_rollout_request_is_kept_until_carried_out(store: Store) -> None:
     """Requests to cancel a rollout are listed oldest first, a repeated id is kept once, and
     they are gone once deleted, in one transaction with other writes."""
