@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import structlog
@@ -49,8 +49,9 @@ MAX_BURST = 20
 """Ticks in a row a controller runs without waiting while each changes something."""
 ADOPT_POLL_S = 2.0
 """A tick reads the store for pending rollouts and requests when a change was announced, when
-the catalog's revisions moved (a pending rollout commits with its revision), and otherwise at
-least this often (what another fleet committed just before it lost its lease)."""
+the catalog's revisions moved (a pending rollout commits with its revision; not for a revision
+this fleet committed handing nothing over), and otherwise at least this often (what another
+fleet committed just before it lost its lease)."""
 FLUSH_ROUNDS = 3
 """Flushes a tick makes at most before dispatching, while agents' reports keep changing
 replicas during the writes (those changes are of stored replicas: only a tick creates or
@@ -89,11 +90,15 @@ class Controller(AgentEvents):
         new_id: Callable[[], str] | None = None,
         start_timeout_s: float = 600.0,
         model_at: Callable[[str, int], Model | None] | None = None,
+        kept_wants: Callable[[], list[ProfileWant] | None] | None = None,
     ) -> None:
         self._store = store
         self._wants = wants
         self._wants_read: list[ProfileWant] | None = None
         """The wants as the last tick (or state load) read them."""
+        self._kept_wants = kept_wants or (lambda: None)
+        """The wants when `wants` would answer them without a store call (else None): a
+        tick then needs no hop to the controller's thread for them."""
         self.hub = hub or EndpointHub(clock.wall)
         self._model_at = model_at or (lambda name, revision: None)
         """A model as one of its revisions was (for an endpoint's context and max output)."""
@@ -121,7 +126,10 @@ class Controller(AgentEvents):
         """The last of those the controller has taken up from the store."""
         self._adopted_at: tuple[float, tuple[tuple[str, int], ...]] | None = None
         """When the store was last read for pending rollouts, and the catalog's revisions
-        then (None: not yet since this fleet loaded its state)."""
+        since (None: not yet since this fleet loaded its state)."""
+        self._plain: set[tuple[str, int]] = set()
+        """(model, revision)s the API side committed with nothing for the controller
+        (`handed_nothing`): their moving the revisions is no reason to read the store."""
         self._adoption = asyncio.Event()
         """Set (and replaced) whenever the controller took up what was committed."""
         self._running = False
@@ -199,6 +207,7 @@ class Controller(AgentEvents):
         self._reloaded_s = self._clock.monotonic()
         self._trusting = True
         self._adopted_at = None
+        self._plain = set()
         if self.remote is not None:
             self.remote.reset()
         self._loaded(stored)
@@ -287,6 +296,14 @@ class Controller(AgentEvents):
         self._asked += 1
         self.wake()
         return self._asked
+
+    def handed_nothing(self, revisions: Iterable[tuple[str, int]]) -> None:
+        """The API side committed these (model, revision)s with no rollout or request for the
+        controller: wake the loop for the wants, with no need to look in the store for
+        pending work because they moved (nothing can wait there for a revision whose
+        transaction wrote none)."""
+        self._plain.update(revisions)
+        self.wake()
 
     async def adopted(self, ticket: int, timeout_s: float) -> bool:
         """Wait until a tick took up everything committed before `ticket` was given, at most
@@ -392,7 +409,10 @@ class Controller(AgentEvents):
                 view.phase, view.reason = phase, why
                 self._publish_node(view.name)
         # A store call when the catalog changed: off the loop on PostgreSQL.
-        wants = self._wants_read = await self.calls.run(self._wants)
+        wants = self._kept_wants()
+        if wants is None:
+            wants = await self.calls.run(self._wants)
+        self._wants_read = wants
         await self._adopt(wants, now)
         self._apply_all(
             await self._rollouts.advance(
@@ -425,15 +445,17 @@ class Controller(AgentEvents):
         passed."""
         revisions = tuple(sorted({(w.model, w.revision) for w in wants}))
         last = self._adopted_at
-        if (
-            self._adopted == self._asked
-            and last is not None
-            and last[1] == revisions
-            and now - last[0] < ADOPT_POLL_S
-        ):
-            return
+        if self._adopted == self._asked and last is not None and now - last[0] < ADOPT_POLL_S:
+            moved = set(revisions) - set(last[1])
+            gone = {model for model, _ in set(last[1]) - set(revisions)}
+            if moved <= self._plain and gone <= {model for model, _ in self._plain}:
+                # Nothing moved but to revisions this fleet committed handing nothing over.
+                self._plain -= moved
+                self._adopted_at = (last[0], revisions)
+                return
         asked = self._asked
         self._apply_all(await self._rollouts.adopt(wants, self.state.replicas))
+        self._plain = set()  # a read of the store explains every revision up to now
         self._adopted, self._adopted_at = asked, (now, revisions)
         adoption, self._adoption = self._adoption, asyncio.Event()
         adoption.set()

@@ -22,7 +22,7 @@ from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.reports import Observed
 from fleet_svc.domain.rollout import RolloutState, Strategy
 from fleet_svc.planner import Planned
-from fleet_svc.store.base import StoreUnavailable
+from fleet_svc.store.base import RolloutRequest, StoreUnavailable
 from fleet_svc.store.rows import rollout_record
 from fleet_svc.store.sqlite import SQLiteStore
 from llmgw.model import Inventory, Model, Profile
@@ -407,6 +407,34 @@ async def test_an_answer_without_a_fingerprint_matches_no_request(fleet: Fleet) 
     with pytest.raises(errors.RequestIdReused):
         await fleet.app.once("old", "SetContext", "any", answers(runs))
     assert runs == []
+
+
+async def test_a_change_handing_nothing_over_is_taken_up_without_looking_for_pending_work(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change with no rollout (one replica more of the same spec) reaches the next tick's
+    wants, which places the new replica without reading the store's pending rollouts and
+    requests; a change with a rollout is taken up from the store by the next tick."""
+    reads: list[int] = []
+    listed = fleet.store.list_rollout_requests
+
+    def counted() -> list[RolloutRequest]:
+        reads.append(1)
+        return listed()
+
+    monkeypatch.setattr(fleet.store, "list_rollout_requests", counted)
+    more = ENTRY.with_model(replace(ENTRY.model, profiles=(replace(PROFILE, replicas=2),)))
+
+    async def scale() -> Callable[[], bytes]:
+        return lambda: fleet.app.update_model(more, "", by()).revision.etag.encode()
+
+    await fleet.app.once("", "UpdateModel", "f", scale)
+    fleet.controller.tick()
+    assert reads == []
+    assert sorted(r.revision for r in fleet.controller.state.replicas.values()) == [1, 2]
+    _, applied = await set_gpus(fleet, "m", gpus=2, profile="", etag="", options=by())
+    assert applied.rollout_id and reads == [1]
+    assert fleet.controller.running_rollout("m") is not None
 
 
 async def test_a_change_and_its_request_id_are_one_transaction(fleet: Fleet) -> None:

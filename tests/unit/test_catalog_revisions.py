@@ -98,3 +98,38 @@ def test_wants_read_across_a_change_are_not_kept(tmp_path: Path) -> None:
     assert second is not None and second.max_output == 7
     assert store.histories == 0
     store.close()
+
+
+class CountingStore(SQLiteStore):
+    """A SQLite store that counts the catalog's listings."""
+
+    listings = 0
+
+    def list_models(self) -> list[ModelRecord]:
+        self.listings += 1
+        return super().list_models()
+
+
+def test_a_transactions_revisions_reach_the_wants_once_committed_without_a_listing(
+    tmp_path: Path,
+) -> None:
+    """Revisions written in a deferred block leave the kept wants as they were (the write may
+    yet roll back); told committed, the wants hold them with no listing of the catalog, and a
+    revision told after a later one of the same model changes nothing."""
+    store = CountingStore(tmp_path / "fleet.db")
+    catalog = Catalog(store, lambda: 1.0)
+    catalog.write(SERVED, "t", 0)
+    assert [w.revision for w in catalog.wants()] == [1] and store.listings == 1
+    with catalog.deferred() as second:
+        catalog.write(SERVED.with_model(replace(SERVED.model, max_output=7)), "t", 1)
+    assert [w.revision for w in catalog.wants()] == [1]
+    with catalog.deferred() as third:
+        catalog.write(SERVED.with_model(replace(SERVED.model, max_output=8)), "t", 2)
+    catalog.committed(third)
+    catalog.committed(second)
+    assert [w.revision for w in catalog.wants()] == [3] and store.listings == 1
+    with catalog.deferred() as gone:
+        catalog.write(SERVED, "t", 3, deleted=True)
+    catalog.committed(gone)
+    assert catalog.wants() == [] and store.listings == 1
+    store.close()
