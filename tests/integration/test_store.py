@@ -69,24 +69,30 @@ def _sqlite_backend(path: Path) -> Backend:
     return Backend("sqlite", str(path), lambda: SQLiteStore(path, clock=lambda: CLOCK), raw)
 
 
-def _postgres_backend(dsn: str) -> Backend:
+def _postgres_backend(dsn: str, *, pipelined: bool = False) -> Backend:
     def raw(statement: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         with psycopg.connect(dsn, autocommit=True) as conn:
             cur = conn.execute(statement.replace("?", "%s").encode(), params)
             return cur.fetchall() if cur.description else []
 
-    return Backend("postgresql", dsn, lambda: PostgresStore(dsn, clock=lambda: CLOCK), raw)
+    def opener() -> Store:
+        opened = PostgresStore(dsn, clock=lambda: CLOCK)
+        opened.pipelining = pipelined  # the test server is on this machine: not by default
+        return opened
+
+    return Backend("postgresql", dsn, opener, raw)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", "postgresql-pipelined"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """Each store's database, fresh: a file in a temporary folder, or a new PostgreSQL
-    database dropped after the test."""
+    database dropped after the test (its statements sent one at a time, as to a server on
+    this machine, or pipelined, as to one on another host)."""
     if request.param == "sqlite":
         yield _sqlite_backend(tmp_path / "fleet.db")
     else:
         with fresh_database() as (_name, dsn):
-            yield _postgres_backend(dsn)
+            yield _postgres_backend(dsn, pipelined=request.param == "postgresql-pipelined")
 
 
 @pytest.fixture

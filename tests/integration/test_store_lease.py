@@ -46,10 +46,15 @@ def test_one_holder_at_a_time_and_a_new_epoch_at_each_change(dsn: str) -> None:
         assert (after.mine, after.holder, after.epoch) == (False, "b", 2)
 
 
-def test_a_write_fenced_with_an_old_epoch_is_refused_and_not_made(dsn: str) -> None:
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_a_write_fenced_with_an_old_epoch_is_refused_and_not_made(
+    dsn: str, pipelined: bool
+) -> None:
     """Once B took over, A's writes fenced with epoch 1 are refused naming B and its address,
-    and none lands; B's writes with epoch 2 are made; unfenced writes are not checked."""
+    and none lands; B's writes with epoch 2 are made; unfenced writes are not checked (with
+    A's statements sent one at a time or pipelined)."""
     with PostgresStore(dsn) as a, PostgresStore(dsn) as b:
+        a.pipelining = pipelined
         a.fence(a.acquire_lease("a", "a:1", 0.3).epoch)
         a.put_value("by", "a")
         time.sleep(0.5)
