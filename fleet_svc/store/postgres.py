@@ -359,8 +359,8 @@ class PostgresStore:
         """The scope of one write: inside `atomic`, its transaction (fenced at its start, its
         share lock on the lease held until it ends: no savepoint, no second check); else a
         transaction checking the fence first when fenced (or when the write needs one anyway),
-        pipelined (BEGIN and the fence's read in one round trip, the writes and COMMIT in
-        another); else the bare autocommit statement(s)."""
+        pipelined when `pipelining` (BEGIN and the fence's read in one round trip, the writes
+        and COMMIT in another); else the bare autocommit statement(s)."""
         if self.link.pinned() is not None:
             yield
             return
@@ -394,7 +394,8 @@ class PostgresStore:
         self, name: str, states: Sequence[str]
     ) -> tuple[ModelRecord | None, list[RolloutRecord]]:
         """The model's latest revision and its rollouts in `states` (Store.model_to_change):
-        both statements sent before either answer is read, so one round trip."""
+        when `pipelining`, both statements are sent before either answer is read (one round
+        trip)."""
         where, params = rollout_filter(name, states, "%s")
         with self.link.connection() as conn, self._pipelined(conn):
             model = conn.execute(
@@ -492,8 +493,9 @@ class PostgresStore:
             return
         try:
             self.link.fail_fast()
-            # Pipelined: statements whose results the block does not read wait to go with the
-            # next one it does (BEGIN with the fence's read; the last writes with COMMIT).
+            # Pipelined (when `pipelining`): statements whose results the block does not read
+            # wait to go with the next one it does (BEGIN with the fence and the first read;
+            # the last writes with COMMIT).
             with (
                 self.link.connection() as conn,
                 self.link.pin(conn),
@@ -502,7 +504,8 @@ class PostgresStore:
             ):
                 if self._fence is not None:
                     # Sent now (its share lock is taken before any write of the block), read
-                    # with the block's first answer (_settle_fence): no round trip of its own.
+                    # with the block's first answer (_settle_fence): pipelined, no round trip
+                    # of its own.
                     self._unsettled.fence = (
                         conn.execute(FENCE_QUERY, (LEASE_NAME,)),
                         self._fence,
@@ -519,7 +522,8 @@ class PostgresStore:
 
     def _settle_fence(self) -> None:
         """Inside `atomic`: refuse to go on unless the fence sent at its start holds (read once,
-        after the first statement whose answer was read: it came back in the same batch).
+        after the first statement whose answer was read: pipelined, it came back in the same
+        batch).
 
         Raises:
             NotLeader: the epoch is over; the block's transaction is rolled back.
