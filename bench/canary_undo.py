@@ -80,6 +80,12 @@ async def trial(
     abort: bool,
 ) -> float:
     """One canary ended by a burst (or an abort): seconds from the call to full old weight."""
+    # What "back" means is taken before the change, from a table that has settled on one
+    # revision (the last trial's canary has left it): once the change is asked for, its canary
+    # replica may reach the table before the answer reaches this trial (a loaded machine).
+    await wait_for(lambda: _true(len(by_revision(router)) == 1), "the table on one revision", 60)
+    old = {ep.revision for ep in router.table.values()}
+    full = sum(100 * ep.cards for ep in router.table.values())
     answer = await stub.SetContext(
         fleet_pb2.SetContextRequest(
             name=MODEL,
@@ -91,8 +97,6 @@ async def trial(
         timeout=30,
     )
     new = answer.model.revision
-    old = {ep.revision for ep in router.table.values()}
-    full = sum(100 * ep.cards for ep in router.table.values())
 
     async def canary_routed() -> bool:
         w = by_revision(router)
@@ -119,7 +123,10 @@ async def trial(
                 lambda ep: Seen(requests=50, errors_5xx=20 if ep.revision == new else 0),
             )
         if time.perf_counter() - start > BACK_WITHIN_S:
-            raise RuntimeError(f"the old revision was not back at full weight in {BACK_WITHIN_S} s")
+            raise RuntimeError(
+                f"the old revision was not back at full weight in {BACK_WITHIN_S} s: "
+                + await _state(stub, router, answer.rollout_id)
+            )
         await asyncio.sleep(0.002)
     took = time.perf_counter() - start
 
@@ -129,6 +136,21 @@ async def trial(
 
     await wait_for(retired, "the canary replica retired", 60)
     return took
+
+
+async def _state(
+    stub: fleet_pb2_grpc.FleetServiceAsyncStub, router: Router, rollout_id: str
+) -> str:
+    """What the fleet and the routing table hold, for a trial that failed: whether the fleet
+    did not act or the table did not hear of it."""
+    try:
+        got = await stub.GetRollout(fleet_pb2.GetRolloutRequest(id=rollout_id), timeout=10)
+        ro = got.rollout
+        rollout = f"rollout {ro.id} {fleet_pb2.RolloutState.Name(ro.state)} ({ro.reason!r})"
+    except grpc.aio.AioRpcError as err:
+        rollout = f"GetRollout failed: {err.code().name} {err.details()}"
+    table = {ep.replica_id: (ep.revision, ep.weight) for ep in router.table.values()}
+    return f"{rollout}; routing table seq {router.seq}: {table}"
 
 
 async def measure(trials: int, folder: Path) -> dict[str, float]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import sys
 
 from fleet_svc.answers import REQUEST_ID_WINDOW_S
@@ -187,6 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(log_format(opts) == "json")
     tracing = None
     from fleet_svc.server import FleetOptions, serve
+
+    # What the imports built lives as long as the process: frozen out of the collector's
+    # view, so a full collection (a catalog change of 1,000 replicas sets one off) walks only
+    # what the fleet holds, not every module's objects too (a third of the objects a full
+    # collection walked with 1,000 agents connected, measured with gc callbacks).
+    gc.collect()
+    gc.freeze()
 
     try:
         tracing = configure_tracing("llmgw-fleet", opts.trace)

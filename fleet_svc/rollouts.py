@@ -6,6 +6,7 @@ the controller's StoreCalls (off the loop on PostgreSQL), one at a time and in o
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
@@ -27,11 +28,11 @@ from fleet_svc.domain.rollout import (
     Stage,
     in_canary,
 )
-from fleet_svc.domain.rollout import advance as advance_rollout
-from fleet_svc.domain.rollout import cancel as cancel_rollout
+from fleet_svc.domain.rollout_run import advance as advance_rollout
+from fleet_svc.domain.rollout_run import cancel as cancel_rollout
 from fleet_svc.store.base import RolloutRecord, RolloutRequest, Store
-from fleet_svc.store.canary_rows import canary_doc, revision_figures
-from fleet_svc.store.rows import load_rollout, rollout_record
+from fleet_svc.store.canary_rows import revision_figures
+from fleet_svc.store.rows import event_doc, load_rollout, rollout_record
 from fleet_svc.store_calls import StoreCalls
 from llmgw.clock import Clock
 
@@ -167,13 +168,17 @@ class Rollouts:
             self.running[rollout_id] = await self.save(promoted, events)
             log.info("canary_promoted", rollout_id=rollout_id, full=full, by=by)
 
-    def weights(self, model: str, endpoints: Mapping[str, tuple[int, int]]) -> dict[str, int]:
-        """The weights of a model's routable endpoints (replica id -> (revision, own
-        weight)): split by its canary's step while one is judged, else their own."""
+    def weights(
+        self, model: str
+    ) -> Callable[[Mapping[str, tuple[int, int]]], dict[str, int]] | None:
+        """How the weights of a model's routable endpoints are split (fleet_svc.watch.Weigher):
+        by its canary's step while one is judged; None (their own) otherwise."""
         ro = self.of_model(model)
         if ro is None or ro.canary is None or not in_canary(ro):
-            return {rid: w for rid, (_rev, w) in endpoints.items()}
-        return split_weights(endpoints, ro.to_revision, ro.canary.weight_percent)
+            return None
+        return functools.partial(
+            split_weights, new_revision=ro.to_revision, percent=ro.canary.weight_percent
+        )
 
     async def _judge(
         self, ro: Rollout, replicas: Mapping[str, ReplicaState], now_s: float
@@ -246,21 +251,8 @@ class Rollouts:
         """The store calls of `save`: the rollout's row, then its events in order."""
         self._store.put_rollout(rollout_record(ro))
         for e in events:
-            self._store.append_event(
-                ro.id,
-                wall,
-                {
-                    "kind": e.kind.value,
-                    "profile": e.profile,
-                    "replica_id": e.replica_id,
-                    "node": e.node,
-                    "gpus": list(e.gpus),
-                    "mode": e.mode.value,
-                    "message": e.message,
-                    "state": (ro.state if e.kind in ENDINGS else RolloutState.RUNNING).value,
-                    **({"canary": canary_doc(e.canary)} if e.canary is not None else {}),
-                },
-            )
+            state = ro.state if e.kind in ENDINGS else RolloutState.RUNNING
+            self._store.append_event(ro.id, wall, event_doc(e, state))
 
     def _ended(self, ro: Rollout) -> None:
         for listener in self.on_end:

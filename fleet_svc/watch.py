@@ -64,13 +64,16 @@ class EndpointEvent:
         return self.endpoint.model if self.endpoint is not None else ""
 
 
-Weigher = Callable[[str, Mapping[str, tuple[int, int]]], Mapping[str, int]]
-"""(model, replica id -> (revision, own weight)) -> replica id -> the weight to publish."""
+Split = Callable[[Mapping[str, tuple[int, int]]], Mapping[str, int]]
+"""(replica id -> (revision, own weight)) -> replica id -> the weight to publish."""
+Weigher = Callable[[str], Split | None]
+"""A model -> how its endpoints' weights are split now (a canary's step), or None when each
+endpoint keeps its own weight."""
 
 
-def own_weights(model: str, endpoints: Mapping[str, tuple[int, int]]) -> Mapping[str, int]:
+def no_split(model: str) -> Split | None:
     """Every endpoint keeps its own weight (no canary)."""
-    return {rid: w for rid, (_rev, w) in endpoints.items()}
+    return None
 
 
 class WatcherTooSlow(Exception):
@@ -105,8 +108,13 @@ class EndpointHub:
         """The routable endpoints as put, with their own weights (`_ready` as published)."""
         self._of_model: dict[str, set[str]] = {}
         """Model -> the replica ids of its endpoints in `_own`."""
-        self.weigh: Weigher = own_weights
+        self.weigh: Weigher = no_split
         """What decides the published weights of a model's endpoints (a canary's split)."""
+        self._split: set[str] = set()
+        """Models whose endpoints were last published at split weights; every other model's
+        are published at their own weights, so a put or remove of one endpoint of such a model
+        changes no other's and is published alone (a model of N endpoints turning ready one
+        by one is N events, not N² comparisons)."""
         self._seq = 0
         self._history: deque[EndpointEvent] = deque(maxlen=max(history, 1))
         self._watchers: set[asyncio.Queue[EndpointEvent | None]] = set()
@@ -144,11 +152,17 @@ class EndpointHub:
             self._of_model.get(was.model, set()).discard(endpoint.replica_id)
         self._own[endpoint.replica_id] = endpoint
         self._of_model.setdefault(endpoint.model, set()).add(endpoint.replica_id)
-        self.reweigh(endpoint.model, first=endpoint.replica_id)
+        if endpoint.model in self._split or self.weigh(endpoint.model) is not None:
+            self.reweigh(endpoint.model, first=endpoint.replica_id)
+            return
+        old = self._ready.get(endpoint.replica_id)
+        if old != endpoint:
+            self._ready[endpoint.replica_id] = endpoint
+            self._publish(EventKind.ADDED if old is None else EventKind.UPDATED, endpoint)
 
     def remove(self, replica_id: str, reason: EndpointReason) -> None:
         """An endpoint must no longer be routed to: REMOVED with `reason` (before it stops);
-        the model's other endpoints are weighed again."""
+        the model's other endpoints are weighed again while its weights are split."""
         own = self._own.pop(replica_id, None)
         if own is not None:
             ids = self._of_model.get(own.model, set())
@@ -158,7 +172,8 @@ class EndpointHub:
         old = self._ready.pop(replica_id, None)
         if old is not None:
             self._publish(EventKind.REMOVED, old, reason)
-            self.reweigh(old.model)
+            if old.model in self._split or self.weigh(old.model) is not None:
+                self.reweigh(old.model)
 
     def reweigh(self, model: str = "", *, first: str = "") -> None:
         """Publish the weights `weigh` gives each endpoint of `model` (every model's when ""):
@@ -167,10 +182,18 @@ class EndpointHub:
         models = [model] if model else sorted(self._of_model)
         for name in models:
             mine = {rid: self._own[rid] for rid in self._of_model.get(name, ())}
-            weights = self.weigh(name, {rid: (e.revision, e.weight) for rid, e in mine.items()})
+            split = self.weigh(name)
+            if split is None:
+                self._split.discard(name)
+                weights: Mapping[str, int] = {}
+            else:
+                self._split.add(name)
+                weights = split({rid: (e.revision, e.weight) for rid, e in mine.items()})
             order = sorted(mine, key=lambda rid: (rid != first, rid))
             for rid in order:
-                want = replace(mine[rid], weight=weights.get(rid, mine[rid].weight))
+                own = mine[rid]
+                weight = weights.get(rid, own.weight)
+                want = own if weight == own.weight else replace(own, weight=weight)
                 old = self._ready.get(rid)
                 if old == want:
                     continue

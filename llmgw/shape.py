@@ -193,10 +193,6 @@ class ModelShape:
     """Each distinct layer geometry (first appearance first) and how many layers have it."""
     has_recurrent: bool = field(init=False, compare=False, repr=False)
     """Whether some layer keeps recurrent state (a hybrid or recurrent model)."""
-    sizing_memo: dict[object, object] = field(init=False, compare=False, repr=False)
-    """What sizing works out once per shape and setting (tensor parallel size, cache type),
-    never per context: `engines.kvcache` keeps it here, bounded, so it lives as long as the
-    shape and no longer."""
 
     def __post_init__(self) -> None:
         # Models repeat a few layer geometries many times: share one object per geometry, so
@@ -219,7 +215,6 @@ class ModelShape:
         object.__setattr__(
             self, "has_recurrent", any(la.kind is LayerKind.RECURRENT for la in layers)
         )
-        object.__setattr__(self, "sizing_memo", {})
 
     @property
     def block_count(self) -> int:

@@ -16,7 +16,12 @@ RESEND_S = 5.0
 """A desired set not acknowledged within this long is sent again (it is idempotent)."""
 
 VERSION_KEY = "desired_version"
-"""The store's named value holding the newest version handed out."""
+"""The store's named value: no version handed out is above it."""
+VERSION_BLOCK = 1024
+"""Versions reserved in the store at a time: the stored value is raised a block ahead of the
+newest version handed out, so a tick's sets go out without a store write of their own (one
+in about a block of versions), as a database sequence caches its values; a restart skips what
+was left of the block."""
 
 
 def desired_by_node(replicas: Iterable[ReplicaState]) -> dict[str, list[ReplicaState]]:
@@ -60,27 +65,37 @@ class DesiredSets:
     newest handed out is kept in the store), so an agent can tell a newer set from an older."""
 
     def __init__(self, store: Store, *, version: int | None = None) -> None:
-        """Versions go on after `version`, the last one handed out (None: read from the
-        store here, a store call)."""
+        """Versions go on after `version`, the last one the store reserved (None: read from
+        the store here, a store call)."""
         self._store = store
         self._pushed: dict[str, _Pushed] = {}
-        last = self.stored_version(store) if version is None else version
-        self._version = itertools.count(last + 1)
+        self._unacked: dict[str, float] = {}
+        """Nodes sent a set not acknowledged yet, and when it was sent."""
+        self._reserved = self.stored_version(store) if version is None else version
+        """The stored value: every version up to it may have been handed out."""
+        self._version = itertools.count(self._reserved + 1)
 
     @staticmethod
     def stored_version(store: Store) -> int:
-        """The last version handed out, as the store keeps it (0: none yet)."""
+        """The versions reserved in the store: every one up to it may have been handed out
+        (0: none yet)."""
         return int(store.get_value(VERSION_KEY) or 0)
 
     def reconnected(self, node: str) -> None:
         """A node's agent said hello: its set is sent again in full."""
         self._pushed[node] = _Pushed()
+        self._unacked.pop(node, None)
 
     def acknowledged(self, node: str, version: int) -> None:
         """A node's agent acknowledged `version`."""
         pushed = self._pushed.get(node)
         if pushed is not None and pushed.version == version:
             pushed.acked = True
+            self._unacked.pop(node, None)
+
+    def resend_due(self, now_s: float) -> bool:
+        """Whether a set sent is not acknowledged after RESEND_S (monotonic `now_s`)."""
+        return any(now_s - sent_s >= RESEND_S for sent_s in self._unacked.values())
 
     def due(
         self,
@@ -90,9 +105,12 @@ class DesiredSets:
     ) -> list[Send]:
         """The sets to send now to the connected `nodes`: each whose replicas (or their
         revisions) changed, or not acknowledged within RESEND_S, recorded as sent at `now_s`
-        (monotonic). The same set sent again keeps its version; `remember` stores the newest
-        before they go out."""
+        (monotonic). The same set sent again keeps its version; `remember` reserves the newest
+        in the store before they go out, when `store_due` says so."""
         out = []
+        nodes = list(nodes)
+        for gone in self._unacked.keys() - set(nodes):
+            del self._unacked[gone]  # its agent left: nothing waits on it now
         for node in nodes:
             want = desired.get(node, ())
             # A gang's member is sent again when its peers' addresses become known.
@@ -104,10 +122,20 @@ class DesiredSets:
             version = pushed.version if same else next(self._version)
             out.append(Send(node, version, want))
             self._pushed[node] = _Pushed(version=version, key=key, sent_s=now_s, acked=False)
+            self._unacked[node] = now_s
         return out
 
+    def store_due(self, sends: Sequence[Send]) -> bool:
+        """Whether `remember` must write before `sends` go out: the newest among them is
+        past the versions reserved in the store."""
+        return bool(sends) and max(s.version for s in sends) > self._reserved
+
     def remember(self, sends: Sequence[Send]) -> None:
-        """Store the newest version among `sends` (a store call: the controller runs it off
-        the loop on PostgreSQL), so versions go on growing after a restart."""
-        if sends:
-            self._store.put_value(VERSION_KEY, str(max(s.version for s in sends)))
+        """Reserve versions past the newest among `sends` in the store, when it is past those
+        reserved already (a store call: the controller runs it off the loop on PostgreSQL),
+        so versions go on growing after a restart."""
+        top = max((s.version for s in sends), default=0)
+        if top > self._reserved:
+            reserved = top + VERSION_BLOCK
+            self._store.put_value(VERSION_KEY, str(reserved))
+            self._reserved = reserved

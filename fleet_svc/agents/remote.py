@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -100,6 +100,8 @@ class _Heard:
     link: StoredLink
     news: NodeNews
     heard_at: float
+    doc: Mapping[str, Any]
+    """The report `news` was decoded from."""
 
 
 class RemoteNodes:
@@ -176,13 +178,19 @@ class RemoteNodes:
         if same and heard is not None:
             if heard.link.closed:
                 return  # replaced since by a newer stream (here, or through another row)
+            if row.report is heard.doc:
+                # The store read the same report as last time (a refreshed row): only its
+                # heard_at can be news.
+                self._heard_at(row.node, heard, heard.news, row.heard_at, events)
+                return
             self._news(row.node, heard, news_of(row.node, row.report), row.heard_at, events)
+            heard.doc = row.report
             return
         if first and wall_now - row.heard_at >= self._liveness.grace_s:
             return  # a stream its holder stopped refreshing before this fleet loaded it
         news = news_of(row.node, row.report)
         link = StoredLink(row.node, row.holder, row.stream, self)
-        self._heard[row.node] = _Heard(link, news, row.heard_at)
+        self._heard[row.node] = _Heard(link, news, row.heard_at, row.report)
         events.agent_connected(news.view, list(news.observed.values()), link)
         if news.ack_version:
             events.acknowledged(row.node, news.ack_version, news.rejected)
@@ -192,17 +200,23 @@ class RemoteNodes:
         self, node: str, heard: _Heard, news: NodeNews, heard_at: float, events: AgentEvents
     ) -> None:
         old = heard.news
-        if heard_at > heard.heard_at:
-            # The agent spoke since the last row (a row refreshed over a silent stream is
-            # not a heartbeat: the node goes NOT_READY as a silent one here would).
-            events.heartbeat(node, news.view.cards, news.view.memory_free_bytes)
-            heard.heard_at = heard_at
+        self._heard_at(node, heard, news, heard_at, events)
         for rid, o in news.observed.items():
             if old.observed.get(rid) != o:
                 events.observe(node, o)
         if (news.ack_version, news.rejected) != (old.ack_version, old.rejected):
             events.acknowledged(node, news.ack_version, news.rejected)
         heard.news = news
+
+    @staticmethod
+    def _heard_at(
+        node: str, heard: _Heard, news: NodeNews, heard_at: float, events: AgentEvents
+    ) -> None:
+        if heard_at > heard.heard_at:
+            # The agent spoke since the last row (a row refreshed over a silent stream is
+            # not a heartbeat: the node goes NOT_READY as a silent one here would).
+            events.heartbeat(node, news.view.cards, news.view.memory_free_bytes)
+            heard.heard_at = heard_at
 
     async def push(self) -> None:
         """Write the desired sets queued since the last push, off the loop where the store

@@ -13,7 +13,7 @@ import structlog
 from fleet_svc.app.guarded import GuardedApp
 from fleet_svc.app.values import TRAFFIC_KEPT_S, Applied, ChangeOptions
 from fleet_svc.domain import errors
-from fleet_svc.domain.asked import context_asked, gpus_asked
+from fleet_svc.domain.asked import ContextAsk, GPUsAsk, context_asked, gpus_asked
 from fleet_svc.domain.canary import CanaryRun, Policy
 from fleet_svc.domain.catalog import Entry, Revision, changed_profiles, check_profiles, wants_of
 from fleet_svc.domain.rollout import Rollout, RolloutState, Strategy, mark_canaries, plan_steps
@@ -73,9 +73,10 @@ class FleetApp(GuardedApp):
     # -- planned changes -------------------------------------------------------------------------
 
     async def prepare_context(
-        self, name: str, *, tokens: int, slots: int, etag: str, options: ChangeOptions
+        self, name: str, ask: ContextAsk, *, etag: str, options: ChangeOptions
     ) -> tuple[Planned, Callable[[], Applied]]:
-        """Size a new context with the planner; the commit rolls it out (checked again).
+        """Size a new context (and batch) with the planner; the commit rolls it out (checked
+        again).
 
         Returns:
             The planner's answer, and the commit (FleetApp.once runs it in one transaction).
@@ -86,12 +87,10 @@ class FleetApp(GuardedApp):
             PlannerUnavailable, and the planner's refusals.
         """
         rev = await self.calls.run(self._changeable, name, etag, supersede=options.supersede)
-        planned = await self.planner.size_context(
-            rev.entry, self.inventory(), tokens=tokens, slots=slots
-        )
+        planned = await self.planner.size_context(rev.entry, self.inventory(), ask)
         # A no-op by what was asked: the planner's filled-in values are not written then.
         new = rev.model
-        if context_asked(rev.model, tokens=tokens, slots=slots):
+        if context_asked(rev.model, ask):
             self._checked(rev.name, planned, options)
             new = replace(
                 rev.model,
@@ -104,7 +103,7 @@ class FleetApp(GuardedApp):
         return planned, lambda: self._after_planning(rev, new, "context", options)
 
     async def prepare_gpus(
-        self, name: str, *, gpus: int, profile: str, etag: str, options: ChangeOptions
+        self, name: str, ask: GPUsAsk, *, etag: str, options: ChangeOptions
     ) -> tuple[Planned, Callable[[], Applied]]:
         """Plan `gpus` cards a replica with the planner; the commit rolls it out (as
         prepare_context).
@@ -113,10 +112,8 @@ class FleetApp(GuardedApp):
             as prepare_context.
         """
         rev = await self.calls.run(self._changeable, name, etag, supersede=options.supersede)
-        planned = await self.planner.plan_gpus(
-            rev.entry, self.inventory(), gpus=gpus, profile=profile
-        )
-        asked = gpus_asked(rev.model, gpus=gpus, profile=profile)
+        planned = await self.planner.plan_gpus(rev.entry, self.inventory(), ask)
+        asked = gpus_asked(rev.model, ask)
         if asked:
             self._checked(rev.name, planned, options)
         new = replace(rev.model, profiles=planned.profiles) if asked else rev.model

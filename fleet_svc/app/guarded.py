@@ -13,10 +13,10 @@ from fleet_svc.controller import Controller
 from fleet_svc.domain import errors
 from fleet_svc.domain.catalog import Revision
 from fleet_svc.domain.control import cards_in_use
-from fleet_svc.domain.rollout import Rollout, RolloutState
+from fleet_svc.domain.rollout import Rollout, RolloutEvent, RolloutState
 from fleet_svc.planner import Planner
 from fleet_svc.store.base import Store
-from fleet_svc.store.rows import load_rollout
+from fleet_svc.store.rows import load_event, load_rollout
 from fleet_svc.store_calls import StoreCalls
 from llmgw.model import Inventory, Node
 
@@ -238,6 +238,10 @@ class GuardedApp:
     def rollouts(self, model: str = "") -> list[Rollout]:
         """Rollouts of a model (every model when ""), newest first."""
         return [load_rollout(rec) for rec in self._store.list_rollouts(model)]
+
+    def rollout_events(self, rollout_id: str, after_seq: int = 0) -> list[RolloutEvent]:
+        """A rollout's stored events after `after_seq`, in order."""
+        return [load_event(rec) for rec in self._store.list_events(rollout_id, after_seq)]
 
     def undo_available(self, ro: Rollout) -> bool:
         """Whether UndoRollout would take the model back before `ro` now."""

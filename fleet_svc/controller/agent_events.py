@@ -31,6 +31,7 @@ class AgentEvents(ReplicaWrites):
 
     desired: DesiredSets
     _wake: asyncio.Event
+    _sets_moved: bool
 
     def _heard(self, node: str) -> NodeView | None:
         view = self.state.nodes.get(node)
@@ -55,6 +56,7 @@ class AgentEvents(ReplicaWrites):
         view.phase = NodePhase.READY
         self.state.nodes[view.name] = view
         self.desired.reconnected(view.name)
+        self._sets_moved = True
         seen = set()
         for o in observed:
             seen.add(o.replica_id)
@@ -71,6 +73,7 @@ class AgentEvents(ReplicaWrites):
         if self.state.links.get(node) is not link:
             return
         del self.state.links[node]
+        self._sets_moved = True
         view = self.state.nodes.get(node)
         if view is not None:
             view.connected = False

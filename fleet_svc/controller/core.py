@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
+import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import structlog
 
-from fleet_svc.agents.desired import DesiredSets, desired_by_node
+from fleet_svc.agents.desired import DesiredSets, Send, desired_by_node
 from fleet_svc.agents.remote import RemoteNodes
 from fleet_svc.controller.agent_events import AgentEvents
 from fleet_svc.controller.writes import FleetState
@@ -108,7 +108,8 @@ class Controller(AgentEvents):
         """How long a rollout's new replica may take to turn healthy."""
         self._tick_s = tick_s
         self._clock = clock
-        self._new_id = new_id or (lambda: "r-" + uuid.uuid4().hex[:10])
+        # 40 random bits, as the first ten hex digits of a uuid4 are, without making one.
+        self._new_id = new_id or (lambda: "r-" + secrets.token_hex(5))
         self.state = FleetState()
         self.calls = StoreCalls(store, workers=1, name="fleet-controller")
         """Where the controller's store calls run: one thread, so they keep their order."""
@@ -117,6 +118,9 @@ class Controller(AgentEvents):
         """Counts writes of fleet state; a tick that moved it is followed by another."""
         self._unsaved: dict[str, ReplicaState | None] = {}
         """Replicas changed (None: forgotten) since the last flush to the store."""
+        self._sets_moved = True
+        """Whether a node's desired set may have changed since the last dispatch (a replica
+        placed, started, stopped or forgotten, an agent come or gone, the state loaded)."""
         self._wake = asyncio.Event()
         self._rollouts = Rollouts(store, self.calls, clock, self._new_id)
         self.hub.weigh = self._rollouts.weights  # a canary's step splits its model's weight
@@ -179,6 +183,7 @@ class Controller(AgentEvents):
         agents say hello (and are lost if they never do). Durations go on from the stored
         wall-clock times."""
         now, wall = self._clock.monotonic(), self._clock.wall()
+        self._sets_moved = True
         for rec in stored.replicas:
             r = replica_of(rec)
             r = replace(r, entered_s=now - max(wall - r.since_s, 0.0))
@@ -228,6 +233,7 @@ class Controller(AgentEvents):
             r = replica_of(rec)
             replicas[r.id] = replace(r, entered_s=now - max(wall - r.since_s, 0.0))
         self.state.replicas = replicas
+        self._sets_moved = True
         self._publish_all()
         self._rollouts.follow(rollouts)
         self._settle_weights()
@@ -463,9 +469,15 @@ class Controller(AgentEvents):
     async def _dispatch(self, now: float) -> None:
         """Send each connected node its desired set when it changed (or was not acked), once
         the newest version is stored."""
-        desired = desired_by_node(self.state.replicas.values())
-        sends = self.desired.due(desired, list(self.state.links), now)
-        if sends:
+        sends: list[Send] = []
+        if self._sets_moved or self.desired.resend_due(now):
+            # Otherwise no set changed and none waits to be sent again: `due` would send
+            # nothing, and working that out reads every replica and node (a tick for each
+            # of 1,000 agents' reports during a change).
+            self._sets_moved = False
+            desired = desired_by_node(self.state.replicas.values())
+            sends = self.desired.due(desired, list(self.state.links), now)
+        if self.desired.store_due(sends):
             await self.calls.run(self.desired.remember, sends)
         # The traced stops by node, gathered once (not once a node: a change of 1,000
         # replicas is 1,000 sends).

@@ -27,7 +27,7 @@ from fleet_svc.domain.control import (
 )
 from fleet_svc.domain.endpoints import EndpointReason, endpoint_of, removal_reason, routable
 from fleet_svc.domain.nodes import NodePhase, NodeView
-from fleet_svc.domain.phases import IllegalTransition, ReplicaPhase, check_transition
+from fleet_svc.domain.phases import RUNNING, IllegalTransition, ReplicaPhase, check_transition
 from fleet_svc.domain.replicas import Member, ReplicaState, StartProgress
 from fleet_svc.rollouts import Rollouts
 from fleet_svc.watch import EndpointHub
@@ -69,6 +69,13 @@ class FleetState:
     observed_logs: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
+def _told(r: ReplicaState) -> tuple[object, ...]:
+    """What of a replica the nodes' desired sets follow (fleet_svc.agents.desired): where
+    it runs, on which cards, whether it runs, its revision, its spec and its gang's members.
+    A change of anything else (a READY report, a reason) changes no node's set."""
+    return (r.node, r.gpus, r.phase in RUNNING, r.revision, r.spec, r.members)
+
+
 class ReplicaWrites:
     """The controller's replica changes (fleet_svc.controller.core.Controller holds the
     state they change)."""
@@ -84,6 +91,7 @@ class ReplicaWrites:
     _changes: int
     _unsaved: dict[str, ReplicaState | None]
     _trusting: bool
+    _sets_moved: bool
 
     def _publish_all(self) -> None:
         for rid in set(self.hub.ready) - set(self.state.replicas):
@@ -97,7 +105,11 @@ class ReplicaWrites:
             # A new command for the agent (start it, or stop it): the request behind the
             # model's running rollout, if any.
             ro = self._rollouts.of_model(r.model)
-            r = replace(r, trace=ro.trace if ro is not None else "")
+            trace = ro.trace if ro is not None else ""
+            if r.trace != trace:
+                r = replace(r, trace=trace)
+        if old is None or _told(old) != _told(r):
+            self._sets_moved = True
         self._changes += 1
         self.state.replicas[r.id] = r
         self._unsaved[r.id] = r
@@ -168,6 +180,9 @@ class ReplicaWrites:
         new = replace(
             r,
             phase=phase,
+            # Entering a phase stamps it (one copy of the replica either way).
+            since_s=self._clock.wall() if moved else r.since_s,
+            entered_s=self._clock.monotonic() if moved else r.entered_s,
             reason=reason if moved else r.reason,
             node=r.node if node is None else node,
             gpus=r.gpus if gpus is None else gpus,
@@ -186,7 +201,6 @@ class ReplicaWrites:
             ),
         )
         if moved:
-            new = replace(new, since_s=self._clock.wall(), entered_s=self._clock.monotonic())
             log.info(
                 "replica_moved",
                 replica=r.id,
@@ -202,6 +216,7 @@ class ReplicaWrites:
 
     def _forget(self, replica_id: str) -> None:
         self._changes += 1
+        self._sets_moved = True
         r = self.state.replicas.pop(replica_id, None)
         if r is not None:
             if replica_id in self.hub:

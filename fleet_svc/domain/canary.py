@@ -21,6 +21,8 @@ too little traffic says nothing, so the step holds, as Flagger halts advancement
 DEFAULT_MAX_ERROR_RATIO = 0.01
 """Flagger's example `request-success-rate` check holds the success rate at 99 %."""
 MAX_STEPS = 20
+WEEK_S = 7 * 86400
+"""The longest a step may last or hold (a canary is not a way to park a rollout)."""
 MAX_BUCKETS = 64
 
 
@@ -45,6 +47,7 @@ class Policy:
     max_p99_ttft_ms: float = 0.0
     max_p99_itl_ms: float = 0.0
     max_context_refusal_ratio: float = 0.0
+    max_hold_s: float = 0.0
 
 
 def policy_of(
@@ -57,6 +60,7 @@ def policy_of(
     max_p99_ttft_ms: float = 0.0,
     max_p99_itl_ms: float = 0.0,
     max_context_refusal_ratio: float = 0.0,
+    max_hold_s: float = 0.0,
 ) -> Policy:
     """A policy from a request's fields, 0 (or empty) taking the default.
 
@@ -81,15 +85,30 @@ def policy_of(
         "max_p99_ttft_ms": max_p99_ttft_ms,
         "max_p99_itl_ms": max_p99_itl_ms,
         "max_context_refusal_ratio": max_context_refusal_ratio,
+        "max_hold_s": max_hold_s,
     }
     for name, value in numbers.items():
         if not math.isfinite(value):
             raise InvalidPolicy(f"canary {name} must be a finite number", name)
-    for name in ("step_min_s", "max_error_ratio_increase", "max_p99_ttft_ms", "max_p99_itl_ms"):
+    for name in (
+        "step_min_s",
+        "max_error_ratio_increase",
+        "max_p99_ttft_ms",
+        "max_p99_itl_ms",
+        "max_hold_s",
+    ):
         if numbers[name] < 0:
             raise InvalidPolicy(f"canary {name} must not be negative", name)
-    if step_min_s > 7 * 86400:
-        raise InvalidPolicy("canary step_min_s is at most a week (604800 s)", "step_min_s")
+    for name in ("step_min_s", "max_hold_s"):
+        if numbers[name] > WEEK_S:
+            raise InvalidPolicy(f"canary {name} is at most a week ({WEEK_S} s)", name)
+    least = float(step_min_s) or DEFAULT_STEP_MIN_S
+    if 0 < max_hold_s < least:
+        raise InvalidPolicy(
+            f"canary max_hold_s ({_num(max_hold_s)} s) must be at least the step's"
+            f" {_num(least)} s (step_min_s), or 0 for no limit",
+            "max_hold_s",
+        )
     if step_min_requests < 0:
         raise InvalidPolicy("canary step_min_requests must not be negative", "step_min_requests")
     for name in ("max_error_ratio", "max_error_ratio_increase", "max_context_refusal_ratio"):
@@ -106,6 +125,7 @@ def policy_of(
         max_p99_ttft_ms=float(max_p99_ttft_ms),
         max_p99_itl_ms=float(max_p99_itl_ms),
         max_context_refusal_ratio=max_context_refusal_ratio,
+        max_hold_s=float(max_hold_s),
     )
 
 
@@ -279,13 +299,14 @@ def judge(policy: Policy, canary: Figures, baseline: Figures, elapsed_s: float) 
     report — and an unbroken one promotes it once `step_min_s` has passed (before: HOLD).
     """
     if canary.requests < policy.step_min_requests:
-        return Analysis(
-            Verdict.HOLD,
-            (
-                f"the canary served {canary.requests} of the {policy.step_min_requests}"
-                " requests a step needs",
-            ),
+        short = (
+            f"the canary served {canary.requests} of the {policy.step_min_requests}"
+            " requests a step needs"
         )
+        if 0 < policy.max_hold_s <= elapsed_s:
+            held = Breach("hold_s", elapsed_s, policy.max_hold_s)
+            return Analysis(Verdict.FAIL, (f"{short} in {_num(elapsed_s)} s", held.line()), (held,))
+        return Analysis(Verdict.HOLD, (short,))
     broken = breaches(policy, canary, baseline)
     if broken:
         return Analysis(Verdict.FAIL, tuple(b.line() for b in broken), broken)

@@ -18,7 +18,8 @@ from fleet_svc.domain.canary import (
 from fleet_svc.domain.control import Action
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState
-from fleet_svc.domain.rollout import Event, EventKind, Rollout, Stage, fail, in_canary
+from fleet_svc.domain.rollout import Event, EventKind, Rollout, Stage, in_canary
+from fleet_svc.domain.rollout_run import fail
 
 CANARY_ANALYSIS_FAILED = "CANARY_ANALYSIS_FAILED"
 """The reason of a rollout its canary's analysis failed."""

@@ -188,10 +188,11 @@ def plan_actions(
 
     # Lost nodes: their replicas are gone; the counts below place replacements.
     # A gang is lost with any of its nodes: its other members cannot go on without it.
-    for r in replicas.values():
+    lost_nodes = {name for name, v in nodes.items() if v.phase is NodePhase.LOST}
+    for r in replicas.values() if lost_nodes else ():
         if r.phase is P.STOPPED:
             continue
-        gone = [n for n in r.nodes if (v := nodes.get(n)) is not None and v.phase is NodePhase.LOST]
+        gone = [n for n in r.nodes if n in lost_nodes]
         if gone:
             why = f"node {gone[0]} was lost"
             if r.gang:
@@ -267,14 +268,16 @@ def _placements(
     nodes: Mapping[str, NodeView],
 ) -> list[Action]:
     """Assign every pending replica (existing or created this tick) a node, or say why not."""
-    gone = frozenset(a.replica_id for a in planned if isinstance(a, Forget))
     stopped = {a.replica_id for a in planned if isinstance(a, Retire)}
-    used_cards, used_ram = cards_in_use(replicas, gone)
-    want_of = {(w.model, w.profile): w.want for w in wants}
     pending = [r for r in replicas.values() if r.phase is P.PENDING and r.id not in stopped]
     pending += [a.replica for a in planned if isinstance(a, Create)]
+    if not pending:
+        return []  # most ticks: nothing to place, so no count of the cards in use
+    gone = frozenset(a.replica_id for a in planned if isinstance(a, Forget))
+    used_cards, used_ram = cards_in_use(replicas, gone)
+    want_of = {(w.model, w.profile): w.want for w in wants}
     out: list[Action] = []
-    by_name = sorted(nodes.values(), key=lambda n: n.name) if pending else []
+    by_name = sorted(nodes.values(), key=lambda n: n.name)
     free = _FreeCards(by_name, used_cards)
     for r in sorted(pending, key=lambda r: (r.entered_s, r.id)):
         want = want_of.get((r.model, r.profile))

@@ -13,7 +13,8 @@ from fleet_svc.domain.control import cards_in_use
 from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.placement import Want, same_class
 from fleet_svc.domain.replicas import ReplicaState
-from fleet_svc.domain.rollout import Strategy, gang_shortfall, room_beside
+from fleet_svc.domain.rollout import Strategy
+from fleet_svc.domain.rollout_run import gang_shortfall, room_beside
 from llmgw.model import Model
 
 

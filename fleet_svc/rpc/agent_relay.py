@@ -251,10 +251,16 @@ class NodeRelay:
 
     async def _write(self) -> None:
         now = self._clock.wall()
+        refresh_s = self.liveness.interval_s
+        if any(h.written_at and now - h.written_at >= refresh_s for h in self._held.values()):
+            # Rows due for their refresh take along those past half their interval: written
+            # a little early, the streams' refreshes fall together into one write an interval
+            # instead of one every FLUSH_S for a few rows each (each write a transaction).
+            refresh_s /= 2
         due = [
             h
             for node, h in self._held.items()
-            if node in self._dirty or now - h.written_at >= self.liveness.interval_s
+            if node in self._dirty or now - h.written_at >= refresh_s
         ]
         batch = [*self._gone, *due]
         if not batch:

@@ -60,6 +60,7 @@ def policy_of_proto(p: fleet_pb2.CanaryPolicy) -> Policy:
             max_p99_ttft_ms=p.max_p99_ttft_ms,
             max_p99_itl_ms=p.max_p99_itl_ms,
             max_context_refusal_ratio=p.max_context_refusal_ratio,
+            max_hold_s=p.max_hold_s,
         )
     except InvalidPolicy as exc:
         raise InvalidRequest(str(exc), field=f"canary.{exc.field}") from exc
@@ -76,6 +77,7 @@ def policy_proto(p: Policy) -> fleet_pb2.CanaryPolicy:
         max_p99_ttft_ms=round(p.max_p99_ttft_ms),
         max_p99_itl_ms=round(p.max_p99_itl_ms),
         max_context_refusal_ratio=p.max_context_refusal_ratio,
+        max_hold_s=round(p.max_hold_s),
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from google.protobuf import json_format, timestamp_pb2
 from google.protobuf.message import Message
@@ -16,16 +16,24 @@ from fleet_svc.domain.endpoints import Endpoint
 from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import HOLDS_CARDS, ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState, StartProgress
-from fleet_svc.domain.rollout import EventKind, Mode, Rollout, RolloutState, Stage, Strategy
+from fleet_svc.domain.rollout import (
+    EventKind,
+    Mode,
+    Rollout,
+    RolloutEvent,
+    RolloutState,
+    Stage,
+    Strategy,
+)
+from fleet_svc.planner import BatchAnswer
 from fleet_svc.rpc.canary_convert import canary_status, failure_info
-from fleet_svc.store.base import EventRecord
-from fleet_svc.store.canary_rows import canary_of_doc
 from fleet_svc.watch import EndpointEvent
 from fleet_svc.watch import EventKind as EndpointKind
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2
 from llmgw.limits import DEFAULT_LIMITS, LimitExceeded, Limits
 from llmgw.model import InvalidValue, Inventory
+from llmgw.planner.v1 import planner_pb2
 from llmgw.rpc.common import model_from_proto, profile_to_proto, scalars_to_proto
 from llmgw.shape import InvalidShape
 from llmgw.sources import SourceRefused, parse_source, redacted
@@ -344,21 +352,21 @@ def stage_of(stage: Stage) -> fleet_pb2.RolloutStage.ValueType:
     return fleet_pb2.RolloutStage.Value(f"ROLLOUT_STAGE_{stage.name}")
 
 
-def mode_of(mode: str) -> fleet_pb2.RolloutMode.ValueType:
-    """A step's or event's mode as the API's enum (unspecified for one this code does not
-    know, as a row written by a newer fleet might hold)."""
-    try:
-        return _MODES[Mode(mode)]
-    except ValueError:
-        return fleet_pb2.ROLLOUT_MODE_UNSPECIFIED
+def mode_of(mode: Mode) -> fleet_pb2.RolloutMode.ValueType:
+    """A step's or event's mode as the API's enum."""
+    return _MODES[mode]
 
 
-def event_kind_of(kind: str) -> fleet_pb2.RolloutEventKind.ValueType:
-    """A stored event's kind as the API's enum (unspecified for one this code does not know)."""
-    try:
-        return fleet_pb2.RolloutEventKind.Value(f"ROLLOUT_EVENT_KIND_{EventKind(kind).name}")
-    except ValueError:
-        return fleet_pb2.ROLLOUT_EVENT_KIND_UNSPECIFIED
+_EVENT_KINDS: dict[EventKind, fleet_pb2.RolloutEventKind.ValueType] = {
+    k: fleet_pb2.RolloutEventKind.Value(f"ROLLOUT_EVENT_KIND_{k.name}")
+    for k in EventKind
+    if k is not EventKind.UNKNOWN
+}
+
+
+def event_kind_of(kind: EventKind) -> fleet_pb2.RolloutEventKind.ValueType:
+    """An event's kind as the API's enum (unspecified for one this code does not know)."""
+    return _EVENT_KINDS.get(kind, fleet_pb2.ROLLOUT_EVENT_KIND_UNSPECIFIED)
 
 
 def rollout_state_of(state: RolloutState) -> fleet_pb2.RolloutState.ValueType:
@@ -414,25 +422,24 @@ def rollout(ro: Rollout, undo_available: bool = False) -> fleet_pb2.Rollout:
     return answer
 
 
-def rollout_event(e: EventRecord, ro: Rollout | None = None) -> fleet_pb2.WatchRolloutResponse:
-    """A stored rollout event as the stream sends it (`ro`, the rollout, names the revisions
-    of a canary event's figures)."""
+def rollout_event(e: RolloutEvent, ro: Rollout | None = None) -> fleet_pb2.WatchRolloutResponse:
+    """A rollout event as the stream sends it (`ro`, the rollout, names the revisions of a
+    canary event's figures)."""
     ev = e.event
-    state = str(ev.get("state", "RUNNING"))
     answer = fleet_pb2.WatchRolloutResponse(
         rollout_id=e.rollout_id,
         seq=e.seq,
-        at=timestamp(e.at),
-        kind=event_kind_of(str(ev.get("kind", ""))),
-        replica_id=str(ev.get("replica_id", "")),
-        node=str(ev.get("node", "")),
-        gpus=[int(g) for g in ev.get("gpus", [])],
-        mode=mode_of(str(ev.get("mode", ""))),
-        message=str(ev.get("message", "")),
-        state=fleet_pb2.RolloutState.Value(f"ROLLOUT_STATE_{state}"),
-        profile=str(ev.get("profile", "")),
+        at=timestamp(e.at_s),
+        kind=event_kind_of(ev.kind),
+        replica_id=ev.replica_id,
+        node=ev.node,
+        gpus=list(ev.gpus),
+        mode=mode_of(ev.mode),
+        message=ev.message,
+        state=rollout_state_of(e.state),
+        profile=ev.profile,
     )
-    run = canary_of_doc(ev.get("canary"))
+    run = ev.canary
     if run is not None:
         answer.canary.CopyFrom(
             canary_status(
@@ -442,3 +449,16 @@ def rollout_event(e: EventRecord, ro: Rollout | None = None) -> fleet_pb2.WatchR
             )
         )
     return answer
+
+
+_BATCH_FIELDS = tuple(f.name for f in fields(BatchAnswer))
+
+
+def batch_from_proto(msg: planner_pb2.BatchFit) -> BatchAnswer:
+    """The planner's answer on a batch, as the fleet keeps it."""
+    return BatchAnswer(**{name: getattr(msg, name) for name in _BATCH_FIELDS})
+
+
+def batch_to_proto(batch: BatchAnswer) -> planner_pb2.BatchFit:
+    """A batch's answer as the fleet's SetContext and SetGPUs give it back."""
+    return planner_pb2.BatchFit(**{name: getattr(batch, name) for name in _BATCH_FIELDS})

@@ -5,9 +5,10 @@ answers read back into the fleet's values."""
 from __future__ import annotations
 
 from fleet_svc.domain import errors
+from fleet_svc.domain.asked import ContextAsk, GPUsAsk
 from fleet_svc.domain.catalog import Entry
 from fleet_svc.planner import Planned
-from fleet_svc.rpc.convert import inventory_to_proto, model_to_proto
+from fleet_svc.rpc.convert import batch_from_proto, inventory_to_proto, model_to_proto
 from fleet_svc.rpc.status import PlannerRefused
 from llmgw.clients.errors import Refused, Unreachable
 from llmgw.clients.planner import AsyncPlannerClient
@@ -59,15 +60,14 @@ class GrpcPlanner:
         self._client = AsyncPlannerClient(address, timeout_s=PLANNER_TIMEOUT_S, tls=tls)
         self.address = address
 
-    async def size_context(
-        self, entry: Entry, inventory: Inventory, *, tokens: int, slots: int
-    ) -> Planned:
+    async def size_context(self, entry: Entry, inventory: Inventory, ask: ContextAsk) -> Planned:
         """SizeContext on the planner."""
         request = planner_pb2.SizeContextRequest(
             model=model_to_proto(entry),
-            tokens=tokens,
-            slots=slots,
+            tokens=ask.tokens,
+            slots=ask.slots,
             inventory=inventory_to_proto(inventory),
+            sequences=ask.sequences,
         )
         try:
             answer = await self._client.size_context(request)
@@ -75,21 +75,21 @@ class GrpcPlanner:
             raise _failed(exc) from exc
         return Planned(
             profiles=tuple(profile_from_proto(p, i) for i, p in enumerate(answer.profiles)),
-            report=answer.change,
+            report=answer.change.SerializeToString(),
             context_length=answer.change.after,
             max_output=answer.change.max_output,
             unchecked=_unchecked(answer.change),
+            batches=tuple(batch_from_proto(b) for b in answer.batches),
         )
 
-    async def plan_gpus(
-        self, entry: Entry, inventory: Inventory, *, gpus: int, profile: str
-    ) -> Planned:
+    async def plan_gpus(self, entry: Entry, inventory: Inventory, ask: GPUsAsk) -> Planned:
         """PlanGPUs on the planner."""
         request = planner_pb2.PlanGPUsRequest(
             model=model_to_proto(entry),
-            gpus=gpus,
-            profile=profile,
+            gpus=ask.gpus,
+            profile=ask.profile,
             inventory=inventory_to_proto(inventory),
+            sequences=ask.sequences,
         )
         try:
             answer = await self._client.plan_gpus(request)
@@ -97,8 +97,9 @@ class GrpcPlanner:
             raise _failed(exc) from exc
         return Planned(
             profiles=tuple(profile_from_proto(p, i) for i, p in enumerate(answer.profiles)),
-            report=answer.change,
+            report=answer.change.SerializeToString(),
             unchecked=_unchecked(answer.change),
+            batches=tuple(batch_from_proto(b) for b in answer.batches),
         )
 
     async def close(self) -> None:

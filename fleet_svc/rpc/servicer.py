@@ -15,6 +15,8 @@ from google.protobuf.message import Message
 
 from fleet_svc.app import ChangeOptions, FleetApp
 from fleet_svc.controller import Controller
+from fleet_svc.domain.asked import ContextAsk, GPUsAsk
+from fleet_svc.domain.rollout import RolloutState
 from fleet_svc.rpc import canary_convert, convert
 from fleet_svc.rpc.auth import current_caller
 from fleet_svc.rpc.status import refusals_as_status, stream_refusals_as_status
@@ -54,11 +56,10 @@ def now(make: Callable[[], M]) -> Callable[[], Awaitable[Callable[[], M]]]:
     return prepare
 
 
-def _change(report: object, restarted: int, kind: type[M]) -> M:
-    """The planner's account of a change, with the replicas the fleet restarts for it."""
-    assert isinstance(report, kind), f"the planner's report is a {type(report).__name__}"
-    change = kind()
-    change.CopyFrom(report)
+def _change(report: bytes, restarted: int, kind: type[M]) -> M:
+    """The planner's account of a change (as it sent it), with the replicas the fleet
+    restarts for it."""
+    change = kind.FromString(report)
     change.restarted = restarted  # type: ignore[attr-defined]
     return change
 
@@ -256,8 +257,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         async def prepare() -> Callable[[], fleet_pb2.SetContextResponse]:
             planned, commit = await self._app.prepare_context(
                 request.name,
-                tokens=request.tokens,
-                slots=request.slots,
+                ContextAsk(request.tokens, request.slots, request.sequences),
                 etag=request.etag,
                 options=_options(request, caller_of(context)),
             )
@@ -269,6 +269,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
                     rollout_id=applied.rollout_id,
                     model=convert.catalog_model(applied.revision),
                     unchanged=applied.unchanged,
+                    batches=[convert.batch_to_proto(b) for b in planned.batches],
                 )
 
             return answer
@@ -286,8 +287,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         async def prepare() -> Callable[[], fleet_pb2.SetGPUsResponse]:
             planned, commit = await self._app.prepare_gpus(
                 request.name,
-                gpus=request.gpus,
-                profile=request.profile,
+                GPUsAsk(request.gpus, request.profile, request.sequences),
                 etag=request.etag,
                 options=_options(request, caller_of(context), in_place=request.in_place),
             )
@@ -299,6 +299,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
                     rollout_id=applied.rollout_id,
                     model=convert.catalog_model(applied.revision),
                     unchanged=applied.unchanged,
+                    batches=[convert.batch_to_proto(b) for b in planned.batches],
                 )
 
             return answer
@@ -341,22 +342,22 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         calls = self._app.calls
         watched = await calls.run(self._app.rollout, request.id)
         seq = max(request.after_seq, 0)
-        last_state = "RUNNING"
+        last_state = RolloutState.RUNNING
         settle = END_SETTLE_READS
         while True:
             signal = self._controller.rollout_signal
-            for event in await calls.run(self._store.list_events, request.id, seq):
-                seq, last_state = event.seq, str(event.event.get("state", "RUNNING"))
+            for event in await calls.run(self._app.rollout_events, request.id, seq):
+                seq, last_state = event.seq, event.state
                 yield convert.rollout_event(event, watched)
             if (await calls.run(self._app.rollout, request.id)).done:
                 # Ended. Its events are stored with (or before) the state that ends it, but a
                 # read may fall between the two writes, so it reads again until an event says
                 # how it ended.
-                for event in await calls.run(self._store.list_events, request.id, seq):
-                    seq, last_state = event.seq, str(event.event.get("state", "RUNNING"))
+                for event in await calls.run(self._app.rollout_events, request.id, seq):
+                    seq, last_state = event.seq, event.state
                     yield convert.rollout_event(event, watched)
                 settle -= 1
-                if last_state != "RUNNING" or settle <= 0:
+                if last_state is not RolloutState.RUNNING or settle <= 0:
                     return
             with contextlib.suppress(TimeoutError):
                 # Woken by the rollout's events, or read again after a while: on a fleet that

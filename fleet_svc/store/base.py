@@ -107,7 +107,7 @@ class EventRecord:
 class TrafficRecord:
     """What one gateway instance saw of one endpoint over one interval (ReportTraffic):
     `interval_start_ms` on the gateway's clock (milliseconds since the epoch); `figures` the
-    counts and latency histograms as JSON-able data (fleet_svc/traffic.py reads them)."""
+    counts and latency histograms as JSON-able data (`store/canary_rows.py` reads them)."""
 
     gateway: str
     interval_start_ms: int

@@ -70,6 +70,7 @@ def policy_doc(p: Policy) -> dict[str, Any]:
         "max_p99_ttft_ms": p.max_p99_ttft_ms,
         "max_p99_itl_ms": p.max_p99_itl_ms,
         "max_context_refusal_ratio": p.max_context_refusal_ratio,
+        "max_hold_s": p.max_hold_s,
     }
 
 
@@ -85,6 +86,7 @@ def policy_of_doc(doc: Mapping[str, Any]) -> Policy:
         max_p99_ttft_ms=float(doc.get("max_p99_ttft_ms", 0.0)),
         max_p99_itl_ms=float(doc.get("max_p99_itl_ms", 0.0)),
         max_context_refusal_ratio=float(doc.get("max_context_refusal_ratio", 0.0)),
+        max_hold_s=float(doc.get("max_hold_s", 0.0)),
     )
 
 

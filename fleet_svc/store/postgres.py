@@ -207,6 +207,7 @@ class PostgresStore:
         """
         self.where = redact_dsn(dsn)
         self._clock = clock
+        self._reports_read = postgres_nodes.ReportsRead()
         self.damage: StoreDamaged | None = None
         """The first damage a call found; `probe` reports it until the store is reopened."""
         self._fence: int | None = None
@@ -649,7 +650,7 @@ class PostgresStore:
     def list_node_reports(self, after_seq: int = 0) -> list[NodeReport]:
         """Node reports written after `after_seq`, by seq."""
         with self.link.connection() as conn:
-            return postgres_nodes.list_reports(conn, after_seq)
+            return postgres_nodes.list_reports(conn, after_seq, self._reports_read)
 
     @_guarded
     def put_desired(self, records: Sequence[DesiredRecord]) -> None:

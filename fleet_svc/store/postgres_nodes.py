@@ -45,10 +45,29 @@ def put_reports(conn: Conn, reports: Sequence[NodeReport]) -> None:
         )
 
 
-def list_reports(conn: Conn, after_seq: int) -> list[NodeReport]:
-    """Rows after `after_seq`, by seq."""
+class ReportsRead:
+    """The report each node's row held when last read, as text and decoded: a holder
+    refreshes every row each heartbeat interval, mostly with the same report, and a row read
+    again with the same text is given the same (unchanged) decoded object, not parsed again."""
+
+    def __init__(self) -> None:
+        self._by_node: dict[str, tuple[str, dict[str, Any]]] = {}
+
+    def decoded(self, node: str, text: str) -> dict[str, Any]:
+        """The report `text` of `node`'s row, decoded (the object of the last read when the
+        text is the same: callers do not change it)."""
+        known = self._by_node.get(node)
+        if known is not None and known[0] == text:
+            return known[1]
+        report = loaded_object(text)
+        self._by_node[node] = (text, report)
+        return report
+
+
+def list_reports(conn: Conn, after_seq: int, read: ReportsRead) -> list[NodeReport]:
+    """Rows after `after_seq`, by seq (`read`: the reports read before)."""
     rows = conn.execute(
-        "SELECT node, holder, stream, connected, heard_at, report, seq FROM node_reports"
+        "SELECT node, holder, stream, connected, heard_at, report::text, seq FROM node_reports"
         " WHERE seq > %s ORDER BY seq",
         (after_seq,),
     ).fetchall()
@@ -59,7 +78,7 @@ def list_reports(conn: Conn, after_seq: int) -> list[NodeReport]:
             stream=str(r[2]),
             connected=bool(r[3]),
             heard_at=float(r[4]),
-            report=loaded_object(r[5]),
+            report=read.decoded(str(r[0]), str(r[5])),
             seq=int(r[6]),
         )
         for r in rows

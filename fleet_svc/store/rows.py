@@ -9,17 +9,29 @@ lacks reads as its field's default.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Want
 from fleet_svc.domain.replicas import Member, ReplicaSpec, ReplicaState, StartProgress
-from fleet_svc.domain.rollout import Mode, Rollout, RolloutState, Stage, Step, Strategy
-from fleet_svc.store.base import ReplicaRecord, RolloutRecord
+from fleet_svc.domain.rollout import (
+    Event,
+    EventKind,
+    Mode,
+    Rollout,
+    RolloutEvent,
+    RolloutState,
+    Stage,
+    Step,
+    Strategy,
+)
+from fleet_svc.store.base import EventRecord, ReplicaRecord, RolloutRecord
 from fleet_svc.store.canary_rows import canary_doc, canary_of_doc
 
 P = ReplicaPhase
+E = TypeVar("E", bound=enum.Enum)
 
 
 def spec_doc(model: str, profile: str, spec: ReplicaSpec) -> dict[str, Any]:
@@ -269,4 +281,54 @@ def load_rollout(rec: RolloutRecord) -> Rollout:
         canary=canary_of_doc(s.get("canary")),
         failure_reason=str(failure.get("reason", "")),
         failure_metadata={str(k): str(v) for k, v in failure.get("metadata", {}).items()},
+    )
+
+
+def event_doc(event: Event, state: RolloutState) -> dict[str, Any]:
+    """A rollout event, with the rollout's state right after it, as its row keeps it."""
+    if event.kind is EventKind.UNKNOWN:
+        raise ValueError("an event of unknown kind is read, never written")
+    doc: dict[str, Any] = {
+        "kind": event.kind.value,
+        "profile": event.profile,
+        "replica_id": event.replica_id,
+        "node": event.node,
+        "gpus": list(event.gpus),
+        "mode": event.mode.value,
+        "message": event.message,
+        "state": state.value,
+    }
+    if event.canary is not None:
+        doc["canary"] = canary_doc(event.canary)
+    return doc
+
+
+def _known(kind: type[E], value: object, default: E) -> E:
+    """`value` as a member of `kind`; `default` for one this fleet does not know (a row a
+    newer fleet wrote)."""
+    try:
+        return kind(str(value))
+    except ValueError:
+        return default
+
+
+def load_event(rec: EventRecord) -> RolloutEvent:
+    """A rollout event from its store record: a kind, mode or state this fleet does not know
+    reads as UNKNOWN, undecided and RUNNING."""
+    e = rec.event
+    return RolloutEvent(
+        rollout_id=rec.rollout_id,
+        seq=rec.seq,
+        at_s=rec.at,
+        event=Event(
+            kind=_known(EventKind, e.get("kind", ""), EventKind.UNKNOWN),
+            profile=str(e.get("profile", "")),
+            replica_id=str(e.get("replica_id", "")),
+            node=str(e.get("node", "")),
+            gpus=tuple(int(g) for g in e.get("gpus", [])),
+            mode=_known(Mode, e.get("mode", ""), Mode.UNDECIDED),
+            message=str(e.get("message", "")),
+            canary=canary_of_doc(e.get("canary")),
+        ),
+        state=_known(RolloutState, e.get("state", "RUNNING"), RolloutState.RUNNING),
     )

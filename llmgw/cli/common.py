@@ -434,6 +434,13 @@ CANARY_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
         float,
         "the most requests refused for context length, per request",
     ),
+    (
+        "--canary-max-hold-s",
+        "max_hold_s",
+        int,
+        "the most seconds a step may hold for want of requests before the canary fails"
+        " (default: no limit)",
+    ),
 )
 """The canary policy's flags: flag, the policy's field, its type, help."""
 
@@ -442,7 +449,7 @@ def add_canary_flags(parser: argparse.ArgumentParser) -> None:
     """The canary flags (any of them makes the change a canary: --strategy canary)."""
     group = parser.add_argument_group("canary (docs/rollouts.md)")
     for flag, name, kind, text in CANARY_FLAGS:
-        metavar = {"steps": "PCT,...", "step_min_s": "S"}.get(name, "N")
+        metavar = {"steps": "PCT,...", "step_min_s": "S", "max_hold_s": "S"}.get(name, "N")
         if kind is float:
             metavar = "RATIO"
         elif name.endswith("_ms"):
@@ -460,3 +467,30 @@ def canary_of(opts: argparse.Namespace) -> dict[str, Any] | None:
     if not fields and getattr(opts, "strategy", "") != "canary":
         return None
     return fields
+
+
+INT32_MAX = 2**31 - 1
+
+
+def count(text: str) -> int:
+    """A flag's count: a whole number from 0 to 2^31 − 1 (the planner refuses what its
+    engine cannot take; this only keeps the request encodable)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text[:40]!r}") from None
+    if not 0 <= value <= INT32_MAX:
+        raise argparse.ArgumentTypeError(f"{value} is outside 0..{INT32_MAX}")
+    return value
+
+
+def sequences_flag(p: argparse.ArgumentParser) -> None:
+    """Add `--sequences N`: concurrent requests to size for (plan, and the fleet's changes)."""
+    p.add_argument(
+        "--sequences",
+        type=count,
+        default=0,
+        help="concurrent requests to size for, written to the engine's own flag "
+        "(vLLM --max-num-seqs, SGLang --max-running-requests, TensorRT-LLM --max_batch_size, "
+        "llama.cpp --parallel); the answer says whether that batch fits (default 0: none)",
+    )

@@ -36,7 +36,9 @@ from llmgw.cli.common import (
     EXIT_ERROR,
     EXIT_REFUSED,
     UsageError,
+    add_canary_flags,
     add_ctl_command,
+    canary_of,
     fleet_client,
     refusal_text,
 )
@@ -207,7 +209,12 @@ def _one(
         if not opts.dry_run:
             fleet.create_model(d.model)
         return Outcome(name, "created", changes)
-    change = {"strategy": opts.strategy or "", "supersede": opts.supersede, "surge": opts.surge}
+    change = {
+        "strategy": opts.strategy or "",
+        "supersede": opts.supersede,
+        "surge": opts.surge,
+        "canary": canary_of(opts),
+    }
     preview = fleet.update_model(d.model, etag=current.etag, dry_run=True, **change)
     if preview.unchanged:
         return Outcome(name, "unchanged", [])
@@ -369,7 +376,8 @@ def add_commands(groups: Any) -> None:
     ap.add_argument(
         "--strategy",
         choices=sorted(STRATEGIES),
-        help="how changed replicas are replaced: beside (the default), in-place, or auto",
+        help="how changed replicas are replaced: beside (the default), in-place, auto (beside "
+        "where there is room), or canary (beside, judged by the gateway's traffic)",
     )
     ap.add_argument(
         "--surge",
@@ -380,6 +388,7 @@ def add_commands(groups: Any) -> None:
     ap.add_argument(
         "--supersede", action="store_true", help="cancel a rollout in progress of a changed model"
     )
+    add_canary_flags(ap)
     df = add_ctl_command(
         groups,
         "diff",

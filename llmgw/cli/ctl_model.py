@@ -7,7 +7,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from llmgw.cli.common import add_canary_flags, add_ctl_command, canary_of, example, fleet_client
+from llmgw.cli.common import (
+    add_canary_flags,
+    add_ctl_command,
+    canary_of,
+    example,
+    fleet_client,
+    sequences_flag,
+)
 from llmgw.cli.ctl_rollout import ended, follow
 from llmgw.cli.inputs import read_model_file
 from llmgw.cli.output import (
@@ -15,6 +22,7 @@ from llmgw.cli.output import (
     Printer,
     cards_of,
     cell,
+    print_batches,
     print_context_change,
     print_gpus_change,
     printer,
@@ -223,6 +231,7 @@ def _ask(
         "surge": opts.surge,
         "allow_unchecked": opts.allow_unchecked,
         "canary": canary_of(opts),
+        "sequences": opts.sequences,
     }
     if opts.change == "gpus":
         answer = fleet.set_gpus(
@@ -230,10 +239,12 @@ def _ask(
         )
         if not out.machine:
             print_gpus_change(answer.change)
+            print_batches(answer.batches)
         return answer
     answer_c = fleet.set_context(opts.model, opts.tokens, slots=opts.slots, **common)
     if not out.machine:
         print_context_change(answer_c.change)
+        print_batches(answer_c.batches)
     return answer_c
 
 
@@ -375,6 +386,7 @@ def add_commands(groups: Any) -> None:
         "--in-place", action="store_true", help="stop each replica before its new one starts"
     )
     _change_flags(gpus)
+    sequences_flag(gpus)
     gpus.set_defaults(change="gpus")
     context = add_ctl_command(
         commands,
@@ -389,4 +401,5 @@ def add_commands(groups: Any) -> None:
         "--slots", type=int, default=0, help="llama.cpp slots (default 0: keep them)"
     )
     _change_flags(context)
+    sequences_flag(context)
     context.set_defaults(change="context")

@@ -20,8 +20,10 @@ from llmgw.cli.common import (
     add_client_flags,
     add_env_argument,
     add_output_flags,
+    count,
     example,
     planner_client,
+    sequences_flag,
 )
 from llmgw.cli.inputs import inventory_from_args, model_from_args
 from llmgw.cli.output import (
@@ -120,32 +122,6 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inventory", help="an inventory file (YAML/JSON: {nodes: [...]})")
 
 
-INT32_MAX = 2**31 - 1
-
-
-def count(text: str) -> int:
-    """A flag's count: a whole number from 0 to 2^31 − 1 (the planner refuses what its
-    engine cannot take; this only keeps the request encodable)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text[:40]!r}") from None
-    if not 0 <= value <= INT32_MAX:
-        raise argparse.ArgumentTypeError(f"{value} is outside 0..{INT32_MAX}")
-    return value
-
-
-def _sequences_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--sequences",
-        type=count,
-        default=0,
-        help="concurrent requests to size for, written to the engine's own flag "
-        "(vLLM --max-num-seqs, SGLang --max-running-requests, TensorRT-LLM --max_batch_size, "
-        "llama.cpp --parallel); the answer says whether that batch fits (default 0: none)",
-    )
-
-
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add `plan` and its commands to the `llmgw` parser's subcommands."""
     plan: argparse.ArgumentParser = sub.add_parser(
@@ -191,7 +167,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     cmd.add_argument(
         "--slots", type=count, default=0, help="llama.cpp slots (default 0: keep them)"
     )
-    _sequences_flag(cmd)
+    sequences_flag(cmd)
     cmd.add_argument("--profile", help="the name of the profile made from the flags")
     add_output_flags(cmd, hidden=True)
     cmd.set_defaults(run=context)
@@ -207,7 +183,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "gpus", metavar="N", type=int, help="cards each replica uses on each of its nodes"
     )
     cmd.add_argument("--profile", help="only this profile (default: every GPU profile)")
-    _sequences_flag(cmd)
+    sequences_flag(cmd)
     add_output_flags(cmd, hidden=True)
     cmd.set_defaults(run=gpus)
     return plan

@@ -297,6 +297,7 @@ class FleetClient:
         surge: int = 0,
         allow_unchecked: bool = False,
         canary: Mapping[str, Any] | None = None,
+        sequences: int = 0,
     ) -> fleet_pb2.SetGPUsResponse:
         """Plan `gpus` cards a replica for a model's GPU profiles and roll it out.
 
@@ -304,6 +305,8 @@ class FleetClient:
             strategy: a name of STRATEGIES, or "" for the fleet's default.
             allow_unchecked: apply the plan even when the planner could not read the model's
                 shape (else PLAN_NOT_CHECKED).
+            sequences: concurrent requests at each profile's context to size for (0: none);
+                the answer's `batches` says whether they fit.
         """
         request = fleet_pb2.SetGPUsRequest(
             name=name,
@@ -318,6 +321,7 @@ class FleetClient:
             surge=surge,
             allow_unchecked=allow_unchecked,
             canary=canary_policy(canary),
+            sequences=sequences,
         )
         return self._call(
             lambda: self._stub.SetGPUs(request, timeout=self.timeout_s, metadata=self.metadata)
@@ -337,12 +341,16 @@ class FleetClient:
         surge: int = 0,
         allow_unchecked: bool = False,
         canary: Mapping[str, Any] | None = None,
+        sequences: int = 0,
     ) -> fleet_pb2.SetContextResponse:
         """Size a new context for a model and roll it out.
 
         Args:
             strategy: a name of STRATEGIES, or "" for the fleet's default.
             allow_unchecked: as for set_gpus.
+            sequences: concurrent requests of `tokens` each the context must fit (0: none),
+                written to each engine's batch flag; the answer's `batches` says whether
+                they fit.
         """
         request = fleet_pb2.SetContextRequest(
             name=name,
@@ -356,6 +364,7 @@ class FleetClient:
             surge=surge,
             allow_unchecked=allow_unchecked,
             canary=canary_policy(canary),
+            sequences=sequences,
         )
         return self._call(
             lambda: self._stub.SetContext(request, timeout=self.timeout_s, metadata=self.metadata)

@@ -58,6 +58,25 @@ class Card:
 
 
 @dataclass(frozen=True)
+class SizingRequest:
+    """What a card need is asked for: a replica served with `args` (already set for this
+    context and card count), `tokens` of context per request, `slots` requests held at full
+    length at once (llama.cpp's `--parallel`; 1 elsewhere), on `cards` cards (0: from the
+    arguments) of `card_memory_bytes` each as NVML reports it (0: not known, budget 0).
+    `card` carries both of the card's totals (None: CUDA's derived from `card_memory_bytes`);
+    `engine_version` is the version whose rules apply ("": the newest known). The numbers are
+    validated by `planner_svc.domain.memory.card_need` before an engine sees them."""
+
+    args: tuple[str, ...]
+    tokens: int
+    slots: int
+    cards: int
+    card_memory_bytes: int
+    card: Card | None = None
+    engine_version: str = ""
+
+
+@dataclass(frozen=True)
 class Overhead:
     """What an engine keeps on a card beside weights and KV, the budget it sizes against, and
     the rules it applied.
@@ -272,26 +291,10 @@ class Engine(Protocol):
         """The KV cache (and recurrent state) of a whole replica holding a pool of `tokens`
         shared by `sequences` requests, over `tp` cards."""
 
-    def card_need(
-        self,
-        shape: ModelShape,
-        *,
-        args: Sequence[str],
-        tokens: int,
-        slots: int,
-        cards: int,
-        card_memory_bytes: int,
-        card: Card | None = None,
-        engine_version: str = "",
-    ) -> CardNeed:
-        """What a replica needs on each of its cards, and the fullest card's budget.
+    def card_need(self, shape: ModelShape, asked: SizingRequest) -> CardNeed:
+        """What a replica needs on each of its cards, and the fullest card's budget, for what
+        `asked` says (`SizingRequest`).
 
-        Args:
-            tokens: one request's context; slots: requests held at full length at once;
-            cards: cards of one replica (0: from the arguments); card_memory_bytes: one
-            card's memory as NVML reports it (0: not known, budget 0); card: the card with
-            both totals (None: derived from `card_memory_bytes`); engine_version: the
-            engine's version the profile names ("" : the newest rules known).
         Raises:
             EngineRefuses, EngineSingleCard.
         """

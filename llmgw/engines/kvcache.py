@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
+from llmgw.engines.memo import sizing_memo
 from llmgw.shape import Layer, LayerKind, ModelShape, indexer_token_bytes
 
 
@@ -60,7 +61,7 @@ def _costs(shape: ModelShape, tp: int, dtype: Fraction) -> _LayerCosts:
     # The cache type by its exact numerator and denominator: a Fraction's own hash costs a
     # modular inverse, asked twice a sizing.
     key = ("kv", tp, dtype.numerator, dtype.denominator)
-    memo = shape.sizing_memo
+    memo = sizing_memo(shape)
     hit = memo.get(key)
     if isinstance(hit, _LayerCosts):
         return hit

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from llmgw.cardclass import GIB
-from llmgw.engines.base import Card, CardNeed, CardSplit
+from llmgw.engines.base import CardNeed, CardSplit, SizingRequest
 from llmgw.engines.errors import EngineSingleCard
 from llmgw.engines.gang import EngineSingleNode, GangLaunch, GangMember
 from llmgw.engines.grammar import Grammar, RefusedFlag
@@ -108,29 +108,18 @@ class OneCardEngine:
         """None kept."""
         return 0
 
-    def card_need(
-        self,
-        shape: ModelShape,
-        *,
-        args: Sequence[str],
-        tokens: int,
-        slots: int,
-        cards: int,
-        card_memory_bytes: int,
-        card: Card | None = None,
-        engine_version: str = "",
-    ) -> CardNeed:
+    def card_need(self, shape: ModelShape, asked: SizingRequest) -> CardNeed:
         """Its weights on one card, against the card less `SINGLE_CARD_RESERVE_BYTES`.
 
         Raises:
             EngineSingleCard: more than one card.
         """
+        cards, total = asked.cards, asked.card_memory_bytes
         if cards > 1:
             raise EngineSingleCard(
                 f"{self.name} runs on one card only, not {cards}: serve it on one",
                 engine=self.name,
             )
-        total = card_memory_bytes
         budget = max(total - SINGLE_CARD_RESERVE_BYTES, 1) if total else 0
         w = shape.weights_bytes
         return CardNeed(

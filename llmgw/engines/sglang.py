@@ -20,6 +20,7 @@ from llmgw.engines.gang import GangLaunch, GangMember, sglang_launch
 from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, Grammar, RefusedFlag, switch
 from llmgw.engines.heads import TpOptions
 from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
+from llmgw.engines.memo import sizing_memo
 from llmgw.engines.tensor_parallel import TensorParallelEngine
 from llmgw.engines.versions import parse_version
 from llmgw.shape import Layer, LayerKind, ModelShape
@@ -402,15 +403,15 @@ def sglang_dsa_packed(args: Sequence[str]) -> bool:
 def sglang_cache_shape(shape: ModelShape, args: Sequence[str]) -> ModelShape:
     """`shape` as SGLang lays out its cache under `args`: its packed fp8 rows
     (`Layer.fp8_token_bytes`) dropped where `sglang_dsa_packed` says SGLang does not pack them.
-    The unpacked shape is built once per shape and kept in its `sizing_memo`."""
+    The unpacked shape is built once per shape and kept in its `sizing_memo` (`engines.memo`)."""
     if not any(la.fp8_token_bytes for la, _ in shape.distinct_layers) or sglang_dsa_packed(args):
         return shape
-    kept = shape.sizing_memo.get("sglang_unpacked")
+    kept = sizing_memo(shape).get("sglang_unpacked")
     if isinstance(kept, ModelShape):
         return kept
     layers = tuple(replace(la, fp8_token_bytes=0) for la in shape.layers)
     unpacked = replace(shape, layers=layers)
-    shape.sizing_memo["sglang_unpacked"] = unpacked
+    sizing_memo(shape)["sglang_unpacked"] = unpacked
     return unpacked
 
 

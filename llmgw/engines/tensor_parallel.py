@@ -13,7 +13,7 @@ from dataclasses import replace
 from fractions import Fraction
 from typing import ClassVar
 
-from llmgw.engines.base import Card, CardNeed, CardSplit, Overhead
+from llmgw.engines.base import Card, CardNeed, CardSplit, Overhead, SizingRequest
 from llmgw.engines.gang import EngineSingleNode, GangLaunch, GangMember
 from llmgw.engines.grammar import Flag, Grammar, RefusedFlag
 from llmgw.engines.heads import TpOptions, tp_failure
@@ -23,6 +23,7 @@ from llmgw.engines.kvcache import (
     layer_bytes_on_card,
     token_bytes_on_card,
 )
+from llmgw.engines.memo import sizing_memo
 from llmgw.shape import ModelShape
 
 
@@ -191,24 +192,15 @@ class TensorParallelEngine:
         pool = self.pool(args, tokens=tokens, sequences=sequences, card_memory_bytes=0)
         return sum(layer_bytes_on_card(shape, pool, tp=tp, dtype=dtype)) * tp
 
-    def card_need(
-        self,
-        shape: ModelShape,
-        *,
-        args: Sequence[str],
-        tokens: int,
-        slots: int,
-        cards: int,
-        card_memory_bytes: int,
-        card: Card | None = None,
-        engine_version: str = "",
-    ) -> CardNeed:
+    def card_need(self, shape: ModelShape, asked: SizingRequest) -> CardNeed:
         """A card's share of the weights and of its pipeline stage's KV, plus the engine's
         overhead, against its budget (`overhead_and_budget`); the KV pool the engine
         allocates there (the budget less the rest), its tokens and requests of `tokens`."""
-        sequences = max(slots, 1)
+        args, tokens, cards = asked.args, asked.tokens, asked.cards
+        card_memory_bytes = asked.card_memory_bytes
+        sequences = max(asked.slots, 1)
         shape = self.cache_shape(shape, args)
-        card = card or Card.of("", card_memory_bytes)
+        card = asked.card or Card.of("", card_memory_bytes)
         tp, pp, dtype, template = self._setting(
             shape, args, cards, card.cuda_bytes or card_memory_bytes
         )
@@ -225,7 +217,7 @@ class TensorParallelEngine:
             pp=pp,
             weights_card_bytes=weights_card,
             card=card,
-            engine_version=engine_version,
+            engine_version=asked.engine_version,
         )
         budget = over.budget_bytes if known else 0
         pool_bytes = max(budget - weights_card - over.total_bytes, 0) if budget else 0
@@ -260,13 +252,13 @@ class TensorParallelEngine:
     ) -> tuple[int, int, Fraction, CachePool]:
         """The (tp, pp) sizes, the cache type's bytes and the pool's layout (for no tokens yet)
         of `args` on `cards` cards: none of them depends on the context, so they are worked
-        out once per shape and setting and kept in its `sizing_memo` (bounded, SETTINGS_KEPT)
-        under the arguments less the context flag's value."""
+        out once per shape and setting and kept in its `sizing_memo` (`engines.memo`;
+        bounded, SETTINGS_KEPT) under the arguments less the context flag's value."""
         key = (self.name, _without_value(args, self.context_flag), cards, card_memory_bytes)
-        kept = shape.sizing_memo.get("tp_settings")
+        kept = sizing_memo(shape).get("tp_settings")
         if not isinstance(kept, OrderedDict):
             kept = OrderedDict()
-            shape.sizing_memo["tp_settings"] = kept
+            sizing_memo(shape)["tp_settings"] = kept
         hit = kept.get(key)
         if hit is not None:
             kept.move_to_end(key)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmgw.cardclass import GIB, MIB
+from llmgw.engines.memo import sizing_memo
 from llmgw.shape import Compute, LayerKind, ModelShape
 
 ACTIVATION_BYTES = 2
@@ -126,9 +127,9 @@ def forward_cost(shape: ModelShape, *, tp: int, expert_parallel: bool = False) -
     """What a token of the profiling pass holds on one of `tp` cards (see the module text).
 
     Worked out once per shape and setting (the context changes none of it): kept in the
-    shape's `sizing_memo`, bounded."""
+    shape's `sizing_memo` (`llmgw.engines.memo`), bounded."""
     key = ("forward", tp, expert_parallel)
-    memo = shape.sizing_memo
+    memo = sizing_memo(shape)
     hit = memo.get(key)
     if isinstance(hit, ForwardCost):
         return hit

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from llmgw.cardclass import GIB, MIB
 from llmgw.engines.base import Card, Overhead
 from llmgw.engines.grammar import Grammar
+from llmgw.engines.memo import sizing_memo
 from llmgw.engines.torch_overhead import (
     ACTIVATION_BYTES,
     CUDA_GRAPH_BYTES_PER_LAYER,
@@ -225,6 +226,29 @@ Llama-3.2-11B-Vision, 128 requests), 'PyTorch activation peak memory takes 36.63
 CROSS_ATTENTION_MARGIN = 0.10
 """How far the figure above may stray: the widths' sum spans 46-51 KB a token around it."""
 
+FLASHINFER_SAMPLER_BYTES_PER_LOGIT = 13
+"""What the dummy sampler run holds a logit when vLLM samples with FlashInfer, with no tensor
+parallel term. Under V1 0.8-0.11 `TopKTopPSampler` (vllm/v1/sample/ops/topk_topp_sampler.py,
+read at v0.8.5, v0.9.2, v0.10.1.1, v0.10.2 and v0.11.0, whose flashinfer_sample and
+_dummy_sampler_run are 0.10.2's) takes FlashInfer whenever the package imports and
+VLLM_USE_FLASHINFER_SAMPLER is not set to 0 (0.8.5: a FlashInfer older than 0.2.3, the one
+vLLM's 0.8.5 image installs), and the PyTorch sort otherwise; from 0.12 (read at v0.12.0,
+v0.13.0, v0.16.0, v0.19.0) FlashInfer is opt-in (VLLM_USE_FLASHINFER_SAMPLER=1), so those ranges
+carry no FlashInfer figure. vLLM's own images install it (docker/Dockerfile: 0.2.1.post2 at
+v0.8.5, 0.2.6.post1 at v0.9.2, 0.3.0 at v0.10.2, 0.3.1 at v0.11.0); `pip install vllm` does not
+before 0.12 (requirements/cuda.txt). flashinfer_sample hands the logits to
+top_k_top_p_sampling_from_logits, which masks the top-k (fp32) and softmaxes (fp32) without a
+sort: the bf16 logits 2 B, their fp32 copy 4 (sampler.py forward), the masked logits 4 and the
+probabilities 4 are alive at once, 14 B counted. The figure is the logs': vLLM 0.10.1.1 on an
+A100 80GB with FlashInfer installed ('Using FlashInfer for top-p & top-k sampling'), Qwen2-7B at
+utilisation 0.25 and 0.5, printed 5.01 and 24.83 GiB, so 0.55 GiB of non-KV memory both times,
+of which 0.47 over 256 × 152064 logits: 12.9 B a logit (github.com/dennislee22/
+vLLM-benchmarking log/vllm-7B-1gpuA10080GB-0.25GRAM.log, -0.5GRAM.log). At tp 2 the same setup
+printed 12.02 and 31.83 GiB: 0.67 GiB, the tp 1 figure plus NCCL's PCIe step and no gather term;
+the PyTorch sort's 28 B (+10 at tp > 1) is what the other logs show (gt-038, gt-039, which do not
+name their sampler, and the same repository's A100 40GB run at tp 2, which says FlashInfer is
+not available: 11.03 GiB)."""
+
 TP_GATHER_BYTES_PER_LOGIT = 10
 """With tensor parallel the LM head's vocabulary shards are all-gathered into whole logits
 (the gather buffer and its reshaped copy in bf16, before the fp32 cast): gt-039 (tp 4, 256 ×
@@ -252,6 +276,10 @@ class VllmRules(Ranged):
     where a logged run shows it, else 0)."""
     nvlink_non_torch_bytes: int = NVLINK_NON_TORCH_V1
     """What tensor parallel adds to non-torch memory on NVLink cards (NVLINK_NON_TORCH_*)."""
+    flashinfer_bytes_per_logit: int = 0
+    """The sampler's bytes a logit when FlashInfer is installed and the range's sampler takes it
+    by default (FLASHINFER_SAMPLER_BYTES_PER_LOGIT: V1 0.8-0.11), else 0: the range's figure
+    holds whatever is installed."""
 
 
 VLLM_RULES: tuple[VllmRules, ...] = (
@@ -301,8 +329,19 @@ VLLM_RULES: tuple[VllmRules, ...] = (
         96 * MIB,
         tp_gather_bytes_per_logit=TP_GATHER_BYTES_PER_LOGIT,
         nvlink_non_torch_bytes=NVLINK_NON_TORCH_V1_EARLY,
+        flashinfer_bytes_per_logit=FLASHINFER_SAMPLER_BYTES_PER_LOGIT,
     ),
-    VllmRules((0, 11, 0), (0, 17, 0), "vLLM V1 0.11 to 0.16", 0.90, 38, 224 * MIB, 96 * MIB),
+    VllmRules(
+        (0, 11, 0),
+        (0, 12, 0),
+        "vLLM V1 0.11.x",
+        0.90,
+        38,
+        224 * MIB,
+        96 * MIB,
+        flashinfer_bytes_per_logit=FLASHINFER_SAMPLER_BYTES_PER_LOGIT,
+    ),
+    VllmRules((0, 12, 0), (0, 17, 0), "vLLM V1 0.12 to 0.16", 0.90, 38, 224 * MIB, 96 * MIB),
     VllmRules((0, 17, 0), (0, 21, 0), "vLLM V1 0.17 to 0.20", 0.90, 14, 120 * MIB, 256 * MIB),
     VllmRules((0, 21, 0), None, "vLLM V1 0.21 and later", 0.92, 30, 0, 272 * MIB, True),
 )
@@ -458,8 +497,8 @@ def vllm_overhead(
 
     Worked out once per shape and setting: with chunked prefill (V1's default) and a known
     version nothing here depends on the context, so the answer is kept in the shape's
-    `sizing_memo` under the arguments with `--max-model-len`'s value left out (bounded,
-    OVERHEADS_KEPT)."""
+    `sizing_memo` (`engines.memo`) under the arguments with `--max-model-len`'s value left
+    out (bounded, OVERHEADS_KEPT)."""
     rules, _ = pick(VLLM_RULES, engine_version)
     token_free = not rules.v0 and not grammar.has(args, NO_CHUNKED_PREFILL)
     key = (
@@ -472,10 +511,10 @@ def vllm_overhead(
         default_utilisation,
         grammar.engine,
     )
-    kept = shape.sizing_memo.get("vllm_overheads")
+    kept = sizing_memo(shape).get("vllm_overheads")
     if not isinstance(kept, OrderedDict):
         kept = OrderedDict()
-        shape.sizing_memo["vllm_overheads"] = kept
+        sizing_memo(shape)["vllm_overheads"] = kept
     over = kept.get(key)
     if isinstance(over, Overhead):
         kept.move_to_end(key)
@@ -518,10 +557,10 @@ def _unknown_spread(
     a version in no known range carries (each range with its own batch: V0 profiles the whole
     context when chunked prefill is off). Kept per shape under the arguments less the context
     and the batch V0 would profile, which is all the context changes here."""
-    kept = shape.sizing_memo.get("vllm_spreads")
+    kept = sizing_memo(shape).get("vllm_spreads")
     if not isinstance(kept, OrderedDict):
         kept = OrderedDict()
-        shape.sizing_memo["vllm_spreads"] = kept
+        sizing_memo(shape)["vllm_spreads"] = kept
     flags = kept.get((masked, card))
     if not isinstance(flags, BatchFlags):
         flags = kept[(masked, card)] = batch_flags(grammar, args, card)
@@ -616,8 +655,9 @@ def _vllm_overhead(
     rules = profile.rules
     expert_parallel = grammar.has(args, EXPERT_PARALLEL)
     forward = forward_cost(shape, tp=tp, expert_parallel=expert_parallel)
+    flashinfer = bool(rules.flashinfer_bytes_per_logit) and declares_flashinfer(engine_version)
     activation, activation_margin = _activation(
-        shape, forward, profile, rules, tp, images_per_prompt(grammar, args)
+        shape, forward, profile, rules, tp, images_per_prompt(grammar, args), flashinfer
     )
     eager = grammar.has(args, ENFORCE_EAGER)
     layers = layers_per_stage(shape, pp)
@@ -647,6 +687,15 @@ def _vllm_overhead(
         + int(card.cuda_margin_bytes * util)
     )
     said = profile.rules_said
+    if flashinfer:
+        said += "; sampler FlashInfer's (the version's +flashinfer label)"
+    elif rules.flashinfer_bytes_per_logit:
+        lower = activation - flashinfer_peak(shape, forward, profile, tp, grammar, args)
+        if lower > 0:
+            said += (
+                f"; sampler as PyTorch's sort (with FlashInfer installed, as in vLLM's image, "
+                f"the peak is {lower / GIB:.2f} GiB lower and the pool that much larger)"
+            )
     if step_said:
         said += f"; {step_said}"
     if graphs_out:
@@ -667,6 +716,34 @@ def _vllm_overhead(
     )
 
 
+FLASHINFER_LABEL = "flashinfer"
+"""The local version label (PEP 440, after "+") by which a profile or a node says its vLLM has
+FlashInfer installed, "0.10.2+flashinfer": vLLM's V1 0.8-0.11 sampler then takes it
+(FLASHINFER_SAMPLER_BYTES_PER_LOGIT) and the planner sizes the peak by it. Nothing in the
+arguments tells it, and vLLM's own version string does not carry it."""
+
+
+def declares_flashinfer(engine_version: str) -> bool:
+    """Whether `engine_version`'s local label (after "+") names FlashInfer (FLASHINFER_LABEL)."""
+    _, plus, local = engine_version.partition("+")
+    return bool(plus) and FLASHINFER_LABEL in local.lower()
+
+
+def flashinfer_peak(
+    shape: ModelShape,
+    forward: ForwardCost,
+    profile: VllmProfile,
+    tp: int,
+    grammar: Grammar,
+    args: Sequence[str],
+) -> int:
+    """The profile run's torch peak under `profile` when vLLM samples with FlashInfer
+    (FLASHINFER_SAMPLER_BYTES_PER_LOGIT): what an install with FlashInfer prints, where the
+    range takes it by default; the range's own figure where it does not."""
+    images = images_per_prompt(grammar, args)
+    return _activation(shape, forward, profile, profile.rules, tp, images, flashinfer=True)[0]
+
+
 def images_per_prompt(grammar: Grammar, args: Sequence[str]) -> int:
     """The images a dummy request carries: `--limit-mm-per-prompt`'s image count (written
     `image=N` or as JSON `{"image": N}`), 1 when it does not say."""
@@ -682,6 +759,7 @@ def _activation(
     rules: VllmRules,
     tp: int,
     images: int = 1,
+    flashinfer: bool = False,
 ) -> tuple[int, int]:
     """The profile run's torch peak under `rules` and its margin: the larger of the forward
     pass over the batch and the dummy sampler over its requests (with the hidden states of
@@ -691,23 +769,33 @@ def _activation(
     tokens = shape.compute.cross_attention_image_tokens if shape.compute else 0
     if rules.v0 and tokens:
         tower = profile.max_num_seqs * images * tokens * CROSS_ATTENTION_IMAGE_TOKEN_BYTES
-        peak, margin = _text_activation(shape, forward, profile, rules, tp)
+        peak, margin = _text_activation(shape, forward, profile, rules, tp, flashinfer)
         if tower > peak:
             return tower, int(tower * CROSS_ATTENTION_MARGIN)
         return peak, margin
-    return _text_activation(shape, forward, profile, rules, tp)
+    return _text_activation(shape, forward, profile, rules, tp, flashinfer)
 
 
 def _text_activation(
-    shape: ModelShape, forward: ForwardCost, profile: VllmProfile, rules: VllmRules, tp: int
+    shape: ModelShape,
+    forward: ForwardCost,
+    profile: VllmProfile,
+    rules: VllmRules,
+    tp: int,
+    flashinfer: bool = False,
 ) -> tuple[int, int]:
-    """`_activation` for the forward pass and the sampler."""
+    """`_activation` for the forward pass and the sampler (`flashinfer`: FlashInfer's sampler,
+    FLASHINFER_SAMPLER_BYTES_PER_LOGIT, where the range takes it when installed)."""
     batched = profile.batched_tokens
     forward_bytes = forward.bytes(batched)
     hidden_bytes = batched * activation_width(shape) * ACTIVATION_BYTES
     rows = min(profile.max_num_seqs, batched)
-    per_logit = rules.sampler_bytes_per_logit + (rules.tp_gather_bytes_per_logit if tp > 1 else 0)
-    sampler_bytes = rows * vocab_size(shape) * per_logit + rules.sampler_fixed_bytes + hidden_bytes
+    if flashinfer and rules.flashinfer_bytes_per_logit:
+        per_logit, fixed = rules.flashinfer_bytes_per_logit, 0
+    else:
+        gather = rules.tp_gather_bytes_per_logit if tp > 1 else 0
+        per_logit, fixed = rules.sampler_bytes_per_logit + gather, rules.sampler_fixed_bytes
+    sampler_bytes = rows * vocab_size(shape) * per_logit + fixed + hidden_bytes
     if rules.v0 and profile.chunked_prefill:
         sampler_bytes = 0  # V0_CHUNKED_SAMPLER: its chunked profile run peaked at the forward pass
     retained = hidden_bytes if shape.compute is not None and shape.compute.vision else 0

@@ -326,7 +326,7 @@ def _resize_profile(
     use_slots = slots_for(engine, slots or engine.slots(profile.args), sequences)
     batched = with_sequences(engine, profile.args, sequences)
     args = tuple(engine.with_context(batched, tokens, use_slots))
-    new_profile = replace(profile, args=args)
+    new_profile = profile.with_args(args)
     if shape is None:
         return new_profile, ProfileChange(
             profile=profile.name,

@@ -8,11 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from llmgw.engines.base import CardNeed, Engine
+from llmgw.engines.memo import sizing_memo
 from llmgw.engines.versions import parse_version
 from llmgw.model import Inventory, Profile
 from llmgw.shape import ModelShape
 from planner_svc.domain.cards import GIB, card_of
-from planner_svc.domain.memory import card_need
+from planner_svc.domain.memory import SizingRequest, card_need
 
 MIN_CONTEXT_TOKENS = 256
 """The shortest context the planner accepts (the reference's SetContext rule)."""
@@ -66,10 +67,8 @@ def measure(
     if need is not None:
         kept.move_to_end(key)
         return Fit(need)
-    need = card_need(
-        engine.name,
-        shape,
-        args=args,
+    asked = SizingRequest(
+        args=key[1],
         tokens=tokens,
         slots=slots,
         cards=cards,
@@ -77,12 +76,13 @@ def measure(
         card=card,
         engine_version=version,
     )
+    need = card_need(engine.name, shape, asked)
     if from_nodes:
         need = replace(
             need, rules=f"{need.rules}; {version} is what the {profile.gpu_class} nodes run"
         )
-    small = len(need.devices) <= NEEDS_DEVICES_KEPT and len(key[1]) <= NEEDS_ARGS_KEPT
-    if small and sum(map(len, key[1])) <= NEEDS_ARGS_CHARS_KEPT:
+    small = len(need.devices) <= NEEDS_DEVICES_KEPT and len(asked.args) <= NEEDS_ARGS_KEPT
+    if small and sum(map(len, asked.args)) <= NEEDS_ARGS_CHARS_KEPT:
         kept[key] = need
         while len(kept) > NEEDS_KEPT:
             kept.popitem(last=False)
@@ -115,11 +115,11 @@ memory held stays bounded: at most NEEDS_KEPT small needs a shape)."""
 
 
 def _needs_of(shape: ModelShape) -> OrderedDict[object, CardNeed]:
-    """The needs kept with `shape` (in its `sizing_memo`)."""
-    kept = shape.sizing_memo.get("needs")
+    """The needs kept with `shape` (in its `sizing_memo`, `llmgw.engines.memo`)."""
+    kept = sizing_memo(shape).get("needs")
     if not isinstance(kept, OrderedDict):
         kept = OrderedDict()
-        shape.sizing_memo["needs"] = kept
+        sizing_memo(shape)["needs"] = kept
     return kept
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from llmgw.engines import registry
-from llmgw.engines.base import Card, CardNeed
+from llmgw.engines.base import CardNeed, SizingRequest
 from llmgw.engines.kvcache import CachePool, layer_bytes_on_card
 from llmgw.shape import ModelShape
 from planner_svc.domain import errors
@@ -21,6 +21,7 @@ from planner_svc.domain.kvcache import check_pool, kv_bytes_per_token_per_card, 
 __all__ = [
     "CardNeed",
     "RamNeed",
+    "SizingRequest",
     "cache_dtype_bytes",
     "card_need",
     "kv_bytes_per_token_per_card",
@@ -61,39 +62,21 @@ def tensor_parallel(engine: str, args: Sequence[str], cards: int) -> tuple[int, 
     return registry.get(engine).tensor_parallel(args, cards)
 
 
-def card_need(
-    engine: str,
-    shape: ModelShape,
-    *,
-    args: Sequence[str],
-    tokens: int,
-    slots: int,
-    cards: int,
-    card_memory_bytes: int,
-    card: Card | None = None,
-    engine_version: str = "",
-) -> CardNeed:
-    """What a replica of `engine` serving `shape` needs on each of its cards.
+def card_need(engine: str, shape: ModelShape, asked: SizingRequest) -> CardNeed:
+    """What a replica of `engine` serving `shape` needs on each of its cards, for what `asked`
+    says (`SizingRequest`: the arguments set for its context and card count, tokens, slots,
+    cards, the card and the engine version).
 
-    Args:
-        engine: a registered engine's name or alias.
-        shape: the model's shape.
-        args: the engine's arguments, set for this context and card count.
-        tokens: one request's context (llama.cpp: per slot).
-        slots: requests held at full length at once (llama.cpp's `--parallel`; 1 elsewhere).
-        cards: cards of one replica (0: from the arguments).
-        card_memory_bytes: one card's memory as NVML reports it; 0 when not known (budget 0).
-        card: the card with NVML's and CUDA's totals (None: CUDA's derived from NVML's).
-        engine_version: the profile's engine version ("": the newest rules known).
     Raises:
         UnknownEngine, EngineRefuses (arguments the engine refuses), EngineSingleCard,
         InvalidRequest (negative numbers).
     """
     found = registry.get(engine)
-    if tokens < 0 or slots < 0 or card_memory_bytes < 0 or cards < 0:
+    tokens, slots, cards, memory = asked.tokens, asked.slots, asked.cards, asked.card_memory_bytes
+    if tokens < 0 or slots < 0 or memory < 0 or cards < 0:
         raise errors.InvalidRequest(
             f"tokens ({tokens}), slots ({slots}), cards ({cards}) and card memory "
-            f"({card_memory_bytes}) cannot be negative",
+            f"({memory}) cannot be negative",
             field="tokens"
             if tokens < 0
             else "slots"
@@ -102,16 +85,7 @@ def card_need(
             if cards < 0
             else "inventory",
         )
-    return found.card_need(
-        shape,
-        args=args,
-        tokens=tokens,
-        slots=slots,
-        cards=cards,
-        card_memory_bytes=card_memory_bytes,
-        card=card,
-        engine_version=engine_version,
-    )
+    return found.card_need(shape, asked)
 
 
 @dataclass(frozen=True)

@@ -202,6 +202,42 @@ async def test_too_few_requests_hold_the_step(tmp_path: Path) -> None:
     assert "of the 1000 requests" in status.findings[0]
 
 
+async def test_a_step_held_past_max_hold_s_fails_the_canary_and_undoes_it(
+    tmp_path: Path,
+) -> None:
+    """Too few requests for longer than max_hold_s: FAILED with CANARY_ANALYSIS_FAILED naming
+    `hold_s` and its threshold, and the canary replica retired."""
+    async with cluster(tmp_path) as (_fleet, stub, _agents):
+        await ready_model(stub)
+        router = Router(stub, "vmodel")
+        gateway = ScriptedGateway(stub, "gw-a")
+        answer = await stub.SetContext(
+            fleet_pb2.SetContextRequest(
+                name="vmodel", tokens=4096, canary=policy(step_min_requests=1000, max_hold_s=2)
+            )
+        )
+        rid, new = answer.rollout_id, answer.model.revision
+
+        async def failed() -> bool:
+            got = await stub.GetRollout(fleet_pb2.GetRolloutRequest(id=rid))
+            return got.rollout.state == fleet_pb2.ROLLOUT_STATE_FAILED
+
+        async with reporting(gateway, router, lambda ep: Seen(requests=5)):
+            await assert_eventually(failed, what="the held canary failed", timeout_s=30)
+        ro = (await stub.GetRollout(fleet_pb2.GetRolloutRequest(id=rid))).rollout
+
+        async def retired() -> bool:
+            return not [r for r in await replicas(stub) if r.revision == new]
+
+        await assert_eventually(retired, what="the canary replica retired", timeout_s=10)
+        await router.stop()
+    assert ro.failure.reason == "CANARY_ANALYSIS_FAILED"
+    assert ro.failure.metadata["failed_checks"] == "hold_s"
+    assert ro.failure.metadata["hold_s_threshold"] == "2"
+    assert float(ro.failure.metadata["hold_s"]) >= 2
+    assert "of the 1000 requests a step needs in" in ro.reason
+
+
 async def test_two_gateways_are_summed_and_a_repeated_interval_counts_once(
     tmp_path: Path,
 ) -> None:

@@ -251,3 +251,50 @@ async def test_an_unchecked_plan_is_applied_only_when_asked(tmp_path: Path) -> N
         )
         assert applied.model.revision == 2
         assert applied.model.model.profiles[0].gpus_per_node == 2
+
+
+async def test_a_batch_asked_of_set_context_and_set_gpus_reaches_the_engine(
+    tmp_path: Path,
+) -> None:
+    """SetContext with `sequences` writes that batch to the engine's own flag (vLLM
+    --max-num-seqs) and the new replicas run it; the answer says it does not fit (64 requests
+    of 8192 tokens are more than Llama-3.1-8B's pool holds on one H100), which is said, not
+    refused. Asked again, and of SetGPUs at the same count, it is unchanged; a smaller batch
+    through SetGPUs is a change that fits; a batch out of range is refused INVALID_ARGUMENT
+    and nothing is written."""
+    async with cluster(tmp_path) as (_fleet, stub, agents):
+        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=vllm_model(1)))
+        await settled(stub, 1)
+        answer = await stub.SetContext(
+            fleet_pb2.SetContextRequest(name="vmodel", tokens=8192, sequences=64)
+        )
+        assert answer.rollout_id and not answer.unchanged
+        assert [(b.profile, b.sequences, b.tokens, b.flag) for b in answer.batches] == [
+            ("gpu", 64, 8192, "--max-num-seqs")
+        ]
+        assert not answer.batches[0].fits and 0 < answer.batches[0].contexts_held < 64
+        args = tuple(answer.model.model.profiles[0].args)
+        assert args == ("--max-model-len", "8192", "--max-num-seqs", "64")
+        events = await events_of(stub, answer.rollout_id)
+        assert events[-1].kind == fleet_pb2.ROLLOUT_EVENT_KIND_ROLLOUT_SUCCEEDED
+        (running,) = await settled(stub, 1)
+        assert sent_specs(agents, running)[-1] == (2, args)
+        again = await stub.SetContext(
+            fleet_pb2.SetContextRequest(name="vmodel", tokens=8192, sequences=64)
+        )
+        same = await stub.SetGPUs(fleet_pb2.SetGPUsRequest(name="vmodel", gpus=1, sequences=64))
+        assert again.unchanged and same.unchanged
+        assert [b.sequences for b in same.batches] == [64]
+        fewer = await stub.SetGPUs(
+            fleet_pb2.SetGPUsRequest(name="vmodel", gpus=1, sequences=16, dry_run=True)
+        )
+        assert not fewer.unchanged and fewer.model.revision == 0
+        assert "--max-num-seqs" in fewer.model.model.profiles[0].args
+        assert [(b.sequences, b.fits) for b in fewer.batches] == [(16, True)]
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.SetContext(
+                fleet_pb2.SetContextRequest(name="vmodel", tokens=8192, sequences=-1)
+            )
+        assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        history = await stub.ListModelRevisions(fleet_pb2.ListModelRevisionsRequest(name="vmodel"))
+        assert [r.revision for r in history.revisions] == [1, 2]

@@ -7,8 +7,10 @@ import asyncio
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
+from llmgw.fleet.v1 import fleet_pb2
 from llmgw.testing.scripted_agent import ScriptedAgent
 from tests.integration.test_cli_ctl import PATIENT, _env, ctl, write_model
 from tests.support.fleet import running_fleet
@@ -75,6 +77,38 @@ async def test_apply_creates_then_is_unchanged_then_diffs_and_prunes(tmp_path: P
             assert pruned.out.splitlines() == ["model/qwen-b unchanged", "model/qwen-a pruned"]
             names = await ctl(fleet.port, "model", "list", "-o", "name")
             assert names.out.splitlines() == ["model/qwen-b"]
+        finally:
+            await agent.stop()
+
+
+async def test_apply_with_canary_flags_rolls_a_changed_model_out_as_that_canary(
+    tmp_path: Path,
+) -> None:
+    """`apply -f` with --canary-* flags rolls a changed model out as a canary with exactly the
+    policy the flags give; the same flags on an unchanged model start nothing."""
+    path = write_model(tmp_path / "m.yaml", name="qwen", replicas=1)
+    async with running_fleet(tmp_path, liveness=PATIENT) as (fleet, stub):
+        agent = ScriptedAgent(f"127.0.0.1:{fleet.port}", "node-a", gpus=4)
+        agent.start()
+        try:
+            created = await ctl(fleet.port, "apply", "-f", str(path))
+            assert created.code == 0, created.err
+            flags = ["--canary-steps", "20,100", "--canary-step-s", "600"]
+            flags += ["--canary-min-requests", "7", "--canary-max-error-ratio", "0.05"]
+            same = await ctl(fleet.port, "apply", "-f", str(path), *flags, "-o", "json")
+            assert same.code == 0, same.err
+            assert same.json()["models"][0]["rollout_id"] == ""
+            _tweak(path)
+            done = await ctl(fleet.port, "apply", "-f", str(path), *flags, "-o", "json")
+            assert done.code == 0, done.err
+            rid = done.json()["models"][0]["rollout_id"]
+            assert rid.startswith("ro-"), done.out
+            got = await stub.GetRollout(fleet_pb2.GetRolloutRequest(id=rid), timeout=10)
+            assert got.rollout.strategy == fleet_pb2.STRATEGY_CANARY
+            policy = got.rollout.canary.policy
+            assert list(policy.steps) == [20, 100]
+            assert (policy.step_min_s, policy.step_min_requests) == (600, 7)
+            assert policy.max_error_ratio == pytest.approx(0.05)
         finally:
             await agent.stop()
 

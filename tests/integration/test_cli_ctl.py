@@ -657,3 +657,43 @@ async def test_an_unchecked_plan_is_refused_unless_allow_unchecked(tmp_path: Pat
         assert run.code == 0, run.err
         got = await stub.GetModel(fleet_pb2.GetModelRequest(name="qwen"))
         assert (got.model.revision, got.model.model.profiles[0].gpus_per_node) == (2, 2)
+
+
+async def test_model_context_and_gpus_carry_a_batch_and_print_whether_it_fits(
+    tmp_path: Path,
+) -> None:
+    """`model context ... --sequences N` and `model gpus ... --sequences N` ask the fleet for
+    that batch: the planner writes it to vLLM's --max-num-seqs and each prints the batch's
+    verdict after the change (and `--json` carries it); a negative count is bad usage."""
+    path = write_model(tmp_path / "m.yaml")
+    data = yaml.safe_load(path.read_text())
+    data["shape"] = LLAMA_8B_SHAPE
+    path.write_text(yaml.safe_dump(data))
+    async with (
+        running_planner() as (planner, _p, _c),
+        _running_fleet(tmp_path, liveness=PATIENT, planner=f"127.0.0.1:{planner.port}") as (
+            fleet,
+            _stub,
+        ),
+    ):
+        agent = ScriptedAgent(f"127.0.0.1:{fleet.port}", "node-a", gpus=4)
+        agent.start()
+        try:
+            assert (await ctl(fleet.port, "model", "create", str(path))).code == 0
+            run = await ctl(
+                fleet.port, "model", "context", "qwen", "8192", "--sequences", "16", "--dry-run"
+            )
+            assert run.code == 0, run.err
+            assert "batch of 16 x 8192 tokens on gpu (vllm, --max-num-seqs): fits" in run.out
+            gpus = await ctl(
+                fleet.port, "model", "gpus", "qwen", "1", "--sequences", "16", "--dry-run", "--json"
+            )
+            assert gpus.code == 0, gpus.err
+            answer = gpus.json()
+            assert [(b["sequences"], b["fits"]) for b in answer["batches"]] == [(16, True)]
+            args = answer["model"]["model"]["profiles"][0]["args"]
+            assert args[args.index("--max-num-seqs") + 1] == "16"
+            bad = await ctl(fleet.port, "model", "context", "qwen", "8192", "--sequences", "-1")
+            assert bad.code == EXIT_USAGE and "--sequences" in bad.err
+        finally:
+            await agent.stop()

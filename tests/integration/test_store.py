@@ -975,6 +975,21 @@ def test_node_reports_are_read_after_a_seq_and_replaced_by_node(store: Store) ->
     assert store.list_node_reports(newer[0].seq) == []
 
 
+def test_a_node_report_read_again_is_the_one_written_last(store: Store) -> None:
+    """Reading a node's row again gives its latest report, whether it was refreshed with the
+    same report (a holder's refresh) or changed, however often it was read before."""
+    a = NodeReport("node-a", "fleet-2", "s1", True, 10.0, {"ack": {"version": 1}})
+    store.put_node_reports([a])
+    [first] = store.list_node_reports()
+    store.put_node_reports([replace(a, heard_at=11.0)])
+    [same] = store.list_node_reports(first.seq)
+    assert (same.heard_at, same.report) == (11.0, a.report)
+    store.put_node_reports([replace(a, heard_at=12.0, report={"ack": {"version": 2}})])
+    [changed] = store.list_node_reports(same.seq)
+    assert (changed.heard_at, changed.report) == (12.0, {"ack": {"version": 2}})
+    assert [r.report for r in store.list_node_reports()] == [{"ack": {"version": 2}}]
+
+
 def test_desired_sets_are_read_after_a_seq_and_replaced_by_node(store: Store) -> None:
     """Desired sets read back byte for byte by seq; a node's newer set replaces its older."""
     store.put_desired([DesiredRecord("node-a", 3, b"\x00\x01set"), DesiredRecord("node-b", 4, b"")])

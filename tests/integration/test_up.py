@@ -25,8 +25,8 @@ import httpx
 import pytest
 
 from llmgw.cli.supervisor import port_taken
-from llmgw.cli.up import gpu_class_of
 from llmgw.cli.up_build import ENV_BUILD
+from llmgw.cli.up_plan import gpu_class_of
 from llmgw.clients import FleetClient
 from llmgw.clients.convert import Model
 from llmgw.demo.catalog import (
@@ -458,11 +458,13 @@ print("[llama-server] configuring (-DCMAKE_BUILD_TYPE=Release)", flush=True)
 print("[llama-server] compiling llama-server and libllama with 2 jobs", flush=True)
 for step in (1, 2):
     print(f"[{{step}}/4] Building CXX object", flush=True)
-gate = pathlib.Path({gate!r})
-while not gate.exists():
-    time.sleep(0.1)
-for step in (3, 4):
-    print(f"[{{step}}/4] Building CXX object", flush=True)
+def held(gate):
+    while not pathlib.Path(gate).exists():
+        time.sleep(0.1)
+held({gate!r})
+print("[3/4] Building CXX object", flush=True)
+held({gate!r} + ".2")
+print("[4/4] Building CXX object", flush=True)
 binary = pathlib.Path(os.environ["HOME"], ".cache/llmgw/llama.cpp/bin/llama-server")
 binary.parent.mkdir(parents=True, exist_ok=True)
 binary.write_text("#!/bin/sh\\nexec {python} -m fleet_svc.standin \\"$@\\"\\n")
@@ -493,7 +495,9 @@ def test_up_is_ready_while_llama_server_builds_then_rolls_llama_cpp_onto_it(
     agent restarts with it, leaving its engines running, and the llama.cpp example rolls out
     onto the built llama-server (its source now the GGUF's path, revision 2, READY); every
     engine is gone when up stops. The build is a stand-in ($LLMGW_LLAMA_SERVER_BUILD) held
-    until the test lets it finish."""
+    twice: at 50 % until the test lets it go on, and at 75 % until up has told that phase
+    (up tells the latest phase each time it looks, so a build that raced from 50 % to built
+    between two looks would tell no phase between)."""
     gate = tmp_path / "let-the-build-finish"
     fake_build = tmp_path / "fake_build.py"
     fake_build.write_text(FAKE_BUILD.format(gate=str(gate), python=sys.executable))
@@ -510,8 +514,9 @@ def test_up_is_ready_while_llama_server_builds_then_rolls_llama_cpp_onto_it(
         first = next(r for r in up.replicas() if r["model"] == GGUF_MODEL)
         assert first["phase"] == "REPLICA_PHASE_READY" and first["revision"] == "1"
         gate.touch()
-        said = _said(up, f"catalog: updated {GGUF_MODEL}")
-        assert any("llama-server build: compiling" in line for line in said), said
+        said = _said(up, "llama-server build: compiling")
+        Path(f"{gate}.2").touch()
+        said += _said(up, f"catalog: updated {GGUF_MODEL}")
         assert any(f"llama-server built ({built})" in line for line in said), said
         source = str(up.data / "models" / "tiny-llama.gguf")
 

@@ -88,3 +88,36 @@ async def test_a_stream_s_row_keeps_at_most_max_observed_replicas(tmp_path: Path
         assert news.observed["r0"].phase is ReplicaPhase.READY
     finally:
         task.cancel()
+
+
+async def test_a_refresh_due_takes_along_the_rows_past_half_their_interval(
+    tmp_path: Path,
+) -> None:
+    """While following, a row due for its refresh (one heartbeat interval old) is written
+    with every row at least half an interval old, so the streams' refreshes fall into one
+    write; a row written more recently waits, and no row waits past its interval: the rows
+    end up refreshed together."""
+    store = SQLiteStore(tmp_path / "f.db")
+    clock = FakeClock()
+    relay = NodeRelay(store, clock, "fleet-b", LIVENESS, StoreCalls(store))
+    relay.follow()
+    for name, at in (("n1", 0.0), ("n2", 0.6), ("n3", 0.9)):
+        clock.set_wall(1000.0 + at)
+        relay.agent_connected(NodeView(name=name), [], StreamLink(name))
+        await relay._write()
+    top = max(r.seq for r in store.list_node_reports())
+    clock.set_wall(1001.2)  # n1 is due; n2 is 0.6 old, n3 0.3
+    await relay._write()
+    assert sorted(r.node for r in store.list_node_reports(top)) == ["n1", "n2"]
+    top = max(r.seq for r in store.list_node_reports())
+    clock.set_wall(1001.9)  # n3 is due; n1 and n2 are 0.7 old
+    await relay._write()
+    assert sorted(r.node for r in store.list_node_reports(top)) == ["n1", "n2", "n3"]
+    top = max(r.seq for r in store.list_node_reports())
+    clock.set_wall(1002.5)  # none is due
+    await relay._write()
+    assert store.list_node_reports(top) == []
+    clock.set_wall(1002.9)
+    await relay._write()
+    assert sorted(r.node for r in store.list_node_reports(top)) == ["n1", "n2", "n3"]
+    store.close()

@@ -15,12 +15,13 @@ from fleet_svc.app import Applied, ChangeOptions, FleetApp
 from fleet_svc.catalog import Catalog
 from fleet_svc.controller import Controller
 from fleet_svc.domain import errors
+from fleet_svc.domain.asked import ContextAsk, GPUsAsk
 from fleet_svc.domain.catalog import Entry
 from fleet_svc.domain.nodes import Card, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.reports import Observed
-from fleet_svc.domain.rollout import RolloutState, Strategy
+from fleet_svc.domain.rollout import EventKind, RolloutState, Strategy
 from fleet_svc.planner import Planned
 from fleet_svc.store.base import RolloutRequest, StoreUnavailable
 from fleet_svc.store.rows import rollout_record
@@ -48,10 +49,9 @@ class ScriptedPlanner:
         self.asked: list[tuple[str, Inventory]] = []
         self.meanwhile: Callable[[], None] = lambda: None
 
-    async def plan_gpus(
-        self, entry: Entry, inventory: Inventory, *, gpus: int, profile: str
-    ) -> Planned:
+    async def plan_gpus(self, entry: Entry, inventory: Inventory, ask: GPUsAsk) -> Planned:
         self.asked.append((entry.name, inventory))
+        gpus = ask.gpus
         self.meanwhile()
         profiles = tuple(
             replace(
@@ -62,13 +62,11 @@ class ScriptedPlanner:
             )
             for p in entry.model.profiles
         )
-        return Planned(profiles=profiles, report={"gpus": gpus})
+        return Planned(profiles=profiles, report=f"gpus={gpus}".encode())
 
-    async def size_context(
-        self, entry: Entry, inventory: Inventory, *, tokens: int, slots: int
-    ) -> Planned:
+    async def size_context(self, entry: Entry, inventory: Inventory, ask: ContextAsk) -> Planned:
         self.asked.append((entry.name, inventory))
-        return Planned(entry.model.profiles, report={}, context_length=tokens, max_output=1024)
+        return Planned(entry.model.profiles, report=b"", context_length=ask.tokens, max_output=1024)
 
     async def close(self) -> None:
         pass
@@ -177,9 +175,7 @@ async def set_gpus(
     """SetGPUs through the production path (`committed`)."""
     return await committed(
         fleet,
-        lambda: fleet.app.prepare_gpus(
-            name, gpus=gpus, profile=profile, etag=etag, options=options
-        ),
+        lambda: fleet.app.prepare_gpus(name, GPUsAsk(gpus, profile), etag=etag, options=options),
         options,
     )
 
@@ -191,7 +187,7 @@ async def set_context(
     return await committed(
         fleet,
         lambda: fleet.app.prepare_context(
-            name, tokens=tokens, slots=slots, etag=etag, options=options
+            name, ContextAsk(tokens, slots), etag=etag, options=options
         ),
         options,
     )
@@ -204,7 +200,7 @@ async def test_set_gpus_commits_the_planner_s_profiles_and_rolls_them_out(fleet:
     planned, applied = await set_gpus(fleet, "m", gpus=2, profile="", etag=etag, options=by())
     ((_, inventory),) = fleet.planner.asked
     assert [(n.name, n.gpus, n.free_gpus) for n in inventory.nodes] == [("n1", 4, 3)]
-    assert planned.report == {"gpus": 2}
+    assert planned.report == b"gpus=2"
     assert applied.revision.revision == 2 and applied.revision.updated_by == "bob"
     assert fleet.app.model("m").model.profiles[0].args == ("--tensor-parallel-size", "2")
     assert applied.restarted == 1 and applied.rollout_id
@@ -592,9 +588,7 @@ def planned_gpus(
     answers the rollout's id."""
 
     async def prepare() -> Callable[[], bytes]:
-        _, commit = await fleet.app.prepare_gpus(
-            "m", gpus=gpus, profile="", etag="", options=options
-        )
+        _, commit = await fleet.app.prepare_gpus("m", GPUsAsk(gpus), etag="", options=options)
         return lambda: commit().rollout_id.encode()
 
     return prepare
@@ -642,8 +636,8 @@ async def test_a_committed_change_runs_once_the_controller_takes_it_up(fleet: Fl
     assert again == first
     fleet.controller.tick()
     assert len(fleet.controller.state.replicas) == 2
-    events = [e.event["kind"] for e in fleet.store.list_events(rid)]
-    assert events.count("rollout_started") == 1
+    events = [e.event.kind for e in fleet.app.rollout_events(rid)]
+    assert events.count(EventKind.ROLLOUT_STARTED) == 1
 
 
 async def test_a_cancel_is_a_request_the_controller_carries_out(fleet: Fleet) -> None:
@@ -682,8 +676,8 @@ async def test_a_pending_rollout_cancelled_before_it_started_starts_nothing(
     assert ended.state is RolloutState.CANCELLED
     assert {s.new_id for s in ended.steps} == {""}
     assert list(fleet.controller.state.replicas) == ["r1"]
-    kinds = [e.event["kind"] for e in fleet.store.list_events(first.decode())]
-    assert kinds == ["rollout_cancelled"]
+    kinds = [(e.event.kind, e.state) for e in fleet.app.rollout_events(first.decode())]
+    assert kinds == [(EventKind.ROLLOUT_CANCELLED, RolloutState.CANCELLED)]
 
 
 async def test_a_pending_rollout_of_a_superseded_revision_never_starts(fleet: Fleet) -> None:

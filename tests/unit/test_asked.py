@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet_svc.domain.asked import context_asked, gpus_asked
+from fleet_svc.domain.asked import ContextAsk, GPUsAsk, context_asked, gpus_asked
 from llmgw.model import Model, Profile
 
 VLLM = Profile(name="gpu", engine="vllm", gpu_class="H100-80GB", gpus_per_node=1)
@@ -37,7 +37,7 @@ def model(*profiles: Profile, context: int = 8192) -> Model:
 )
 def test_context_asked(m: Model, tokens: int, slots: int, asked: bool) -> None:
     """Only a context or slot count the model's profiles do not run with is a change."""
-    assert context_asked(m, tokens=tokens, slots=slots) is asked
+    assert context_asked(m, ContextAsk(tokens, slots)) is asked
 
 
 @pytest.mark.parametrize(
@@ -81,4 +81,43 @@ def test_context_asked(m: Model, tokens: int, slots: int, asked: bool) -> None:
 def test_gpus_asked(m: Model, gpus: int, profile: str, asked: bool) -> None:
     """Only a card count (or the parallel sizes its args run) the profile does not have is a
     change."""
-    assert gpus_asked(m, gpus=gpus, profile=profile) is asked
+    assert gpus_asked(m, GPUsAsk(gpus, profile)) is asked
+
+
+BATCHED = Profile(
+    name="gpu",
+    engine="vllm",
+    args=("--max-num-seqs", "16"),
+    gpu_class="H100-80GB",
+    gpus_per_node=1,
+)
+TRTLLM = Profile(
+    name="trt",
+    engine="trtllm",
+    args=("--max_batch_size=8",),
+    gpu_class="H100-80GB",
+    gpus_per_node=1,
+)
+
+
+@pytest.mark.parametrize(
+    ("m", "sequences", "asked"),
+    [
+        (model(BATCHED), 0, False),  # no batch asked: the flag stays as it is
+        (model(BATCHED), 16, False),
+        (model(BATCHED), 32, True),
+        (model(VLLM), 16, True),  # no --max-num-seqs yet: the planner writes one
+        (model(TRTLLM), 8, False),  # --flag=value read as the engine reads it
+        (model(TRTLLM), 4, True),
+        (model(LLAMA), 2, False),  # llama.cpp's batch is its slots (--parallel 2)
+        (model(LLAMA), 4, True),
+    ],
+)
+def test_a_batch_is_asked_only_where_a_profile_does_not_run_it(
+    m: Model, sequences: int, asked: bool
+) -> None:
+    """A SetContext or SetGPUs asking for `sequences` concurrent requests is a change only
+    where a profile's batch flag (llama.cpp: its slots) says another number."""
+    assert context_asked(m, ContextAsk(m.context_length, 0, sequences)) is asked
+    cards = 1
+    assert gpus_asked(m, GPUsAsk(cards, "", sequences)) is asked

@@ -61,6 +61,10 @@ def test_a_policy_with_no_fields_takes_the_defaults() -> None:
         ({"max_error_ratio": float("nan")}, "max_error_ratio"),
         ({"max_p99_ttft_ms": -3}, "max_p99_ttft_ms"),
         ({"max_context_refusal_ratio": 2}, "max_context_refusal_ratio"),
+        ({"max_hold_s": -1}, "max_hold_s"),
+        ({"max_hold_s": 10**9}, "max_hold_s"),
+        ({"step_min_s": 300, "max_hold_s": 120}, "max_hold_s"),
+        ({"max_hold_s": 30}, "max_hold_s"),
     ],
 )
 def test_a_policy_that_cannot_run_is_refused_naming_its_field(
@@ -118,6 +122,8 @@ BASE = Figures(requests=5000, errors=10)
     ("policy", "canary", "elapsed_s", "verdict", "checks"),
     [
         (Policy(), replace(HEALTHY, requests=99, errors=99), 600.0, Verdict.HOLD, ()),
+        (Policy(max_hold_s=900), replace(HEALTHY, requests=99), 899.0, Verdict.HOLD, ()),
+        (Policy(max_hold_s=900), replace(HEALTHY, requests=99), 900.0, Verdict.FAIL, ("hold_s",)),
         (Policy(), HEALTHY, 10.0, Verdict.HOLD, ()),
         (Policy(), HEALTHY, 60.0, Verdict.PROMOTE, ()),
         (Policy(), replace(HEALTHY, errors=50), 1.0, Verdict.FAIL, ("error_ratio",)),
@@ -148,8 +154,8 @@ BASE = Figures(requests=5000, errors=10)
 def test_a_step_is_judged_on_its_figures(
     policy: Policy, canary: Figures, elapsed_s: float, verdict: Verdict, checks: tuple[str, ...]
 ) -> None:
-    """Too few requests hold whatever the figures; a broken threshold fails at once; otherwise
-    the step promotes once its least time passed."""
+    """Too few requests hold whatever the figures, until `max_hold_s` (then they fail); a
+    broken threshold fails at once; otherwise the step promotes once its least time passed."""
     analysis = judge(policy, canary, BASE, elapsed_s)
     assert analysis.verdict is verdict
     assert tuple(b.check for b in analysis.breaches) == checks
@@ -275,7 +281,7 @@ def test_a_promotion_by_hand_skips_the_analysis() -> None:
 def test_a_canary_state_round_trips_through_its_row() -> None:
     """Step, window, verdict, findings and figures survive the store (a restart resumes)."""
     run = CanaryRun(
-        policy=Policy(steps=(1, 2, 3), max_p99_ttft_ms=5.0),
+        policy=Policy(steps=(1, 2, 3), max_p99_ttft_ms=5.0, max_hold_s=700.0),
         step=2,
         step_started_s=1234.5,
         verdict=Verdict.HOLD,

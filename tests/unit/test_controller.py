@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from fleet_svc.agents.desired import RESEND_S
+from fleet_svc.agents.desired import RESEND_S, VERSION_BLOCK, VERSION_KEY
 from fleet_svc.controller import Controller
 from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.nodes import Card, Liveness, NodePhase, NodeView
@@ -225,3 +226,26 @@ def test_progress_is_the_agents_latest_while_starting_and_goes_with_the_phase(
     assert fleet.replica().progress is None
     seen(P.STARTING, None)
     assert fleet.replica().phase is P.STARTING and fleet.replica().progress is None
+
+
+def test_versions_are_reserved_in_blocks_and_stay_above_every_one_sent(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """The store holds a version at or above every one handed out, written once a block of
+    versions, not once a tick: sets sent within the block write nothing; a restart goes on
+    above the block."""
+    links = [fleet.connect(f"n{i}") for i in range(3)]
+    fleet.controller.tick()
+    first = max(v for link in links for v, _ in link.sent)
+    stored = int(fleet.store.get_value(VERSION_KEY) or 0)
+    assert stored >= first + VERSION_BLOCK - 1
+    fleet.wants = [replace(WANT, replicas=3)]
+    fleet.controller.tick()
+    sent = max(v for link in links for v, _ in link.sent)
+    assert first < sent <= stored
+    assert int(fleet.store.get_value(VERSION_KEY) or 0) == stored  # no write within the block
+    again = Fleet(tmp_path, fleet.clock)
+    link = again.connect()
+    again.controller.tick()
+    assert link.sent[0][0] > stored
+    again.store.close()

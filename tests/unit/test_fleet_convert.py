@@ -7,6 +7,7 @@ import pytest
 
 from fleet_svc.rpc.convert import fingerprint, rollout_event
 from fleet_svc.store.base import EventRecord
+from fleet_svc.store.rows import load_event
 from llmgw.fleet.v1 import fleet_pb2
 
 
@@ -49,8 +50,8 @@ def test_a_fingerprint_ignores_the_request_id_and_the_encoding() -> None:
 def test_a_stored_event_is_sent_with_enum_kind_and_mode(
     stored: dict[str, str], kind: int, mode: int, state: int
 ) -> None:
-    """Events as the store has always kept them (lower-case strings) go out as enums; a kind
-    or mode this fleet does not know goes out unspecified, not as an error."""
-    ev = rollout_event(EventRecord("ro-1", 3, 1.5, {**stored, "replica_id": "r1"}))
+    """Events as the store keeps them (lower-case strings) are read as typed events and go out
+    as enums; a kind or mode this fleet does not know goes out unspecified, not as an error."""
+    ev = rollout_event(load_event(EventRecord("ro-1", 3, 1.5, {**stored, "replica_id": "r1"})))
     assert (ev.kind, ev.mode, ev.state) == (kind, mode, state)
     assert (ev.rollout_id, ev.seq, ev.replica_id) == ("ro-1", 3, "r1")

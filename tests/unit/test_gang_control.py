@@ -33,7 +33,7 @@ from fleet_svc.domain.reports import (
     refused,
     stopped_with_their_node,
 )
-from fleet_svc.domain.rollout import gang_shortfall, room_beside
+from fleet_svc.domain.rollout_run import gang_shortfall, room_beside
 
 P = ReplicaPhase
 H100 = "H100-80GB"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from llmgw.cardclass import KNOWN_CARD_MIB
-from llmgw.engines.base import Card, CardNeed, Verdict
+from llmgw.engines.base import Card, CardNeed, SizingRequest, Verdict
 from llmgw.engines.heads import splits_heads, valid_tp_counts
 from llmgw.engines.sglang import sglang_available_kv_bytes, sglang_token_capacity
 from llmgw.engines.trtllm import trtllm_token_capacity
@@ -297,13 +297,15 @@ def vllm_need_as_printed(
     need = card_need(
         "vllm",
         shape,
-        args=args,
-        tokens=int(args[1]),
-        slots=1,
-        cards=tp,
-        card_memory_bytes=total,
-        card=Card(gpu, total, total, "printed"),
-        engine_version=version,
+        SizingRequest(
+            args=tuple(args),
+            tokens=int(args[1]),
+            slots=1,
+            cards=tp,
+            card_memory_bytes=total,
+            card=Card(gpu, total, total, "printed"),
+            engine_version=version,
+        ),
     )
     return shape, need
 
@@ -342,13 +344,15 @@ def test_vllm_refuses_where_the_pool_cannot_hold_the_context() -> None:
     need = card_need(
         "vllm",
         shape,
-        args=["--max-model-len", "29000"],
-        tokens=29000,
-        slots=1,
-        cards=1,
-        card_memory_bytes=total,
-        card=Card("RTX3090-24GB", total, total, "printed"),
-        engine_version="V0",
+        SizingRequest(
+            args=("--max-model-len", "29000"),
+            tokens=29000,
+            slots=1,
+            cards=1,
+            card_memory_bytes=total,
+            card=Card("RTX3090-24GB", total, total, "printed"),
+            engine_version="V0",
+        ),
     )
     assert not need.fits and need.verdict is Verdict.DOES_NOT_FIT
     assert within(need.kv_token_capacity, ROWS["gt-024"]["printed"]["error_kv_tokens"])
@@ -526,26 +530,30 @@ def test_sglang_04_at_tp4_on_l4s_sizes_its_pool_as_logged() -> None:
     need = card_need(
         "sglang",
         shape,
-        args=args,
-        tokens=131072,
-        slots=1,
-        cards=4,
-        card_memory_bytes=0,
-        card=Card.of("L4-24GB", KNOWN_CARD_MIB["l4-24gb"] << 20),
-        engine_version=row["engine_version"],
+        SizingRequest(
+            args=tuple(args),
+            tokens=131072,
+            slots=1,
+            cards=4,
+            card_memory_bytes=0,
+            card=Card.of("L4-24GB", KNOWN_CARD_MIB["l4-24gb"] << 20),
+            engine_version=row["engine_version"],
+        ),
     )
     assert "0.85 (by tp (SGLang 0.4))" in need.rules
     assert within(need.kv_token_capacity, printed["max_total_num_tokens"]), need.kv_token_capacity
     newer = card_need(
         "sglang",
         shape,
-        args=args,
-        tokens=131072,
-        slots=1,
-        cards=4,
-        card_memory_bytes=0,
-        card=Card.of("L4-24GB", KNOWN_CARD_MIB["l4-24gb"] << 20),
-        engine_version="0.5.4",
+        SizingRequest(
+            args=tuple(args),
+            tokens=131072,
+            slots=1,
+            cards=4,
+            card_memory_bytes=0,
+            card=Card.of("L4-24GB", KNOWN_CARD_MIB["l4-24gb"] << 20),
+            engine_version="0.5.4",
+        ),
     )
     assert newer.kv_token_capacity < need.kv_token_capacity
 

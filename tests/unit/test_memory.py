@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.engines import registry
-from llmgw.engines.base import Card
+from llmgw.engines.base import Card, SizingRequest
 from llmgw.engines.llamacpp import LLAMACPP_RESERVE_BYTES, llamacpp_kv_bytes
 from llmgw.engines.sglang import (
     SGLANG_PRELOAD_BYTES,
@@ -316,11 +316,9 @@ def test_arguments_the_engine_refuses_are_refused(engine: str, args: list[str]) 
         card_need(
             engine,
             hf(LLAMA_8B),
-            args=args,
-            tokens=8192,
-            slots=1,
-            cards=1,
-            card_memory_bytes=H100_BYTES,
+            SizingRequest(
+                args=tuple(args), tokens=8192, slots=1, cards=1, card_memory_bytes=H100_BYTES
+            ),
         )
 
 
@@ -342,11 +340,13 @@ def test_bad_requests_are_refused(
         card_need(
             engine,
             hf(LLAMA_8B),
-            args=[],
-            tokens=tokens,
-            slots=slots,
-            cards=cards,
-            card_memory_bytes=H100_BYTES,
+            SizingRequest(
+                args=(),
+                tokens=tokens,
+                slots=slots,
+                cards=cards,
+                card_memory_bytes=H100_BYTES,
+            ),
         )
 
 
@@ -390,7 +390,9 @@ def test_vllm_budget_is_the_cuda_total_times_its_utilisation() -> None:
     NVML's 81,559 MiB): 0.92 by default from 0.21, 0.90 before, the flag's when set."""
     shape = hf(LLAMA_8B)
     newest = card_need(
-        "vllm", shape, args=[], tokens=8192, slots=1, cards=1, card_memory_bytes=H100_BYTES
+        "vllm",
+        shape,
+        SizingRequest(args=(), tokens=8192, slots=1, cards=1, card_memory_bytes=H100_BYTES),
     )
     assert newest.card_total_bytes == H100_CUDA_BYTES
     assert newest.budget_bytes == int(H100_CUDA_BYTES * 0.92)
@@ -398,23 +400,27 @@ def test_vllm_budget_is_the_cuda_total_times_its_utilisation() -> None:
     older = card_need(
         "vllm",
         shape,
-        args=[],
-        tokens=8192,
-        slots=1,
-        cards=1,
-        card_memory_bytes=H100_BYTES,
-        engine_version="0.10.2",
+        SizingRequest(
+            args=(),
+            tokens=8192,
+            slots=1,
+            cards=1,
+            card_memory_bytes=H100_BYTES,
+            engine_version="0.10.2",
+        ),
     )
     assert older.budget_bytes == int(H100_CUDA_BYTES * 0.9)
     assert "0.8 to 0.10" in older.rules and "0.10.2" in older.rules
     set_ = card_need(
         "vllm",
         shape,
-        args=["--gpu-memory-utilization=0.8"],
-        tokens=8192,
-        slots=1,
-        cards=1,
-        card_memory_bytes=H100_BYTES,
+        SizingRequest(
+            args=("--gpu-memory-utilization=0.8",),
+            tokens=8192,
+            slots=1,
+            cards=1,
+            card_memory_bytes=H100_BYTES,
+        ),
     )
     assert set_.budget_bytes == int(H100_CUDA_BYTES * 0.8)
 
@@ -426,11 +432,9 @@ def test_vllm_need_adds_weights_share_kv_share_and_overhead() -> None:
     need = card_need(
         "vllm",
         shape,
-        args=["-tp", "2"],
-        tokens=32_768,
-        slots=1,
-        cards=2,
-        card_memory_bytes=H100_BYTES,
+        SizingRequest(
+            args=("-tp", "2"), tokens=32_768, slots=1, cards=2, card_memory_bytes=H100_BYTES
+        ),
     )
     weights_card = -(-shape.weights_bytes // 2)
     kv_card = 32_768 * 65_536
@@ -473,12 +477,14 @@ def test_vllm_overhead_follows_its_batch_and_graphs(
     need = card_need(
         "vllm",
         hf(LLAMA_8B),
-        args=[*args, "--max-num-seqs", "1"],
-        tokens=8192,
-        slots=1,
-        cards=pp,
-        card_memory_bytes=card,
-        engine_version="0.10.2",
+        SizingRequest(
+            args=(*args, "--max-num-seqs", "1"),
+            tokens=8192,
+            slots=1,
+            cards=pp,
+            card_memory_bytes=card,
+            engine_version="0.10.2",
+        ),
     )
     assert need.activation_bytes == batch_tokens * 110_592
     assert need.non_torch_bytes == 96 * MIB
@@ -492,12 +498,14 @@ def test_vllm_defaults_to_the_small_batch_on_an_a100() -> None:
     a100 = card_need(
         "vllm",
         hf(LLAMA_8B),
-        args=[],
-        tokens=8192,
-        slots=1,
-        cards=1,
-        card_memory_bytes=81920 * MIB,
-        card=Card.of("A100-80GB", 81920 * MIB),
+        SizingRequest(
+            args=(),
+            tokens=8192,
+            slots=1,
+            cards=1,
+            card_memory_bytes=81920 * MIB,
+            card=Card.of("A100-80GB", 81920 * MIB),
+        ),
     )
     assert a100.card_total_bytes == 81152 * MIB  # 79.25 GiB, as vLLM v0.31.0 printed
     assert a100.activation_bytes == 256 * 128_256 * 30 + 2048 * 4096 * 2
@@ -536,7 +544,9 @@ def test_sglang_budget_and_preload() -> None:
     before loading (CUDA's total less the preload); activations and graphs live outside it."""
     shape = hf(LLAMA_8B)
     need = card_need(
-        "sglang", shape, args=[], tokens=8192, slots=1, cards=1, card_memory_bytes=H100_BYTES
+        "sglang",
+        shape,
+        SizingRequest(args=(), tokens=8192, slots=1, cards=1, card_memory_bytes=H100_BYTES),
     )
     fraction = round((81559 - 13440) / 81559, 3)
     assert need.budget_bytes == int((H100_CUDA_BYTES - SGLANG_PRELOAD_BYTES) * fraction)
@@ -549,7 +559,9 @@ def test_trtllm_budget_leaves_the_cache_its_free_fraction() -> None:
     """TensorRT-LLM fits when KV ≤ 0.9 × (CUDA total − weights − overhead)."""
     shape = hf(LLAMA_8B)
     need = card_need(
-        "trtllm", shape, args=[], tokens=8192, slots=1, cards=1, card_memory_bytes=H100_BYTES
+        "trtllm",
+        shape,
+        SizingRequest(args=(), tokens=8192, slots=1, cards=1, card_memory_bytes=H100_BYTES),
     )
     overhead = trtllm_overhead_bytes(shape, [], pp=1)
     assert need.overhead_bytes == overhead
@@ -567,7 +579,11 @@ def test_trtllm_reads_an_inline_extra_options_yaml_only() -> None:
     inline = ["--extra_llm_api_options", "kv_cache_config: {dtype: fp8, tokens_per_block: 64}"]
     assert kv_bytes_per_token_per_card("trtllm", shape, 1, inline) == 65_536
     need = card_need(
-        "trtllm", shape, args=inline, tokens=8192, slots=1, cards=1, card_memory_bytes=H100_BYTES
+        "trtllm",
+        shape,
+        SizingRequest(
+            args=tuple(inline), tokens=8192, slots=1, cards=1, card_memory_bytes=H100_BYTES
+        ),
     )
     assert "read inline" in need.rules and need.kv_token_capacity % 64 == 0
     path = ["--extra_llm_api_options", "/etc/trtllm/extra.yaml"]
@@ -575,7 +591,11 @@ def test_trtllm_reads_an_inline_extra_options_yaml_only() -> None:
     assert (
         "cannot read"
         in card_need(
-            "trtllm", shape, args=path, tokens=8192, slots=1, cards=1, card_memory_bytes=H100_BYTES
+            "trtllm",
+            shape,
+            SizingRequest(
+                args=tuple(path), tokens=8192, slots=1, cards=1, card_memory_bytes=H100_BYTES
+            ),
         ).rules
     )
     with pytest.raises(errors.EngineRefuses):
@@ -590,10 +610,18 @@ def test_llamacpp_splits_layers_weights_and_kv_over_cards() -> None:
     args = ["-c", "16384", "-np", "2", "-ngl", "99"]
     whole = llamacpp_kv_bytes(shape, args)
     one = card_need(
-        "llamacpp", shape, args=args, tokens=8192, slots=2, cards=1, card_memory_bytes=H100_BYTES
+        "llamacpp",
+        shape,
+        SizingRequest(
+            args=tuple(args), tokens=8192, slots=2, cards=1, card_memory_bytes=H100_BYTES
+        ),
     )
     three = card_need(
-        "llamacpp", shape, args=args, tokens=8192, slots=2, cards=3, card_memory_bytes=H100_BYTES
+        "llamacpp",
+        shape,
+        SizingRequest(
+            args=tuple(args), tokens=8192, slots=2, cards=3, card_memory_bytes=H100_BYTES
+        ),
     )
     assert one.kv_bytes == three.kv_bytes == whole
     assert one.kv_per_card_bytes == whole
@@ -619,7 +647,11 @@ def test_llamacpp_partial_offload_keeps_the_rest_off_the_cards() -> None:
     shape = hf(LLAMA_8B)
     args = ["-c", "8192", "-ngl", "16"]
     need = card_need(
-        "llamacpp", shape, args=args, tokens=8192, slots=1, cards=1, card_memory_bytes=H100_BYTES
+        "llamacpp",
+        shape,
+        SizingRequest(
+            args=tuple(args), tokens=8192, slots=1, cards=1, card_memory_bytes=H100_BYTES
+        ),
     )
     assert need.weights_per_card_bytes == 16 * (shape.weights_bytes // 34)
     assert need.kv_per_card_bytes == llamacpp_kv_bytes(shape, args) * 15 // 32
@@ -631,7 +663,9 @@ def test_one_card_engine_holds_its_weights() -> None:
     """An embeddings server's need is its weights, against the card less its reserve."""
     shape = hf(LLAMA_8B)
     need = card_need(
-        "infinity", shape, args=[], tokens=0, slots=0, cards=1, card_memory_bytes=H100_BYTES
+        "infinity",
+        shape,
+        SizingRequest(args=(), tokens=0, slots=0, cards=1, card_memory_bytes=H100_BYTES),
     )
     assert (need.per_card_bytes, need.kv_bytes, need.cards) == (shape.weights_bytes, 0, 1)
     assert need.budget_bytes == H100_BYTES - GIB
@@ -657,11 +691,9 @@ def test_need_never_shrinks_as_the_context_grows(
         card_need(
             engine,
             shape,
-            args=args,
-            tokens=tokens,
-            slots=slots,
-            cards=1,
-            card_memory_bytes=H100_BYTES,
+            SizingRequest(
+                args=tuple(args), tokens=tokens, slots=slots, cards=1, card_memory_bytes=H100_BYTES
+            ),
         ).per_card_bytes
         for tokens in (256, 1000, 4096, 8191, 8192, 8193, 20_000, 65_536, 131_072)
     ]
@@ -671,7 +703,9 @@ def test_need_never_shrinks_as_the_context_grows(
 def test_unknown_card_memory_gives_no_budget() -> None:
     """Without the card's memory the budget is 0, which the planner reads as "not checked"."""
     need = card_need(
-        "vllm", hf(LLAMA_8B), args=[], tokens=8192, slots=1, cards=1, card_memory_bytes=0
+        "vllm",
+        hf(LLAMA_8B),
+        SizingRequest(args=(), tokens=8192, slots=1, cards=1, card_memory_bytes=0),
     )
     assert need.budget_bytes == 0 and need.fits
 
@@ -704,7 +738,9 @@ def test_shape_without_weights_needs_only_cache_and_overhead() -> None:
     """A shape whose weights are unknown (0) still sizes its cache and overhead."""
     shape = replace(hf(LLAMA_8B), weights_bytes=0)
     need = card_need(
-        "vllm", shape, args=[], tokens=4096, slots=1, cards=1, card_memory_bytes=H100_BYTES
+        "vllm",
+        shape,
+        SizingRequest(args=(), tokens=4096, slots=1, cards=1, card_memory_bytes=H100_BYTES),
     )
     assert need.per_card_bytes == 4096 * 131_072 + need.overhead_bytes
 
@@ -736,14 +772,14 @@ def test_needs_worked_out_once_per_setting_equal_fresh_ones(
     for tokens in (4096, 8192, 40_000, 4096, 131_072, 2048):
         trial = eng.with_context(args, tokens, 1)
         for cards in (1, 2):
-            asked = {
-                "args": trial,
-                "tokens": tokens,
-                "slots": 1,
-                "cards": cards,
-                "card_memory_bytes": L4_BYTES if tokens == 2048 else H100_BYTES,
-                "engine_version": version,
-            }
-            kept = card_need(engine, shape, **asked)  # type: ignore[arg-type]
-            fresh = card_need(engine, replace(shape), **asked)  # type: ignore[arg-type]
+            asked = SizingRequest(
+                args=tuple(trial),
+                tokens=tokens,
+                slots=1,
+                cards=cards,
+                card_memory_bytes=L4_BYTES if tokens == 2048 else H100_BYTES,
+                engine_version=version,
+            )
+            kept = card_need(engine, shape, asked)
+            fresh = card_need(engine, replace(shape), asked)
             assert kept == fresh, (tokens, cards)

@@ -10,7 +10,8 @@ import pytest
 
 from llmgw.cardclass import DRIVER_RESERVE_MIB, DRIVER_RESERVE_SPREAD_MIB, MIB, cuda_total
 from llmgw.common.v1 import common_pb2
-from llmgw.engines.base import Card, CardNeed, Verdict
+from llmgw.engines.base import Card, CardNeed, SizingRequest, Verdict
+from llmgw.engines.memo import sizing_memo
 from llmgw.engines.versions import parse_version, pick
 from llmgw.engines.vllm import VLLM
 from llmgw.engines.vllm_memory import VLLM_RULES
@@ -91,12 +92,14 @@ def test_the_verdict_moves_through_the_margin_as_the_context_grows() -> None:
         need = card_need(
             "vllm",
             LLAMA_31_8B,
-            args=["--max-model-len", str(tokens)],
-            tokens=tokens,
-            slots=1,
-            cards=1,
-            card_memory_bytes=81559 * MIB,
-            card=Card.of("H100-80GB", 81559 * MIB),
+            SizingRequest(
+                args=("--max-model-len", str(tokens)),
+                tokens=tokens,
+                slots=1,
+                cards=1,
+                card_memory_bytes=81559 * MIB,
+                card=Card.of("H100-80GB", 81559 * MIB),
+            ),
         )
         verdicts.append(need.verdict)
         assert need.kv_pool_bytes == need.budget_bytes - need.weights_per_card_bytes - (
@@ -168,12 +171,14 @@ def test_within_the_margin_is_said() -> None:
         need = card_need(
             "vllm",
             LLAMA_31_8B,
-            args=["--max-model-len", str(tokens)],
-            tokens=tokens,
-            slots=1,
-            cards=1,
-            card_memory_bytes=81559 * MIB,
-            card=Card.of("H100-80GB", 81559 * MIB),
+            SizingRequest(
+                args=("--max-model-len", str(tokens)),
+                tokens=tokens,
+                slots=1,
+                cards=1,
+                card_memory_bytes=81559 * MIB,
+                card=Card.of("H100-80GB", 81559 * MIB),
+            ),
         )
         if need.verdict is Verdict.WITHIN_MARGIN:
             break
@@ -252,4 +257,4 @@ def test_needs_kept_with_the_shape_are_bounded_and_never_answer_a_new_context() 
     assert kv_at(8192) == kv_at(8192) == 8192 * 131_072
     for tokens in range(1024, 1024 + 64 * (NEEDS_KEPT + 8), 64):
         assert kv_at(tokens) == tokens * 131_072
-    assert len(shape.sizing_memo["needs"]) == NEEDS_KEPT  # type: ignore[arg-type]
+    assert len(sizing_memo(shape)["needs"]) == NEEDS_KEPT  # type: ignore[arg-type]

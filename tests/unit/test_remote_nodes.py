@@ -198,3 +198,24 @@ def test_every_field_of_a_replica_report_survives_the_row() -> None:
     view = NodeView(name="n1", cards=(Card(0, model="H100"),))
     news = news_of("n1", report_doc(view, (sent,), 0, ()))
     assert news.observed == {"r-1": sent}
+
+
+def test_a_row_read_again_with_the_same_report_object_is_only_a_heartbeat() -> None:
+    """A refreshed row whose store read gave back the very report object of the last read
+    (PostgreSQL's reader does when the text is the same) is a heartbeat when its heard_at
+    moved and nothing else; a new report object is compared as ever."""
+    remote = RemoteNodes(None, "f1", encode, LIVENESS)  # type: ignore[arg-type]
+    heard = Heard()
+    first = row("n1", "s1", 100.0, observed=(Observed("r1", 1, ReplicaPhase.STARTING),))
+    remote.apply([first], heard, 100.0)
+    again = NodeReport("n1", "f2", "s1", True, 101.0, first.report, seq=2)
+    remote.apply([again], heard, 101.0)
+    remote.apply([again], heard, 101.0)  # heard_at did not move: no heartbeat
+    ready = row("n1", "s1", 102.0, observed=(Observed("r1", 1, ReplicaPhase.READY),))
+    remote.apply([ready], heard, 102.0)
+    assert heard.events == [
+        ("hello", "n1", "s1", "r1"),
+        ("beat", "n1", "0"),
+        ("beat", "n1", "0"),
+        ("observe", "n1", "r1", "READY"),
+    ]

@@ -21,10 +21,9 @@ from fleet_svc.domain.rollout import (
     RolloutState,
     Stage,
     Strategy,
-    advance,
-    cancel,
     plan_steps,
 )
+from fleet_svc.domain.rollout_run import advance, cancel
 from llmgw.testing.clock import FakeClock
 
 P = ReplicaPhase

@@ -1,20 +1,40 @@
-"""Replica and rollout rows: the layouts earlier fleets wrote load into typed values and are
-written back unchanged, so a database survives the upgrade."""
+"""Replica, rollout and rollout event rows: each loads into typed values and is written back
+unchanged, and a key a row lacks reads as its field's default."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from fleet_svc.domain.canary import CanaryRun, Verdict
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Want
 from fleet_svc.domain.replicas import Member, ReplicaSpec, ReplicaState
-from fleet_svc.domain.rollout import Rollout, RolloutState, Stage, Step, Strategy
-from fleet_svc.store.base import ReplicaRecord, RolloutRecord
-from fleet_svc.store.rows import load_rollout, replica_of, replica_record, rollout_record
+from fleet_svc.domain.rollout import (
+    Event,
+    EventKind,
+    Mode,
+    Rollout,
+    RolloutEvent,
+    RolloutState,
+    Stage,
+    Step,
+    Strategy,
+)
+from fleet_svc.store.base import EventRecord, ReplicaRecord, RolloutRecord
+from fleet_svc.store.rows import (
+    event_doc,
+    load_event,
+    load_rollout,
+    replica_of,
+    replica_record,
+    rollout_record,
+)
 
-# A replica row as the fleet wrote it before its spec was typed: what the agent is told, the
+# A replica row as the fleet writes it: what the agent is told, the
 # rollout's hints, and the fleet's own bookkeeping under "_fleet".
-OLD_REPLICA_SPEC: dict[str, Any] = {
+REPLICA_SPEC: dict[str, Any] = {
     "model": "qwen",
     "profile": "gpu",
     "engine": "vllm",
@@ -26,8 +46,8 @@ OLD_REPLICA_SPEC: dict[str, Any] = {
 }
 
 
-def test_an_old_replica_row_loads_typed_and_writes_back_the_same() -> None:
-    """Every key of an earlier row lands in a typed field and the row written back is equal."""
+def test_a_replica_row_loads_typed_and_writes_back_the_same() -> None:
+    """Every key of a row lands in a typed field and the row written back is equal."""
     record = ReplicaRecord(
         id="r-1",
         model="qwen",
@@ -40,7 +60,7 @@ def test_an_old_replica_row_loads_typed_and_writes_back_the_same() -> None:
         address="10.0.0.2:8000",
         restarts=1,
         since=1_764_000_000.5,
-        spec=OLD_REPLICA_SPEC,
+        spec=REPLICA_SPEC,
     )
     r = replica_of(record)
     assert r.spec == ReplicaSpec(
@@ -119,9 +139,9 @@ def test_a_rollout_row_round_trips() -> None:
     assert rollout_record(ro) == record
 
 
-def test_a_gang_row_keeps_every_member_and_an_old_row_has_none() -> None:
-    """A gang's members (rank, node, cards, phase, gang address) survive the row; a row of an
-    earlier fleet (no members) reads as a replica on one node."""
+def test_a_gang_row_keeps_every_member_and_a_row_without_members_has_none() -> None:
+    """A gang's members (rank, node, cards, phase, gang address) survive the row; a row
+    without members reads as a replica on one node."""
     g = ReplicaState(
         id="g",
         model="m",
@@ -168,3 +188,38 @@ def test_a_restored_replica_and_a_rollouts_old_specs_keep_their_own_cards() -> N
         old_specs={"gpu": spec},
     )
     assert load_rollout(rollout_record(ro)).old_specs["gpu"].want == old
+
+
+@pytest.mark.parametrize("kind", [k for k in EventKind if k is not EventKind.UNKNOWN])
+def test_a_rollout_event_row_reads_back_as_the_typed_event_it_was(kind: EventKind) -> None:
+    """Every kind of event, with every field set (a canary's figures too) and the rollout's
+    state after it, is the same typed value after its row is written and read."""
+    event = Event(
+        kind,
+        profile="gpu",
+        replica_id="r-1",
+        node="node-b",
+        gpus=(0, 3),
+        mode=Mode.IN_PLACE,
+        message="é ✓",
+        canary=CanaryRun(step=1, step_started_s=12.5, verdict=Verdict.HOLD, findings=("ok",)),
+    )
+    doc = event_doc(event, RolloutState.FAILED)
+    assert load_event(EventRecord("ro-1", 4, 20.25, doc)) == RolloutEvent(
+        "ro-1", 4, 20.25, event, RolloutState.FAILED
+    )
+
+
+def test_an_event_row_of_a_newer_fleet_reads_as_unknown_and_is_never_written() -> None:
+    """A kind, mode or state this fleet does not know reads as UNKNOWN, undecided and RUNNING
+    (so a watcher is sent it unspecified); writing an UNKNOWN event is refused."""
+    read = load_event(
+        EventRecord("ro-1", 1, 1.0, {"kind": "teleported", "mode": "sideways", "state": "HALF"})
+    )
+    assert (read.event.kind, read.event.mode, read.state) == (
+        EventKind.UNKNOWN,
+        Mode.UNDECIDED,
+        RolloutState.RUNNING,
+    )
+    with pytest.raises(ValueError, match="unknown kind"):
+        event_doc(read.event, RolloutState.RUNNING)

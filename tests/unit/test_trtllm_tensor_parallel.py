@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.engines.base import Card, CardNeed
+from llmgw.engines.base import Card, CardNeed, SizingRequest
 from llmgw.engines.trtllm import (
     ALLREDUCE_WORKSPACE_BYTES_ABOVE_TP2,
     ALLREDUCE_WORKSPACE_BYTES_UP_TO_TP2,
@@ -107,12 +107,14 @@ def test_the_pool_loses_the_free_fraction_of_the_collectives(tp: int) -> None:
         card = Card.of(name, H100_BYTES)
         return TRTLLM.card_need(
             shape,
-            args=args,
-            tokens=8192,
-            slots=1,
-            cards=tp,
-            card_memory_bytes=H100_BYTES,
-            card=card,
+            SizingRequest(
+                args=tuple(args),
+                tokens=8192,
+                slots=1,
+                cards=tp,
+                card_memory_bytes=H100_BYTES,
+                card=card,
+            ),
         )
 
     nvlink, plain = need("H100"), need("")

@@ -11,13 +11,18 @@ from typing import Any
 import pytest
 
 from llmgw.cardclass import cuda_total
-from llmgw.engines.base import Card, CardNeed
+from llmgw.engines.base import Card, CardNeed, SizingRequest
+from llmgw.engines.torch_overhead import forward_cost
+from llmgw.engines.vllm import GRAMMAR
 from llmgw.engines.vllm_memory import (
     CUDA_CONTEXT_BYTES,
     SAMPLER_MARGIN,
     VLLM_RULES,
+    declares_flashinfer,
+    flashinfer_peak,
     nvlink_card,
     nvls_card,
+    vllm_profile,
 )
 from llmgw.shape import Compute, Layer, LayerKind, ModelShape
 from planner_svc.domain.hf_compute import compute_from_hf_config
@@ -80,14 +85,35 @@ def need_of(run: dict[str, Any], version: str | None = None) -> CardNeed:
     return card_need(
         "vllm",
         shape_of(run),
-        args=args,
-        tokens=int(args[args.index("--max-model-len") + 1]),
-        slots=1,
-        cards=int(run["tp"]),
-        card_memory_bytes=total,
-        card=Card(run["gpu"], total, total, "printed"),
-        engine_version=run["engine_version"] if version is None else version,
+        SizingRequest(
+            args=tuple(args),
+            tokens=int(args[args.index("--max-model-len") + 1]),
+            slots=1,
+            cards=int(run["tp"]),
+            card_memory_bytes=total,
+            card=Card(run["gpu"], total, total, "printed"),
+            engine_version=run["engine_version"] if version is None else version,
+        ),
     )
+
+
+def flashinfer_pool(run: dict[str, Any]) -> int:
+    """The pool the planner names beside its central one (the PyTorch sort's, the larger peak,
+    as a plain `pip install vllm` has it before 0.12) for vLLM sampling with FlashInfer: the
+    central pool plus what FlashInfer's sampler leaves."""
+    need = need_of(run)
+    args = list(run["args"])
+    total = int(run["cuda_total_gib"] * GIB)
+    tokens = int(args[args.index("--max-model-len") + 1])
+    card = Card(run["gpu"], total, total, "printed")
+    profile = vllm_profile(
+        GRAMMAR, args, card=card, tokens=tokens, engine_version=run["engine_version"]
+    )
+    shape = shape_of(run)
+    peak = flashinfer_peak(
+        shape, forward_cost(shape, tp=run["tp"]), profile, run["tp"], GRAMMAR, args
+    )
+    return need.kv_pool_bytes + need.activation_bytes - peak
 
 
 FITTED = [run for run in RUNS if "known_gap" not in run]
@@ -106,19 +132,51 @@ def test_the_fixture_cites_every_run() -> None:
 
 @pytest.mark.parametrize("run", POOLED, ids=[run["id"] for run in POOLED])
 def test_kv_pool_as_logged(run: dict[str, Any]) -> None:
-    """The KV pool vLLM printed at start, within 1 % or 0.05 GiB; the rules applied name the
-    version range that holds the run's version."""
-    need = need_of(run)
+    """The KV pool vLLM printed at start, within 1 % or 0.05 GiB (a run whose log names
+    FlashInfer's sampler asked as its operator declares it, "+flashinfer"); the rules applied
+    name the version range that holds the run's version."""
     printed = run["printed"]
-    assert close(need.kv_pool_bytes, printed["available_kv_gib"]), (
-        need.kv_pool_bytes / GIB,
-        printed["available_kv_gib"],
-    )
+    version = run["engine_version"]
+    if run.get("sampler") == "flashinfer":  # as its operator would declare it: "+flashinfer"
+        version += "+flashinfer"
+    need = need_of(run, version)
+    if version != run["engine_version"]:
+        assert need.kv_pool_bytes == flashinfer_pool(run)
+    pool = need.kv_pool_bytes
+    assert close(pool, printed["available_kv_gib"]), (pool / GIB, printed["available_kv_gib"])
     ranges = [rule.label for rule in VLLM_RULES if rule.label in need.rules]
-    assert len(ranges) == 1 and f"(version {run['engine_version']})" in need.rules
+    assert len(ranges) == 1 and f"(version {version})" in need.rules
     if "gpu_kv_cache_tokens" in printed:
         tokens = printed["gpu_kv_cache_tokens"]
         assert abs(need.kv_token_capacity - tokens) <= TOLERANCE * tokens
+
+
+FLASHINFER = [run for run in FITTED if run.get("sampler") == "flashinfer"]
+
+
+@pytest.mark.parametrize("run", FLASHINFER, ids=[run["id"] for run in FLASHINFER])
+def test_a_flashinfer_run_is_the_larger_pool_the_answer_names(run: dict[str, Any]) -> None:
+    """A log that sampled with FlashInfer (vLLM V1 0.8-0.10 takes it whenever it is installed)
+    printed the pool FlashInfer's sampler leaves: the answer names that figure beside its
+    central one, which (the PyTorch sort's larger peak) stays under it, the safe side."""
+    need = need_of(run)
+    larger = flashinfer_pool(run)
+    assert larger > need.kv_pool_bytes
+    assert f"{(larger - need.kv_pool_bytes) / GIB:.2f} GiB lower" in need.rules
+    assert "FlashInfer installed" in need.rules
+
+
+def test_flashinfer_leaves_no_tensor_parallel_term() -> None:
+    """The FlashInfer runs at tp 1 and tp 2 differ by NCCL's PCIe step alone (0.55 and 0.67 GiB
+    of non-KV memory): FlashInfer's peak does not grow with tp, where the PyTorch sort's
+    gather term does."""
+    runs = {run["id"]: run for run in RUNS}
+    one = runs["log-0.10.1.1-a100-80-qwen2-7b-u0.5-flashinfer"]
+    two = runs["log-0.10.1.1-a100-80-qwen2-7b-tp2-u0.5-flashinfer"]
+    drop_one = need_of(one).activation_bytes - (flashinfer_pool(one) - need_of(one).kv_pool_bytes)
+    drop_two = need_of(two).activation_bytes - (flashinfer_pool(two) - need_of(two).kv_pool_bytes)
+    assert drop_one == drop_two
+    assert need_of(two).activation_bytes > need_of(one).activation_bytes
 
 
 PEAKED = [r for r in FITTED if "activation_gib" in r["printed"] and "peak_gap" not in r]
@@ -332,3 +390,30 @@ def test_from_0_21_the_graph_estimate_is_kept_out_of_the_pool() -> None:
     assert "estimated inside the budget" in graphs.rules
     older = need_of({**base, "engine_version": "0.19.0"})
     assert older.cuda_graph_bytes == 0 and older.outside_bytes > CUDA_CONTEXT_BYTES
+
+
+@pytest.mark.parametrize(
+    ("version", "declared"),
+    [
+        ("0.10.1.1+flashinfer", True),
+        ("0.10.2+cu128.flashinfer", True),
+        ("0.10.2", False),
+        ("0.10.2+cu128", False),
+        ("flashinfer", False),
+        ("", False),
+    ],
+)
+def test_flashinfer_is_declared_by_the_version_label(version: str, declared: bool) -> None:
+    """Only a local version label (after "+") naming FlashInfer declares it."""
+    assert declares_flashinfer(version) is declared
+
+
+def test_a_declared_flashinfer_applies_only_where_vllm_takes_it_by_default() -> None:
+    """Under 0.10 the "+flashinfer" label sizes the sampler by FlashInfer's line and says so;
+    from 0.12, where FlashInfer is opt-in, the label changes nothing."""
+    run = next(r for r in RUNS if r["id"] == "log-0.10.1.1-a100-80-qwen2-7b-u0.5-flashinfer")
+    plain, declared = need_of(run), need_of(run, "0.10.1.1+flashinfer")
+    assert declared.kv_pool_bytes > plain.kv_pool_bytes
+    assert "+flashinfer label" in declared.rules and "+flashinfer label" not in plain.rules
+    later, later_declared = need_of(run, "0.13.0"), need_of(run, "0.13.0+flashinfer")
+    assert later.kv_pool_bytes == later_declared.kv_pool_bytes

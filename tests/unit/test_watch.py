@@ -4,7 +4,7 @@ history is gone, heartbeats on idle streams, slow watchers cut off."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
@@ -12,7 +12,7 @@ import pytest
 from fleet_svc import watch
 from fleet_svc.domain.canary import split_weights
 from fleet_svc.domain.endpoints import Endpoint, EndpointReason
-from fleet_svc.watch import EndpointEvent, EndpointHub, EventKind, WatcherTooSlow
+from fleet_svc.watch import EndpointEvent, EndpointHub, EventKind, Split, WatcherTooSlow
 
 K = EventKind
 
@@ -177,10 +177,10 @@ def test_a_weigher_sets_published_weights_and_reweighs_the_model_on_each_change(
     h = hub()
     share = {"pct": 25}
 
-    def weigh(model: str, eps: Mapping[str, tuple[int, int]]) -> Mapping[str, int]:
+    def weigh(model: str) -> Split | None:
         if model != "m":
-            return {rid: w for rid, (_r, w) in eps.items()}
-        return split_weights(eps, 2, share["pct"])
+            return None
+        return lambda eps: split_weights(eps, 2, share["pct"])
 
     h.weigh = weigh
     old1, old2 = replace(ep("o1"), weight=100), replace(ep("o2"), weight=100)
@@ -210,3 +210,42 @@ def test_a_weigher_sets_published_weights_and_reweighs_the_model_on_each_change(
     }
     h.remove("c", EndpointReason.DRAINING)
     assert {rid: e.weight for rid, e in h.ready.items()} == {"o1": 100, "o2": 100, "x": 100}
+
+
+def test_an_unsplit_model_publishes_each_put_and_remove_alone() -> None:
+    """With no split, a put or remove of one endpoint is the one event for it: the model's
+    other endpoints are not published again."""
+    h = hub()
+    for i in range(5):
+        h.put(ep(f"r{i}"))
+    seq = h.seq
+    h.put(ep("r5"))
+    h.put(replace(ep("r2"), address="10.0.0.9:8000"))
+    h.remove("r0", EndpointReason.DRAINING)
+    assert [(e.kind, e.endpoint.replica_id) for e in h.since(seq) if e.endpoint] == [
+        (K.ADDED, "r5"),
+        (K.UPDATED, "r2"),
+        (K.REMOVED, "r0"),
+    ]
+    assert sorted(h.ready) == ["r1", "r2", "r3", "r4", "r5"]
+
+
+def test_a_split_that_ended_is_undone_by_the_next_change_of_its_model() -> None:
+    """A model last published split whose weigher no longer splits it gets its own weights
+    back at its next put, even before anyone calls reweigh()."""
+    h = hub()
+    splitting = {"on": True}
+
+    def weigh(model: str) -> Split | None:
+        return (lambda eps: split_weights(eps, 2, 25)) if splitting["on"] else None
+
+    h.weigh = weigh
+    h.put(replace(ep("o1"), weight=100))
+    h.put(replace(ep("c"), revision=2, weight=100))
+    assert {rid: e.weight for rid, e in h.ready.items()} == {"o1": 150, "c": 50}
+    splitting["on"] = False
+    h.put(replace(ep("o2"), weight=100))
+    assert {rid: e.weight for rid, e in h.ready.items()} == {"o1": 100, "c": 100, "o2": 100}
+    seq = h.seq
+    h.put(replace(ep("o3"), weight=100))
+    assert [e.endpoint.replica_id for e in h.since(seq) if e.endpoint] == ["o3"]

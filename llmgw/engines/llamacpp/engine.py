@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from fractions import Fraction
 
-from llmgw.engines.base import Card, CardNeed, CardSplit
+from llmgw.engines.base import CardNeed, CardSplit, SizingRequest
 from llmgw.engines.gang import GangLaunch, GangMember, llamacpp_launch
 from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, RefusedFlag, switch
 from llmgw.engines.llamacpp import grammar as flags
@@ -238,24 +238,14 @@ class LlamaCpp:
         """`llamacpp_kv_bytes` for `--ctx-size tokens --parallel sequences`."""
         return llamacpp_kv_bytes(shape, llamacpp_args(args, tokens=tokens, sequences=sequences))
 
-    def card_need(
-        self,
-        shape: ModelShape,
-        *,
-        args: Sequence[str],
-        tokens: int,
-        slots: int,
-        cards: int,
-        card_memory_bytes: int,
-        card: Card | None = None,
-        engine_version: str = "",
-    ) -> CardNeed:
+    def card_need(self, shape: ModelShape, asked: SizingRequest) -> CardNeed:
         """llama.cpp's layer placement (`placement`): each card's layers as `--tensor-split`,
         `--split-mode`, `--main-gpu` and `--n-gpu-layers` place them, with their weights, KV
         and a compute buffer; the fullest card against the card less
         `LLAMACPP_RESERVE_BYTES`. `devices` lists every card and the CPU."""
-        sequences = max(slots, 1)
-        n = max(cards, 1)
+        args, tokens = asked.args, asked.tokens
+        sequences = max(asked.slots, 1)
+        n = max(asked.cards, 1)
         full_args = llamacpp_args(args, tokens=tokens * sequences, sequences=sequences)
         settings = settings_from_args(full_args)
         cache = llamacpp_cache(shape, settings)
@@ -266,7 +256,7 @@ class LlamaCpp:
         )
         on_cards = [d for d in devices if d.device != "CPU"]
         fullest = max(on_cards, key=lambda d: d.weights_bytes + d.kv_bytes + d.compute_bytes)
-        memory = card_memory_bytes
+        memory = asked.card_memory_bytes
         return CardNeed(
             weights_bytes=shape.weights_bytes,
             kv_bytes=kv_total,

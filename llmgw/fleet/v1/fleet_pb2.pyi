@@ -11,6 +11,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.rpc import error_details_pb2 as _error_details_pb2
 from llmgw.common.v1 import common_pb2 as _common_pb2
+from llmgw.planner.v1 import planner_pb2 as _planner_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -452,6 +453,7 @@ class CanaryPolicy(_message.Message):
     MAX_P99_TTFT_MS_FIELD_NUMBER: _builtins.int
     MAX_P99_ITL_MS_FIELD_NUMBER: _builtins.int
     MAX_CONTEXT_REFUSAL_RATIO_FIELD_NUMBER: _builtins.int
+    MAX_HOLD_S_FIELD_NUMBER: _builtins.int
     step_min_s: _builtins.int
     """The least time a step lasts before it may promote (0: 60 s)."""
     step_min_requests: _builtins.int
@@ -474,6 +476,12 @@ class CanaryPolicy(_message.Message):
     """The most requests refused for context length per request the canary may have
     (0: not checked).
     """
+    max_hold_s: _builtins.int
+    """The most time a step may hold for want of requests: past it the canary fails
+    (CANARY_ANALYSIS_FAILED) and is undone, as Flagger's progress deadline rolls a stalled
+    canary back. 0: no limit (the step holds until promoted or aborted by hand). At least
+    step_min_s when set; at most a week.
+    """
     @_builtins.property
     def steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Percent of the model's weight the new revision gets at each step, rising, 1..100
@@ -491,10 +499,11 @@ class CanaryPolicy(_message.Message):
         max_p99_ttft_ms: _builtins.int = ...,
         max_p99_itl_ms: _builtins.int = ...,
         max_context_refusal_ratio: _builtins.float = ...,
+        max_hold_s: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_context_refusal_ratio", b"max_context_refusal_ratio", "max_error_ratio", b"max_error_ratio", "max_error_ratio_increase", b"max_error_ratio_increase", "max_p99_itl_ms", b"max_p99_itl_ms", "max_p99_ttft_ms", b"max_p99_ttft_ms", "step_min_requests", b"step_min_requests", "step_min_s", b"step_min_s", "steps", b"steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_context_refusal_ratio", b"max_context_refusal_ratio", "max_error_ratio", b"max_error_ratio", "max_error_ratio_increase", b"max_error_ratio_increase", "max_hold_s", b"max_hold_s", "max_p99_itl_ms", b"max_p99_itl_ms", "max_p99_ttft_ms", b"max_p99_ttft_ms", "step_min_requests", b"step_min_requests", "step_min_s", b"step_min_s", "steps", b"steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -757,6 +766,7 @@ class SetContextRequest(_message.Message):
     SURGE_FIELD_NUMBER: _builtins.int
     ALLOW_UNCHECKED_FIELD_NUMBER: _builtins.int
     CANARY_FIELD_NUMBER: _builtins.int
+    SEQUENCES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tokens: _builtins.int
     slots: _builtins.int
@@ -774,6 +784,13 @@ class SetContextRequest(_message.Message):
     allow_unchecked: _builtins.bool
     """Apply the plan even when the planner could not read the model's shape (its change's
     verdict NOT_CHECKED); without it such a plan is refused (PLAN_NOT_CHECKED).
+    """
+    sequences: _builtins.int
+    """Concurrent requests of `tokens` each the context must fit (0: none asked), passed to the
+    planner's SizeContextRequest.sequences: written to each engine's own flag (vLLM
+    --max-num-seqs, SGLang --max-running-requests, TensorRT-LLM --max_batch_size, llama.cpp
+    --parallel in place of `slots`) and sized with it; the answer's `batches` says whether it
+    fits.
     """
     @_builtins.property
     def canary(self) -> Global___CanaryPolicy:
@@ -793,10 +810,11 @@ class SetContextRequest(_message.Message):
         surge: _builtins.int = ...,
         allow_unchecked: _builtins.bool = ...,
         canary: Global___CanaryPolicy | None = ...,
+        sequences: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["canary", b"canary"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_unchecked", b"allow_unchecked", "canary", b"canary", "dry_run", b"dry_run", "etag", b"etag", "name", b"name", "request_id", b"request_id", "slots", b"slots", "strategy", b"strategy", "supersede", b"supersede", "surge", b"surge", "tokens", b"tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_unchecked", b"allow_unchecked", "canary", b"canary", "dry_run", b"dry_run", "etag", b"etag", "name", b"name", "request_id", b"request_id", "sequences", b"sequences", "slots", b"slots", "strategy", b"strategy", "supersede", b"supersede", "surge", b"surge", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -812,6 +830,7 @@ class SetContextResponse(_message.Message):
     ROLLOUT_ID_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     UNCHANGED_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
     rollout_id: _builtins.str
     unchanged: _builtins.bool
     """The model already is as asked: no revision written, no rollout started."""
@@ -823,6 +842,12 @@ class SetContextResponse(_message.Message):
         as nothing was written; the current revision when the change is unchanged).
         """
 
+    @_builtins.property
+    def batches(self) -> _containers.RepeatedCompositeFieldContainer[_planner_pb2.BatchFit]:
+        """Per sized profile, when `sequences` was asked: whether that batch fits (the planner's
+        answer; a batch that does not fit is said so, not refused).
+        """
+
     def __init__(
         self,
         *,
@@ -830,10 +855,11 @@ class SetContextResponse(_message.Message):
         rollout_id: _builtins.str = ...,
         model: Global___CatalogModel | None = ...,
         unchanged: _builtins.bool = ...,
+        batches: _abc.Iterable[_planner_pb2.BatchFit] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "model", b"model"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "model", b"model", "rollout_id", b"rollout_id", "unchanged", b"unchanged"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches", "change", b"change", "model", b"model", "rollout_id", b"rollout_id", "unchanged", b"unchanged"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -857,6 +883,7 @@ class SetGPUsRequest(_message.Message):
     SURGE_FIELD_NUMBER: _builtins.int
     ALLOW_UNCHECKED_FIELD_NUMBER: _builtins.int
     CANARY_FIELD_NUMBER: _builtins.int
+    SEQUENCES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     gpus: _builtins.int
     profile: _builtins.str
@@ -871,6 +898,10 @@ class SetGPUsRequest(_message.Message):
     surge: _builtins.int
     allow_unchecked: _builtins.bool
     """As SetContextRequest's: apply a plan whose verdict is NOT_CHECKED."""
+    sequences: _builtins.int
+    """Concurrent requests at each profile's context to size for, as SetContextRequest's
+    (the planner's PlanGPUsRequest.sequences).
+    """
     @_builtins.property
     def canary(self) -> Global___CanaryPolicy:
         """Roll out as a canary with this policy (strategy unset or CANARY)."""
@@ -890,10 +921,11 @@ class SetGPUsRequest(_message.Message):
         surge: _builtins.int = ...,
         allow_unchecked: _builtins.bool = ...,
         canary: Global___CanaryPolicy | None = ...,
+        sequences: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["canary", b"canary"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_unchecked", b"allow_unchecked", "canary", b"canary", "dry_run", b"dry_run", "etag", b"etag", "gpus", b"gpus", "in_place", b"in_place", "name", b"name", "profile", b"profile", "request_id", b"request_id", "strategy", b"strategy", "supersede", b"supersede", "surge", b"surge"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_unchecked", b"allow_unchecked", "canary", b"canary", "dry_run", b"dry_run", "etag", b"etag", "gpus", b"gpus", "in_place", b"in_place", "name", b"name", "profile", b"profile", "request_id", b"request_id", "sequences", b"sequences", "strategy", b"strategy", "supersede", b"supersede", "surge", b"surge"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -909,6 +941,7 @@ class SetGPUsResponse(_message.Message):
     ROLLOUT_ID_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     UNCHANGED_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
     rollout_id: _builtins.str
     unchanged: _builtins.bool
     """The model already is as asked: no revision written, no rollout started."""
@@ -916,6 +949,10 @@ class SetGPUsResponse(_message.Message):
     def change(self) -> _common_pb2.GPUsChange: ...
     @_builtins.property
     def model(self) -> Global___CatalogModel: ...
+    @_builtins.property
+    def batches(self) -> _containers.RepeatedCompositeFieldContainer[_planner_pb2.BatchFit]:
+        """As SetContextResponse's: per sized profile, whether the batch asked fits."""
+
     def __init__(
         self,
         *,
@@ -923,10 +960,11 @@ class SetGPUsResponse(_message.Message):
         rollout_id: _builtins.str = ...,
         model: Global___CatalogModel | None = ...,
         unchanged: _builtins.bool = ...,
+        batches: _abc.Iterable[_planner_pb2.BatchFit] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "model", b"model"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "model", b"model", "rollout_id", b"rollout_id", "unchanged", b"unchanged"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches", "change", b"change", "model", b"model", "rollout_id", b"rollout_id", "unchanged", b"unchanged"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -10,6 +10,7 @@ package fleetv1
 
 import (
 	v1 "gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/common/v1"
+	v11 "gitea.mynodes.xyz/ilker/llmgw/gen/go/llmgw/planner/v1"
 	_ "google.golang.org/genproto/googleapis/api/annotations"
 	errdetails "google.golang.org/genproto/googleapis/rpc/errdetails"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
@@ -794,8 +795,13 @@ type CanaryPolicy struct {
 	// The most requests refused for context length per request the canary may have
 	// (0: not checked).
 	MaxContextRefusalRatio float64 `protobuf:"fixed64,8,opt,name=max_context_refusal_ratio,json=maxContextRefusalRatio,proto3" json:"max_context_refusal_ratio,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// The most time a step may hold for want of requests: past it the canary fails
+	// (CANARY_ANALYSIS_FAILED) and is undone, as Flagger's progress deadline rolls a stalled
+	// canary back. 0: no limit (the step holds until promoted or aborted by hand). At least
+	// step_min_s when set; at most a week.
+	MaxHoldS      int32 `protobuf:"varint,9,opt,name=max_hold_s,json=maxHoldS,proto3" json:"max_hold_s,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CanaryPolicy) Reset() {
@@ -880,6 +886,13 @@ func (x *CanaryPolicy) GetMaxP99ItlMs() int64 {
 func (x *CanaryPolicy) GetMaxContextRefusalRatio() float64 {
 	if x != nil {
 		return x.MaxContextRefusalRatio
+	}
+	return 0
+}
+
+func (x *CanaryPolicy) GetMaxHoldS() int32 {
+	if x != nil {
+		return x.MaxHoldS
 	}
 	return 0
 }
@@ -1417,7 +1430,13 @@ type SetContextRequest struct {
 	// verdict NOT_CHECKED); without it such a plan is refused (PLAN_NOT_CHECKED).
 	AllowUnchecked bool `protobuf:"varint,10,opt,name=allow_unchecked,json=allowUnchecked,proto3" json:"allow_unchecked,omitempty"`
 	// Roll out as a canary with this policy (strategy unset or CANARY).
-	Canary        *CanaryPolicy `protobuf:"bytes,11,opt,name=canary,proto3" json:"canary,omitempty"`
+	Canary *CanaryPolicy `protobuf:"bytes,11,opt,name=canary,proto3" json:"canary,omitempty"`
+	// Concurrent requests of `tokens` each the context must fit (0: none asked), passed to the
+	// planner's SizeContextRequest.sequences: written to each engine's own flag (vLLM
+	// --max-num-seqs, SGLang --max-running-requests, TensorRT-LLM --max_batch_size, llama.cpp
+	// --parallel in place of `slots`) and sized with it; the answer's `batches` says whether it
+	// fits.
+	Sequences     int32 `protobuf:"varint,12,opt,name=sequences,proto3" json:"sequences,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1529,6 +1548,13 @@ func (x *SetContextRequest) GetCanary() *CanaryPolicy {
 	return nil
 }
 
+func (x *SetContextRequest) GetSequences() int32 {
+	if x != nil {
+		return x.Sequences
+	}
+	return 0
+}
+
 // SetContextResponse is the change and the rollout carrying it out.
 type SetContextResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -1538,7 +1564,10 @@ type SetContextResponse struct {
 	// as nothing was written; the current revision when the change is unchanged).
 	Model *CatalogModel `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
 	// The model already is as asked: no revision written, no rollout started.
-	Unchanged     bool `protobuf:"varint,4,opt,name=unchanged,proto3" json:"unchanged,omitempty"`
+	Unchanged bool `protobuf:"varint,4,opt,name=unchanged,proto3" json:"unchanged,omitempty"`
+	// Per sized profile, when `sequences` was asked: whether that batch fits (the planner's
+	// answer; a batch that does not fit is said so, not refused).
+	Batches       []*v11.BatchFit `protobuf:"bytes,5,rep,name=batches,proto3" json:"batches,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1601,6 +1630,13 @@ func (x *SetContextResponse) GetUnchanged() bool {
 	return false
 }
 
+func (x *SetContextResponse) GetBatches() []*v11.BatchFit {
+	if x != nil {
+		return x.Batches
+	}
+	return nil
+}
+
 // SetGPUsRequest asks for N cards per replica.
 type SetGPUsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1619,7 +1655,10 @@ type SetGPUsRequest struct {
 	// As SetContextRequest's: apply a plan whose verdict is NOT_CHECKED.
 	AllowUnchecked bool `protobuf:"varint,11,opt,name=allow_unchecked,json=allowUnchecked,proto3" json:"allow_unchecked,omitempty"`
 	// Roll out as a canary with this policy (strategy unset or CANARY).
-	Canary        *CanaryPolicy `protobuf:"bytes,12,opt,name=canary,proto3" json:"canary,omitempty"`
+	Canary *CanaryPolicy `protobuf:"bytes,12,opt,name=canary,proto3" json:"canary,omitempty"`
+	// Concurrent requests at each profile's context to size for, as SetContextRequest's
+	// (the planner's PlanGPUsRequest.sequences).
+	Sequences     int32 `protobuf:"varint,13,opt,name=sequences,proto3" json:"sequences,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1738,6 +1777,13 @@ func (x *SetGPUsRequest) GetCanary() *CanaryPolicy {
 	return nil
 }
 
+func (x *SetGPUsRequest) GetSequences() int32 {
+	if x != nil {
+		return x.Sequences
+	}
+	return 0
+}
+
 // SetGPUsResponse is the change and the rollout carrying it out.
 type SetGPUsResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -1745,7 +1791,9 @@ type SetGPUsResponse struct {
 	RolloutId string                 `protobuf:"bytes,2,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
 	Model     *CatalogModel          `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
 	// The model already is as asked: no revision written, no rollout started.
-	Unchanged     bool `protobuf:"varint,4,opt,name=unchanged,proto3" json:"unchanged,omitempty"`
+	Unchanged bool `protobuf:"varint,4,opt,name=unchanged,proto3" json:"unchanged,omitempty"`
+	// As SetContextResponse's: per sized profile, whether the batch asked fits.
+	Batches       []*v11.BatchFit `protobuf:"bytes,5,rep,name=batches,proto3" json:"batches,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1806,6 +1854,13 @@ func (x *SetGPUsResponse) GetUnchanged() bool {
 		return x.Unchanged
 	}
 	return false
+}
+
+func (x *SetGPUsResponse) GetBatches() []*v11.BatchFit {
+	if x != nil {
+		return x.Batches
+	}
+	return nil
 }
 
 // GetRolloutRequest names a rollout.
@@ -4455,7 +4510,7 @@ var File_llmgw_fleet_v1_fleet_proto protoreflect.FileDescriptor
 
 const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\n" +
-	"\x1allmgw/fleet/v1/fleet.proto\x12\x0ellmgw.fleet.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1egoogle/rpc/error_details.proto\x1a\x1cllmgw/common/v1/common.proto\"\xd6\x02\n" +
+	"\x1allmgw/fleet/v1/fleet.proto\x12\x0ellmgw.fleet.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1egoogle/rpc/error_details.proto\x1a\x1cllmgw/common/v1/common.proto\x1a\x1ellmgw/planner/v1/planner.proto\"\xf4\x02\n" +
 	"\fCanaryPolicy\x12\x14\n" +
 	"\x05steps\x18\x01 \x03(\x05R\x05steps\x12\x1c\n" +
 	"\n" +
@@ -4465,7 +4520,9 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\x18max_error_ratio_increase\x18\x05 \x01(\x01R\x15maxErrorRatioIncrease\x12%\n" +
 	"\x0fmax_p99_ttft_ms\x18\x06 \x01(\x03R\fmaxP99TtftMs\x12#\n" +
 	"\x0emax_p99_itl_ms\x18\a \x01(\x03R\vmaxP99ItlMs\x129\n" +
-	"\x19max_context_refusal_ratio\x18\b \x01(\x01R\x16maxContextRefusalRatio\"\x9e\x02\n" +
+	"\x19max_context_refusal_ratio\x18\b \x01(\x01R\x16maxContextRefusalRatio\x12\x1c\n" +
+	"\n" +
+	"max_hold_s\x18\t \x01(\x05R\bmaxHoldS\"\x9e\x02\n" +
 	"\x0eTrafficFigures\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x1a\n" +
 	"\brequests\x18\x02 \x01(\x03R\brequests\x12\x16\n" +
@@ -4522,7 +4579,7 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\x0eundo_available\x18\x0f \x01(\bR\rundoAvailable\x12\x14\n" +
 	"\x05surge\x18\x10 \x01(\x05R\x05surge\x124\n" +
 	"\x06canary\x18\x11 \x01(\v2\x1c.llmgw.fleet.v1.CanaryStatusR\x06canary\x12/\n" +
-	"\afailure\x18\x12 \x01(\v2\x15.google.rpc.ErrorInfoR\afailure\"\xea\x02\n" +
+	"\afailure\x18\x12 \x01(\v2\x15.google.rpc.ErrorInfoR\afailure\"\x88\x03\n" +
 	"\x11SetContextRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06tokens\x18\x02 \x01(\x03R\x06tokens\x12\x14\n" +
@@ -4536,13 +4593,15 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\x05surge\x18\t \x01(\x05R\x05surge\x12'\n" +
 	"\x0fallow_unchecked\x18\n" +
 	" \x01(\bR\x0eallowUnchecked\x124\n" +
-	"\x06canary\x18\v \x01(\v2\x1c.llmgw.fleet.v1.CanaryPolicyR\x06canary\"\xbd\x01\n" +
+	"\x06canary\x18\v \x01(\v2\x1c.llmgw.fleet.v1.CanaryPolicyR\x06canary\x12\x1c\n" +
+	"\tsequences\x18\f \x01(\x05R\tsequences\"\xf3\x01\n" +
 	"\x12SetContextResponse\x126\n" +
 	"\x06change\x18\x01 \x01(\v2\x1e.llmgw.common.v1.ContextChangeR\x06change\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x02 \x01(\tR\trolloutId\x122\n" +
 	"\x05model\x18\x03 \x01(\v2\x1c.llmgw.fleet.v1.CatalogModelR\x05model\x12\x1c\n" +
-	"\tunchanged\x18\x04 \x01(\bR\tunchanged\"\x82\x03\n" +
+	"\tunchanged\x18\x04 \x01(\bR\tunchanged\x124\n" +
+	"\abatches\x18\x05 \x03(\v2\x1a.llmgw.planner.v1.BatchFitR\abatches\"\xa0\x03\n" +
 	"\x0eSetGPUsRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04gpus\x18\x02 \x01(\x05R\x04gpus\x12\x18\n" +
@@ -4557,13 +4616,15 @@ const file_llmgw_fleet_v1_fleet_proto_rawDesc = "" +
 	"\x05surge\x18\n" +
 	" \x01(\x05R\x05surge\x12'\n" +
 	"\x0fallow_unchecked\x18\v \x01(\bR\x0eallowUnchecked\x124\n" +
-	"\x06canary\x18\f \x01(\v2\x1c.llmgw.fleet.v1.CanaryPolicyR\x06canary\"\xb7\x01\n" +
+	"\x06canary\x18\f \x01(\v2\x1c.llmgw.fleet.v1.CanaryPolicyR\x06canary\x12\x1c\n" +
+	"\tsequences\x18\r \x01(\x05R\tsequences\"\xed\x01\n" +
 	"\x0fSetGPUsResponse\x123\n" +
 	"\x06change\x18\x01 \x01(\v2\x1b.llmgw.common.v1.GPUsChangeR\x06change\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x02 \x01(\tR\trolloutId\x122\n" +
 	"\x05model\x18\x03 \x01(\v2\x1c.llmgw.fleet.v1.CatalogModelR\x05model\x12\x1c\n" +
-	"\tunchanged\x18\x04 \x01(\bR\tunchanged\"#\n" +
+	"\tunchanged\x18\x04 \x01(\bR\tunchanged\x124\n" +
+	"\abatches\x18\x05 \x03(\v2\x1a.llmgw.planner.v1.BatchFitR\abatches\"#\n" +
 	"\x11GetRolloutRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"G\n" +
 	"\x12GetRolloutResponse\x121\n" +
@@ -4955,10 +5016,11 @@ var file_llmgw_fleet_v1_fleet_proto_goTypes = []any{
 	(*timestamppb.Timestamp)(nil),      // 60: google.protobuf.Timestamp
 	(*errdetails.ErrorInfo)(nil),       // 61: google.rpc.ErrorInfo
 	(*v1.ContextChange)(nil),           // 62: llmgw.common.v1.ContextChange
-	(*v1.GPUsChange)(nil),              // 63: llmgw.common.v1.GPUsChange
-	(*v1.Model)(nil),                   // 64: llmgw.common.v1.Model
-	(*v1.Card)(nil),                    // 65: llmgw.common.v1.Card
-	(*v1.StartProgress)(nil),           // 66: llmgw.common.v1.StartProgress
+	(*v11.BatchFit)(nil),               // 63: llmgw.planner.v1.BatchFit
+	(*v1.GPUsChange)(nil),              // 64: llmgw.common.v1.GPUsChange
+	(*v1.Model)(nil),                   // 65: llmgw.common.v1.Model
+	(*v1.Card)(nil),                    // 66: llmgw.common.v1.Card
+	(*v1.StartProgress)(nil),           // 67: llmgw.common.v1.StartProgress
 }
 var file_llmgw_fleet_v1_fleet_proto_depIdxs = []int32{
 	11, // 0: llmgw.fleet.v1.CanaryStatus.policy:type_name -> llmgw.fleet.v1.CanaryPolicy
@@ -4979,97 +5041,99 @@ var file_llmgw_fleet_v1_fleet_proto_depIdxs = []int32{
 	11, // 15: llmgw.fleet.v1.SetContextRequest.canary:type_name -> llmgw.fleet.v1.CanaryPolicy
 	62, // 16: llmgw.fleet.v1.SetContextResponse.change:type_name -> llmgw.common.v1.ContextChange
 	36, // 17: llmgw.fleet.v1.SetContextResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
-	0,  // 18: llmgw.fleet.v1.SetGPUsRequest.strategy:type_name -> llmgw.fleet.v1.Strategy
-	11, // 19: llmgw.fleet.v1.SetGPUsRequest.canary:type_name -> llmgw.fleet.v1.CanaryPolicy
-	63, // 20: llmgw.fleet.v1.SetGPUsResponse.change:type_name -> llmgw.common.v1.GPUsChange
-	36, // 21: llmgw.fleet.v1.SetGPUsResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
-	15, // 22: llmgw.fleet.v1.GetRolloutResponse.rollout:type_name -> llmgw.fleet.v1.Rollout
-	15, // 23: llmgw.fleet.v1.ListRolloutsResponse.rollouts:type_name -> llmgw.fleet.v1.Rollout
-	60, // 24: llmgw.fleet.v1.WatchRolloutResponse.at:type_name -> google.protobuf.Timestamp
-	2,  // 25: llmgw.fleet.v1.WatchRolloutResponse.state:type_name -> llmgw.fleet.v1.RolloutState
-	5,  // 26: llmgw.fleet.v1.WatchRolloutResponse.kind:type_name -> llmgw.fleet.v1.RolloutEventKind
-	3,  // 27: llmgw.fleet.v1.WatchRolloutResponse.mode:type_name -> llmgw.fleet.v1.RolloutMode
-	13, // 28: llmgw.fleet.v1.WatchRolloutResponse.canary:type_name -> llmgw.fleet.v1.CanaryStatus
-	15, // 29: llmgw.fleet.v1.CancelRolloutResponse.rollout:type_name -> llmgw.fleet.v1.Rollout
-	11, // 30: llmgw.fleet.v1.UndoRolloutRequest.canary:type_name -> llmgw.fleet.v1.CanaryPolicy
-	15, // 31: llmgw.fleet.v1.PromoteRolloutResponse.rollout:type_name -> llmgw.fleet.v1.Rollout
-	31, // 32: llmgw.fleet.v1.EndpointTraffic.ttft:type_name -> llmgw.fleet.v1.LatencyHistogram
-	31, // 33: llmgw.fleet.v1.EndpointTraffic.itl:type_name -> llmgw.fleet.v1.LatencyHistogram
-	60, // 34: llmgw.fleet.v1.ReportTrafficRequest.interval_start:type_name -> google.protobuf.Timestamp
-	32, // 35: llmgw.fleet.v1.ReportTrafficRequest.endpoints:type_name -> llmgw.fleet.v1.EndpointTraffic
-	15, // 36: llmgw.fleet.v1.UndoRolloutResponse.rollout:type_name -> llmgw.fleet.v1.Rollout
-	36, // 37: llmgw.fleet.v1.UndoRolloutResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
-	64, // 38: llmgw.fleet.v1.CatalogModel.model:type_name -> llmgw.common.v1.Model
-	60, // 39: llmgw.fleet.v1.CatalogModel.updated_at:type_name -> google.protobuf.Timestamp
-	64, // 40: llmgw.fleet.v1.CreateModelRequest.model:type_name -> llmgw.common.v1.Model
-	36, // 41: llmgw.fleet.v1.CreateModelResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
-	36, // 42: llmgw.fleet.v1.GetModelResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
-	36, // 43: llmgw.fleet.v1.ListModelsResponse.models:type_name -> llmgw.fleet.v1.CatalogModel
-	64, // 44: llmgw.fleet.v1.UpdateModelRequest.model:type_name -> llmgw.common.v1.Model
-	0,  // 45: llmgw.fleet.v1.UpdateModelRequest.strategy:type_name -> llmgw.fleet.v1.Strategy
-	11, // 46: llmgw.fleet.v1.UpdateModelRequest.canary:type_name -> llmgw.fleet.v1.CanaryPolicy
-	36, // 47: llmgw.fleet.v1.UpdateModelResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
-	36, // 48: llmgw.fleet.v1.DeleteModelResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
-	36, // 49: llmgw.fleet.v1.ListModelRevisionsResponse.revisions:type_name -> llmgw.fleet.v1.CatalogModel
-	59, // 50: llmgw.fleet.v1.Node.labels:type_name -> llmgw.fleet.v1.Node.LabelsEntry
-	65, // 51: llmgw.fleet.v1.Node.cards:type_name -> llmgw.common.v1.Card
-	6,  // 52: llmgw.fleet.v1.Node.phase:type_name -> llmgw.fleet.v1.NodePhase
-	60, // 53: llmgw.fleet.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
-	49, // 54: llmgw.fleet.v1.ListNodesResponse.nodes:type_name -> llmgw.fleet.v1.Node
-	7,  // 55: llmgw.fleet.v1.Replica.phase:type_name -> llmgw.fleet.v1.ReplicaPhase
-	60, // 56: llmgw.fleet.v1.Replica.since:type_name -> google.protobuf.Timestamp
-	53, // 57: llmgw.fleet.v1.Replica.members:type_name -> llmgw.fleet.v1.ReplicaMember
-	66, // 58: llmgw.fleet.v1.Replica.progress:type_name -> llmgw.common.v1.StartProgress
-	7,  // 59: llmgw.fleet.v1.ReplicaMember.phase:type_name -> llmgw.fleet.v1.ReplicaPhase
-	52, // 60: llmgw.fleet.v1.ListReplicasResponse.replicas:type_name -> llmgw.fleet.v1.Replica
-	7,  // 61: llmgw.fleet.v1.Endpoint.phase:type_name -> llmgw.fleet.v1.ReplicaPhase
-	8,  // 62: llmgw.fleet.v1.Endpoint.api_dialect:type_name -> llmgw.fleet.v1.ApiDialect
-	60, // 63: llmgw.fleet.v1.Endpoint.ready_since:type_name -> google.protobuf.Timestamp
-	10, // 64: llmgw.fleet.v1.WatchReplicasResponse.kind:type_name -> llmgw.fleet.v1.WatchReplicasResponse.Kind
-	57, // 65: llmgw.fleet.v1.WatchReplicasResponse.endpoint:type_name -> llmgw.fleet.v1.Endpoint
-	9,  // 66: llmgw.fleet.v1.WatchReplicasResponse.reason:type_name -> llmgw.fleet.v1.EndpointReason
-	60, // 67: llmgw.fleet.v1.WatchReplicasResponse.time:type_name -> google.protobuf.Timestamp
-	37, // 68: llmgw.fleet.v1.FleetService.CreateModel:input_type -> llmgw.fleet.v1.CreateModelRequest
-	39, // 69: llmgw.fleet.v1.FleetService.GetModel:input_type -> llmgw.fleet.v1.GetModelRequest
-	41, // 70: llmgw.fleet.v1.FleetService.ListModels:input_type -> llmgw.fleet.v1.ListModelsRequest
-	43, // 71: llmgw.fleet.v1.FleetService.UpdateModel:input_type -> llmgw.fleet.v1.UpdateModelRequest
-	45, // 72: llmgw.fleet.v1.FleetService.DeleteModel:input_type -> llmgw.fleet.v1.DeleteModelRequest
-	47, // 73: llmgw.fleet.v1.FleetService.ListModelRevisions:input_type -> llmgw.fleet.v1.ListModelRevisionsRequest
-	50, // 74: llmgw.fleet.v1.FleetService.ListNodes:input_type -> llmgw.fleet.v1.ListNodesRequest
-	54, // 75: llmgw.fleet.v1.FleetService.ListReplicas:input_type -> llmgw.fleet.v1.ListReplicasRequest
-	56, // 76: llmgw.fleet.v1.FleetService.WatchReplicas:input_type -> llmgw.fleet.v1.WatchReplicasRequest
-	16, // 77: llmgw.fleet.v1.FleetService.SetContext:input_type -> llmgw.fleet.v1.SetContextRequest
-	18, // 78: llmgw.fleet.v1.FleetService.SetGPUs:input_type -> llmgw.fleet.v1.SetGPUsRequest
-	20, // 79: llmgw.fleet.v1.FleetService.GetRollout:input_type -> llmgw.fleet.v1.GetRolloutRequest
-	22, // 80: llmgw.fleet.v1.FleetService.ListRollouts:input_type -> llmgw.fleet.v1.ListRolloutsRequest
-	24, // 81: llmgw.fleet.v1.FleetService.WatchRollout:input_type -> llmgw.fleet.v1.WatchRolloutRequest
-	26, // 82: llmgw.fleet.v1.FleetService.CancelRollout:input_type -> llmgw.fleet.v1.CancelRolloutRequest
-	28, // 83: llmgw.fleet.v1.FleetService.UndoRollout:input_type -> llmgw.fleet.v1.UndoRolloutRequest
-	29, // 84: llmgw.fleet.v1.FleetService.PromoteRollout:input_type -> llmgw.fleet.v1.PromoteRolloutRequest
-	33, // 85: llmgw.fleet.v1.FleetService.ReportTraffic:input_type -> llmgw.fleet.v1.ReportTrafficRequest
-	38, // 86: llmgw.fleet.v1.FleetService.CreateModel:output_type -> llmgw.fleet.v1.CreateModelResponse
-	40, // 87: llmgw.fleet.v1.FleetService.GetModel:output_type -> llmgw.fleet.v1.GetModelResponse
-	42, // 88: llmgw.fleet.v1.FleetService.ListModels:output_type -> llmgw.fleet.v1.ListModelsResponse
-	44, // 89: llmgw.fleet.v1.FleetService.UpdateModel:output_type -> llmgw.fleet.v1.UpdateModelResponse
-	46, // 90: llmgw.fleet.v1.FleetService.DeleteModel:output_type -> llmgw.fleet.v1.DeleteModelResponse
-	48, // 91: llmgw.fleet.v1.FleetService.ListModelRevisions:output_type -> llmgw.fleet.v1.ListModelRevisionsResponse
-	51, // 92: llmgw.fleet.v1.FleetService.ListNodes:output_type -> llmgw.fleet.v1.ListNodesResponse
-	55, // 93: llmgw.fleet.v1.FleetService.ListReplicas:output_type -> llmgw.fleet.v1.ListReplicasResponse
-	58, // 94: llmgw.fleet.v1.FleetService.WatchReplicas:output_type -> llmgw.fleet.v1.WatchReplicasResponse
-	17, // 95: llmgw.fleet.v1.FleetService.SetContext:output_type -> llmgw.fleet.v1.SetContextResponse
-	19, // 96: llmgw.fleet.v1.FleetService.SetGPUs:output_type -> llmgw.fleet.v1.SetGPUsResponse
-	21, // 97: llmgw.fleet.v1.FleetService.GetRollout:output_type -> llmgw.fleet.v1.GetRolloutResponse
-	23, // 98: llmgw.fleet.v1.FleetService.ListRollouts:output_type -> llmgw.fleet.v1.ListRolloutsResponse
-	25, // 99: llmgw.fleet.v1.FleetService.WatchRollout:output_type -> llmgw.fleet.v1.WatchRolloutResponse
-	27, // 100: llmgw.fleet.v1.FleetService.CancelRollout:output_type -> llmgw.fleet.v1.CancelRolloutResponse
-	35, // 101: llmgw.fleet.v1.FleetService.UndoRollout:output_type -> llmgw.fleet.v1.UndoRolloutResponse
-	30, // 102: llmgw.fleet.v1.FleetService.PromoteRollout:output_type -> llmgw.fleet.v1.PromoteRolloutResponse
-	34, // 103: llmgw.fleet.v1.FleetService.ReportTraffic:output_type -> llmgw.fleet.v1.ReportTrafficResponse
-	86, // [86:104] is the sub-list for method output_type
-	68, // [68:86] is the sub-list for method input_type
-	68, // [68:68] is the sub-list for extension type_name
-	68, // [68:68] is the sub-list for extension extendee
-	0,  // [0:68] is the sub-list for field type_name
+	63, // 18: llmgw.fleet.v1.SetContextResponse.batches:type_name -> llmgw.planner.v1.BatchFit
+	0,  // 19: llmgw.fleet.v1.SetGPUsRequest.strategy:type_name -> llmgw.fleet.v1.Strategy
+	11, // 20: llmgw.fleet.v1.SetGPUsRequest.canary:type_name -> llmgw.fleet.v1.CanaryPolicy
+	64, // 21: llmgw.fleet.v1.SetGPUsResponse.change:type_name -> llmgw.common.v1.GPUsChange
+	36, // 22: llmgw.fleet.v1.SetGPUsResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
+	63, // 23: llmgw.fleet.v1.SetGPUsResponse.batches:type_name -> llmgw.planner.v1.BatchFit
+	15, // 24: llmgw.fleet.v1.GetRolloutResponse.rollout:type_name -> llmgw.fleet.v1.Rollout
+	15, // 25: llmgw.fleet.v1.ListRolloutsResponse.rollouts:type_name -> llmgw.fleet.v1.Rollout
+	60, // 26: llmgw.fleet.v1.WatchRolloutResponse.at:type_name -> google.protobuf.Timestamp
+	2,  // 27: llmgw.fleet.v1.WatchRolloutResponse.state:type_name -> llmgw.fleet.v1.RolloutState
+	5,  // 28: llmgw.fleet.v1.WatchRolloutResponse.kind:type_name -> llmgw.fleet.v1.RolloutEventKind
+	3,  // 29: llmgw.fleet.v1.WatchRolloutResponse.mode:type_name -> llmgw.fleet.v1.RolloutMode
+	13, // 30: llmgw.fleet.v1.WatchRolloutResponse.canary:type_name -> llmgw.fleet.v1.CanaryStatus
+	15, // 31: llmgw.fleet.v1.CancelRolloutResponse.rollout:type_name -> llmgw.fleet.v1.Rollout
+	11, // 32: llmgw.fleet.v1.UndoRolloutRequest.canary:type_name -> llmgw.fleet.v1.CanaryPolicy
+	15, // 33: llmgw.fleet.v1.PromoteRolloutResponse.rollout:type_name -> llmgw.fleet.v1.Rollout
+	31, // 34: llmgw.fleet.v1.EndpointTraffic.ttft:type_name -> llmgw.fleet.v1.LatencyHistogram
+	31, // 35: llmgw.fleet.v1.EndpointTraffic.itl:type_name -> llmgw.fleet.v1.LatencyHistogram
+	60, // 36: llmgw.fleet.v1.ReportTrafficRequest.interval_start:type_name -> google.protobuf.Timestamp
+	32, // 37: llmgw.fleet.v1.ReportTrafficRequest.endpoints:type_name -> llmgw.fleet.v1.EndpointTraffic
+	15, // 38: llmgw.fleet.v1.UndoRolloutResponse.rollout:type_name -> llmgw.fleet.v1.Rollout
+	36, // 39: llmgw.fleet.v1.UndoRolloutResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
+	65, // 40: llmgw.fleet.v1.CatalogModel.model:type_name -> llmgw.common.v1.Model
+	60, // 41: llmgw.fleet.v1.CatalogModel.updated_at:type_name -> google.protobuf.Timestamp
+	65, // 42: llmgw.fleet.v1.CreateModelRequest.model:type_name -> llmgw.common.v1.Model
+	36, // 43: llmgw.fleet.v1.CreateModelResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
+	36, // 44: llmgw.fleet.v1.GetModelResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
+	36, // 45: llmgw.fleet.v1.ListModelsResponse.models:type_name -> llmgw.fleet.v1.CatalogModel
+	65, // 46: llmgw.fleet.v1.UpdateModelRequest.model:type_name -> llmgw.common.v1.Model
+	0,  // 47: llmgw.fleet.v1.UpdateModelRequest.strategy:type_name -> llmgw.fleet.v1.Strategy
+	11, // 48: llmgw.fleet.v1.UpdateModelRequest.canary:type_name -> llmgw.fleet.v1.CanaryPolicy
+	36, // 49: llmgw.fleet.v1.UpdateModelResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
+	36, // 50: llmgw.fleet.v1.DeleteModelResponse.model:type_name -> llmgw.fleet.v1.CatalogModel
+	36, // 51: llmgw.fleet.v1.ListModelRevisionsResponse.revisions:type_name -> llmgw.fleet.v1.CatalogModel
+	59, // 52: llmgw.fleet.v1.Node.labels:type_name -> llmgw.fleet.v1.Node.LabelsEntry
+	66, // 53: llmgw.fleet.v1.Node.cards:type_name -> llmgw.common.v1.Card
+	6,  // 54: llmgw.fleet.v1.Node.phase:type_name -> llmgw.fleet.v1.NodePhase
+	60, // 55: llmgw.fleet.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	49, // 56: llmgw.fleet.v1.ListNodesResponse.nodes:type_name -> llmgw.fleet.v1.Node
+	7,  // 57: llmgw.fleet.v1.Replica.phase:type_name -> llmgw.fleet.v1.ReplicaPhase
+	60, // 58: llmgw.fleet.v1.Replica.since:type_name -> google.protobuf.Timestamp
+	53, // 59: llmgw.fleet.v1.Replica.members:type_name -> llmgw.fleet.v1.ReplicaMember
+	67, // 60: llmgw.fleet.v1.Replica.progress:type_name -> llmgw.common.v1.StartProgress
+	7,  // 61: llmgw.fleet.v1.ReplicaMember.phase:type_name -> llmgw.fleet.v1.ReplicaPhase
+	52, // 62: llmgw.fleet.v1.ListReplicasResponse.replicas:type_name -> llmgw.fleet.v1.Replica
+	7,  // 63: llmgw.fleet.v1.Endpoint.phase:type_name -> llmgw.fleet.v1.ReplicaPhase
+	8,  // 64: llmgw.fleet.v1.Endpoint.api_dialect:type_name -> llmgw.fleet.v1.ApiDialect
+	60, // 65: llmgw.fleet.v1.Endpoint.ready_since:type_name -> google.protobuf.Timestamp
+	10, // 66: llmgw.fleet.v1.WatchReplicasResponse.kind:type_name -> llmgw.fleet.v1.WatchReplicasResponse.Kind
+	57, // 67: llmgw.fleet.v1.WatchReplicasResponse.endpoint:type_name -> llmgw.fleet.v1.Endpoint
+	9,  // 68: llmgw.fleet.v1.WatchReplicasResponse.reason:type_name -> llmgw.fleet.v1.EndpointReason
+	60, // 69: llmgw.fleet.v1.WatchReplicasResponse.time:type_name -> google.protobuf.Timestamp
+	37, // 70: llmgw.fleet.v1.FleetService.CreateModel:input_type -> llmgw.fleet.v1.CreateModelRequest
+	39, // 71: llmgw.fleet.v1.FleetService.GetModel:input_type -> llmgw.fleet.v1.GetModelRequest
+	41, // 72: llmgw.fleet.v1.FleetService.ListModels:input_type -> llmgw.fleet.v1.ListModelsRequest
+	43, // 73: llmgw.fleet.v1.FleetService.UpdateModel:input_type -> llmgw.fleet.v1.UpdateModelRequest
+	45, // 74: llmgw.fleet.v1.FleetService.DeleteModel:input_type -> llmgw.fleet.v1.DeleteModelRequest
+	47, // 75: llmgw.fleet.v1.FleetService.ListModelRevisions:input_type -> llmgw.fleet.v1.ListModelRevisionsRequest
+	50, // 76: llmgw.fleet.v1.FleetService.ListNodes:input_type -> llmgw.fleet.v1.ListNodesRequest
+	54, // 77: llmgw.fleet.v1.FleetService.ListReplicas:input_type -> llmgw.fleet.v1.ListReplicasRequest
+	56, // 78: llmgw.fleet.v1.FleetService.WatchReplicas:input_type -> llmgw.fleet.v1.WatchReplicasRequest
+	16, // 79: llmgw.fleet.v1.FleetService.SetContext:input_type -> llmgw.fleet.v1.SetContextRequest
+	18, // 80: llmgw.fleet.v1.FleetService.SetGPUs:input_type -> llmgw.fleet.v1.SetGPUsRequest
+	20, // 81: llmgw.fleet.v1.FleetService.GetRollout:input_type -> llmgw.fleet.v1.GetRolloutRequest
+	22, // 82: llmgw.fleet.v1.FleetService.ListRollouts:input_type -> llmgw.fleet.v1.ListRolloutsRequest
+	24, // 83: llmgw.fleet.v1.FleetService.WatchRollout:input_type -> llmgw.fleet.v1.WatchRolloutRequest
+	26, // 84: llmgw.fleet.v1.FleetService.CancelRollout:input_type -> llmgw.fleet.v1.CancelRolloutRequest
+	28, // 85: llmgw.fleet.v1.FleetService.UndoRollout:input_type -> llmgw.fleet.v1.UndoRolloutRequest
+	29, // 86: llmgw.fleet.v1.FleetService.PromoteRollout:input_type -> llmgw.fleet.v1.PromoteRolloutRequest
+	33, // 87: llmgw.fleet.v1.FleetService.ReportTraffic:input_type -> llmgw.fleet.v1.ReportTrafficRequest
+	38, // 88: llmgw.fleet.v1.FleetService.CreateModel:output_type -> llmgw.fleet.v1.CreateModelResponse
+	40, // 89: llmgw.fleet.v1.FleetService.GetModel:output_type -> llmgw.fleet.v1.GetModelResponse
+	42, // 90: llmgw.fleet.v1.FleetService.ListModels:output_type -> llmgw.fleet.v1.ListModelsResponse
+	44, // 91: llmgw.fleet.v1.FleetService.UpdateModel:output_type -> llmgw.fleet.v1.UpdateModelResponse
+	46, // 92: llmgw.fleet.v1.FleetService.DeleteModel:output_type -> llmgw.fleet.v1.DeleteModelResponse
+	48, // 93: llmgw.fleet.v1.FleetService.ListModelRevisions:output_type -> llmgw.fleet.v1.ListModelRevisionsResponse
+	51, // 94: llmgw.fleet.v1.FleetService.ListNodes:output_type -> llmgw.fleet.v1.ListNodesResponse
+	55, // 95: llmgw.fleet.v1.FleetService.ListReplicas:output_type -> llmgw.fleet.v1.ListReplicasResponse
+	58, // 96: llmgw.fleet.v1.FleetService.WatchReplicas:output_type -> llmgw.fleet.v1.WatchReplicasResponse
+	17, // 97: llmgw.fleet.v1.FleetService.SetContext:output_type -> llmgw.fleet.v1.SetContextResponse
+	19, // 98: llmgw.fleet.v1.FleetService.SetGPUs:output_type -> llmgw.fleet.v1.SetGPUsResponse
+	21, // 99: llmgw.fleet.v1.FleetService.GetRollout:output_type -> llmgw.fleet.v1.GetRolloutResponse
+	23, // 100: llmgw.fleet.v1.FleetService.ListRollouts:output_type -> llmgw.fleet.v1.ListRolloutsResponse
+	25, // 101: llmgw.fleet.v1.FleetService.WatchRollout:output_type -> llmgw.fleet.v1.WatchRolloutResponse
+	27, // 102: llmgw.fleet.v1.FleetService.CancelRollout:output_type -> llmgw.fleet.v1.CancelRolloutResponse
+	35, // 103: llmgw.fleet.v1.FleetService.UndoRollout:output_type -> llmgw.fleet.v1.UndoRolloutResponse
+	30, // 104: llmgw.fleet.v1.FleetService.PromoteRollout:output_type -> llmgw.fleet.v1.PromoteRolloutResponse
+	34, // 105: llmgw.fleet.v1.FleetService.ReportTraffic:output_type -> llmgw.fleet.v1.ReportTrafficResponse
+	88, // [88:106] is the sub-list for method output_type
+	70, // [70:88] is the sub-list for method input_type
+	70, // [70:70] is the sub-list for extension type_name
+	70, // [70:70] is the sub-list for extension extendee
+	0,  // [0:70] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_fleet_v1_fleet_proto_init() }
