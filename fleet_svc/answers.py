@@ -8,12 +8,16 @@ from collections.abc import Callable
 import structlog
 
 from fleet_svc.domain import errors
-from fleet_svc.store.base import Store
+from fleet_svc.store.base import AnswerRecord, Store
 
 log = structlog.get_logger(__name__)
 
 REQUEST_ID_WINDOW_S = 24 * 3600.0
 """How long a request id is remembered by default: a day, well past any client's retries."""
+PRUNE_EVERY_S = 60.0
+"""How often a change also forgets the answers older than the window (a DELETE over the
+answers' age index): not at every change, since an id past its window is new again whether
+its row is gone yet or not."""
 
 
 class _Raced(Exception):
@@ -28,6 +32,8 @@ class Answers:
         self._clock = clock
         self.window_s = window_s
         """How long a request id's first answer is kept (a retry within it is answered so)."""
+        self._pruned_s: float | None = None
+        """When answers past the window were last forgotten (None: not yet)."""
 
     def replay(
         self,
@@ -80,29 +86,43 @@ class Answers:
             with self._store.atomic():
                 if not request_id:
                     return commit()
-                self._store.prune_answers(self._clock() - self.window_s)
-                stored = self._answered(request_id, method, fingerprint)
-                if stored is not None:
-                    if still_true(stored):
-                        return stored
-                    # Its model was deleted since: the id is new again, its old answer gone.
+                self._prune()
+                # Claimed at once in the common case (a new id): no read first.
+                if not self._store.claim_answer(request_id, method, fingerprint):
+                    stored = self._store.get_answer(request_id)
+                    if stored is None:
+                        raise _Raced  # forgotten since the claim saw it: rare
+                    if self._fresh(stored):
+                        answer = self._matching(stored, request_id, method, fingerprint)
+                        if still_true(answer):
+                            return answer
+                    # Past the window (not pruned yet), or its model was deleted since: the id
+                    # is new again, its old answer gone.
                     log.info("request_answer_outdated", method=method, request_id=request_id)
                     self._store.forget_answer(request_id)
-                if not self._store.claim_answer(request_id, method, fingerprint):
-                    raise _Raced
+                    if not self._store.claim_answer(request_id, method, fingerprint):
+                        raise _Raced
                 answer = commit()
                 self._store.put_answer(request_id, method, answer, fingerprint=fingerprint)
                 return answer
         except _Raced:
             # Another attempt with this id committed while this one waited: its answer.
-            stored = self._answered(request_id, method, fingerprint)
-            if stored is None:
+            first = self._answered(request_id, method, fingerprint)
+            if first is None:
                 raise errors.RequestIdReused(
                     f"request id {request_id!r} is being answered by another attempt: retry it",
                     request_id=request_id,
                     method=method,
                 ) from None
-            return stored
+            return first
+
+    def _prune(self) -> None:
+        """Forget answers older than the window, at most every PRUNE_EVERY_S."""
+        now = self._clock()
+        if self._pruned_s is not None and 0 <= now - self._pruned_s < PRUNE_EVERY_S:
+            return
+        self._store.prune_answers(now - self.window_s)
+        self._pruned_s = now
 
     def _answered(self, request_id: str, method: str, fingerprint: str) -> bytes | None:
         """The first answer to `request_id` when it is this request's, None when the id is new
@@ -112,8 +132,21 @@ class Answers:
             RequestIdReused: the id answered another method or another request.
         """
         stored = self._store.get_answer(request_id)
-        if stored is None or stored.created_at < self._clock() - self.window_s:
+        if stored is None or not self._fresh(stored):
             return None
+        return self._matching(stored, request_id, method, fingerprint)
+
+    def _fresh(self, stored: AnswerRecord) -> bool:
+        """Whether a stored answer is within the window."""
+        return stored.created_at >= self._clock() - self.window_s
+
+    @staticmethod
+    def _matching(stored: AnswerRecord, request_id: str, method: str, fingerprint: str) -> bytes:
+        """A stored answer when it is this request's.
+
+        Raises:
+            RequestIdReused: the id answered another method or another request.
+        """
         if stored.method != method:
             raise errors.RequestIdReused(
                 f"request id {request_id!r} was used for {stored.method}: use a new id",

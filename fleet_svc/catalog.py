@@ -4,13 +4,16 @@ allowed is the application layer's business (fleet_svc.app)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextvars
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import structlog
 
 from fleet_svc.domain import errors
 from fleet_svc.domain.catalog import Entry, ProfileWant, Revision, wants_of
-from fleet_svc.store.base import StaleRevision, Store, StoreError
+from fleet_svc.store.base import RolloutRecord, StaleRevision, Store, StoreError
 from fleet_svc.store.catalog_rows import record_of, revision_of
 from llmgw.model import Model
 
@@ -18,6 +21,10 @@ log = structlog.get_logger(__name__)
 
 REVISIONS_KEPT = 256
 """Past revisions `model_at` keeps read (a revision never changes once written)."""
+
+_WRITTEN: contextvars.ContextVar[list[Revision]] = contextvars.ContextVar("catalog_written")
+"""The revisions written inside `Catalog.deferred` (a change's transaction), not yet
+committed."""
 
 
 class Catalog:
@@ -30,6 +37,14 @@ class Catalog:
         """Declared model name -> the settings file that declares it."""
         self._wants: list[ProfileWant] | None = None
         self._revisions: dict[tuple[str, int], Model | None] = {}
+        self._lock = threading.Lock()
+        """Guards the two caches: the API's threads write the catalog while the controller's
+        reads the wants (on PostgreSQL each on threads of their own)."""
+        self._generation = 0
+        """Counts the times the wants were forgotten or changed: wants read across one are
+        not kept."""
+        self._kept_revisions: dict[str, int] = {}
+        """Model -> the revision the kept wants hold of it (a deletion's included)."""
 
     def find(self, name: str) -> Revision | None:
         """The model's latest revision, None when absent or deleted."""
@@ -47,6 +62,18 @@ class Catalog:
             raise errors.ModelNotFound(f"no model {name!r} in the catalog", name=name)
         return found
 
+    def to_change(self, name: str, states: Sequence[str]) -> tuple[Revision, list[RolloutRecord]]:
+        """The model's latest revision and its rollouts in `states`, newest first, read at
+        once (what a change checks first: Store.model_to_change).
+
+        Raises:
+            ModelNotFound: absent or deleted.
+        """
+        record, rollouts = self._store.model_to_change(name, states)
+        if record is None:
+            raise errors.ModelNotFound(f"no model {name!r} in the catalog", name=name)
+        return revision_of(record), rollouts
+
     def model_at(self, name: str, revision: int) -> Model | None:
         """The model as its revision `revision` was (None: no such revision, or the store
         cannot be read now: the caller goes on without it)."""
@@ -58,10 +85,14 @@ class Catalog:
                 log.warning("revision_unread", model=name, revision=revision, error=str(exc))
                 return None
             found = next((r for r in history if r.revision == revision), None)
-            if len(self._revisions) >= REVISIONS_KEPT:
+            self._remember(key, None if found is None else revision_of(found).model)
+        return self._revisions.get(key)
+
+    def _remember(self, key: tuple[str, int], model: Model | None) -> None:
+        with self._lock:
+            if key not in self._revisions and len(self._revisions) >= REVISIONS_KEPT:
                 self._revisions.pop(next(iter(self._revisions)))
-            self._revisions[key] = None if found is None else revision_of(found).model
-        return self._revisions[key]
+            self._revisions[key] = model
 
     def all(self) -> list[Revision]:
         """Every current model."""
@@ -123,8 +154,47 @@ class Catalog:
         log.info(
             "model_written", model=entry.name, revision=stored.revision, by=by, deleted=deleted
         )
-        self._wants = None
-        return revision_of(stored)
+        written = revision_of(stored)
+        pending = _WRITTEN.get(None)
+        if pending is None:
+            self.forget_wants()
+        else:
+            pending.append(written)  # the kept wants stay true until it commits
+        return written
+
+    @contextmanager
+    def deferred(self) -> Iterator[list[Revision]]:
+        """A block whose writes (one transaction's) leave the kept wants as they are: the
+        revisions written are listed, for `committed` once the transaction committed (the
+        wants then need no store read); if it rolls back nothing changed."""
+        written: list[Revision] = []
+        token = _WRITTEN.set(written)
+        try:
+            yield written
+        finally:
+            _WRITTEN.reset(token)
+
+    def committed(self, revisions: Sequence[Revision]) -> None:
+        """`revisions` (written in a `deferred` block) are committed: the kept wants take them
+        in (a model's later revision is never replaced by an earlier one, whichever commit is
+        told first), and wants being read meanwhile are not kept."""
+        if not revisions:
+            return
+        with self._lock:
+            self._generation += 1
+            if self._wants is None:
+                return
+            newer = {}
+            for rev in revisions:
+                if rev.revision > self._kept_revisions.get(rev.name, 0):
+                    newer[rev.name] = rev
+                    self._kept_revisions[rev.name] = rev.revision
+            if newer:
+                live = [rev for rev in newer.values() if not rev.deleted]
+                kept = [w for w in self._wants if w.model not in newer] + wants_of(live)
+                self._wants = sorted(kept, key=lambda w: w.model)  # by name, as all() lists
+        for rev in newer.values():
+            self._remember((rev.name, rev.revision), rev.model)
 
     def _etag_now(self, name: str) -> str:
         """The model's etag now ("" when absent)."""
@@ -144,13 +214,37 @@ class Catalog:
             self.declared[entry.name] = path
 
     def forget_wants(self) -> None:
-        """Read the wants from the store again at the next ask (another fleet may have changed
-        the catalog: this one was following while it led)."""
-        self._wants = None
+        """Read the wants from the store again at the next ask (the catalog changed, here or
+        by another fleet: this one was following while it led)."""
+        with self._lock:
+            self._generation += 1
+            self._wants = None
+
+    def kept_wants(self) -> list[ProfileWant] | None:
+        """The wants when they are kept (no store call needed), else None."""
+        with self._lock:
+            kept = self._wants
+        return None if kept is None else list(kept)
 
     def wants(self) -> list[ProfileWant]:
         """Every profile's wanted replicas, for the controller (kept until the catalog changes:
-        the controller asks every tick)."""
-        if self._wants is None:
-            self._wants = wants_of(self.all())
-        return list(self._wants)
+        the controller asks every tick). A store call when they were forgotten: the
+        controller asks from its own thread on PostgreSQL.
+
+        Wants read while the catalog changed (forget_wants ran meanwhile) are answered but
+        not kept, so the next ask reads the change. The current revisions' models are kept for
+        `model_at` too: the endpoints of a new revision's replicas are then made without a
+        store call."""
+        with self._lock:
+            kept, generation = self._wants, self._generation
+        if kept is not None:
+            return list(kept)
+        current = self.all()
+        wants = wants_of(current)
+        for rev in current:
+            self._remember((rev.name, rev.revision), rev.model)
+        with self._lock:
+            if generation == self._generation:
+                self._wants = wants
+                self._kept_revisions = {rev.name: rev.revision for rev in current}
+        return list(wants)

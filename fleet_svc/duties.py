@@ -124,13 +124,16 @@ class Duties:
         if self._settings_path:
             self.catalog.declare(self._declared, self._settings_path)
 
-    def _elected(self, epoch: int) -> None:
+    async def _elected(self, epoch: int) -> None:
+        """Take over: load the state off the loop (Controller.reload), then hear the agents,
+        write the settings file's models (on the controller's thread: before its first tick,
+        in order with its writes) and run the controller."""
         self._cancel()
-        self.controller.reload()
+        self.catalog.forget_wants()  # another fleet may have changed the catalog meanwhile
+        await self.controller.reload()
         self.agents.lead(self.controller)
-        self.catalog.forget_wants()
         try:
-            self._declare()
+            await self.controller.calls.run(self._declare)
         except StoreError as exc:
             log.error("declared_models_not_written", problem=exc.problem)
         self._task = asyncio.create_task(self.controller.run())

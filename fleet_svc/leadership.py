@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol, runtime_checkable
 
 import structlog
@@ -92,9 +92,10 @@ def holder_id() -> str:
 class Leadership:
     """This fleet's part in the election: leading at `epoch`, or following `leader_address`.
 
-    `on_elected(epoch)` runs (on the event loop) when this fleet starts leading, after the
-    store is fenced with the new epoch; `on_deposed(why)` when it stops, after the store is
-    fenced with NO_EPOCH. Both run between attempts, never concurrently.
+    `on_elected(epoch)` runs (on the event loop, and is awaited when it returns an awaitable:
+    the state loads off the loop) when this fleet starts leading, after the store is fenced
+    with the new epoch; `on_deposed(why)` when it stops, after the store is fenced with
+    NO_EPOCH. Both run within an attempt, never concurrently.
     """
 
     def __init__(
@@ -123,7 +124,7 @@ class Leadership:
         """Where the leader answers, as the lease last said ("" when unknown)."""
         self._valid_until = 0.0
         self._problem = ""
-        self.on_elected: Callable[[int], None] = lambda epoch: None
+        self.on_elected: Callable[[int], Awaitable[None] | None] = lambda epoch: None
         self.on_deposed: Callable[[str], None] = lambda why: None
         store.fence(NO_EPOCH)
 
@@ -183,7 +184,9 @@ class Leadership:
             self._store.fence(lease.epoch)
             log.info("leader_elected", epoch=lease.epoch, holder=self.holder, address=self.address)
             try:
-                self.on_elected(lease.epoch)
+                taking_over = self.on_elected(lease.epoch)
+                if taking_over is not None:
+                    await taking_over  # the state loads off the loop (Duties._elected)
             except StoreError as exc:
                 # It could not take over (the state did not load): lead next time, not now.
                 self._depose(f"taking over failed: {exc.problem}")

@@ -69,13 +69,14 @@ class Rollouts:
         """Models whose canary's weights may have changed since the controller last
         published them (a step began, the canary ended or was promoted)."""
 
-    def load(self) -> None:
-        """The rollouts running when the fleet stopped; a starting step gets its whole start
-        timeout again (the monotonic time it started at is gone with the old process)."""
+    def load(self, rows: list[RolloutRecord]) -> None:
+        """The rollouts running when the fleet stopped, from every rollout's row; a starting
+        step gets its whole start timeout again (the monotonic time it started at is gone with
+        the old process)."""
         now = self._clock.monotonic()
         self.running = {}
         self._seen = {}
-        for stored in self._store.list_rollouts():
+        for stored in rows:
             if stored.state == "RUNNING":
                 ro = load_rollout(stored)
                 steps = tuple(

@@ -223,6 +223,7 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         start_timeout_s=opts.start_timeout_s,
         hub=EndpointHub(clock.wall, heartbeat_s=opts.watch_heartbeat_s),
         model_at=catalog.model_at,
+        kept_wants=catalog.kept_wants,
     )
     # The planner is checked as planner.service.llmgw (unless a server name was given), so
     # another service's certificate of the same CA cannot pose as it.

@@ -64,14 +64,22 @@ class DesiredSets:
     """The versions of the nodes' desired sets. Versions only grow, across restarts too (the
     newest handed out is kept in the store), so an agent can tell a newer set from an older."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, version: int | None = None) -> None:
+        """Versions go on after `version`, the last one the store reserved (None: read from
+        the store here, a store call)."""
         self._store = store
         self._pushed: dict[str, _Pushed] = {}
         self._unacked: dict[str, float] = {}
         """Nodes sent a set not acknowledged yet, and when it was sent."""
-        self._reserved = int(store.get_value(VERSION_KEY) or 0)
+        self._reserved = self.stored_version(store) if version is None else version
         """The stored value: every version up to it may have been handed out."""
         self._version = itertools.count(self._reserved + 1)
+
+    @staticmethod
+    def stored_version(store: Store) -> int:
+        """The versions reserved in the store: every one up to it may have been handed out
+        (0: none yet)."""
+        return int(store.get_value(VERSION_KEY) or 0)
 
     def reconnected(self, node: str) -> None:
         """A node's agent said hello: its set is sent again in full."""

@@ -141,12 +141,22 @@ class FleetApp(GuardedApp):
     ) -> Applied:
         """Apply a planned model, unless the model changed while the planner was asked.
 
+        The revision written is the one after `read`'s, by compare-and-swap (Store.put_model):
+        a change committed meanwhile (a rollout started with it) makes it StaleRevision, so
+        the model is not read again first. A change that writes nothing, or a dry run, has no
+        such guard and reads it again.
+
         Raises:
             InvalidModel: the planner's profiles are not ones the fleet can run.
+            StaleRevision, ModelDeclared, RolloutInProgress, ModelNotFound.
         """
         check_profiles(new)
-        rev = self._changeable(read.name, read.etag, supersede=options.supersede)
-        return self._apply(rev, rev.entry.with_model(new), kind, options)
+        self._not_declared(read.name)
+        entry = read.entry.with_model(new)
+        rev = read
+        if options.dry_run or etag_of(entry) == read.etag:
+            rev = self._changeable(read.name, read.etag, supersede=options.supersede)
+        return self._apply(rev, entry, kind, options)
 
     def undo(
         self, rollout_id: str, *, by: str, dry_run: bool, canary: Policy | None = None
@@ -312,8 +322,9 @@ class FleetApp(GuardedApp):
         )
         if options.dry_run:
             return Applied(self._catalog.preview(new, options.by), "", restarted)
-        running = self._active(old.name)
-        if running is not None and options.supersede:
+        # Without supersede, _changeable refused a running rollout already, in this transaction.
+        running = self._active(old.name) if options.supersede else None
+        if running is not None:
             self._request_cancel(running, "superseded by a newer change of the model", options.by)
         committed = self._catalog.write(new, options.by, rev.revision)
         steps = plan_steps(old.name, changed, state.replicas, wants_of([committed]))

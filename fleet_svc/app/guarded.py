@@ -68,31 +68,43 @@ class GuardedApp:
         prepare: Callable[[], Awaitable[Callable[[], bytes]]],
         still_true: Callable[[bytes], bool] = lambda _answer: True,
     ) -> bytes:
-        """The answer to a mutation, made once per request id (fleet_svc.answers: `replay`, then
-        `commit` on the store's threads); a change it hands the controller is waited for.
+        """The answer to a mutation, made once per request id (fleet_svc.answers: `commit` on
+        the store's threads); a change it hands the controller is waited for.
+
+        The id is looked up inside the commit's transaction (its claim), not before: a new id,
+        the common case, costs no read of its own. A retry is prepared again (its planner call
+        answered from the planner's memory) and then given its first answer; when preparing
+        it fails (its first attempt started a rollout, the planner is down), the id's first
+        answer is given if there is one, else the failure.
 
         Raises:
             RequestIdReused: the id was used for another method or another request.
         """
-        if request_id:
-            stored = await self.calls.run(
-                self._answers.replay, request_id, method, fingerprint, still_true
-            )
-            if stored is not None:
-                return stored
-        commit = await prepare()
+        try:
+            commit = await prepare()
+        except Exception:
+            if request_id:
+                stored = await self.calls.run(
+                    self._answers.replay, request_id, method, fingerprint, still_true
+                )
+                if stored is not None:
+                    return stored
+            raise
         view = self._view()
         try:
-            answer = await self.calls.run(
+            answer, written = await self.calls.run(
                 self._commit, request_id, method, fingerprint, commit, view, still_true
             )
-        finally:
-            # Wants the controller read while the transaction ran are read again.
+        except BaseException:
+            # A commit that failed as it ended may have committed: the wants are read again.
             self._catalog.forget_wants()
+            raise
         if view.handed:
             await self._controller.adopted(self._controller.changed(), ADOPT_WAIT_S)
         else:
-            self._controller.wake()  # the wants changed: replicas to add or remove
+            # The wants changed (replicas to add or remove), and nothing waits in the store
+            # for the revisions written: the controller need not look there for them.
+            self._controller.handed_nothing((r.name, r.revision) for r in written)
         return answer
 
     async def dry(self, prepare: Callable[[], Awaitable[Callable[[], T]]]) -> T:
@@ -109,10 +121,15 @@ class GuardedApp:
         commit: Callable[[], bytes],
         view: View,
         still_true: Callable[[bytes], bool],
-    ) -> bytes:
-        """Run `commit` and keep the request id's answer, in one transaction, reading `view`."""
+    ) -> tuple[bytes, list[Revision]]:
+        """Run `commit` and keep the request id's answer, in one transaction, reading `view`;
+        the answer and the catalog revisions committed (taken into the controller's wants
+        once the transaction committed: Catalog.deferred)."""
         CURRENT_VIEW.set(view)
-        return self._answers.commit(request_id, method, fingerprint, commit, still_true)
+        with self._catalog.deferred() as written:
+            answer = self._answers.commit(request_id, method, fingerprint, commit, still_true)
+        self._catalog.committed(written)
+        return answer, written
 
     def _view(self) -> View:
         """What a change reads of the controller: inside FleetApp.once the view it took on
@@ -147,7 +164,7 @@ class GuardedApp:
         Raises:
             ModelNotFound, ModelDeclared, StaleRevision, RolloutInProgress.
         """
-        rev = self._catalog.get(name)
+        rev, active = self._catalog.to_change(name, ACTIVE)
         self._not_declared(name)
         if etag and etag != rev.etag:
             raise errors.StaleRevision(
@@ -157,7 +174,7 @@ class GuardedApp:
                 expected=etag,
                 current=rev.etag,
             )
-        running = self._active(name)
+        running = load_rollout(active[0]) if active else None
         if running is not None and not supersede:
             how = (
                 "wait for it or cancel it first"

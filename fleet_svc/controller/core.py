@@ -5,19 +5,20 @@ domain.reports); this module keeps the state they read, ticks, persists, and tel
 (agents.desired). The actions are applied through the transition table in
 fleet_svc.controller.writes; agents' events come in through fleet_svc.controller.agent_events.
 
-A tick runs on the event loop; its store calls (adopting and saving rollouts, the replica
-flush, the desired version) go through `calls`: on PostgreSQL one thread of the controller's
-own, so they never block the loop and reach the store one at a time, in the tick's order (a
-fenced write never overtakes an earlier one). Agents' reports go on meanwhile; one tick is
-awaited to its end before the next begins."""
+A tick runs on the event loop; its store calls (the catalog's wants, adopting and saving
+rollouts, the replica flush, the desired version) go through `calls`: on PostgreSQL one thread
+of the controller's own, so they never block the loop and reach the store one at a time, in the
+tick's order (a fenced write never overtakes an earlier one). Agents' reports go on meanwhile;
+one tick is awaited to its end before the next begins. A fleet taking over as leader loads its
+state through `calls` too (`reload`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 
 import structlog
 
@@ -48,12 +49,25 @@ MAX_BURST = 20
 """Ticks in a row a controller runs without waiting while each changes something."""
 ADOPT_POLL_S = 2.0
 """A tick reads the store for pending rollouts and requests when a change was announced, when
-the catalog's revisions moved (a pending rollout commits with its revision), and otherwise at
-least this often (what another fleet committed just before it lost its lease)."""
+the catalog's revisions moved (a pending rollout commits with its revision; not for a revision
+this fleet committed handing nothing over), and otherwise at least this often (what another
+fleet committed just before it lost its lease)."""
 FLUSH_ROUNDS = 3
 """Flushes a tick makes at most before dispatching, while agents' reports keep changing
 replicas during the writes (those changes are of stored replicas: only a tick creates or
 places one)."""
+
+
+@dataclass
+class _Stored:
+    """What a fleet loads its state from (Controller._stored)."""
+
+    replicas: list[ReplicaRecord]
+    rollouts: list[RolloutRecord]
+    version: int | None = None
+    """The desired sets' last version (None: not read)."""
+    wants: list[ProfileWant] | None = None
+    """The catalog's wants (None: not read)."""
 
 
 class Controller(AgentEvents):
@@ -76,9 +90,15 @@ class Controller(AgentEvents):
         new_id: Callable[[], str] | None = None,
         start_timeout_s: float = 600.0,
         model_at: Callable[[str, int], Model | None] | None = None,
+        kept_wants: Callable[[], list[ProfileWant] | None] | None = None,
     ) -> None:
         self._store = store
         self._wants = wants
+        self._wants_read: list[ProfileWant] | None = None
+        """The wants as the last tick (or state load) read them."""
+        self._kept_wants = kept_wants or (lambda: None)
+        """The wants when `wants` would answer them without a store call (else None): a
+        tick then needs no hop to the controller's thread for them."""
         self.hub = hub or EndpointHub(clock.wall)
         self._model_at = model_at or (lambda name, revision: None)
         """A model as one of its revisions was (for an endpoint's context and max output)."""
@@ -110,7 +130,10 @@ class Controller(AgentEvents):
         """The last of those the controller has taken up from the store."""
         self._adopted_at: tuple[float, tuple[tuple[str, int], ...]] | None = None
         """When the store was last read for pending rollouts, and the catalog's revisions
-        then (None: not yet since this fleet loaded its state)."""
+        since (None: not yet since this fleet loaded its state)."""
+        self._plain: set[tuple[str, int]] = set()
+        """(model, revision)s the API side committed with nothing for the controller
+        (`handed_nothing`): their moving the revisions is no reason to read the store."""
         self._adoption = asyncio.Event()
         """Set (and replaced) whenever the controller took up what was committed."""
         self._running = False
@@ -136,38 +159,63 @@ class Controller(AgentEvents):
     # -- persistence ---------------------------------------------------------------------
 
     def _load(self) -> None:
-        """Replicas the fleet accepted before a restart; their nodes are unknown until their
+        """Replicas the fleet accepted before a restart (read as it starts, before it
+        serves)."""
+        self._loaded(self._stored())
+
+    def _stored(self) -> _Stored:
+        """The rows a fleet loads its state from (store calls only)."""
+        return _Stored(self._store.list_replicas(), self._store.list_rollouts())
+
+    def _stored_for_takeover(self) -> _Stored:
+        """The rows a fleet taking over loads, its desired sets' last version, the wants, and
+        the models of the replicas' revisions (so publishing their endpoints makes no store
+        call): store calls only, run off the loop on PostgreSQL."""
+        stored = self._stored()
+        stored.version = DesiredSets.stored_version(self._store)
+        stored.wants = self._wants()
+        for key in sorted({(rec.model, rec.revision) for rec in stored.replicas}):
+            self._model_at(*key)
+        return stored
+
+    def _loaded(self, stored: _Stored) -> None:
+        """Take the state from the stored rows: the nodes of replicas are unknown until their
         agents say hello (and are lost if they never do). Durations go on from the stored
         wall-clock times."""
         now, wall = self._clock.monotonic(), self._clock.wall()
         self._sets_moved = True
-        for rec in self._store.list_replicas():
+        for rec in stored.replicas:
             r = replica_of(rec)
             r = replace(r, entered_s=now - max(wall - r.since_s, 0.0))
             self.state.replicas[r.id] = r
             for name in r.nodes:  # a gang's members' nodes too: each is lost if it never returns
                 if name not in self.state.nodes:
                     self.state.nodes[name] = NodeView(name=name, last_heard_s=now)
-        self._rollouts.load()
+        self._rollouts.load(stored.rollouts)
         log.info(
             "fleet_state_loaded", replicas=len(self.state.replicas), rollouts=len(self.rollouts)
         )
 
-    def reload(self) -> None:
+    async def reload(self) -> None:
         """Forget what is held in memory and load it again from the store: a fleet elected
         leader takes over the state its predecessor left (its agents say hello to it next).
-        Endpoints the store holds READY stay routable meanwhile: they were the last leader's
-        word, and the gateway should not lose them for a change of leader."""
+        The rows are read off the loop (on PostgreSQL), and only then is the state replaced,
+        at once: until then reads answer from the state followed so far. Endpoints the store
+        holds READY stay routable meanwhile: they were the last leader's word, and the gateway
+        should not lose them for a change of leader."""
+        stored = await self.calls.run(self._stored_for_takeover)
         self.state = FleetState()
         self._unsaved = {}
         self._failing = ""
-        self.desired = DesiredSets(self._store)
+        self.desired = DesiredSets(self._store, version=stored.version)
+        self._wants_read = stored.wants
         self._reloaded_s = self._clock.monotonic()
         self._trusting = True
         self._adopted_at = None
+        self._plain = set()
         if self.remote is not None:
             self.remote.reset()
-        self._load()
+        self._loaded(stored)
         self._publish_all()
 
     def followed(self) -> tuple[list[ReplicaRecord], list[RolloutRecord]]:
@@ -254,6 +302,14 @@ class Controller(AgentEvents):
         self._asked += 1
         self.wake()
         return self._asked
+
+    def handed_nothing(self, revisions: Iterable[tuple[str, int]]) -> None:
+        """The API side committed these (model, revision)s with no rollout or request for the
+        controller: wake the loop for the wants, with no need to look in the store for
+        pending work because they moved (nothing can wait there for a revision whose
+        transaction wrote none)."""
+        self._plain.update(revisions)
+        self.wake()
 
     async def adopted(self, ticket: int, timeout_s: float) -> bool:
         """Wait until a tick took up everything committed before `ticket` was given, at most
@@ -358,7 +414,11 @@ class Controller(AgentEvents):
                 )
                 view.phase, view.reason = phase, why
                 self._publish_node(view.name)
-        wants = self._wants()
+        # A store call when the catalog changed: off the loop on PostgreSQL.
+        wants = self._kept_wants()
+        if wants is None:
+            wants = await self.calls.run(self._wants)
+        self._wants_read = wants
         await self._adopt(wants, now)
         self._apply_all(
             await self._rollouts.advance(
@@ -391,15 +451,17 @@ class Controller(AgentEvents):
         passed."""
         revisions = tuple(sorted({(w.model, w.revision) for w in wants}))
         last = self._adopted_at
-        if (
-            self._adopted == self._asked
-            and last is not None
-            and last[1] == revisions
-            and now - last[0] < ADOPT_POLL_S
-        ):
-            return
+        if self._adopted == self._asked and last is not None and now - last[0] < ADOPT_POLL_S:
+            moved = set(revisions) - set(last[1])
+            gone = {model for model, _ in set(last[1]) - set(revisions)}
+            if moved <= self._plain and gone <= {model for model, _ in self._plain}:
+                # Nothing moved but to revisions this fleet committed handing nothing over.
+                self._plain -= moved
+                self._adopted_at = (last[0], revisions)
+                return
         asked = self._asked
         self._apply_all(await self._rollouts.adopt(wants, self.state.replicas))
+        self._plain = set()  # a read of the store explains every revision up to now
         self._adopted, self._adopted_at = asked, (now, revisions)
         adoption, self._adoption = self._adoption, asyncio.Event()
         adoption.set()

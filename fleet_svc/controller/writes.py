@@ -86,6 +86,7 @@ class ReplicaWrites:
     _rollouts: Rollouts
     _clock: Clock
     _wants: Callable[[], list[ProfileWant]]
+    _wants_read: list[ProfileWant] | None
     _model_at: Callable[[str, int], Model | None]
     _changes: int
     _unsaved: dict[str, ReplicaState | None]
@@ -137,7 +138,10 @@ class ReplicaWrites:
         return NodePhase.READY if self._trusting else None
 
     def _wanted(self, model: str, profile: str) -> bool:
-        return any(w.model == model and w.profile == profile for w in self._wants())
+        # The wants the last tick read (off the loop on PostgreSQL), not a store call here:
+        # this runs on the loop, for agents' events too.
+        wants = self._wants_read if self._wants_read is not None else self._wants()
+        return any(w.model == model and w.profile == profile for w in wants)
 
     def _publish_node(self, node: str) -> None:
         """A node's phase changed: its replicas leave routing or come back."""

@@ -250,6 +250,13 @@ class Store(Protocol):
     def get_model(self, name: str) -> ModelRecord | None:
         """The model's latest revision, None when absent or deleted."""
 
+    def model_to_change(
+        self, name: str, states: Sequence[str]
+    ) -> tuple[ModelRecord | None, list[RolloutRecord]]:
+        """What a change of a model reads first, at once: its latest revision (None when
+        absent or deleted) and its rollouts in `states`, newest first (get_model and
+        list_rollouts in one call; one round trip on PostgreSQL)."""
+
     def list_models(self) -> list[ModelRecord]:
         """Every current model, by name."""
 

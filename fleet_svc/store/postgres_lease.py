@@ -87,6 +87,10 @@ def release(conn: psycopg.Connection[tuple[Any, ...]], holder: str) -> None:
     )
 
 
+FENCE_QUERY = "SELECT holder, address, epoch FROM leases WHERE name = %s FOR SHARE"
+"""The lease row, share-locked until the transaction ends (see check_fence)."""
+
+
 def check_fence(conn: psycopg.Connection[tuple[Any, ...]], epoch: int, where: str) -> None:
     """Inside a transaction: refuse to go on unless `epoch` is the lease's epoch, holding the
     lease row's share lock until the transaction ends.
@@ -94,9 +98,15 @@ def check_fence(conn: psycopg.Connection[tuple[Any, ...]], epoch: int, where: st
     Raises:
         NotLeader: the epoch is over.
     """
-    row = conn.execute(
-        "SELECT holder, address, epoch FROM leases WHERE name = %s FOR SHARE", (LEASE_NAME,)
-    ).fetchone()
+    fenced(conn.execute(FENCE_QUERY, (LEASE_NAME,)).fetchone(), epoch, where)
+
+
+def fenced(row: tuple[Any, ...] | None, epoch: int, where: str) -> None:
+    """Refuse unless `row` (FENCE_QUERY's answer) holds `epoch`.
+
+    Raises:
+        NotLeader: the epoch is over.
+    """
     if row is None or int(row[2]) != epoch:
         raise NotLeader(
             where,

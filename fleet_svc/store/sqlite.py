@@ -290,6 +290,12 @@ class SQLiteStore:
         record = model_of_row(self.where, row)
         return None if record.deleted else record
 
+    def model_to_change(
+        self, name: str, states: Sequence[str]
+    ) -> tuple[ModelRecord | None, list[RolloutRecord]]:
+        """The model's latest revision and its rollouts in `states` (Store.model_to_change)."""
+        return self.get_model(name), self.list_rollouts(name, states=states)
+
     @_guarded
     def list_models(self) -> list[ModelRecord]:
         """Every current (latest, not deleted) model, by name."""

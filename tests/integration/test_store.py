@@ -69,24 +69,30 @@ def _sqlite_backend(path: Path) -> Backend:
     return Backend("sqlite", str(path), lambda: SQLiteStore(path, clock=lambda: CLOCK), raw)
 
 
-def _postgres_backend(dsn: str) -> Backend:
+def _postgres_backend(dsn: str, *, pipelined: bool = False) -> Backend:
     def raw(statement: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         with psycopg.connect(dsn, autocommit=True) as conn:
             cur = conn.execute(statement.replace("?", "%s").encode(), params)
             return cur.fetchall() if cur.description else []
 
-    return Backend("postgresql", dsn, lambda: PostgresStore(dsn, clock=lambda: CLOCK), raw)
+    def opener() -> Store:
+        opened = PostgresStore(dsn, clock=lambda: CLOCK)
+        opened.pipelining = pipelined  # the test server is on this machine: not by default
+        return opened
+
+    return Backend("postgresql", dsn, opener, raw)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", "postgresql-pipelined"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """Each store's database, fresh: a file in a temporary folder, or a new PostgreSQL
-    database dropped after the test."""
+    database dropped after the test (its statements sent one at a time, as to a server on
+    this machine, or pipelined, as to one on another host)."""
     if request.param == "sqlite":
         yield _sqlite_backend(tmp_path / "fleet.db")
     else:
         with fresh_database() as (_name, dsn):
-            yield _postgres_backend(dsn)
+            yield _postgres_backend(dsn, pipelined=request.param == "postgresql-pipelined")
 
 
 @pytest.fixture
@@ -669,6 +675,26 @@ def test_rollouts_are_listed_newest_first_by_model(store: Store) -> None:
     assert store.list_rollouts("m3") == []
     assert [r.id for r in store.list_rollouts(states=("FAILED", "PENDING"))] == ["ro-d"]
     assert [r.id for r in store.list_rollouts("m1", states=("RUNNING",))] == ["ro-c", "ro-a"]
+
+
+def test_what_a_change_reads_first_is_the_latest_revision_and_its_rollouts(store: Store) -> None:
+    """model_to_change answers as get_model and list_rollouts of the model's `states` do,
+    within an atomic block too: nothing for a model never written, no revision once deleted
+    (its rollouts still listed)."""
+    assert store.model_to_change("llama-3.1-8b", ("RUNNING",)) == (None, [])
+    store.put_model(model(), expect_revision=0)
+    store.put_model(model(updated_by="bob@example.com"), expect_revision=1)
+    for rid, state, at in [("ro-a", "SUCCEEDED", 10.0), ("ro-b", "RUNNING", 20.0)]:
+        store.put_rollout(RolloutRecord(rid, "llama-3.1-8b", state, {}, at, at))
+    store.put_rollout(RolloutRecord("ro-c", "other", "RUNNING", {}, 30.0, 30.0))
+    latest, running = store.model_to_change("llama-3.1-8b", ("PENDING", "RUNNING"))
+    assert latest == store.get_model("llama-3.1-8b") and latest is not None
+    assert latest.revision == 2 and [r.id for r in running] == ["ro-b"]
+    with store.atomic():
+        assert store.model_to_change("llama-3.1-8b", ("PENDING", "RUNNING")) == (latest, running)
+    store.put_model(model(deleted=True), expect_revision=2)
+    gone, still = store.model_to_change("llama-3.1-8b", ("RUNNING", "SUCCEEDED"))
+    assert gone is None and [r.id for r in still] == ["ro-b", "ro-a"]
 
 
 def test_a_rollout_request_is_kept_until_carried_out(store: Store) -> None:

@@ -46,10 +46,15 @@ def test_one_holder_at_a_time_and_a_new_epoch_at_each_change(dsn: str) -> None:
         assert (after.mine, after.holder, after.epoch) == (False, "b", 2)
 
 
-def test_a_write_fenced_with_an_old_epoch_is_refused_and_not_made(dsn: str) -> None:
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_a_write_fenced_with_an_old_epoch_is_refused_and_not_made(
+    dsn: str, pipelined: bool
+) -> None:
     """Once B took over, A's writes fenced with epoch 1 are refused naming B and its address,
-    and none lands; B's writes with epoch 2 are made; unfenced writes are not checked."""
+    and none lands; B's writes with epoch 2 are made; unfenced writes are not checked (with
+    A's statements sent one at a time or pipelined)."""
     with PostgresStore(dsn) as a, PostgresStore(dsn) as b:
+        a.pipelining = pipelined
         a.fence(a.acquire_lease("a", "a:1", 0.3).epoch)
         a.put_value("by", "a")
         time.sleep(0.5)
@@ -59,6 +64,8 @@ def test_a_write_fenced_with_an_old_epoch_is_refused_and_not_made(dsn: str) -> N
             lambda: a.put_answer("req-late", "CreateModel", b"x"),
             lambda: a.write_replicas([], ["r-1"]),
             lambda: a.delete_replica("r-1"),
+            lambda: _claimed_in_a_block(a, "req-claimed"),
+            lambda: _answered_in_a_block(a, "req-answered"),
         ]
         for write in writes:
             with pytest.raises(NotLeader) as refused:
@@ -66,10 +73,25 @@ def test_a_write_fenced_with_an_old_epoch_is_refused_and_not_made(dsn: str) -> N
             assert (refused.value.epoch, refused.value.leader_epoch) == (1, 2)
             assert refused.value.leader_address == "10.0.0.2:50052"
         assert b.get_value("by") == "a" and b.get_answer("req-late") is None
+        assert b.get_answer("req-claimed") is None and b.get_answer("req-answered") is None
         b.put_value("by", "b")
         a.fence(None)
         a.put_value("unfenced", "yes")
         assert b.get_value("by") == "b" and b.get_value("unfenced") == "yes"
+
+
+def _claimed_in_a_block(store: PostgresStore, request_id: str) -> None:
+    """A request id claimed and answered in one atomic block (the fence is read with the
+    claim's answer)."""
+    with store.atomic():
+        store.claim_answer(request_id, "CreateModel", "fp")
+        store.put_answer(request_id, "CreateModel", b"x", fingerprint="fp")
+
+
+def _answered_in_a_block(store: PostgresStore, request_id: str) -> None:
+    """An atomic block whose one write reads no answer (the fence is read before COMMIT)."""
+    with store.atomic():
+        store.put_answer(request_id, "CreateModel", b"x")
 
 
 def test_a_takeover_waits_for_a_fenced_write_in_flight(dsn: str) -> None:

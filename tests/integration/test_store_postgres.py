@@ -15,7 +15,7 @@ import pytest
 
 from fleet_svc.store.base import ModelRecord, StoreUnavailable
 from fleet_svc.store.migrations import Migration, SchemaTooNew, latest_version
-from fleet_svc.store.postgres import PostgresStore
+from fleet_svc.store.postgres import PostgresStore, on_this_machine
 from fleet_svc.store.postgres_link import FAIL_FAST_S
 from fleet_svc.store.postgres_schema import MIGRATIONS, migrate, schema_version
 from tests.support.postgres import allow_connections, dsn_of, fresh_database, terminate
@@ -235,3 +235,28 @@ def test_answers_of_a_version_2_database_read_back_without_a_fingerprint(
             b"old",
             "",
         )
+
+
+@pytest.mark.parametrize(
+    ("host", "here"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.1.1", True),
+        ("localhost", True),
+        ("::1", True),
+        ("/var/run/postgresql", True),
+        ("db.internal", False),
+        ("10.0.0.7", False),
+        ("fd00::7", False),
+    ],
+)
+def test_statements_are_pipelined_only_to_a_server_on_another_host(host: str, here: bool) -> None:
+    """A server on this machine (loopback, or a Unix socket's folder) is sent one statement at
+    a time; any other host's gets statements sent together."""
+    assert on_this_machine(host) is here
+
+
+def test_a_store_on_this_machines_server_does_not_pipeline(db: tuple[str, str]) -> None:
+    """The test server listens on 127.0.0.1: the store opened on it does not pipeline."""
+    with PostgresStore(db[1]) as store:
+        assert store.pipelining is False

@@ -23,7 +23,7 @@ from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.reports import Observed
 from fleet_svc.domain.rollout import EventKind, RolloutState, Strategy
 from fleet_svc.planner import Planned
-from fleet_svc.store.base import StoreUnavailable
+from fleet_svc.store.base import RolloutRequest, StoreUnavailable
 from fleet_svc.store.rows import rollout_record
 from fleet_svc.store.sqlite import SQLiteStore
 from llmgw.model import Inventory, Model, Profile
@@ -363,6 +363,38 @@ async def test_a_request_id_is_new_again_after_its_window(fleet: Fleet) -> None:
     assert stored is not None and stored.fingerprint == "b" and stored.answer == b"answer 2"
 
 
+async def test_a_request_id_past_its_window_is_new_before_its_row_is_pruned(
+    fleet: Fleet,
+) -> None:
+    """An id whose answer is older than the window answers afresh even while its row is still
+    stored (answers are pruned at most once a minute): the old row gives way to the new."""
+    runs: list[int] = []
+    fleet.app.request_id_window_s = 30.0
+    assert await fleet.app.once("req-1", "SetGPUs", "a", answers(runs)) == b"answer 1"
+    fleet.clock.advance(31.0)  # past the window, before the next prune is due
+    assert fleet.store.get_answer("req-1") is not None
+    assert await fleet.app.once("req-1", "CreateModel", "b", answers(runs)) == b"answer 2"
+    stored = fleet.store.get_answer("req-1")
+    assert stored is not None and (stored.method, stored.answer) == ("CreateModel", b"answer 2")
+
+
+async def test_a_retry_whose_preparing_fails_gets_its_first_answer(fleet: Fleet) -> None:
+    """A retry is prepared again; when preparing fails (its first attempt started a rollout,
+    say), the id's first answer is given, and an id never answered gets the failure."""
+    runs: list[int] = []
+    assert await fleet.app.once("req-1", "SetGPUs", "a", answers(runs)) == b"answer 1"
+
+    async def refused() -> Callable[[], bytes]:
+        raise errors.RolloutInProgress("model 'm' is rolling out", name="m", rollout_id="ro-1")
+
+    assert await fleet.app.once("req-1", "SetGPUs", "a", refused) == b"answer 1"
+    with pytest.raises(errors.RequestIdReused):
+        await fleet.app.once("req-1", "SetGPUs", "other body", refused)
+    with pytest.raises(errors.RolloutInProgress):
+        await fleet.app.once("req-2", "SetGPUs", "a", refused)
+    assert runs == [1] and fleet.store.get_answer("req-2") is None
+
+
 async def test_an_answer_without_a_fingerprint_matches_no_request(fleet: Fleet) -> None:
     """An answer row without a fingerprint (schema step 3 left those '') is no request's:
     its id is refused, whatever the body, and runs nothing."""
@@ -371,6 +403,34 @@ async def test_an_answer_without_a_fingerprint_matches_no_request(fleet: Fleet) 
     with pytest.raises(errors.RequestIdReused):
         await fleet.app.once("old", "SetContext", "any", answers(runs))
     assert runs == []
+
+
+async def test_a_change_handing_nothing_over_is_taken_up_without_looking_for_pending_work(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change with no rollout (one replica more of the same spec) reaches the next tick's
+    wants, which places the new replica without reading the store's pending rollouts and
+    requests; a change with a rollout is taken up from the store by the next tick."""
+    reads: list[int] = []
+    listed = fleet.store.list_rollout_requests
+
+    def counted() -> list[RolloutRequest]:
+        reads.append(1)
+        return listed()
+
+    monkeypatch.setattr(fleet.store, "list_rollout_requests", counted)
+    more = ENTRY.with_model(replace(ENTRY.model, profiles=(replace(PROFILE, replicas=2),)))
+
+    async def scale() -> Callable[[], bytes]:
+        return lambda: fleet.app.update_model(more, "", by()).revision.etag.encode()
+
+    await fleet.app.once("", "UpdateModel", "f", scale)
+    fleet.controller.tick()
+    assert reads == []
+    assert sorted(r.revision for r in fleet.controller.state.replicas.values()) == [1, 2]
+    _, applied = await set_gpus(fleet, "m", gpus=2, profile="", etag="", options=by())
+    assert applied.rollout_id and reads == [1]
+    assert fleet.controller.running_rollout("m") is not None
 
 
 async def test_a_change_and_its_request_id_are_one_transaction(fleet: Fleet) -> None:

@@ -10,7 +10,7 @@ from fleet_svc.catalog import Catalog
 from fleet_svc.domain.catalog import Entry
 from fleet_svc.store.base import ModelRecord, StoreUnavailable
 from fleet_svc.store.sqlite import SQLiteStore
-from llmgw.model import Model
+from llmgw.model import Model, Profile
 
 ENTRY = Entry(Model(name="m", source="hf://org/m", context_length=8192, max_output=1024))
 
@@ -55,4 +55,81 @@ def test_a_revision_read_once_is_kept_and_an_unreadable_store_gives_none(tmp_pat
     assert catalog.model_at("m", 2) is None
     store.failing = False
     assert catalog.model_at("m", 2) is not None
+    store.close()
+
+
+class RacedStore(SQLiteStore):
+    """A SQLite store where, once, another writer changes the catalog while the models are
+    being listed (as the API's thread may while the controller's reads the wants); it counts
+    history reads."""
+
+    meanwhile: Catalog | None = None
+    histories = 0
+
+    def list_models(self) -> list[ModelRecord]:
+        listed = super().list_models()
+        catalog, self.meanwhile = self.meanwhile, None
+        if catalog is not None:
+            catalog.write(SERVED.with_model(replace(SERVED.model, max_output=7)), "t", 1)
+        return listed
+
+    def model_history(self, name: str) -> list[ModelRecord]:
+        self.histories += 1
+        return super().model_history(name)
+
+
+SERVED = Entry(
+    replace(ENTRY.model, profiles=(Profile(name="p", engine="vllm", gpu_class="L4", replicas=1),))
+)
+
+
+def test_wants_read_across_a_change_are_not_kept(tmp_path: Path) -> None:
+    """Wants read while the catalog changed are answered but not kept, so the next ask reads
+    the change; the revisions the wants were read at answer model_at without a history read."""
+    store = RacedStore(tmp_path / "fleet.db")
+    catalog = Catalog(store, lambda: 1.0)
+    catalog.write(SERVED, "t", 0)
+    store.meanwhile = catalog
+    assert [w.revision for w in catalog.wants()] == [1]
+    assert [w.revision for w in catalog.wants()] == [2]
+    assert [w.revision for w in catalog.wants()] == [2]
+    first, second = catalog.model_at("m", 1), catalog.model_at("m", 2)
+    assert first is not None and first.max_output == 1024
+    assert second is not None and second.max_output == 7
+    assert store.histories == 0
+    store.close()
+
+
+class CountingStore(SQLiteStore):
+    """A SQLite store that counts the catalog's listings."""
+
+    listings = 0
+
+    def list_models(self) -> list[ModelRecord]:
+        self.listings += 1
+        return super().list_models()
+
+
+def test_a_transactions_revisions_reach_the_wants_once_committed_without_a_listing(
+    tmp_path: Path,
+) -> None:
+    """Revisions written in a deferred block leave the kept wants as they were (the write may
+    yet roll back); told committed, the wants hold them with no listing of the catalog, and a
+    revision told after a later one of the same model changes nothing."""
+    store = CountingStore(tmp_path / "fleet.db")
+    catalog = Catalog(store, lambda: 1.0)
+    catalog.write(SERVED, "t", 0)
+    assert [w.revision for w in catalog.wants()] == [1] and store.listings == 1
+    with catalog.deferred() as second:
+        catalog.write(SERVED.with_model(replace(SERVED.model, max_output=7)), "t", 1)
+    assert [w.revision for w in catalog.wants()] == [1]
+    with catalog.deferred() as third:
+        catalog.write(SERVED.with_model(replace(SERVED.model, max_output=8)), "t", 2)
+    catalog.committed(third)
+    catalog.committed(second)
+    assert [w.revision for w in catalog.wants()] == [3] and store.listings == 1
+    with catalog.deferred() as gone:
+        catalog.write(SERVED, "t", 3, deleted=True)
+    catalog.committed(gone)
+    assert catalog.wants() == [] and store.listings == 1
     store.close()
