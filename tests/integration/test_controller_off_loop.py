@@ -1,7 +1,8 @@
 """The controller on PostgreSQL never holds the event loop while it waits on the store: with
 the store's writes and rollout reads made slow (0.3 s each), a probe on the same loop is still
-answered within 50 ms, while the tick does place a replica and tell its node; a fleet taking
-over as leader loads its state, and its ticks read the wants, on threads."""
+answered within 150 ms (half of one slowed call), while the tick does place a replica and
+tell its node; a fleet taking over as leader loads its state, and its ticks read the wants,
+on threads."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ from llmgw.model import Model, Profile
 from tests.support.postgres import fresh_database
 
 SLOW_S = 0.3
-PROBE_LIMIT_S = 0.05
+PROBE_LIMIT_S = 0.15
+"""Half of one slowed store call: a call made on the loop holds it SLOW_S at least, while a
+loaded machine's scheduling alone was seen to wake the probe 58 ms late."""
 SLOW_CALLS = frozenset({"write_replicas", "list_rollout_requests", "put_value"})
 """The tick's store calls made slow: the replica flush, the adoption's read, the desired
 version."""
