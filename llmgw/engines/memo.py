@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
+from collections.abc import Hashable
+from typing import Any
 
 from llmgw.shape import ModelShape
 
@@ -24,3 +27,13 @@ def sizing_memo(shape: ModelShape) -> dict[object, object]:
         memo = _MEMOS[key] = {}
         weakref.finalize(shape, _MEMOS.pop, key, None).atexit = False
         return memo
+
+
+def memo_table(shape: ModelShape, name: str) -> OrderedDict[Hashable, Any]:
+    """The table `name` of `shape`'s memo (made empty on first use): an OrderedDict its caller
+    keeps in least-recently-used order and bounded."""
+    memo = sizing_memo(shape)
+    table = memo.get(name)
+    if not isinstance(table, OrderedDict):
+        table = memo[name] = OrderedDict()
+    return table

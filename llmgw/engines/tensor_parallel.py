@@ -23,7 +23,7 @@ from llmgw.engines.kvcache import (
     layer_bytes_on_card,
     token_bytes_on_card,
 )
-from llmgw.engines.memo import sizing_memo
+from llmgw.engines.memo import memo_table
 from llmgw.shape import ModelShape
 
 
@@ -256,10 +256,7 @@ class TensorParallelEngine:
         asked before then costs a look-up, not the engine's rules (bounded: SETTINGS_KEPT
         settings, OVERHEADS_PER_SETTING parts each)."""
         setting = (self.name, _without_value(args, self.context_flag), tp, pp, card, engine_version)
-        memo = sizing_memo(shape)
-        kept = memo.get("tp_overheads")
-        if not isinstance(kept, OrderedDict):
-            kept = memo["tp_overheads"] = OrderedDict()
+        kept = memo_table(shape, "tp_overheads")
         entry: _Overheads | None = kept.get(setting)
         if entry is None:
             entry = kept[setting] = (
@@ -314,10 +311,7 @@ class TensorParallelEngine:
         out once per shape and setting and kept in its `sizing_memo` (`engines.memo`;
         bounded, SETTINGS_KEPT) under the arguments less the context flag's value."""
         key = (self.name, _without_value(args, self.context_flag), cards, card_memory_bytes)
-        kept = sizing_memo(shape).get("tp_settings")
-        if not isinstance(kept, OrderedDict):
-            kept = OrderedDict()
-            sizing_memo(shape)["tp_settings"] = kept
+        kept = memo_table(shape, "tp_settings")
         hit = kept.get(key)
         if hit is not None:
             kept.move_to_end(key)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from llmgw.cardclass import GIB, MIB
 from llmgw.engines.base import Card, Overhead
 from llmgw.engines.grammar import Grammar
-from llmgw.engines.memo import sizing_memo
+from llmgw.engines.memo import memo_table
 from llmgw.engines.torch_overhead import (
     ACTIVATION_BYTES,
     CUDA_GRAPH_BYTES_PER_LAYER,
@@ -511,10 +511,7 @@ def vllm_overhead(
         default_utilisation,
         grammar.engine,
     )
-    kept = sizing_memo(shape).get("vllm_overheads")
-    if not isinstance(kept, OrderedDict):
-        kept = OrderedDict()
-        sizing_memo(shape)["vllm_overheads"] = kept
+    kept = memo_table(shape, "vllm_overheads")
     over = kept.get(key)
     if isinstance(over, Overhead):
         kept.move_to_end(key)
@@ -588,10 +585,7 @@ def _unknown_spread(
     a version in no known range carries (each range with its own batch: V0 profiles the whole
     context when chunked prefill is off). Kept per shape under the arguments less the context
     and the batch V0 would profile, which is all the context changes here."""
-    kept = sizing_memo(shape).get("vllm_spreads")
-    if not isinstance(kept, OrderedDict):
-        kept = OrderedDict()
-        sizing_memo(shape)["vllm_spreads"] = kept
+    kept = memo_table(shape, "vllm_spreads")
     flags = kept.get((masked, card))
     if not isinstance(flags, BatchFlags):
         flags = kept[(masked, card)] = batch_flags(grammar, args, card)

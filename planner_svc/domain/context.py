@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import operator
-from collections import OrderedDict
 from dataclasses import dataclass, field, fields, replace
 
 from llmgw.engines import registry
 from llmgw.engines.base import Engine, Verdict
-from llmgw.engines.memo import sizing_memo
+from llmgw.engines.memo import memo_table
 from llmgw.model import Inventory, Model, Profile
 from llmgw.shape import ModelShape
 from planner_svc.domain import errors
@@ -351,10 +350,7 @@ def _standing(
         UnknownEngine, EngineNoContext, SlotsOutOfRange (not kept).
     """
     key = ("standing", id(profile), id(inventory), model.context_length, slots, sequences)
-    memo = sizing_memo(shape)
-    kept = memo.get("standing")
-    if not isinstance(kept, OrderedDict):
-        kept = memo["standing"] = OrderedDict()
+    kept = memo_table(shape, "standing")
     hit = kept.get(key)
     if hit is not None:
         kept.move_to_end(key)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from llmgw.engines.base import CardNeed, Engine
-from llmgw.engines.memo import sizing_memo
+from llmgw.engines.memo import memo_table
 from llmgw.engines.versions import parse_version
 from llmgw.model import Inventory, Profile
 from llmgw.shape import ModelShape
@@ -116,11 +116,7 @@ memory held stays bounded: at most NEEDS_KEPT small needs a shape)."""
 
 def _needs_of(shape: ModelShape) -> OrderedDict[object, CardNeed]:
     """The needs kept with `shape` (in its `sizing_memo`, `llmgw.engines.memo`)."""
-    kept = sizing_memo(shape).get("needs")
-    if not isinstance(kept, OrderedDict):
-        kept = OrderedDict()
-        sizing_memo(shape)["needs"] = kept
-    return kept
+    return memo_table(shape, "needs")
 
 
 def longest_context(
