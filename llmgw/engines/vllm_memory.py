@@ -596,10 +596,12 @@ def _unknown_spread(
         return spread
     forward = forward_cost(shape, tp=tp, expert_parallel=grammar.has(args, EXPERT_PARALLEL))
     images = images_per_prompt(grammar, args)
+    encoder = not serves_text_only(grammar, args)
 
     def figure(rules: VllmRules) -> int:
         profile = profile_at(rules, "", flags, tokens)
-        return _activation(shape, forward, profile, rules, tp, images)[0] + rules.non_torch_bytes
+        peak = _activation(shape, forward, profile, rules, tp, images, encoder=encoder)[0]
+        return peak + rules.non_torch_bytes
 
     if flags.no_chunked:
         figures = [figure(other) for other in VLLM_RULES]
@@ -687,7 +689,14 @@ def _vllm_overhead(
     forward = forward_cost(shape, tp=tp, expert_parallel=expert_parallel)
     flashinfer = bool(rules.flashinfer_bytes_per_logit) and declares_flashinfer(engine_version)
     activation, activation_margin = _activation(
-        shape, forward, profile, rules, tp, images_per_prompt(grammar, args), flashinfer
+        shape,
+        forward,
+        profile,
+        rules,
+        tp,
+        images_per_prompt(grammar, args),
+        flashinfer,
+        encoder=not serves_text_only(grammar, args),
     )
     eager = grammar.has(args, ENFORCE_EAGER)
     layers = layers_per_stage(shape, pp)
@@ -771,15 +780,37 @@ def flashinfer_peak(
     (FLASHINFER_SAMPLER_BYTES_PER_LOGIT): what an install with FlashInfer prints, where the
     range takes it by default; the range's own figure where it does not."""
     images = images_per_prompt(grammar, args)
-    return _activation(shape, forward, profile, profile.rules, tp, images, flashinfer=True)[0]
+    encoder = not serves_text_only(grammar, args)
+    return _activation(
+        shape, forward, profile, profile.rules, tp, images, flashinfer=True, encoder=encoder
+    )[0]
+
+
+MM_MODALITIES = ("image", "video", "audio")
+"""The input modalities vLLM's `--limit-mm-per-prompt` caps for the models the planner sizes."""
+
+
+def mm_limits(grammar: Grammar, args: Sequence[str]) -> dict[str, int]:
+    """`--limit-mm-per-prompt`'s counts by modality, written `image=N,video=M` or as JSON
+    `{"image": N}`; a modality it does not name is absent (vLLM's default, 1, applies)."""
+    raw = grammar.get(args, LIMIT_MM_PER_PROMPT) or ""
+    found = re.finditer(r"\b(image|video|audio)[\"']?\s*[:=]\s*(\d{1,3})\b", raw)
+    return {match.group(1): int(match.group(2)) for match in found}
 
 
 def images_per_prompt(grammar: Grammar, args: Sequence[str]) -> int:
-    """The images a dummy request carries: `--limit-mm-per-prompt`'s image count (written
-    `image=N` or as JSON `{"image": N}`), 1 when it does not say."""
-    raw = grammar.get(args, LIMIT_MM_PER_PROMPT) or ""
-    found = re.search(r"image[\"']?\s*[:=]\s*(\d{1,3})\b", raw)
-    return max(int(found.group(1)), 1) if found else 1
+    """The images a dummy request carries: `--limit-mm-per-prompt`'s image count, 1 when it
+    does not say; 0 when it forbids images (a cross-attention VLM then profiles no tower)."""
+    return mm_limits(grammar, args).get("image", 1)
+
+
+def serves_text_only(grammar: Grammar, args: Sequence[str]) -> bool:
+    """The limits forbid every input modality (image, video and audio each named 0), so the
+    profile run builds no dummy multimodal items and keeps no encoder outputs: the model is
+    profiled as its language model. A limit that leaves any modality at vLLM's default keeps
+    the encoder's terms (the safe side: the pool is then at most one batch's outputs under)."""
+    limits = mm_limits(grammar, args)
+    return all(limits.get(modality, 1) == 0 for modality in MM_MODALITIES)
 
 
 def _activation(
@@ -790,20 +821,22 @@ def _activation(
     tp: int,
     images: int = 1,
     flashinfer: bool = False,
+    encoder: bool = True,
 ) -> tuple[int, int]:
     """The profile run's torch peak under `rules` and its margin: the larger of the forward
     pass over the batch and the dummy sampler over its requests (with the hidden states of
     the batch still alive), plus a multimodal model's retained encoder outputs; under V0 a
     cross-attention VLM's vision tower over every request's dummy images when that is larger
-    (CROSS_ATTENTION_IMAGE_TOKEN_BYTES)."""
-    tokens = shape.compute.cross_attention_image_tokens if shape.compute else 0
+    (CROSS_ATTENTION_IMAGE_TOKEN_BYTES). `encoder` False: the limits forbid every modality
+    (`serves_text_only`), so no encoder output is kept."""
+    tokens = shape.compute.cross_attention_image_tokens if shape.compute and images else 0
     if rules.v0 and tokens:
         tower = profile.max_num_seqs * images * tokens * CROSS_ATTENTION_IMAGE_TOKEN_BYTES
-        peak, margin = _text_activation(shape, forward, profile, rules, tp, flashinfer)
+        peak, margin = _text_activation(shape, forward, profile, rules, tp, flashinfer, encoder)
         if tower > peak:
             return tower, int(tower * CROSS_ATTENTION_MARGIN)
         return peak, margin
-    return _text_activation(shape, forward, profile, rules, tp, flashinfer)
+    return _text_activation(shape, forward, profile, rules, tp, flashinfer, encoder)
 
 
 def _text_activation(
@@ -813,9 +846,11 @@ def _text_activation(
     rules: VllmRules,
     tp: int,
     flashinfer: bool = False,
+    encoder: bool = True,
 ) -> tuple[int, int]:
     """`_activation` for the forward pass and the sampler (`flashinfer`: FlashInfer's sampler,
-    FLASHINFER_SAMPLER_BYTES_PER_LOGIT, where the range takes it when installed)."""
+    FLASHINFER_SAMPLER_BYTES_PER_LOGIT, where the range takes it when installed; `encoder`:
+    a multimodal model's encoder outputs are kept)."""
     batched = profile.batched_tokens
     forward_bytes = forward.bytes(batched)
     hidden_bytes = batched * activation_width(shape) * ACTIVATION_BYTES
@@ -828,7 +863,8 @@ def _text_activation(
     sampler_bytes = rows * vocab_size(shape) * per_logit + fixed + hidden_bytes
     if rules.v0 and profile.chunked_prefill:
         sampler_bytes = 0  # V0_CHUNKED_SAMPLER: its chunked profile run peaked at the forward pass
-    retained = hidden_bytes if shape.compute is not None and shape.compute.vision else 0
+    vision = shape.compute is not None and shape.compute.vision
+    retained = hidden_bytes if vision and encoder else 0
     if forward_bytes >= sampler_bytes:
         return forward_bytes + retained, int(forward_bytes * forward.margin)
     return sampler_bytes + retained, int(sampler_bytes * SAMPLER_MARGIN)

@@ -358,6 +358,36 @@ def test_mllama_under_v0_profiles_its_vision_tower_over_every_request() -> None:
     assert need_of(run, "0.10.2").activation_bytes < GIB * 4
 
 
+def test_a_limit_of_no_images_profiles_no_vision_tower() -> None:
+    """`--limit-mm-per-prompt image=0` (or `{"image": 0}`) gives V0's dummy requests no image,
+    so mllama's peak is its language model's, well below the 36.63 GiB tower of one image."""
+    run = next(r for r in RUNS if r["id"] == "pr12126-0.6.6-h100-llama-3.2-11b-vision")
+    logged = need_of(run)
+    none = need_of({**run, "args": [*run["args"], "--limit-mm-per-prompt", "image=0"]})
+    as_json = need_of({**run, "args": [*run["args"], "--limit-mm-per-prompt", '{"image": 0}']})
+    assert none.activation_bytes == as_json.activation_bytes
+    assert 0 < none.activation_bytes < GIB * 4 < logged.activation_bytes
+    assert none.kv_pool_bytes > logged.kv_pool_bytes
+
+
+@pytest.mark.parametrize("version", ["0.6.6", "0.10.2", "0.19.0"])
+def test_a_vlm_whose_limits_forbid_every_modality_keeps_no_encoder_outputs(version: str) -> None:
+    """With image, video and audio each limited to 0 vLLM builds no dummy multimodal items, so
+    the encoder outputs a multimodal profile keeps (one batch's hidden states) are not counted
+    and the pool is that much larger; a limit that leaves video at its default keeps them."""
+    run = next(r for r in RUNS if r["id"] == "log-0.6.6-24gb-ui-tars-qwen2-vl-7b")
+    base = need_of(run, version)
+    limits = "image=0,video=0,audio=0"
+    text = need_of({**run, "args": [*run["args"], "--limit-mm-per-prompt", limits]}, version)
+    as_json = '{"image": 0, "video": 0, "audio": 0}'
+    text_json = need_of({**run, "args": [*run["args"], "--limit-mm-per-prompt", as_json]}, version)
+    video = need_of({**run, "args": [*run["args"], "--limit-mm-per-prompt", "image=0"]}, version)
+    assert text.activation_bytes == text_json.activation_bytes < base.activation_bytes
+    assert video.activation_bytes == base.activation_bytes
+    grown = text.kv_pool_bytes - base.kv_pool_bytes
+    assert abs(grown - (base.activation_bytes - text.activation_bytes)) <= 2 * MIB
+
+
 def test_mllama_image_tokens_are_read_from_its_config() -> None:
     """An mllama config's vision tower gives 4 tiles × (560 / 14)² + 1 = 6404 tokens an image;
     a config of another model type gives none."""
