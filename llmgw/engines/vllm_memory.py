@@ -595,13 +595,11 @@ def _unknown_spread(
     if isinstance(spread, int):
         return spread
     forward = forward_cost(shape, tp=tp, expert_parallel=grammar.has(args, EXPERT_PARALLEL))
-    images = images_per_prompt(grammar, args)
-    encoder = not serves_text_only(grammar, args)
+    mm = mm_inputs(grammar, args)
 
     def figure(rules: VllmRules) -> int:
         profile = profile_at(rules, "", flags, tokens)
-        peak = _activation(shape, forward, profile, rules, tp, images, encoder=encoder)[0]
-        return peak + rules.non_torch_bytes
+        return _activation(shape, forward, profile, rules, tp, mm)[0] + rules.non_torch_bytes
 
     if flags.no_chunked:
         figures = [figure(other) for other in VLLM_RULES]
@@ -689,14 +687,7 @@ def _vllm_overhead(
     forward = forward_cost(shape, tp=tp, expert_parallel=expert_parallel)
     flashinfer = bool(rules.flashinfer_bytes_per_logit) and declares_flashinfer(engine_version)
     activation, activation_margin = _activation(
-        shape,
-        forward,
-        profile,
-        rules,
-        tp,
-        images_per_prompt(grammar, args),
-        flashinfer,
-        encoder=not serves_text_only(grammar, args),
+        shape, forward, profile, rules, tp, mm_inputs(grammar, args), flashinfer
     )
     eager = grammar.has(args, ENFORCE_EAGER)
     layers = layers_per_stage(shape, pp)
@@ -779,38 +770,35 @@ def flashinfer_peak(
     """The profile run's torch peak under `profile` when vLLM samples with FlashInfer
     (FLASHINFER_SAMPLER_BYTES_PER_LOGIT): what an install with FlashInfer prints, where the
     range takes it by default; the range's own figure where it does not."""
-    images = images_per_prompt(grammar, args)
-    encoder = not serves_text_only(grammar, args)
-    return _activation(
-        shape, forward, profile, profile.rules, tp, images, flashinfer=True, encoder=encoder
-    )[0]
+    mm = mm_inputs(grammar, args)
+    return _activation(shape, forward, profile, profile.rules, tp, mm, flashinfer=True)[0]
 
 
 MM_MODALITIES = ("image", "video", "audio")
 """The input modalities vLLM's `--limit-mm-per-prompt` caps for the models the planner sizes."""
 
 
-def mm_limits(grammar: Grammar, args: Sequence[str]) -> dict[str, int]:
-    """`--limit-mm-per-prompt`'s counts by modality, written `image=N,video=M` or as JSON
-    `{"image": N}`; a modality it does not name is absent (vLLM's default, 1, applies)."""
+@dataclass(frozen=True)
+class MmInputs:
+    """What `--limit-mm-per-prompt` lets the profile run's dummy requests carry: `images` a
+    request (vLLM's default, 1, when the limit does not name images; 0 when it forbids them,
+    and a cross-attention VLM then profiles no tower), and whether any encoder output is kept
+    (`encoder` False only when image, video and audio are each limited to 0: the model is then
+    profiled as its language model; a limit that leaves any modality at the default keeps the
+    encoder's terms, the safe side: the pool is then at most one batch's outputs under)."""
+
+    images: int = 1
+    encoder: bool = True
+
+
+def mm_inputs(grammar: Grammar, args: Sequence[str]) -> MmInputs:
+    """`--limit-mm-per-prompt`'s counts, written `image=N,video=M` or as JSON `{"image": N}`,
+    as MmInputs."""
     raw = grammar.get(args, LIMIT_MM_PER_PROMPT) or ""
     found = re.finditer(r"\b(image|video|audio)[\"']?\s*[:=]\s*(\d{1,3})\b", raw)
-    return {match.group(1): int(match.group(2)) for match in found}
-
-
-def images_per_prompt(grammar: Grammar, args: Sequence[str]) -> int:
-    """The images a dummy request carries: `--limit-mm-per-prompt`'s image count, 1 when it
-    does not say; 0 when it forbids images (a cross-attention VLM then profiles no tower)."""
-    return mm_limits(grammar, args).get("image", 1)
-
-
-def serves_text_only(grammar: Grammar, args: Sequence[str]) -> bool:
-    """The limits forbid every input modality (image, video and audio each named 0), so the
-    profile run builds no dummy multimodal items and keeps no encoder outputs: the model is
-    profiled as its language model. A limit that leaves any modality at vLLM's default keeps
-    the encoder's terms (the safe side: the pool is then at most one batch's outputs under)."""
-    limits = mm_limits(grammar, args)
-    return all(limits.get(modality, 1) == 0 for modality in MM_MODALITIES)
+    limits = {match.group(1): int(match.group(2)) for match in found}
+    text_only = all(limits.get(modality, 1) == 0 for modality in MM_MODALITIES)
+    return MmInputs(images=limits.get("image", 1), encoder=not text_only)
 
 
 def _activation(
@@ -819,24 +807,22 @@ def _activation(
     profile: VllmProfile,
     rules: VllmRules,
     tp: int,
-    images: int = 1,
+    mm: MmInputs = MmInputs(),
     flashinfer: bool = False,
-    encoder: bool = True,
 ) -> tuple[int, int]:
     """The profile run's torch peak under `rules` and its margin: the larger of the forward
     pass over the batch and the dummy sampler over its requests (with the hidden states of
     the batch still alive), plus a multimodal model's retained encoder outputs; under V0 a
     cross-attention VLM's vision tower over every request's dummy images when that is larger
-    (CROSS_ATTENTION_IMAGE_TOKEN_BYTES). `encoder` False: the limits forbid every modality
-    (`serves_text_only`), so no encoder output is kept."""
-    tokens = shape.compute.cross_attention_image_tokens if shape.compute and images else 0
+    (CROSS_ATTENTION_IMAGE_TOKEN_BYTES); `mm` what the multimodal limits allow (MmInputs)."""
+    tokens = shape.compute.cross_attention_image_tokens if shape.compute and mm.images else 0
     if rules.v0 and tokens:
-        tower = profile.max_num_seqs * images * tokens * CROSS_ATTENTION_IMAGE_TOKEN_BYTES
-        peak, margin = _text_activation(shape, forward, profile, rules, tp, flashinfer, encoder)
+        tower = profile.max_num_seqs * mm.images * tokens * CROSS_ATTENTION_IMAGE_TOKEN_BYTES
+        peak, margin = _text_activation(shape, forward, profile, rules, tp, flashinfer, mm.encoder)
         if tower > peak:
             return tower, int(tower * CROSS_ATTENTION_MARGIN)
         return peak, margin
-    return _text_activation(shape, forward, profile, rules, tp, flashinfer, encoder)
+    return _text_activation(shape, forward, profile, rules, tp, flashinfer, mm.encoder)
 
 
 def _text_activation(
