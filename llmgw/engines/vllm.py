@@ -157,6 +157,8 @@ ALLOWED: tuple[AllowedFlag, ...] = (
     AllowedFlag(("--rope-theta",)),
     AllowedFlag(("--override-generation-config",)),
     AllowedFlag(("--limit-mm-per-prompt",)),
+    switch("--language-model-only"),
+    switch("--skip-mm-profiling"),
     AllowedFlag(("--scheduling-policy",)),
     switch("--async-scheduling"),
     AllowedFlag(("--chat-template",)),

@@ -56,6 +56,16 @@ ENFORCE_EAGER = ("--enforce-eager",)
 GPU_MEMORY_UTILIZATION = ("--gpu-memory-utilization",)
 EXPERT_PARALLEL = ("--enable-expert-parallel",)
 LIMIT_MM_PER_PROMPT = ("--limit-mm-per-prompt",)
+LANGUAGE_MODEL_ONLY = ("--language-model-only",)
+"""vLLM's switch that limits every modality to 0 items, as `--limit-mm-per-prompt` with each 0
+would (vllm-project/vllm PR #34120, merged 2026-02-09): the model is profiled as its language
+model. For the architectures vLLM ships as both (PR #22299, in 0.10.1), the encoders are not
+loaded either; the planner still counts the checkpoint's whole weights (the safe side: the pool
+comes out under by the tower's bytes)."""
+SKIP_MM_PROFILING = ("--skip-mm-profiling",)
+"""V1's switch (MultiModalConfig.skip_mm_profiling) to profile the language backbone only: no
+dummy multimodal items, no encoder outputs in the profile's peak. What the encoder takes while
+serving is then outside vLLM's budget, which vLLM's docstring leaves to the user."""
 
 LARGE_CARD_BYTES = 70 * GIB
 BATCHED_TOKENS_LARGE_CARD = 8192
@@ -728,6 +738,11 @@ def _vllm_overhead(
             )
     if step_said:
         said += f"; {step_said}"
+    if shape.compute is not None and shape.compute.vision and grammar.has(args, SKIP_MM_PROFILING):
+        said += (
+            "; --skip-mm-profiling: no encoder in the profile run, so what the encoder takes "
+            "while serving is outside vLLM's budget"
+        )
     if graphs_out:
         said += "; CUDA graphs outside the budget"
     if graphs_in:
@@ -793,7 +808,9 @@ class MmInputs:
 
 def mm_inputs(grammar: Grammar, args: Sequence[str]) -> MmInputs:
     """`--limit-mm-per-prompt`'s counts, written `image=N,video=M` or as JSON `{"image": N}`,
-    as MmInputs."""
+    as MmInputs; `--language-model-only` and `--skip-mm-profiling` profile no multimodal item."""
+    if grammar.has(args, LANGUAGE_MODEL_ONLY) or grammar.has(args, SKIP_MM_PROFILING):
+        return MmInputs(images=0, encoder=False)
     raw = grammar.get(args, LIMIT_MM_PER_PROMPT) or ""
     found = re.finditer(r"\b(image|video|audio)[\"']?\s*[:=]\s*(\d{1,3})\b", raw)
     limits = {match.group(1): int(match.group(2)) for match in found}

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from fleet_svc.agent.admission import ArgRules, refused_arg
 from llmgw.cardclass import cuda_total
 from llmgw.engines.base import Card, CardNeed, SizingRequest
 from llmgw.engines.torch_overhead import forward_cost
@@ -386,6 +387,27 @@ def test_a_vlm_whose_limits_forbid_every_modality_keeps_no_encoder_outputs(versi
     assert video.activation_bytes == base.activation_bytes
     grown = text.kv_pool_bytes - base.kv_pool_bytes
     assert abs(grown - (base.activation_bytes - text.activation_bytes)) <= 2 * MIB
+
+
+@pytest.mark.parametrize("switch", ["--language-model-only", "--skip-mm-profiling"])
+def test_a_vlm_run_as_its_language_model_by_switch_is_sized_as_limits_of_zero(switch: str) -> None:
+    """`--language-model-only` (every modality's limit 0) and `--skip-mm-profiling` (the
+    profile run builds no multimodal item) leave the encoder out of the profile's peak, as
+    limits of 0 for image, video and audio do; only the second says the encoder's memory while
+    serving is outside vLLM's budget. The agent passes both."""
+    run = next(r for r in RUNS if r["id"] == "log-0.6.6-24gb-ui-tars-qwen2-vl-7b")
+    base = need_of(run, "0.19.0")
+    zero = need_of(
+        {**run, "args": [*run["args"], "--limit-mm-per-prompt", "image=0,video=0,audio=0"]},
+        "0.19.0",
+    )
+    switched = need_of({**run, "args": [*run["args"], switch]}, "0.19.0")
+    assert switched.activation_bytes == zero.activation_bytes < base.activation_bytes
+    assert switched.kv_pool_bytes == zero.kv_pool_bytes > base.kv_pool_bytes
+    outside = "outside vLLM's budget" in switched.rules
+    assert outside == (switch == "--skip-mm-profiling")
+    assert "outside vLLM's budget" not in zero.rules
+    assert refused_arg([*run["args"], switch], ArgRules(family="vllm")) is None
 
 
 def test_mllama_image_tokens_are_read_from_its_config() -> None:
