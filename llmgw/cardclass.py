@@ -94,6 +94,18 @@ CUDA total is at the low end and the budget errs small."""
 DRIVER_RESERVE_SPREAD_MIB = 340
 """How far a derived CUDA total may be off: the spread of the known gaps (430 to 768 MiB)."""
 
+UNIFIED_MEMORY = re.compile(r"gb10(?!\d)", re.IGNORECASE)
+"""Card classes whose memory is the host's, shared with the CPU: NVML reports no memory total
+for them (`nvmlDeviceGetMemoryInfo` raises NVMLError_NotSupported on a GB10, as a public
+analysis of vLLM's batch defaults on a DGX Spark found; code index file id 67198449853), so an
+engine that asks NVML gets nothing. "GB10" but not "GB100"."""
+
+
+def nvml_reports_memory(gpu_class: str) -> bool:
+    """Whether NVML reports a memory total for a card of `gpu_class` (not for UNIFIED_MEMORY)."""
+    return UNIFIED_MEMORY.search(gpu_class) is None
+
+
 _GB_IN_NAME = re.compile(r"(\d+(?:\.\d+)?)\s*gi?b\b", re.IGNORECASE)
 
 

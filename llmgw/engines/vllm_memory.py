@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 
-from llmgw.cardclass import GIB, MIB
+from llmgw.cardclass import GIB, MIB, nvml_reports_memory
 from llmgw.engines.base import Card, Overhead
 from llmgw.engines.grammar import Grammar
 from llmgw.engines.memo import memo_table
@@ -125,6 +125,12 @@ GRAPH_ESTIMATE_SPREAD = 0.5
 on one model's capture and the logs' estimate-to-capture ratio (2.1–2.2), not on a printed
 estimate for the same run."""
 
+UNIFIED_MEMORY_MARGIN_BYTES = 1280 * MIB
+"""On a unified-memory card (cardclass.UNIFIED_MEMORY) CUDA's free memory is the host's, so what
+the engine's process allocates on the CPU while it profiles counts as non-torch memory. Two
+GB10 logs (vLLM 0.13, fp8 weights and cache) show 0.49 GiB (Qwen2.5-14B) and 1.13 GiB
+(Qwen3-30B-A3B, whose fp8 MoE peak may add to it) more peak and non-torch memory than the
+planner's terms; this margin spans both."""
 HYBRID_NON_TORCH_MARGIN_BYTES = 512 * MIB
 """A hybrid model's recurrent layers (Gated DeltaNet, Mamba) may add Triton workspaces to
 non-torch memory. The one log (vLLM 0.10.2 serving Qwen3-Next-80B-A3B at tp 2 on H200s, 1.38
@@ -439,7 +445,12 @@ class VllmProfile:
 
 
 def large_card(card: Card) -> bool:
-    """Whether vLLM gives this card its large defaults (70 GiB of CUDA memory, not an A100)."""
+    """Whether vLLM gives this card its large defaults (70 GiB of CUDA memory, not an A100).
+    vLLM reads the memory from NVML and takes 0 when NVML fails (get_batch_defaults' "except
+    Exception: device_memory = 0"), so a unified-memory card is a small one whatever it holds:
+    two GB10 logs (vLLM 0.13) print max_num_batched_tokens=2048 on 119.7 GiB."""
+    if not nvml_reports_memory(card.name):
+        return False
     total = card.cuda_bytes or card.nvml_bytes
     return total >= LARGE_CARD_BYTES and "a100" not in card.name.lower()
 
@@ -722,6 +733,7 @@ def _vllm_overhead(
         activation_margin
         + NON_TORCH_MARGIN_BYTES
         + (HYBRID_NON_TORCH_MARGIN_BYTES if hybrid else 0)
+        + (0 if nvml_reports_memory(card.name) else UNIFIED_MEMORY_MARGIN_BYTES)
         + step_margin
         + int(graphs_in * GRAPH_ESTIMATE_SPREAD)
         + int(card.cuda_margin_bytes * util)

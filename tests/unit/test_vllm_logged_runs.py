@@ -18,11 +18,14 @@ from llmgw.engines.vllm import GRAMMAR
 from llmgw.engines.vllm_memory import (
     CUDA_CONTEXT_BYTES,
     SAMPLER_MARGIN,
+    UNIFIED_MEMORY_MARGIN_BYTES,
     VLLM_RULES,
+    batch_flags,
     declares_flashinfer,
     flashinfer_peak,
     nvlink_card,
     nvls_card,
+    profile_at,
     vllm_profile,
 )
 from llmgw.shape import Compute, Layer, LayerKind, ModelShape
@@ -410,6 +413,29 @@ def test_a_vlm_run_as_its_language_model_by_switch_is_sized_as_limits_of_zero(sw
     assert outside == (switch == "--skip-mm-profiling")
     assert "outside vLLM's budget" not in zero.rules
     assert refused_arg([*run["args"], switch], ArgRules(family="vllm")) is None
+
+
+def test_a_unified_memory_card_takes_the_small_batch_and_a_wider_margin() -> None:
+    """vLLM sizes its default batch by NVML's total, and NVML reports none on a GB10: 2048
+    tokens over 256 requests whatever the card holds (both GB10 logs print 2048), where a
+    GB100-class name or an H100 of the same memory takes the large batch; the GB10's margin
+    carries what its host allocations add beyond an A100's (which takes the small batch by its
+    name) of the same memory."""
+    total = int(119.7 * GIB)
+    gb10 = Card("GB10-128GB", total, total, "printed")
+    flags = batch_flags(GRAMMAR, ["--max-model-len", "32768"], gb10)
+    assert not flags.large_card
+    assert profile_at(VLLM_RULES[-1], "", flags, 32768).max_num_seqs == 256
+    for name in ("GB100-192GB", "H100-80GB"):
+        other = batch_flags(GRAMMAR, ["--max-model-len", "32768"], Card(name, total, total, "x"))
+        assert other.large_card
+    run = next(r for r in RUNS if r["id"] == "log-0.13.0-gb10-qwen2.5-14b-fp8-fp8kv-u0.4")
+    on_h100 = need_of({**run, "gpu": "H100-80GB"})
+    on_a100 = need_of({**run, "gpu": "A100-80GB"})
+    on_gb10 = need_of(run)
+    assert on_gb10.activation_bytes == on_a100.activation_bytes < on_h100.activation_bytes
+    assert on_gb10.kv_pool_bytes == on_a100.kv_pool_bytes
+    assert on_gb10.margin_bytes - on_a100.margin_bytes == UNIFIED_MEMORY_MARGIN_BYTES
 
 
 def test_mllama_image_tokens_are_read_from_its_config() -> None:
