@@ -9,7 +9,6 @@ from collections.abc import Iterable, Sequence
 
 import structlog
 
-from fleet_svc.agents.desired import DesiredSets
 from fleet_svc.controller.writes import AgentLink, ReplicaWrites
 from fleet_svc.domain.nodes import Card, NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
@@ -21,6 +20,7 @@ from fleet_svc.domain.reports import (
     refused,
     reported,
 )
+from fleet_svc.nodelink.desired import DesiredSets
 
 log = structlog.get_logger(__name__)
 P = ReplicaPhase

@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from fleet_svc.agents.reports import news_of
 from fleet_svc.domain.nodes import Card, Liveness, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.reports import Observed
+from fleet_svc.nodelink.reports import news_of
 from fleet_svc.rpc.agent_relay import MAX_OBSERVED, NodeRelay, encode_desired
 from fleet_svc.rpc.agent_stream import StreamLink
 from fleet_svc.store.base import DesiredRecord

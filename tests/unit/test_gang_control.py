@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import pytest
 
-from fleet_svc.agents.desired import desired_by_node
 from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.control import (
     Assign,
@@ -34,6 +33,7 @@ from fleet_svc.domain.reports import (
     stopped_with_their_node,
 )
 from fleet_svc.domain.rollout_run import gang_shortfall, room_beside
+from fleet_svc.nodelink.desired import desired_by_node
 
 P = ReplicaPhase
 H100 = "H100-80GB"

@@ -1,4 +1,4 @@
-"""The leader's side of agents other fleets hold (fleet_svc/agents/remote.py): node reports
+"""The leader's side of agents other fleets hold (fleet_svc/nodelink/remote.py): node reports
 read from the store become the controller's events, and a node's report survives its row."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 
-from fleet_svc.agents.remote import RemoteNodes, StoredLink
-from fleet_svc.agents.reports import news_of, report_doc
 from fleet_svc.domain.nodes import Card, Liveness, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState, StartProgress
 from fleet_svc.domain.reports import Observed, Rejection
+from fleet_svc.nodelink.remote import RemoteNodes, StoredLink
+from fleet_svc.nodelink.reports import news_of, report_doc
 from fleet_svc.store.base import NodeReport
 from fleet_svc.store.sqlite import SQLiteStore
 
