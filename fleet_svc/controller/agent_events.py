@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 import structlog
 
 from fleet_svc.controller.writes import AgentLink, ReplicaWrites
-from fleet_svc.domain.nodes import Card, NodePhase, NodeView
+from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.reports import (
     Observed,
@@ -21,6 +21,7 @@ from fleet_svc.domain.reports import (
     reported,
 )
 from fleet_svc.nodelink.desired import DesiredSets
+from llmgw.card import Card
 
 log = structlog.get_logger(__name__)
 P = ReplicaPhase

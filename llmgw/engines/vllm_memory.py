@@ -30,7 +30,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 
 from llmgw.cardclass import GIB, MIB
-from llmgw.engines.base import Card, Overhead
+from llmgw.engines.base import CardTotals as Card
+from llmgw.engines.base import Overhead
 from llmgw.engines.grammar import Grammar
 from llmgw.engines.memo import memo_table
 from llmgw.engines.torch_overhead import (

@@ -16,7 +16,7 @@ from typing import Any
 from fleet_svc.catalog import Catalog
 from fleet_svc.controller import Controller
 from fleet_svc.domain.catalog import Entry, ProfileWant
-from fleet_svc.domain.nodes import Card, NodeView
+from fleet_svc.domain.nodes import NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Want
 from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
@@ -24,6 +24,7 @@ from fleet_svc.duties import Duties
 from fleet_svc.leadership import Leadership
 from fleet_svc.store.base import ReplicaRecord
 from fleet_svc.store.postgres import PostgresStore
+from llmgw.card import Card
 from llmgw.clock import SystemClock
 from llmgw.model import Model, Profile
 from tests.support.postgres import fresh_database

@@ -12,7 +12,7 @@ import pytest
 
 from fleet_svc.controller import Controller
 from fleet_svc.domain.catalog import ProfileWant
-from fleet_svc.domain.nodes import Card, Liveness, NodePhase, NodeView
+from fleet_svc.domain.nodes import Liveness, NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Want
 from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState, StartProgress
@@ -21,6 +21,7 @@ from fleet_svc.nodelink.desired import RESEND_S, VERSION_BLOCK, VERSION_KEY
 from fleet_svc.store.rows import progress_doc
 from fleet_svc.store.sqlite import SQLiteStore
 from fleet_svc.store_calls import inline
+from llmgw.card import Card
 from llmgw.testing.clock import FakeClock
 
 P = ReplicaPhase

@@ -23,10 +23,11 @@ from fleet_svc.domain.control import (
     plan_actions,
     retirement,
 )
-from fleet_svc.domain.nodes import Card, NodePhase, NodeView
+from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Placement, Want
 from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
+from llmgw.card import Card
 
 P = ReplicaPhase
 H100 = "H100-80GB"

@@ -20,7 +20,7 @@ from fleet_svc.domain.control import (
     plan_actions,
 )
 from fleet_svc.domain.gang import order_of, spans_nodes
-from fleet_svc.domain.nodes import Card, NodePhase, NodeView
+from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Placement, Want
 from fleet_svc.domain.replicas import Member, ReplicaSpec, ReplicaState
@@ -34,6 +34,7 @@ from fleet_svc.domain.reports import (
 )
 from fleet_svc.domain.rollout_run import gang_shortfall, room_beside
 from fleet_svc.nodelink.desired import desired_by_node
+from llmgw.card import Card
 
 P = ReplicaPhase
 H100 = "H100-80GB"

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 
-from fleet_svc.domain.nodes import Card, Liveness, NodeView
+from fleet_svc.domain.nodes import Liveness, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState, StartProgress
 from fleet_svc.domain.reports import Observed, Rejection
@@ -15,6 +15,7 @@ from fleet_svc.nodelink.remote import RemoteNodes, StoredLink
 from fleet_svc.nodelink.reports import news_of, report_doc
 from fleet_svc.store.base import NodeReport
 from fleet_svc.store.sqlite import SQLiteStore
+from llmgw.card import Card
 
 LIVENESS = Liveness(interval_s=1.0, grace_heartbeats=3, lost_after_s=30.0)
 

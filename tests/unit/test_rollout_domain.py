@@ -11,7 +11,7 @@ import pytest
 
 from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.control import Action, Create, Retire
-from fleet_svc.domain.nodes import Card, NodePhase, NodeView
+from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Want
 from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
@@ -24,6 +24,7 @@ from fleet_svc.domain.rollout import (
     plan_steps,
 )
 from fleet_svc.domain.rollout_run import advance, cancel
+from llmgw.card import Card
 from llmgw.testing.clock import FakeClock
 
 P = ReplicaPhase

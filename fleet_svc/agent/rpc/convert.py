@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from fleet_svc.agent.admission import Rejection
-from fleet_svc.agent.cards import Card
 from fleet_svc.agent.replica import Gang, Observation, Phase, Progress, ReplicaSpec, Stage
 from llmgw.agent.v1 import agent_pb2
+from llmgw.card import Card
 from llmgw.common.v1 import common_pb2
 
 PHASES: dict[Phase, agent_pb2.ProcessPhase.ValueType] = {
