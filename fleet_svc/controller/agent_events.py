@@ -14,7 +14,6 @@ from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.reports import (
     Observed,
-    Rejection,
     gang_reported,
     missing_from_hello,
     refused,
@@ -22,6 +21,7 @@ from fleet_svc.domain.reports import (
 )
 from fleet_svc.nodelink.desired import DesiredSets
 from llmgw.card import Card
+from llmgw.rejection import Rejection
 
 log = structlog.get_logger(__name__)
 P = ReplicaPhase

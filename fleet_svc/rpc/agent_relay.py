@@ -28,7 +28,7 @@ import structlog
 from fleet_svc.controller import Controller
 from fleet_svc.domain.nodes import Liveness, NodeView
 from fleet_svc.domain.replicas import ReplicaState
-from fleet_svc.domain.reports import Observed, Rejection
+from fleet_svc.domain.reports import Observed
 from fleet_svc.nodelink.reports import report_doc
 from fleet_svc.rpc.agent_stream import StreamLink, desired_message
 from fleet_svc.store.base import NodeReport, Store, StoreError
@@ -36,6 +36,7 @@ from fleet_svc.store_calls import StoreCalls
 from llmgw.agent.v1 import agent_pb2
 from llmgw.card import Card
 from llmgw.clock import Clock
+from llmgw.rejection import Rejection
 
 log = structlog.get_logger(__name__)
 

@@ -11,12 +11,12 @@ from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
 from fleet_svc.domain.reports import (
     Observed,
-    Rejection,
     missing_from_hello,
     refused,
     reported,
     stopped_with_their_node,
 )
+from llmgw.rejection import Rejection
 
 P = ReplicaPhase
 

@@ -26,7 +26,6 @@ from fleet_svc.domain.placement import Placement, Want
 from fleet_svc.domain.replicas import Member, ReplicaSpec, ReplicaState
 from fleet_svc.domain.reports import (
     Observed,
-    Rejection,
     gang_reported,
     missing_from_hello,
     refused,
@@ -35,6 +34,7 @@ from fleet_svc.domain.reports import (
 from fleet_svc.domain.rollout_run import gang_shortfall, room_beside
 from fleet_svc.nodelink.desired import desired_by_node
 from llmgw.card import Card
+from llmgw.rejection import Rejection
 
 P = ReplicaPhase
 H100 = "H100-80GB"
