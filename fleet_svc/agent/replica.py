@@ -10,7 +10,8 @@ from llmgw.engines.gang import MemberOrder
 
 @dataclass(frozen=True)
 class ReplicaSpec:
-    """What the fleet wants running: an engine by name, its arguments and cards.
+    """What the fleet wants running: an engine by name, its arguments and cards (the agent
+    protocol's `ReplicaSpec`, field for field).
 
     Two specs with the same `replica_id` and `revision` are the same command: the agent runs it
     once however often it is sent.

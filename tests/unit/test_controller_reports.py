@@ -8,7 +8,7 @@ import pytest
 from fleet_svc.domain.control import Move, Report
 from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
-from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
+from fleet_svc.domain.replicas import ReplicaState, RunSpec
 from fleet_svc.domain.reports import (
     Observed,
     missing_from_hello,
@@ -28,7 +28,7 @@ def kept(phase: ReplicaPhase, node: str = "a", revision: int = 2) -> ReplicaStat
         model="m",
         profile="gpu",
         revision=revision,
-        spec=ReplicaSpec("vllm"),
+        spec=RunSpec("vllm"),
         phase=phase,
         node=node,
         reason="placed on a",

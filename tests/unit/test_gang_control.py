@@ -23,7 +23,7 @@ from fleet_svc.domain.gang import order_of, spans_nodes
 from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Placement, Want
-from fleet_svc.domain.replicas import Member, ReplicaSpec, ReplicaState
+from fleet_svc.domain.replicas import Member, ReplicaState, RunSpec
 from fleet_svc.domain.reports import (
     Observed,
     gang_reported,
@@ -53,7 +53,7 @@ def gang_want(engine: str = "vllm", replicas: int = 1, nodes: int = 2) -> Profil
         revision=1,
         replicas=replicas,
         want=Want(gpu_class=H100, gpus=4, nodes=nodes),
-        spec=ReplicaSpec(engine=engine),
+        spec=RunSpec(engine=engine),
     )
 
 
@@ -80,7 +80,7 @@ def gang(
         model="m",
         profile="big",
         revision=1,
-        spec=ReplicaSpec(engine=engine),
+        spec=RunSpec(engine=engine),
         phase=phase,
         node=nodes[0],
         gpus=(0, 1, 2, 3),

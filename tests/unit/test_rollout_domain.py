@@ -14,7 +14,7 @@ from fleet_svc.domain.control import Action, Create, Retire
 from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Want
-from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
+from fleet_svc.domain.replicas import ReplicaState, RunSpec
 from fleet_svc.domain.rollout import (
     Event,
     Rollout,
@@ -29,8 +29,8 @@ from llmgw.testing.clock import FakeClock
 
 P = ReplicaPhase
 H100 = "H100-80GB"
-OLD = ReplicaSpec(engine="vllm", args=("--tensor-parallel-size", "1"))
-NEW = ReplicaSpec(engine="vllm", args=("--tensor-parallel-size", "2"))
+OLD = RunSpec(engine="vllm", args=("--tensor-parallel-size", "1"))
+NEW = RunSpec(engine="vllm", args=("--tensor-parallel-size", "2"))
 
 
 def node(name: str, cards: int) -> NodeView:
