@@ -16,7 +16,6 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from fleet_svc.agents.remote import RemoteNodes
 from fleet_svc.answers import REQUEST_ID_WINDOW_S
 from fleet_svc.app import FleetApp
 from fleet_svc.catalog import Catalog
@@ -26,6 +25,7 @@ from fleet_svc.duties import FOLLOW_S, Duties
 from fleet_svc.leadership import LEASE_S, RENEW_S, Leadership, LeasedStore
 from fleet_svc.metrics import Leadership as LeaderStatus
 from fleet_svc.metrics import add_fleet_metrics
+from fleet_svc.nodelink.remote import RemoteNodes
 from fleet_svc.planner import Planner
 from fleet_svc.rpc.agent_relay import NodeRelay, encode_desired
 from fleet_svc.rpc.agent_stream import SERVICE_NAME as AGENT_SERVICE
@@ -245,7 +245,7 @@ async def start_fleet(opts: FleetOptions, clock: Clock | None = None) -> FleetSe
         else None
     )
     # Every fleet serves agents; on a shared store, the leader hears those other fleets hold
-    # through the store (fleet_svc/agents/remote.py, fleet_svc/rpc/agent_relay.py).
+    # through the store (fleet_svc/nodelink/remote.py, fleet_svc/rpc/agent_relay.py).
     holder = leadership.holder if leadership is not None else ""
     relay = NodeRelay(store, clock, holder, controller.liveness, app.calls)
     if leadership is not None:

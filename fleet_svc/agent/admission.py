@@ -43,7 +43,8 @@ SHELL_CHARS = frozenset(";|&$`<>\n\r\0")
 
 
 class RejectReason(enum.Enum):
-    """Why the agent refuses a replica (the Ack's `Rejection.reason`)."""
+    """Why the agent refuses a replica: a `llmgw.rejection.Rejection`'s `reason` is one
+    of these values (the Ack's `Rejection.reason` on the wire)."""
 
     ENGINE_NOT_ALLOWED = "ENGINE_NOT_ALLOWED"
     """The engine is not named in the agent's config."""
@@ -58,16 +59,6 @@ class RejectReason(enum.Enum):
     """A card another replica of the same desired set uses."""
     DUPLICATE_REPLICA = "DUPLICATE_REPLICA"
     """The desired set names the same replica id twice; the first is run."""
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """One refused replica, with a message a person can act on."""
-
-    replica_id: str
-    revision: int
-    reason: RejectReason
-    message: str
 
 
 # Each engine's flags come from its module (llmgw.engines.<engine>): ALLOWED, the flags that

@@ -7,13 +7,14 @@ import ctypes
 import importlib
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
 
 from fleet_svc.agent import claims
+from llmgw.card import Card
 from llmgw.cardclass import KNOWN_CARDS, class_memory_bytes
 
 MIB = 1 << 20
@@ -26,19 +27,6 @@ MAX_CARDS = 64
 
 class CardSpecError(ValueError):
     """A card spec or card file that cannot be read; the message says what would work."""
-
-
-@dataclass(frozen=True)
-class Card:
-    """One card as the agent reports it."""
-
-    index: int
-    uuid: str
-    model: str
-    memory_total_bytes: int
-    memory_used_bytes: int = 0
-    cuda_memory_total_bytes: int = 0
-    """The total CUDA reports (below NVML's `memory_total_bytes`); 0: not read."""
 
 
 def card_class_cuda_bytes(model: str) -> int:

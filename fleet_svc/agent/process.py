@@ -15,7 +15,8 @@ from typing import Any, Protocol
 import structlog
 
 from fleet_svc.agent import claims
-from fleet_svc.agent.replica import Gang, ReplicaSpec
+from fleet_svc.agent.replica import ReplicaSpec
+from llmgw.engines.gang import MemberOrder
 
 log = structlog.get_logger("fleet_svc.agent.process")
 
@@ -149,7 +150,7 @@ class RunRecord:
                 gpus=tuple(int(g) for g in spec.get("gpus", ())),
                 source=str(spec.get("source", "")),
                 gang=(
-                    Gang(
+                    MemberOrder(
                         rank=int(gang["rank"]),
                         nnodes=int(gang["nnodes"]),
                         peers=tuple(str(p) for p in gang.get("peers", ())),

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from fleet_svc.agent.admission import (
     ArgRules,
-    Rejection,
     RejectReason,
     SourceRules,
     check_gpus,
@@ -16,6 +15,7 @@ from fleet_svc.agent.admission import (
     refused_arg,
 )
 from fleet_svc.agent.replica import ReplicaSpec
+from llmgw.rejection import Rejection
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def admit(
     seen: set[str] = set()
 
     def refuse(spec: ReplicaSpec, reason: RejectReason, message: str) -> None:
-        rejected.append(Rejection(spec.replica_id, spec.revision, reason, message))
+        rejected.append(Rejection(spec.replica_id, spec.revision, reason.value, message))
 
     for spec in desired:
         if spec.replica_id in seen:

@@ -5,20 +5,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True)
-class Gang:
-    """This node's member of a replica spanning several nodes: its rank, the gang's size,
-    and every member's gang address by rank ("" where the fleet knows none yet)."""
-
-    rank: int
-    nnodes: int
-    peers: tuple[str, ...] = ()
+from llmgw.engines.gang import MemberOrder
 
 
 @dataclass(frozen=True)
 class ReplicaSpec:
-    """What the fleet wants running: an engine by name, its arguments and cards.
+    """What the fleet wants running: an engine by name, its arguments and cards (the agent
+    protocol's `ReplicaSpec`, field for field).
 
     Two specs with the same `replica_id` and `revision` are the same command: the agent runs it
     once however often it is sent.
@@ -32,8 +25,9 @@ class ReplicaSpec:
     args: tuple[str, ...] = ()
     gpus: tuple[int, ...] = ()
     source: str = ""
-    gang: Gang | None = None
-    """Set for a member of a gang: started with its engine's multi-node launch."""
+    gang: MemberOrder | None = None
+    """Set for a member of a gang: what it is told of its gang; started with its engine's
+    multi-node launch."""
     traceparent: str = ""
     """The W3C trace context of the request that asked for it ("" untraced): its start and
     health checks are a child span of that trace. Not part of the command (`key`)."""

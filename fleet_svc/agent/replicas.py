@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import structlog
 
-from fleet_svc.agent.admission import Rejection, SourceRules
+from fleet_svc.agent.admission import SourceRules
 from fleet_svc.agent.cards import CardBackend
 from fleet_svc.agent.config import AgentConfig
 from fleet_svc.agent.fetch import ModelCache
@@ -21,6 +21,7 @@ from fleet_svc.agent.reconcile import plan_changes
 from fleet_svc.agent.replica import Observation, ReplicaSpec
 from fleet_svc.agent.runner import NoSpans, ReplicaRunner, RunnerContext, Spans
 from llmgw.clock import Clock, SystemClock
+from llmgw.rejection import Rejection
 
 log = structlog.get_logger("fleet_svc.agent.replicas")
 
@@ -140,7 +141,7 @@ class ReplicaSet:
                 "replica_rejected",
                 replica_id=rejection.replica_id,
                 revision=rejection.revision,
-                reason=rejection.reason.value,
+                reason=rejection.reason,
                 message=rejection.message,
             )
         return list(changes.rejected)

@@ -9,18 +9,19 @@ from collections.abc import Iterable, Sequence
 
 import structlog
 
-from fleet_svc.agents.desired import DesiredSets
 from fleet_svc.controller.writes import AgentLink, ReplicaWrites
-from fleet_svc.domain.nodes import Card, NodePhase, NodeView
+from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.reports import (
     Observed,
-    Rejection,
     gang_reported,
     missing_from_hello,
     refused,
     reported,
 )
+from fleet_svc.nodelink.desired import DesiredSets
+from llmgw.card import Card
+from llmgw.rejection import Rejection
 
 log = structlog.get_logger(__name__)
 P = ReplicaPhase

@@ -2,7 +2,7 @@
 
 What to do is decided by pure functions (domain.control.plan_actions, domain.rollout,
 domain.reports); this module keeps the state they read, ticks, persists, and tells the agents
-(agents.desired). The actions are applied through the transition table in
+(nodelink.desired). The actions are applied through the transition table in
 fleet_svc.controller.writes; agents' events come in through fleet_svc.controller.agent_events.
 
 A tick runs on the event loop; its store calls (the catalog's wants, adopting and saving
@@ -22,8 +22,6 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from fleet_svc.agents.desired import DesiredSets, Send, desired_by_node
-from fleet_svc.agents.remote import RemoteNodes
 from fleet_svc.controller.agent_events import AgentEvents
 from fleet_svc.controller.writes import FleetState
 from fleet_svc.domain.catalog import ProfileWant
@@ -34,6 +32,8 @@ from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.reports import stopped_with_their_node
 from fleet_svc.domain.rollout import Event as RolloutEvent
 from fleet_svc.domain.rollout import Rollout
+from fleet_svc.nodelink.desired import DesiredSets, Send, desired_by_node
+from fleet_svc.nodelink.remote import RemoteNodes
 from fleet_svc.rollouts import Rollouts
 from fleet_svc.store.base import NotLeader, ReplicaRecord, RolloutRecord, Store, StoreError
 from fleet_svc.store.rows import replica_of, replica_record

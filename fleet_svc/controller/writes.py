@@ -70,7 +70,7 @@ class FleetState:
 
 
 def _told(r: ReplicaState) -> tuple[object, ...]:
-    """What of a replica the nodes' desired sets follow (fleet_svc.agents.desired): where
+    """What of a replica the nodes' desired sets follow (fleet_svc.nodelink.desired): where
     it runs, on which cards, whether it runs, its revision, its spec and its gang's members.
     A change of anything else (a READY report, a reason) changes no node's set."""
     return (r.node, r.gpus, r.phase in RUNNING, r.revision, r.spec, r.members)

@@ -11,7 +11,7 @@ from typing import Any
 from fleet_svc.domain import errors
 from fleet_svc.domain.gang import spans_nodes
 from fleet_svc.domain.placement import Want
-from fleet_svc.domain.replicas import ReplicaSpec
+from fleet_svc.domain.replicas import RunSpec
 from llmgw.engines import registry
 from llmgw.engines.gang import MAX_GANG_NODES
 from llmgw.engines.revision import revision_conflict
@@ -83,7 +83,7 @@ class ProfileWant:
     revision: int
     replicas: int
     want: Want
-    spec: ReplicaSpec
+    spec: RunSpec
 
 
 def check_name(name: str) -> None:
@@ -215,7 +215,7 @@ def wants_of(revisions: Iterable[Revision]) -> list[ProfileWant]:
                     revision=rev.revision,
                     replicas=p.replicas,
                     want=want_of(p),
-                    spec=ReplicaSpec(engine=p.engine, args=p.args, source=model.source),
+                    spec=RunSpec(engine=p.engine, args=p.args, source=model.source),
                 )
             )
     return out

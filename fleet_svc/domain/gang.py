@@ -3,22 +3,10 @@ and what each is told of its gang."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from fleet_svc.domain.replicas import Member, ReplicaState
 from llmgw.engines import registry
 from llmgw.engines.errors import EngineError
-from llmgw.engines.gang import GangMember
-
-
-@dataclass(frozen=True)
-class MemberOrder:
-    """What a gang member is told: its rank, the gang's size, every member's gang address
-    by rank ("" where not known yet)."""
-
-    rank: int
-    nnodes: int
-    peers: tuple[str, ...]
+from llmgw.engines.gang import GangMember, MemberOrder
 
 
 def needs(engine: str, rank: int, nnodes: int) -> tuple[int, ...] | None:

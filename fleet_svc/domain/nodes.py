@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from llmgw.card import Card
+
 
 class NodePhase(enum.Enum):
     """A node's phase, by its agent's heartbeats."""
@@ -15,19 +17,6 @@ class NodePhase(enum.Enum):
     """Its agent missed heartbeats for the grace period or disconnected, not yet for long."""
     LOST = "LOST"
     """Not heard from for the lost timeout: its replicas are placed elsewhere."""
-
-
-@dataclass(frozen=True)
-class Card:
-    """One card of a node."""
-
-    index: int
-    uuid: str = ""
-    model: str = ""
-    memory_total_bytes: int = 0
-    memory_used_bytes: int = 0
-    cuda_memory_total_bytes: int = 0
-    """The total CUDA reports, below NVML's `memory_total_bytes` (0: not reported)."""
 
 
 @dataclass(frozen=True)

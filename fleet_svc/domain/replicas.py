@@ -9,10 +9,14 @@ from fleet_svc.domain.placement import Want
 
 
 @dataclass(frozen=True)
-class ReplicaSpec:
-    """What a replica runs, and what the fleet decided for it beyond its profile.
+class RunSpec:
+    """What a replica runs, and what the fleet decided for it beyond its profile, as the
+    fleet keeps it.
 
     The cards it runs on are not here: placement picks them, and `ReplicaState.gpus` holds them.
+    Not what a node's agent is sent: that is the agent protocol's `ReplicaSpec`, built from
+    the whole `ReplicaState` (fleet_svc/rpc/agent_stream.py `spec_of`) and read by the agent
+    as its own `fleet_svc.agent.replica.ReplicaSpec`.
     """
 
     engine: str
@@ -68,7 +72,7 @@ class ReplicaState:
     model: str
     profile: str
     revision: int
-    spec: ReplicaSpec = field(default_factory=lambda: ReplicaSpec(engine=""))
+    spec: RunSpec = field(default_factory=lambda: RunSpec(engine=""))
     phase: ReplicaPhase = ReplicaPhase.PENDING
     node: str = ""
     gpus: tuple[int, ...] = ()
@@ -118,5 +122,5 @@ class ReplicaState:
 
     @property
     def attempt(self) -> int:
-        """Which placement of its revision this is (see `ReplicaSpec.attempt`)."""
+        """Which placement of its revision this is (see `RunSpec.attempt`)."""
         return self.spec.attempt

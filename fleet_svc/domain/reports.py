@@ -11,6 +11,7 @@ from fleet_svc.domain.gang import launchable
 from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState, StartProgress
+from llmgw.rejection import Rejection
 
 P = ReplicaPhase
 
@@ -31,16 +32,6 @@ class Observed:
     """host:port a gang member listens on for its gang ("" for none)."""
     progress: StartProgress | None = None
     """While STARTING: its download or load, as the agent measured it."""
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """A replica an agent refused to run."""
-
-    replica_id: str
-    revision: int
-    reason: str
-    message: str
 
 
 def reported(r: ReplicaState | None, node: str, o: Observed) -> Report | None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from fleet_svc.domain.canary import CanaryRun
 from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.phases import ReplicaPhase
-from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
+from fleet_svc.domain.replicas import ReplicaState, RunSpec
 
 P = ReplicaPhase
 
@@ -122,7 +122,7 @@ class Rollout:
     by: str = ""
     undo_of: str = ""
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
-    old_specs: Mapping[str, ReplicaSpec] = field(default_factory=dict)
+    old_specs: Mapping[str, RunSpec] = field(default_factory=dict)
     """Per profile, the spec of the revision rolled from: an in-place step that fails starts
     the old replica again with it."""
     trace: str = ""

@@ -6,7 +6,7 @@ controller, which sends desired sets straight down the stream. Following, it wri
 node's report to the store (fleet_svc.store.base.NodeReport: the Hello's view, the latest
 report of each replica, the last acknowledgement, when the agent was last heard) and sends
 the agent each desired set the leader's controller wrote for that node after the stream was
-recorded; the leader reads the reports (fleet_svc/agents/remote.py). A change of leader
+recorded; the leader reads the reports (fleet_svc/nodelink/remote.py). A change of leader
 moves no stream: the relay hands its streams to the controller when this fleet is elected,
 and writes them all to the store when it is deposed.
 
@@ -25,16 +25,18 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from fleet_svc.agents.reports import report_doc
 from fleet_svc.controller import Controller
-from fleet_svc.domain.nodes import Card, Liveness, NodeView
+from fleet_svc.domain.nodes import Liveness, NodeView
 from fleet_svc.domain.replicas import ReplicaState
-from fleet_svc.domain.reports import Observed, Rejection
+from fleet_svc.domain.reports import Observed
+from fleet_svc.nodelink.reports import report_doc
 from fleet_svc.rpc.agent_stream import StreamLink, desired_message
 from fleet_svc.store.base import NodeReport, Store, StoreError
 from fleet_svc.store_calls import StoreCalls
 from llmgw.agent.v1 import agent_pb2
+from llmgw.card import Card
 from llmgw.clock import Clock
+from llmgw.rejection import Rejection
 
 log = structlog.get_logger(__name__)
 

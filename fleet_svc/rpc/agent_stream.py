@@ -17,15 +17,17 @@ from google.protobuf import timestamp_pb2
 from fleet_svc.domain import errors
 from fleet_svc.domain.access import ANONYMOUS, NODE
 from fleet_svc.domain.gang import order_of
-from fleet_svc.domain.nodes import Card, Liveness, NodeView
+from fleet_svc.domain.nodes import Liveness, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState, StartProgress
-from fleet_svc.domain.reports import Observed, Rejection
+from fleet_svc.domain.reports import Observed
 from fleet_svc.rpc.auth import current_caller
 from fleet_svc.rpc.status import stream_refusals_as_status
 from llmgw.agent.v1 import agent_pb2, agent_pb2_grpc
+from llmgw.card import Card
 from llmgw.clock import Clock
 from llmgw.common.v1 import common_pb2
+from llmgw.rejection import Rejection
 from llmgw.text import cleaned, first_unsafe
 
 log = structlog.get_logger(__name__)

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import FrameType
 
 from fleet_svc.agent import claims
-from fleet_svc.standin.gang import Gang, GangError, parse_rpc_server, serve_rpc
+from fleet_svc.standin.gang import GangError, GangLink, parse_rpc_server, serve_rpc
 from fleet_svc.standin.options import ARGV_DIR_ENV, OptionsError, parse_options
 from fleet_svc.standin.server import StandinServer, StandinState
 
@@ -51,7 +51,7 @@ def rpc_server(argv: list[str]) -> int:
     return 0
 
 
-def _formed(gang: Gang | None, stop: threading.Event) -> str | None:
+def _formed(gang: GangLink | None, stop: threading.Event) -> str | None:
     """Wait until the gang met: None when it did (or there is none), "" on a stop, else why
     it could not."""
     if gang is None:
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         + where
         + ("" if server else " (headless: no HTTP)"),
     )
-    gang = Gang(role) if role is not None else None
+    gang = GangLink(role) if role is not None else None
     if gang is not None:
         # A head listens where its members are told to meet it (vLLM's master address,
         # SGLang's dist-init host); --host is only where it serves HTTP.

@@ -156,8 +156,9 @@ def read_role(
 
 
 @dataclass
-class Gang:
-    """A running gang link: `formed` once the gang met, `broken` with why when it fell apart."""
+class GangLink:
+    """This process's links to the rest of its gang, once running: `formed` once the gang
+    met, `broken` with why when it fell apart."""
 
     role: GangRole
     formed: threading.Event = field(default_factory=threading.Event)

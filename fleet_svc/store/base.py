@@ -122,7 +122,7 @@ class TrafficRecord:
 @dataclass(frozen=True)
 class NodeReport:
     """What the fleet holding a node's agent stream last heard of that node, for the leader's
-    controller when the stream is held by another fleet (fleet_svc/agents/remote.py).
+    controller when the stream is held by another fleet (fleet_svc/nodelink/remote.py).
 
     `holder` names the fleet process holding the stream and `stream` that one connection (a
     new one is a new hello); `heard_at` (seconds since the epoch) is when the agent was last

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Want
-from fleet_svc.domain.replicas import Member, ReplicaSpec, ReplicaState, StartProgress
+from fleet_svc.domain.replicas import Member, ReplicaState, RunSpec, StartProgress
 from fleet_svc.domain.rollout import (
     Event,
     EventKind,
@@ -34,8 +34,8 @@ P = ReplicaPhase
 E = TypeVar("E", bound=enum.Enum)
 
 
-def spec_doc(model: str, profile: str, spec: ReplicaSpec) -> dict[str, Any]:
-    """A replica spec as a row keeps it."""
+def spec_doc(model: str, profile: str, spec: RunSpec) -> dict[str, Any]:
+    """A replica's run spec as a row keeps it."""
     doc: dict[str, Any] = {
         "model": model,
         "profile": profile,
@@ -74,10 +74,10 @@ def _want_of_doc(doc: Any) -> Want | None:
     )
 
 
-def spec_of_doc(doc: Mapping[str, Any], attempt: int = 1) -> ReplicaSpec:
-    """A replica spec from a row's JSON (unknown keys ignored)."""
+def spec_of_doc(doc: Mapping[str, Any], attempt: int = 1) -> RunSpec:
+    """A replica's run spec from a row's JSON (unknown keys ignored)."""
     args = doc.get("args", [])
-    return ReplicaSpec(
+    return RunSpec(
         engine=str(doc.get("engine", "")),
         args=tuple(str(a) for a in args) if isinstance(args, list) else (),
         source=str(doc.get("source", "")),

@@ -39,9 +39,10 @@ class Verdict(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Card:
-    """One card as the engines read it: NVML's total, CUDA's total (what torch sees) with its
-    source and margin, and the class name (vLLM's defaults look at it). 0: not known."""
+class CardTotals:
+    """A card's totals as the engines size against them: NVML's total, CUDA's total (what
+    torch sees) with its source and margin, and the class name (vLLM's defaults look at it).
+    0: not known. Not a node's card as its agent reports it (that is `llmgw.card.Card`)."""
 
     name: str = ""
     nvml_bytes: int = 0
@@ -50,11 +51,11 @@ class Card:
     cuda_margin_bytes: int = 0
 
     @staticmethod
-    def of(name: str, nvml_bytes: int, reported_cuda_bytes: int = 0) -> Card:
+    def of(name: str, nvml_bytes: int, reported_cuda_bytes: int = 0) -> CardTotals:
         """A card of class `name` with NVML total `nvml_bytes`; its CUDA total as reported,
         logged for the class, or derived (`llmgw.cardclass.cuda_total`)."""
         total = cuda_total(name, nvml_bytes, reported_cuda_bytes)
-        return Card(name, nvml_bytes, total.bytes, total.source, total.margin_bytes)
+        return CardTotals(name, nvml_bytes, total.bytes, total.source, total.margin_bytes)
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class SizingRequest:
     slots: int
     cards: int
     card_memory_bytes: int
-    card: Card | None = None
+    card: CardTotals | None = None
     engine_version: str = ""
 
 

@@ -44,8 +44,21 @@ class EngineSingleNode(EngineError):
 
 
 @dataclass(frozen=True)
+class MemberOrder:
+    """What a gang member is told of its gang: its rank, the gang's size, and every
+    member's gang address by rank ("" where not known yet). The fleet writes it for each
+    member's node (fleet_svc/domain/gang.py `order_of`), the wire carries it as the agent
+    protocol's `GangMember`, and the node agent holds it in its replica's spec."""
+
+    rank: int
+    nnodes: int
+    peers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class GangMember:
-    """One member of a gang as its launch sees it.
+    """One member of a gang as its launch sees it: its order (`MemberOrder`) and where it
+    listens.
 
     `host` and `port`: where this member listens for its gang (port 0: not chosen yet, or it
     does not listen); `peers`: every member's gang address by rank ("" where not known yet).

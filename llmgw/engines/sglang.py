@@ -15,7 +15,7 @@ from fractions import Fraction
 from typing import ClassVar
 
 from llmgw.cardclass import MIB
-from llmgw.engines.base import Card, Overhead
+from llmgw.engines.base import CardTotals, Overhead
 from llmgw.engines.gang import GangLaunch, GangMember, sglang_launch
 from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, Grammar, RefusedFlag, switch
 from llmgw.engines.heads import TpOptions
@@ -346,7 +346,7 @@ class Sglang(TensorParallelEngine):
         tp: int,
         pp: int,
         weights_card_bytes: int,
-        card: Card,
+        card: CardTotals,
         engine_version: str,
     ) -> Overhead:
         """Weights and KV take `--mem-fraction-static` of the memory free before loading

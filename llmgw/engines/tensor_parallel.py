@@ -13,7 +13,7 @@ from dataclasses import replace
 from fractions import Fraction
 from typing import ClassVar
 
-from llmgw.engines.base import Card, CardNeed, CardSplit, Overhead, SizingRequest
+from llmgw.engines.base import CardNeed, CardSplit, CardTotals, Overhead, SizingRequest
 from llmgw.engines.gang import EngineSingleNode, GangLaunch, GangMember
 from llmgw.engines.grammar import Flag, Grammar, RefusedFlag
 from llmgw.engines.heads import TpOptions, tp_failure
@@ -200,7 +200,7 @@ class TensorParallelEngine:
         card_memory_bytes = asked.card_memory_bytes
         sequences = max(asked.slots, 1)
         shape = self.cache_shape(shape, args)
-        card = asked.card or Card.of("", card_memory_bytes)
+        card = asked.card or CardTotals.of("", card_memory_bytes)
         tp, pp, dtype, template = self._setting(
             shape, args, cards, card.cuda_bytes or card_memory_bytes
         )
@@ -246,7 +246,7 @@ class TensorParallelEngine:
         tp: int,
         pp: int,
         weights_card: int,
-        card: Card,
+        card: CardTotals,
         engine_version: str,
     ) -> tuple[Overhead, int, int]:
         """The overhead (`overhead_and_budget`), the KV pool's bytes on a card and the tokens it
@@ -295,7 +295,7 @@ class TensorParallelEngine:
         return found
 
     def overhead_tokens(
-        self, args: Sequence[str], *, card: Card, engine_version: str
+        self, args: Sequence[str], *, card: CardTotals, engine_version: str
     ) -> Callable[[int], Hashable] | None:
         """What of a context `overhead_and_budget` and `token_capacity` read under `args` on
         `card` at `engine_version` (whatever the context flag's value): a function of the
@@ -343,7 +343,7 @@ class TensorParallelEngine:
         tp: int,
         pp: int,
         weights_card_bytes: int,
-        card: Card,
+        card: CardTotals,
         engine_version: str,
     ) -> Overhead:
         """What a card needs beside weights and KV, and what it may use of the card."""

@@ -23,7 +23,7 @@ from functools import lru_cache
 import yaml
 
 from llmgw.cardclass import GIB, MIB
-from llmgw.engines.base import Card, Overhead
+from llmgw.engines.base import CardTotals, Overhead
 from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, Grammar, RefusedFlag
 from llmgw.engines.kvcache import CachePool, token_bytes_on_card
 from llmgw.engines.tensor_parallel import TensorParallelEngine
@@ -102,7 +102,7 @@ def allreduce_workspace_bytes(tp: int) -> int:
     return size * tp + ALLREDUCE_BARRIER_BYTES_PER_RANK * tp + 3 * size * tp
 
 
-def trtllm_collective_bytes(card: Card | None, tp: int) -> tuple[int, int, str]:
+def trtllm_collective_bytes(card: CardTotals | None, tp: int) -> tuple[int, int, str]:
     """What tensor parallel over `tp` ranks adds to each card's non-torch memory before
     TensorRT-LLM takes its free fraction, its margin, and the words for the rules.
 
@@ -124,7 +124,7 @@ def _collective_bytes(card_name: str, tp: int) -> tuple[int, int, str]:
     """`trtllm_collective_bytes` for a card class and tp, worked out once (sizing asks it for
     every context)."""
     workspace = allreduce_workspace_bytes(tp)
-    if card_name and nvls_card(Card(name=card_name)):
+    if card_name and nvls_card(CardTotals(name=card_name)):
         nccl, margin = NVLINK_NON_TORCH_V1, NVLINK_NON_TORCH_MARGIN_BYTES
     else:
         nccl, margin = NON_TORCH_NCCL_BYTES, NON_TORCH_NCCL_BYTES
@@ -201,7 +201,7 @@ def extra_options(args: Sequence[str]) -> tuple[Mapping[str, object], str]:
 
 
 def trtllm_overhead_bytes(
-    shape: ModelShape, args: Sequence[str], *, pp: int, tp: int = 1, card: Card | None = None
+    shape: ModelShape, args: Sequence[str], *, pp: int, tp: int = 1, card: CardTotals | None = None
 ) -> int:
     """What a TensorRT-LLM card needs beside weights and KV before its free fraction applies:
     the profiling pass over `--max_num_tokens` tokens, its sampler, non-torch memory (with
@@ -282,7 +282,7 @@ class TrtLlm(TensorParallelEngine):
         tp: int,
         pp: int,
         weights_card_bytes: int,
-        card: Card,
+        card: CardTotals,
         engine_version: str,
     ) -> Overhead:
         """The profiling overhead; a budget that leaves the cache its free fraction f of the

@@ -14,7 +14,7 @@ from fractions import Fraction
 from typing import ClassVar
 
 from llmgw.cardclass import GIB
-from llmgw.engines.base import Card, Overhead
+from llmgw.engines.base import CardTotals, Overhead
 from llmgw.engines.gang import GangLaunch, GangMember, vllm_launch
 from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, Grammar, RefusedFlag, switch
 from llmgw.engines.heads import TpOptions
@@ -282,7 +282,7 @@ class Vllm(TensorParallelEngine):
         tp: int,
         pp: int,
         weights_card_bytes: int,
-        card: Card,
+        card: CardTotals,
         engine_version: str,
     ) -> Overhead:
         """The profiling overhead, inside CUDA's total × `--gpu-memory-utilization`, by the
@@ -299,7 +299,7 @@ class Vllm(TensorParallelEngine):
         )
 
     def overhead_tokens(
-        self, args: Sequence[str], *, card: Card, engine_version: str
+        self, args: Sequence[str], *, card: CardTotals, engine_version: str
     ) -> Callable[[int], Hashable] | None:
         """What of a context vLLM's overhead reads (`vllm_overhead_tokens`); its token
         capacity reads none of it (`vllm_token_capacity`)."""

@@ -30,7 +30,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 
 from llmgw.cardclass import GIB, MIB, nvml_reports_memory
-from llmgw.engines.base import Card, Overhead
+from llmgw.engines.base import CardTotals, Overhead
 from llmgw.engines.grammar import Grammar
 from llmgw.engines.memo import memo_table
 from llmgw.engines.torch_overhead import (
@@ -189,7 +189,7 @@ snapshot first and the profile counted them (gt-039, 0.10.2 on four L40S: 0.21 G
 0.06-0.07 on one card)."""
 
 
-def nvlink_card(card: Card) -> bool:
+def nvlink_card(card: CardTotals) -> bool:
     """Whether `card` is taken to be joined to its peers by NVLink (NVLINK_CARDS)."""
     name = card.name.strip().lower()
     return "pcie" not in name and name.startswith(NVLINK_CARDS)
@@ -201,12 +201,12 @@ one log is at tp 8 (8 A100s, 2.10 GiB non-torch under 0.7.1), and outside measur
 at tp 1 and 2 find vLLM's non-KV memory not growing with tp, so tp 2-4 take the PCIe figure."""
 
 
-def nvls_card(card: Card) -> bool:
+def nvls_card(card: CardTotals) -> bool:
     """Whether `card` is an NVLink part whose NVSwitch does NVLink SHARP (NVLS_CARDS)."""
     return nvlink_card(card) and card.name.strip().lower().startswith(NVLS_CARDS)
 
 
-def collective_step(rules: VllmRules, card: Card, tp: int) -> tuple[int, int, str]:
+def collective_step(rules: VllmRules, card: CardTotals, tp: int) -> tuple[int, int, str]:
     """What tensor parallel over `tp` cards adds to vLLM's non-torch figure under `rules` on
     `card`, its margin, and the words for `rules`: NVLink's collective buffers where a log
     shows vLLM counting them (NVLS parts at any tp; Ampere NVLink parts under V0 from tp 8,
@@ -444,7 +444,7 @@ class VllmProfile:
     chunked_prefill: bool = True
 
 
-def large_card(card: Card) -> bool:
+def large_card(card: CardTotals) -> bool:
     """Whether vLLM gives this card its large defaults (70 GiB of CUDA memory, not an A100).
     vLLM reads the memory from NVML and takes 0 when NVML fails (get_batch_defaults' "except
     Exception: device_memory = 0"), so a unified-memory card is a small one whatever it holds:
@@ -467,7 +467,7 @@ class BatchFlags:
     large_card: bool
 
 
-def batch_flags(grammar: Grammar, args: Sequence[str], card: Card) -> BatchFlags:
+def batch_flags(grammar: Grammar, args: Sequence[str], card: CardTotals) -> BatchFlags:
     """The batch settings `args` give on `card` (read once per setting)."""
     return BatchFlags(
         grammar.count(args, MAX_NUM_BATCHED_TOKENS),
@@ -494,7 +494,7 @@ def profile_at(rules: VllmRules, said: str, flags: BatchFlags, tokens: int) -> V
 
 
 def vllm_profile(
-    grammar: Grammar, args: Sequence[str], *, card: Card, tokens: int, engine_version: str
+    grammar: Grammar, args: Sequence[str], *, card: CardTotals, tokens: int, engine_version: str
 ) -> VllmProfile:
     """The version's rules and the batch vLLM profiles with for a context of `tokens`."""
     rules, said = pick(VLLM_RULES, engine_version)
@@ -509,7 +509,7 @@ def vllm_overhead(
     tokens: int,
     tp: int,
     pp: int,
-    card: Card,
+    card: CardTotals,
     engine_version: str,
     default_utilisation: float | None = None,
 ) -> Overhead:
@@ -562,7 +562,7 @@ def vllm_overhead(
 
 
 def vllm_overhead_tokens(
-    grammar: Grammar, args: Sequence[str], *, card: Card, engine_version: str
+    grammar: Grammar, args: Sequence[str], *, card: CardTotals, engine_version: str
 ) -> Callable[[int], Hashable]:
     """What of a context `vllm_overhead` reads under `args` on `card` at `engine_version`, as
     a function of the tokens (equal answers, equal overheads): nothing with chunked prefill
@@ -600,7 +600,7 @@ def _unknown_spread(
     *,
     tokens: int,
     tp: int,
-    card: Card,
+    card: CardTotals,
 ) -> int:
     """The spread of every range's peak and non-torch memory for these settings: the margin
     a version in no known range carries (each range with its own batch: V0 profiles the whole
@@ -648,7 +648,7 @@ def _memo_overhead(
     tokens: int,
     tp: int,
     pp: int,
-    card: Card,
+    card: CardTotals,
     engine_version: str,
     default_utilisation: float | None,
 ) -> Overhead:
@@ -697,7 +697,7 @@ def _vllm_overhead(
     tokens: int,
     tp: int,
     pp: int,
-    card: Card,
+    card: CardTotals,
     engine_version: str,
     default_utilisation: float | None,
 ) -> Overhead:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llmgw.cardclass import GIB, class_memory_bytes
-from llmgw.engines.base import Card
+from llmgw.engines.base import CardTotals
 from llmgw.model import Inventory
 
 __all__ = ["GIB", "card_memory_bytes", "card_of"]
@@ -20,14 +20,14 @@ def card_memory_bytes(gpu_class: str, inventory: Inventory) -> int:
     return class_memory_bytes(gpu_class)
 
 
-_last: tuple[str, Inventory, Card] | None = None
+_last: tuple[str, Inventory, CardTotals] | None = None
 """The card asked last, with its class and inventory (held, so the inventory's identity
 cannot be reused; frozen, so it cannot have changed): one sizing asks it for the profile as
 it stands and at the new context, and the servicer hands every request with the same
 inventory message the same `Inventory` (`planner_svc.rpc.decoded`)."""
 
 
-def card_of(gpu_class: str, inventory: Inventory) -> Card:
+def card_of(gpu_class: str, inventory: Inventory) -> CardTotals:
     """One card of `gpu_class` with both totals: NVML's (`card_memory_bytes`) and CUDA's (the
     smallest a node of the class reports, else the card table's logged figure, else derived
     from NVML's; `llmgw.cardclass.cuda_total`)."""
@@ -39,7 +39,7 @@ def card_of(gpu_class: str, inventory: Inventory) -> Card:
     return card
 
 
-def _card_of(gpu_class: str, inventory: Inventory) -> Card:
+def _card_of(gpu_class: str, inventory: Inventory) -> CardTotals:
     """`card_of` itself."""
     nvml = card_memory_bytes(gpu_class, inventory)
     cuda = [
@@ -47,4 +47,4 @@ def _card_of(gpu_class: str, inventory: Inventory) -> Card:
         for n in inventory.of_class(gpu_class)
         if n.gpu_cuda_memory_bytes > 0
     ]
-    return Card.of(gpu_class, nvml, min(cuda) if cuda else 0)
+    return CardTotals.of(gpu_class, nvml, min(cuda) if cuda else 0)

@@ -16,14 +16,15 @@ from typing import Any
 from fleet_svc.catalog import Catalog
 from fleet_svc.controller import Controller
 from fleet_svc.domain.catalog import Entry, ProfileWant
-from fleet_svc.domain.nodes import Card, NodeView
+from fleet_svc.domain.nodes import NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Want
-from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
+from fleet_svc.domain.replicas import ReplicaState, RunSpec
 from fleet_svc.duties import Duties
 from fleet_svc.leadership import Leadership
 from fleet_svc.store.base import ReplicaRecord
 from fleet_svc.store.postgres import PostgresStore
+from llmgw.card import Card
 from llmgw.clock import SystemClock
 from llmgw.model import Model, Profile
 from tests.support.postgres import fresh_database
@@ -36,7 +37,7 @@ SLOW_CALLS = frozenset({"write_replicas", "list_rollout_requests", "put_value"})
 """The tick's store calls made slow: the replica flush, the adoption's read, the desired
 version."""
 WANT = ProfileWant(
-    "m", "gpu", revision=1, replicas=1, want=Want("L4", 1), spec=ReplicaSpec("vllm", ("-x",))
+    "m", "gpu", revision=1, replicas=1, want=Want("L4", 1), spec=RunSpec("vllm", ("-x",))
 )
 
 

@@ -164,9 +164,9 @@ def test_admit_refuses_unknown_engines_busy_cards_and_repeated_ids() -> None:
     )
     assert [s.replica_id for s in accepted] == ["a"]
     assert [(r.replica_id, r.reason) for r in rejected] == [
-        ("b", RejectReason.ENGINE_NOT_ALLOWED),
-        ("c", RejectReason.GPUS_BUSY),
-        ("a", RejectReason.DUPLICATE_REPLICA),
+        ("b", RejectReason.ENGINE_NOT_ALLOWED.value),
+        ("c", RejectReason.GPUS_BUSY.value),
+        ("a", RejectReason.DUPLICATE_REPLICA.value),
     ]
     assert "standin, vllm" in rejected[0].message
 
@@ -192,7 +192,7 @@ def test_refused_new_revision_stops_the_old_one() -> None:
     """A running replica whose new revision is refused is stopped, not left passing for it."""
     changes = plan_changes([rs("a", 2, "tgi")], {"a": rs("a", 1)}, ENGINES, [0])
     assert changes.stop == ("a",) and changes.start == ()
-    assert changes.rejected[0].reason is RejectReason.ENGINE_NOT_ALLOWED
+    assert changes.rejected[0].reason == RejectReason.ENGINE_NOT_ALLOWED.value
 
 
 # -- the allow-lists -------------------------------------------------------------------------
@@ -381,7 +381,7 @@ def test_a_hostile_source_is_rejected_and_nothing_starts() -> None:
     changes = plan_changes([bad, good], {}, engines, range(2))
     assert [s.replica_id for s in changes.start] == ["r2"]
     assert [(r.replica_id, r.reason) for r in changes.rejected] == [
-        ("r1", RejectReason.SOURCE_REFUSED)
+        ("r1", RejectReason.SOURCE_REFUSED.value)
     ]
 
 
@@ -403,5 +403,7 @@ def test_a_pinned_source_an_engine_cannot_take_and_a_conflicting_arg_are_refused
     accepted, rejected = admit(desired, engines, [0])
     assert [s.replica_id for s in accepted] == ["c"]
     by_id = {r.replica_id: r for r in rejected}
-    assert by_id["a"].reason is RejectReason.SOURCE_REFUSED and "llamacpp" in by_id["a"].message
-    assert by_id["b"].reason is RejectReason.ARGS_REFUSED and "main" in by_id["b"].message
+    assert (
+        by_id["a"].reason == RejectReason.SOURCE_REFUSED.value and "llamacpp" in by_id["a"].message
+    )
+    assert by_id["b"].reason == RejectReason.ARGS_REFUSED.value and "main" in by_id["b"].message

@@ -17,7 +17,6 @@ from fleet_svc.agent import claims
 from fleet_svc.agent.cards import (
     GIB,
     MIB,
-    Card,
     CardSpecError,
     NoCards,
     NvmlCards,
@@ -28,6 +27,7 @@ from fleet_svc.agent.cards import (
     parse_gpu_spec,
     parse_gpus_file,
 )
+from llmgw.card import Card
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,9 @@ import pytest
 
 from fleet_svc.agent.config import STANDIN_MODULE, ConfigError, parse_engine, standin_engine
 from fleet_svc.agent.gang import GangRefused, MemberCommand, member_command, serves_http
-from fleet_svc.agent.replica import Gang, ReplicaSpec
+from fleet_svc.agent.replica import ReplicaSpec
 from fleet_svc.standin.gang import GangError, GangRole, parse_rpc_server, read_role
+from llmgw.engines.gang import MemberOrder
 
 PY = sys.executable
 
@@ -18,7 +19,7 @@ PY = sys.executable
 def spec(engine: str, rank: int, peers: tuple[str, ...], args: tuple[str, ...] = ()) -> ReplicaSpec:
     """Replica g's member of rank `rank` in a gang of two."""
     return ReplicaSpec(
-        "g", 1, engine, model="big", args=args, gpus=(0, 1), gang=Gang(rank, 2, peers)
+        "g", 1, engine, model="big", args=args, gpus=(0, 1), gang=MemberOrder(rank, 2, peers)
     )
 
 
@@ -121,7 +122,7 @@ def test_each_member_runs_its_engines_launch(
         (spec("vllm", 1, ("a:1", "b:2", "c:3")), "3 peer addresses for a gang of 2 nodes"),
         (spec("trtllm", 0, ("", "")), "no multi-node launch"),
         (
-            ReplicaSpec("g", 1, "vllm", gang=Gang(rank=2, nnodes=2)),
+            ReplicaSpec("g", 1, "vllm", gang=MemberOrder(rank=2, nnodes=2)),
             "rank 2 of 2 nodes is not a gang member",
         ),
     ],

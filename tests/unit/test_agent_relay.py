@@ -7,15 +7,16 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from fleet_svc.agents.reports import news_of
-from fleet_svc.domain.nodes import Card, Liveness, NodeView
+from fleet_svc.domain.nodes import Liveness, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.reports import Observed
+from fleet_svc.nodelink.reports import news_of
 from fleet_svc.rpc.agent_relay import MAX_OBSERVED, NodeRelay, encode_desired
 from fleet_svc.rpc.agent_stream import StreamLink
 from fleet_svc.store.base import DesiredRecord
 from fleet_svc.store.sqlite import SQLiteStore
 from fleet_svc.store_calls import StoreCalls
+from llmgw.card import Card
 from llmgw.testing.clock import FakeClock
 
 LIVENESS = Liveness(interval_s=1.0, grace_heartbeats=3, lost_after_s=30.0)

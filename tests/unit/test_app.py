@@ -17,7 +17,7 @@ from fleet_svc.controller import Controller
 from fleet_svc.domain import errors
 from fleet_svc.domain.asked import ContextAsk, GPUsAsk
 from fleet_svc.domain.catalog import Entry
-from fleet_svc.domain.nodes import Card, NodeView
+from fleet_svc.domain.nodes import NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.reports import Observed
@@ -26,6 +26,7 @@ from fleet_svc.planner import Planned
 from fleet_svc.store.base import RolloutRequest, StoreUnavailable
 from fleet_svc.store.rows import rollout_record
 from fleet_svc.store.sqlite import SQLiteStore
+from llmgw.card import Card
 from llmgw.model import Inventory, Model, Profile
 from llmgw.testing.clock import FakeClock
 

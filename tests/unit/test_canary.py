@@ -26,7 +26,7 @@ from fleet_svc.domain.canary_steps import CANARY_ANALYSIS_FAILED, promote, step_
 from fleet_svc.domain.control import Retire
 from fleet_svc.domain.errors import CanaryAnalysisFailed
 from fleet_svc.domain.phases import ReplicaPhase
-from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
+from fleet_svc.domain.replicas import ReplicaState, RunSpec
 from fleet_svc.domain.rollout import Event, EventKind, Rollout, RolloutState, Stage, Step, Strategy
 from fleet_svc.metrics import CanaryMetrics, canary_gauges
 from fleet_svc.rpc.status import code_and_reason
@@ -207,7 +207,7 @@ REPLICAS = {
         model="m",
         profile="gpu",
         revision=rev,
-        spec=ReplicaSpec("vllm"),
+        spec=RunSpec("vllm"),
         phase=ReplicaPhase.READY,
         address="h:1",
     )

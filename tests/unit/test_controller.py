@@ -10,24 +10,25 @@ from pathlib import Path
 
 import pytest
 
-from fleet_svc.agents.desired import RESEND_S, VERSION_BLOCK, VERSION_KEY
 from fleet_svc.controller import Controller
 from fleet_svc.domain.catalog import ProfileWant
-from fleet_svc.domain.nodes import Card, Liveness, NodePhase, NodeView
+from fleet_svc.domain.nodes import Liveness, NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Want
-from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState, StartProgress
+from fleet_svc.domain.replicas import ReplicaState, RunSpec, StartProgress
 from fleet_svc.domain.reports import Observed
+from fleet_svc.nodelink.desired import RESEND_S, VERSION_BLOCK, VERSION_KEY
 from fleet_svc.store.rows import progress_doc
 from fleet_svc.store.sqlite import SQLiteStore
 from fleet_svc.store_calls import inline
+from llmgw.card import Card
 from llmgw.testing.clock import FakeClock
 
 P = ReplicaPhase
 LIVENESS = Liveness(interval_s=1.0, grace_heartbeats=3, lost_after_s=10.0)
 DRAIN_S = 2.0
 WANT = ProfileWant(
-    "m", "gpu", revision=1, replicas=1, want=Want("L4", 1), spec=ReplicaSpec("vllm", ("-x",))
+    "m", "gpu", revision=1, replicas=1, want=Want("L4", 1), spec=RunSpec("vllm", ("-x",))
 )
 
 

@@ -23,10 +23,11 @@ from fleet_svc.domain.control import (
     plan_actions,
     retirement,
 )
-from fleet_svc.domain.nodes import Card, NodePhase, NodeView
+from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Placement, Want
-from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
+from fleet_svc.domain.replicas import ReplicaState, RunSpec
+from llmgw.card import Card
 
 P = ReplicaPhase
 H100 = "H100-80GB"
@@ -47,7 +48,7 @@ def want(replicas: int = 1, gpus: int = 1, revision: int = 1, profile: str = "gp
         revision=revision,
         replicas=replicas,
         want=Want(gpu_class=H100, gpus=gpus),
-        spec=ReplicaSpec(engine="vllm", args=("--tensor-parallel-size", str(gpus))),
+        spec=RunSpec(engine="vllm", args=("--tensor-parallel-size", str(gpus))),
     )
 
 
@@ -68,7 +69,7 @@ def replica(
         model="m",
         profile="gpu",
         revision=revision,
-        spec=ReplicaSpec(engine="vllm"),
+        spec=RunSpec(engine="vllm"),
         phase=phase,
         node=node if placed else "",
         gpus=gpus if placed else (),
@@ -240,18 +241,18 @@ def test_a_hold_says_why_nothing_fits() -> None:
 def test_a_replacement_counts_its_attempts_and_gives_up() -> None:
     """Each placement after a FAILED one of the same revision is the next attempt; at
     MAX_ATTEMPTS the fleet stops trying and holds the last one, saying so."""
-    again = plan([want()], [replica("f1", P.FAILED, reason="boom", spec=ReplicaSpec("vllm"))], [])
+    again = plan([want()], [replica("f1", P.FAILED, reason="boom", spec=RunSpec("vllm"))], [])
     created = next(a for a in again if isinstance(a, Create))
     assert created.replica.spec.attempt == 2
     assert created.replica.entered_s == NOW
-    last = replica("f3", P.FAILED, reason="boom", spec=ReplicaSpec("vllm", attempt=MAX_ATTEMPTS))
+    last = replica("f3", P.FAILED, reason="boom", spec=RunSpec("vllm", attempt=MAX_ATTEMPTS))
     actions = plan([want()], [last], [node("a")])
     assert actions == [Hold("f3", f"gave up after {MAX_ATTEMPTS} attempts: boom")]
 
 
 def test_a_failed_replica_of_an_older_revision_is_always_replaced() -> None:
     """Giving up counts only the current revision's failures: after a change it tries again."""
-    old = replica("f3", P.FAILED, revision=1, spec=ReplicaSpec("vllm", attempt=MAX_ATTEMPTS))
+    old = replica("f3", P.FAILED, revision=1, spec=RunSpec("vllm", attempt=MAX_ATTEMPTS))
     actions = plan([want(revision=2)], [old], [node("a")])
     assert kinds(actions) == ["retire f3", "create new-1", "assign new-1 a[0]"]
     created = next(a for a in actions if isinstance(a, Create))
@@ -260,11 +261,11 @@ def test_a_failed_replica_of_an_older_revision_is_always_replaced() -> None:
 
 def test_a_replica_preferring_a_node_goes_there_when_it_has_room() -> None:
     """A pending replica whose spec prefers a node is placed there, not on the best fit."""
-    pending = replica("p1", P.PENDING, spec=ReplicaSpec("vllm", prefer_node="big"))
+    pending = replica("p1", P.PENDING, spec=RunSpec("vllm", prefer_node="big"))
     actions = plan([want()], [pending], [node("big", 8), node("small", 1)])
     assert actions == [Assign("p1", Placement("big", (0,)))]
     assert plan(
-        [want()], [replace(pending, spec=ReplicaSpec("vllm"))], [node("big", 8), node("small", 1)]
+        [want()], [replace(pending, spec=RunSpec("vllm"))], [node("big", 8), node("small", 1)]
     ) == [Assign("p1", Placement("small", (0,)))]
 
 

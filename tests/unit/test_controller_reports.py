@@ -8,15 +8,15 @@ import pytest
 from fleet_svc.domain.control import Move, Report
 from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
-from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
+from fleet_svc.domain.replicas import ReplicaState, RunSpec
 from fleet_svc.domain.reports import (
     Observed,
-    Rejection,
     missing_from_hello,
     refused,
     reported,
     stopped_with_their_node,
 )
+from llmgw.rejection import Rejection
 
 P = ReplicaPhase
 
@@ -28,7 +28,7 @@ def kept(phase: ReplicaPhase, node: str = "a", revision: int = 2) -> ReplicaStat
         model="m",
         profile="gpu",
         revision=revision,
-        spec=ReplicaSpec("vllm"),
+        spec=RunSpec("vllm"),
         phase=phase,
         node=node,
         reason="placed on a",

@@ -12,9 +12,10 @@ from pathlib import Path
 from structlog.testing import capture_logs
 
 from fleet_svc.controller import Controller
-from fleet_svc.domain.nodes import Card, NodeView
+from fleet_svc.domain.nodes import NodeView
 from fleet_svc.store.base import NotLeader, ReplicaRecord, StoreUnavailable
 from fleet_svc.store.sqlite import SQLiteStore
+from llmgw.card import Card
 from llmgw.clock import SystemClock
 from llmgw.testing.eventually import assert_eventually
 from tests.unit.test_controller import LIVENESS, WANT, Link

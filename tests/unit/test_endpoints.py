@@ -14,7 +14,7 @@ from fleet_svc.domain.endpoints import (
 )
 from fleet_svc.domain.nodes import NodePhase
 from fleet_svc.domain.phases import ReplicaPhase
-from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
+from fleet_svc.domain.replicas import ReplicaState, RunSpec
 from llmgw.model import Model
 
 P = ReplicaPhase
@@ -35,7 +35,7 @@ def replica(
         model="m",
         profile="p",
         revision=3,
-        spec=ReplicaSpec(engine=engine, args=args),
+        spec=RunSpec(engine=engine, args=args),
         phase=phase,
         node="n1",
         gpus=gpus,

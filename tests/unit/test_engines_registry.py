@@ -9,7 +9,7 @@ import pytest
 
 from fleet_svc.agent.admission import ArgRules, refused_arg
 from llmgw.engines import registry
-from llmgw.engines.base import Card, Overhead
+from llmgw.engines.base import CardTotals, Overhead
 from llmgw.engines.grammar import ADDRESS_FLAGS, Grammar, RefusedFlag
 from llmgw.engines.kvcache import CachePool
 from llmgw.engines.tensor_parallel import TensorParallelEngine
@@ -51,7 +51,7 @@ class Toy(TensorParallelEngine):
         tp: int,
         pp: int,
         weights_card_bytes: int,
-        card: Card,
+        card: CardTotals,
         engine_version: str,
     ) -> Overhead:
         return Overhead(

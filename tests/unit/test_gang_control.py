@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import pytest
 
-from fleet_svc.agents.desired import desired_by_node
 from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.control import (
     Assign,
@@ -21,19 +20,21 @@ from fleet_svc.domain.control import (
     plan_actions,
 )
 from fleet_svc.domain.gang import order_of, spans_nodes
-from fleet_svc.domain.nodes import Card, NodePhase, NodeView
+from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Placement, Want
-from fleet_svc.domain.replicas import Member, ReplicaSpec, ReplicaState
+from fleet_svc.domain.replicas import Member, ReplicaState, RunSpec
 from fleet_svc.domain.reports import (
     Observed,
-    Rejection,
     gang_reported,
     missing_from_hello,
     refused,
     stopped_with_their_node,
 )
 from fleet_svc.domain.rollout_run import gang_shortfall, room_beside
+from fleet_svc.nodelink.desired import desired_by_node
+from llmgw.card import Card
+from llmgw.rejection import Rejection
 
 P = ReplicaPhase
 H100 = "H100-80GB"
@@ -52,7 +53,7 @@ def gang_want(engine: str = "vllm", replicas: int = 1, nodes: int = 2) -> Profil
         revision=1,
         replicas=replicas,
         want=Want(gpu_class=H100, gpus=4, nodes=nodes),
-        spec=ReplicaSpec(engine=engine),
+        spec=RunSpec(engine=engine),
     )
 
 
@@ -79,7 +80,7 @@ def gang(
         model="m",
         profile="big",
         revision=1,
-        spec=ReplicaSpec(engine=engine),
+        spec=RunSpec(engine=engine),
         phase=phase,
         node=nodes[0],
         gpus=(0, 1, 2, 3),

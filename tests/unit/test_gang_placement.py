@@ -7,8 +7,9 @@ import pytest
 
 from fleet_svc.domain.catalog import check_profiles, gang_nodes, node_cards, want_of
 from fleet_svc.domain.errors import InvalidModel
-from fleet_svc.domain.nodes import Card, NodePhase, NodeView
+from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.placement import GangShortfall, Placement, Want, nodes_with_room, place_gang
+from llmgw.card import Card
 from llmgw.model import Model, Profile
 
 H100 = "H100-80GB"

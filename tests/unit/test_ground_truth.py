@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from llmgw.cardclass import KNOWN_CARD_MIB
-from llmgw.engines.base import Card, CardNeed, SizingRequest, Verdict
+from llmgw.engines.base import CardNeed, CardTotals, SizingRequest, Verdict
 from llmgw.engines.heads import splits_heads, valid_tp_counts
 from llmgw.engines.sglang import sglang_available_kv_bytes, sglang_token_capacity
 from llmgw.engines.trtllm import trtllm_token_capacity
@@ -303,7 +303,7 @@ def vllm_need_as_printed(
             slots=1,
             cards=tp,
             card_memory_bytes=total,
-            card=Card(gpu, total, total, "printed"),
+            card=CardTotals(gpu, total, total, "printed"),
             engine_version=version,
         ),
     )
@@ -350,7 +350,7 @@ def test_vllm_refuses_where_the_pool_cannot_hold_the_context() -> None:
             slots=1,
             cards=1,
             card_memory_bytes=total,
-            card=Card("RTX3090-24GB", total, total, "printed"),
+            card=CardTotals("RTX3090-24GB", total, total, "printed"),
             engine_version="V0",
         ),
     )
@@ -536,7 +536,7 @@ def test_sglang_04_at_tp4_on_l4s_sizes_its_pool_as_logged() -> None:
             slots=1,
             cards=4,
             card_memory_bytes=0,
-            card=Card.of("L4-24GB", KNOWN_CARD_MIB["l4-24gb"] << 20),
+            card=CardTotals.of("L4-24GB", KNOWN_CARD_MIB["l4-24gb"] << 20),
             engine_version=row["engine_version"],
         ),
     )
@@ -551,7 +551,7 @@ def test_sglang_04_at_tp4_on_l4s_sizes_its_pool_as_logged() -> None:
             slots=1,
             cards=4,
             card_memory_bytes=0,
-            card=Card.of("L4-24GB", KNOWN_CARD_MIB["l4-24gb"] << 20),
+            card=CardTotals.of("L4-24GB", KNOWN_CARD_MIB["l4-24gb"] << 20),
             engine_version="0.5.4",
         ),
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.engines import registry
-from llmgw.engines.base import Card, SizingRequest
+from llmgw.engines.base import CardTotals, SizingRequest
 from llmgw.engines.llamacpp import LLAMACPP_RESERVE_BYTES, llamacpp_kv_bytes
 from llmgw.engines.sglang import (
     SGLANG_PRELOAD_BYTES,
@@ -504,7 +504,7 @@ def test_vllm_defaults_to_the_small_batch_on_an_a100() -> None:
             slots=1,
             cards=1,
             card_memory_bytes=81920 * MIB,
-            card=Card.of("A100-80GB", 81920 * MIB),
+            card=CardTotals.of("A100-80GB", 81920 * MIB),
         ),
     )
     assert a100.card_total_bytes == 81152 * MIB  # 79.25 GiB, as vLLM v0.31.0 printed

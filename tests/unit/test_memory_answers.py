@@ -10,7 +10,7 @@ import pytest
 
 from llmgw.cardclass import DRIVER_RESERVE_MIB, DRIVER_RESERVE_SPREAD_MIB, MIB, cuda_total
 from llmgw.common.v1 import common_pb2
-from llmgw.engines.base import Card, CardNeed, SizingRequest, Verdict
+from llmgw.engines.base import CardNeed, CardTotals, SizingRequest, Verdict
 from llmgw.engines.memo import sizing_memo
 from llmgw.engines.versions import parse_version, pick
 from llmgw.engines.vllm import VLLM
@@ -57,7 +57,9 @@ def test_card_totals_as_nvml_and_cuda_report_them() -> None:
             Node("a", "X-96GB", gpus=1, gpu_memory_bytes=96 * GIB, gpu_cuda_memory_bytes=95 * GIB),
         )
     )
-    assert card_of("X-96GB", reported) == Card("X-96GB", 96 * GIB, 95 * GIB, "reported by the node")
+    assert card_of("X-96GB", reported) == CardTotals(
+        "X-96GB", 96 * GIB, 95 * GIB, "reported by the node"
+    )
 
 
 def test_versions_pick_their_rules() -> None:
@@ -98,7 +100,7 @@ def test_the_verdict_moves_through_the_margin_as_the_context_grows() -> None:
                 slots=1,
                 cards=1,
                 card_memory_bytes=81559 * MIB,
-                card=Card.of("H100-80GB", 81559 * MIB),
+                card=CardTotals.of("H100-80GB", 81559 * MIB),
             ),
         )
         verdicts.append(need.verdict)
@@ -177,7 +179,7 @@ def test_within_the_margin_is_said() -> None:
                 slots=1,
                 cards=1,
                 card_memory_bytes=81559 * MIB,
-                card=Card.of("H100-80GB", 81559 * MIB),
+                card=CardTotals.of("H100-80GB", 81559 * MIB),
             ),
         )
         if need.verdict is Verdict.WITHIN_MARGIN:

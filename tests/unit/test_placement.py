@@ -7,8 +7,9 @@ import random
 import pytest
 
 from fleet_svc.domain.control import _FreeCards
-from fleet_svc.domain.nodes import Card, NodePhase, NodeView
+from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.placement import Placement, Want, place
+from llmgw.card import Card
 
 
 def node(name: str, cls: str, cards: int, phase: NodePhase = NodePhase.READY) -> NodeView:

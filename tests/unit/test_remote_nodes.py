@@ -1,4 +1,4 @@
-"""The leader's side of agents other fleets hold (fleet_svc/agents/remote.py): node reports
+"""The leader's side of agents other fleets hold (fleet_svc/nodelink/remote.py): node reports
 read from the store become the controller's events, and a node's report survives its row."""
 
 from __future__ import annotations
@@ -7,14 +7,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 
-from fleet_svc.agents.remote import RemoteNodes, StoredLink
-from fleet_svc.agents.reports import news_of, report_doc
-from fleet_svc.domain.nodes import Card, Liveness, NodeView
+from fleet_svc.domain.nodes import Liveness, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.replicas import ReplicaState, StartProgress
-from fleet_svc.domain.reports import Observed, Rejection
+from fleet_svc.domain.reports import Observed
+from fleet_svc.nodelink.remote import RemoteNodes, StoredLink
+from fleet_svc.nodelink.reports import news_of, report_doc
 from fleet_svc.store.base import NodeReport
 from fleet_svc.store.sqlite import SQLiteStore
+from llmgw.card import Card
+from llmgw.rejection import Rejection
 
 LIVENESS = Liveness(interval_s=1.0, grace_heartbeats=3, lost_after_s=30.0)
 

@@ -11,10 +11,10 @@ import pytest
 
 from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.control import Action, Create, Retire
-from fleet_svc.domain.nodes import Card, NodePhase, NodeView
+from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Want
-from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
+from fleet_svc.domain.replicas import ReplicaState, RunSpec
 from fleet_svc.domain.rollout import (
     Event,
     Rollout,
@@ -24,12 +24,13 @@ from fleet_svc.domain.rollout import (
     plan_steps,
 )
 from fleet_svc.domain.rollout_run import advance, cancel
+from llmgw.card import Card
 from llmgw.testing.clock import FakeClock
 
 P = ReplicaPhase
 H100 = "H100-80GB"
-OLD = ReplicaSpec(engine="vllm", args=("--tensor-parallel-size", "1"))
-NEW = ReplicaSpec(engine="vllm", args=("--tensor-parallel-size", "2"))
+OLD = RunSpec(engine="vllm", args=("--tensor-parallel-size", "1"))
+NEW = RunSpec(engine="vllm", args=("--tensor-parallel-size", "2"))
 
 
 def node(name: str, cards: int) -> NodeView:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 
 from fleet_svc.domain import errors
-from fleet_svc.domain.nodes import Card, NodePhase, NodeView
+from fleet_svc.domain.nodes import NodePhase, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Want
-from fleet_svc.domain.replicas import ReplicaSpec, ReplicaState
+from fleet_svc.domain.replicas import ReplicaState, RunSpec
 from fleet_svc.domain.rollout import Strategy
 from fleet_svc.domain.room import check_room, room_in_place
+from llmgw.card import Card
 from llmgw.model import Model, Profile
 
 H100 = "H100-80GB"
@@ -31,7 +32,7 @@ def replica(
         model=model,
         profile="gpu",
         revision=1,
-        spec=ReplicaSpec(engine="vllm"),
+        spec=RunSpec(engine="vllm"),
         phase=ReplicaPhase.READY,
         node=node,
         gpus=gpus,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from llmgw.engines.base import Card, CardNeed, SizingRequest
+from llmgw.engines.base import CardNeed, CardTotals, SizingRequest
 from llmgw.engines.sglang import (
     sglang_available_kv_bytes,
     sglang_mem_fraction_static,
@@ -58,10 +58,10 @@ def shape_of(run: dict[str, Any]) -> ModelShape:
     return replace(shape, weights_bytes=int(weights * GIB) * int(run["tp"]))
 
 
-def card_of(run: dict[str, Any]) -> Card:
+def card_of(run: dict[str, Any]) -> CardTotals:
     """The run's card: its NVML total, with the CUDA total the row cites (else the class's)."""
     reported = int(run["cuda_total_gib"] * GIB) if "cuda_total_gib" in run else 0
-    return Card.of(run["gpu"], int(run["nvml_mib"]) * MIB, reported)
+    return CardTotals.of(run["gpu"], int(run["nvml_mib"]) * MIB, reported)
 
 
 def need_of(run: dict[str, Any]) -> CardNeed:

@@ -10,7 +10,7 @@ import pytest
 from fleet_svc.domain.canary import CanaryRun, Verdict
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Want
-from fleet_svc.domain.replicas import Member, ReplicaSpec, ReplicaState
+from fleet_svc.domain.replicas import Member, ReplicaState, RunSpec
 from fleet_svc.domain.rollout import (
     Event,
     EventKind,
@@ -63,7 +63,7 @@ def test_a_replica_row_loads_typed_and_writes_back_the_same() -> None:
         spec=REPLICA_SPEC,
     )
     r = replica_of(record)
-    assert r.spec == ReplicaSpec(
+    assert r.spec == RunSpec(
         engine="vllm",
         args=("--max-model-len", "8192"),
         source="hf://Qwen/Qwen2.5-0.5B-Instruct",
@@ -84,7 +84,7 @@ def test_a_row_without_hints_or_bookkeeping_reads_with_defaults() -> None:
     """A bare row (no rollout, no preferred node, no _fleet) is a first attempt, wanted, and
     an unknown phase reads as PENDING."""
     r = replica_of(ReplicaRecord(id="r-2", model="m", profile="p", revision=1, phase="?", spec={}))
-    assert r.spec == ReplicaSpec(engine="")
+    assert r.spec == RunSpec(engine="")
     assert (r.phase, r.retire, r.attempt) == (ReplicaPhase.PENDING, False, 1)
 
 
@@ -147,7 +147,7 @@ def test_a_gang_row_keeps_every_member_and_a_row_without_members_has_none() -> N
         model="m",
         profile="big",
         revision=3,
-        spec=ReplicaSpec(engine="vllm"),
+        spec=RunSpec(engine="vllm"),
         phase=ReplicaPhase.READY,
         node="a",
         gpus=(0, 1),
@@ -174,7 +174,7 @@ def test_a_restored_replica_and_a_rollouts_old_specs_keep_their_own_cards() -> N
     """The old revision's card count a restored replica is placed by survives its row and
     the rollout's row, so a fleet restarted mid-rollout does not place it as the new one."""
     old = Want(gpu_class="H100-80GB", gpus=1)
-    spec = ReplicaSpec(engine="vllm", args=("--max-model-len", "8192"), want=old)
+    spec = RunSpec(engine="vllm", args=("--max-model-len", "8192"), want=old)
     r = ReplicaState(id="r-9", model="qwen", profile="gpu", revision=1, spec=spec)
     assert replica_of(replica_record(r)).spec.want == old
     ro = Rollout(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.engines.base import Card, CardNeed, SizingRequest
+from llmgw.engines.base import CardNeed, CardTotals, SizingRequest
 from llmgw.engines.trtllm import (
     ALLREDUCE_WORKSPACE_BYTES_ABOVE_TP2,
     ALLREDUCE_WORKSPACE_BYTES_UP_TO_TP2,
@@ -75,7 +75,7 @@ def test_the_workspace_size_halves_past_tp_2() -> None:
 def test_nccl_share_follows_the_card(name: str, nccl: int, margin: int) -> None:
     """NVLink-SHARP parts take vLLM's measured NVLink step, others NCCL's PCIe-sized buffers;
     one card adds nothing."""
-    card = Card.of(name, H100_BYTES)
+    card = CardTotals.of(name, H100_BYTES)
     got, got_margin, words = trtllm_collective_bytes(card, 2)
     assert got == allreduce_workspace_bytes(2) + nccl
     assert got_margin == margin
@@ -85,7 +85,7 @@ def test_nccl_share_follows_the_card(name: str, nccl: int, margin: int) -> None:
 
 def test_overhead_counts_the_collectives_at_tp_above_1() -> None:
     """The overhead grows by exactly the collective bytes at tp 2; tp 1 is as before."""
-    shape, card = llama_8b(), Card.of("H100", H100_BYTES)
+    shape, card = llama_8b(), CardTotals.of("H100", H100_BYTES)
     one = trtllm_overhead_bytes(shape, [], pp=1, tp=2)
     assert trtllm_overhead_bytes(shape, [], pp=1, tp=2, card=card) - one == (
         trtllm_collective_bytes(card, 2)[0] - trtllm_collective_bytes(None, 2)[0]
@@ -104,7 +104,7 @@ def test_the_pool_loses_the_free_fraction_of_the_collectives(tp: int) -> None:
     args = ["--max_seq_len", "8192"]
 
     def need(name: str) -> CardNeed:
-        card = Card.of(name, H100_BYTES)
+        card = CardTotals.of(name, H100_BYTES)
         return TRTLLM.card_need(
             shape,
             SizingRequest(
@@ -122,5 +122,5 @@ def test_the_pool_loses_the_free_fraction_of_the_collectives(tp: int) -> None:
     assert abs((plain.kv_pool_bytes - nvlink.kv_pool_bytes) - gap) <= 2
     assert nvlink.kv_token_capacity < plain.kv_token_capacity
     assert f"tp {tp}: all-reduce workspace" in nvlink.rules
-    expected = 256 * MIB + trtllm_collective_bytes(Card.of("H100", H100_BYTES), tp)[0]
+    expected = 256 * MIB + trtllm_collective_bytes(CardTotals.of("H100", H100_BYTES), tp)[0]
     assert nvlink.non_torch_bytes == expected

@@ -12,7 +12,7 @@ import pytest
 
 from fleet_svc.agent.admission import ArgRules, refused_arg
 from llmgw.cardclass import cuda_total
-from llmgw.engines.base import Card, CardNeed, SizingRequest
+from llmgw.engines.base import CardNeed, CardTotals, SizingRequest
 from llmgw.engines.torch_overhead import forward_cost
 from llmgw.engines.vllm import GRAMMAR
 from llmgw.engines.vllm_memory import (
@@ -95,7 +95,7 @@ def need_of(run: dict[str, Any], version: str | None = None) -> CardNeed:
             slots=1,
             cards=int(run["tp"]),
             card_memory_bytes=total,
-            card=Card(run["gpu"], total, total, "printed"),
+            card=CardTotals(run["gpu"], total, total, "printed"),
             engine_version=run["engine_version"] if version is None else version,
         ),
     )
@@ -109,7 +109,7 @@ def flashinfer_pool(run: dict[str, Any]) -> int:
     args = list(run["args"])
     total = int(run["cuda_total_gib"] * GIB)
     tokens = int(args[args.index("--max-model-len") + 1])
-    card = Card(run["gpu"], total, total, "printed")
+    card = CardTotals(run["gpu"], total, total, "printed")
     profile = vllm_profile(
         GRAMMAR, args, card=card, tokens=tokens, engine_version=run["engine_version"]
     )
@@ -318,9 +318,9 @@ def test_the_collective_step_follows_the_snapshot_and_the_switch(
 
 def test_ampere_nvlink_parts_do_no_nvlink_sharp() -> None:
     """A100s are NVLink parts without NVLS; H100s and B200s have it; a PCIe H100 has neither."""
-    assert nvlink_card(Card("A100-80GB")) and not nvls_card(Card("A100-80GB"))
-    assert nvls_card(Card("H100-80GB")) and nvls_card(Card("B200-180GB"))
-    assert not nvls_card(Card("H100-PCIe-80GB"))
+    assert nvlink_card(CardTotals("A100-80GB")) and not nvls_card(CardTotals("A100-80GB"))
+    assert nvls_card(CardTotals("H100-80GB")) and nvls_card(CardTotals("B200-180GB"))
+    assert not nvls_card(CardTotals("H100-PCIe-80GB"))
 
 
 def test_the_l4_cuda_total_is_the_logged_one() -> None:
@@ -346,7 +346,7 @@ def test_the_l4_cuda_total_is_the_logged_one() -> None:
 def test_nvlink_parts_are_told_by_their_class(name: str, nvlink: bool) -> None:
     """SXM/NVLink classes take NVLink's non-torch step at tp > 1; a class naming PCIe, the
     PCIe-only cards and a bare size do not."""
-    assert nvlink_card(Card(name, 0, 0, "")) is nvlink
+    assert nvlink_card(CardTotals(name, 0, 0, "")) is nvlink
 
 
 def test_mllama_under_v0_profiles_its_vision_tower_over_every_request() -> None:
@@ -422,12 +422,14 @@ def test_a_unified_memory_card_takes_the_small_batch_and_a_wider_margin() -> Non
     carries what its host allocations add beyond an A100's (which takes the small batch by its
     name) of the same memory."""
     total = int(119.7 * GIB)
-    gb10 = Card("GB10-128GB", total, total, "printed")
+    gb10 = CardTotals("GB10-128GB", total, total, "printed")
     flags = batch_flags(GRAMMAR, ["--max-model-len", "32768"], gb10)
     assert not flags.large_card
     assert profile_at(VLLM_RULES[-1], "", flags, 32768).max_num_seqs == 256
     for name in ("GB100-192GB", "H100-80GB"):
-        other = batch_flags(GRAMMAR, ["--max-model-len", "32768"], Card(name, total, total, "x"))
+        other = batch_flags(
+            GRAMMAR, ["--max-model-len", "32768"], CardTotals(name, total, total, "x")
+        )
         assert other.large_card
     run = next(r for r in RUNS if r["id"] == "log-0.13.0-gb10-qwen2.5-14b-fp8-fp8kv-u0.4")
     on_h100 = need_of({**run, "gpu": "H100-80GB"})

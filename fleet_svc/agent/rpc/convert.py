@@ -6,11 +6,12 @@ from collections.abc import Sequence
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from fleet_svc.agent.admission import Rejection
-from fleet_svc.agent.cards import Card
-from fleet_svc.agent.replica import Gang, Observation, Phase, Progress, ReplicaSpec, Stage
+from fleet_svc.agent.replica import Observation, Phase, Progress, ReplicaSpec, Stage
 from llmgw.agent.v1 import agent_pb2
+from llmgw.card import Card
 from llmgw.common.v1 import common_pb2
+from llmgw.engines.gang import MemberOrder
+from llmgw.rejection import Rejection
 
 PHASES: dict[Phase, agent_pb2.ProcessPhase.ValueType] = {
     Phase.STARTING: agent_pb2.PROCESS_PHASE_STARTING,
@@ -54,7 +55,7 @@ def spec_from_proto(msg: agent_pb2.ReplicaSpec) -> ReplicaSpec:
         gpus=tuple(msg.gpus),
         source=msg.source,
         gang=(
-            Gang(rank=msg.gang.rank, nnodes=msg.gang.nnodes, peers=tuple(msg.gang.peers))
+            MemberOrder(rank=msg.gang.rank, nnodes=msg.gang.nnodes, peers=tuple(msg.gang.peers))
             if msg.HasField("gang")
             else None
         ),
@@ -111,7 +112,7 @@ def ack_to_proto(version: int, rejected: Sequence[Rejection]) -> agent_pb2.Ack:
             agent_pb2.Rejection(
                 replica_id=r.replica_id,
                 revision=r.revision,
-                reason=r.reason.value,
+                reason=r.reason,
                 message=r.message,
             )
             for r in rejected

@@ -11,10 +11,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet_svc.domain.nodes import Card, NodeView
+from fleet_svc.domain.nodes import NodeView
 from fleet_svc.domain.phases import ReplicaPhase
-from fleet_svc.domain.reports import Observed, Rejection
+from fleet_svc.domain.reports import Observed
 from fleet_svc.store.rows import progress_doc, progress_of_doc
+from llmgw.card import Card
+from llmgw.rejection import Rejection
 
 
 @dataclass

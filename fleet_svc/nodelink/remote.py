@@ -24,11 +24,13 @@ from typing import Any, Protocol, TypeVar
 
 import structlog
 
-from fleet_svc.agents.reports import NodeNews, news_of
-from fleet_svc.domain.nodes import Card, Liveness, NodeView
+from fleet_svc.domain.nodes import Liveness, NodeView
 from fleet_svc.domain.replicas import ReplicaState
-from fleet_svc.domain.reports import Observed, Rejection
+from fleet_svc.domain.reports import Observed
+from fleet_svc.nodelink.reports import NodeNews, news_of
 from fleet_svc.store.base import DesiredRecord, NodeReport, Store
+from llmgw.card import Card
+from llmgw.rejection import Rejection
 
 log = structlog.get_logger(__name__)
 

@@ -1,1 +1,0 @@
-"""The fleet side of the agents' streams."""
