@@ -42,17 +42,11 @@ from llmgw.cmdline import (
     log_format,
     set_env,
 )
+from llmgw.identity import NODE, IdentityError, identity_of_certificate
 from llmgw.logs import configure_logging
 from llmgw.metrics import MetricsServer, add_metrics_argument, start_metrics_server
 from llmgw.probes import LIVENESS, ProbeServer, add_probe_argument, start_probe_server
-from llmgw.tls import (
-    NODE,
-    IdentityError,
-    TLSConfigError,
-    add_client_tls_arguments,
-    client_tls_from_args,
-    identity_of_certificate,
-)
+from llmgw.tls import TLSConfigError, add_client_tls_arguments, client_tls_from_args
 from llmgw.tracing import ChildSpans, add_trace_argument, configure_tracing
 
 EPILOG = """\
