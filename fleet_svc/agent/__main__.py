@@ -31,7 +31,7 @@ from fleet_svc.agent.config import (
 from fleet_svc.agent.metrics import add_agent_metrics
 from fleet_svc.agent.replicas import ReplicaSet
 from fleet_svc.agent.rpc.client import AgentClient, NodeIdentity
-from fleet_svc.agent.runner import Spans
+from fleet_svc.agent.runner_context import Spans
 from fleet_svc.agent.versions import reported_versions, with_versions
 from llmgw.cmdline import (
     EXIT_ERROR,
