@@ -25,9 +25,9 @@ from fleet_svc.agent.config import (
     ConfigError,
     default_config,
     find_llama_server,
-    load_config,
     missing_executables,
 )
+from fleet_svc.agent.config_file import load_config
 from fleet_svc.agent.metrics import add_agent_metrics
 from fleet_svc.agent.replicas import ReplicaSet
 from fleet_svc.agent.rpc.client import AgentClient, NodeIdentity
