@@ -31,7 +31,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from llmgw.tls import SERVICE_DOMAIN, node_uri, service_name, user_uri
+from llmgw.identity import node_uri, user_uri
+from llmgw.tls import SERVICE_DOMAIN, service_name
 
 __all__ = ["SERVICE_DOMAIN", "service_name"]
 

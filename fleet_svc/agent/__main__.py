@@ -25,13 +25,13 @@ from fleet_svc.agent.config import (
     ConfigError,
     default_config,
     find_llama_server,
-    load_config,
     missing_executables,
 )
+from fleet_svc.agent.config_file import load_config
 from fleet_svc.agent.metrics import add_agent_metrics
 from fleet_svc.agent.replicas import ReplicaSet
 from fleet_svc.agent.rpc.client import AgentClient, NodeIdentity
-from fleet_svc.agent.runner import Spans
+from fleet_svc.agent.runner_context import Spans
 from fleet_svc.agent.versions import reported_versions, with_versions
 from llmgw.cmdline import (
     EXIT_ERROR,
@@ -42,17 +42,11 @@ from llmgw.cmdline import (
     log_format,
     set_env,
 )
+from llmgw.identity import NODE, IdentityError, identity_of_certificate
 from llmgw.logs import configure_logging
 from llmgw.metrics import MetricsServer, add_metrics_argument, start_metrics_server
 from llmgw.probes import LIVENESS, ProbeServer, add_probe_argument, start_probe_server
-from llmgw.tls import (
-    NODE,
-    IdentityError,
-    TLSConfigError,
-    add_client_tls_arguments,
-    client_tls_from_args,
-    identity_of_certificate,
-)
+from llmgw.tls import TLSConfigError, add_client_tls_arguments, client_tls_from_args
 from llmgw.tracing import ChildSpans, add_trace_argument, configure_tracing
 
 EPILOG = """\

@@ -178,3 +178,19 @@ def read_records(records_dir: Path) -> list[RunRecord]:
         except (OSError, ValueError, KeyError, TypeError):
             log.warning("run_record_skipped", path=str(path))
     return records
+
+
+# Exit code reported when it is not known: a process adopted from an earlier agent is not our
+# child, so its status cannot be read; a program that could not be executed has none.
+UNKNOWN_EXIT = -1
+
+
+def exit_text(code: int) -> str:
+    """How an engine's exit code reads in a message (UNKNOWN_EXIT: it exited, nothing more)."""
+    if code == UNKNOWN_EXIT:
+        return "the engine exited"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"the engine was killed by {signal.Signals(-code).name}"
+        return f"the engine was killed by signal {-code}"
+    return f"the engine exited with code {code}"

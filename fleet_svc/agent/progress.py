@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from fleet_svc.agent.replica import Progress, Stage
@@ -97,3 +98,27 @@ def hub_download(cache: Path, repo: str) -> Progress | None:
     if not partial:
         return None
     return Progress(Stage.DOWNLOADING, done_bytes=done_bytes, files_done=whole, file=repo)
+
+
+class HubWatch:
+    """An engine's own download of an hf:// source, as the Hub cache shows it: what to report
+    while it starts (gated to one report a second)."""
+
+    def __init__(self, source: str, env: dict[str, str], monotonic: Callable[[], float]) -> None:
+        self._repo = repo_of(source)
+        self._cache = hub_cache(env)
+        self._gate = Gate(monotonic)
+
+    def seen(self, shown: Progress | None) -> Progress | None:
+        """The progress to report now, or None (nothing new, or not due yet)."""
+        if not self._repo:
+            return None
+        now = hub_download(self._cache, self._repo)
+        if now is None:
+            # Nothing incomplete (any more): back to LOADING once a download was shown.
+            if shown is not None and shown.stage is Stage.DOWNLOADING:
+                return replace(shown, stage=Stage.LOADING, rate_bytes_per_s=0)
+            return None
+        if now == shown or not self._gate.due(now.done_bytes):
+            return None
+        return replace(now, rate_bytes_per_s=self._gate.rate_bytes_per_s)

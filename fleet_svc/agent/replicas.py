@@ -19,7 +19,8 @@ from fleet_svc.agent.fetch import ModelCache
 from fleet_svc.agent.process import AdoptedProcess, read_records
 from fleet_svc.agent.reconcile import plan_changes
 from fleet_svc.agent.replica import Observation, ReplicaSpec
-from fleet_svc.agent.runner import NoSpans, ReplicaRunner, RunnerContext, Spans
+from fleet_svc.agent.runner import ReplicaRunner
+from fleet_svc.agent.runner_context import NoSpans, RunnerContext, Spans
 from llmgw.clock import Clock, SystemClock
 from llmgw.rejection import Rejection
 

@@ -15,122 +15,41 @@ import json
 import os
 import signal
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 import structlog
 
 from fleet_svc.agent.backoff import recent_crashes
-from fleet_svc.agent.cards import CardBackend
-from fleet_svc.agent.config import AgentConfig, EngineConfig
-from fleet_svc.agent.fetch import ModelCache, fetch_source, file_name
+from fleet_svc.agent.config import EngineConfig
+from fleet_svc.agent.fetch import fetch_source, file_name
 from fleet_svc.agent.gang import GangRefused, member_command, serves_http
 from fleet_svc.agent.host import free_port
 from fleet_svc.agent.logs import ReplicaLog
 from fleet_svc.agent.model_list import missing_model
 from fleet_svc.agent.process import (
+    UNKNOWN_EXIT,
     AdoptedProcess,
     ChildProcess,
     EngineProcess,
     RunRecord,
+    exit_text,
     process_start_ticks,
     signal_group,
     wait_group_gone,
 )
-from fleet_svc.agent.progress import Gate, hub_cache, hub_download, repo_of
+from fleet_svc.agent.progress import Gate, HubWatch
 from fleet_svc.agent.replica import Observation, Phase, Progress, ReplicaSpec, Stage
+from fleet_svc.agent.runner_context import RunnerContext
 from fleet_svc.agent.secrets import SecretError, resolve_all
-from llmgw.clock import Clock
 
 log = structlog.get_logger("fleet_svc.agent.runner")
 
 # The folder holding the package `fleet_svc`: put on PYTHONPATH for engines run as modules, so
 # the stand-in imports whatever the agent's working directory.
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
-
-# Exit code reported when it is not known: a process adopted from an earlier agent is not our
-# child, so its status cannot be read; a program that could not be executed has none.
-UNKNOWN_EXIT = -1
-
-
-class Spans(Protocol):
-    """Where a runner's spans come from: llmgw.tracing.ChildSpans where the agent traces
-    (OpenTelemetry stays out of the agent's core), NoSpans where it does not."""
-
-    def start(self, name: str, traceparent: str, **attributes: str | int) -> Any:
-        """A span started as a child of `traceparent`; None when there is none to join."""
-
-    def current(self, span: Any) -> AbstractContextManager[None]:
-        """`span` (or None) made current for a block, so log lines there carry its ids."""
-
-    def end(self, span: Any, error: str = "") -> None:
-        """End a span that `start` returned, failed with `error` when one is given."""
-
-
-class NoSpans:
-    """No tracing: no span is ever started."""
-
-    def start(self, name: str, traceparent: str, **attributes: str | int) -> Any:
-        return None
-
-    def current(self, span: Any) -> AbstractContextManager[None]:
-        return nullcontext()
-
-    def end(self, span: Any, error: str = "") -> None:
-        pass
-
-
-@dataclass(frozen=True)
-class RunnerContext:
-    """What every runner of an agent shares."""
-
-    config: AgentConfig
-    cards: CardBackend
-    state_dir: Path
-    clock: Clock
-    rand: Callable[[], float]
-    http: httpx.AsyncClient
-    spans: Spans = field(default_factory=NoSpans)
-    models: ModelCache | None = None
-    """Where URL sources are fetched to for engines that have the agent fetch them (None:
-    such a replica cannot start)."""
-
-    @property
-    def records_dir(self) -> Path:
-        """Where each running replica's record is kept for an agent that restarts."""
-        return self.state_dir / "replicas"
-
-    @property
-    def logs_dir(self) -> Path:
-        """Where the replicas' logs are."""
-        return self.state_dir / "logs"
-
-
-class _HubWatch:
-    """An engine's own download of an hf:// source, as the Hub cache shows it: what to report
-    while it starts (gated to one report a second)."""
-
-    def __init__(self, source: str, env: dict[str, str], ctx: RunnerContext) -> None:
-        self._repo = repo_of(source)
-        self._cache = hub_cache(env)
-        self._gate = Gate(ctx.clock.monotonic)
-
-    def seen(self, shown: Progress | None) -> Progress | None:
-        """The progress to report now, or None (nothing new, or not due yet)."""
-        if not self._repo:
-            return None
-        now = hub_download(self._cache, self._repo)
-        if now is None:
-            # Nothing incomplete (any more): back to LOADING once a download was shown.
-            if shown is not None and shown.stage is Stage.DOWNLOADING:
-                return replace(shown, stage=Stage.LOADING, rate_bytes_per_s=0)
-            return None
-        if now == shown or not self._gate.due(now.done_bytes):
-            return None
-        return replace(now, rate_bytes_per_s=self._gate.rate_bytes_per_s)
 
 
 class ReplicaRunner:
@@ -450,7 +369,9 @@ class ReplicaRunner:
         exited = asyncio.create_task(proc.wait())
         started_s = self._ctx.clock.monotonic()
         failures = 0
-        downloads = _HubWatch(self.spec.source, {**os.environ, **self._engine.env}, self._ctx)
+        downloads = HubWatch(
+            self.spec.source, {**os.environ, **self._engine.env}, self._ctx.clock.monotonic
+        )
         try:
             while True:
                 done, _ = await asyncio.wait({exited}, timeout=cfg.health_interval_s)
@@ -517,7 +438,7 @@ class ReplicaRunner:
         now = ctx.clock.monotonic()
         limit = ctx.config.restart_limit
         self._crashes = recent_crashes([*self._crashes, now], now, limit.window_s)
-        message = why or self._exit_text(code)
+        message = why or exit_text(code)
         tail = tuple(self._log.tail(ctx.config.log_tail_lines))
         self._log.note(message)
         if self.spec.gang is not None:
@@ -557,16 +478,6 @@ class ReplicaRunner:
         await ctx.clock.sleep(delay_s)
         self._restarts += 1
         return True
-
-    @staticmethod
-    def _exit_text(code: int) -> str:
-        if code == UNKNOWN_EXIT:
-            return "the engine exited"
-        if code < 0:
-            with contextlib.suppress(ValueError):
-                return f"the engine was killed by {signal.Signals(-code).name}"
-            return f"the engine was killed by signal {-code}"
-        return f"the engine exited with code {code}"
 
     async def stop(self, traceparent: str = "") -> None:
         """Stop the engine: SIGTERM to its group, SIGKILL after the engine's grace; report

@@ -14,8 +14,8 @@ import yaml
 
 from llmgw import strict
 from llmgw.authz.policy import DEFAULT_ROLES, InvalidRoles, Policy, Roles, Tokens, parse_roles
+from llmgw.identity import IdentityError, check_name
 from llmgw.refusal import Refusal
-from llmgw.tls import IdentityError, check_name
 
 log = structlog.get_logger(__name__)
 

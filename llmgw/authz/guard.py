@@ -28,7 +28,7 @@ from llmgw.authz.policy import (
     short,
     token_hash,
 )
-from llmgw.tls import IdentityError, check_name, peer_certificate_ids, peer_identity
+from llmgw.identity import IdentityError, check_name, peer_certificate_ids, peer_identity
 
 log = structlog.get_logger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from llmgw.certs import CA_CERT, CertError, issue_client_files, issue_node_files
 from llmgw.cli.common import UsageError, data_folder, example
-from llmgw.tls import node_uri, user_uri
+from llmgw.identity import node_uri, user_uri
 
 Issue = Callable[[str, Path, Path | None], tuple[Path, Path]]
 

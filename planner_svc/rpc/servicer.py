@@ -20,13 +20,13 @@ from llmgw.authz.guard import current_caller
 from llmgw.authz.policy import ANONYMOUS
 from llmgw.common.v1 import common_pb2
 from llmgw.engines.llamacpp import LLAMACPP_VERSION
+from llmgw.identity import peer_identity
 from llmgw.limits import DEFAULT_LIMITS, Limits
 from llmgw.model import Model
 from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
 from llmgw.rpc import common
 from llmgw.shape import ModelShape
 from llmgw.sources import redacted
-from llmgw.tls import peer_identity
 from planner_svc.domain import errors
 from planner_svc.domain.context import check_size_request, size_context
 from planner_svc.domain.gpus import check_gpus_request, plan_gpus

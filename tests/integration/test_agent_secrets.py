@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from fleet_svc.agent.cards import StandinCards, parse_gpu_spec
-from fleet_svc.agent.config import ConfigError, parse_engine
+from fleet_svc.agent.config import ConfigError
+from fleet_svc.agent.config_file import parse_engine
 from fleet_svc.agent.replica import ReplicaSpec
 from fleet_svc.agent.replicas import ReplicaSet
 from fleet_svc.agent.secrets import SecretError, SecretRef, parse_env_value

@@ -22,7 +22,7 @@ import yaml
 
 from fleet_svc.__main__ import build_parser as fleet_parser
 from fleet_svc.agent.__main__ import build_parser as agent_parser
-from fleet_svc.agent.config import load_config
+from fleet_svc.agent.config_file import load_config
 from fleet_svc.domain.access import Role
 from fleet_svc.rpc.settings import read_roles
 from planner_svc.__main__ import build_parser as planner_parser

@@ -37,9 +37,10 @@ from llmgw.demo.catalog import (
     example_models,
 )
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+from llmgw.identity import identity_of_certificate
 from llmgw.llama_server import LLAMA_SERVER_CACHE, LLAMA_SERVER_ENV
 from llmgw.testing.hub import HFServer
-from llmgw.tls import ClientTLS, identity_of_certificate, sync_channel
+from llmgw.tls import ClientTLS, sync_channel
 from tests.support.fleet import running_fleet
 from tests.support.hf_repos import QWEN_7B, default_repos
 

@@ -17,7 +17,7 @@ from fleet_svc.agent.cards import StandinCards, parse_gpu_spec
 from fleet_svc.agent.config import AgentConfig, standin_engine
 from fleet_svc.agent.replicas import ReplicaSet
 from fleet_svc.agent.rpc.client import AgentClient, NodeIdentity
-from fleet_svc.agent.runner import Spans
+from fleet_svc.agent.runner_context import Spans
 
 
 def fast_config(**overrides: Any) -> AgentConfig:

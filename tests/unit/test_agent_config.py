@@ -9,14 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fleet_svc.agent.config import (
-    ConfigError,
-    default_config,
-    find_llama_server,
-    load_config,
-    parse_config,
-    parse_engine,
-)
+from fleet_svc.agent.config import ConfigError, default_config, find_llama_server
+from fleet_svc.agent.config_file import load_config, parse_config, parse_engine
 from fleet_svc.agent.replica import ReplicaSpec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from fleet_svc.agent.config import STANDIN_MODULE, ConfigError, parse_engine, standin_engine
+from fleet_svc.agent.config import STANDIN_MODULE, ConfigError, standin_engine
+from fleet_svc.agent.config_file import parse_engine
 from fleet_svc.agent.gang import GangRefused, MemberCommand, member_command, serves_http
 from fleet_svc.agent.replica import ReplicaSpec
 from fleet_svc.standin.gang import GangError, GangRole, parse_rpc_server, read_role

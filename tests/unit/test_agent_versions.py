@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet_svc.agent.config import ConfigError, parse_config, parse_engine
+from fleet_svc.agent.config import ConfigError
+from fleet_svc.agent.config_file import parse_config, parse_engine
 from fleet_svc.agent.versions import (
     module_version,
     probe_version,

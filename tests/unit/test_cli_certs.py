@@ -13,7 +13,7 @@ from cryptography import x509
 
 from llmgw import certs
 from llmgw.cli.main import main
-from llmgw.tls import Identity, identity_of_certificate
+from llmgw.identity import Identity, identity_of_certificate
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import yaml
 from fleet_svc.domain.access import Role, parse_roles
 from llmgw.cli.up_pki import make_pki, server_flags, tls_flags, write_settings
 from llmgw.cli.up_plan import dialable
-from llmgw.tls import Identity, identity_of_certificate
+from llmgw.identity import Identity, identity_of_certificate
 
 
 def identity(path: Path) -> Identity:

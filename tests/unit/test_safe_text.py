@@ -14,11 +14,11 @@ from fleet_svc.domain.errors import InvalidModel
 from llmgw.cli.output import table
 from llmgw.cli.terminal import EscapingStream
 from llmgw.common.v1 import common_pb2
+from llmgw.identity import IdentityError, check_name
 from llmgw.model import InvalidValue
 from llmgw.rpc.common import inventory_from_proto, model_from_proto
 from llmgw.sources import SourceRefused, parse_source, redacted
 from llmgw.text import cleaned, escaped
-from llmgw.tls import IdentityError, check_name
 
 UNSAFE = ["\x1b[2J", "\n", "\r", "\x00", "\x7f", "\x85", "\x9b", "\u202e", "\u2066", "\u2028"]
 """ESC (a screen clear), newline, CR, NUL, DEL, C1 NEL and CSI, a right-to-left override, an

@@ -1,4 +1,5 @@
-"""llmgw.tls, its pure parts: identities, where plaintext may listen, the TLS settings."""
+"""llmgw.identity and llmgw.tls, their pure parts: identities, where plaintext may listen, the
+TLS settings."""
 
 from __future__ import annotations
 
@@ -8,13 +9,20 @@ from pathlib import Path
 import pytest
 
 from llmgw import certs
+from llmgw.identity import (
+    Identity,
+    IdentityError,
+    identity_of_certificate,
+    identity_of_uris,
+    node_uri,
+    parse_identity,
+    user_uri,
+)
 from llmgw.tls import (
     ENV_CA,
     ENV_CERT,
     ENV_KEY,
     ClientTLS,
-    Identity,
-    IdentityError,
     ServerTLS,
     TLSConfigError,
     add_client_tls_arguments,
@@ -22,15 +30,10 @@ from llmgw.tls import (
     check_listen,
     client_tls,
     client_tls_from_args,
-    identity_of_certificate,
-    identity_of_uris,
     is_loopback,
     listen_host,
     local_client_tls,
-    node_uri,
-    parse_identity,
     server_tls_from_args,
-    user_uri,
 )
 
 

@@ -1,5 +1,5 @@
-"""llmgw.tls against real grpc servers on 127.0.0.1: the peer identity a call carries, and
-the certificate reloader's decisions."""
+"""llmgw.tls and llmgw.identity against real grpc servers on 127.0.0.1: the peer identity a
+call carries, and the certificate reloader's decisions."""
 
 from __future__ import annotations
 
@@ -10,16 +10,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmgw import certs
-from llmgw.tls import (
-    CertificateReloader,
-    ClientTLS,
-    Identity,
-    ServerTLS,
-    TLSConfigError,
-    aio_channel,
-    bind,
-    peer_identity,
-)
+from llmgw.identity import Identity, peer_identity
+from llmgw.tls import CertificateReloader, ClientTLS, ServerTLS, TLSConfigError, aio_channel, bind
 
 
 class WhoAsks(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
