@@ -35,12 +35,8 @@ from llmgw.engines.torch_overhead import (
     forward_cost,
     layers_per_stage,
 )
-from llmgw.engines.vllm_memory import (
-    NON_TORCH_NCCL_BYTES,
-    NVLINK_NON_TORCH_MARGIN_BYTES,
-    NVLINK_NON_TORCH_V1,
-    nvls_card,
-)
+from llmgw.engines.vllm_memory import NON_TORCH_NCCL_BYTES, nvls_card
+from llmgw.engines.vllm_rules import NVLINK_NON_TORCH_MARGIN_BYTES, NVLINK_NON_TORCH_V1
 from llmgw.shape import Layer, ModelShape
 
 GRAMMAR = Grammar("trtllm", folds_underscores=True, joined_ok=True, abbreviates=False)

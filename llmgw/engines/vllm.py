@@ -20,7 +20,8 @@ from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, Grammar, RefusedFl
 from llmgw.engines.heads import TpOptions
 from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
 from llmgw.engines.tensor_parallel import TensorParallelEngine
-from llmgw.engines.vllm_memory import VLLM_RULES, vllm_overhead, vllm_overhead_tokens
+from llmgw.engines.vllm_memory import vllm_overhead, vllm_overhead_tokens
+from llmgw.engines.vllm_rules import VLLM_RULES
 from llmgw.shape import Layer, ModelShape
 
 GRAMMAR = Grammar("vllm", folds_underscores=True, joined_ok=True, abbreviates=True)
@@ -47,7 +48,7 @@ is block × kv_heads_per_rank × (head_dim_k + head_dim_v) × dtype (kv_cache_in
 
 VLLM_UTILISATION = VLLM_RULES[-1].utilisation
 """`--gpu-memory-utilization` default of the newest vLLM the planner knows (0.92 since 0.21,
-0.90 before: `vllm_memory.VLLM_RULES`, keyed by the profile's engine_version)."""
+0.90 before: `vllm_rules.VLLM_RULES`, keyed by the profile's engine_version)."""
 
 VLLM_BATCHED_TOKENS_LARGE_CARD = 8192
 VLLM_BATCHED_TOKENS_SMALL_CARD = 2048

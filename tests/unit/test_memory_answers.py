@@ -14,7 +14,7 @@ from llmgw.engines.base import CardNeed, CardTotals, SizingRequest, Verdict
 from llmgw.engines.memo import sizing_memo
 from llmgw.engines.versions import parse_version, pick
 from llmgw.engines.vllm import VLLM
-from llmgw.engines.vllm_memory import VLLM_RULES
+from llmgw.engines.vllm_rules import VLLM_RULES
 from llmgw.model import Inventory, Model, Node, Profile
 from planner_svc.domain.cards import card_of
 from planner_svc.domain.context import size_context

@@ -19,11 +19,8 @@ from llmgw.engines.trtllm import (
     trtllm_collective_bytes,
     trtllm_overhead_bytes,
 )
-from llmgw.engines.vllm_memory import (
-    NON_TORCH_NCCL_BYTES,
-    NVLINK_NON_TORCH_MARGIN_BYTES,
-    NVLINK_NON_TORCH_V1,
-)
+from llmgw.engines.vllm_memory import NON_TORCH_NCCL_BYTES
+from llmgw.engines.vllm_rules import NVLINK_NON_TORCH_MARGIN_BYTES, NVLINK_NON_TORCH_V1
 from llmgw.shape import ModelShape
 from planner_svc.domain.hf_shape import shape_from_hf_config
 

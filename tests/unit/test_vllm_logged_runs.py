@@ -17,17 +17,19 @@ from llmgw.engines.torch_overhead import forward_cost
 from llmgw.engines.vllm import GRAMMAR
 from llmgw.engines.vllm_memory import (
     CUDA_CONTEXT_BYTES,
-    SAMPLER_MARGIN,
     UNIFIED_MEMORY_MARGIN_BYTES,
-    VLLM_RULES,
+    nvlink_card,
+    nvls_card,
+)
+from llmgw.engines.vllm_peak import (
+    SAMPLER_MARGIN,
     batch_flags,
     declares_flashinfer,
     flashinfer_peak,
-    nvlink_card,
-    nvls_card,
     profile_at,
     vllm_profile,
 )
+from llmgw.engines.vllm_rules import VLLM_RULES
 from llmgw.shape import Compute, Layer, LayerKind, ModelShape
 from planner_svc.domain.hf_compute import compute_from_hf_config
 from planner_svc.domain.hf_shape import shape_from_hf_config

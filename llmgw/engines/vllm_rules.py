@@ -1,0 +1,232 @@
+"""vLLM's rules by version range: what each range's profile run holds (the sampler's bytes a
+logit, non-torch memory, NVLink's collective step, the CUDA-graph estimate, the default
+utilisation), each figure cited to the source read or the logs it was fitted to. The ranges
+are picked by `llmgw.engines.versions.pick`; vllm_memory and vllm_peak apply them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmgw.cardclass import MIB
+from llmgw.engines.versions import Ranged
+
+NVLINK_NON_TORCH_V0 = 2088 * MIB
+
+
+NVLINK_NON_TORCH_V1_EARLY = 1560 * MIB
+
+
+NVLINK_NON_TORCH_V1 = 1864 * MIB
+
+
+NVLINK_NON_TORCH_MARGIN_BYTES = 384 * MIB
+"""What tensor parallel adds to non-torch memory on NVLink cards (NVLINK_CARDS), by version:
+NCCL opens many more channels over NVLink/NVSwitch than over PCIe, each with its own
+buffers, and the custom all-reduce maps its IPC buffers; both are allocated outside torch
+by the time profiling ends, so vLLM counts them as non-torch (vllm/utils/mem_utils.py
+memory_profiling: `non_torch_increase` is the device's used memory less torch's reserved after
+the profile run, less the same at the snapshot taken when the instance was created).
+V0 0.7.1 on 8 A100-SXM4-40GB (tp 8, DeepSeek-Coder-V2-Lite): 'non_torch_memory takes 2.10GiB'
+against 0.06 on one card, so 2.04 GiB (SageMaker DJL-LMI README, code index file id
+3706561278; vLLM PR #10511's pre-merge check gave the same step, 1.79 → 3.58 GiB from tp 1 to
+tp 2 on an H100). V1 0.10.2 on 2 H200s (tp 2, Qwen3-Next-80B-A3B): 1.38 GiB against 0.09, so
+1.29 GiB; on 4 H100s (tp 4, the same model with its MTP drafter; vLLM issue #24881) 1.84, so
+1.75: 0.8-0.10 take the middle, 1.52 GiB. V1 0.19.0 on 2 H100s (tp 2, Llama-3.1-8B): 2.07 GiB
+against 0.25, so 1.82 GiB (LLMD_REPORT). 0.11-0.16 and 0.21+ have no log: they take 0.19's
+figure, the nearest range measured. The step does not grow with tp (2.07 at tp 2, 2.10 at tp
+8). The logs spread 1.29 to 2.04 GiB: NVLINK_NON_TORCH_MARGIN_BYTES is carried as margin
+beside it."""
+
+
+FLASHINFER_SAMPLER_BYTES_PER_LOGIT = 13
+"""What the dummy sampler run holds a logit when vLLM samples with FlashInfer, with no tensor
+parallel term. Under V1 0.8-0.11 `TopKTopPSampler` (vllm/v1/sample/ops/topk_topp_sampler.py,
+read at v0.8.5, v0.9.2, v0.10.1.1, v0.10.2 and v0.11.0, whose flashinfer_sample and
+_dummy_sampler_run are 0.10.2's) takes FlashInfer whenever the package imports and
+VLLM_USE_FLASHINFER_SAMPLER is not set to 0 (0.8.5: a FlashInfer older than 0.2.3, the one
+vLLM's 0.8.5 image installs), and the PyTorch sort otherwise; from 0.12 (read at v0.12.0,
+v0.13.0, v0.16.0, v0.19.0) FlashInfer is opt-in (VLLM_USE_FLASHINFER_SAMPLER=1), so those ranges
+carry no FlashInfer figure. vLLM's own images install it (docker/Dockerfile: 0.2.1.post2 at
+v0.8.5, 0.2.6.post1 at v0.9.2, 0.3.0 at v0.10.2, 0.3.1 at v0.11.0); `pip install vllm` does not
+before 0.12 (requirements/cuda.txt). flashinfer_sample hands the logits to
+top_k_top_p_sampling_from_logits, which masks the top-k (fp32) and softmaxes (fp32) without a
+sort: the bf16 logits 2 B, their fp32 copy 4 (sampler.py forward), the masked logits 4 and the
+probabilities 4 are alive at once, 14 B counted. The figure is the logs': vLLM 0.10.1.1 on an
+A100 80GB with FlashInfer installed ('Using FlashInfer for top-p & top-k sampling'), Qwen2-7B at
+utilisation 0.25 and 0.5, printed 5.01 and 24.83 GiB, so 0.55 GiB of non-KV memory both times,
+of which 0.47 over 256 × 152064 logits: 12.9 B a logit (github.com/dennislee22/
+vLLM-benchmarking log/vllm-7B-1gpuA10080GB-0.25GRAM.log, -0.5GRAM.log). At tp 2 the same setup
+printed 12.02 and 31.83 GiB: 0.67 GiB, the tp 1 figure plus NCCL's PCIe step and no gather term;
+the PyTorch sort's 28 B (+10 at tp > 1) is what the other logs show (gt-038, gt-039, which do not
+name their sampler, and the same repository's A100 40GB run at tp 2, which says FlashInfer is
+not available: 11.03 GiB)."""
+
+
+TP_GATHER_BYTES_PER_LOGIT = 10
+"""With tensor parallel the LM head's vocabulary shards are all-gathered into whole logits
+(the gather buffer and its reshaped copy in bf16, before the fp32 cast): gt-039 (tp 4, 256 ×
+151936 logits) peaked 1.4 GiB, 38 B a logit with the 28 above."""
+
+
+@dataclass(frozen=True)
+class VllmRules(Ranged):
+    """What one range of vLLM versions does at start."""
+
+    utilisation: float = 0.90
+    """`--gpu-memory-utilization` default (vllm/config/cache.py)."""
+    sampler_bytes_per_logit: int = 28
+    """Bytes the dummy sampler run holds per request × vocabulary entry."""
+    sampler_fixed_bytes: int = 0
+    """What the sampler's peak holds besides (workspaces that do not follow its logits)."""
+    non_torch_bytes: int = 0
+    """Non-torch memory on one card (tensor parallel adds NON_TORCH_NCCL_BYTES)."""
+    graph_estimate: bool = False
+    """Whether vLLM estimates CUDA graphs while profiling and keeps the estimate out of the pool."""
+    v0: bool = False
+    """V0's engine: chunked prefill off up to 32K unless asked."""
+    tp_gather_bytes_per_logit: int = 0
+    """What tensor parallel adds to the sampler's peak per logit (TP_GATHER_BYTES_PER_LOGIT
+    where a logged run shows it, else 0)."""
+    nvlink_non_torch_bytes: int = NVLINK_NON_TORCH_V1
+    """What tensor parallel adds to non-torch memory on NVLink cards (NVLINK_NON_TORCH_*)."""
+    flashinfer_bytes_per_logit: int = 0
+    """The sampler's bytes a logit when FlashInfer is installed and the range's sampler takes it
+    by default (FLASHINFER_SAMPLER_BYTES_PER_LOGIT: V1 0.8-0.11), else 0: the range's figure
+    holds whatever is installed."""
+
+
+VLLM_RULES: tuple[VllmRules, ...] = (
+    VllmRules(
+        (0, 0, 0),
+        (0, 6, 5),
+        "vLLM V0 before 0.6.5",
+        0.90,
+        38,
+        0,
+        352 * MIB,
+        v0=True,
+        tp_gather_bytes_per_logit=TP_GATHER_BYTES_PER_LOGIT,
+        nvlink_non_torch_bytes=NVLINK_NON_TORCH_V0,
+    ),
+    VllmRules(
+        (0, 6, 5),
+        (0, 7, 0),
+        "vLLM V0 0.6.5 to 0.6.6",
+        0.90,
+        38,
+        0,
+        104 * MIB,
+        v0=True,
+        tp_gather_bytes_per_logit=TP_GATHER_BYTES_PER_LOGIT,
+        nvlink_non_torch_bytes=NVLINK_NON_TORCH_V0,
+    ),
+    VllmRules(
+        (0, 7, 0),
+        (0, 8, 0),
+        "vLLM V0 0.7",
+        0.90,
+        38,
+        0,
+        64 * MIB,
+        v0=True,
+        tp_gather_bytes_per_logit=TP_GATHER_BYTES_PER_LOGIT,
+        nvlink_non_torch_bytes=NVLINK_NON_TORCH_V0,
+    ),
+    VllmRules(
+        (0, 8, 0),
+        (0, 11, 0),
+        "vLLM V1 0.8 to 0.10",
+        0.90,
+        28,
+        0,
+        96 * MIB,
+        tp_gather_bytes_per_logit=TP_GATHER_BYTES_PER_LOGIT,
+        nvlink_non_torch_bytes=NVLINK_NON_TORCH_V1_EARLY,
+        flashinfer_bytes_per_logit=FLASHINFER_SAMPLER_BYTES_PER_LOGIT,
+    ),
+    VllmRules(
+        (0, 11, 0),
+        (0, 12, 0),
+        "vLLM V1 0.11.x",
+        0.90,
+        38,
+        224 * MIB,
+        96 * MIB,
+        flashinfer_bytes_per_logit=FLASHINFER_SAMPLER_BYTES_PER_LOGIT,
+    ),
+    VllmRules((0, 12, 0), (0, 17, 0), "vLLM V1 0.12 to 0.16", 0.90, 38, 224 * MIB, 96 * MIB),
+    VllmRules((0, 17, 0), (0, 21, 0), "vLLM V1 0.17 to 0.20", 0.90, 14, 120 * MIB, 256 * MIB),
+    VllmRules((0, 21, 0), None, "vLLM V1 0.21 and later", 0.92, 30, 0, 272 * MIB, True),
+)
+"""By version.
+
+Utilisation: 0.90 up to 0.20 (cache.py; DESIGN §5), 0.92 since (cache.py
+`Field(default=0.92)`; v0.31.0 prints "Desired GPU memory utilization is (0.92, 72.91 GiB)").
+
+Sampler bytes per logit (the dummy sampler run over min(max_num_seqs, batch) requests × the
+vocabulary: fp32 logits, the top-k/top-p sort's values and int64 indices, softmax, the
+scattered result; vllm/v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p, alive at once:
+bf16 logits 2 + fp32 4 + sorted 4 + int64 indices 8 + two masks 2 + softmax 4 + scatter 4 = 28
+B): 28 B before 0.11 (gt-038: 1.04 GiB over 256 × 152064 logits, 28.7 B; gt-039 with the
+tensor-parallel gather below). From 0.11, 38 B and 224 MiB besides, the line through gt-036
+(v0.11.0: 35.34 GiB left needs 1.12 GiB over 256 × 100352 logits) and gt-030 (0.11, gpt-oss-120b
+at 0.95 on an H100: 1.71 GiB left needs 7.45 GiB over 1024 × 201088); Qwen3-14B under
+v0.15.0 and v0.16.0 on an H100 (1024 × 151936 logits: 5.64 GiB measured, 5.73 on the line;
+LLMD_REPORT below).
+
+From 0.21, 30 B and nothing besides: v0.31.0 on an A100 printed 1.44 GiB of "peak activation"
+for Llama-3.1-8B (256 × 128256 logits, 2048 tokens), which holds the CUDA-graph estimate
+(GRAPH_ESTIMATE_BYTES_PER_LAYER: 32 × 16 MiB); the torch peak is the other 0.94 GiB, the
+sampler's PyTorch sort at 30 B a logit with the batch's hidden states (28 B counted above).
+
+From 0.17 to 0.20, 14 B and 120 MiB besides: top-k/top-p no longer sort the whole vocabulary
+for a batch of 8 or more: vLLM PR #48913 describes the sort-based apply_top_k_top_p_pytorch
+(vllm/v1/sample/ops/topk_topp_sampler.py) as kept for batches under 8 and for CPU, a Triton
+kernel filtering the others. The figure measured is what that leaves alive at the peak: the
+bf16 logits (2), their fp32 copy (4), the probabilities (4) and the exponential draw (4), 14 B.
+(The release the kernel landed in is inferred from the measured step at 0.17, not read.)
+The line through LLMD_REPORT's v0.19.0 runs on an H100 (1024 requests, 8192 tokens):
+Llama-3.1-8B 1.89 GiB (131.3 M logits), Qwen2.5-7B 2.21 (155.7 M), phi-4 1.52 (102.8 M),
+gemma-2-9b 3.62-3.66 (262.1 M) all within 2 %; Qwen3-14B fell from 5.64 GiB at v0.16.0 to 2.23
+at v0.17.0 with nothing else changed.
+
+V0 (before 0.8) without chunked prefill: 38 B, from v0.7.2 serving Qwen2.5-Math-1.5B on a 22.06
+GiB card (max_model_len 4096: 4096 tokens over 256 requests): "PyTorch activation peak memory
+takes 1.40GiB" over 256 × 151936 logits (38.6 B a logit with the batch's hidden states; code
+index file id 60663571995); with chunked prefill none (V0_CHUNKED_SAMPLER). gt-023/024 peak at
+the forward pass either way.
+
+Non-torch memory: V0 before 0.6.5 0.35 GiB (gt-023: its "Memory profiling results" counted
+what the card held after profiling less torch's, the CUDA context with it); from 0.6.5 V0
+profiles against a snapshot taken after the CUDA context and NCCL are up (vLLM PR #10511,
+"overhaul memory profiling", merged 2024-12-14 for 0.6.5): 0.6.5-0.6.6 print 0.10 GiB for
+unquantized text models (Qwen2.5-7B on an RTX 3090 under 0.6.6, Meta-Llama-3-8B on an A100
+40GB under 0.6.6; logged_runs.jsonl), so 104 MiB; the 0.7 logs print 0.01-0.08 (0.05 on 24 GB
+cards twice, 0.08 on an L40S, 0.01 on a T4), so 64 MiB; V1 0.06-0.07 (gt-038; 0.10.2 on an
+H100), so 96 MiB;
+from 0.21 vLLM counts every persistent allocation from the device's free memory ("consumed
+memory (weights + non-torch)": v0.31.0, 15.26 GiB for Llama-3.1-8B's 14.99 of weights), 272
+MiB; 0.18-0.19 measured 0.24-0.25 on an H100 (LLMD_REPORT: "non-torch forward increase
+memory", 0.13 at 0.15-0.17), so 256 MiB from 0.17.
+
+Tensor parallel's logit gather (TP_GATHER_BYTES_PER_LOGIT) only before 0.11: from 0.11 the
+measured peak does not move with tp (issue 19: dense models at tp 2 on H100 under 0.11 came out
+3-4 % under with it; LLMD_REPORT v0.19.0: Llama-3.1-8B and Qwen2.5-7B peak 1.89 and 2.21 GiB at
+tp 1, 2 and 4 alike). The gathered logits replace the shard, and the gather's buffer is freed
+before the sampler allocates its own (vllm/model_executor/layers/logits_processor.py
+_gather_logits), so the sampler's peak is the one-card peak."""
+
+
+LLMD_REPORT = (
+    "github.com/jgchn/llm-d-planner branch accuracy (commit 151baf3), "
+    "accuracy/accuracy_report.md: vLLM v0.15.0-v0.19.0 start-up logs on an H100-80GB at "
+    "--gpu-memory-utilization 0.95 and --max-model-len 8192, parsed from the DEBUG line "
+    "'Memory profiling takes … torch peak memory increase … non-torch forward increase "
+    "memory …' (llm-d-incubation/llm-d-planner issue #194, PR #205)"
+)
+"""Where the 0.15-0.19 figures come from: a sweep of real vLLM start-ups whose report prints,
+per run, the weights, the torch peak increase, the non-torch increase and the KV pool."""
+
+
+UNKNOWN_VERSION_NOTE = "the margin spans every known range's activation and non-torch figures"
+"""What the rules say when a profile's version is in no known range (or none is named)."""
