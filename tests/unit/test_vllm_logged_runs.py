@@ -27,6 +27,7 @@ from llmgw.engines.vllm_peak import (
     declares_flashinfer,
     flashinfer_peak,
     profile_at,
+    profile_peak,
     vllm_profile,
 )
 from llmgw.engines.vllm_rules import VLLM_RULES
@@ -440,6 +441,50 @@ def test_a_unified_memory_card_takes_the_small_batch_and_a_wider_margin() -> Non
     assert on_gb10.activation_bytes == on_a100.activation_bytes < on_h100.activation_bytes
     assert on_gb10.kv_pool_bytes == on_a100.kv_pool_bytes
     assert on_gb10.margin_bytes - on_a100.margin_bytes == UNIFIED_MEMORY_MARGIN_BYTES
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+@pytest.mark.parametrize(
+    "run_id", ["llmd-0.19.0-h100-llama-3.1-8b", "log-0.6.6-24gb-ui-tars-qwen2-vl-7b"]
+)
+def test_an_unknown_versions_margin_is_the_spread_of_every_ranges_figure(
+    run_id: str, chunked: bool
+) -> None:
+    """The margin a version in no range carries is the spread of every range's peak plus its
+    non-torch figure, each range's peak worked out on its own: the planner works the peaks of
+    ranges alike once and keeps what the context does not change in the shape's memo, which
+    must give the same at every context asked of the same shape."""
+    run = next(r for r in RUNS if r["id"] == run_id)
+    shape = shape_of(run)
+    total = int(run["cuda_total_gib"] * GIB)
+    card = CardTotals(run["gpu"], total, total, "printed")
+    extra = [] if chunked else ["--no-enable-chunked-prefill"]
+    for tokens in (2048, 8192, 20000, 32768, 40000):
+        args = ["--max-model-len", str(tokens), *extra]
+        flags = batch_flags(GRAMMAR, args, card)
+        forward = forward_cost(shape, tp=1)
+        figures = [
+            profile_peak(shape, forward, profile_at(r, "", flags, tokens), r, 1)[0]
+            + r.non_torch_bytes
+            for r in VLLM_RULES
+        ]
+        margins = [
+            card_need(
+                "vllm",
+                shape,  # one shape for every context: what its memo keeps is asked again
+                SizingRequest(
+                    args=tuple(args),
+                    tokens=tokens,
+                    slots=1,
+                    cards=1,
+                    card_memory_bytes=total,
+                    card=card,
+                    engine_version=version,
+                ),
+            ).margin_bytes
+            for version in ("0.31.0", "latest")
+        ]
+        assert margins[1] - margins[0] == max(figures) - min(figures), tokens
 
 
 def test_mllama_image_tokens_are_read_from_its_config() -> None:
