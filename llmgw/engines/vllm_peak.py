@@ -153,13 +153,16 @@ class BatchFlags:
 
 
 def batch_flags(grammar: Grammar, args: Sequence[str], card: CardTotals) -> BatchFlags:
-    """The batch settings `args` give on `card` (read once per setting)."""
+    """The batch settings `args` give on `card` (read once per setting). A card of unknown
+    memory takes the large defaults (the larger peak, the safe side), a unified-memory class
+    the small ones, which vLLM takes on it whatever it holds (`large_card`)."""
+    known = card.cuda_bytes or card.nvml_bytes
     return BatchFlags(
         grammar.count(args, MAX_NUM_BATCHED_TOKENS),
         grammar.count(args, MAX_NUM_SEQS),
         grammar.has(args, NO_CHUNKED_PREFILL),
         grammar.has(args, CHUNKED_PREFILL),
-        large_card(card) if (card.cuda_bytes or card.nvml_bytes) else True,
+        large_card(card) if known else nvml_reports_memory(card.name),
     )
 
 

@@ -428,6 +428,9 @@ def test_a_unified_memory_card_takes_the_small_batch_and_a_wider_margin() -> Non
     gb10 = CardTotals("GB10-128GB", total, total, "printed")
     flags = batch_flags(GRAMMAR, ["--max-model-len", "32768"], gb10)
     assert not flags.large_card
+    unsized = CardTotals("GB10-128GB", 0, 0, "")  # its memory not known: still vLLM's small batch
+    assert not batch_flags(GRAMMAR, ["--max-model-len", "32768"], unsized).large_card
+    assert batch_flags(GRAMMAR, [], CardTotals("H100-80GB", 0, 0, "")).large_card
     assert profile_at(VLLM_RULES[-1], "", flags, 32768).max_num_seqs == 256
     for name in ("GB100-192GB", "H100-80GB"):
         other = batch_flags(
