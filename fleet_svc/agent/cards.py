@@ -224,21 +224,29 @@ class NvmlCards:
         self._cuda = cuda_totals_by_uuid or {}
 
     def read(self) -> list[Card]:
-        """Every device NVML lists, with its memory total and use."""
+        """Every device NVML lists, with its memory total and use. A device whose memory NVML
+        does not report (a unified-memory GB10 raises NVMLError_NotSupported) is given CUDA's
+        total for both totals and no use: the card is still listed, and sized by what CUDA
+        gives the engines."""
         nvml = self._nvml
         cards = []
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            cuda = self._cuda.get(uuid.lower(), 0)
+            try:
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                total, used = int(memory.total), int(memory.used)
+            except Exception:  # pynvml's NVMLError subclasses: this query is not supported
+                total, used = cuda, 0
             cards.append(
                 Card(
                     index=index,
                     uuid=uuid,
                     model=_text(nvml.nvmlDeviceGetName(handle)),
-                    memory_total_bytes=int(memory.total),
-                    memory_used_bytes=int(memory.used),
-                    cuda_memory_total_bytes=self._cuda.get(uuid.lower(), 0),
+                    memory_total_bytes=total,
+                    memory_used_bytes=used,
+                    cuda_memory_total_bytes=cuda,
                 )
             )
         return cards

@@ -300,3 +300,28 @@ def test_nvml_cards_carry_cuda_totals_matched_by_uuid() -> None:
     assert card.memory_total_bytes == 81559 * MIB
     assert cuda_totals(FakeLibcuda([(first, 1)], init_result=100)) == {}
     assert cuda_totals(None) == {}
+
+
+class NotSupported(Exception):
+    """What pynvml raises for a query the device does not answer (NVMLError_NotSupported)."""
+
+
+def test_a_card_whose_memory_nvml_does_not_report_is_listed_with_cudas_total() -> None:
+    """On a unified-memory GB10 NVML's memory query raises NotSupported: the card is still
+    listed, with CUDA's total as both totals and no use, beside a card NVML answers for."""
+    gb10 = bytes(range(16))
+    uuid = "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
+    nvml = FakeNvml([("NVIDIA GB10", 0, 0), ("NVIDIA H100 80GB HBM3", 81559 * MIB, 7 * MIB)])
+    nvml.uuids = [uuid, "GPU-1"]
+    answered = nvml.nvmlDeviceGetMemoryInfo
+
+    def memory_info(handle: int) -> _Memory:
+        if handle == 0:
+            raise NotSupported("Not Supported")
+        return answered(handle)
+
+    nvml.nvmlDeviceGetMemoryInfo = memory_info  # type: ignore[method-assign]
+    totals = cuda_totals(FakeLibcuda([(gb10, 122572 * MIB)]))
+    spark, h100 = NvmlCards(nvml, totals).read()
+    assert spark == Card(0, uuid, "NVIDIA GB10", 122572 * MIB, 0, 122572 * MIB)
+    assert (h100.memory_total_bytes, h100.memory_used_bytes) == (81559 * MIB, 7 * MIB)
