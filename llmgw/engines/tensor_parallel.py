@@ -201,13 +201,13 @@ class TensorParallelEngine:
         sequences = max(asked.slots, 1)
         shape = self.cache_shape(shape, args)
         card = asked.card or CardTotals.of("", card_memory_bytes)
-        tp, pp, dtype, template = self._setting(
+        tp, pp, dtype, template, offloaded = self._setting(
             shape, args, cards, card.cuda_bytes or card_memory_bytes
         )
         pool = replace(template, tokens=tokens * sequences, sequences=sequences)
         per_layer = layer_bytes_on_card(shape, pool, tp=tp, dtype=dtype)
         kv_card = fullest_stage(per_layer, pp)
-        weights_card = -(-shape.weights_bytes // (tp * pp))
+        weights_card = -(-shape.weights_bytes // (tp * pp)) - offloaded
         known = card.nvml_bytes > 0 or card.cuda_bytes > 0
         over, pool_bytes, capacity = self._overhead(
             shape, args, tokens, tp, pp, weights_card, card, asked.engine_version
@@ -305,11 +305,12 @@ class TensorParallelEngine:
 
     def _setting(
         self, shape: ModelShape, args: Sequence[str], cards: int, card_memory_bytes: int
-    ) -> tuple[int, int, Fraction, CachePool]:
-        """The (tp, pp) sizes, the cache type's bytes and the pool's layout (for no tokens yet)
-        of `args` on `cards` cards: none of them depends on the context, so they are worked
-        out once per shape and setting and kept in its `sizing_memo` (`engines.memo`;
-        bounded, SETTINGS_KEPT) under the arguments less the context flag's value."""
+    ) -> tuple[int, int, Fraction, CachePool, int]:
+        """The (tp, pp) sizes, the cache type's bytes, the pool's layout (for no tokens yet)
+        and the weights each card keeps in host memory (`offloaded_per_card`) of `args` on
+        `cards` cards: none of them depends on the context, so they are worked out once per
+        shape and setting and kept in its `sizing_memo` (`engines.memo`; bounded,
+        SETTINGS_KEPT) under the arguments less the context flag's value."""
         key = (self.name, _without_value(args, self.context_flag), cards, card_memory_bytes)
         kept = memo_table(shape, "tp_settings")
         hit = kept.get(key)
@@ -319,13 +320,17 @@ class TensorParallelEngine:
         tp, pp = self.tensor_parallel(args, cards)
         dtype = self.cache_dtype_bytes(args, shape)
         template = self.pool(args, tokens=0, sequences=1, card_memory_bytes=card_memory_bytes)
-        setting = (tp, pp, dtype, template)
+        setting = (tp, pp, dtype, template, self.offloaded_per_card(shape, args, tp, pp))
         kept[key] = setting
         while len(kept) > SETTINGS_KEPT:
             kept.popitem(last=False)
         return setting
 
     # --- what each engine writes ------------------------------------------------------------
+
+    def offloaded_per_card(self, shape: ModelShape, args: Sequence[str], tp: int, pp: int) -> int:
+        """The weights each card keeps in host memory rather than on the card (none here)."""
+        return 0
 
     def pool(
         self, args: Sequence[str], *, tokens: int, sequences: int, card_memory_bytes: int

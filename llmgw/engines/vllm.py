@@ -21,6 +21,7 @@ from llmgw.engines.heads import TpOptions
 from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
 from llmgw.engines.tensor_parallel import TensorParallelEngine
 from llmgw.engines.vllm_memory import vllm_overhead, vllm_overhead_tokens
+from llmgw.engines.vllm_offload import CPU_OFFLOAD_GB, offloaded_per_card
 from llmgw.engines.vllm_rules import VLLM_RULES
 from llmgw.shape import Layer, ModelShape
 
@@ -129,7 +130,7 @@ ALLOWED: tuple[AllowedFlag, ...] = (
     AllowedFlag(BLOCK_SIZE),
     AllowedFlag(("--num-gpu-blocks-override",)),
     AllowedFlag(("--swap-space",)),
-    AllowedFlag(("--cpu-offload-gb",)),
+    AllowedFlag(CPU_OFFLOAD_GB),
     AllowedFlag(MAX_NUM_BATCHED_TOKENS),
     AllowedFlag(("--max-num-seqs",)),
     AllowedFlag(("--max-num-partial-prefills",)),
@@ -273,6 +274,10 @@ class Vllm(TensorParallelEngine):
             block=GRAMMAR.count(args, BLOCK_SIZE) or VLLM_BLOCK_TOKENS,
             batched_tokens=vllm_batched_tokens(args, card_memory_bytes),
         )
+
+    def offloaded_per_card(self, shape: ModelShape, args: Sequence[str], tp: int, pp: int) -> int:
+        """`--cpu-offload-gb` per card, up to the card's decoder layers (`vllm_offload`)."""
+        return offloaded_per_card(GRAMMAR, shape, args, tp, pp)
 
     def overhead_and_budget(
         self,

@@ -44,6 +44,7 @@ from llmgw.engines.torch_overhead import (
     layers_per_stage,
 )
 from llmgw.engines.versions import in_a_range, pick
+from llmgw.engines.vllm_offload import v0_offload_copy_bytes
 from llmgw.engines.vllm_peak import (
     NO_CHUNKED_PREFILL,
     SKIP_MM_PROFILING,
@@ -242,7 +243,7 @@ def vllm_overhead(
     if in_a_range(VLLM_RULES, engine_version):
         return over
     masked = key[0] if token_free else _without_context(args)
-    spread = _unknown_spread(grammar, shape, args, masked, tokens=tokens, tp=tp, card=card)
+    spread = _unknown_spread(grammar, shape, args, masked, tokens=tokens, tp=tp, pp=pp, card=card)
     return replace(
         over,
         margin_bytes=over.margin_bytes + spread,
@@ -289,6 +290,7 @@ def _unknown_spread(
     *,
     tokens: int,
     tp: int,
+    pp: int,
     card: CardTotals,
 ) -> int:
     """The spread of every range's peak and non-torch memory for these settings: the margin
@@ -300,23 +302,25 @@ def _unknown_spread(
     if not isinstance(flags, BatchFlags):
         flags = kept[(masked, card)] = batch_flags(grammar, args, card)
     v0 = profile_at(VLLM_RULES[0], "", flags, tokens)
-    key = (masked, card, tp, v0.batched_tokens, v0.chunked_prefill)
+    key = (masked, card, tp, pp, v0.batched_tokens, v0.chunked_prefill)
     spread = kept.get(key)
     if isinstance(spread, int):
         return spread
     forward = forward_cost(shape, tp=tp, expert_parallel=grammar.has(args, EXPERT_PARALLEL))
     mm = mm_inputs(grammar, args)
+    copied = v0_offload_copy_bytes(grammar, shape, args, tp, pp)
 
     def figure(rules: VllmRules) -> int:
         profile = profile_at(rules, "", flags, tokens)
-        return profile_peak(shape, forward, profile, rules, tp, mm)[0] + rules.non_torch_bytes
+        peak = profile_peak(shape, forward, profile, rules, tp, mm)[0]
+        return peak + rules.non_torch_bytes + (copied if rules.v0 else 0)
 
     if flags.no_chunked:
         figures = [figure(other) for other in VLLM_RULES]
     else:
         # With chunked prefill only V0's batch follows the context: the other ranges' lowest
         # and highest figures are worked out once per setting.
-        newer_key = (masked, card, tp, "newer")
+        newer_key = (masked, card, tp, pp, "newer")
         newer = kept.get(newer_key)
         if not isinstance(newer, tuple):
             ones = [figure(other) for other in VLLM_RULES if not other.v0]
@@ -400,6 +404,8 @@ def _vllm_overhead(
     activation, activation_margin = profile_peak(
         shape, forward, profile, rules, tp, mm_inputs(grammar, args), flashinfer
     )
+    copied = v0_offload_copy_bytes(grammar, shape, args, tp, pp) if rules.v0 else 0
+    activation += copied
     eager = grammar.has(args, ENFORCE_EAGER)
     layers = layers_per_stage(shape, pp)
     graphs_out = graphs_in = 0
@@ -440,6 +446,11 @@ def _vllm_overhead(
             )
     if step_said:
         said += f"; {step_said}"
+    if copied:
+        said += (
+            f"; --cpu-offload-gb: V0 copies an offloaded layer back for its forward pass "
+            f"({copied / GIB:.2f} GiB at the peak)"
+        )
     if shape.compute is not None and shape.compute.vision and grammar.has(args, SKIP_MM_PROFILING):
         said += (
             "; --skip-mm-profiling: no encoder in the profile run, so what the encoder takes "

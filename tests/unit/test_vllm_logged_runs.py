@@ -59,7 +59,9 @@ def close(got_bytes: int, printed_gib: float, tolerance: float = TOLERANCE) -> b
 
 
 def shape_of(run: dict[str, Any]) -> ModelShape:
-    """The run's model: its Hugging Face config fixture, else the widths its row cites."""
+    """The run's model: its Hugging Face config fixture, else the widths its row cites; its
+    weights those the log printed on each card, or the whole checkpoint (`checkpoint_gib`)
+    where `--cpu-offload-gb` kept some in host memory."""
     if "hf" in run:
         config = json.loads((FIXTURES / "hf" / f"{run['hf']}.json").read_text())
         shape = shape_from_hf_config(config)
@@ -82,6 +84,8 @@ def shape_of(run: dict[str, Any]) -> ModelShape:
                 cross_attention_image_tokens=int(arch.get("cross_attention_image_tokens", 0)),
             ),
         )
+    if "checkpoint_gib" in run:  # weights offloaded to the host: the planner takes them off
+        return replace(shape, weights_bytes=int(run["checkpoint_gib"] * GIB))
     return replace(shape, weights_bytes=int(run["weights_gib"] * GIB) * int(run["tp"]))
 
 
