@@ -308,7 +308,10 @@ def _unknown_spread(
         return spread
     forward = forward_cost(shape, tp=tp, expert_parallel=grammar.has(args, EXPERT_PARALLEL))
     mm = mm_inputs(grammar, args)
-    copied = v0_offload_copy_bytes(grammar, shape, args, tp, pp)
+    copy_key = (masked, card, tp, pp, "offload copy")
+    copied = kept.get(copy_key)
+    if not isinstance(copied, int):
+        copied = kept[copy_key] = v0_offload_copy_bytes(grammar, shape, args, tp, pp)
 
     def figure(rules: VllmRules) -> int:
         profile = profile_at(rules, "", flags, tokens)
