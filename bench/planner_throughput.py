@@ -105,11 +105,17 @@ def process_rss_bytes(pid: int) -> int:
 
 
 async def start_child(
-    module: str, args: Sequence[str], log_path: Path, *, env: dict[str, str] | None = None
+    module: str,
+    args: Sequence[str],
+    log_path: Path,
+    *,
+    env: dict[str, str] | None = None,
+    root: Path = ROOT,
 ) -> ChildServer:
     """Start `python -m module args...` and wait for its `listening on HOST:PORT` line.
 
-    Its stderr (the JSON log) goes to `log_path`; `env` adds to this process's environment.
+    Its stderr (the JSON log) goes to `log_path`; `env` adds to this process's environment;
+    `root` is the checkout whose code it runs (this one by default).
 
     Raises:
         RuntimeError: it exited or stayed silent for START_TIMEOUT_S.
@@ -120,8 +126,8 @@ async def start_child(
         "-m",
         module,
         *args,
-        cwd=ROOT,
-        env={**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)},
+        cwd=root,
+        env={**os.environ, **(env or {}), "PYTHONPATH": str(root)},
         stdout=asyncio.subprocess.PIPE,
         stderr=log,
     )

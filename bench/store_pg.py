@@ -20,7 +20,13 @@ BURST_MODELS models at once (each model's in sequence), while a health Check is 
 again on another channel; the figure is the Check's p99 over the bursts, which shows whether
 store round trips held the fleet's event loop (every RPC, agent stream and watch waits on it).
 
-Run: `.venv/bin/python -m bench.store_pg [--calls N] [--rounds N] [--replicas R]`.
+With `--against DIR` (another checkout of this repository, a baseline) a third fleet runs that
+checkout's code on PostgreSQL, on a database of its own on the same server, in the same rounds
+(their order reversed every other round), so a change of the PostgreSQL store is compared
+with its baseline in one run, under the same machine state: the figures add the baseline's
+medians and this checkout's PostgreSQL ÷ the baseline's.
+
+Run: `.venv/bin/python -m bench.store_pg [--calls N] [--rounds N] [--replicas R] [--against DIR]`.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ import grpc
 import psycopg
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.planner_throughput import LLAMA_8B, ChildServer, start_child
+from bench.planner_throughput import LLAMA_8B, ROOT, ChildServer, start_child
 from llmgw.common.v1 import common_pb2
 from llmgw.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 
@@ -169,13 +175,17 @@ async def timed(call: Callable[[], Awaitable[None]], n: int) -> list[float]:
     return out
 
 
-async def start_fleet(folder: Path, store: str, planner: str, label: str) -> ChildServer:
-    """`python -m fleet_svc` on 127.0.0.1:0 on `store`."""
+async def start_fleet(
+    folder: Path, store: str, planner: str, label: str, root: Path | None = None
+) -> ChildServer:
+    """`python -m fleet_svc` on 127.0.0.1:0 on `store` (the code of checkout `root`, else
+    this one's)."""
     folder.mkdir(parents=True, exist_ok=True)
     return await start_child(
         "fleet_svc",
         ["--listen", "127.0.0.1:0", "--store", store, "--planner", planner, "--log-format", "json"],
         folder / f"fleet-{label}.log",
+        root=ROOT if root is None else root,
     )
 
 
@@ -194,20 +204,33 @@ async def wait_replicas(fleet: FleetUnderTest, want: int) -> None:
 
 
 async def measure(
-    calls: int, rounds: int, replicas: int, folder: Path, burst: int = BURST_CHANGES
+    calls: int,
+    rounds: int,
+    replicas: int,
+    folder: Path,
+    burst: int = BURST_CHANGES,
+    against: Path | None = None,
 ) -> dict[str, float]:
-    """Both fleets, interleaved rounds; median seconds per call and the ratios."""
-    dbname = "llmgw_bench_" + uuid.uuid4().hex[:10]
-    dsn = admin_dsn().rsplit("/", 1)[0] + "/" + dbname
+    """Both fleets (and the baseline's, `against`), interleaved rounds; median seconds per
+    call and the ratios."""
+    dbnames = ["llmgw_bench_" + uuid.uuid4().hex[:10] for _ in range(1 if against is None else 2)]
+    dsns = [admin_dsn().rsplit("/", 1)[0] + "/" + name for name in dbnames]
     with psycopg.connect(admin_dsn(), autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {dbname}".encode())
+        for name in dbnames:
+            admin.execute(f"CREATE DATABASE {name}".encode())
     planner = await start_child(
         "planner_svc", ["--listen", "127.0.0.1:0", "--log-format", "json"], folder / "planner.log"
     )
     fleets: list[FleetUnderTest] = []
     try:
-        for label, store in (("sqlite", str(folder / "fleet.db")), ("postgresql", dsn)):
-            child = await start_fleet(folder, store, planner.address, label)
+        runs: list[tuple[str, str, Path | None]] = [
+            ("sqlite", str(folder / "fleet.db"), None),
+            ("postgresql", dsns[0], None),
+        ]
+        if against is not None:
+            runs.append(("against", dsns[1], against))
+        for label, store, root in runs:
+            child = await start_fleet(folder, store, planner.address, label, root)
             fleets.append(FleetUnderTest(label, child))
         for f in fleets:
             await f.stub.CreateModel(fleet_pb2.CreateModelRequest(model=ctx_model()), timeout=30)
@@ -222,8 +245,10 @@ async def measure(
             await timed(f.set_context, 5)  # warm: channels, the planner's shape cache
             await timed(f.list_replicas, 5)
         samples: dict[tuple[str, str], list[float]] = {}
-        for _ in range(rounds):
-            for f in fleets:
+        for n in range(rounds):
+            # With a baseline, every other round the other way round: neither PostgreSQL fleet
+            # always follows the SQLite one.
+            for f in fleets if against is None or n % 2 == 0 else fleets[::-1]:
                 samples.setdefault((f.label, "set_context"), []).extend(
                     await timed(f.set_context, calls)
                 )
@@ -243,6 +268,13 @@ async def measure(
             figures[f"{what}_pg_over_sqlite"] = (
                 figures[f"{what}_postgresql_ms"] / figures[f"{what}_sqlite_ms"]
             )
+            if against is not None:
+                figures[f"{what}_against_over_sqlite"] = (
+                    figures[f"{what}_against_ms"] / figures[f"{what}_sqlite_ms"]
+                )
+                figures[f"{what}_pg_over_against"] = (
+                    figures[f"{what}_postgresql_ms"] / figures[f"{what}_against_ms"]
+                )
         return figures
     finally:
         for f in fleets:
@@ -250,7 +282,8 @@ async def measure(
             await f.child.stop()
         await planner.stop()
         with psycopg.connect(admin_dsn(), autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)".encode())
+            for name in dbnames:
+                admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)".encode())
 
 
 def p99(seconds: list[float]) -> float:
@@ -272,10 +305,25 @@ def report(figures: dict[str, float], calls: int, rounds: int, replicas: int) ->
             f" {figures[f'{what}_postgresql_ms']:>14.2f}"
             f" {figures[f'{what}_pg_over_sqlite']:>12.2f}"
         )
+    if "set_context_against_ms" in figures:
+        print(
+            f"{'against:':<14} {'':>10} {'baseline ms':>14} {'base / SQLite':>13} {'PG / base':>10}"
+        )
+        for what, name in (("set_context", "SetContext"), ("list_replicas", "ListReplicas")):
+            print(
+                f"{name:<14} {'':>10} {figures[f'{what}_against_ms']:>14.2f}"
+                f" {figures[f'{what}_against_over_sqlite']:>13.2f}"
+                f" {figures[f'{what}_pg_over_against']:>10.3f}"
+            )
     print(
         f"health Check p99 during {BURST_CHANGES} SetContexts over {BURST_MODELS} models:"
         f" SQLite {figures['check_p99_sqlite_ms']:.2f} ms,"
         f" PostgreSQL {figures['check_p99_postgresql_ms']:.2f} ms"
+        + (
+            f", baseline PostgreSQL {figures['check_p99_against_ms']:.2f} ms"
+            if "check_p99_against_ms" in figures
+            else ""
+        )
     )
 
 
@@ -294,9 +342,20 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=40, help="sequential calls per round")
     parser.add_argument("--rounds", type=int, default=4, help="rounds per store, interleaved")
     parser.add_argument("--replicas", type=int, default=16, help="replicas ListReplicas lists")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        help="another checkout (a baseline) whose fleet runs on PostgreSQL in the same rounds",
+    )
     opts = parser.parse_args()
+    against = None if opts.against is None else opts.against.resolve()
+    if against is not None and not (against / "fleet_svc").is_dir():
+        parser.error(f"--against {opts.against}: no fleet_svc there (not a checkout of this repo)")
     with tempfile.TemporaryDirectory(prefix="bench-store-pg-") as tmp:
-        figures = asyncio.run(measure(opts.calls, opts.rounds, opts.replicas, Path(tmp)))
+        figures = asyncio.run(
+            measure(opts.calls, opts.rounds, opts.replicas, Path(tmp), against=against)
+        )
     report(figures, opts.calls, opts.rounds, opts.replicas)
 
 

@@ -3,8 +3,9 @@
 Its calls are grouped by the rows they touch, each group a class PostgresStore is made of
 (postgres_catalog.py, postgres_answers.py, postgres_state.py, postgres_traffic.py; the agents'
 streams and named values are here); postgres_calls.py turns psycopg's errors into store errors
-and scopes each write; its connections are postgres_link.py, its schema postgres_schema.py, its
-lease postgres_lease.py, its agents' stream rows postgres_nodes.py.
+and scopes each write; its connections are postgres_link.py (each batching statements,
+postgres_batch.py), its schema postgres_schema.py, its lease postgres_lease.py, its agents'
+stream rows postgres_nodes.py.
 
 Isolation: READ COMMITTED (PostgreSQL's default), with each compare-and-swap made safe by a
 constraint or an explicit row lock rather than by SERIALIZABLE:
@@ -252,7 +253,8 @@ class PostgresStore(CatalogCalls, AnswerCalls, StateCalls, TrafficCalls):
 
 def on_this_machine(host: str) -> bool:
     """Whether a connection's host (psycopg's ConnectionInfo.host: a name, an address, or a
-    Unix socket's folder) is this machine, where the store does not pipeline."""
+    Unix socket's folder) is this machine, where a write outside an atomic block is batched
+    (postgres_batch) rather than pipelined."""
     # Measured on 2 shared cores, PostgreSQL 15 on 127.0.0.1, psycopg 3.3.9 (binary),
     # 2026-12-02: a SetContext's store calls in one process took 405-419 us (294-299 us of
     # CPU) pipelined, in 4 round trips, and 340-342 us (213-217 us of CPU) a statement at a

@@ -42,7 +42,8 @@ class AnswerCalls(PostgresCalls):
         """Keep the answer to a request id: fill its claimed (empty) row of the same method and
         fingerprint; any other answer already there is kept."""
         with self.link.connection() as conn, self._writing(conn):
-            conn.execute(
+            # Nothing reads its answer: inside a change's transaction it goes with the COMMIT.
+            conn.write_later(
                 "INSERT INTO answers (request_id, method, answer, created_at, fingerprint)"
                 " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (request_id) DO UPDATE"
                 " SET answer = excluded.answer WHERE length(answers.answer) = 0"

@@ -21,6 +21,7 @@ import structlog
 
 from fleet_svc.store.base import StoreDamaged, StoreUnavailable
 from fleet_svc.store.codec import readable_rows
+from fleet_svc.store.postgres_batch import BatchingConnection, Later
 from fleet_svc.store.postgres_lease import FENCE_QUERY, LEASE_NAME, check_fence, fenced
 from fleet_svc.store.postgres_link import POOL_MAX, Link, NoConnection, first_line
 
@@ -107,9 +108,10 @@ class PostgresCalls:
     link: Link
     where: str
     pipelining: bool
-    """Whether statements sent together go in one round trip (psycopg's pipeline mode): not to
-    a server on this machine, where a round trip costs less than the pipeline's own work (see
-    postgres.on_this_machine)."""
+    """Whether a write outside an atomic block sends its statements in psycopg's pipeline mode
+    (to a server on another host) rather than batched (postgres_batch: on this machine, where
+    the pipeline's own work costs more than the round trips it saves; see
+    postgres.on_this_machine). An atomic block is batched either way."""
     damage: StoreDamaged | None
     """The first damage a call found; `probe` reports it until the store is reopened."""
     _fence: int | None
@@ -125,14 +127,14 @@ class PostgresCalls:
         self._fence = epoch
 
     @contextmanager
-    def _writing(
-        self, conn: psycopg.Connection[tuple[Any, ...]], *, transaction: bool = False
-    ) -> Iterator[None]:
+    def _writing(self, conn: BatchingConnection, *, transaction: bool = False) -> Iterator[None]:
         """The scope of one write: inside `atomic`, its transaction (fenced at its start, its
         share lock on the lease held until it ends: no savepoint, no second check); else a
-        transaction checking the fence first when fenced (or when the write needs one anyway),
+        transaction checking the fence first when fenced (or when the write needs one anyway):
         pipelined when `pipelining` (BEGIN and the fence's read in one round trip, the writes
-        and COMMIT in another); else the bare autocommit statement(s)."""
+        and COMMIT in another), else batched (BEGIN and the fence's read sent with the first
+        statement, COMMIT with the writes queued by BatchingConnection.write_later); else the
+        bare autocommit statement(s)."""
         if self.link.pinned() is not None:
             yield
             return
@@ -140,10 +142,29 @@ class PostgresCalls:
         if epoch is None and not transaction:
             yield
             return
+        if not self.pipelining:
+            with self._batched(conn):
+                yield
+            return
         with self._pipelined(conn), conn.transaction():
             if epoch is not None:
                 check_fence(conn, epoch, self.where)
             yield
+
+    @contextmanager
+    def _batched(self, conn: BatchingConnection) -> Iterator[None]:
+        """A transaction whose BEGIN and fence (when fenced) go with its first statement
+        (postgres_batch), the fence read before anything is committed."""
+        with conn.batch():
+            if self._fence is not None:
+                later = Later()
+                conn.queue(FENCE_QUERY, (LEASE_NAME,), later)
+                self._unsettled.fence = (later, self._fence)
+            try:
+                yield
+                self._settle_fence()
+            finally:
+                self._unsettled.fence = None
 
     @contextmanager
     def _pipelined(self, conn: psycopg.Connection[tuple[Any, ...]]) -> Iterator[None]:
@@ -166,49 +187,43 @@ class PostgresCalls:
             return
         try:
             self.link.fail_fast()
-            # Pipelined (when `pipelining`): statements whose results the block does not read
-            # wait to go with the next one it does (BEGIN with the fence and the first read;
-            # the last writes with COMMIT).
-            with (
-                self.link.connection() as conn,
-                self.link.pin(conn),
-                self._pipelined(conn),
-                conn.transaction(),
-            ):
-                if self._fence is not None:
-                    # Sent now (its share lock is taken before any write of the block), read
-                    # with the block's first answer (_settle_fence): pipelined, no round trip
-                    # of its own.
-                    self._unsettled.fence = (
-                        conn.execute(FENCE_QUERY, (LEASE_NAME,)),
-                        self._fence,
-                    )
-                try:
-                    yield
-                    self._settle_fence()
-                finally:
-                    self._unsettled.fence = None
+            # Batched, to a server on any host: BEGIN and the fence go with the block's first
+            # statement, the writes whose answers are not read with its COMMIT: the round trips
+            # psycopg's pipeline would make of the block (each call in it reads its answer
+            # before the next is made), for less Python.
+            with self.link.connection() as conn, self.link.pin(conn), self._batched(conn):
+                yield
         except NoConnection as exc:
             raise self.link.down(exc.problem) from exc
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(self.where, first_line(exc)) from exc
+        except (psycopg.IntegrityError, psycopg.InterfaceError):
+            raise  # as `guarded`: a constraint the caller broke, or a closed store
+        except psycopg.DatabaseError as exc:
+            # A write queued for the COMMIT failed there, outside the calls that `guarded`
+            # translates: as theirs, the schema is damaged.
+            damaged = StoreDamaged(self.where, f"PostgreSQL: {first_line(exc)}")
+            self.damage = self.damage or damaged
+            raise damaged from exc
 
     def _settle_fence(self) -> None:
-        """Inside `atomic`: refuse to go on unless the fence sent at its start holds (read once,
-        after the first statement whose answer was read: pipelined, it came back in the same
-        batch).
+        """Inside a fenced transaction: refuse to go on unless the fence sent at its start
+        holds (read once, after the first statement whose answer was read: pipelined or
+        batched, it came back with it; nothing when it has not been sent yet).
 
         Raises:
             NotLeader: the epoch is over; the block's transaction is rolled back.
         """
-        unsettled: tuple[psycopg.Cursor[tuple[Any, ...]], int] | None = getattr(
+        unsettled: tuple[psycopg.Cursor[tuple[Any, ...]] | Later, int] | None = getattr(
             self._unsettled, "fence", None
         )
         if unsettled is None:
             return
+        found, epoch = unsettled
+        if isinstance(found, Later) and found.rows is None:
+            return
         self._unsettled.fence = None
-        cursor, epoch = unsettled
-        fenced(cursor.fetchone(), epoch, self.where)
+        fenced(found.fetchone(), epoch, self.where)
 
     def _readable(
         self, rows: Sequence[tuple[Any, ...]], decode: Callable[[str, tuple[Any, ...]], R]

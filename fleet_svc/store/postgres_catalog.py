@@ -42,25 +42,25 @@ class CatalogCalls(PostgresCalls):
     def model_to_change(
         self, name: str, states: Sequence[str]
     ) -> tuple[ModelRecord | None, list[RolloutRecord]]:
-        """The model's latest revision and its rollouts in `states` (Store.model_to_change):
-        when `pipelining`, both statements are sent before either answer is read (one round
-        trip)."""
+        """The model's latest revision and its rollouts in `states` (Store.model_to_change), in
+        one statement: a row per rollout, each beside the model's columns (one row, its
+        rollout's columns empty, when there is none)."""
         where, params = rollout_filter(name, states, "%s")
-        with self.link.connection() as conn, self._pipelined(conn):
-            model = conn.execute(
-                f"SELECT {MODEL_COLUMNS} FROM model_revisions WHERE name = %s"
-                " ORDER BY revision DESC LIMIT 1",
-                (name,),
-            )
-            rollouts = conn.execute(
-                f"SELECT {ROLLOUT_COLUMNS} FROM rollouts{where} ORDER BY created_at DESC, id DESC",
-                params,
-            )
-            row = model.fetchone()
-            rows = rollouts.fetchall()
-        record = None if row is None else model_of_row(self.where, row)
+        with self.link.connection() as conn:
+            rows = conn.execute(
+                f"SELECT m.*, r.* FROM (SELECT 1) AS one"
+                f" LEFT JOIN (SELECT {MODEL_COLUMNS} FROM model_revisions WHERE name = %s"
+                " ORDER BY revision DESC LIMIT 1) AS m ON true"
+                f" LEFT JOIN (SELECT {ROLLOUT_COLUMNS} FROM rollouts{where}) AS r ON true"
+                " ORDER BY r.created_at DESC, r.id DESC",
+                [name, *params],
+            ).fetchall()
+        split = len(MODEL_COLUMNS.split(","))
+        first = rows[0][:split]
+        record = None if first[0] is None else model_of_row(self.where, first)
+        rollouts = [row[split:] for row in rows if row[split] is not None]
         return (None if record is None or record.deleted else record), self._readable(
-            rows, rollout_of_row
+            rollouts, rollout_of_row
         )
 
     @guarded

@@ -20,6 +20,7 @@ import psycopg_pool
 import structlog
 
 from fleet_svc.store.base import StoreUnavailable
+from fleet_svc.store.postgres_batch import BatchingConnection
 
 log = structlog.get_logger(__name__)
 
@@ -71,17 +72,16 @@ class Link:
         self._pinned = threading.local()
         self._down_until = 0.0
         self._last_down: StoreUnavailable | None = None
-        self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[tuple[Any, ...]]] = (
-            psycopg_pool.ConnectionPool(
-                dsn,
-                kwargs=kwargs,
-                min_size=1,
-                max_size=POOL_MAX,
-                timeout=CALL_TIMEOUT_S,
-                reconnect_timeout=RECONNECT_CHAIN_S,
-                name="fleet-store",
-                open=False,
-            )
+        self._pool: psycopg_pool.ConnectionPool[BatchingConnection] = psycopg_pool.ConnectionPool(
+            dsn,
+            connection_class=BatchingConnection,
+            kwargs=kwargs,
+            min_size=1,
+            max_size=POOL_MAX,
+            timeout=CALL_TIMEOUT_S,
+            reconnect_timeout=RECONNECT_CHAIN_S,
+            name="fleet-store",
+            open=False,
         )
         try:
             self._pool.open(wait=True, timeout=CALL_TIMEOUT_S + CONNECT_TIMEOUT_S)
@@ -117,7 +117,7 @@ class Link:
         return down
 
     @contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
+    def connection(self) -> Iterator[BatchingConnection]:
         """A pooled connection that answered a check just now; returned to the pool after.
 
         The check costs no round trip when it can: an idle connection has nothing to read, so a
@@ -156,13 +156,13 @@ class Link:
         finally:
             self._pool.putconn(conn)
 
-    def pinned(self) -> psycopg.Connection[tuple[Any, ...]] | None:
+    def pinned(self) -> BatchingConnection | None:
         """The connection pinned to this thread by `pin` (None when none is)."""
-        conn: psycopg.Connection[tuple[Any, ...]] | None = getattr(self._pinned, "conn", None)
+        conn: BatchingConnection | None = getattr(self._pinned, "conn", None)
         return conn
 
     @contextmanager
-    def pin(self, conn: psycopg.Connection[tuple[Any, ...]]) -> Iterator[None]:
+    def pin(self, conn: BatchingConnection) -> Iterator[None]:
         """Lend `conn` to every `connection()` of this thread until the block ends (one
         transaction over several store calls)."""
         self._pinned.conn = conn

@@ -22,6 +22,7 @@ from fleet_svc.store.codec import (
     rollout_filter,
     rollout_of_row,
 )
+from fleet_svc.store.postgres_batch import BatchingConnection
 from fleet_svc.store.postgres_calls import PostgresCalls, guarded, once
 from fleet_svc.store.postgres_link import first_line
 
@@ -116,7 +117,6 @@ class StateCalls(PostgresCalls):
         """Insert a rollout, or replace its state (created_at is kept)."""
         spec = dump_json(record.spec)
         with self.link.connection() as conn, self._writing(conn, transaction=True):
-            notify(conn)
             conn.execute(
                 "INSERT INTO rollouts (id, model, state, spec, created_at, updated_at)"
                 " VALUES (%s, %s, %s, %s::json, %s, %s) ON CONFLICT (id) DO UPDATE SET"
@@ -130,6 +130,7 @@ class StateCalls(PostgresCalls):
                     record.updated_at,
                 ),
             )
+            notify(conn)
 
     @guarded
     def get_rollout(self, rollout_id: str) -> RolloutRecord | None:
@@ -264,8 +265,9 @@ def _replica_params(r: ReplicaRecord) -> tuple[Any, ...]:
     )
 
 
-def notify(conn: psycopg.Connection[tuple[Any, ...]]) -> None:
+def notify(conn: BatchingConnection) -> None:
     """Tell the fleets listening that replicas or rollouts changed: PostgreSQL delivers it when
     the transaction commits, and not at all when it rolls back (one per transaction however
-    many are sent: identical notifications are folded)."""
-    conn.execute("SELECT pg_notify(%s, '')", (STATE_CHANNEL,))
+    many are sent: identical notifications are folded). Nothing reads its answer, so in a
+    batched transaction it goes with the COMMIT."""
+    conn.write_later("SELECT pg_notify(%s, '')", (STATE_CHANNEL,))

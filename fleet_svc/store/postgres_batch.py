@@ -1,0 +1,155 @@
+"""The PostgreSQL store's batched statements: a transaction's BEGIN, its fence's read and the
+writes whose answers nothing reads wait to go with the next statement that is read, all in
+one round trip.
+
+To a server on this machine a round trip is not the wire but two wake-ups (the server's
+process and the calling thread), each a wait for a core on a busy machine, plus psycopg's
+Python per statement. psycopg's pipeline mode saves the round trips but costs more Python
+than they do there (postgres.on_this_machine), so here the statements waiting are sent as one
+query of several statements in PostgreSQL's simple protocol, their values bound by psycopg
+(its ClientCursor, https://www.psycopg.org/psycopg3/docs/advanced/cursors.html#client-side-binding-cursors),
+and their results read one after the other (Cursor.nextset). The order of the statements, and
+so every lock they take, is the order they were made in: only their sending is put off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.abc import Params, QueryNoTemplate
+
+Row = tuple[Any, ...]
+
+
+class Later:
+    """The rows of a statement queued to go with a later one: None until it has been sent."""
+
+    rows: list[Row] | None = None
+
+    def fetchone(self) -> Row | None:
+        """The first row (None when it returned none, or has not been sent)."""
+        return self.rows[0] if self.rows else None
+
+
+class BatchingConnection(psycopg.Connection[Row]):
+    """A psycopg connection (autocommit) that can hold statements back: `queue` them, and they
+    go before the next statement run (`execute`, a cursor's, a transaction's) in the same
+    round trip; `batch` opens a transaction that way and commits it with the writes queued.
+
+    Outside `batch` and with nothing queued it is psycopg's own connection, statement for
+    statement (server-side binding, prepared after psycopg's threshold).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._queued: list[tuple[QueryNoTemplate, Params | None, Later | None]] = []
+        self._opening = False
+        """A `batch` whose BEGIN is still queued: nothing of it has reached the server."""
+        self._batching = False
+        """Inside `batch`."""
+
+    @property
+    def opening(self) -> bool:
+        """Whether a `batch` has sent nothing yet (its BEGIN is queued)."""
+        return self._opening
+
+    def queue(
+        self, query: QueryNoTemplate, params: Params | None = None, later: Later | None = None
+    ) -> None:
+        """Hold a statement back until the next one is run; its rows go to `later` then."""
+        self._queued.append((query, params, later))
+
+    def write_later(self, query: QueryNoTemplate, params: Params | None = None) -> None:
+        """A write whose answer nothing reads: inside a `batch` that has sent its first
+        statement (and with it the fence, read before the COMMIT), queued to go with the next
+        statement or the COMMIT; else run now."""
+        if self._batching and not self._opening:
+            self.queue(query, params)
+        else:
+            self.execute(query, params)
+
+    def flush(self) -> None:
+        """Send what is queued now (one round trip; nothing when nothing is)."""
+        if self._queued:
+            self._send(self._queued)
+
+    # psycopg's own also takes a t-string Template (Python 3.14); the store sends none.
+    def execute(  # type: ignore[override]
+        self,
+        query: QueryNoTemplate,
+        params: Params | None = None,
+        *,
+        prepare: bool | None = None,
+        binary: bool = False,
+    ) -> psycopg.Cursor[Row]:
+        """psycopg's execute; with statements queued, sent after them in one round trip."""
+        if not self._queued:
+            return super().execute(query, params, prepare=prepare, binary=binary)
+        return self._send([*self._queued, (query, params, None)])
+
+    def cursor(self, *args: Any, **kwargs: Any) -> Any:
+        """psycopg's cursor, once what is queued has been sent (its statements go after)."""
+        self.flush()
+        return super().cursor(*args, **kwargs)
+
+    def transaction(self, *args: Any, **kwargs: Any) -> Any:
+        """psycopg's transaction (a savepoint inside a `batch`), once what is queued is sent."""
+        self.flush()
+        return super().transaction(*args, **kwargs)
+
+    def pipeline(self) -> Any:
+        """psycopg's pipeline, once what is queued is sent."""
+        self.flush()
+        return super().pipeline()
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """One transaction whose BEGIN goes with its first statement and whose COMMIT with the
+        writes still queued at its end; rolled back when the block raises (no round trip when
+        nothing of it was sent)."""
+        if self._queued or self._opening or self.pgconn.transaction_status != _IDLE:
+            raise psycopg.ProgrammingError("a batch is already open on this connection")
+        self.queue("BEGIN")
+        self._opening = self._batching = True
+        try:
+            yield
+            if self._opening:
+                self._queued, self._opening = [], False  # nothing was sent: nothing to commit
+                return
+            self.queue("COMMIT")
+            self.flush()
+        except BaseException:
+            self._abandon()
+            raise
+        finally:
+            self._batching = False
+
+    def _abandon(self) -> None:
+        """Forget what is queued and roll back what was sent (a broken connection is left to
+        the pool, which discards it)."""
+        self._queued, self._opening = [], False
+        if self.broken or self.closed or self.pgconn.transaction_status == _IDLE:
+            return
+        with contextlib.suppress(psycopg.Error):
+            self.rollback()
+
+    def _send(
+        self, items: list[tuple[QueryNoTemplate, Params | None, Later | None]]
+    ) -> psycopg.Cursor[Row]:
+        """`items` as one query; the cursor on the last one's result, each `Later` filled."""
+        self._queued, self._opening = [], False
+        cur = psycopg.ClientCursor(self)
+        cur.execute("; ".join(cur.mogrify(query, params) for query, params, _ in items))
+        for i, (_, _, later) in enumerate(items):
+            if i:
+                cur.nextset()
+            if later is not None:
+                later.rows = cur.fetchall() if cur.description is not None else []
+        return cur
+
+
+_IDLE = psycopg.pq.TransactionStatus.IDLE
