@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import secrets
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import structlog
 
@@ -28,7 +28,7 @@ from fleet_svc.domain.catalog import ProfileWant
 from fleet_svc.domain.control import plan_actions
 from fleet_svc.domain.nodes import Liveness, NodeView, node_phase
 from fleet_svc.domain.phases import RUNNING, ReplicaPhase
-from fleet_svc.domain.replicas import ReplicaState
+from fleet_svc.domain.replicas import ReplicaState, amended
 from fleet_svc.domain.reports import stopped_with_their_node
 from fleet_svc.domain.rollout import Event as RolloutEvent
 from fleet_svc.domain.rollout import Rollout
@@ -186,7 +186,7 @@ class Controller(AgentEvents):
         self._sets_moved = True
         for rec in stored.replicas:
             r = replica_of(rec)
-            r = replace(r, entered_s=now - max(wall - r.since_s, 0.0))
+            r = amended(r, entered_s=now - max(wall - r.since_s, 0.0))
             self.state.replicas[r.id] = r
             for name in r.nodes:  # a gang's members' nodes too: each is lost if it never returns
                 if name not in self.state.nodes:
@@ -231,7 +231,7 @@ class Controller(AgentEvents):
         replicas = {}
         for rec in stored:
             r = replica_of(rec)
-            replicas[r.id] = replace(r, entered_s=now - max(wall - r.since_s, 0.0))
+            replicas[r.id] = amended(r, entered_s=now - max(wall - r.since_s, 0.0))
         self.state.replicas = replicas
         self._sets_moved = True
         self._publish_all()

@@ -224,6 +224,8 @@ def plan_actions(
                 if not r.reason.startswith("gave up"):
                     actions.append(Hold(r.id, f"gave up after {MAX_ATTEMPTS} attempts: {r.reason}"))
         missing = w.replicas - len(active) - (len(failed_now) if give_up else 0)
+        # One spec for the profile's new replicas (a change of 1,000 made 1,000 copies).
+        spec = replace(w.spec, attempt=attempts + 1) if missing > 0 else w.spec
         for _ in range(max(missing, 0)):
             actions.append(
                 Create(
@@ -234,7 +236,7 @@ def plan_actions(
                         revision=w.revision,
                         entered_s=now_s,
                         ram_bytes=w.want.ram_bytes,
-                        spec=replace(w.spec, attempt=attempts + 1),
+                        spec=spec,
                         reason="waiting for a node",
                     )
                 )

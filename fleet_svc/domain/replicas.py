@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.placement import Want
@@ -124,3 +125,22 @@ class ReplicaState:
     def attempt(self) -> int:
         """Which placement of its revision this is (see `RunSpec.attempt`)."""
         return self.spec.attempt
+
+
+_FIELDS = frozenset(f.name for f in fields(ReplicaState))
+
+
+def amended(r: ReplicaState, **changes: Any) -> ReplicaState:
+    """The replica with `changes` made: `dataclasses.replace` without its call of `__init__`
+    (a frozen dataclass sets each of its 18 fields through `object.__setattr__`), about a
+    quarter of its time; the controller makes three a replica in a change of 1,000.
+
+    Raises:
+        TypeError: a change names no field of ReplicaState.
+    """
+    if not changes.keys() <= _FIELDS:
+        raise TypeError(f"ReplicaState has no field {sorted(changes.keys() - _FIELDS)}")
+    new = object.__new__(ReplicaState)
+    new.__dict__.update(r.__dict__)
+    new.__dict__.update(changes)
+    return new

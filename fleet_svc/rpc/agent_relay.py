@@ -22,6 +22,7 @@ import itertools
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
@@ -74,6 +75,17 @@ class _Held:
     written_at: float = 0.0
     since_seq: int | None = None
     """Desired sets written after this seq are this stream's (None: not known yet)."""
+    doc: dict[str, Any] | None = None
+    """Its row's report as last built (None: changed since): a row refreshed with nothing
+    new, as most are (one a heartbeat interval a stream), is not built again."""
+
+    def report(self) -> dict[str, Any]:
+        """The row's report (built again only after a change)."""
+        if self.doc is None:
+            self.doc = report_doc(
+                self.view, self.observed.values(), self.ack_version, self.rejected
+            )
+        return self.doc
 
 
 class NodeRelay:
@@ -130,6 +142,7 @@ class NodeRelay:
         self._seen = None
         for node, held in self._held.items():
             held.since_seq = None
+            held.doc = None  # its view was the controller's to change while this fleet led
             self._dirty.add(node)
         self._pull.set()
         self._wake.set()
@@ -178,9 +191,12 @@ class NodeRelay:
         if held is None:
             return
         held.heard_at = self._clock.wall()
-        if cards:
+        if cards and tuple(cards) != held.view.cards:
             held.view.cards = tuple(cards)
-        held.view.memory_free_bytes = memory_free_bytes
+            held.doc = None
+        if memory_free_bytes != held.view.memory_free_bytes:
+            held.view.memory_free_bytes = memory_free_bytes
+            held.doc = None
         if self._leader is not None:
             self._leader.heartbeat(node, cards, memory_free_bytes)
 
@@ -194,6 +210,7 @@ class NodeRelay:
             log.warning("replica_report_dropped", node=node, replica_id=o.replica_id[:64])
         else:
             held.observed[o.replica_id] = o
+            held.doc = None
         if self._leader is not None:
             self._leader.observe(node, o)
         else:
@@ -206,6 +223,7 @@ class NodeRelay:
             return
         held.heard_at = self._clock.wall()
         held.ack_version, held.rejected = version, tuple(rejected)
+        held.doc = None
         if self._leader is not None:
             self._leader.acknowledged(node, version, rejected)
         else:
@@ -274,7 +292,7 @@ class NodeRelay:
                 stream=h.stream,
                 connected=h.connected,
                 heard_at=h.heard_at,
-                report=report_doc(h.view, h.observed.values(), h.ack_version, h.rejected),
+                report=h.report(),
             )
             for h in batch
         ]
@@ -287,6 +305,7 @@ class NodeRelay:
             # A replica reported gone is not news again once written.
             for rid in [rid for rid, o in h.observed.items() if o.phase.value in _DONE]:
                 del h.observed[rid]
+                h.doc = None
 
     async def _forward(self) -> None:
         now = self._clock.monotonic()

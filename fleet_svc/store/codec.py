@@ -63,10 +63,18 @@ def request_of_row(row: tuple[Any, ...]) -> RolloutRequest:
     )
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, allow_nan=False)
+"""One encoder for every dump: `json.dumps` with options builds one a call (about a third of
+a small value's time; a flush of 1,000 replicas dumps 4,000 values). It keeps no state
+between calls, so threads may share it."""
+
+
 def dump_json(value: Any) -> str:
     """Compact, key-sorted JSON; NaN and unknown types refused (ValueError, TypeError), since a
     value that cannot be read back must fail when written, not when read."""
-    return json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False)
+    if not value and type(value) in (list, dict):
+        return "[]" if type(value) is list else "{}"  # a replica's members and progress, mostly
+    return _ENCODER.encode(value)
 
 
 def _loaded(value: Any) -> Any:

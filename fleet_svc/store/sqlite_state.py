@@ -37,40 +37,18 @@ class StateCalls(SQLiteCalls):
         for a whole tick's changes instead of one per replica."""
         if not puts and not deletes:
             return
+        # Replicas of one profile share their spec's dict (fleet_svc.store.rows): it is
+        # dumped once. The records hold the dicts for the call, so no id is reused.
+        specs: dict[int, str] = {}
+        rows = [_replica_row(record, specs) for record in puts]
         with immediate(self._conn):
-            for record in puts:
-                self.put_replica(record)
-            for replica_id in deletes:
-                self.delete_replica(replica_id)
+            self._conn.executemany(_PUT_REPLICA, rows)
+            self._conn.executemany("DELETE FROM replicas WHERE id = ?", [(rid,) for rid in deletes])
 
     @guarded
     def put_replica(self, record: ReplicaRecord) -> None:
         """Insert a replica record, or replace every field of the one with the same id."""
-        self._conn.execute(
-            f"INSERT INTO replicas ({REPLICA_COLUMNS})"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (id) DO UPDATE SET model = excluded.model,"
-            " profile = excluded.profile, revision = excluded.revision, node = excluded.node,"
-            " gpus = excluded.gpus, phase = excluded.phase, reason = excluded.reason,"
-            " address = excluded.address, restarts = excluded.restarts, since = excluded.since,"
-            " spec = excluded.spec, members = excluded.members, progress = excluded.progress",
-            (
-                record.id,
-                record.model,
-                record.profile,
-                record.revision,
-                record.node,
-                dump_json(list(record.gpus)),
-                record.phase,
-                record.reason,
-                record.address,
-                record.restarts,
-                record.since,
-                dump_json(record.spec),
-                dump_json(list(record.members)),
-                dump_json(record.progress),
-            ),
-        )
+        self._conn.execute(_PUT_REPLICA, _replica_row(record, {}))
 
     @guarded
     def delete_replica(self, replica_id: str) -> None:
@@ -171,3 +149,37 @@ class StateCalls(SQLiteCalls):
             (rollout_id, after_seq),
         ).fetchall()
         return self._readable(rows, event_of_row)
+
+
+_PUT_REPLICA = (
+    f"INSERT INTO replicas ({REPLICA_COLUMNS})"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (id) DO UPDATE SET model = excluded.model,"
+    " profile = excluded.profile, revision = excluded.revision, node = excluded.node,"
+    " gpus = excluded.gpus, phase = excluded.phase, reason = excluded.reason,"
+    " address = excluded.address, restarts = excluded.restarts, since = excluded.since,"
+    " spec = excluded.spec, members = excluded.members, progress = excluded.progress"
+)
+
+
+def _replica_row(record: ReplicaRecord, specs: dict[int, str]) -> tuple[Any, ...]:
+    """A replica record's row (`specs`: the spec dicts dumped so far, by id)."""
+    spec = specs.get(id(record.spec))
+    if spec is None:
+        spec = specs[id(record.spec)] = dump_json(record.spec)
+    return (
+        record.id,
+        record.model,
+        record.profile,
+        record.revision,
+        record.node,
+        dump_json(list(record.gpus)),
+        record.phase,
+        record.reason,
+        record.address,
+        record.restarts,
+        record.since,
+        spec,
+        dump_json(list(record.members)),
+        dump_json(record.progress),
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 from fleet_svc.domain.nodes import Liveness, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
@@ -122,3 +123,43 @@ async def test_a_refresh_due_takes_along_the_rows_past_half_their_interval(
     await relay._write()
     assert sorted(r.node for r in store.list_node_reports(top)) == ["n1", "n2", "n3"]
     store.close()
+
+
+async def test_a_stream_s_row_follows_each_change_after_refreshes_that_had_none(
+    tmp_path: Path,
+) -> None:
+    """A row refreshed with nothing new keeps its report, and the next write after a change
+    (a replica's report, an acknowledgement, a heartbeat's cards or free memory, a finished
+    replica dropped once written) carries it: the report kept between writes is never stale."""
+    store = SQLiteStore(tmp_path / "f.db")
+    clock = FakeClock()
+    relay = NodeRelay(store, clock, "fleet-b", LIVENESS, StoreCalls(store))
+    relay.follow()
+    task = asyncio.create_task(relay.run())
+
+    async def latest() -> Any:
+        await settle(relay)
+        rows = store.list_node_reports()
+        return max(rows, key=lambda r: r.seq).report
+
+    try:
+        relay.agent_connected(NodeView(name="n1", memory_free_bytes=5), [], StreamLink("n1"))
+        first = await latest()
+        clock.advance(LIVENESS.interval_s)
+        relay.heartbeat("n1", [], 5)
+        assert await latest() == first  # refreshed, nothing new
+        relay.observe("n1", Observed("r1", 1, ReplicaPhase.STARTING))
+        assert [o["replica_id"] for o in (await latest())["observed"]] == ["r1"]
+        relay.acknowledged("n1", 4, [])
+        assert (await latest())["ack"]["version"] == 4
+        clock.advance(LIVENESS.interval_s)  # a heartbeat is written with the row's refresh
+        relay.heartbeat("n1", [Card(0, model="L4")], 9)
+        news = news_of("n1", await latest())
+        assert (news.view.cards, news.view.memory_free_bytes) == ((Card(0, model="L4"),), 9)
+        relay.observe("n1", Observed("r1", 1, ReplicaPhase.STOPPED))
+        assert news_of("n1", await latest()).observed["r1"].phase is ReplicaPhase.STOPPED
+        clock.advance(LIVENESS.interval_s)
+        relay.heartbeat("n1", [], 9)
+        assert not news_of("n1", await latest()).observed  # written once, then dropped
+    finally:
+        task.cancel()

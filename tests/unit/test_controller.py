@@ -250,3 +250,41 @@ def test_versions_are_reserved_in_blocks_and_stay_above_every_one_sent(
     again.controller.tick()
     assert link.sent[0][0] > stored
     again.store.close()
+
+
+def test_a_large_batch_counts_its_replica_lines_and_a_small_one_names_each(
+    fleet: Fleet,
+) -> None:
+    """A tick that creates and places more replicas of a model than EACH_LOGGED writes one
+    counting line of each kind (with the fields they share) and no line per replica at INFO;
+    a tick of a few writes a line per replica, as before."""
+    from structlog.testing import capture_logs
+
+    from fleet_svc.controller.writes import EACH_LOGGED
+
+    many = EACH_LOGGED + 4
+    for i in range(many):
+        fleet.connect(f"n{i:02d}")
+    fleet.wants = [replace(WANT, replicas=many)]
+    with capture_logs() as logs:
+        fleet.controller.tick()
+    info = [e for e in logs if e["log_level"] == "info"]
+    assert not [e for e in info if e["event"] in ("replica_created", "replica_moved")]
+    (created,) = [e for e in info if e["event"] == "replicas_created"]
+    assert (created["replicas"], created["model"], created["profile"]) == (many, "m", "gpu")
+    (placed,) = [e for e in info if e["event"] == "replicas_moved"]
+    assert (placed["replicas"], placed["phase_from"], placed["phase"]) == (
+        many,
+        "PENDING",
+        "STARTING",
+    )
+    assert "reason" not in placed  # "placed on <its node>": not shared, not in the count
+
+    fleet.wants = [replace(WANT, replicas=many + 2)]
+    for i in range(2):
+        fleet.connect(f"m{i}")
+    with capture_logs() as logs:
+        fleet.controller.tick()
+    assert len([e for e in logs if e["event"] == "replica_created"]) == 2
+    assert len([e for e in logs if e["event"] == "replica_moved"]) == 2
+    assert not [e for e in logs if e["event"] in ("replicas_created", "replicas_moved")]

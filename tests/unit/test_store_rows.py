@@ -223,3 +223,33 @@ def test_an_event_row_of_a_newer_fleet_reads_as_unknown_and_is_never_written() -
     )
     with pytest.raises(ValueError, match="unknown kind"):
         event_doc(read.event, RolloutState.RUNNING)
+
+
+def test_amended_is_replace_and_refuses_a_field_the_replica_lacks() -> None:
+    """`amended` makes the same replica `dataclasses.replace` would (equal, same hash, the
+    original untouched), and a change of a field ReplicaState has not is a TypeError."""
+    from dataclasses import replace
+
+    from fleet_svc.domain.replicas import amended
+
+    r = ReplicaState(id="r1", model="m", profile="p", revision=2, spec=RunSpec("vllm", ("-x",)))
+    new = amended(r, phase=ReplicaPhase.STARTING, node="n1", gpus=(0,))
+    assert new == replace(r, phase=ReplicaPhase.STARTING, node="n1", gpus=(0,))
+    assert hash(new) == hash(replace(r, phase=ReplicaPhase.STARTING, node="n1", gpus=(0,)))
+    assert (r.phase, r.node) == (ReplicaPhase.PENDING, "")
+    with pytest.raises(TypeError):
+        amended(r, nodes=("n1",))
+
+
+def test_replicas_of_one_profile_share_their_row_spec_and_it_reads_back_as_each() -> None:
+    """Two replicas of one profile's spec get one spec dict (a store dumps it once); a
+    replica retired, or of another profile, gets its own; each reads back as its replica."""
+    spec = RunSpec("vllm", ("--max-model-len", "8192"), source="hf://org/m")
+    a = ReplicaState(id="a", model="m", profile="p", revision=1, spec=spec)
+    b = ReplicaState(id="b", model="m", profile="p", revision=1, spec=spec)
+    c = ReplicaState(id="c", model="m", profile="p", revision=1, spec=spec, retire=True)
+    ra, rb, rc = (replica_record(x) for x in (a, b, c))
+    assert ra.spec is rb.spec and rc.spec is not ra.spec
+    assert rc.spec["_fleet"]["retire"] is True and ra.spec["_fleet"]["retire"] is False
+    for record, replica in ((ra, a), (rb, b), (rc, c)):
+        assert replica_of(record) == replica

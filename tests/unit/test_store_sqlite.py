@@ -286,3 +286,34 @@ def test_answers_of_a_version_2_file_read_back_without_a_fingerprint(tmp_path: P
         store.put_answer("req-new", "SetGPUs", b"new", fingerprint="fp")
         new = store.get_answer("req-new")
         assert new is not None and new.fingerprint == "fp"
+
+
+def test_a_batch_of_replicas_sharing_a_spec_is_written_and_read_back_each(
+    tmp_path: Path,
+) -> None:
+    """write_replicas with many replicas of one spec (one dict dumped once) and a delete
+    stores each replica with its own fields, the shared spec, and not the one deleted."""
+    from fleet_svc.domain.phases import ReplicaPhase
+    from fleet_svc.domain.replicas import ReplicaState, RunSpec
+    from fleet_svc.store.rows import replica_of, replica_record
+
+    store = SQLiteStore(tmp_path / "fleet.db")
+    spec = RunSpec("vllm", ("--max-model-len", "8192"), source="hf://org/m")
+    replicas = [
+        ReplicaState(
+            id=f"r{i:02d}",
+            model="m",
+            profile="p",
+            revision=1,
+            spec=spec,
+            phase=ReplicaPhase.STARTING,
+            node=f"n{i}",
+            gpus=(i % 2,),
+        )
+        for i in range(12)
+    ]
+    store.write_replicas([replica_record(r) for r in replicas], [])
+    store.write_replicas([], ["r00"])
+    back = [replica_of(rec) for rec in store.list_replicas()]
+    assert back == replicas[1:]
+    store.close()
