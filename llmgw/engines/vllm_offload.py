@@ -29,6 +29,7 @@ from collections.abc import Sequence
 
 from llmgw.cardclass import GIB
 from llmgw.engines.grammar import Grammar
+from llmgw.engines.torch_overhead import layers_per_stage
 from llmgw.shape import ModelShape
 
 CPU_OFFLOAD_GB = ("--cpu-offload-gb",)
@@ -96,6 +97,5 @@ def v0_offload_copy_bytes(
     offloaded = offloaded_per_card(grammar, shape, args, tp, pp)
     if offloaded <= 0:
         return 0
-    layers = -(-shape.block_count // max(pp, 1))
-    one_layer = -(-layer_weights_per_card(shape, tp, pp) // max(layers, 1))
-    return min(offloaded, one_layer)
+    layers = max(layers_per_stage(shape, pp), 1)
+    return min(offloaded, -(-layer_weights_per_card(shape, tp, pp) // layers))
