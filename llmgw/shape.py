@@ -91,6 +91,24 @@ class Compute:
     """A cross-attention vision-language model's encoder tokens for one image at its most
     tiles (mllama: max_num_tiles × ((image_size // 14)² + 1), vLLM's
     get_max_mllama_image_tokens); 0 for other models."""
+    vision_tower: str = ""
+    """The vision tower whose profile the engines' rules know by name (VISION_TOWER_INTERNVIT:
+    an InternVL chat checkpoint's InternViT), "" for the others; the widths below are its."""
+    vision_hidden_size: int = 0
+    vision_image_size: int = 0
+    """A tile's side in pixels (InternVL's force_image_size, else the tower's image_size)."""
+    vision_item_tiles: int = 0
+    """The tiles one image is cut into at most (InternVL: max_dynamic_patch, plus the thumbnail
+    when it is used and there is more than one tile)."""
+    vision_tile_tokens: int = 0
+    """The tower's tokens for one tile: its patches and the class token."""
+    vision_item_tokens: int = 0
+    """The language model's tokens for one image at most tiles, as vLLM counts them
+    (get_max_internvl_image_tokens: (max_dynamic_patch + thumbnail) x patches x
+    downsample_ratio²)."""
+
+
+VISION_TOWER_INTERNVIT = "internvit"
 
 
 @dataclass(frozen=True)
@@ -127,7 +145,8 @@ class ParallelDims:
     vision_heads: int = 0
     vision_intermediate: int = 0
     vision_pads_heads: bool = False
-    """The engine pads the vision heads to a multiple of the TP size (InternViT in vLLM)."""
+    """The engine takes any TP size for the vision heads (InternViT in vLLM: it replicates the
+    attention, or pads the heads, when they do not divide)."""
     linear_k_heads: int = 0
     linear_v_heads: int = 0
     ssm_heads: int = 0

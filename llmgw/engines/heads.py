@@ -33,7 +33,9 @@ vLLM and SGLang, nothing copied):
 - vision encoders: the ViT attention of multimodal models (e.g. vllm/model_executor/models/
   qwen2_5_vl.py, `dist_utils.divide(num_heads, world_size)`; SGLang's layers/attention/
   vision.py VisionAttention the same) splits its own heads and MLP, unless the encoder runs
-  data parallel (vLLM `--mm-encoder-tp-mode data`) or pads heads (InternViT).
+  data parallel (vLLM `--mm-encoder-tp-mode data`) or is InternViT, whose attention vLLM
+  replicates on every rank when its heads do not divide (intern_vit.py InternSdpaAttention,
+  vllm-project/vllm#8061; NVLM-D pads them with 7 dummy heads instead).
 - recurrent mixers: Mamba-2 (vllm/model_executor/layers/mamba/mamba_mixer2.py: "Tensor
   parallel world size must divide num heads", groups divisible or exactly 1), Mamba-1 inner
   width (column-parallel in_proj), gated delta net (Qwen3-Next: key and value heads divided by

@@ -1,7 +1,8 @@
 """vLLM's profile run: the batch it profiles with (`--max-num-batched-tokens` and
 `--max-num-seqs`, their defaults by card), the multimodal inputs its limits let the dummy
 requests carry, and the torch peak the run reaches: the forward pass, the dummy sampler, a
-multimodal model's kept encoder outputs, V0's cross-attention vision tower (gpu_model_runner.py
+multimodal model's kept encoder outputs, V0's cross-attention vision tower, InternVL's tower
+(vllm_tower) (gpu_model_runner.py
 `profile_run`, `_dummy_sampler_run`; V0's worker.py and enc_dec_model_runner.py)."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from llmgw.engines.vllm_rules import (
     VLLM_RULES,
     VllmRules,
 )
+from llmgw.engines.vllm_tower import INTERNVIT_MARGIN, internvit_images, internvit_peak
 from llmgw.shape import ModelShape
 
 MAX_NUM_BATCHED_TOKENS = ("--max-num-batched-tokens",)
@@ -127,6 +129,8 @@ class VllmProfile:
     batched_tokens: int
     max_num_seqs: int
     chunked_prefill: bool = True
+    context: int = 0
+    """The context (`--max-model-len`) the profile is for (0: not given)."""
 
 
 def large_card(card: CardTotals) -> bool:
@@ -178,7 +182,7 @@ def profile_at(rules: VllmRules, said: str, flags: BatchFlags, tokens: int) -> V
     seqs = flags.max_num_seqs or (
         MAX_NUM_SEQS_LARGE_CARD if flags.large_card else MAX_NUM_SEQS_SMALL_CARD
     )
-    return VllmProfile(rules, said, batched, seqs, chunked)
+    return VllmProfile(rules, said, batched, seqs, chunked, tokens)
 
 
 def vllm_profile(
@@ -259,7 +263,9 @@ def profile_peak(
     pass over the batch and the dummy sampler over its requests (with the hidden states of
     the batch still alive), plus a multimodal model's retained encoder outputs; under V0 a
     cross-attention VLM's vision tower over every request's dummy images when that is larger
-    (CROSS_ATTENTION_IMAGE_TOKEN_BYTES); `mm` what the multimodal limits allow (MmInputs)."""
+    (CROSS_ATTENTION_IMAGE_TOKEN_BYTES); an InternVL model's InternViT over the dummy images
+    the version encodes at once when that is larger (vllm_tower); `mm` what the multimodal
+    limits allow (MmInputs)."""
     tokens = shape.compute.cross_attention_image_tokens if shape.compute and mm.images else 0
     if rules.v0 and tokens:
         tower = profile.max_num_seqs * mm.images * tokens * CROSS_ATTENTION_IMAGE_TOKEN_BYTES
@@ -267,7 +273,14 @@ def profile_peak(
         if tower > peak:
             return tower, int(tower * CROSS_ATTENTION_MARGIN)
         return peak, margin
-    return _text_activation(shape, forward, profile, rules, tp, flashinfer, mm.encoder)
+    peak, margin = _text_activation(shape, forward, profile, rules, tp, flashinfer, mm.encoder)
+    count = internvit_images(
+        shape, rules, mm.images, profile.batched_tokens, profile.max_num_seqs, profile.context
+    )
+    tower = internvit_peak(shape, count)
+    if tower > peak:
+        return tower, int(tower * INTERNVIT_MARGIN)
+    return peak, margin
 
 
 def _text_activation(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from llmgw.shape import Compute
+from llmgw.shape import VISION_TOWER_INTERNVIT, Compute
 
 _TEXT_KEYS = ("text_config", "llm_config", "language_config")
 _VISION_KEYS = ("vision_config", "visual", "vision_tower", "mm_vision_tower")
@@ -66,7 +66,14 @@ def compute_from_hf_config(config: Mapping[str, object]) -> Compute:
         shared = get(("n_shared_experts",)) * expert_width
     dense_layers = get(("first_k_dense_replace",)) if experts else 0
     vision = any(isinstance(config.get(k), Mapping | str) and config.get(k) for k in _VISION_KEYS)
+    tower = _internvit(config)
     return Compute(
+        vision_tower=VISION_TOWER_INTERNVIT if tower else "",
+        vision_hidden_size=tower[0] if tower else 0,
+        vision_image_size=tower[1] if tower else 0,
+        vision_item_tiles=tower[2] if tower else 0,
+        vision_tile_tokens=tower[3] if tower else 0,
+        vision_item_tokens=tower[4] if tower else 0,
         cross_attention_image_tokens=_mllama_image_tokens(config),
         hidden_size=hidden,
         intermediate_size=intermediate,
@@ -94,3 +101,35 @@ def _mllama_image_tokens(config: Mapping[str, object]) -> int:
     tiles = _whole(vision.get("max_num_tiles")) or 4
     size = _whole(vision.get("image_size")) or 560
     return tiles * ((size // MLLAMA_PATCH) ** 2 + 1)
+
+
+INTERNVL_MODEL_TYPES = frozenset({"internvl_chat"})
+"""The configs whose vision tower vLLM builds as InternViT with InternVL's tiling
+(vllm/model_executor/models/internvl.py InternVLChatModel, the OpenGVLab remote-code
+checkpoints of InternVL 1.5 to 3)."""
+
+
+def _internvit(config: Mapping[str, object]) -> tuple[int, int, int, int, int] | None:
+    """An InternVL chat config's tower width, tile side, tiles an image, tower tokens a tile and
+    language-model tokens an image, as Compute's `vision_*` fields (None for other models).
+    The tiles of the largest image follow vLLM's internvl.py: a dummy image max_dynamic_patch
+    tiles wide is cut into max_dynamic_patch tiles, plus a thumbnail when
+    use_thumbnail is set and there is more than one; the tower sees (side // patch)² patches and
+    a class token a tile, and the language model downsample_ratio² of the patches."""
+    vision = config.get("vision_config")
+    if config.get("model_type") not in INTERNVL_MODEL_TYPES or not isinstance(vision, Mapping):
+        return None
+    hidden = _whole(vision.get("hidden_size"))
+    side = _whole(config.get("force_image_size")) or _whole(vision.get("image_size"))
+    patch = _whole(vision.get("patch_size"))
+    most = _whole(config.get("max_dynamic_patch")) or 1
+    ratio = config.get("downsample_ratio", 0.5)
+    if not (hidden and side and patch and side >= patch) or not isinstance(ratio, int | float):
+        return None
+    if isinstance(ratio, bool) or not 0 < ratio <= 1:
+        return None
+    patches = (side // patch) ** 2
+    thumbnail = config.get("use_thumbnail") is True
+    tiles = most + (1 if thumbnail and most > 1 else 0)
+    counted = (most + (1 if thumbnail else 0)) * int(patches * ratio**2)
+    return hidden, side, tiles, patches + 1, counted

@@ -23,8 +23,8 @@ from planner_svc.domain.hf_layers import ConfigView
 _MAX = 1 << 24
 _EXPERT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
 _VISION_KEYS = ("vision_config", "vision_tower_config")
-# vLLM pads InternViT's heads to a multiple of the tp size (models/intern_vit.py
-# num_dummy_heads, after vllm-project/vllm#8097).
+# InternViT's heads need not divide by the tp size: vLLM replicates its attention on every rank
+# when they do not (models/intern_vit.py, vllm-project/vllm#8061) or pads them (NVLM-D).
 _PADDED_VISION = frozenset({"internvl_chat", "internvl", "nemotron_vl"})
 
 

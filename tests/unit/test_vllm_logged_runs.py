@@ -82,6 +82,12 @@ def shape_of(run: dict[str, Any]) -> ModelShape:
                 vocab_size=int(arch["vocab_size"]),
                 vision=bool(arch.get("vision", False)),
                 cross_attention_image_tokens=int(arch.get("cross_attention_image_tokens", 0)),
+                vision_tower=str(arch.get("vision_tower", "")),
+                vision_hidden_size=int(arch.get("vision_hidden_size", 0)),
+                vision_image_size=int(arch.get("vision_image_size", 0)),
+                vision_item_tiles=int(arch.get("vision_item_tiles", 0)),
+                vision_tile_tokens=int(arch.get("vision_tile_tokens", 0)),
+                vision_item_tokens=int(arch.get("vision_item_tokens", 0)),
             ),
         )
     if "checkpoint_gib" in run:  # weights offloaded to the host: the planner takes them off
