@@ -129,8 +129,6 @@ class VllmProfile:
     batched_tokens: int
     max_num_seqs: int
     chunked_prefill: bool = True
-    context: int = 0
-    """The context (`--max-model-len`) the profile is for (0: not given)."""
 
 
 def large_card(card: CardTotals) -> bool:
@@ -182,7 +180,7 @@ def profile_at(rules: VllmRules, said: str, flags: BatchFlags, tokens: int) -> V
     seqs = flags.max_num_seqs or (
         MAX_NUM_SEQS_LARGE_CARD if flags.large_card else MAX_NUM_SEQS_SMALL_CARD
     )
-    return VllmProfile(rules, said, batched, seqs, chunked, tokens)
+    return VllmProfile(rules, said, batched, seqs, chunked)
 
 
 def vllm_profile(
@@ -274,9 +272,9 @@ def profile_peak(
             return tower, int(tower * CROSS_ATTENTION_MARGIN)
         return peak, margin
     peak, margin = _text_activation(shape, forward, profile, rules, tp, flashinfer, mm.encoder)
-    count = internvit_images(
-        shape, rules, mm.images, profile.batched_tokens, profile.max_num_seqs, profile.context
-    )
+    if shape.compute is None or not shape.compute.vision_tower:
+        return peak, margin
+    count = internvit_images(shape, rules, mm.images, profile.batched_tokens, profile.max_num_seqs)
     tower = internvit_peak(shape, count)
     if tower > peak:
         return tower, int(tower * INTERNVIT_MARGIN)

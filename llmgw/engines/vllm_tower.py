@@ -10,9 +10,12 @@ How many images (at most tiles each, `Compute.vision_item_tiles`):
   forward runs the tower over all of them before the language model.
 - V1 (vllm/v1/worker/utils.py MultiModalBudget.get_max_items, read at a 2025-26 main): the
   encoder budget is max(max_num_batched_tokens, an image's tokens); the run encodes
-  max(1, min(budget // an image's tokens, max_num_seqs x images a prompt)) images, where a
-  prompt holds min(limit, max_model_len // an image's tokens) of them (at least 1), and keeps
-  their outputs while the language model's dummy batch runs.
+  max(1, min(budget // an image's tokens, max_num_seqs x images a prompt)) images and keeps
+  their outputs while the language model's dummy batch runs. vLLM caps a prompt's images at
+  max_model_len // an image's tokens too; the planner takes the limit itself, so that the
+  figure does not follow the context (V1's overheads are worked out once for every context,
+  vllm_memory.vllm_overhead): the count is then at most the encoder budget's, which binds
+  unless max_num_seqs is 1 or 2, and otherwise larger, the safe side.
 
 What the tower holds per token (vllm/model_executor/models/intern_vit.py): the layer's input
 (the residual), the embeddings the encoder was called with, norm1's output, the fused QKV, and,
@@ -43,11 +46,11 @@ image processor normalises to float32; the runner moves them to the card as they
 
 
 def internvit_images(
-    shape: ModelShape, rules: VllmRules, images: int, batched: int, seqs: int, context: int
+    shape: ModelShape, rules: VllmRules, images: int, batched: int, seqs: int
 ) -> int:
     """How many dummy images vLLM's profile run sends through an InternViT tower at once (0 for
     other models or when `--limit-mm-per-prompt` allows none): `images` a prompt, a batch of
-    `batched` tokens and `seqs` requests, a context of `context` tokens."""
+    `batched` tokens and `seqs` requests."""
     compute = shape.compute
     if compute is None or compute.vision_tower != VISION_TOWER_INTERNVIT or images <= 0:
         return 0
@@ -56,8 +59,7 @@ def internvit_images(
         return 0
     if rules.v0:
         return max(1, min(seqs, batched // (images * item))) * images
-    per_prompt = max(1, min(images, context // item)) if context else images
-    return max(1, min(max(batched, item) // item, seqs * per_prompt))
+    return max(1, min(max(batched, item) // item, seqs * images))
 
 
 def internvit_peak(shape: ModelShape, count: int) -> int:

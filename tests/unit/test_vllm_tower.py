@@ -98,23 +98,28 @@ def test_v0_cuts_the_requests_by_the_images_tokens() -> None:
     limit's images: 1 request of 16 at 8192 tokens (the log's warning), 2 of 1, 19 of 1 at
     65536, and never more than max_num_seqs."""
     shape = shape_of(RUN)
-    assert internvit_images(shape, V0, 16, 8192, 256, 8192) == 16
-    assert internvit_images(shape, V0, 1, 8192, 256, 8192) == 2
-    assert internvit_images(shape, V0, 1, 65536, 256, 65536) == 19
-    assert internvit_images(shape, V0, 1, 65536, 4, 65536) == 4
-    assert internvit_images(shape, V0, 0, 8192, 256, 8192) == 0
+    assert internvit_images(shape, V0, 16, 8192, 256) == 16
+    assert internvit_images(shape, V0, 1, 8192, 256) == 2
+    assert internvit_images(shape, V0, 1, 65536, 256) == 19
+    assert internvit_images(shape, V0, 1, 65536, 4) == 4
+    assert internvit_images(shape, V0, 0, 8192, 256) == 0
 
 
 def test_v1_encodes_the_images_its_encoder_budget_holds() -> None:
-    """V1 encodes max(1, min(max(batched, 3328) // 3328, seqs x images a prompt)) images,
-    a prompt holding min(limit, context // 3328): 2 at 8192 tokens whatever the limit above 2,
-    1 on a small card's 2048, 1 when the context holds less than one image."""
+    """V1 encodes max(1, min(max(batched, 3328) // 3328, seqs x the limit)) images: 2 at 8192
+    tokens whatever the limit, 1 on a small card's 2048, and no more than seqs x the limit; the
+    count does not follow the context (vLLM's cap of a prompt's images by max_model_len is
+    left out, the safe side), so V1's overheads stay the same for every context."""
     shape = shape_of(RUN)
-    assert internvit_images(shape, V1, 16, 8192, 256, 8192) == 2
-    assert internvit_images(shape, V1, 1, 8192, 256, 8192) == 2
-    assert internvit_images(shape, V1, 1, 2048, 256, 32768) == 1
-    assert internvit_images(shape, V1, 16, 65536, 1, 2048) == 1
-    assert internvit_images(shape, V1, 16, 65536, 2, 65536) == 19
+    assert internvit_images(shape, V1, 16, 8192, 256) == 2
+    assert internvit_images(shape, V1, 1, 8192, 256) == 2
+    assert internvit_images(shape, V1, 1, 2048, 256) == 1
+    assert internvit_images(shape, V1, 16, 65536, 1) == 16
+    assert internvit_images(shape, V1, 16, 65536, 256) == 19
+    v1 = {**RUN, "gpu": "H100-80GB", "cuda_total_gib": 79.19}
+    short = need_of({**v1, "args": ["--max-model-len", "4096", *RUN["args"][2:]]}, "0.10.2")
+    long = need_of({**v1, "args": ["--max-model-len", "32768", *RUN["args"][2:]]}, "0.10.2")
+    assert short.activation_bytes == long.activation_bytes
 
 
 def test_the_peak_is_the_tiles_tokens_at_the_width_and_their_pixels() -> None:
@@ -145,10 +150,8 @@ def test_the_logged_run_is_sized_by_its_tower_and_fewer_images_leave_more_pool()
     total = int(79.19 * GIB)
     card = CardTotals("H100-80GB", total, total, "printed")
     large = vllm_profile(GRAMMAR, RUN["args"], card=card, tokens=8192, engine_version="0.10.2")
-    assert (large.batched_tokens, large.context) == (8192, 8192)
-    count = internvit_images(
-        shape_of(RUN), large.rules, 16, large.batched_tokens, large.max_num_seqs, large.context
-    )
+    assert large.batched_tokens == 8192
+    count = internvit_images(shape_of(RUN), large.rules, 16, large.batched_tokens, 1024)
     assert count == 2
     none = need_of({**RUN, "args": [*args[:-1], "image=0"]})
     assert none.activation_bytes < 3 * GIB < logged.activation_bytes
