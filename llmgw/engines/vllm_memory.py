@@ -55,6 +55,7 @@ from llmgw.engines.vllm_peak import (
     mm_inputs,
     profile_at,
     profile_peak,
+    tower_said,
     vllm_profile,
 )
 from llmgw.engines.vllm_rules import (
@@ -454,6 +455,8 @@ def _vllm_overhead(
             f"; --cpu-offload-gb: V0 copies an offloaded layer back for its forward pass "
             f"({copied / GIB:.2f} GiB at the peak)"
         )
+    if shape.compute is not None and shape.compute.vision_tower:
+        said += tower_said(shape, profile, grammar, args, activation - copied)
     if shape.compute is not None and shape.compute.vision and grammar.has(args, SKIP_MM_PROFILING):
         said += (
             "; --skip-mm-profiling: no encoder in the profile run, so what the encoder takes "

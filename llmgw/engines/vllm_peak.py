@@ -310,3 +310,25 @@ def _text_activation(
     if forward_bytes >= sampler_bytes:
         return forward_bytes + retained, int(forward_bytes * forward.margin)
     return sampler_bytes + retained, int(sampler_bytes * SAMPLER_MARGIN)
+
+
+def tower_said(
+    shape: ModelShape, profile: VllmProfile, grammar: Grammar, args: Sequence[str], peak: int
+) -> str:
+    """What `rules` add when an InternViT tower's pass is the profile's peak `peak` ("" when
+    the language model's is): how many dummy images of how many tiles it encoded."""
+    count = internvit_images(
+        shape,
+        profile.rules,
+        mm_inputs(grammar, args).images,
+        profile.batched_tokens,
+        profile.max_num_seqs,
+    )
+    tower = internvit_peak(shape, count)
+    if not tower or tower != peak or shape.compute is None:
+        return ""
+    tiles = shape.compute.vision_item_tiles
+    return (
+        f"; the peak is the vision tower's over {count} dummy image(s) of {tiles} tiles "
+        f"({tower / GIB:.2f} GiB)"
+    )

@@ -138,6 +138,7 @@ def test_the_logged_run_is_sized_by_its_tower_and_fewer_images_leave_more_pool()
     encoded and the peak is far lower; image=0 leaves the tower out."""
     logged = need_of(RUN)
     assert abs(logged.activation_bytes / GIB - 15.73) < 0.02
+    assert "the vision tower's over 16 dummy image(s) of 13 tiles (15.72 GiB)" in logged.rules
     assert abs(logged.kv_pool_bytes / GIB - RUN["printed"]["available_kv_gib"]) < 0.15
     args = list(RUN["args"])
     four = need_of({**RUN, "args": [*args[:-1], "image=4"]})
@@ -155,3 +156,4 @@ def test_the_logged_run_is_sized_by_its_tower_and_fewer_images_leave_more_pool()
     assert count == 2
     none = need_of({**RUN, "args": [*args[:-1], "image=0"]})
     assert none.activation_bytes < 3 * GIB < logged.activation_bytes
+    assert "vision tower" not in none.rules and "vision tower" not in v1.rules
