@@ -20,7 +20,9 @@ How many images (at most tiles each, `Compute.vision_item_tiles`):
 What the tower holds per token (vllm/model_executor/models/intern_vit.py): the layer's input
 (the residual), the embeddings the encoder was called with, norm1's output, the fused QKV, and,
 while the K of an InternViT-6B (qk_normalization) is normalised, the normalised Q and K's two
-float32 copies (RMSNorm.forward_native): 22 bytes of tower width a token in bf16. The tiles'
+float32 copies (RMSNorm.forward_native): 22 bytes of tower width a token in bf16 (the smaller
+InternViT-300M has no QK norm, but its MLP, 4 x the width and not split at TP 1, holds fc1's
+output and its GELU beside the residual, the embeddings and norm2's output: 22 too). The tiles'
 float32 pixels stay alive beside it. When 25 heads do not divide by the TP size, vLLM
 replicates the attention (InternSdpaAttention, vllm-project/vllm#8061), so those widths do not
 shrink with tensor parallel; the MLP's do, and it is not the peak.
