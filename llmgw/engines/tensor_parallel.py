@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import replace
 from fractions import Fraction
 from typing import ClassVar
 
@@ -201,16 +200,21 @@ class TensorParallelEngine:
         sequences = max(asked.slots, 1)
         shape = self.cache_shape(shape, args)
         card = asked.card or CardTotals.of("", card_memory_bytes)
+        # The arguments less the context's value: the key of what no context changes.
+        masked = _without_value(args, self.context_flag)
         tp, pp, dtype, template, offloaded = self._setting(
-            shape, args, cards, card.cuda_bytes or card_memory_bytes
+            shape, args, masked, cards, card.cuda_bytes or card_memory_bytes
         )
-        pool = replace(template, tokens=tokens * sequences, sequences=sequences)
+        # A copy of the template without dataclasses.replace's __init__ (a pool checks nothing
+        # there), as Profile.with_args copies a profile.
+        pool = object.__new__(type(template))
+        pool.__dict__.update(template.__dict__, tokens=tokens * sequences, sequences=sequences)
         per_layer = layer_bytes_on_card(shape, pool, tp=tp, dtype=dtype)
         kv_card = fullest_stage(per_layer, pp)
         weights_card = -(-shape.weights_bytes // (tp * pp)) - offloaded
         known = card.nvml_bytes > 0 or card.cuda_bytes > 0
         over, pool_bytes, capacity = self._overhead(
-            shape, args, tokens, tp, pp, weights_card, card, asked.engine_version
+            shape, args, masked, tokens, tp, pp, weights_card, card, asked.engine_version
         )
         budget = over.budget_bytes if known else 0
         return CardNeed(
@@ -242,6 +246,7 @@ class TensorParallelEngine:
         self,
         shape: ModelShape,
         args: Sequence[str],
+        masked: tuple[str, ...],
         tokens: int,
         tp: int,
         pp: int,
@@ -256,7 +261,7 @@ class TensorParallelEngine:
         context never asked before then costs a look-up, not the engine's rules (bounded:
         SETTINGS_KEPT settings, OVERHEADS_PER_SETTING parts each), and, where the engine
         widens the margin by the context (`margin_widener`), that widening."""
-        setting = (self.name, _without_value(args, self.context_flag), tp, pp, card, engine_version)
+        setting = (self.name, masked, tp, pp, card, engine_version)
         kept = memo_table(shape, "tp_overheads")
         entry: _Overheads | None = kept.get(setting)
         if entry is None:
@@ -355,14 +360,19 @@ class TensorParallelEngine:
         return None
 
     def _setting(
-        self, shape: ModelShape, args: Sequence[str], cards: int, card_memory_bytes: int
+        self,
+        shape: ModelShape,
+        args: Sequence[str],
+        masked: tuple[str, ...],
+        cards: int,
+        card_memory_bytes: int,
     ) -> tuple[int, int, Fraction, CachePool, int]:
         """The (tp, pp) sizes, the cache type's bytes, the pool's layout (for no tokens yet)
         and the weights each card keeps in host memory (`offloaded_per_card`) of `args` on
         `cards` cards: none of them depends on the context, so they are worked out once per
         shape and setting and kept in its `sizing_memo` (`engines.memo`; bounded,
         SETTINGS_KEPT) under the arguments less the context flag's value."""
-        key = (self.name, _without_value(args, self.context_flag), cards, card_memory_bytes)
+        key = (self.name, masked, cards, card_memory_bytes)
         kept = memo_table(shape, "tp_settings")
         hit = kept.get(key)
         if hit is not None:
