@@ -23,6 +23,7 @@ from llmgw.engines.kvcache import (
     token_bytes_on_card,
 )
 from llmgw.engines.memo import memo_table
+from llmgw.frozen import made
 from llmgw.shape import ModelShape
 
 
@@ -217,7 +218,8 @@ class TensorParallelEngine:
             shape, args, masked, tokens, tp, pp, weights_card, card, asked.engine_version
         )
         budget = over.budget_bytes if known else 0
-        return CardNeed(
+        return made(
+            CardNeed,
             weights_bytes=shape.weights_bytes,
             kv_bytes=sum(per_layer) * tp,
             per_card_bytes=weights_card + kv_card + over.total_bytes,
@@ -240,6 +242,7 @@ class TensorParallelEngine:
             outside_room_bytes=over.outside_room_bytes if known else 0,
             outside_margin_bytes=over.outside_margin_bytes,
             weights_known=shape.weights_bytes > 0,
+            devices=(),
         )
 
     def _overhead(

@@ -65,6 +65,7 @@ from llmgw.engines.vllm_rules import (
     VLLM_RULES,
     VllmRules,
 )
+from llmgw.frozen import made
 from llmgw.shape import ModelShape
 
 ENFORCE_EAGER = ("--enforce-eager",)
@@ -291,10 +292,13 @@ def widen_unknown_margin(
     """`over` (the central figures of a version in no known range) with the spread of every
     range's peak and non-torch memory (`_unknown_spread`) added to its margin, and said."""
     spread = _unknown_spread(grammar, shape, args, tokens=tokens, tp=tp, pp=pp, card=card)
-    return replace(
-        over,
-        margin_bytes=over.margin_bytes + spread,
-        rules=f"{over.rules}; {UNKNOWN_VERSION_NOTE} ({spread / GIB:.2f} GiB more)",
+    return made(
+        Overhead,
+        **{
+            **over.__dict__,
+            "margin_bytes": over.margin_bytes + spread,
+            "rules": f"{over.rules}; {UNKNOWN_VERSION_NOTE} ({spread / GIB:.2f} GiB more)",
+        },
     )
 
 

@@ -24,6 +24,7 @@ from llmgw.engines.vllm_rules import (
     VLLM_RULES,
     VllmRules,
 )
+from llmgw.frozen import made
 from llmgw.shape import ModelShape
 
 MAX_NUM_BATCHED_TOKENS = ("--max-num-batched-tokens",)
@@ -178,7 +179,14 @@ def profile_at(rules: VllmRules, said: str, flags: BatchFlags, tokens: int) -> V
     seqs = flags.max_num_seqs or (
         MAX_NUM_SEQS_LARGE_CARD if flags.large_card else MAX_NUM_SEQS_SMALL_CARD
     )
-    return VllmProfile(rules, said, batched, seqs, chunked)
+    return made(
+        VllmProfile,
+        rules=rules,
+        rules_said=said,
+        batched_tokens=batched,
+        max_num_seqs=seqs,
+        chunked_prefill=chunked,
+    )
 
 
 def vllm_profile(
