@@ -15,7 +15,10 @@ Contexts fall in three buckets that cost differently: <= 8,192 tokens, 8,193-32,
 unknown vLLM version's profiling batch is the context) and above. Each figure is the best of
 `repeats` runs of `calls` calls (process CPU, `time.process_time`, per call).
 
-Run: `.venv/bin/python -m bench.sizing_loop [--calls N] [--repeats R]`.
+Run: `.venv/bin/python -m bench.sizing_loop [--calls N] [--repeats R]`. To count instructions
+instead (deterministic on a shared machine): `valgrind --tool=callgrind .venv/bin/python -m
+bench.sizing_loop --count N --part sizing|handler --bucket BUCKET` at two counts; the
+difference of the totals over the difference of the counts is one call's.
 """
 
 from __future__ import annotations
@@ -150,12 +153,58 @@ def run(calls: int = 400, repeats: int = 7) -> dict[str, float]:
     return figures
 
 
+def count_run(part: str, bucket: str, count: int) -> None:
+    """`count` + 50 fresh calls of `part` ("sizing" or "handler") in `bucket`, untimed: run
+    under `valgrind --tool=callgrind` at two counts, the difference of their instructions
+    over the difference of the counts is a call's, whatever the machine's load. The JSON log
+    goes to /dev/null."""
+    first, last = BUCKETS[bucket]
+    span = last - first + 1
+    tokens = [first + (i * 7919) % span for i in range(count + 50)]
+    if len(set(tokens)) != len(tokens):
+        raise SystemExit(f"bucket {bucket} holds fewer than {count + 50} contexts")
+    with open(os.devnull, "w") as null, tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        stderr, sys.stderr = sys.stderr, null
+        try:
+            configure_logging(json_logs=True)
+            request = size_request(vllm_model(source=str(write_model_gguf(Path(tmp)))))
+            resolver = ShapeResolver()
+            servicer = PlannerServicer(resolver)
+            loop = asyncio.new_event_loop()
+            shape = loop.run_until_complete(resolver.resolve(request.model.source))
+            model_of, inventory_of = decoded.decoders()
+            model, inventory = model_of(request.model), inventory_of(INVENTORY)
+            if part == "sizing":
+                for t in tokens:
+                    size_context(model, shape, tokens=t, slots=0, inventory=inventory)
+            else:
+
+                async def handle() -> None:
+                    for t in tokens:
+                        request.tokens = t
+                        await servicer.SizeContext(request, _Context())  # type: ignore[arg-type]
+
+                loop.run_until_complete(handle())
+            loop.close()
+        finally:
+            sys.stderr = stderr
+            structlog.reset_defaults()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Parse `--calls` and `--repeats`, run, print."""
+    """Parse `--calls` and `--repeats` (or `--count`, `--part`, `--bucket`), run, print."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("--calls", type=int, default=400, help="calls a run (default 400)")
     parser.add_argument("--repeats", type=int, default=7, help="runs a figure (default 7)")
+    parser.add_argument(
+        "--count", type=int, default=0, help="untimed: this many calls + 50, for callgrind"
+    )
+    parser.add_argument("--part", choices=("sizing", "handler"), default="sizing")
+    parser.add_argument("--bucket", choices=list(BUCKETS), default="> 32k")
     opts = parser.parse_args(argv)
+    if opts.count:
+        count_run(opts.part, opts.bucket, opts.count)
+        return
     run(opts.calls, opts.repeats)
 
 
