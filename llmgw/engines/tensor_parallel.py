@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import replace
 from fractions import Fraction
 from typing import ClassVar
 
@@ -24,6 +23,7 @@ from llmgw.engines.kvcache import (
     token_bytes_on_card,
 )
 from llmgw.engines.memo import memo_table
+from llmgw.frozen import made
 from llmgw.shape import ModelShape
 
 
@@ -201,19 +201,25 @@ class TensorParallelEngine:
         sequences = max(asked.slots, 1)
         shape = self.cache_shape(shape, args)
         card = asked.card or CardTotals.of("", card_memory_bytes)
+        # The arguments less the context's value: the key of what no context changes.
+        masked = _without_value(args, self.context_flag)
         tp, pp, dtype, template, offloaded = self._setting(
-            shape, args, cards, card.cuda_bytes or card_memory_bytes
+            shape, args, masked, cards, card.cuda_bytes or card_memory_bytes
         )
-        pool = replace(template, tokens=tokens * sequences, sequences=sequences)
+        # A copy of the template without dataclasses.replace's __init__ (a pool checks nothing
+        # there), as Profile.with_args copies a profile.
+        pool = object.__new__(type(template))
+        pool.__dict__.update(template.__dict__, tokens=tokens * sequences, sequences=sequences)
         per_layer = layer_bytes_on_card(shape, pool, tp=tp, dtype=dtype)
         kv_card = fullest_stage(per_layer, pp)
         weights_card = -(-shape.weights_bytes // (tp * pp)) - offloaded
         known = card.nvml_bytes > 0 or card.cuda_bytes > 0
         over, pool_bytes, capacity = self._overhead(
-            shape, args, tokens, tp, pp, weights_card, card, asked.engine_version
+            shape, args, masked, tokens, tp, pp, weights_card, card, asked.engine_version
         )
         budget = over.budget_bytes if known else 0
-        return CardNeed(
+        return made(
+            CardNeed,
             weights_bytes=shape.weights_bytes,
             kv_bytes=sum(per_layer) * tp,
             per_card_bytes=weights_card + kv_card + over.total_bytes,
@@ -236,12 +242,14 @@ class TensorParallelEngine:
             outside_room_bytes=over.outside_room_bytes if known else 0,
             outside_margin_bytes=over.outside_margin_bytes,
             weights_known=shape.weights_bytes > 0,
+            devices=(),
         )
 
     def _overhead(
         self,
         shape: ModelShape,
         args: Sequence[str],
+        masked: tuple[str, ...],
         tokens: int,
         tp: int,
         pp: int,
@@ -250,68 +258,124 @@ class TensorParallelEngine:
         engine_version: str,
     ) -> tuple[Overhead, int, int]:
         """The overhead (`overhead_and_budget`), the KV pool's bytes on a card and the tokens it
-        holds (`token_capacity`). Where the engine says which part of the context its overhead
-        reads (`overhead_tokens`), all three are kept per shape and setting (the arguments less
-        the context flag's value, the card, the version) under that part: a context never
-        asked before then costs a look-up, not the engine's rules (bounded: SETTINGS_KEPT
-        settings, OVERHEADS_PER_SETTING parts each)."""
-        setting = (self.name, _without_value(args, self.context_flag), tp, pp, card, engine_version)
+        holds (`token_capacity`). Where the engine says which part of the context its central
+        figures read (`overhead_tokens`), all three are kept per shape and setting (the
+        arguments less the context flag's value, the card, the version) under that part: a
+        context never asked before then costs a look-up, not the engine's rules (bounded:
+        SETTINGS_KEPT settings, OVERHEADS_PER_SETTING parts each), and, where the engine
+        widens the margin by the context (`margin_widener`), that widening."""
+        setting = (self.name, masked, tp, pp, card, engine_version)
         kept = memo_table(shape, "tp_overheads")
         entry: _Overheads | None = kept.get(setting)
         if entry is None:
             entry = kept[setting] = (
                 self.overhead_tokens(args, card=card, engine_version=engine_version),
                 OrderedDict(),
+                self.margin_widener(args, card=card, engine_version=engine_version),
+                OrderedDict(),
             )
             while len(kept) > SETTINGS_KEPT:
                 kept.popitem(last=False)
         else:
             kept.move_to_end(setting)
-        part_of, figures = entry
+        part_of, figures, widening, widened = entry
         part = part_of(tokens) if part_of is not None else None
-        hit = figures.get(part) if part_of is not None else None
-        if hit is not None:
+        found = figures.get(part) if part_of is not None else None
+        if found is not None:
             figures.move_to_end(part)
+        else:
+            over = self.central_overhead(
+                shape,
+                args,
+                tokens=tokens,
+                tp=tp,
+                pp=pp,
+                weights_card_bytes=weights_card,
+                card=card,
+                engine_version=engine_version,
+            )
+            known = card.nvml_bytes > 0 or card.cuda_bytes > 0
+            budget = over.budget_bytes if known else 0
+            pool_bytes = max(budget - weights_card - over.total_bytes, 0) if budget else 0
+            capacity = self.token_capacity(shape, available_kv_bytes=pool_bytes, tp=tp, args=args)
+            found = (over, pool_bytes, capacity)
+            if part_of is not None:
+                figures[part] = found
+                while len(figures) > OVERHEADS_PER_SETTING:
+                    figures.popitem(last=False)
+        if widening is None:
+            return found
+        # The margin is not in the pool's bytes or its tokens (`total_bytes` leaves it out), so
+        # only the overhead is widened, and kept under both parts of the context it read.
+        margin_part, widen = widening
+        key = (part, margin_part(tokens)) if part_of is not None else None
+        hit = widened.get(key) if key is not None else None
+        if hit is not None:
+            widened.move_to_end(key)
             return hit
-        over = self.overhead_and_budget(
-            shape,
-            args,
-            tokens=tokens,
-            tp=tp,
-            pp=pp,
-            weights_card_bytes=weights_card,
-            card=card,
-            engine_version=engine_version,
-        )
-        known = card.nvml_bytes > 0 or card.cuda_bytes > 0
-        budget = over.budget_bytes if known else 0
-        pool_bytes = max(budget - weights_card - over.total_bytes, 0) if budget else 0
-        capacity = self.token_capacity(shape, available_kv_bytes=pool_bytes, tp=tp, args=args)
-        found = (over, pool_bytes, capacity)
-        if part_of is not None:
-            figures[part] = found
-            while len(figures) > OVERHEADS_PER_SETTING:
-                figures.popitem(last=False)
-        return found
+        out = widen(shape, args, found[0], tokens, tp, pp, card), found[1], found[2]
+        if key is not None:
+            widened[key] = out
+            while len(widened) > OVERHEADS_PER_SETTING:
+                widened.popitem(last=False)
+        return out
 
     def overhead_tokens(
         self, args: Sequence[str], *, card: CardTotals, engine_version: str
     ) -> Callable[[int], Hashable] | None:
-        """What of a context `overhead_and_budget` and `token_capacity` read under `args` on
+        """What of a context `central_overhead` and `token_capacity` read under `args` on
         `card` at `engine_version` (whatever the context flag's value): a function of the
         tokens whose equal answers mean equal figures, worked out once per setting; None
         (here) when they may read all of it, so nothing is kept."""
         return None
 
+    def central_overhead(
+        self,
+        shape: ModelShape,
+        args: Sequence[str],
+        *,
+        tokens: int,
+        tp: int,
+        pp: int,
+        weights_card_bytes: int,
+        card: CardTotals,
+        engine_version: str,
+    ) -> Overhead:
+        """`overhead_and_budget` before `margin_widener`'s widening (here: all of it)."""
+        return self.overhead_and_budget(
+            shape,
+            args,
+            tokens=tokens,
+            tp=tp,
+            pp=pp,
+            weights_card_bytes=weights_card_bytes,
+            card=card,
+            engine_version=engine_version,
+        )
+
+    def margin_widener(
+        self, args: Sequence[str], *, card: CardTotals, engine_version: str
+    ) -> tuple[Callable[[int], Hashable], MarginWidener] | None:
+        """How `overhead_and_budget` widens `central_overhead`'s margin by the context under
+        `args` on `card` at `engine_version`, worked out once per setting: what of a context
+        the widening reads (as `overhead_tokens` says it of the central figures), and the
+        widening; None (here) when it does not."""
+        return None
+
     def _setting(
-        self, shape: ModelShape, args: Sequence[str], cards: int, card_memory_bytes: int
+        self,
+        shape: ModelShape,
+        args: Sequence[str],
+        masked: tuple[str, ...],
+        cards: int,
+        card_memory_bytes: int,
     ) -> tuple[int, int, Fraction, CachePool, int]:
         """The (tp, pp) sizes, the cache type's bytes, the pool's layout (for no tokens yet)
         and the weights each card keeps in host memory (`offloaded_per_card`) of `args` on
         `cards` cards: none of them depends on the context, so they are worked out once per
         shape and setting and kept in its `sizing_memo` (`engines.memo`; bounded,
         SETTINGS_KEPT) under the arguments less the context flag's value."""
-        key = (self.name, _without_value(args, self.context_flag), cards, card_memory_bytes)
+        key = (self.name, masked, cards, card_memory_bytes)
         kept = memo_table(shape, "tp_settings")
         hit = kept.get(key)
         if hit is not None:
@@ -368,10 +432,19 @@ class TensorParallelEngine:
 SETTINGS_KEPT = 32
 """Settings (argument lists × card counts × card sizes) kept per shape."""
 
+MarginWidener = Callable[[ModelShape, Sequence[str], Overhead, int, int, int, CardTotals], Overhead]
+"""(shape, args, central overhead, tokens, tp, pp, card) -> the overhead, its margin widened
+by what the context moves of it (`TensorParallelEngine.margin_widener`)."""
+
 _Overheads = tuple[
-    Callable[[int], Hashable] | None, OrderedDict[Hashable, tuple[Overhead, int, int]]
+    Callable[[int], Hashable] | None,
+    OrderedDict[Hashable, tuple[Overhead, int, int]],
+    tuple[Callable[[int], Hashable], MarginWidener] | None,
+    OrderedDict[Hashable, tuple[Overhead, int, int]],
 ]
-"""One setting's kept overheads: what of a context they read, and the figures by it."""
+"""One setting's kept overheads: what of a context their central figures read, the figures
+by it, what of a context the margin's widening reads and the widening, and the widened
+figures by both parts."""
 
 OVERHEADS_PER_SETTING = 16
 """Overheads kept per setting: one where the context changes none of it, else the last few

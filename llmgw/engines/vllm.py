@@ -19,8 +19,15 @@ from llmgw.engines.gang import GangLaunch, GangMember, vllm_launch
 from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, Grammar, RefusedFlag, switch
 from llmgw.engines.heads import TpOptions
 from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
-from llmgw.engines.tensor_parallel import TensorParallelEngine
-from llmgw.engines.vllm_memory import vllm_overhead, vllm_overhead_tokens
+from llmgw.engines.tensor_parallel import MarginWidener, TensorParallelEngine
+from llmgw.engines.versions import in_a_range
+from llmgw.engines.vllm_memory import (
+    unknown_margin_tokens,
+    vllm_central_overhead,
+    vllm_overhead,
+    vllm_overhead_tokens,
+    widen_unknown_margin,
+)
 from llmgw.engines.vllm_offload import CPU_OFFLOAD_GB, offloaded_per_card
 from llmgw.engines.vllm_rules import VLLM_RULES
 from llmgw.shape import Layer, ModelShape
@@ -311,11 +318,59 @@ class Vllm(TensorParallelEngine):
         capacity reads none of it (`vllm_token_capacity`)."""
         return vllm_overhead_tokens(GRAMMAR, args, card=card, engine_version=engine_version)
 
+    def central_overhead(
+        self,
+        shape: ModelShape,
+        args: Sequence[str],
+        *,
+        tokens: int,
+        tp: int,
+        pp: int,
+        weights_card_bytes: int,
+        card: CardTotals,
+        engine_version: str,
+    ) -> Overhead:
+        """The version's range's figures, before an unknown version's spread
+        (`vllm_central_overhead`)."""
+        return vllm_central_overhead(
+            GRAMMAR,
+            shape,
+            args,
+            tokens=tokens,
+            tp=tp,
+            pp=pp,
+            card=card,
+            engine_version=engine_version,
+        )
+
+    def margin_widener(
+        self, args: Sequence[str], *, card: CardTotals, engine_version: str
+    ) -> tuple[Callable[[int], Hashable], MarginWidener] | None:
+        """A version in no known range carries the spread of every range's figures in its
+        margin (`widen_unknown_margin`), which reads of the context the batch V0 would
+        profile (`unknown_margin_tokens`); a known one nothing."""
+        if in_a_range(VLLM_RULES, engine_version):
+            return None
+        return unknown_margin_tokens(GRAMMAR, args, card=card), _widen_unknown
+
     def token_capacity(
         self, shape: ModelShape, *, available_kv_bytes: int, tp: int, args: Sequence[str]
     ) -> int:
         """vLLM's "GPU KV cache size" (`vllm_token_capacity`)."""
         return vllm_token_capacity(shape, available_kv_bytes=available_kv_bytes, tp=tp, args=args)
+
+
+def _widen_unknown(
+    shape: ModelShape,
+    args: Sequence[str],
+    over: Overhead,
+    tokens: int,
+    tp: int,
+    pp: int,
+    card: CardTotals,
+) -> Overhead:
+    """`widen_unknown_margin` under vLLM's grammar (a `MarginWidener`)."""
+    return widen_unknown_margin(GRAMMAR, shape, args, over, tokens=tokens, tp=tp, pp=pp, card=card)
 
 
 VLLM = Vllm()

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from llmgw.cardclass import GIB, MIB, nvml_reports_memory
 from llmgw.engines.base import CardTotals, Overhead
@@ -39,6 +39,7 @@ from llmgw.engines.torch_overhead import (
     CUDA_GRAPH_BYTES_PER_LAYER,
     CUDA_GRAPH_BYTES_PER_MOE_LAYER,
     NON_TORCH_MARGIN_BYTES,
+    ForwardCost,
     forward_cost,
     is_moe,
     layers_per_stage,
@@ -49,6 +50,7 @@ from llmgw.engines.vllm_peak import (
     NO_CHUNKED_PREFILL,
     SKIP_MM_PROFILING,
     BatchFlags,
+    MmInputs,
     batch_flags,
     declares_flashinfer,
     flashinfer_peak,
@@ -64,6 +66,7 @@ from llmgw.engines.vllm_rules import (
     VLLM_RULES,
     VllmRules,
 )
+from llmgw.frozen import made
 from llmgw.shape import ModelShape
 
 ENFORCE_EAGER = ("--enforce-eager",)
@@ -207,10 +210,43 @@ def vllm_overhead(
     """What vLLM takes on a card beside weights and KV, inside `requested`, by its version's
     rules; and what must fit outside it (the CUDA context, and before 0.21 the graphs).
 
-    Worked out once per shape and setting: with chunked prefill (V1's default) and a known
-    version nothing here depends on the context, so the answer is kept in the shape's
-    `sizing_memo` (`engines.memo`) under the arguments with `--max-model-len`'s value left
-    out (bounded, OVERHEADS_KEPT)."""
+    The central figures (`vllm_central_overhead`), with an unknown version's spread over every
+    range added to the margin (`widen_unknown_margin`)."""
+    over = vllm_central_overhead(
+        grammar,
+        shape,
+        args,
+        tokens=tokens,
+        tp=tp,
+        pp=pp,
+        card=card,
+        engine_version=engine_version,
+        default_utilisation=default_utilisation,
+    )
+    if in_a_range(VLLM_RULES, engine_version):
+        return over
+    return widen_unknown_margin(grammar, shape, args, over, tokens=tokens, tp=tp, pp=pp, card=card)
+
+
+def vllm_central_overhead(
+    grammar: Grammar,
+    shape: ModelShape,
+    args: Sequence[str],
+    *,
+    tokens: int,
+    tp: int,
+    pp: int,
+    card: CardTotals,
+    engine_version: str,
+    default_utilisation: float | None = None,
+) -> Overhead:
+    """`vllm_overhead` before an unknown version's spread is added to its margin: the figures
+    of the version's range (the newest, for a version in none).
+
+    Worked out once per shape and setting: with chunked prefill (V1's default) nothing here
+    depends on the context, so the answer is kept in the shape's `sizing_memo`
+    (`engines.memo`) under the arguments with `--max-model-len`'s value left out (bounded,
+    OVERHEADS_KEPT)."""
     rules, _ = pick(VLLM_RULES, engine_version)
     token_free = not rules.v0 and not grammar.has(args, NO_CHUNKED_PREFILL)
     key = (
@@ -227,43 +263,66 @@ def vllm_overhead(
     over = kept.get(key)
     if isinstance(over, Overhead):
         kept.move_to_end(key)
-    else:
-        over = _memo_overhead(
-            kept,
-            key,
-            grammar,
-            shape,
-            args,
-            tokens,
-            tp,
-            pp,
-            card,
-            engine_version,
-            default_utilisation,
-        )
-    if in_a_range(VLLM_RULES, engine_version):
         return over
-    masked = key[0] if token_free else _without_context(args)
-    spread = _unknown_spread(grammar, shape, args, masked, tokens=tokens, tp=tp, pp=pp, card=card)
-    return replace(
-        over,
-        margin_bytes=over.margin_bytes + spread,
-        rules=f"{over.rules}; {UNKNOWN_VERSION_NOTE} ({spread / GIB:.2f} GiB more)",
+    return _memo_overhead(
+        kept,
+        key,
+        grammar,
+        shape,
+        args,
+        tokens,
+        tp,
+        pp,
+        card,
+        engine_version,
+        default_utilisation,
+    )
+
+
+def widen_unknown_margin(
+    grammar: Grammar,
+    shape: ModelShape,
+    args: Sequence[str],
+    over: Overhead,
+    *,
+    tokens: int,
+    tp: int,
+    pp: int,
+    card: CardTotals,
+) -> Overhead:
+    """`over` (the central figures of a version in no known range) with the spread of every
+    range's peak and non-torch memory (`_unknown_spread`) added to its margin, and said."""
+    spread = _unknown_spread(grammar, shape, args, tokens=tokens, tp=tp, pp=pp, card=card)
+    return made(
+        Overhead,
+        **{
+            **over.__dict__,
+            "margin_bytes": over.margin_bytes + spread,
+            "rules": f"{over.rules}; {UNKNOWN_VERSION_NOTE} ({spread / GIB:.2f} GiB more)",
+        },
     )
 
 
 def vllm_overhead_tokens(
     grammar: Grammar, args: Sequence[str], *, card: CardTotals, engine_version: str
 ) -> Callable[[int], Hashable]:
-    """What of a context `vllm_overhead` reads under `args` on `card` at `engine_version`, as
-    a function of the tokens (equal answers, equal overheads): nothing with chunked prefill
-    under V1 at a known version; under an unknown one, the batch V0 would profile (its range's
-    figures go into the margin, `_unknown_spread`); else the tokens themselves."""
+    """What of a context `vllm_central_overhead` reads under `args` on `card` at
+    `engine_version`, as a function of the tokens (equal answers, equal overheads): nothing
+    with chunked prefill under V1 (a version in no range takes the newest rules, V1's; its
+    spread, which reads V0's batch, is `widen_unknown_margin`'s); else the tokens
+    themselves."""
     rules, _ = pick(VLLM_RULES, engine_version)
     if rules.v0 or grammar.has(args, NO_CHUNKED_PREFILL):
         return _same_tokens
-    if in_a_range(VLLM_RULES, engine_version):
-        return _no_tokens
+    return _no_tokens
+
+
+def unknown_margin_tokens(
+    grammar: Grammar, args: Sequence[str], *, card: CardTotals
+) -> Callable[[int], Hashable]:
+    """What of a context `widen_unknown_margin` reads under `args` on `card`: the batch V0
+    would profile (every other range's batch is the context's only when chunked prefill is
+    off, and then V0's is too)."""
     flags = batch_flags(grammar, args, card)
 
     def v0_batch(tokens: int) -> Hashable:
@@ -283,11 +342,38 @@ def _no_tokens(tokens: int) -> Hashable:
     return 0
 
 
+@dataclass(frozen=True)
+class _SpreadSetting:
+    """What `_unknown_spread` reads that no context changes, for one setting: the batch flags,
+    the forward pass's cost, the multimodal inputs, V0's offload copy, and (with chunked
+    prefill allowed) the lowest and highest figure of the V1 ranges, whose batch no context
+    moves."""
+
+    flags: BatchFlags
+    forward: ForwardCost
+    mm: MmInputs
+    copied: int
+    newer: tuple[int, int] | None
+
+
+def _spread_figure(
+    shape: ModelShape, setting: _SpreadSetting, rules: VllmRules, tp: int, tokens: int
+) -> int:
+    """One range's peak and non-torch memory (and V0's offload copy) for a context of
+    `tokens`: what the spread is taken over."""
+    profile = profile_at(rules, "", setting.flags, tokens)
+    peak = profile_peak(shape, setting.forward, profile, rules, tp, setting.mm)[0]
+    return peak + rules.non_torch_bytes + (setting.copied if rules.v0 else 0)
+
+
+_V0_RULES = tuple(rules for rules in VLLM_RULES if rules.v0)
+_V1_RULES = tuple(rules for rules in VLLM_RULES if not rules.v0)
+
+
 def _unknown_spread(
     grammar: Grammar,
     shape: ModelShape,
     args: Sequence[str],
-    masked: tuple[str, ...],
     *,
     tokens: int,
     tp: int,
@@ -296,44 +382,51 @@ def _unknown_spread(
 ) -> int:
     """The spread of every range's peak and non-torch memory for these settings: the margin
     a version in no known range carries (each range with its own batch: V0 profiles the whole
-    context when chunked prefill is off). Kept per shape under the arguments less the context
-    and the batch V0 would profile, which is all the context changes here."""
+    context when chunked prefill is off).
+
+    What no context changes is worked out once per setting (`_SpreadSetting`, kept per shape
+    under the arguments less the context, the card and the parallel sizes); a context then
+    costs V0's ranges' figures at the batch V0 would profile (all of the ranges' when chunked
+    prefill is off), kept under that batch."""
     kept = memo_table(shape, "vllm_spreads")
-    flags = kept.get((masked, card))
-    if not isinstance(flags, BatchFlags):
-        flags = kept[(masked, card)] = batch_flags(grammar, args, card)
-    v0 = profile_at(VLLM_RULES[0], "", flags, tokens)
-    key = (masked, card, tp, pp, v0.batched_tokens, v0.chunked_prefill)
+    setting_key = (_without_context(args), card, tp, pp)
+    setting = kept.get(setting_key)
+    if not isinstance(setting, _SpreadSetting):
+        setting = kept[setting_key] = _spread_setting(grammar, shape, args, tp=tp, pp=pp, card=card)
+    v0 = profile_at(VLLM_RULES[0], "", setting.flags, tokens)
+    key = (setting_key, v0.batched_tokens, v0.chunked_prefill)
     spread = kept.get(key)
     if isinstance(spread, int):
         return spread
-    forward = forward_cost(shape, tp=tp, expert_parallel=grammar.has(args, EXPERT_PARALLEL))
-    mm = mm_inputs(grammar, args)
-    copy_key = (masked, card, tp, pp, "offload copy")
-    copied = kept.get(copy_key)
-    if not isinstance(copied, int):
-        copied = kept[copy_key] = v0_offload_copy_bytes(grammar, shape, args, tp, pp)
-
-    def figure(rules: VllmRules) -> int:
-        profile = profile_at(rules, "", flags, tokens)
-        peak = profile_peak(shape, forward, profile, rules, tp, mm)[0]
-        return peak + rules.non_torch_bytes + (copied if rules.v0 else 0)
-
-    if flags.no_chunked:
-        figures = [figure(other) for other in VLLM_RULES]
+    if setting.newer is None:
+        figures = [_spread_figure(shape, setting, rules, tp, tokens) for rules in VLLM_RULES]
     else:
-        # With chunked prefill only V0's batch follows the context: the other ranges' lowest
-        # and highest figures are worked out once per setting.
-        newer_key = (masked, card, tp, pp, "newer")
-        newer = kept.get(newer_key)
-        if not isinstance(newer, tuple):
-            ones = [figure(other) for other in VLLM_RULES if not other.v0]
-            newer = kept[newer_key] = (min(ones), max(ones))
-        figures = [*newer, *(figure(other) for other in VLLM_RULES if other.v0)]
+        figures = [*setting.newer]
+        figures.extend(_spread_figure(shape, setting, rules, tp, tokens) for rules in _V0_RULES)
     kept[key] = spread = max(figures) - min(figures)
     while len(kept) > 2 * OVERHEADS_KEPT:
         kept.popitem(last=False)
     return spread
+
+
+def _spread_setting(
+    grammar: Grammar, shape: ModelShape, args: Sequence[str], *, tp: int, pp: int, card: CardTotals
+) -> _SpreadSetting:
+    """`_unknown_spread`'s part that no context changes (`_SpreadSetting`)."""
+    flags = batch_flags(grammar, args, card)
+    setting = _SpreadSetting(
+        flags=flags,
+        forward=forward_cost(shape, tp=tp, expert_parallel=grammar.has(args, EXPERT_PARALLEL)),
+        mm=mm_inputs(grammar, args),
+        copied=v0_offload_copy_bytes(grammar, shape, args, tp, pp),
+        newer=None,
+    )
+    if flags.no_chunked:
+        return setting
+    # With chunked prefill allowed only V0's batch follows the context (V1 profiles its
+    # batched tokens whatever the context): the V1 ranges' figures are the same for any.
+    ones = [_spread_figure(shape, setting, rules, tp, 0) for rules in _V1_RULES]
+    return replace(setting, newer=(min(ones), max(ones)))
 
 
 def _memo_overhead(

@@ -26,6 +26,7 @@ from llmgw.engines.vllm_rules import (
     VllmRules,
 )
 from llmgw.engines.vllm_tower import INTERNVIT_MARGIN, internvit_images, internvit_peak
+from llmgw.frozen import made
 from llmgw.shape import ModelShape
 
 MAX_NUM_BATCHED_TOKENS = ("--max-num-batched-tokens",)
@@ -180,7 +181,14 @@ def profile_at(rules: VllmRules, said: str, flags: BatchFlags, tokens: int) -> V
     seqs = flags.max_num_seqs or (
         MAX_NUM_SEQS_LARGE_CARD if flags.large_card else MAX_NUM_SEQS_SMALL_CARD
     )
-    return VllmProfile(rules, said, batched, seqs, chunked)
+    return made(
+        VllmProfile,
+        rules=rules,
+        rules_said=said,
+        batched_tokens=batched,
+        max_num_seqs=seqs,
+        chunked_prefill=chunked,
+    )
 
 
 def vllm_profile(

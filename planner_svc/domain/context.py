@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 from llmgw.engines import registry
 from llmgw.engines.base import Engine, Verdict
 from llmgw.engines.memo import memo_table
+from llmgw.frozen import made
 from llmgw.model import Inventory, Model, Profile
 from llmgw.shape import ModelShape
 from planner_svc.domain import errors
@@ -221,7 +222,8 @@ def size_context(
     if max_output == 0 or max_output == default_max_output(model.context_length):
         max_output = default_max_output(tokens)
     max_output = min(max_output, tokens)
-    return ContextChange(
+    return made(
+        ContextChange,
         model=model.name,
         before=model.context_length,
         after=tokens,
@@ -285,7 +287,7 @@ def profile_need(
     )
     need = fit.need
     _check_in_range(profile, *_NEED_FIGURES(need))
-    return ProfileNeed(card=need, weights_known=known)
+    return made(ProfileNeed, card=need, ram_bytes=0, ram=None, weights_known=known)
 
 
 _NEED_FIGURES = operator.attrgetter(*(f.name for f in fields(CardNeed) if f.type in ("int", int)))
@@ -419,7 +421,8 @@ def _resize_profile(
     after = profile_need(
         engine, profile, shape, inventory, args=args, tokens=tokens, slots=use_slots
     )
-    change = ProfileChange(
+    change = made(
+        ProfileChange,
         profile=profile.name,
         engine=profile.engine,
         before=standing.before_text,
@@ -428,6 +431,7 @@ def _resize_profile(
         args_before=profile.args,
         need=after,
         need_before=before,
+        batch=None,
     )
     sized_on_cards = after.card is None or (after.card.budget_bytes > 0 and after.weights_known)
     if sequences > 0 and sized_on_cards:

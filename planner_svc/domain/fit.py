@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from llmgw.engines.base import CardNeed, Engine
 from llmgw.engines.memo import memo_table
 from llmgw.engines.versions import parse_version
+from llmgw.frozen import made
 from llmgw.model import Inventory, Profile
 from llmgw.shape import ModelShape
 from planner_svc.domain.cards import GIB, card_of
@@ -67,7 +68,8 @@ def measure(
     if need is not None:
         kept.move_to_end(key)
         return Fit(need)
-    asked = SizingRequest(
+    asked = made(
+        SizingRequest,
         args=key[1],
         tokens=tokens,
         slots=slots,

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from llmgw.common.v1 import common_pb2
 from llmgw.engines.base import CardNeed, Verdict
 from llmgw.planner.v1 import planner_pb2
+from llmgw.rpc.common import scalars_to_proto
 from planner_svc.domain.batch import BatchFit
 from planner_svc.domain.context import (
     ContextChange,
@@ -117,24 +118,70 @@ def _ram_memory(need: ProfileNeed) -> common_pb2.Memory | None:
     return None
 
 
+_STANDING_KEPT = 8
+_standing: OrderedDict[
+    tuple[int, int], tuple[ProfileNeed, tuple[str, ...], str, str, str, common_pb2.ProfileChange]
+] = OrderedDict()
+"""The last profiles as they stand converted (by the identities of their need and arguments
+before; each entry holds both, so neither identity can be reused while it is kept): every
+answer about a profile carries the same name, engine, arguments and need before, which
+`domain.context` keeps per profile, so they are converted once and copied. The message kept
+is only ever copied from, never handed out."""
+
+
+def _standing_part(c: ProfileChange) -> common_pb2.ProfileChange:
+    """The part of a profile's change that is the profile as it stands (name, engine, need
+    and arguments before), converted once per standing (the caller copies it)."""
+    key = (id(c.need_before), id(c.args_before))
+    hit = _standing.get(key)
+    if (
+        hit is not None
+        and hit[0] is c.need_before
+        and hit[1] is c.args_before
+        and hit[2:5] == (c.profile, c.engine, c.before)
+    ):
+        _standing.move_to_end(key)
+        return hit[5]
+    msg = common_pb2.ProfileChange(profile=c.profile, engine=c.engine, before=c.before)
+    msg.args_before.extend(c.args_before)
+    before = _memory(c.need_before, c.profile)
+    if before is not None:
+        msg.memory_before.CopyFrom(before)
+    _standing[key] = (c.need_before, c.args_before, c.profile, c.engine, c.before, msg)
+    _standing.move_to_end(key)
+    while len(_standing) > _STANDING_KEPT:
+        _standing.popitem(last=False)
+    return msg
+
+
 def profile_change_to_proto(
     c: ProfileChange, into: common_pb2.ProfileChange | None = None
 ) -> common_pb2.ProfileChange:
     """One profile's part of a change, written into `into` (an empty message: a repeated
     field's new element, so nothing is copied again) or a new message."""
     msg = common_pb2.ProfileChange() if into is None else into
-    msg.profile = c.profile
-    msg.engine = c.engine
-    msg.before = c.before
+    msg.CopyFrom(_standing_part(c))
     msg.after = c.after
     msg.args.extend(c.args)
-    msg.args_before.extend(c.args_before)
-    after, before = _memory(c.need, c.profile), _memory(c.need_before, c.profile)
+    after = _memory(c.need, c.profile)
     if after is not None:
         msg.memory.CopyFrom(after)
-    if before is not None:
-        msg.memory_before.CopyFrom(before)
     return msg
+
+
+def size_answer(
+    c: ContextChange, unchecked: str, llamacpp_version: str
+) -> planner_pb2.SizeContextResponse:
+    """A SizeContext answer: the updated profiles, the change (`unchecked` as for
+    `context_change_to_proto`) and the batches, each written into the answer's own fields
+    (a sub-message passed to a constructor is copied)."""
+    answer = planner_pb2.SizeContextResponse(llamacpp_version=llamacpp_version)
+    for p in c.updated:
+        answer.profiles.add(**scalars_to_proto(p))
+    for b in c.batches:
+        _batch_into(b, answer.batches.add())
+    context_change_to_proto(c, unchecked, answer.change)
+    return answer
 
 
 # Worst last: a plan's verdict is the worst of its profiles' card verdicts.
@@ -197,12 +244,16 @@ def gpus_change_to_proto(
 
 def batch_to_proto(b: BatchFit) -> planner_pb2.BatchFit:
     """Whether a batch fits a profile, as the contract carries it."""
-    return planner_pb2.BatchFit(
-        profile=b.profile,
-        engine=b.engine,
-        sequences=b.sequences,
-        tokens=b.tokens,
-        fits=b.fits,
-        contexts_held=b.contexts_held,
-        flag=b.flag,
-    )
+    return _batch_into(b, planner_pb2.BatchFit())
+
+
+def _batch_into(b: BatchFit, msg: planner_pb2.BatchFit) -> planner_pb2.BatchFit:
+    """`batch_to_proto`, written into `msg` (an empty message)."""
+    msg.profile = b.profile
+    msg.engine = b.engine
+    msg.sequences = b.sequences
+    msg.tokens = b.tokens
+    msg.fits = b.fits
+    msg.contexts_held = b.contexts_held
+    msg.flag = b.flag
+    return msg

@@ -183,14 +183,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             values,
         )
         log.info("context_sized", model=model.name, before=change.before, after=change.after)
-        # Written into the answer's own fields: a sub-message passed to a constructor is
-        # copied, and a change's profiles would be copied twice.
-        answer = planner_pb2.SizeContextResponse(
-            profiles=[common.profile_to_proto(p) for p in change.updated],
-            llamacpp_version=LLAMACPP_VERSION,
-            batches=[convert.batch_to_proto(b) for b in change.batches],
-        )
-        convert.context_change_to_proto(change, note if shape is None else "", answer.change)
+        answer = convert.size_answer(change, note if shape is None else "", LLAMACPP_VERSION)
         self._answers.put(key, answer, resolved)
         return answer
 

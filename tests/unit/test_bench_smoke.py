@@ -18,6 +18,7 @@ from bench import (
     planner_memory,
     planner_throughput,
     rollout_overhead,
+    sizing_loop,
     stream_flood,
     watch_replicas,
 )
@@ -33,6 +34,16 @@ def assert_sane(figures: dict[str, float], positive: tuple[str, ...]) -> None:
             assert value >= 0, (key, value)
         elif key.startswith(positive):
             assert value > 0, (key, value)
+
+
+def test_sizing_loop_reports_each_bucket(tmp_path: Path) -> None:
+    """The in-process loop gives size_context's and the handler's CPU for each context
+    bucket."""
+    figures = sizing_loop.measure(calls=5, repeats=1, folder=tmp_path)
+    assert_sane(figures, ("sizing_", "handler_"))
+    assert set(figures) == {
+        f"{part}_{bucket}_us" for part in ("sizing", "handler") for bucket in sizing_loop.BUCKETS
+    }
 
 
 async def test_planner_throughput_reports_rates_and_ratios(tmp_path: Path) -> None:

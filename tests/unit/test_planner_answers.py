@@ -1,85 +1,115 @@
-"""The planner's memory of answers is bounded in bytes as well as entries, and the limits
-that set it are read from the environment."""
+"""A SizeContext answer as the planner builds it (the profile as it stands converted once and
+copied, sub-messages written in place) against the same answer built field by field."""
 
 from __future__ import annotations
 
-import pytest
+from dataclasses import replace
 
+from llmgw.cardclass import MIB
 from llmgw.common.v1 import common_pb2
-from llmgw.limits import Limits
+from llmgw.engines.llamacpp import LLAMACPP_VERSION
+from llmgw.model import Inventory, Model, Node, Profile
 from llmgw.planner.v1 import planner_pb2
-from planner_svc.rpc.servicer import ENTRY_OVERHEAD_BYTES, _Answers, _memo_key
+from llmgw.rpc.common import scalars_to_proto
+from planner_svc.domain.context import ContextChange, ProfileChange, ProfileNeed, size_context
+from planner_svc.rpc import convert
+from tests.support.shapes import LLAMA_31_8B
+
+H100 = Inventory(
+    nodes=(Node("n1", "H100-80GB", gpus=8, free_gpus=8, gpu_memory_bytes=81559 * MIB),)
+)
 
 
-def answer(args_bytes: int) -> planner_pb2.SizeContextResponse:
-    """An answer of about `args_bytes` serialized bytes."""
-    return planner_pb2.SizeContextResponse(
-        profiles=[common_pb2.Profile(name="p", args=["x" * args_bytes])]
+def models() -> list[Model]:
+    """Two models of GPU and CPU profiles (vLLM with no version and a named one, llama.cpp)."""
+    gpu = Profile("gpu", "vllm", ("--max-model-len", "8192"), gpu_class="H100-80GB")
+    old = Profile(
+        "old", "vllm", ("--max-model-len", "4096"), gpu_class="H100-80GB", engine_version="0.7.2"
     )
+    cpu = Profile("cpu", "llamacpp", ("--ctx-size", "8192"), cpu_only=True)
+    return [
+        Model(name="a", context_length=8192, profiles=(gpu, cpu)),
+        Model(name="b", context_length=4096, max_output=1000, profiles=(old, gpu)),
+    ]
 
 
-def key(i: int) -> tuple[str, bytes, int]:
-    """The memo key of the i-th distinct request (inline shape: nothing resolved)."""
-    key = _memo_key(planner_pb2.SizeContextRequest(tokens=256 + i), None)
-    assert key is not None
-    return key
+def memory_by_hand(need: ProfileNeed, profile: str) -> common_pb2.Memory | None:
+    """A need as a new message, nothing kept."""
+    if need.card is not None:
+        return convert._card_memory(need.card, need.weights_known, profile)
+    return convert._ram_memory(need)
 
 
-def test_answers_past_the_byte_bound_push_the_oldest_out() -> None:
-    """Ten answers of ~100 KB under a 350 KB bound: the three newest are kept, the bytes held
-    stay under the bound, and a kept answer reads back whole."""
-    answers = _Answers(limit=1024, limit_bytes=350_000)
-    for i in range(10):
-        answers.put(key(i), answer(100_000), None)
-        assert answers.held_bytes <= 350_000
-    assert len(answers) == 3
-    assert answers.get(key(0), planner_pb2.SizeContextResponse) is None
-    kept = answers.get(key(9), planner_pb2.SizeContextResponse)
-    assert kept is not None and len(kept.profiles[0].args[0]) == 100_000
-
-
-def test_an_answer_larger_than_the_whole_bound_is_not_kept() -> None:
-    """An answer bigger than the bound is answered but not remembered (and pushes nothing
-    out)."""
-    answers = _Answers(limit=1024, limit_bytes=50_000)
-    answers.put(key(1), answer(10), None)
-    answers.put(key(2), answer(60_000), None)
-    assert answers.get(key(2), planner_pb2.SizeContextResponse) is None
-    assert answers.get(key(1), planner_pb2.SizeContextResponse) is not None
-    assert (
-        answers.held_bytes
-        == len(answer(10).SerializeToString())
-        + 32
-        + len("SizeContextRequest")
-        + ENTRY_OVERHEAD_BYTES
+def profile_change_by_hand(c: ProfileChange) -> common_pb2.ProfileChange:
+    """One profile's change, every field set on a new message."""
+    msg = common_pb2.ProfileChange(
+        profile=c.profile,
+        engine=c.engine,
+        before=c.before,
+        after=c.after,
+        args=list(c.args),
+        args_before=list(c.args_before),
     )
+    after, before = memory_by_hand(c.need, c.profile), memory_by_hand(c.need_before, c.profile)
+    if after is not None:
+        msg.memory.CopyFrom(after)
+    if before is not None:
+        msg.memory_before.CopyFrom(before)
+    return msg
 
 
-def test_a_4_mib_request_keeps_a_32_byte_key() -> None:
-    """The memo key holds the request's digest, not the request."""
-    big = planner_pb2.SizeContextRequest(
-        model=common_pb2.Model(
-            name="m", profiles=[common_pb2.Profile(name="p", args=["y" * (4 << 20)])]
+def answer_by_hand(c: ContextChange) -> planner_pb2.SizeContextResponse:
+    """The answer built from new messages field by field."""
+    profiles = [profile_change_by_hand(p) for p in c.profiles]
+    verdict, note = convert.plan_verdict(profiles, "")
+    change = common_pb2.ContextChange(
+        model=c.model,
+        before=c.before,
+        after=c.after,
+        max_output=c.max_output,
+        trained=c.trained,
+        note=c.note,
+        profiles=profiles,
+        verdict=verdict,
+        verdict_note=note,
+    )
+    batches = [
+        planner_pb2.BatchFit(
+            profile=b.profile,
+            engine=b.engine,
+            sequences=b.sequences,
+            tokens=b.tokens,
+            fits=b.fits,
+            contexts_held=b.contexts_held,
+            flag=b.flag,
         )
+        for b in c.batches
+    ]
+    return planner_pb2.SizeContextResponse(
+        change=change,
+        profiles=[common_pb2.Profile(**scalars_to_proto(p)) for p in c.updated],
+        llamacpp_version=LLAMACPP_VERSION,
+        batches=batches,
     )
-    memo = _memo_key(big, None)
-    assert memo is not None and len(memo[1]) == 32
 
 
-def test_many_small_answers_are_bounded_by_entries() -> None:
-    """Small answers stop at the entry limit."""
-    answers = _Answers(limit=5, limit_bytes=1 << 30)
-    for i in range(20):
-        answers.put(key(i), answer(1), None)
-    assert len(answers) == 5
-
-
-def test_limits_come_from_the_environment_and_refuse_nonsense() -> None:
-    """LLMGW_* variables set the limits; the rest keep their defaults; a value that is not a
-    positive whole number is refused, naming the variable."""
-    limits = Limits.from_env({"LLMGW_MAX_PROFILES": "8", "LLMGW_ANSWER_CACHE_BYTES": " 1024 "})
-    assert (limits.max_profiles, limits.answer_cache_bytes) == (8, 1024)
-    assert limits.max_args == Limits().max_args
-    for bad in ("0", "-3", "lots", "1.5"):
-        with pytest.raises(ValueError, match="LLMGW_MAX_MESSAGE_BYTES"):
-            Limits.from_env({"LLMGW_MAX_MESSAGE_BYTES": bad})
+def test_answers_equal_answers_built_field_by_field() -> None:
+    """Over contexts asked in turn of two models (so kept profiles as they stand are reused,
+    and interleaved), with and without a batch asked, the planner's answer is the message
+    built field by field, byte for byte."""
+    shape = replace(LLAMA_31_8B, trained_context=0)
+    seen = 0
+    for tokens in (4096, 16384, 2048, 16384, 40_000, 100_000, 4096):
+        for model in models():
+            for sequences in (0, 8):
+                change = size_context(
+                    model, shape, tokens=tokens, slots=0, inventory=H100, sequences=sequences
+                )
+                built = convert.size_answer(change, "", LLAMACPP_VERSION)
+                expected = answer_by_hand(change)
+                assert built == expected, (model.name, tokens, sequences)
+                assert built.SerializeToString(deterministic=True) == expected.SerializeToString(
+                    deterministic=True
+                )
+                seen += len(built.batches)
+    assert seen > 0  # the batches were answered too
