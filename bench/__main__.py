@@ -141,7 +141,7 @@ BENCHES: dict[str, Bench] = {
     "agent_fanin": Bench(
         agent_fanin.run,
         r"^(cpu_ms_per_agent_s|rss_kb_per_agent|ack_p50_ms|ack_p99_ms|"
-        r"all_ready_ms|ack_p50_ratio)@",
+        r"all_ready_ms|ack_p50_ratio|change_fleet_cpu_pct|change_agents_cpu_pct)@",
     ),
     "watch_replicas": Bench(
         watch_replicas.run,

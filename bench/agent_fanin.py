@@ -15,7 +15,8 @@ For each N, on a fresh fleet:
   (RSS_N - RSS_0) / N and (CPU_N - CPU_0) / N;
 - change: CreateModel of a model with N one-card replicas (one lands on every node, each node
   having one card); per-agent latency from the call to that agent's Ack of the desired set
-  holding its replica (p50/p99), and to all N replicas routable (a WatchReplicas stream).
+  holding its replica (p50/p99), and to all N replicas routable (a WatchReplicas stream);
+  the fleet's CPU and this process's (the agents') from the call to the last Ack.
   The model is deleted and the next round creates it again.
 
 Ratios compare each N with the smallest N of the same run (the baseline).
@@ -314,14 +315,28 @@ async def cpu_over(fleet: ChildServer, window_s: float) -> float:
     return (fleet.cpu_s() - before) / (time.perf_counter() - start)
 
 
-async def change_round(
-    stub: fleet_pb2_grpc.FleetServiceAsyncStub, agents: list[LeanAgent]
-) -> tuple[list[float], float]:
-    """Create the model, wait for every agent's Ack and every endpoint; delete it again.
+@dataclass
+class Round:
+    """One change round's figures."""
 
-    Returns:
-        Per-agent latencies to the Ack, and the time to all N endpoints routable.
-    """
+    latencies_s: list[float]
+    """Per agent, from the CreateModel call to its Ack of the set holding its replica."""
+    ready_s: float
+    """From the call to all N endpoints routable."""
+    fleet_cpu_s: float
+    """The fleet's CPU from the call until every Ack was seen (to the 50 ms poll after the
+    last)."""
+    agents_cpu_s: float
+    """This process's CPU (the simulated agents, their gRPC threads, the bench) over the same
+    span: on two cores the agents compete with the fleet for it."""
+    span_s: float
+    """That span's wall time."""
+
+
+async def change_round(
+    stub: fleet_pb2_grpc.FleetServiceAsyncStub, agents: list[LeanAgent], fleet: ChildServer
+) -> Round:
+    """Create the model, wait for every agent's Ack and every endpoint; delete it again."""
     n = len(agents)
     routable: set[str] = set()
     all_routable = asyncio.Event()
@@ -341,6 +356,7 @@ async def change_round(
     try:
         await asyncio.wait_for(synced.wait(), WAIT_S)
         start = time.perf_counter()
+        fleet_cpu, agents_cpu = fleet.cpu_s(), time.process_time()
         for a in agents:
             a.latency_s, a.changed_at, a.watch_model = None, start, "fan"
         await stub.CreateModel(fleet_pb2.CreateModelRequest(model=fan_model(n)))
@@ -349,6 +365,8 @@ async def change_round(
             return all(a.latency_s is not None for a in agents)
 
         await wait_for(all_acked, f"all {n} agents acknowledging the change")
+        span_s = time.perf_counter() - start
+        fleet_cpu, agents_cpu = fleet.cpu_s() - fleet_cpu, time.process_time() - agents_cpu
         await asyncio.wait_for(all_routable.wait(), WAIT_S)
         ready_s = time.perf_counter() - start
     finally:
@@ -365,7 +383,7 @@ async def change_round(
         return not listed.replicas and not any(a.running for a in agents)
 
     await wait_for(all_gone, "the model's replicas gone after its deletion")
-    return latencies, ready_s
+    return Round(latencies, ready_s, fleet_cpu, agents_cpu, span_s)
 
 
 async def measure_n(
@@ -404,12 +422,7 @@ async def measure_n(
         rss_n = fleet.rss_bytes()
         nodes = await stub.ListNodes(fleet_pb2.ListNodesRequest())
         ready_nodes = sum(1 for x in nodes.nodes if x.phase == fleet_pb2.NODE_PHASE_READY)
-        latencies: list[float] = []
-        ready_times: list[float] = []
-        for _ in range(rounds):
-            lat, ready_s = await change_round(stub, agents)
-            latencies += lat
-            ready_times.append(ready_s)
+        done = [await change_round(stub, agents, fleet) for _ in range(rounds)]
     finally:
         for a in agents:
             a.cancel()
@@ -419,6 +432,8 @@ async def measure_n(
         for ch in [*channels, admin]:
             await ch.close()
         await fleet.stop()
+    latencies = [t for d in done for t in d.latencies_s]
+    span_s = sum(d.span_s for d in done)
     return {
         "agents": n,
         "ready_nodes": ready_nodes,
@@ -432,7 +447,9 @@ async def measure_n(
         "ack_p50_ms": percentile(latencies, 50) * 1e3,
         "ack_p99_ms": percentile(latencies, 99) * 1e3,
         "ack_max_ms": max(latencies) * 1e3,
-        "all_ready_ms": statistics.median(ready_times) * 1e3,
+        "all_ready_ms": statistics.median(d.ready_s for d in done) * 1e3,
+        "change_fleet_cpu_pct": 100 * sum(d.fleet_cpu_s for d in done) / span_s,
+        "change_agents_cpu_pct": 100 * sum(d.agents_cpu_s for d in done) / span_s,
     }
 
 
@@ -513,7 +530,8 @@ def print_header(window_s: float, rounds: int, heartbeat_s: float) -> None:
     print(
         f"{'N':>5} {'ready':>5} {'join s':>7} {'CPU% idle':>9} {'CPU% N':>7} "
         f"{'CPU ms/s/agent':>14} {'RSS MB 0':>8} {'RSS MB N':>8} {'KB/agent':>8} "
-        f"{'ack p50 ms':>10} {'ack p99 ms':>10} {'all ready ms':>12} {'p50/base':>8}",
+        f"{'ack p50 ms':>10} {'ack p99 ms':>10} {'all ready ms':>12} {'p50/base':>8} "
+        f"{'chg CPU% fleet':>14} {'agents':>6}",
         flush=True,
     )
 
@@ -525,7 +543,8 @@ def print_row(r: dict[str, float]) -> None:
         f"{r['cpu_idle_pct']:>9.1f} {r['cpu_pct']:>7.1f} {r['cpu_ms_per_agent_s']:>14.3f} "
         f"{r['rss_idle_mb']:>8.1f} {r['rss_mb']:>8.1f} {r['rss_kb_per_agent']:>8.1f} "
         f"{r['ack_p50_ms']:>10.1f} {r['ack_p99_ms']:>10.1f} {r['all_ready_ms']:>12.1f} "
-        f"{r['ack_p50_ratio']:>8.2f}",
+        f"{r['ack_p50_ratio']:>8.2f} {r['change_fleet_cpu_pct']:>14.0f} "
+        f"{r['change_agents_cpu_pct']:>6.0f}",
         flush=True,
     )
 

@@ -16,7 +16,7 @@ class RunSpec:
 
     The cards it runs on are not here: placement picks them, and `ReplicaState.gpus` holds them.
     Not what a node's agent is sent: that is the agent protocol's `ReplicaSpec`, built from
-    the whole `ReplicaState` (fleet_svc/rpc/agent_stream.py `spec_of`) and read by the agent
+    the whole `ReplicaState` (fleet_svc/rpc/agent_stream.py `add_spec`) and read by the agent
     as its own `fleet_svc.agent.replica.ReplicaSpec`.
     """
 

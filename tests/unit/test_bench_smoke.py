@@ -70,6 +70,9 @@ async def test_agent_fanin_reports_cpu_memory_and_ack_latency(tmp_path: Path) ->
     for n in (1, 3):
         assert {f"rss_kb_per_agent@{n}", f"cpu_ms_per_agent_s@{n}"} <= set(figures)
     assert_sane(figures, ("ack_", "all_ready_", "rss_mb", "join_s"))
+    # CPU is read in clock ticks (10 ms): a change of 3 replicas may take none.
+    assert figures["change_fleet_cpu_pct@3"] >= 0
+    assert figures["change_agents_cpu_pct@3"] >= 0
 
 
 async def test_watch_replicas_reports_the_time_to_every_watcher(tmp_path: Path) -> None:
