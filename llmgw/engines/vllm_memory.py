@@ -498,9 +498,8 @@ def _vllm_overhead(
     expert_parallel = grammar.has(args, EXPERT_PARALLEL)
     forward = forward_cost(shape, tp=tp, expert_parallel=expert_parallel)
     flashinfer = bool(rules.flashinfer_bytes_per_logit) and declares_flashinfer(engine_version)
-    activation, activation_margin = profile_peak(
-        shape, forward, profile, rules, tp, mm_inputs(grammar, args), flashinfer
-    )
+    mm = mm_inputs(grammar, args)
+    activation, activation_margin = profile_peak(shape, forward, profile, rules, tp, mm, flashinfer)
     copied = v0_offload_copy_bytes(grammar, shape, args, tp, pp) if rules.v0 else 0
     activation += copied
     eager = grammar.has(args, ENFORCE_EAGER)
@@ -549,7 +548,7 @@ def _vllm_overhead(
             f"({copied / GIB:.2f} GiB at the peak)"
         )
     if shape.compute is not None and shape.compute.vision_tower:
-        said += tower_said(shape, profile, grammar, args, activation - copied)
+        said += tower_said(shape, profile, mm, activation - copied)
     if shape.compute is not None and shape.compute.vision and grammar.has(args, SKIP_MM_PROFILING):
         said += (
             "; --skip-mm-profiling: no encoder in the profile run, so what the encoder takes "

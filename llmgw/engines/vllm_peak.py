@@ -320,17 +320,12 @@ def _text_activation(
     return sampler_bytes + retained, int(sampler_bytes * SAMPLER_MARGIN)
 
 
-def tower_said(
-    shape: ModelShape, profile: VllmProfile, grammar: Grammar, args: Sequence[str], peak: int
-) -> str:
+def tower_said(shape: ModelShape, profile: VllmProfile, mm: MmInputs, peak: int) -> str:
     """What `rules` add when an InternViT tower's pass is the profile's peak `peak` ("" when
-    the language model's is): how many dummy images of how many tiles it encoded."""
+    the language model's is): how many dummy images of how many tiles it encoded, under the
+    multimodal limits `mm` the peak was worked out with."""
     count = internvit_images(
-        shape,
-        profile.rules,
-        mm_inputs(grammar, args).images,
-        profile.batched_tokens,
-        profile.max_num_seqs,
+        shape, profile.rules, mm.images, profile.batched_tokens, profile.max_num_seqs
     )
     tower = internvit_peak(shape, count)
     if not tower or tower != peak or shape.compute is None:

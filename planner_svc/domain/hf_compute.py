@@ -124,9 +124,9 @@ def _internvit(config: Mapping[str, object]) -> tuple[int, int, int, int, int] |
     patch = _whole(vision.get("patch_size"))
     most = _whole(config.get("max_dynamic_patch")) or 1
     ratio = config.get("downsample_ratio", 0.5)
-    if not (hidden and side and patch and side >= patch) or not isinstance(ratio, int | float):
+    if not (hidden and side and patch and side >= patch):
         return None
-    if isinstance(ratio, bool) or not 0 < ratio <= 1:
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio <= 1:
         return None
     patches = (side // patch) ** 2
     thumbnail = config.get("use_thumbnail") is True
