@@ -101,7 +101,25 @@ v0.31.0's "1.44 GiB for peak activation" (Llama-3.1-8B on an A100; 72.91 − 15.
 56.21 GiB of KV, as printed) holds the estimate, and the graphs are then captured inside the
 budget. The figure a layer: logs print the estimate about twice what is captured ("CUDA graph
 pool memory: 0.71 GiB (actual), 1.55 GiB (estimated)"; "0.94 … 1.94"), and v0.31.0 captured
-0.23 GiB for Llama-3.1-8B's 32 layers (7.4 MiB a layer), so 16 MiB (32 for experts)."""
+0.23 GiB for Llama-3.1-8B's 32 layers (7.4 MiB a layer), so 16 MiB (32 for experts).
+
+vLLM's estimate is not a figure a layer (gpu_model_runner.py `profile_cudagraph_memory`, the
+form read from the code index, file id 52016549297, with the 0.2x "Profiling CUDA graph
+memory" and "Estimated CUDA graph memory: … GiB total" lines): for each graph mode (PIECEWISE,
+FULL) it captures the two largest of that mode's capture sizes into a disposable pool,
+measuring CUDA's free memory around each; the first capture's drop is the mode's shared part,
+the second's (at least 1 MiB) its cost a graph; the estimate is the largest shared part plus,
+over the modes, the cost a graph × (the mode's capture sizes − 1). It scales with the capture
+sizes (max_num_seqs, `--max-cudagraph-capture-size`, the mode), with what the largest capture
+allocates in the graph pool, and with the card and kernels that make those drops; none of
+those drops is printed at INFO. Logged pairs spread widely around the capture: "0.64 GiB
+(actual), 0.43 GiB (estimated)" with one PIECEWISE and one FULL graph, 0.27 against 0.27 over
+51 + 35 graphs, 0.38 against 0.61 over 9 + 5, 0.09 against 0.65 (code index file ids
+51912001300, 54318626907, 56681168668, 70457515147). The RTX 5090 runs under v0.28.0
+(logged_runs.jsonl) print the capture ("0.81 GiB for CUDAGraph memory" over Qwen3-32B's 64
+layers, 0.52 over Qwen3-14B's 40: 13 MiB a layer), not the estimate, which is inside their
+"peak activation" (1.46 GiB for both models, so there it does not follow the layers); no
+figure is fitted to them. GRAPH_ESTIMATE_SPREAD carries the spread."""
 
 
 GRAPH_ESTIMATE_SPREAD = 0.5
@@ -540,6 +558,8 @@ def _vllm_overhead(
                 f"; sampler as PyTorch's sort (with FlashInfer installed, as in vLLM's image, "
                 f"the peak is {lower / GIB:.2f} GiB lower and the pool that much larger)"
             )
+    if rules.non_torch_said:
+        said += f"; {rules.non_torch_said}"
     if step_said:
         said += f"; {step_said}"
     if copied:
@@ -557,7 +577,10 @@ def _vllm_overhead(
     if graphs_out:
         said += "; CUDA graphs outside the budget"
     if graphs_in:
-        said += f"; CUDA graphs estimated inside the budget ({graphs_in / GIB:.2f} GiB)"
+        said += (
+            f"; CUDA graphs estimated inside the budget ({graphs_in / GIB:.2f} GiB; vLLM "
+            f"measures its own from the two largest captures of each graph mode)"
+        )
     return Overhead(
         budget_bytes=budget,
         activation_bytes=activation,

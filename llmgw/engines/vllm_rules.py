@@ -68,6 +68,29 @@ TP_GATHER_BYTES_PER_LOGIT = 10
 151936 logits) peaked 1.4 GiB, 38 B a logit with the 28 above."""
 
 
+NON_TORCH_CACHED_SAID = (
+    "non-torch memory as 0.6.5-0.6.6 count it: PyTorch's cached but unallocated memory "
+    "counts too (vLLM PR #11809), 0.10-0.28 GiB logged at tp 1, the spread in the margin"
+)
+"""How V0 0.6.5-0.6.6 measure non-torch memory, read in vLLM's source. vLLM PR #10511 (merged
+2024-12-14, first released in 0.6.5) profiles against a snapshot taken in init_device
+(vllm/worker/worker.py: `self.baseline_snapshot = MemorySnapshot()` before
+`init_worker_distributed_environment`, so NCCL's communicators and the custom all-reduce's
+buffers fall inside the profile at tp > 1), and vllm/utils.py `memory_profiling` takes the
+non-torch increase as the device's used memory (`mem_get_info` total − free) less the
+baseline, the weights and the increase of `memory_stats()["allocated_bytes.all.current"]`.
+vLLM PR #11809 ("[misc] improve memory profiling", merged 2025-01-07, after 0.6.6.post1)
+replaced the allocated bytes with `torch.cuda.memory_reserved()`, because the allocated figure
+leaves out what the caching allocator holds in segments it cannot release (partly used ones):
+under 0.6.5-0.6.6 that slack is printed as non-torch memory. How much slack a run leaves
+depends on the sizes and order of its allocations (a GPTQ-Marlin checkpoint repacks its
+weights after loading; a vision tower's own tensors), which no shape the planner holds says,
+so no figure is fitted to it: the logs print 0.10 GiB for unquantized text models (RTX 3090,
+A100 40GB), 0.26 for a GPTQ-Marlin checkpoint (A100 80GB) and 0.28 for Qwen2-VL-7B (a 24 GB
+card), and the 0.18 GiB between them stays inside torch_overhead.NON_TORCH_MARGIN_BYTES.
+From 0.7 the figure is the reserved-based one (0.01-0.08 GiB logged)."""
+
+
 @dataclass(frozen=True)
 class VllmRules(Ranged):
     """What one range of vLLM versions does at start."""
@@ -93,6 +116,9 @@ class VllmRules(Ranged):
     """The sampler's bytes a logit when FlashInfer is installed and the range's sampler takes it
     by default (FLASHINFER_SAMPLER_BYTES_PER_LOGIT: V1 0.8-0.11), else 0: the range's figure
     holds whatever is installed."""
+    non_torch_said: str = ""
+    """What the answer's `rules` say of how the range measures non-torch memory, where that
+    differs from what the other ranges count (NON_TORCH_CACHED_SAID), else nothing."""
 
 
 VLLM_RULES: tuple[VllmRules, ...] = (
@@ -119,6 +145,7 @@ VLLM_RULES: tuple[VllmRules, ...] = (
         v0=True,
         tp_gather_bytes_per_logit=TP_GATHER_BYTES_PER_LOGIT,
         nvlink_non_torch_bytes=NVLINK_NON_TORCH_V0,
+        non_torch_said=NON_TORCH_CACHED_SAID,
     ),
     VllmRules(
         (0, 7, 0),
@@ -198,11 +225,12 @@ the forward pass either way.
 
 Non-torch memory: V0 before 0.6.5 0.35 GiB (gt-023: its "Memory profiling results" counted
 what the card held after profiling less torch's, the CUDA context with it); from 0.6.5 V0
-profiles against a snapshot taken after the CUDA context and NCCL are up (vLLM PR #10511,
+profiles against a snapshot taken after the CUDA context is up and before NCCL is (vLLM PR #10511,
 "overhaul memory profiling", merged 2024-12-14 for 0.6.5): 0.6.5-0.6.6 print 0.10 GiB for
 unquantized text models (Qwen2.5-7B on an RTX 3090 under 0.6.6, Meta-Llama-3-8B on an A100
-40GB under 0.6.6; logged_runs.jsonl), so 104 MiB; the 0.7 logs print 0.01-0.08 (0.05 on 24 GB
-cards twice, 0.08 on an L40S, 0.01 on a T4), so 64 MiB; V1 0.06-0.07 (gt-038; 0.10.2 on an
+40GB under 0.6.6; logged_runs.jsonl), so 104 MiB (the range counts PyTorch's cached but
+unallocated memory as non-torch: NON_TORCH_CACHED_SAID); the 0.7 logs print 0.01-0.08 (0.05 on
+24 GB cards twice, 0.08 on an L40S, 0.01 on a T4), so 64 MiB; V1 0.06-0.07 (gt-038; 0.10.2 on an
 H100), so 96 MiB;
 from 0.21 vLLM counts every persistent allocation from the device's free memory ("consumed
 memory (weights + non-torch)": v0.31.0, 15.26 GiB for Llama-3.1-8B's 14.99 of weights), 272

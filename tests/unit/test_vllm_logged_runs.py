@@ -615,3 +615,20 @@ def test_a_declared_flashinfer_applies_only_where_vllm_takes_it_by_default() -> 
     assert "+flashinfer label" in declared.rules and "+flashinfer label" not in plain.rules
     later, later_declared = need_of(run, "0.13.0"), need_of(run, "0.13.0+flashinfer")
     assert later.kv_pool_bytes == later_declared.kv_pool_bytes
+
+
+def test_v0_0_6_5_to_0_6_6_say_they_count_cached_memory_as_non_torch() -> None:
+    """Under 0.6.5-0.6.6 the rules say non-torch memory holds PyTorch's cached but unallocated
+    memory (vLLM PR #11809 changed that for 0.7), with the same figures: the note adds no bytes;
+    a 0.7 answer for the same run says nothing of it."""
+    run = next(r for r in RUNS if r["id"] == "log-0.6.6-3090-qwen2.5-7b")
+    v066, v07 = need_of(run), need_of(run, "0.7.2")
+    assert "PR #11809" in v066.rules and "PR #11809" not in v07.rules
+    assert v066.non_torch_bytes == VLLM_RULES[1].non_torch_bytes
+
+
+def test_the_graph_estimate_names_how_vllm_measures_it() -> None:
+    """From 0.21 the rules say the graph estimate stands for what vLLM measures from its two
+    largest captures of each graph mode, not a figure vLLM prints a layer."""
+    run = next(r for r in RUNS if r["id"] == "log-0.31.0-a100-80-llama-3.1-8b-131072")
+    assert "two largest captures of each graph mode" in need_of(run).rules
