@@ -41,6 +41,7 @@ from bench.planner_throughput import INVENTORY, size_request, vllm_model, write_
 from llmgw.logs import configure_logging
 from planner_svc.domain.context import size_context
 from planner_svc.rpc import decoded
+from planner_svc.rpc.placing import PlanCosts
 from planner_svc.rpc.servicer import PlannerServicer
 from planner_svc.sources.resolver import ShapeResolver
 
@@ -170,6 +171,12 @@ def count_run(part: str, bucket: str, count: int) -> None:
             request = size_request(vllm_model(source=str(write_model_gguf(Path(tmp)))))
             resolver = ShapeResolver()
             servicer = PlannerServicer(resolver)
+            # Under valgrind every plan takes far more than the on-loop budget
+            # (placing.INLINE_PLAN_S), so each would go to the planning thread and the count
+            # would carry that hop (~150,000 instructions a call); the server, at full speed,
+            # runs these plans on the loop. No budget here, so the counted path is the
+            # server's.
+            servicer._costs = PlanCosts(budget_s=float("inf"))
             loop = asyncio.new_event_loop()
             shape = loop.run_until_complete(resolver.resolve(request.model.source))
             model_of, inventory_of = decoded.decoders()
