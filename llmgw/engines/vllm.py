@@ -21,15 +21,11 @@ from llmgw.engines.heads import TpOptions
 from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
 from llmgw.engines.tensor_parallel import MarginWidener, TensorParallelEngine
 from llmgw.engines.versions import in_a_range
-from llmgw.engines.vllm_memory import (
-    unknown_margin_tokens,
-    vllm_central_overhead,
-    vllm_overhead,
-    vllm_overhead_tokens,
-    widen_unknown_margin,
-)
+from llmgw.engines.vllm_memory import vllm_central_overhead, vllm_overhead, vllm_overhead_tokens
 from llmgw.engines.vllm_offload import CPU_OFFLOAD_GB, offloaded_per_card
+from llmgw.engines.vllm_peak import EXPERT_PARALLEL
 from llmgw.engines.vllm_rules import VLLM_RULES
+from llmgw.engines.vllm_unknown import unknown_margin_tokens, widen_unknown_margin
 from llmgw.shape import Layer, ModelShape
 
 GRAMMAR = Grammar("vllm", folds_underscores=True, joined_ok=True, abbreviates=True)
@@ -43,7 +39,6 @@ BLOCK_SIZE = ("--block-size",)
 MAX_NUM_BATCHED_TOKENS = ("--max-num-batched-tokens",)
 NO_CHUNKED_PREFILL = ("--no-enable-chunked-prefill",)
 ENFORCE_EAGER = ("--enforce-eager",)
-ENABLE_EXPERT_PARALLEL = ("--enable-expert-parallel", "-ep")
 MM_ENCODER_TP_MODE = ("--mm-encoder-tp-mode",)
 REVISION = ("--revision",)
 """The Hugging Face revision vLLM loads, its tokenizer's too unless --tokenizer-revision says
@@ -267,7 +262,7 @@ class Vllm(TensorParallelEngine):
         FusedMoEParallelConfig); --mm-encoder-tp-mode data replicates the vision encoder."""
         mode = (GRAMMAR.get(args, MM_ENCODER_TP_MODE) or "").strip().lower()
         return TpOptions(
-            expert_ranks=(1 << 30) if GRAMMAR.has(args, ENABLE_EXPERT_PARALLEL) else 1,
+            expert_ranks=(1 << 30) if GRAMMAR.has(args, EXPERT_PARALLEL) else 1,
             vision_data_parallel=mode == "data",
         )
 

@@ -37,6 +37,10 @@ MAX_NUM_SEQS = ("--max-num-seqs",)
 
 NO_CHUNKED_PREFILL = ("--no-enable-chunked-prefill",)
 
+EXPERT_PARALLEL = ("--enable-expert-parallel", "-ep")
+"""vLLM's switch to shard a MoE model's experts over the ranks instead of splitting each one
+(vllm/engine/arg_utils.py `--enable-expert-parallel`, short form `-ep`)."""
+
 
 CHUNKED_PREFILL = ("--enable-chunked-prefill",)
 

@@ -12,9 +12,15 @@ from llmgw.cardclass import MIB
 from llmgw.engines.base import SizingRequest
 from llmgw.engines.torch_overhead import forward_cost
 from llmgw.engines.vllm import GRAMMAR, VLLM
-from llmgw.engines.vllm_memory import EXPERT_PARALLEL, vllm_central_overhead
+from llmgw.engines.vllm_memory import vllm_central_overhead
 from llmgw.engines.vllm_offload import v0_offload_copy_bytes
-from llmgw.engines.vllm_peak import batch_flags, mm_inputs, profile_at, profile_peak
+from llmgw.engines.vllm_peak import (
+    EXPERT_PARALLEL,
+    batch_flags,
+    mm_inputs,
+    profile_at,
+    profile_peak,
+)
 from llmgw.engines.vllm_rules import UNKNOWN_VERSION_NOTE, VLLM_RULES
 from llmgw.model import Inventory, Model, Node, Profile
 from llmgw.shape import ModelShape
