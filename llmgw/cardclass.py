@@ -72,7 +72,8 @@ KNOWN_CARDS: dict[str, CardMemory] = {
         23028,
         22589,
         "22.06 GiB: vLLM on a single A10, 'Free memory on device cuda:0 (6.67/22.06 GiB) on "
-        "startup' (a public training script's notes, code index file id 59085660774); V0 0.7 "
+        "startup' (aeread-org/AERead, integrations/rllm/modal_b1/train_smoke.py, its module "
+        "docstring); V0 0.7 "
         "logs on a 24 GB card print 22.06-22.07 GiB",
     ),
     "rtx3090-24gb": CardMemory(
@@ -96,9 +97,9 @@ DRIVER_RESERVE_SPREAD_MIB = 340
 
 UNIFIED_MEMORY = re.compile(r"gb10(?!\d)", re.IGNORECASE)
 """Card classes whose memory is the host's, shared with the CPU: NVML reports no memory total
-for them (`nvmlDeviceGetMemoryInfo` raises NVMLError_NotSupported on a GB10, as a public
-analysis of vLLM's batch defaults on a DGX Spark found; code index file id 67198449853), so an
-engine that asks NVML gets nothing. "GB10" but not "GB100"."""
+for them (`nvmlDeviceGetMemoryInfo` raises NVMLError_NotSupported on a GB10, as an analysis of
+vLLM's `get_batch_defaults` on a DGX Spark, in a public repository's notes, found), so an engine
+that asks NVML gets nothing. "GB10" but not "GB100"."""
 
 
 def nvml_reports_memory(gpu_class: str) -> bool:

@@ -94,8 +94,8 @@ budget. The figure a layer: logs print the estimate about twice what is captured
 pool memory: 0.71 GiB (actual), 1.55 GiB (estimated)"; "0.94 … 1.94"), and v0.31.0 captured
 0.23 GiB for Llama-3.1-8B's 32 layers (7.4 MiB a layer), so 16 MiB (32 for experts).
 
-vLLM's estimate is not a figure a layer (gpu_model_runner.py `profile_cudagraph_memory`, the
-form read from the code index, file id 52016549297, with the 0.2x "Profiling CUDA graph
+vLLM's estimate is not a figure a layer (`profile_cudagraph_memory` in
+vllm/v1/worker/gpu_model_runner.py of the 0.2x releases, which print the "Profiling CUDA graph
 memory" and "Estimated CUDA graph memory: … GiB total" lines): for each graph mode (PIECEWISE,
 FULL) it captures the two largest of that mode's capture sizes into a disposable pool,
 measuring CUDA's free memory around each; the first capture's drop is the mode's shared part,
@@ -105,8 +105,9 @@ sizes (max_num_seqs, `--max-cudagraph-capture-size`, the mode), with what the la
 allocates in the graph pool, and with the card and kernels that make those drops; none of
 those drops is printed at INFO. Logged pairs spread widely around the capture: "0.64 GiB
 (actual), 0.43 GiB (estimated)" with one PIECEWISE and one FULL graph, 0.27 against 0.27 over
-51 + 35 graphs, 0.38 against 0.61 over 9 + 5, 0.09 against 0.65 (code index file ids
-51912001300, 54318626907, 56681168668, 70457515147). The RTX 5090 runs under v0.28.0
+51 + 35 graphs, 0.38 against 0.61 over 9 + 5, 0.09 against 0.65 (start-up logs in public
+notes: a v0.20.0 DGX Spark compose file's, an lm-eval agent session's, a v0.22.0 compose file's,
+a v0.29.0 laptop RTX 5090 study's). The RTX 5090 runs under v0.28.0
 (logged_runs.jsonl) print the capture ("0.81 GiB for CUDAGraph memory" over Qwen3-32B's 64
 layers, 0.52 over Qwen3-14B's 40: 13 MiB a layer), not the estimate, which is inside their
 "peak activation" (1.46 GiB for both models, so there it does not follow the layers); no

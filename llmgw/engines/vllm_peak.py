@@ -84,7 +84,8 @@ V0_CHUNKED_SAMPLER = (
     "max_model_len 131072 on a 22.07 GiB card (an L4 or A10G), 2048 batched tokens over 256 "
     "requests, 'PyTorch activation peak memory takes 0.22GiB' where 2048 tokens' forward pass "
     "is 0.21 GiB and a sampler over 256 × 128256 logits would add 0.86 (public troubleshooting "
-    "note quoting the log; code index file id 70109711463)"
+    "note quoting the log: oracle-samples/oci-data-science-ai-samples, "
+    "ai-quick-actions/troubleshooting-tips.md)"
 )
 """Why V0's sampler is left out of the peak when chunked prefill is on."""
 

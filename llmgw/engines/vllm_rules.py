@@ -27,8 +27,9 @@ by the time profiling ends, so vLLM counts them as non-torch (vllm/utils/mem_uti
 memory_profiling: `non_torch_increase` is the device's used memory less torch's reserved after
 the profile run, less the same at the snapshot taken when the instance was created).
 V0 0.7.1 on 8 A100-SXM4-40GB (tp 8, DeepSeek-Coder-V2-Lite): 'non_torch_memory takes 2.10GiB'
-against 0.06 on one card, so 2.04 GiB (SageMaker DJL-LMI README, code index file id
-3706561278; vLLM PR #10511's pre-merge check gave the same step, 1.79 → 3.58 GiB from tp 1 to
+against 0.06 on one card, so 2.04 GiB (a SageMaker DJL-LMI walkthrough:
+aws-samples/aws-ai-ml-workshop-kr, genai/aws-gen-ai-kr/40_inference/06-Deepseek-v2-Inference/
+README.md; vLLM PR #10511's pre-merge check gave the same step, 1.79 → 3.58 GiB from tp 1 to
 tp 2 on an H100). V1 0.10.2 on 2 H200s (tp 2, Qwen3-Next-80B-A3B): 1.38 GiB against 0.09, so
 1.29 GiB; on 4 H100s (tp 4, the same model with its MTP drafter; vLLM issue #24881) 1.84, so
 1.75: 0.8-0.10 take the middle, 1.52 GiB. V1 0.19.0 on 2 H100s (tp 2, Llama-3.1-8B): 2.07 GiB
@@ -219,9 +220,9 @@ at v0.17.0 with nothing else changed.
 
 V0 (before 0.8) without chunked prefill: 38 B, from v0.7.2 serving Qwen2.5-Math-1.5B on a 22.06
 GiB card (max_model_len 4096: 4096 tokens over 256 requests): "PyTorch activation peak memory
-takes 1.40GiB" over 256 × 151936 logits (38.6 B a logit with the batch's hidden states; code
-index file id 60663571995); with chunked prefill none (V0_CHUNKED_SAMPLER). gt-023/024 peak at
-the forward pass either way.
+takes 1.40GiB" over 256 × 151936 logits (38.6 B a logit with the batch's hidden states; a
+test_vllm.py run pasted into a public repository's notes); with chunked prefill none
+(V0_CHUNKED_SAMPLER). gt-023/024 peak at the forward pass either way.
 
 Non-torch memory: V0 before 0.6.5 0.35 GiB (gt-023: its "Memory profiling results" counted
 what the card held after profiling less torch's, the CUDA context with it); from 0.6.5 V0
