@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import replace
 
 from llmgw.cardclass import GIB, MIB, nvml_reports_memory
 from llmgw.engines.base import CardTotals, Overhead
@@ -45,6 +46,7 @@ from llmgw.engines.torch_overhead import (
 from llmgw.engines.versions import in_a_range, pick
 from llmgw.engines.vllm_offload import v0_offload_copy_bytes
 from llmgw.engines.vllm_peak import (
+    ENFORCE_EAGER,
     EXPERT_PARALLEL,
     NO_CHUNKED_PREFILL,
     SKIP_MM_PROFILING,
@@ -52,6 +54,7 @@ from llmgw.engines.vllm_peak import (
     flashinfer_peak,
     mm_inputs,
     profile_peak,
+    runner_rules,
     tower_said,
     vllm_profile,
 )
@@ -62,9 +65,6 @@ from llmgw.engines.vllm_rules import (
 )
 from llmgw.engines.vllm_unknown import widen_unknown_margin, without_context
 from llmgw.shape import ModelShape
-
-ENFORCE_EAGER = ("--enforce-eager",)
-
 
 GPU_MEMORY_UTILIZATION = ("--gpu-memory-utilization",)
 
@@ -363,7 +363,9 @@ def _vllm_overhead(
 ) -> Overhead:
     """`vllm_overhead` itself."""
     profile = vllm_profile(grammar, args, card=card, tokens=tokens, engine_version=engine_version)
-    rules = profile.rules
+    rules = runner_rules(profile.rules, shape)
+    if rules is not profile.rules:
+        profile = replace(profile, rules=rules)
     expert_parallel = grammar.has(args, EXPERT_PARALLEL)
     forward = forward_cost(shape, tp=tp, expert_parallel=expert_parallel)
     flashinfer = bool(rules.flashinfer_bytes_per_logit) and declares_flashinfer(engine_version)
@@ -409,6 +411,8 @@ def _vllm_overhead(
                 f"; sampler as PyTorch's sort (with FlashInfer installed, as in vLLM's image, "
                 f"the peak is {lower / GIB:.2f} GiB lower and the pool that much larger)"
             )
+    if rules.runner_said:
+        said += f"; {rules.runner_said}"
     if rules.non_torch_said:
         said += f"; {rules.non_torch_said}"
     if step_said:

@@ -18,10 +18,12 @@ from llmgw.engines.torch_overhead import (
     ACTIVATION_BYTES,
     ForwardCost,
     activation_width,
+    is_moe,
     vocab_size,
 )
 from llmgw.engines.versions import pick
 from llmgw.engines.vllm_rules import (
+    COMPILED_PROFILE_PEAK_MARGIN,
     VLLM_RULES,
     VllmRules,
 )
@@ -36,6 +38,10 @@ MAX_NUM_SEQS = ("--max-num-seqs",)
 
 
 NO_CHUNKED_PREFILL = ("--no-enable-chunked-prefill",)
+
+
+ENFORCE_EAGER = ("--enforce-eager",)
+"""vLLM's switch to run the model eagerly: no torch.compile, no CUDA graphs."""
 
 EXPERT_PARALLEL = ("--enable-expert-parallel", "-ep")
 """vLLM's switch to shard a MoE model's experts over the ranks instead of splitting each one
@@ -135,6 +141,7 @@ class VllmProfile:
     batched_tokens: int
     max_num_seqs: int
     chunked_prefill: bool = True
+    eager: bool = False
 
 
 def large_card(card: CardTotals) -> bool:
@@ -158,6 +165,7 @@ class BatchFlags:
     no_chunked: bool
     chunked: bool
     large_card: bool
+    eager: bool = False
 
 
 def batch_flags(grammar: Grammar, args: Sequence[str], card: CardTotals) -> BatchFlags:
@@ -171,6 +179,7 @@ def batch_flags(grammar: Grammar, args: Sequence[str], card: CardTotals) -> Batc
         grammar.has(args, NO_CHUNKED_PREFILL),
         grammar.has(args, CHUNKED_PREFILL),
         large_card(card) if known else nvml_reports_memory(card.name),
+        grammar.has(args, ENFORCE_EAGER),
     )
 
 
@@ -193,6 +202,7 @@ def profile_at(rules: VllmRules, said: str, flags: BatchFlags, tokens: int) -> V
         batched_tokens=batched,
         max_num_seqs=seqs,
         chunked_prefill=chunked,
+        eager=flags.eager,
     )
 
 
@@ -202,6 +212,18 @@ def vllm_profile(
     """The version's rules and the batch vLLM profiles with for a context of `tokens`."""
     rules, said = pick(VLLM_RULES, engine_version)
     return profile_at(rules, said, batch_flags(grammar, args, card), tokens)
+
+
+def runner_rules(rules: VllmRules, shape: ModelShape) -> VllmRules:
+    """The figures `rules` size `shape` by: its Model Runner V1 figures (`v1_runner`) where the
+    range runs Model Runner V2 for dense text models only and `shape` is not one (experts,
+    recurrent layers or a vision input), else `rules` itself."""
+    if rules.v1_runner is None:
+        return rules
+    vision = shape.compute is not None and shape.compute.vision
+    if is_moe(shape) or shape.has_recurrent or vision:
+        return rules.v1_runner
+    return rules
 
 
 FLASHINFER_LABEL = "flashinfer"
@@ -305,7 +327,8 @@ def _text_activation(
 ) -> tuple[int, int]:
     """`profile_peak` for the forward pass and the sampler (`flashinfer`: FlashInfer's sampler,
     FLASHINFER_SAMPLER_BYTES_PER_LOGIT, where the range takes it when installed; `encoder`:
-    a multimodal model's encoder outputs are kept)."""
+    a multimodal model's encoder outputs are kept), or a non-eager profile run's compiled peak
+    where the range has one and it is larger (COMPILED_PROFILE_PEAK_BYTES)."""
     batched = profile.batched_tokens
     forward_bytes = forward.bytes(batched)
     hidden_bytes = batched * activation_width(shape) * ACTIVATION_BYTES
@@ -320,6 +343,9 @@ def _text_activation(
         sampler_bytes = 0  # V0_CHUNKED_SAMPLER: its chunked profile run peaked at the forward pass
     vision = shape.compute is not None and shape.compute.vision
     retained = hidden_bytes if vision and encoder else 0
+    compiled = 0 if profile.eager else rules.compiled_peak_bytes
+    if compiled > forward_bytes and compiled > sampler_bytes:
+        return compiled + retained, int(compiled * COMPILED_PROFILE_PEAK_MARGIN)
     if forward_bytes >= sampler_bytes:
         return forward_bytes + retained, int(forward_bytes * forward.margin)
     return sampler_bytes + retained, int(sampler_bytes * SAMPLER_MARGIN)

@@ -5,7 +5,7 @@ are picked by `llmgw.engines.versions.pick`; vllm_memory and vllm_peak apply the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmgw.cardclass import MIB
 from llmgw.engines.versions import Ranged
@@ -92,6 +92,58 @@ card), and the 0.18 GiB between them stays inside torch_overhead.NON_TORCH_MARGI
 From 0.7 the figure is the reserved-based one (0.01-0.08 GiB logged)."""
 
 
+MODEL_RUNNER_V2_SAID = (
+    "Model Runner V2's profile run (vllm/v1/worker/gpu/model_runner.py): no CUDA-graph "
+    "estimate, the sampler's fp32 logits, the graphs captured after the pool"
+)
+"""What the answer's `rules` say where the range's model runner is Model Runner V2."""
+
+
+MODEL_RUNNER_V1_SAID = (
+    "Model Runner V1's profile run (this range runs Model Runner V2 for dense text models only)"
+)
+"""What the answer's `rules` say where a range that runs Model Runner V2 for dense text models
+sizes another model by Model Runner V1's figures."""
+
+
+V2_SAMPLER_BYTES_PER_LOGIT = 6
+"""What Model Runner V2's dummy sampler run holds a logit: the logits `compute_logits` returns
+(bf16, 2 B) and the fp32 copy its Sampler.sample makes of them (4 B); temperature, penalties
+and the logit bias work on that copy in place, top-k/top-p run only for requests that ask for
+them (the dummy requests do not: profile_run's _dummy_sampler_run notes that the profile "may
+skip top_k, top_p, and logprobs"), and gumbel_sample (vllm/v1/worker/gpu/sample/gumbel.py) keeps
+one value and one int64 index per 1024-entry block of the vocabulary, not per entry. Read in
+vllm/v1/worker/gpu/sample/sampler.py and model_runner.py `_dummy_sampler_run` as the code
+index holds them (no release tag could be checked out: the repository's snapshot is over the
+fetch limit). The one log of it that the sampler could dominate: the 0.28.1 build on a Turing
+card at tp 2 (Qwen2.5-1.5B, 256 requests of a 152k vocabulary: 0.24 GiB by this figure, under
+the forward pass's 0.28; printed 0.32), and at tp 1 0.50 where the forward pass is 0.48."""
+
+
+COMPILED_PROFILE_PEAK_BYTES = 1488 * MIB
+"""The torch peak a non-eager Model Runner V2 profile run reaches whatever the model: three
+start-ups at 2048 batched tokens and 256 requests printed 1.44 GiB (v0.31.0, Llama-3.1-8B on an
+A100 80GB) and 1.46 (v0.28.0, Qwen3-32B-AWQ and Qwen3-14B-AWQ on an RTX 5090), where their
+forward passes are 0.21-0.35 GiB and V2's sampler 0.20-0.24; under `--enforce-eager` the same
+runner (a 0.28.1 build) peaked at its forward pass. Model Runner V2 adds no CUDA-graph estimate
+to that figure (model_runner.py `profile_cudagraph_memory` returns 0, so gpu_worker.py
+determine_available_memory subtracts nothing for graphs), so the 1.44-1.46 GiB is all torch
+peak, and it is the largest term: the peak is the larger of it and the forward pass or
+sampler, not their sum (the 64-layer and the 40-layer model printed the same). What holds it
+is not read in the source; it goes with compiling the model in the profile run's first
+forward pass: the 0.70 start of the same Qwen3-32B deployment printed 0.33 GiB, and an L4 note
+in a public repository 1.17 GiB on a cold torch.compile cache and 0.07 on a warm one. A warm
+cache so leaves a larger pool than the planner's (the safe side); the figure is the cold
+start's. Measured at 2048 batched tokens only: whether it grows with the batch is not known
+(COMPILED_PROFILE_PEAK_MARGIN)."""
+
+
+COMPILED_PROFILE_PEAK_MARGIN = 0.25
+"""How far the compiled profile run's peak may stray from COMPILED_PROFILE_PEAK_BYTES: the three
+cold starts agree within 0.02 GiB, but all at 2048 batched tokens on two cards; a quarter
+covers what a larger batch or another card may add until a log shows it."""
+
+
 @dataclass(frozen=True)
 class VllmRules(Ranged):
     """What one range of vLLM versions does at start."""
@@ -120,6 +172,22 @@ class VllmRules(Ranged):
     non_torch_said: str = ""
     """What the answer's `rules` say of how the range measures non-torch memory, where that
     differs from what the other ranges count (NON_TORCH_CACHED_SAID), else nothing."""
+    compiled_peak_bytes: int = 0
+    """The torch peak a non-eager profile run reaches at least (COMPILED_PROFILE_PEAK_BYTES
+    under Model Runner V2), else 0."""
+    runner_said: str = ""
+    """What the answer's `rules` say of the model runner the figures are (MODEL_RUNNER_V2_SAID,
+    MODEL_RUNNER_V1_SAID), else nothing."""
+    v1_runner: VllmRules | None = None
+    """The figures the range applies to a model vLLM keeps on Model Runner V1, where the range's
+    own are Model Runner V2's for dense text models only (0.23-0.28), else None."""
+
+
+V1_RUNNER_0_21 = VllmRules(
+    (0, 21, 0), (0, 23, 0), "vLLM V1 0.21 to 0.22", 0.92, 30, 0, 272 * MIB, True
+)
+"""0.21-0.22: Model Runner V1 with its CUDA-graph estimate kept out of the pool (the figures
+0.23-0.28 keep for the models they leave on Model Runner V1)."""
 
 
 VLLM_RULES: tuple[VllmRules, ...] = (
@@ -184,7 +252,36 @@ VLLM_RULES: tuple[VllmRules, ...] = (
     ),
     VllmRules((0, 12, 0), (0, 17, 0), "vLLM V1 0.12 to 0.16", 0.90, 38, 224 * MIB, 96 * MIB),
     VllmRules((0, 17, 0), (0, 21, 0), "vLLM V1 0.17 to 0.20", 0.90, 14, 120 * MIB, 256 * MIB),
-    VllmRules((0, 21, 0), None, "vLLM V1 0.21 and later", 0.92, 30, 0, 272 * MIB, True),
+    V1_RUNNER_0_21,
+    VllmRules(
+        (0, 23, 0),
+        (0, 29, 0),
+        "vLLM V1 0.23 to 0.28",
+        0.92,
+        V2_SAMPLER_BYTES_PER_LOGIT,
+        0,
+        272 * MIB,
+        compiled_peak_bytes=COMPILED_PROFILE_PEAK_BYTES,
+        runner_said=MODEL_RUNNER_V2_SAID,
+        v1_runner=replace(
+            V1_RUNNER_0_21,
+            since=(0, 23, 0),
+            until=(0, 29, 0),
+            label="vLLM V1 0.23 to 0.28",
+            runner_said=MODEL_RUNNER_V1_SAID,
+        ),
+    ),
+    VllmRules(
+        (0, 29, 0),
+        None,
+        "vLLM V1 0.29 and later",
+        0.92,
+        V2_SAMPLER_BYTES_PER_LOGIT,
+        0,
+        272 * MIB,
+        compiled_peak_bytes=COMPILED_PROFILE_PEAK_BYTES,
+        runner_said=MODEL_RUNNER_V2_SAID,
+    ),
 )
 """By version.
 
@@ -202,10 +299,29 @@ at 0.95 on an H100: 1.71 GiB left needs 7.45 GiB over 1024 × 201088); Qwen3-14B
 v0.15.0 and v0.16.0 on an H100 (1024 × 151936 logits: 5.64 GiB measured, 5.73 on the line;
 LLMD_REPORT below).
 
-From 0.21, 30 B and nothing besides: v0.31.0 on an A100 printed 1.44 GiB of "peak activation"
-for Llama-3.1-8B (256 × 128256 logits, 2048 tokens), which holds the CUDA-graph estimate
-(GRAPH_ESTIMATE_BYTES_PER_LAYER: 32 × 16 MiB); the torch peak is the other 0.94 GiB, the
-sampler's PyTorch sort at 30 B a logit with the batch's hidden states (28 B counted above).
+0.21-0.22, 30 B and nothing besides, Model Runner V1's sort with its CUDA-graph estimate kept
+out of the pool (GRAPH_ESTIMATE_BYTES_PER_LAYER). The figure was fitted to v0.31.0's 1.44 GiB of
+"peak activation" (Llama-3.1-8B on an A100, 256 × 128256 logits) read as 0.94 of torch peak and
+32 × 16 MiB of estimate; that start ran Model Runner V2, which estimates nothing, so it is
+COMPILED_PROFILE_PEAK_BYTES's now, and no 0.21-0.22 log checks the 30 B.
+
+From 0.23, Model Runner V2 (vllm/v1/worker/gpu/): vLLM's blog post on making it the default
+("From Opt-In to Default", 2026-08-31) dates the rollout on main, Qwen3 dense models first (PR
+#39337, 14 May), Llama and Mistral dense (PR #43458, 2 June; v0.23.0's release notes as a
+third-party digest quotes them: V2 "the default for Llama and Mistral dense models", and
+"already the default for Qwen3 dense models"), MoE families from 12 June, every dense model
+(PR #44443, 2 July), every family (PR #53183, 27 August: "the first tagged release with this
+default will be v0.29.0"), with fall-backs to V1 for what V2 does not support. So 0.23-0.28
+size dense text models by V2's figures and other models by V1's (`v1_runner`), and 0.29 on
+sizes every model by V2's. V2's profile run (model_runner.py `profile_run`) is V1's in shape:
+one forward pass over max_num_batched_tokens split over min(max_num_seqs, tokens) dummy
+requests, then `_dummy_sampler_run` over one logit row a request, the same max_num_seqs rows;
+its sampler holds 6 B a logit (V2_SAMPLER_BYTES_PER_LOGIT), its `profile_cudagraph_memory`
+returns 0, so nothing is estimated for graphs, which `capture_model` then captures out of what
+the pool leaves (outside the budget, as before 0.21), and a non-eager start peaks at
+COMPILED_PROFILE_PEAK_BYTES. The 0.28.1 build's "Using V2 Model Runner" starts on a Turing card
+under `--enforce-eager` peaked at their forward pass (0.50 and 0.32 GiB at tp 1 and 2, where
+V1's 30 B sampler line said 1.11).
 
 From 0.17 to 0.20, 14 B and 120 MiB besides: top-k/top-p no longer sort the whole vocabulary
 for a batch of 8 or more: vLLM PR #48913 describes the sort-based apply_top_k_top_p_pytorch

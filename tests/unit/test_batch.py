@@ -81,10 +81,12 @@ def test_a_batch_the_pool_cannot_hold_is_said_not_to_fit() -> None:
 
 def test_the_batch_sizes_vllms_profiling_run() -> None:
     """vLLM's dummy sampler runs over min(--max-num-seqs, batch) requests: a batch of 16
-    needs less activation memory than the default 1024 on an H100."""
-    one = size_context(model_with(VLLM), LLAMA_31_8B, tokens=8192, slots=0, inventory=H100)
+    needs less activation memory than the default 1024 on an H100 (under 0.22, where the
+    sampler is the peak; later ranges' compiled profile run outweighs it)."""
+    v1 = replace(VLLM, engine_version="0.22.0")
+    one = size_context(model_with(v1), LLAMA_31_8B, tokens=8192, slots=0, inventory=H100)
     few = size_context(
-        model_with(VLLM), LLAMA_31_8B, tokens=8192, slots=0, inventory=H100, sequences=16
+        model_with(v1), LLAMA_31_8B, tokens=8192, slots=0, inventory=H100, sequences=16
     )
     default_card, few_card = one.profiles[0].need.card, few.profiles[0].need.card
     assert default_card is not None and few_card is not None

@@ -224,12 +224,12 @@ def test_too_few_nodes_with_the_cards_is_refused_with_what_a_gang_could_take() -
 
 
 def test_cards_too_small_on_a_gang_names_the_cards_a_node_that_hold_it() -> None:
-    """Llama 3.1 70B over 2 nodes of 1 H100 does not fit at 16384 tokens: the refusal names the
+    """Llama 3.1 70B over 2 nodes of 1 H100 does not fit at 65536 tokens: the refusal names the
     cards a node (2, re-split) that hold it, not a count of one node."""
-    m = gang("vllm", ("--max-model-len", "16384", "-tp", "2", "-pp", "2"))
+    m = gang("vllm", ("--max-model-len", "65536", "-tp", "2", "-pp", "2"))
     with pytest.raises(errors.CardsTooSmall) as caught:
         plan_gpus(m, LLAMA_31_70B, gpus=1, profile="", inventory=CLUSTER)
     assert caught.value.fewest_cards == 2
-    assert "2 cards on each of 2 nodes for 16384 tokens" in caught.value.message
+    assert "2 cards on each of 2 nodes for 65536 tokens" in caught.value.message
     (p,) = plan_gpus(m, LLAMA_31_70B, gpus=2, profile="", inventory=CLUSTER).updated
     assert (p.tp, p.pp, p.cards) == (2, 2, 4)

@@ -396,7 +396,7 @@ def test_vllm_budget_is_the_cuda_total_times_its_utilisation() -> None:
     )
     assert newest.card_total_bytes == H100_CUDA_BYTES
     assert newest.budget_bytes == int(H100_CUDA_BYTES * 0.92)
-    assert "0.21 and later" in newest.rules and "no version named" in newest.rules
+    assert "0.29 and later" in newest.rules and "no version named" in newest.rules
     older = card_need(
         "vllm",
         shape,
@@ -427,13 +427,19 @@ def test_vllm_budget_is_the_cuda_total_times_its_utilisation() -> None:
 
 def test_vllm_need_adds_weights_share_kv_share_and_overhead() -> None:
     """A vLLM card holds ceil(weights / tp), its heads' KV and the profile run's peak: on an
-    H100 the sampler over 1024 requests × the vocabulary outweighs 8192 tokens' forward pass."""
+    H100 under 0.21-0.22 (Model Runner V1) the sampler over 1024 requests × the vocabulary
+    outweighs 8192 tokens' forward pass."""
     shape = hf(LLAMA_8B)
     need = card_need(
         "vllm",
         shape,
         SizingRequest(
-            args=("-tp", "2"), tokens=32_768, slots=1, cards=2, card_memory_bytes=H100_BYTES
+            args=("-tp", "2"),
+            tokens=32_768,
+            slots=1,
+            cards=2,
+            card_memory_bytes=H100_BYTES,
+            engine_version="0.22.0",
         ),
     )
     weights_card = -(-shape.weights_bytes // 2)
@@ -441,7 +447,7 @@ def test_vllm_need_adds_weights_share_kv_share_and_overhead() -> None:
     # 1024 rows × 128256 logits × 30 B + the kept hidden states of 8192 tokens (from 0.11
     # tensor parallel adds nothing to the sampler's peak); non-torch 272 MiB: a card of no
     # named class is taken as PCIe-joined, and from 0.11 NCCL's buffers are set up before
-    # vLLM's snapshot (vLLM PR #25359), so they add nothing; from 0.21 the CUDA graphs'
+    # vLLM's snapshot (vLLM PR #25359), so they add nothing; under 0.21-0.22 the CUDA graphs'
     # estimate (16 MiB for each of the 32 layers) is kept out of the pool
     activation = 1024 * 128_256 * 30 + 8192 * 4096 * 2
     assert need.activation_bytes == activation
@@ -494,7 +500,8 @@ def test_vllm_overhead_follows_its_batch_and_graphs(
 
 def test_vllm_defaults_to_the_small_batch_on_an_a100() -> None:
     """vLLM's large defaults skip A100s whatever their memory (arg_utils.py get_batch_defaults:
-    "a100" not in device_name): 2048 tokens and 256 requests on an A100-80GB."""
+    "a100" not in device_name): 2048 tokens and 256 requests on an A100-80GB, as 0.21-0.22's
+    sampler over those requests shows (later ranges' compiled peak hides the batch)."""
     a100 = card_need(
         "vllm",
         hf(LLAMA_8B),
@@ -505,6 +512,7 @@ def test_vllm_defaults_to_the_small_batch_on_an_a100() -> None:
             cards=1,
             card_memory_bytes=81920 * MIB,
             card=CardTotals.of("A100-80GB", 81920 * MIB),
+            engine_version="0.22.0",
         ),
     )
     assert a100.card_total_bytes == 81152 * MIB  # 79.25 GiB, as vLLM v0.31.0 printed

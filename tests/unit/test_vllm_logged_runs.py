@@ -14,6 +14,7 @@ from fleet_svc.agent.admission import ArgRules, refused_arg
 from llmgw.cardclass import cuda_total
 from llmgw.engines.base import CardNeed, CardTotals, SizingRequest
 from llmgw.engines.torch_overhead import forward_cost
+from llmgw.engines.versions import pick
 from llmgw.engines.vllm import GRAMMAR
 from llmgw.engines.vllm_memory import (
     CUDA_CONTEXT_BYTES,
@@ -28,9 +29,14 @@ from llmgw.engines.vllm_peak import (
     flashinfer_peak,
     profile_at,
     profile_peak,
+    runner_rules,
     vllm_profile,
 )
-from llmgw.engines.vllm_rules import VLLM_RULES
+from llmgw.engines.vllm_rules import (
+    COMPILED_PROFILE_PEAK_BYTES,
+    V2_SAMPLER_BYTES_PER_LOGIT,
+    VLLM_RULES,
+)
 from llmgw.shape import Compute, Layer, LayerKind, ModelShape
 from planner_svc.domain.hf_compute import compute_from_hf_config
 from planner_svc.domain.hf_shape import shape_from_hf_config
@@ -567,27 +573,71 @@ def test_mllama_image_tokens_are_read_from_its_config() -> None:
     assert other.cross_attention_image_tokens == 0
 
 
-def test_from_0_21_the_graph_estimate_is_kept_out_of_the_pool() -> None:
-    """From 0.21 vLLM subtracts its CUDA-graph estimate from the KV pool (16 MiB a layer) and
-    captures the graphs inside the budget; under `--enforce-eager` there is no estimate, so the
-    pool is that much larger. Before 0.21 the graphs are captured outside the budget."""
-    base: dict[str, Any] = {
-        "hf": "meta-llama__Llama-3.1-8B-Instruct",
-        "gpu": "A100-80GB",
-        "cuda_total_gib": 79.25,
-        "weights_gib": 14.99,
-        "tp": 1,
-        "engine_version": "0.31.0",
-        "args": ["--max-model-len", "131072"],
-    }
-    graphs = need_of(base)
-    eager = need_of({**base, "args": [*base["args"], "--enforce-eager"]})
+LLAMA_A100: dict[str, Any] = {
+    "hf": "meta-llama__Llama-3.1-8B-Instruct",
+    "gpu": "A100-80GB",
+    "cuda_total_gib": 79.25,
+    "weights_gib": 14.99,
+    "tp": 1,
+    "engine_version": "0.22.0",
+    "args": ["--max-model-len", "131072"],
+}
+"""Llama-3.1-8B on an A100 80GB with vLLM's defaults, as the v0.31.0 log ran it."""
+
+
+def test_from_0_21_to_0_22_the_graph_estimate_is_kept_out_of_the_pool() -> None:
+    """0.21-0.22 (Model Runner V1) subtract their CUDA-graph estimate from the KV pool (16 MiB a
+    layer) and capture the graphs inside the budget; under `--enforce-eager` there is no
+    estimate, so the pool is that much larger. Before 0.21 the graphs are captured outside the
+    budget."""
+    graphs = need_of(LLAMA_A100)
+    eager = need_of({**LLAMA_A100, "args": [*LLAMA_A100["args"], "--enforce-eager"]})
     assert graphs.cuda_graph_bytes == 32 * 16 * MIB and eager.cuda_graph_bytes == 0
     assert eager.kv_pool_bytes - graphs.kv_pool_bytes == 32 * 16 * MIB
     assert graphs.outside_bytes == eager.outside_bytes == CUDA_CONTEXT_BYTES
     assert "estimated inside the budget" in graphs.rules
-    older = need_of({**base, "engine_version": "0.19.0"})
+    older = need_of({**LLAMA_A100, "engine_version": "0.19.0"})
     assert older.cuda_graph_bytes == 0 and older.outside_bytes > CUDA_CONTEXT_BYTES
+
+
+@pytest.mark.parametrize("version", ["0.23.0", "0.28.0", "0.31.0"])
+def test_model_runner_v2_estimates_no_graphs_and_peaks_at_its_compiled_run(version: str) -> None:
+    """Under Model Runner V2 (a dense model from 0.23) nothing is estimated for CUDA graphs: they
+    are captured after the pool, outside the budget; a non-eager start peaks at the compiled
+    profile run's figure, an eager one at its forward pass or V2's 6 B sampler, so its pool is
+    larger by the difference."""
+    run = {**LLAMA_A100, "engine_version": version}
+    graphs = need_of(run)
+    eager = need_of({**run, "args": [*run["args"], "--enforce-eager"]})
+    assert graphs.cuda_graph_bytes == eager.cuda_graph_bytes == 0
+    assert graphs.outside_bytes > CUDA_CONTEXT_BYTES == eager.outside_bytes
+    assert graphs.activation_bytes == COMPILED_PROFILE_PEAK_BYTES
+    shape = shape_of(run)
+    rules = pick(VLLM_RULES, version)[0]
+    forward = forward_cost(shape, tp=1).bytes(2048)
+    sampler = 256 * 128256 * V2_SAMPLER_BYTES_PER_LOGIT + 2048 * 4096 * 2
+    assert rules.sampler_bytes_per_logit == V2_SAMPLER_BYTES_PER_LOGIT
+    assert eager.activation_bytes == max(forward, sampler)
+    assert eager.kv_pool_bytes - graphs.kv_pool_bytes == graphs.activation_bytes - max(
+        forward, sampler
+    )
+    assert "Model Runner V2's profile run" in graphs.rules
+
+
+def test_0_23_to_0_28_size_models_kept_on_model_runner_v1_by_v1_figures() -> None:
+    """0.23-0.28 run Model Runner V2 for dense text models only: a MoE model is sized by the
+    0.21-0.22 figures (V1's sampler and graph estimate), and says so; from 0.29 it takes V2's."""
+    run = {**LLAMA_A100, "hf": "Qwen__Qwen3-30B-A3B", "weights_gib": 56.9}
+    shape = shape_of(run)
+    rules = pick(VLLM_RULES, "0.28.0")[0]
+    assert runner_rules(rules, shape) is rules.v1_runner
+    assert rules.v1_runner is not None and rules.v1_runner.graph_estimate
+    assert runner_rules(rules, shape_of(LLAMA_A100)) is rules
+    newest = pick(VLLM_RULES, "0.29.0")[0]
+    assert runner_rules(newest, shape) is newest and not newest.graph_estimate
+    moe = need_of({**run, "engine_version": "0.28.0"})
+    assert moe.cuda_graph_bytes > 0 and "Model Runner V1's profile run" in moe.rules
+    assert need_of({**run, "engine_version": "0.29.0"}).cuda_graph_bytes == 0
 
 
 @pytest.mark.parametrize(
@@ -628,7 +678,7 @@ def test_v0_0_6_5_to_0_6_6_say_they_count_cached_memory_as_non_torch() -> None:
 
 
 def test_the_graph_estimate_names_how_vllm_measures_it() -> None:
-    """From 0.21 the rules say the graph estimate stands for what vLLM measures from its two
+    """Under 0.21-0.22 the rules say the graph estimate stands for what vLLM measures from its two
     largest captures of each graph mode, not a figure vLLM prints a layer."""
     run = next(r for r in RUNS if r["id"] == "log-0.31.0-a100-80-llama-3.1-8b-131072")
-    assert "two largest captures of each graph mode" in need_of(run).rules
+    assert "two largest captures of each graph mode" in need_of(run, "0.22.0").rules
