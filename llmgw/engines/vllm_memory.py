@@ -12,10 +12,11 @@ determine_available_memory; vllm/utils/mem_utils.py memory_profiling):
    `_dummy_sampler_run` over the last token of each of those requests: logits over the whole
    vocabulary, in fp32, sorted for top-k/top-p, softmaxed.
 3. KV memory = requested − (weights + torch's peak increase + non-torch increase). CUDA
-   graphs are captured afterwards, in what `1 − utilisation` leaves; from 0.21 vLLM also
-   estimates them while profiling (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by default)
-   and subtracts the estimate too, printing it inside "peak activation"
-   (GRAPH_ESTIMATE_BYTES_PER_LAYER).
+   graphs are captured afterwards, in what `1 − utilisation` leaves; for 0.21-0.22 (and models
+   kept on Model Runner V1 up to 0.28) vLLM also estimates them while profiling
+   (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by default) and subtracts the estimate too,
+   printing it inside "peak activation" (GRAPH_ESTIMATE_BYTES_PER_LAYER); Model Runner V2
+   estimates nothing (vllm_rules.MODEL_RUNNER_V2_SAID).
 V0 (before 0.8) profiled the same way (worker.py determine_num_available_blocks), over
 max(max_model_len, batch) tokens when chunked prefill was off (gt-023/024).
 
@@ -78,7 +79,8 @@ GRAPH_ESTIMATE_BYTES_PER_LAYER = 16 * MIB
 
 
 GRAPH_ESTIMATE_BYTES_PER_MOE_LAYER = 32 * MIB
-"""vLLM ≥ 0.21's CUDA-graph estimate per layer, which it keeps out of the KV pool.
+"""vLLM's CUDA-graph estimate per layer under Model Runner V1 from 0.21, which it keeps out of
+the KV pool.
 vllm/v1/worker/gpu_worker.py determine_available_memory: when graphs will be captured
 (cudagraph_mode is not NONE, so not under `--enforce-eager`) `profile_cudagraph_memory()`
 captures a few graphs against a small dummy cache and extrapolates; with
@@ -87,12 +89,11 @@ profiling is enabled (default since v0.21.0). The current --gpu-memory-utilizati
 equivalent to --gpu-memory-utilization=0.9129 without CUDA graph memory profiling", a 0.2x
 log) `available_kv_cache_memory_bytes = requested_memory - non_kv_cache_memory -
 cudagraph_memory_estimate_applied`, and the figure printed as "peak activation" is the torch
-peak plus that estimate (`peak_activation_memory`; vLLM PR #37426 quotes both lines). So
-v0.31.0's "1.44 GiB for peak activation" (Llama-3.1-8B on an A100; 72.91 − 15.26 − 1.44 =
-56.21 GiB of KV, as printed) holds the estimate, and the graphs are then captured inside the
-budget. The figure a layer: logs print the estimate about twice what is captured ("CUDA graph
-pool memory: 0.71 GiB (actual), 1.55 GiB (estimated)"; "0.94 … 1.94"), and v0.31.0 captured
-0.23 GiB for Llama-3.1-8B's 32 layers (7.4 MiB a layer), so 16 MiB (32 for experts).
+peak plus that estimate (`peak_activation_memory`; vLLM PR #37426 quotes both lines), and the
+graphs are then captured inside the budget. The figure a layer: logs print the estimate about
+twice what is captured ("CUDA graph pool memory: 0.71 GiB (actual), 1.55 GiB (estimated)";
+"0.94 … 1.94"), and v0.31.0 captured 0.23 GiB for Llama-3.1-8B's 32 layers (7.4 MiB a layer),
+so 16 MiB (32 for experts).
 
 vLLM's estimate is not a figure a layer (`profile_cudagraph_memory` in
 vllm/v1/worker/gpu_model_runner.py of the 0.2x releases, which print the "Profiling CUDA graph
@@ -107,11 +108,12 @@ those drops is printed at INFO. Logged pairs spread widely around the capture: "
 (actual), 0.43 GiB (estimated)" with one PIECEWISE and one FULL graph, 0.27 against 0.27 over
 51 + 35 graphs, 0.38 against 0.61 over 9 + 5, 0.09 against 0.65 (start-up logs in public
 notes: a v0.20.0 DGX Spark compose file's, an lm-eval agent session's, a v0.22.0 compose file's,
-a v0.29.0 laptop RTX 5090 study's). The RTX 5090 runs under v0.28.0
-(logged_runs.jsonl) print the capture ("0.81 GiB for CUDAGraph memory" over Qwen3-32B's 64
-layers, 0.52 over Qwen3-14B's 40: 13 MiB a layer), not the estimate, which is inside their
-"peak activation" (1.46 GiB for both models, so there it does not follow the layers); no
-figure is fitted to them. GRAPH_ESTIMATE_SPREAD carries the spread."""
+a v0.29.0 laptop RTX 5090 study's, which fell back to Model Runner V1). GRAPH_ESTIMATE_SPREAD
+carries the spread. Model Runner V2 has no estimate (its `profile_cudagraph_memory`
+returns 0): the RTX 5090 runs under v0.28.0 and the v0.31.0 A100 run (logged_runs.jsonl) print
+no estimate in their "peak activation", and their "CUDAGraph memory" (0.81 GiB over
+Qwen3-32B's 64 layers, 0.52 over Qwen3-14B's 40, 0.23 over Llama-3.1-8B's 32) is what
+`capture_model` took after the pool, outside the budget."""
 
 
 GRAPH_ESTIMATE_SPREAD = 0.5
@@ -218,7 +220,8 @@ def vllm_overhead(
     default_utilisation: float | None = None,
 ) -> Overhead:
     """What vLLM takes on a card beside weights and KV, inside `requested`, by its version's
-    rules; and what must fit outside it (the CUDA context, and before 0.21 the graphs).
+    rules; and what must fit outside it (the CUDA context, and the graphs where vLLM captures
+    them after the pool: before 0.21, and under Model Runner V2).
 
     The central figures (`vllm_central_overhead`), with an unknown version's spread over every
     range added to the margin (`widen_unknown_margin`)."""
