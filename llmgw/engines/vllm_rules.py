@@ -322,6 +322,14 @@ the pool leaves (outside the budget, as before 0.21), and a non-eager start peak
 COMPILED_PROFILE_PEAK_BYTES. The 0.28.1 build's "Using V2 Model Runner" starts on a Turing card
 under `--enforce-eager` peaked at their forward pass (0.50 and 0.32 GiB at tp 1 and 2, where
 V1's 30 B sampler line said 1.11).
+Where the dates disagree: vLLM PR #49233 (2026-07-20, closed) says V2 "became the default for
+dense models in 0.25.1" and that its `profile_cudagraph_memory` still returned 0 then (issue
+#49224; PR #54061, open in September 2026, ports the capture profiling to V2), so from 0.23 to
+0.25.0 a dense model outside the Qwen3, Llama and Mistral families may still have run V1,
+whose sort and graph estimate are larger: there these figures can put the pool above vLLM's.
+Issue #50159 measured V1 and V2 on v0.26.0 under `--enforce-eager` (Qwen2.5-0.5B, 1,024
+requests on a 96 GB card) to the same KV tokens, 6,908,880: by then V1's sampler at that batch
+held no more than V2's either.
 
 From 0.17 to 0.20, 14 B and 120 MiB besides: top-k/top-p no longer sort the whole vocabulary
 for a batch of 8 or more: vLLM PR #48913 describes the sort-based apply_top_k_top_p_pytorch
