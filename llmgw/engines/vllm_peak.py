@@ -217,11 +217,14 @@ def vllm_profile(
 def runner_rules(rules: VllmRules, shape: ModelShape) -> VllmRules:
     """The figures `rules` size `shape` by: its Model Runner V1 figures (`v1_runner`) where the
     range runs Model Runner V2 for dense text models only and `shape` is not one (experts,
-    recurrent layers or a vision input), else `rules` itself."""
+    recurrent layers or a vision input) or not of the range's `v2_families`, else `rules`
+    itself."""
     if rules.v1_runner is None:
         return rules
     vision = shape.compute is not None and shape.compute.vision
     if is_moe(shape) or shape.has_recurrent or vision:
+        return rules.v1_runner
+    if rules.v2_families and shape.architecture.lower() not in rules.v2_families:
         return rules.v1_runner
     return rules
 

@@ -100,7 +100,8 @@ MODEL_RUNNER_V2_SAID = (
 
 
 MODEL_RUNNER_V1_SAID = (
-    "Model Runner V1's profile run (this range runs Model Runner V2 for dense text models only)"
+    "Model Runner V1's profile run (this range runs Model Runner V2 for dense text models only, "
+    "and before 0.25.1 for the Llama, Mistral and Qwen3 families only)"
 )
 """What the answer's `rules` say where a range that runs Model Runner V2 for dense text models
 sizes another model by Model Runner V1's figures."""
@@ -181,6 +182,16 @@ class VllmRules(Ranged):
     v1_runner: VllmRules | None = None
     """The figures the range applies to a model vLLM keeps on Model Runner V1, where the range's
     own are Model Runner V2's for dense text models only (0.23-0.28), else None."""
+    v2_families: tuple[str, ...] = ()
+    """Where the range runs Model Runner V2 for the dense models of these families only
+    (V2_FIRST_FAMILIES, 0.23-0.25.0): the others take `v1_runner`; () for every family."""
+
+
+V2_FIRST_FAMILIES = ("llama", "mistral", "qwen3")
+"""The families (a config's `model_type`, a GGUF's architecture) whose dense models vLLM ran on
+Model Runner V2 by default before 0.25.1: Qwen3 from PR #39337, Llama and Mistral from PR
+#43458 (v0.23.0's notes, as a third-party digest quotes them); PR #49233 dates the default for
+every dense model to 0.25.1."""
 
 
 V1_RUNNER_0_21 = VllmRules(
@@ -188,6 +199,31 @@ V1_RUNNER_0_21 = VllmRules(
 )
 """0.21-0.22: Model Runner V1 with its CUDA-graph estimate kept out of the pool (the figures
 0.23-0.28 keep for the models they leave on Model Runner V1)."""
+
+
+def _some_on_v2(
+    since: tuple[int, int, int],
+    until: tuple[int, int, int],
+    label: str,
+    families: tuple[str, ...] = (),
+) -> VllmRules:
+    """A range that runs Model Runner V2 for dense text models (of `families` only, when given)
+    and Model Runner V1, with 0.21-0.22's figures, for the rest."""
+    return VllmRules(
+        since,
+        until,
+        label,
+        0.92,
+        V2_SAMPLER_BYTES_PER_LOGIT,
+        0,
+        272 * MIB,
+        compiled_peak_bytes=COMPILED_PROFILE_PEAK_BYTES,
+        runner_said=MODEL_RUNNER_V2_SAID,
+        v1_runner=replace(
+            V1_RUNNER_0_21, since=since, until=until, label=label, runner_said=MODEL_RUNNER_V1_SAID
+        ),
+        v2_families=families,
+    )
 
 
 VLLM_RULES: tuple[VllmRules, ...] = (
@@ -253,24 +289,8 @@ VLLM_RULES: tuple[VllmRules, ...] = (
     VllmRules((0, 12, 0), (0, 17, 0), "vLLM V1 0.12 to 0.16", 0.90, 38, 224 * MIB, 96 * MIB),
     VllmRules((0, 17, 0), (0, 21, 0), "vLLM V1 0.17 to 0.20", 0.90, 14, 120 * MIB, 256 * MIB),
     V1_RUNNER_0_21,
-    VllmRules(
-        (0, 23, 0),
-        (0, 29, 0),
-        "vLLM V1 0.23 to 0.28",
-        0.92,
-        V2_SAMPLER_BYTES_PER_LOGIT,
-        0,
-        272 * MIB,
-        compiled_peak_bytes=COMPILED_PROFILE_PEAK_BYTES,
-        runner_said=MODEL_RUNNER_V2_SAID,
-        v1_runner=replace(
-            V1_RUNNER_0_21,
-            since=(0, 23, 0),
-            until=(0, 29, 0),
-            label="vLLM V1 0.23 to 0.28",
-            runner_said=MODEL_RUNNER_V1_SAID,
-        ),
-    ),
+    _some_on_v2((0, 23, 0), (0, 25, 1), "vLLM V1 0.23 to 0.25.0", V2_FIRST_FAMILIES),
+    _some_on_v2((0, 25, 1), (0, 29, 0), "vLLM V1 0.25.1 to 0.28"),
     VllmRules(
         (0, 29, 0),
         None,
@@ -326,7 +346,8 @@ Where the dates disagree: vLLM PR #49233 (2026-07-20, closed) says V2 "became th
 dense models in 0.25.1" and that its `profile_cudagraph_memory` still returned 0 then (issue
 #49224; PR #54061, open in September 2026, ports the capture profiling to V2), so from 0.23 to
 0.25.0 a dense model outside the Qwen3, Llama and Mistral families may still have run V1,
-whose sort and graph estimate are larger: there these figures can put the pool above vLLM's.
+whose sort and graph estimate are larger: so 0.23-0.25.0 size only those three families by
+V2's figures (V2_FIRST_FAMILIES) and 0.25.1-0.28 every dense text model.
 Issue #50159 measured V1 and V2 on v0.26.0 under `--enforce-eager` (Qwen2.5-0.5B, 1,024
 requests on a 96 GB card) to the same KV tokens, 6,908,880: by then V1's sampler at that batch
 held no more than V2's either.

@@ -682,3 +682,30 @@ def test_the_graph_estimate_names_how_vllm_measures_it() -> None:
     largest captures of each graph mode, not a figure vLLM prints a layer."""
     run = next(r for r in RUNS if r["id"] == "log-0.31.0-a100-80-llama-3.1-8b-131072")
     assert "two largest captures of each graph mode" in need_of(run, "0.22.0").rules
+
+
+@pytest.mark.parametrize(
+    ("hf", "version", "on_v2"),
+    [
+        ("Qwen__Qwen2.5-7B-Instruct", "0.24.0", False),
+        ("google__gemma-2-9b-it", "0.25.0", False),
+        ("Qwen__Qwen2.5-7B-Instruct", "0.25.1", True),
+        ("google__gemma-2-9b-it", "0.28.0", True),
+        ("mistralai__Mistral-7B-Instruct-v0.3", "0.23.0", True),
+        ("Qwen__Qwen3-8B", "0.24.0", True),
+        ("meta-llama__Llama-3.1-8B-Instruct", "0.25.0", True),
+    ],
+)
+def test_before_0_25_1_only_the_first_families_dense_models_take_model_runner_v2(
+    hf: str, version: str, on_v2: bool
+) -> None:
+    """Until 0.25.1 vLLM ran Model Runner V2 by default only for the dense models of the Llama,
+    Mistral and Qwen3 families (V2_FIRST_FAMILIES); another dense model is sized by V1's figures
+    (its graph estimate inside the budget) and the answer says which."""
+    run = {**LLAMA_A100, "hf": hf, "engine_version": version}
+    rules = pick(VLLM_RULES, version)[0]
+    sized = runner_rules(rules, shape_of(run))
+    assert (sized is rules) is on_v2
+    need = need_of(run)
+    assert ("Model Runner V2's profile run" in need.rules) is on_v2
+    assert (need.cuda_graph_bytes > 0) is not on_v2
