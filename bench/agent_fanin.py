@@ -557,6 +557,7 @@ async def measure_n(
     return {
         "agents": n,
         "ready_nodes": ready_nodes,
+        "acks": len(latencies),
         "join_s": join_s,
         "cpu_idle_pct": cpu_idle * 100,
         "cpu_pct": cpu_n * 100,
@@ -662,7 +663,8 @@ async def measure_tls(
             rows[mode] = row
             figures |= {f"{mode}_{k}@{n}": v for k, v in row.items() if k != "agents"}
         plain, mtls = rows["plain"], rows["mtls"]
-        cpu_ratio = mtls["cpu_ms_per_agent_s"] / plain["cpu_ms_per_agent_s"]
+        # /proc counts CPU in 10 ms ticks: a tiny run's plaintext window may hold none.
+        cpu_ratio = mtls["cpu_ms_per_agent_s"] / (plain["cpu_ms_per_agent_s"] or math.nan)
         p99_ratio = mtls["ack_p99_ms"] / plain["ack_p99_ms"]
         figures[f"cpu_per_agent_ratio@{n}"] = cpu_ratio
         figures[f"ack_p99_ratio@{n}"] = p99_ratio
