@@ -3,11 +3,11 @@ time from a catalog change to every agent's acknowledgement.
 
 The fleet runs as a child process (`python -m fleet_svc --listen 127.0.0.1:0 ...`) so its CPU
 time (user + system, /proc/PID/stat; psutil is not installed) and resident memory (VmRSS,
-/proc/PID/status) are its own. The agents are lean simulated agents in this process: real
-`AgentService.Connect` streams (Hello with one card, heartbeats on the Welcome's interval, an
-Ack for every Desired, HEALTHY for every replica at once, STOPPED when one goes), spread over
-several channels of at most STREAMS_PER_CHANNEL streams, each channel its own connection
-(an HTTP/2 peer caps concurrent streams per connection, commonly at 100).
+/proc/PID/status) are its own. The agents are lean simulated agents, by default in this
+process: real `AgentService.Connect` streams (Hello with one card, heartbeats on the Welcome's
+interval, an Ack for every Desired, HEALTHY for every replica at once, STOPPED when one goes),
+spread over several channels of at most STREAMS_PER_CHANNEL streams, each channel its own
+connection (an HTTP/2 peer caps concurrent streams per connection, commonly at 100).
 
 For each N, on a fresh fleet:
 - idle: the fleet's CPU over a window with no agents, and its RSS (the baseline);
