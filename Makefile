@@ -48,7 +48,7 @@ go-tools: venv
 # go test. gen/go's
 # client/ tests that need live services are run by tests/integration/test_go_client_pkg.py,
 # which starts them; here they say they are skipped.
-GO_MODULES := gen/go tests/go/client
+GO_MODULES := gen/go tests/go/client bench/swarm
 go-test: go-tools
 	@set -e; for m in $(GO_MODULES); do \
 	  echo "go: $$m"; \

@@ -15,6 +15,7 @@ from bench import __main__ as bench_main
 from bench import (
     agent_fanin,
     canary_undo,
+    go_swarm,
     planner_memory,
     planner_throughput,
     rollout_overhead,
@@ -73,6 +74,51 @@ async def test_agent_fanin_reports_cpu_memory_and_ack_latency(tmp_path: Path) ->
     # CPU is read in clock ticks (10 ms): a change of 3 replicas may take none.
     assert figures["change_fleet_cpu_pct@3"] >= 0
     assert figures["change_agents_cpu_pct@3"] >= 0
+
+
+@pytest.mark.timeout(400)
+async def test_agent_fanin_go_swarm_acks_on_the_benchs_clock(tmp_path: Path) -> None:
+    """With `--swarm go` the Go program's agents join, every one acks the change, and each
+    Ack, stamped in the swarm's process, falls between the call and the last replica routable
+    on the bench's clock (a swarm on another clock would land outside)."""
+    if go_swarm.go_tool() is None:
+        pytest.skip("go is not installed: `--swarm go` builds bench/swarm with it")
+    figures = await agent_fanin.measure(
+        [3], tmp_path, window_s=0.2, rounds=1, heartbeat_s=1.0, swarm="go"
+    )
+    assert figures["ready_nodes@3"] == 3
+    assert figures["acks@3"] == 3
+    assert_sane(figures, ("ack_", "all_ready_", "rss_mb", "join_s"))
+    # An agent acks before it reports HEALTHY, which comes before the watcher sees it routable.
+    assert figures["ack_max_ms@3"] < figures["all_ready_ms@3"]
+    assert figures["change_agents_cpu_pct@3"] >= 0
+
+
+async def test_agent_fanin_go_swarm_over_mutual_tls(tmp_path: Path) -> None:
+    """The Go swarm's agents present their nodes' certificates: both modes join and ack."""
+    if go_swarm.go_tool() is None:
+        pytest.skip("go is not installed: `--swarm go` builds bench/swarm with it")
+    figures = await agent_fanin.measure_tls(
+        [2], tmp_path, window_s=0.2, rounds=1, heartbeat_s=1.0, swarm="go"
+    )
+    for mode in ("plain", "mtls"):
+        assert figures[f"{mode}_ready_nodes@2"] == 2
+        assert figures[f"{mode}_acks@2"] == 2
+        assert figures[f"{mode}_ack_max_ms@2"] < figures[f"{mode}_all_ready_ms@2"]
+    # The CPU ratio is left out: a 0.2 s window may count no 10 ms tick of the fleet's CPU.
+    assert_sane(
+        {k: v for k, v in figures.items() if not k.startswith("cpu_per_agent_ratio")},
+        ("plain_ack_", "mtls_ack_", "ack_p99_ratio"),
+    )
+
+
+async def test_agent_fanin_go_swarm_without_go_says_what_is_needed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where go is missing, `--swarm go` stops at once naming the tool and the other swarm."""
+    monkeypatch.setattr(go_swarm, "go_tool", lambda: None)
+    with pytest.raises(go_swarm.SwarmError, match=r"needs the go tool.*--swarm python"):
+        await agent_fanin.measure([1], tmp_path, window_s=0.2, rounds=1, swarm="go")
 
 
 async def test_watch_replicas_reports_the_time_to_every_watcher(tmp_path: Path) -> None:
