@@ -9,12 +9,13 @@ stream carries heartbeats, replica reports and acknowledgements. A node's desire
 the store as a row the holding fleet forwards.
 
 Freshness: the holder refreshes its nodes' rows at least every heartbeat interval while their
-streams last, each with `heard_at`, when its agent last spoke. Only a row whose `heard_at`
-moved is a heartbeat. A row that stops moving (its holder died), or whose `heard_at` does not
-(its agent is silent), is a node gone silent: the controller's liveness marks it NOT_READY
-after the grace and LOST later, exactly as for a silent stream here, while the agent
-reconnects to another fleet (a new stream: a hello). Rows older than the grace are not taken
-for connected nodes when the leader loads them."""
+agents speak, each with `heard_at`, when its agent last spoke (a row whose agent said nothing
+since it was written is not written again). Only a row whose `heard_at` moved is a heartbeat.
+A row that stops moving (its holder died, or its agent is silent) is a node gone silent: the
+controller's liveness marks it NOT_READY after the grace and LOST later, exactly as for a
+silent stream here, while the agent reconnects to another fleet (a new stream: a hello). Rows
+whose agent was last heard longer ago than the grace are not taken for connected nodes when the
+leader loads them."""
 
 from __future__ import annotations
 

@@ -11,8 +11,10 @@ moves no stream: the relay hands its streams to the controller when this fleet i
 and writes them all to the store when it is deposed.
 
 Rows are written in batches, at most FLUSH_S after an event and at least every heartbeat
-interval per stream (its freshness: the leader treats a row that stops moving as a silent
-node). Store calls run off the loop (fleet_svc.store_calls)."""
+interval per stream whose agent spoke since its row was written (its freshness: the leader
+treats a row whose `heard_at` stops moving as a silent node). A row whose agent said nothing
+since is not written again: it would tell the leader nothing it does not hold. Store calls run
+off the loop (fleet_svc.store_calls)."""
 
 from __future__ import annotations
 
@@ -73,6 +75,10 @@ class _Held:
     heard_at: float = 0.0
     connected: bool = True
     written_at: float = 0.0
+    """When its row was last written, or found with nothing to write (its refresh's clock)."""
+    written_heard_at: float | None = None
+    """The `heard_at` its row was last written with (None: not written since this fleet began
+    following)."""
     since_seq: int | None = None
     """Desired sets written after this seq are this stream's (None: not known yet)."""
     doc: dict[str, Any] | None = None
@@ -142,6 +148,7 @@ class NodeRelay:
         self._seen = None
         for node, held in self._held.items():
             held.since_seq = None
+            held.written_heard_at = None
             held.doc = None  # its view was the controller's to change while this fleet led
             self._dirty.add(node)
         self._pull.set()
@@ -277,35 +284,43 @@ class NodeRelay:
             # a little early, the streams' refreshes fall together into one write an interval
             # instead of one every FLUSH_S for a few rows each (each write a transaction).
             refresh_s /= 2
-        due = [
-            h
-            for node, h in self._held.items()
-            if node in self._dirty or now - h.written_at >= refresh_s
-        ]
+        due: list[_Held] = []
+        for node, h in self._held.items():
+            if node in self._dirty or h.written_heard_at is None:
+                due.append(h)
+            elif now - h.written_at >= refresh_s:
+                if h.heard_at != h.written_heard_at:
+                    due.append(h)
+                else:
+                    # Its agent said nothing since the row was written: the same row again
+                    # would be no heartbeat to the leader (only a moved heard_at is one), so
+                    # it is not written, and its refresh waits another interval.
+                    h.written_at = now
         batch = [*self._gone, *due]
         if not batch:
             return
-        rows = [
-            NodeReport(
-                node=h.view.name,
-                holder=self.holder,
-                stream=h.stream,
-                connected=h.connected,
-                heard_at=h.heard_at,
-                report=h.report(),
-            )
-            for h in batch
-        ]
+        rows = [self._row(h) for h in batch]
+        due_rows = rows[len(batch) - len(due) :]
         dirty = set(self._dirty)
         await self._calls.run(self._store.put_node_reports, rows)
         self._gone = [h for h in self._gone if h not in batch]
         self._dirty -= dirty
-        for h in due:
-            h.written_at = now
+        for h, row in zip(due, due_rows, strict=True):
+            h.written_at, h.written_heard_at = now, row.heard_at
             # A replica reported gone is not news again once written.
             for rid in [rid for rid, o in h.observed.items() if o.phase.value in _DONE]:
                 del h.observed[rid]
                 h.doc = None
+
+    def _row(self, h: _Held) -> NodeReport:
+        return NodeReport(
+            node=h.view.name,
+            holder=self.holder,
+            stream=h.stream,
+            connected=h.connected,
+            heard_at=h.heard_at,
+            report=h.report(),
+        )
 
     async def _forward(self) -> None:
         now = self._clock.monotonic()

@@ -95,33 +95,68 @@ async def test_a_stream_s_row_keeps_at_most_max_observed_replicas(tmp_path: Path
 async def test_a_refresh_due_takes_along_the_rows_past_half_their_interval(
     tmp_path: Path,
 ) -> None:
-    """While following, a row due for its refresh (one heartbeat interval old) is written
-    with every row at least half an interval old, so the streams' refreshes fall into one
-    write; a row written more recently waits, and no row waits past its interval: the rows
-    end up refreshed together."""
+    """While following, a row due for its refresh (one heartbeat interval old, its agent
+    heard since) is written with every row at least half an interval old, so the streams'
+    refreshes fall into one write; a row written more recently waits, and no row waits past
+    its interval: the rows end up refreshed together."""
     store = SQLiteStore(tmp_path / "f.db")
     clock = FakeClock()
     relay = NodeRelay(store, clock, "fleet-b", LIVENESS, StoreCalls(store))
     relay.follow()
-    for name, at in (("n1", 0.0), ("n2", 0.6), ("n3", 0.9)):
+    names = ("n1", "n2", "n3")
+
+    async def beat_and_write(wall: float) -> list[str]:
+        """Every agent beats at `wall`; the nodes whose rows the write then due wrote."""
+        clock.set_wall(wall)
+        for name in names:
+            relay.heartbeat(name, [], 0)
+        top = max((r.seq for r in store.list_node_reports()), default=0)
+        await relay._write()
+        return sorted(r.node for r in store.list_node_reports(top))
+
+    for name, at in zip(names, (0.0, 0.6, 0.9), strict=True):
         clock.set_wall(1000.0 + at)
         relay.agent_connected(NodeView(name=name), [], StreamLink(name))
         await relay._write()
+    assert await beat_and_write(1001.2) == ["n1", "n2"]  # n1 is due; n2 is 0.6 old, n3 0.3
+    assert await beat_and_write(1001.9) == ["n1", "n2", "n3"]  # n3 is due; n1, n2 0.7 old
+    assert await beat_and_write(1002.5) == []  # none is due
+    assert await beat_and_write(1002.9) == ["n1", "n2", "n3"]
+    store.close()
+
+
+async def test_a_row_whose_agent_said_nothing_since_it_was_written_is_not_written_again(
+    tmp_path: Path,
+) -> None:
+    """While following, a row due for its refresh whose agent has not spoken since it was
+    written is not written again (the leader takes only a moved heard_at for a heartbeat, so
+    the same row would tell it nothing); once the agent speaks, its next refresh writes the
+    new heard_at, and a silent row does not hold back the others' refresh."""
+    store = SQLiteStore(tmp_path / "f.db")
+    clock = FakeClock()
+    relay = NodeRelay(store, clock, "fleet-b", LIVENESS, StoreCalls(store))
+    relay.follow()
+    clock.set_wall(1000.0)
+    for name in ("quiet", "talker"):
+        relay.agent_connected(NodeView(name=name), [], StreamLink(name))
+    await relay._write()
     top = max(r.seq for r in store.list_node_reports())
-    clock.set_wall(1001.2)  # n1 is due; n2 is 0.6 old, n3 0.3
+    clock.set_wall(1001.5)
+    relay.heartbeat("talker", [], 0)
     await relay._write()
-    assert sorted(r.node for r in store.list_node_reports(top)) == ["n1", "n2"]
-    top = max(r.seq for r in store.list_node_reports())
-    clock.set_wall(1001.9)  # n3 is due; n1 and n2 are 0.7 old
+    [row] = store.list_node_reports(top)
+    assert (row.node, row.heard_at) == ("talker", 1001.5)
+    top = row.seq
+    clock.set_wall(1003.0)
     await relay._write()
-    assert sorted(r.node for r in store.list_node_reports(top)) == ["n1", "n2", "n3"]
-    top = max(r.seq for r in store.list_node_reports())
-    clock.set_wall(1002.5)  # none is due
+    assert store.list_node_reports(top) == [], "neither agent spoke since its row was written"
+    relay.heartbeat("quiet", [], 0)
     await relay._write()
-    assert store.list_node_reports(top) == []
-    clock.set_wall(1002.9)
+    assert store.list_node_reports(top) == [], "its refresh is an interval after the last check"
+    clock.set_wall(1004.1)
     await relay._write()
-    assert sorted(r.node for r in store.list_node_reports(top)) == ["n1", "n2", "n3"]
+    [row] = store.list_node_reports(top)
+    assert (row.node, row.heard_at) == ("quiet", 1003.0)
     store.close()
 
 
