@@ -35,6 +35,22 @@ log = structlog.get_logger(__name__)
 HELLO_TIMEOUT_S = 10.0
 """How long a new stream may stay silent before its Hello."""
 
+BEAT_SLOTS = 10
+"""Instants in each heartbeat interval at which the fleet's heartbeats go out, the streams
+taking them in turn: a slot's streams are woken by one pass of the event loop, where a timer
+of each stream's own would wake it once a stream (with 1,000 idle agents that cut a fleet's
+CPU per agent by a fifth, bench/README.md)."""
+
+
+def beat_delay(now_s: float, interval_s: float, slot: int) -> float:
+    """How long from `now_s` (the loop's clock) until the next instant of `slot`
+    (0..BEAT_SLOTS-1): those instants are `interval_s` apart, at `slot / BEAT_SLOTS` of the
+    interval past each multiple of it; a stream that beats at each of them beats once an
+    interval. Never 0: a beat just sent waits for the slot's next instant."""
+    offset_s = interval_s * (slot % BEAT_SLOTS) / BEAT_SLOTS
+    return interval_s - (now_s - offset_s) % interval_s
+
+
 _PHASES: dict[int, ReplicaPhase] = {
     agent_pb2.PROCESS_PHASE_STARTING: ReplicaPhase.STARTING,
     agent_pb2.PROCESS_PHASE_HEALTHY: ReplicaPhase.READY,
@@ -216,6 +232,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self._sink = sink
         self._clock = clock
         self._node_certificates = node_certificates
+        self._slots = itertools.count()
 
     @stream_refusals_as_status
     async def Connect(
@@ -345,14 +362,23 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         link.close("")
 
     async def _beat(self, link: StreamLink, interval_s: float) -> None:
-        """Send a heartbeat on the interval: meshes drop quiet streams."""
+        """Send a heartbeat on the interval (meshes drop quiet streams), at the instants of the
+        stream's slot (`beat_delay`): the first within one interval of the Hello."""
+        loop = asyncio.get_running_loop()
+        slot = next(self._slots) % BEAT_SLOTS
+        due = loop.time() + beat_delay(loop.time(), interval_s, slot)
         for seq in itertools.count(1):
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(due - loop.time())
             now = timestamp_pb2.Timestamp()
             now.FromNanoseconds(int(self._clock.wall() * 1e9))
             link.queue.put_nowait(
                 agent_pb2.ConnectResponse(heartbeat=agent_pb2.Heartbeat(seq=seq, sent_at=now))
             )
+            # The next instant of the slot, counted from the last one (a timer woken a hair
+            # early must not beat twice); a loop an interval behind skips to the slot's next.
+            due += interval_s
+            if due <= loop.time():
+                due = loop.time() + beat_delay(loop.time(), interval_s, slot)
 
 
 SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
