@@ -234,26 +234,76 @@ static, which depends on the tensor parallelism size": tp ≥ 16 0.79, ≥ 8 0.8
 0.87, else 0.88; the card's memory set only the chunked-prefill size (2048 under 25,000 MiB,
 else 8192) and the CUDA-graph batch). gt-049 (0.4.3.post4, four L4s at tp 4) ran at 0.85."""
 
-SGLANG_V04_UNTIL = (0, 5, 0)
-"""Versions before this take SGLANG_V04_FRACTIONS; from 0.5 the fraction follows the card's
-memory less a reserve (PR #10975's heuristics, below). The 0.4.6-0.4.10 adjustments for cards
-over 96 GiB (PR #5893, at least 18 GB left on an H200; PR #6718, B200) are not modelled: such
-a card under 0.4 takes the table."""
+SGLANG_V04_UNTIL = (0, 4, 8)
+"""Versions before this take SGLANG_V04_FRACTIONS. The 0.4.6-0.4.7 adjustments for cards over
+96 GiB (PR #5893, at least 18 GB left on an H200; PR #6718, B200) are not modelled: such a card
+there takes the table. PR #7054 (merged 2025-06-10) replaced the table by SGLANG_CLASS_RESERVES;
+v0.4.8's server_args.py carries it, whether v0.4.7 does is not determined here (it keeps the
+table)."""
+
+SGLANG_CLASS_RESERVES_UNTIL = (0, 5, 3)
+"""Versions from SGLANG_V04_UNTIL up to this take SGLANG_CLASS_RESERVES; from here the reserve
+is PR #10975's (merged 2025-09-27, after v0.5.2; 0.5.3 is the first release after it): the
+chunked-prefill, CUDA-graph and parallel terms below. The logged 0.5.2rc2 start on eight H100s
+(sglang_logged_runs.jsonl, sglang-0.5.2rc2-h100x8-grok-2-fp8-tp8) printed
+mem_fraction_static=0.831, the class rule's (81,559 − 13,824) / 81,559; the newer rule gives
+0.818 there."""
+
+SGLANG_CLASS_RESERVES: tuple[tuple[float, float, float], ...] = (
+    (20 * 1024, 2.8, 0.1),
+    (35 * 1024, 2.8, 0.1),
+    (90 * 1024, 9.5, 0.5),
+    (100 * 1024, 12.0, 0.5),
+    (160 * 1024, 12.0, 0.5),
+    (math.inf, 32.0, 0.0),
+)
+"""SGLang 0.4.8-0.5.2's reserve by card class: (cards under this many MiB, GiB, GiB per rank of
+tp × pp), so reserve = (GiB + per rank × tp × pp) × 1024 MiB; T4/4080 and A10/L40/4090 2.8 +
+0.1 a rank, H100/A100 9.5 + 0.5, H20 and H200 12 + 0.5, larger cards 32 flat; plus 2 GiB for a
+draft model (6 GiB for STANDALONE and none for LOOKAHEAD in the 0.5 builds) and 4 GiB with DP
+attention; fraction (card − reserve) / card, rounded to 3 places, 0.88 when the card's memory
+is not known (python/sglang/srt/server_args.py at v0.4.8, ServerArgs.__post_init__ "Set mem
+fraction static", card memory from get_device_memory_capacity in MiB; the same branch is
+`_handle_mem_fraction_static` in the 0.5.0-0.5.2 builds)."""
+
+SGLANG_CLASS_RESERVE_DP_ATTENTION_MIB = 4096
+"""What `--enable-dp-attention` adds to SGLANG_CLASS_RESERVES' reserve, whatever the dp size."""
 
 
 def _v04(engine_version: str) -> bool:
-    """Whether `engine_version` names an SGLang release before 0.5."""
+    """Whether `engine_version` names an SGLang release that takes the 0.4 table."""
     version = parse_version(engine_version)
     return version is not None and version < SGLANG_V04_UNTIL
+
+
+def _class_reserves(engine_version: str) -> bool:
+    """Whether `engine_version` names an SGLang release that reserves by card class
+    (SGLANG_CLASS_RESERVES)."""
+    version = parse_version(engine_version)
+    return version is not None and SGLANG_V04_UNTIL <= version < SGLANG_CLASS_RESERVES_UNTIL
+
+
+def _draft_reserve_mib(args: Sequence[str], draft_free: str) -> int:
+    """What a draft model adds to SGLang's reserve: 6 GiB for a STANDALONE draft, none for the
+    draft-free algorithm (`draft_free`: NGRAM from 0.5.3, LOOKAHEAD before), else 2 GiB
+    (server_args.py, both reserve rules)."""
+    draft = (GRAMMAR.get(args, SPECULATIVE_ALGORITHM) or "").upper()
+    if draft == "STANDALONE":
+        return SGLANG_RESERVE_STANDALONE_MIB
+    if draft and draft != draft_free:
+        return SGLANG_RESERVE_EAGLE_MIB
+    return 0
 
 
 def sglang_mem_fraction_static(
     card_memory_bytes: int, args: Sequence[str], *, tp: int, pp: int, engine_version: str = ""
 ) -> float:
-    """SGLang's `--mem-fraction-static`: the flag, else the default SGLang derives: before 0.5
-    by tensor parallel size (SGLANG_V04_FRACTIONS), from 0.5 from the card's memory
-    (server_args.py _handle_gpu_memory_settings): (card − reserve) / card, rounded to 3
-    places; 0.88 when the card's memory is not known. No version named: the newest rule.
+    """SGLang's `--mem-fraction-static`: the flag, else the default SGLang derives: before
+    0.4.8 by tensor parallel size (SGLANG_V04_FRACTIONS), 0.4.8-0.5.2 from the card's class
+    (SGLANG_CLASS_RESERVES), from 0.5.3 from the card's memory less the reserve of the
+    chunked-prefill size and CUDA-graph batch (server_args.py _handle_gpu_memory_settings):
+    (card − reserve) / card, rounded to 3 places; 0.88 when the card's memory is not known.
+    No version named: the newest rule.
     """
     given = GRAMMAR.fraction(args, MEM_FRACTION_STATIC)
     if given is not None:
@@ -263,6 +313,13 @@ def sglang_mem_fraction_static(
     if card_memory_bytes <= 0:
         return 0.88
     gpu_mib = card_memory_bytes / MIB
+    if _class_reserves(engine_version):
+        _, base_gib, per_rank_gib = next(c for c in SGLANG_CLASS_RESERVES if gpu_mib < c[0])
+        reserved = (base_gib + per_rank_gib * tp * pp) * 1024
+        reserved += _draft_reserve_mib(args, "LOOKAHEAD")
+        if GRAMMAR.has(args, ENABLE_DP_ATTENTION):
+            reserved += SGLANG_CLASS_RESERVE_DP_ATTENTION_MIB
+        return round((gpu_mib - reserved) / gpu_mib, 3)
     _, chunk_default, graphs_small, graphs_large = next(
         b for b in SGLANG_GPU_BUCKETS if gpu_mib < b[0]
     )
@@ -281,11 +338,7 @@ def sglang_mem_fraction_static(
             reserved += graphs * dp * SGLANG_RESERVE_DP_ATTENTION_LARGE_BS_MIB
     if gpu_mib > SGLANG_RESERVE_FLOOR_ABOVE_MIB:
         reserved = max(reserved, SGLANG_RESERVE_FLOOR_MIB)
-    draft = (GRAMMAR.get(args, SPECULATIVE_ALGORITHM) or "").upper()
-    if draft == "STANDALONE":
-        reserved += SGLANG_RESERVE_STANDALONE_MIB
-    elif draft and draft != "NGRAM":
-        reserved += SGLANG_RESERVE_EAGLE_MIB
+    reserved += _draft_reserve_mib(args, "NGRAM")
     return round((gpu_mib - reserved) / gpu_mib, 3)
 
 
@@ -356,7 +409,11 @@ class Sglang(TensorParallelEngine):
         mfs = sglang_mem_fraction_static(
             card.nvml_bytes, args, tp=tp, pp=pp, engine_version=engine_version
         )
-        rule = "by tp (SGLang 0.4)" if _v04(engine_version) else "from the card"
+        rule = "from the card"
+        if _v04(engine_version):
+            rule = "by tp (SGLang 0.4)"
+        elif _class_reserves(engine_version):
+            rule = "by card class (SGLang 0.4.8-0.5.2)"
         if GRAMMAR.fraction(args, MEM_FRACTION_STATIC) is not None:
             rule = "as given"
         free_before = max(card.cuda_bytes - SGLANG_PRELOAD_BYTES, 0)

@@ -547,6 +547,42 @@ def test_sglang_mem_fraction_static_default_by_card(
     assert sglang_mem_fraction_static(card, args, tp=tp, pp=1) == fraction
 
 
+@pytest.mark.parametrize(
+    ("version", "card", "args", "tp", "fraction"),
+    [
+        # H100 at tp 8: (9.5 + 8 / 2) GiB = 13,824 MiB, the 0.831 a 0.5.2rc2 start printed
+        ("0.5.2rc2", H100_BYTES, [], 8, 0.831),
+        # H100 at tp 1: (9.5 + 0.5) GiB
+        ("0.4.8", H100_BYTES, [], 1, round((81559 - 10240) / 81559, 3)),
+        # L4 at tp 4: (2.8 + 0.4) GiB = 3,276.8 MiB
+        ("0.5.0", L4_BYTES, [], 4, round((23034 - 3276.8) / 23034, 3)),
+        # H200 (141 GB) at tp 8: (12 + 4) GiB
+        ("0.4.10", 143771 * MIB, [], 8, round((143771 - 16384) / 143771, 3)),
+        # B200 (180 GB): 32 GiB whatever the ranks
+        ("0.5.1", 183359 * MIB, [], 8, round((183359 - 32768) / 183359, 3)),
+        # an EAGLE draft 2 GiB more, DP attention a flat 4 GiB
+        ("0.5.2", H100_BYTES, ["--speculative-algorithm", "EAGLE"], 1, round(69271 / 81559, 3)),
+        (
+            "0.5.2",
+            H100_BYTES,
+            ["--enable-dp-attention", "--dp-size", "8"],
+            8,
+            round(63639 / 81559, 3),
+        ),
+        # before 0.4.8 the table by tp, from 0.5.3 the chunked-prefill and graph reserve
+        ("0.4.7", H100_BYTES, [], 8, 0.81),
+        ("0.5.3", H100_BYTES, [], 8, round((81559 - 14848) / 81559, 3)),
+    ],
+)
+def test_sglang_mem_fraction_static_by_version(
+    version: str, card: int, args: list[str], tp: int, fraction: float
+) -> None:
+    """SGLang 0.4.8-0.5.2 reserve by card class (server_args.py at v0.4.8, PR #7054); the
+    versions either side keep their own rules."""
+    got = sglang_mem_fraction_static(card, args, tp=tp, pp=1, engine_version=version)
+    assert got == fraction
+
+
 def test_sglang_budget_and_preload() -> None:
     """SGLang's weights and KV take its fraction (derived from NVML's total) of the memory free
     before loading (CUDA's total less the preload); activations and graphs live outside it."""

@@ -112,7 +112,11 @@ def test_the_token_count_from_the_logs_own_memory_lines(run: dict[str, Any]) -> 
     printed one within 1 %, whatever the card held besides."""
     printed = run["printed"]
     mfs = sglang_mem_fraction_static(
-        0, list(run["args"]), tp=run["tp"], pp=1, engine_version=run["engine_version"]
+        card_of(run).nvml_bytes,
+        list(run["args"]),
+        tp=run["tp"],
+        pp=1,
+        engine_version=run["engine_version"],
     )
     assert mfs == printed.get("mem_fraction_static", mfs)
     available = sglang_available_kv_bytes(
