@@ -23,6 +23,8 @@ from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
 from llmgw.engines.memo import sizing_memo
 from llmgw.engines.tensor_parallel import TensorParallelEngine
 from llmgw.engines.versions import parse_version
+from llmgw.engines.vllm_memory import nvlink_card
+from llmgw.engines.vllm_rules import NVLINK_NON_TORCH_MARGIN_BYTES, NVLINK_NON_TORCH_V1_EARLY
 from llmgw.shape import Layer, LayerKind, ModelShape
 
 GRAMMAR = Grammar("sglang", folds_underscores=False, joined_ok=True, abbreviates=True)
@@ -77,6 +79,26 @@ snapshot (vllm_memory.CUDA_CONTEXT_BYTES)."""
 
 SGLANG_PRELOAD_MARGIN_BYTES = 384 * MIB
 """How far the preload may be off (tensor parallel adds NCCL buffers)."""
+
+SGLANG_NVLINK_PRELOAD_BYTES = NVLINK_NON_TORCH_V1_EARLY
+"""What tensor parallel over NVLink adds to SGLANG_PRELOAD_BYTES (which already holds a PCIe
+card's NCCL buffers: gt-049 is four L4s at tp 4). SGLang builds its collectives before it
+measures: ModelRunner.init_torch_distributed (python/sglang/srt/model_executor/model_runner.py)
+runs init_distributed_environment and initialize_model_parallel, whose tensor-parallel
+GroupCoordinator (distributed/parallel_state.py) makes a PyNcclCommunicator
+(device_communicators/pynccl.py: ncclCommInitRank, then a one-element warm-up all-reduce) and
+the custom all-reduce's IPC buffers; only then does it take the free memory it returns, which
+profile_max_num_token applies the fraction to and `Load weight begin. avail mem` prints. NVLS
+is off there unless `--enable-nccl-nvls` (entrypoints/engine.py _set_envs_and_config sets
+NCCL_NVLS_ENABLE from it; the agent does not pass the flag), so what NVLink adds is NCCL's
+buffers for its NVLink channels, on Ampere NVLink parts as on Hopper (vllm_memory.nvlink_card,
+not nvls_card). The figure is vLLM's for the same buffers under the same NCCL:
+NVLINK_NON_TORCH_V1_EARLY, fitted to vLLM 0.10.2 logs (torch 2.8, as SGLang from 0.5, PR
+#8880). SGLang's own NVLink logs agree within NVLINK_NON_TORCH_MARGIN_BYTES: the 0.5.2rc2 start
+on eight H100s (sglang_logged_runs.jsonl) had 1.76 GiB in use at `Load weight begin`, 1.34 over
+the PCIe preload, 'Init torch distributed ends. mem usage=1.25 GB' against 0.19 on PCIe cards
+(sgl-project/sglang issues #7070, #7212); eight H200s at tp 8 printed 1.77-2.01 GB there
+(sgl-project/sglang PR #11716, October 2025)."""
 
 # SGLang's default --mem-fraction-static (server_args.py, _handle_gpu_memory_settings): card
 # memory in MiB less a reserve of 512 MiB of metadata + 1.5 MiB per chunked-prefill token
@@ -342,6 +364,20 @@ def sglang_mem_fraction_static(
     return round((gpu_mib - reserved) / gpu_mib, 3)
 
 
+def sglang_preload(card: CardTotals, tp: int) -> tuple[int, int, str]:
+    """The memory in use on `card` when SGLang measures what its fraction applies to, at
+    tensor parallel `tp`: SGLANG_PRELOAD_BYTES, plus SGLANG_NVLINK_PRELOAD_BYTES on an NVLink
+    card (vllm_memory.nvlink_card) at tp > 1; with how far it may be off, and the words saying
+    the NVLink part ("" without it)."""
+    if tp > 1 and nvlink_card(card):
+        return (
+            SGLANG_PRELOAD_BYTES + SGLANG_NVLINK_PRELOAD_BYTES,
+            SGLANG_PRELOAD_MARGIN_BYTES + NVLINK_NON_TORCH_MARGIN_BYTES,
+            f", {SGLANG_NVLINK_PRELOAD_BYTES // MIB} MiB of it NCCL's NVLink buffers",
+        )
+    return SGLANG_PRELOAD_BYTES, SGLANG_PRELOAD_MARGIN_BYTES, ""
+
+
 class Sglang(TensorParallelEngine):
     """SGLang: a token pool, a budget of `--mem-fraction-static` of the card."""
 
@@ -403,7 +439,7 @@ class Sglang(TensorParallelEngine):
         engine_version: str,
     ) -> Overhead:
         """Weights and KV take `--mem-fraction-static` of the memory free before loading
-        (CUDA's total less what the CUDA context and NCCL hold, `SGLANG_PRELOAD_BYTES`);
+        (CUDA's total less what the CUDA context and NCCL hold, `sglang_preload`);
         activations and CUDA graphs live outside it, in what SGLang's own reserve leaves
         (the default fraction is derived from NVML's total, as SGLang reads it)."""
         mfs = sglang_mem_fraction_static(
@@ -416,15 +452,16 @@ class Sglang(TensorParallelEngine):
             rule = "by card class (SGLang 0.4.8-0.5.2)"
         if GRAMMAR.fraction(args, MEM_FRACTION_STATIC) is not None:
             rule = "as given"
-        free_before = max(card.cuda_bytes - SGLANG_PRELOAD_BYTES, 0)
-        margin = int(mfs * (SGLANG_PRELOAD_MARGIN_BYTES + card.cuda_margin_bytes))
+        preload, preload_margin, said = sglang_preload(card, tp)
+        free_before = max(card.cuda_bytes - preload, 0)
+        margin = int(mfs * (preload_margin + card.cuda_margin_bytes))
         return Overhead(
             budget_bytes=int(free_before * mfs),
             margin_bytes=margin,
             rules=(
                 f"SGLang: mem_fraction_static {mfs:g} ({rule}) of the memory free before loading "
                 f"(CUDA total {card.cuda_source or 'not known'}, less "
-                f"{SGLANG_PRELOAD_BYTES // MIB} MiB in use)"
+                f"{preload // MIB} MiB in use{said})"
             ),
             card_total_bytes=card.cuda_bytes,
         )

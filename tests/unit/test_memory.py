@@ -15,6 +15,7 @@ from llmgw.engines import registry
 from llmgw.engines.base import CardTotals, SizingRequest
 from llmgw.engines.llamacpp import LLAMACPP_RESERVE_BYTES, llamacpp_kv_bytes
 from llmgw.engines.sglang import (
+    SGLANG_NVLINK_PRELOAD_BYTES,
     SGLANG_PRELOAD_BYTES,
     sglang_mem_fraction_static,
     sglang_token_capacity,
@@ -581,6 +582,38 @@ def test_sglang_mem_fraction_static_by_version(
     versions either side keep their own rules."""
     got = sglang_mem_fraction_static(card, args, tp=tp, pp=1, engine_version=version)
     assert got == fraction
+
+
+@pytest.mark.parametrize(
+    ("card", "tp", "nvlink"),
+    [
+        ("H100-80GB", 1, False),
+        ("H100-80GB", 2, True),
+        ("A100-80GB", 8, True),
+        ("H100-PCIe-80GB", 4, False),
+        ("L40S-48GB", 4, False),
+    ],
+)
+def test_sglang_preload_holds_nvlink_buffers_at_tp(card: str, tp: int, nvlink: bool) -> None:
+    """At tp > 1 on an NVLink card (Ampere as Hopper: SGLang runs NCCL without NVLS) SGLang's
+    budget is its fraction of CUDA's total less the preload and NCCL's NVLink buffers; one card,
+    or cards on PCIe, take the preload alone."""
+    totals = CardTotals.of(card, H100_BYTES, H100_CUDA_BYTES)
+    need = card_need(
+        "sglang",
+        hf(LLAMA_8B),
+        SizingRequest(
+            args=("--mem-fraction-static", "0.8"),
+            tokens=8192,
+            slots=1,
+            cards=tp,
+            card_memory_bytes=H100_BYTES,
+            card=totals,
+        ),
+    )
+    preload = SGLANG_PRELOAD_BYTES + (SGLANG_NVLINK_PRELOAD_BYTES if nvlink else 0)
+    assert need.budget_bytes == int((H100_CUDA_BYTES - preload) * 0.8)
+    assert ("NVLink buffers" in need.rules) is nvlink
 
 
 def test_sglang_budget_and_preload() -> None:
