@@ -92,13 +92,18 @@ profile_max_num_token applies the fraction to and `Load weight begin. avail mem`
 is off there unless `--enable-nccl-nvls` (entrypoints/engine.py _set_envs_and_config sets
 NCCL_NVLS_ENABLE from it; the agent does not pass the flag), so what NVLink adds is NCCL's
 buffers for its NVLink channels, on Ampere NVLink parts as on Hopper (vllm_memory.nvlink_card,
-not nvls_card). The figure is vLLM's for the same buffers under the same NCCL:
-NVLINK_NON_TORCH_V1_EARLY, fitted to vLLM 0.10.2 logs (torch 2.8, as SGLang from 0.5, PR
-#8880). SGLang's own NVLink logs agree within NVLINK_NON_TORCH_MARGIN_BYTES: the 0.5.2rc2 start
-on eight H100s (sglang_logged_runs.jsonl) had 1.76 GiB in use at `Load weight begin`, 1.34 over
-the PCIe preload, 'Init torch distributed ends. mem usage=1.25 GB' against 0.19 on PCIe cards
-(sgl-project/sglang issues #7070, #7212); eight H200s at tp 8 printed 1.77-2.01 GB there
-(sgl-project/sglang PR #11716, October 2025)."""
+not nvls_card). The figure is vLLM's NVLink step under the same torch and NCCL:
+NVLINK_NON_TORCH_V1_EARLY, fitted to vLLM 0.10.2 logs (torch 2.8, which SGLang builds on since
+its PR #8880 of August 2025, 0.5.2rc2 among them). Those logs are Hopper starts with NVLS on, so
+the figure may hold more than SGLang's channels alone (the side the planner errs on is then
+under). SGLang's own NVLink logs agree within
+NVLINK_NON_TORCH_MARGIN_BYTES: the 0.5.2rc2 start on eight H100s (sglang_logged_runs.jsonl) had
+1.76 GiB in use at `Load weight begin`, 1.34 over the PCIe preload, 'Init torch distributed ends.
+mem usage=1.25 GB' against 0.19 on PCIe cards (sgl-project/sglang issues #7070, #7212); a tp-8
+start on eight cards of H200's size (139.3 GiB by its lines) printed 1.77-2.01 GB there
+(sgl-project/sglang PR #11716, October 2025). Not modelled: what grows with more groups (DP
+attention's, expert parallel's), e.g. 1.88-2.50 GB on eight B200s with DP attention (PR
+#5390)."""
 
 # SGLang's default --mem-fraction-static (server_args.py, _handle_gpu_memory_settings): card
 # memory in MiB less a reserve of 512 MiB of metadata + 1.5 MiB per chunked-prefill token
