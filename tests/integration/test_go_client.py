@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -21,6 +20,7 @@ import pytest
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from bench.go_swarm import module_env
 from fleet_svc.rpc import status as fleet_status
 from fleet_svc.server import FleetOptions, FleetServer, start_fleet
 from llmgw import certs
@@ -553,17 +553,6 @@ async def services(tmp: Path, pki: Pki, gguf_root: Path) -> AsyncIterator[dict[s
                 "dead_fleet": f"127.0.0.1:{dead.port}",
                 "gguf_url": files.url("tiny.gguf"),
             }
-
-
-def module_env() -> dict[str, str]:
-    """The environment of a module-mode build: the committed go.mod and go.sum as they are
-    (-mod=readonly, so nothing is resolved anew), modules from GOMODCACHE or the proxy."""
-    env = dict(os.environ)
-    env.pop("GO111MODULE", None)
-    env.pop("GOPATH", None)
-    env.update(GOFLAGS="-mod=readonly -buildvcs=false", GOTOOLCHAIN="local", CGO_ENABLED="0")
-    env.setdefault("GOCACHE", str(Path.home() / ".cache" / "go-build"))
-    return env
 
 
 async def run(

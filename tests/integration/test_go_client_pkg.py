@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.go_swarm import module_env
 from fleet_svc.server import FleetServer, start_fleet
 from planner_svc.server import PlannerServer, start_planner
 from tests.integration.test_go_client import (
@@ -21,7 +22,6 @@ from tests.integration.test_go_client import (
     fleet_options,
     go,  # noqa: F401  (the fixture)
     llama,
-    module_env,
     run,
     two_fleets,
 )
