@@ -39,7 +39,8 @@ BEAT_SLOTS = 10
 """Instants in each heartbeat interval at which the fleet's heartbeats go out, the streams
 taking them in turn: a slot's streams are woken by one pass of the event loop, where a timer
 of each stream's own would wake it once a stream (with 1,000 idle agents that cut a fleet's
-CPU per agent by a fifth, bench/README.md)."""
+idle CPU per agent by a fifth to a third: bench/README.md, "the fleet's heartbeats in ten
+slots")."""
 
 
 def beat_delay(now_s: float, interval_s: float, slot: int) -> float:
