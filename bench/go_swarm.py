@@ -138,10 +138,12 @@ class GoSwarm:
         per_connection: int,
         model: str,
         tls: tuple[Path, Path] | None = None,
+        max_joining: int = 0,
     ) -> GoSwarm:
         """Run the swarm against the fleet at `address` (or several, comma-separated: agent i
         connects to the (i mod n)th) (`tls`: the CA and the folder of node pairs; every agent
-        then has its own connection). Its stderr goes to `log_path`."""
+        then has its own connection; `max_joining`: at most that many agents between Connect
+        and their first desired set at once, 0 for no cap). Its stderr goes to `log_path`."""
         check_clock()
         argv = [
             str(binary),
@@ -154,6 +156,8 @@ class GoSwarm:
             "-model",
             model,
         ]
+        if max_joining:
+            argv += ["-max-joining", str(max_joining)]
         if tls is not None:
             argv += ["-tls-ca", str(tls[0]), "-tls-dir", str(tls[1])]
         with log_path.open("wb") as log:

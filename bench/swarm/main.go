@@ -6,7 +6,9 @@
 // bench/leader_agents.py's agents_over spreads them. Each address's streams are spread over
 // connections of at most -per-conn streams each (an HTTP/2 peer caps concurrent streams per
 // connection, commonly at 100); with -tls-dir every agent has a connection of its own and
-// presents its node's certificate.
+// presents its node's certificate. With -max-joining K at most K agents are between opening
+// their stream and their first Desired at once (the rest wait their turn), so that thousands of
+// Connects do not reach a fleet in one burst.
 //
 // bench/agent_fanin.py and bench/fleet_spread.py (`--swarm go`) build and run it, so that the
 // agents' CPU is a process of its own and not the bench's. For every Desired it answers it writes one JSON line to
@@ -88,10 +90,14 @@ type agent struct {
 	client agentv1.AgentServiceClient
 	model  string
 	events chan<- event
+	// joining, when not nil, holds a token from before Connect until the first Desired (or
+	// the stream's end): it caps how many agents are joining at once.
+	joining chan struct{}
 
 	mu      sync.Mutex // one Send in flight per stream (grpc-go streams allow one sender)
 	stream  agentv1.AgentService_ConnectClient
 	running map[string]*agentv1.ReplicaSpec
+	joined  func() // gives the joining token back; nil without -max-joining
 }
 
 func (a *agent) send(msg *agentv1.ConnectRequest) {
@@ -116,6 +122,16 @@ func (a *agent) observed(spec *agentv1.ReplicaSpec, phase agentv1.ProcessPhase) 
 
 // run says Hello, then answers until the stream ends.
 func (a *agent) run(ctx context.Context) {
+	if a.joining != nil {
+		select {
+		case a.joining <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		var once sync.Once
+		a.joined = func() { once.Do(func() { <-a.joining }) }
+		defer a.joined()
+	}
 	stream, err := a.client.Connect(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -153,6 +169,9 @@ func (a *agent) run(ctx context.Context) {
 			}
 		case *agentv1.ConnectResponse_Desired:
 			a.apply(m.Desired)
+			if a.joined != nil {
+				a.joined()
+			}
 		}
 	}
 }
@@ -271,12 +290,13 @@ func main() {
 	perConn := flag.Int("per-conn", 50, "streams per connection (1: a connection per agent)")
 	model := flag.String("model", "fan", "report whether each desired set holds a replica of this model")
 	tlsCA := flag.String("tls-ca", "", "the fleet's CA certificate (mutual TLS, with -tls-dir)")
+	maxJoining := flag.Int("max-joining", 0, "at most this many agents between Connect and their first Desired (0: no cap)")
 	tlsDir := flag.String("tls-dir", "", "the folder of the nodes' pairs, node-NAME.crt/.key")
 	flag.Parse()
 	log.SetFlags(log.Lmicroseconds)
 	log.SetPrefix("swarm: ")
 	addresses := strings.Split(*fleet, ",")
-	if slices.Contains(addresses, "") || *agents < 1 || *perConn < 1 || (*tlsCA == "") != (*tlsDir == "") {
+	if slices.Contains(addresses, "") || *agents < 1 || *perConn < 1 || *maxJoining < 0 || (*tlsCA == "") != (*tlsDir == "") {
 		log.Fatal("give -fleet HOST:PORT[,HOST:PORT...], -agents >= 1, -per-conn >= 1, and -tls-ca with -tls-dir or neither")
 	}
 	var roots *x509.CertPool
@@ -303,6 +323,10 @@ func main() {
 	written := make(chan struct{})
 	go writeEvents(events, written)
 
+	var joining chan struct{}
+	if *maxJoining > 0 {
+		joining = make(chan struct{}, *maxJoining)
+	}
 	var conns []*grpc.ClientConn
 	var wg sync.WaitGroup
 	for _, c := range plan(*agents, addresses, *perConn) {
@@ -317,7 +341,7 @@ func main() {
 		conns = append(conns, conn)
 		client := agentv1.NewAgentServiceClient(conn)
 		for _, i := range c.agents {
-			a := &agent{index: i, node: nodeName(i), client: client, model: *model, events: events}
+			a := &agent{index: i, node: nodeName(i), client: client, model: *model, events: events, joining: joining}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
