@@ -19,7 +19,17 @@ the one fleet's is issue 16's "≤ 0.4×"). N defaults to 100 quick and 1,000 fu
 streams and their heartbeats in one Python process beside three fleets is near what 2 shared
 cores carry, so N is a flag.
 
-Run: `.venv/bin/python -m bench.fleet_spread [--agents N] [--window-s S]`.
+With `--swarm go` the agents are agent_fanin's lean agents run by the Go swarm (bench/swarm,
+bench/go_swarm.py), a process of its own, given the fleets' addresses: agent i connects to
+fleet i mod 3 (i mod 1 with one fleet), at most 50 streams a connection. An agent has joined
+when it acknowledged its first desired set (the Python agents: at the Welcome), and its ack is
+stamped in the swarm on the bench's clock. The Go agents do not reconnect: a stream that ends
+is counted (`ended`) and not opened again, so where the Python path counts reconnections the
+Go path counts ended streams, over the whole run; 0 means every agent stayed on its first
+fleet. At most 500 Go agents are joining at once (MAX_JOINING), so join times include that
+queue. The swarm's own CPU over the busy window is printed beside the fleets'.
+
+Run: `.venv/bin/python -m bench.fleet_spread [--agents N] [--window-s S] [--swarm python|go]`.
 """
 
 from __future__ import annotations
@@ -37,13 +47,20 @@ from pathlib import Path
 import grpc
 import psycopg
 
-from bench.agent_fanin import fan_model, percentile
+from bench.agent_fanin import SWARMS, fan_model, percentile, swarm_binary
 from bench.fleet_failover import Cluster
+from bench.go_swarm import GoSwarm
 from bench.leader_agents import FollowingAgent, agents_over
 from bench.store_pg import admin_dsn
 from llmgw.fleet.v1 import fleet_pb2
 
 WAIT_S = 180.0
+PER_CONNECTION = 50
+"""The Go swarm's streams per connection (agent_fanin's default)."""
+MAX_JOINING = 500
+"""The Go swarm's agents between Connect and their first desired set at once. 10,000 Connects
+in one burst had 6,563 of them ended CANCELLED by one fleet's gRPC server within a second
+(3,437 got in); a window of 500 lets each fleet take them as fast as it welcomes them."""
 
 
 async def cpu_over(cluster: Cluster, window_s: float) -> list[float]:
@@ -64,8 +81,13 @@ async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
         await asyncio.sleep(0.05)
 
 
-async def measure_one(n: int, fleets: int, folder: Path, window_s: float) -> dict[str, float]:
-    """`fleets` fleets on a fresh database with `n` agents: CPU per agent and ack latencies."""
+async def measure_one(
+    n: int, fleets: int, folder: Path, window_s: float, go_swarm: Path | None = None
+) -> dict[str, float]:
+    """`fleets` fleets on a fresh database with `n` agents: CPU per agent and ack latencies
+    (the agents run by the Go swarm binary `go_swarm`, else in this process)."""
+    if go_swarm is not None:
+        return await measure_one_go(n, fleets, folder, window_s, go_swarm)
     dbname = "llmgw_bench_" + uuid.uuid4().hex[:10]
     dsn = admin_dsn().rsplit("/", 1)[0] + "/" + dbname
     with psycopg.connect(admin_dsn(), autocommit=True) as admin:
@@ -120,23 +142,95 @@ async def measure_one(n: int, fleets: int, folder: Path, window_s: float) -> dic
     }
 
 
+async def measure_one_go(
+    n: int, fleets: int, folder: Path, window_s: float, binary: Path
+) -> dict[str, float]:
+    """measure_one with the Go swarm's agents: agent i on fleet i mod `fleets`."""
+    dbname = "llmgw_bench_" + uuid.uuid4().hex[:10]
+    dsn = admin_dsn().rsplit("/", 1)[0] + "/" + dbname
+    with psycopg.connect(admin_dsn(), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {dbname}".encode())
+    cluster = Cluster(dsn, folder, 6.0, 2.0)
+    swarm: GoSwarm | None = None
+    try:
+        for _ in range(fleets):
+            await cluster.start_one()
+        leader, _ = await cluster.leader()
+        await asyncio.sleep(1.0)  # first ticks, lazy imports
+        idle = await cpu_over(cluster, window_s)
+        started = time.perf_counter()
+        swarm = await GoSwarm.start(
+            binary,
+            ",".join(f.address for f in cluster.fleets),
+            n,
+            folder / "swarm.log",
+            per_connection=PER_CONNECTION,
+            model="fan",
+            max_joining=MAX_JOINING,
+        )
+        await swarm.joined(WAIT_S)
+        join_s = time.perf_counter() - started
+        await asyncio.sleep(2.0)
+        swarm_before = swarm.cpu_s()
+        busy = await cpu_over(cluster, window_s)
+        swarm_cpu = (swarm.cpu_s() - swarm_before) / window_s
+        stub = cluster.stub(leader.address)
+        start = time.perf_counter()
+        swarm.start_round("fan", start)
+        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=fan_model(n)), timeout=60)
+        running = swarm
+
+        async def all_acked() -> bool:
+            return running.all_acked()
+
+        await until(all_acked, f"all {n} agents acknowledging the change")
+        latencies = swarm.round_latencies_s()
+        swarm.end_round()
+        ended = swarm.ended
+    finally:
+        if swarm is not None:
+            await swarm.close()
+        with contextlib.suppress(grpc.aio.AioRpcError):  # a channel a stopped fleet cut
+            await cluster.close()
+        with psycopg.connect(admin_dsn(), autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)".encode())
+    return {
+        "cpu_ms_per_agent_s": (sum(busy) - sum(idle)) * 1e3 / n,
+        "busiest_ms_per_agent_s": max(b - i for b, i in zip(busy, idle, strict=True)) * 1e3 / n,
+        "cpu_idle_pct": sum(idle) * 100,
+        "ack_p50_ms": percentile(latencies, 50) * 1e3,
+        "ack_p99_ms": percentile(latencies, 99) * 1e3,
+        "join_s": join_s,
+        "ended": ended,
+        "swarm_cpu_pct": swarm_cpu * 100,
+    }
+
+
 def ratio(a: float, b: float) -> float:
     """a / b, NaN when b is 0 (a window too short for /proc's 10 ms ticks to see any CPU)."""
     return a / b if b > 0 else math.nan
 
 
-async def measure(n: int, folder: Path, window_s: float) -> dict[str, float]:
-    """One fleet, then three; the figures and the three ÷ one ratios."""
+async def measure(n: int, folder: Path, window_s: float, swarm: str = "python") -> dict[str, float]:
+    """One fleet, then three; the figures and the three ÷ one ratios (`swarm`: who runs the
+    agents, this process or the Go swarm)."""
+    binary = await swarm_binary(swarm, folder)
     figures: dict[str, float] = {}
     for fleets in (1, 3):
-        row = await measure_one(n, fleets, folder / f"f{fleets}", window_s)
+        row = await measure_one(n, fleets, folder / f"f{fleets}", window_s, binary)
         figures |= {f"{k}@{fleets}": v for k, v in row.items()}
+        if binary is None:
+            stayed = f"{row['hops']:.0f} reconnections"
+        else:
+            stayed = (
+                f"{row['ended']:.0f} streams ended, not reopened: the Go swarm does not"
+                f" reconnect; swarm CPU {row['swarm_cpu_pct']:.1f}% of a core"
+            )
         print(
             f"{fleets} fleet(s), N={n}: CPU idle {row['cpu_idle_pct']:.1f}% of a core, per agent"
             f" {row['cpu_ms_per_agent_s']:.3f} ms/s (busiest fleet"
             f" {row['busiest_ms_per_agent_s']:.3f}); ack p50 {row['ack_p50_ms']:.1f} ms, p99"
-            f" {row['ack_p99_ms']:.1f} ms; all joined in {row['join_s']:.2f} s"
-            f" ({row['hops']:.0f} reconnections)",
+            f" {row['ack_p99_ms']:.1f} ms; all joined in {row['join_s']:.2f} s ({stayed})",
             flush=True,
         )
     figures["cpu_per_agent_ratio"] = ratio(
@@ -148,21 +242,24 @@ async def measure(n: int, folder: Path, window_s: float) -> dict[str, float]:
     figures["ack_p99_ratio"] = ratio(figures["ack_p99_ms@3"], figures["ack_p99_ms@1"])
     figures["agents"] = n
     print(
-        f"three fleets / one, N={n}: CPU per agent {figures['cpu_per_agent_ratio']:.2f}"
+        f"three fleets / one, N={n}, {swarm} swarm:"
+        f" CPU per agent {figures['cpu_per_agent_ratio']:.2f}"
         f" (busiest fleet {figures['busiest_per_agent_ratio']:.2f}),"
         f" ack p99 {figures['ack_p99_ratio']:.2f}"
     )
     return figures
 
 
-def run(full: bool = False, agents: int = 0, window_s: float = 0.0) -> dict[str, float]:
+def run(
+    full: bool = False, agents: int = 0, window_s: float = 0.0, swarm: str = "python"
+) -> dict[str, float]:
     """Quick: N = 100, 5 s windows; full: N = 1,000, 10 s windows."""
     n = agents or (1000 if full else 100)
     window = window_s or (10.0 if full else 5.0)
     with tempfile.TemporaryDirectory(prefix="bench-spread-") as tmp:
         for f in (1, 3):
             (Path(tmp) / f"f{f}").mkdir()
-        return asyncio.run(measure(n, Path(tmp), window))
+        return asyncio.run(measure(n, Path(tmp), window, swarm))
 
 
 def main() -> None:
@@ -170,8 +267,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.fleet_spread", description=__doc__)
     parser.add_argument("--agents", type=int, default=100)
     parser.add_argument("--window-s", type=float, default=5.0)
+    parser.add_argument(
+        "--swarm",
+        choices=SWARMS,
+        default="python",
+        help="who runs the agents: this process (python) or the Go swarm, a process of its"
+        " own (go; bench/swarm, built with the machine's go)",
+    )
     opts = parser.parse_args()
-    run(agents=opts.agents, window_s=opts.window_s)
+    run(agents=opts.agents, window_s=opts.window_s, swarm=opts.swarm)
 
 
 if __name__ == "__main__":

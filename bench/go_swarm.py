@@ -5,8 +5,9 @@ its own, instead of in the bench's event loop.
 from GOMODCACHE or the Go module proxy, as tests/integration/test_go_client.py builds
 tests/go/client). `GoSwarm` starts it against a fleet and reads its stdout: one JSON line for
 every desired set an agent acknowledged, stamped with CLOCK_MONOTONIC just after the Ack was
-sent. On Linux `time.perf_counter` reads that clock too, so the bench's own stamps and the
-swarm's are on one clock.
+sent, and one line for every stream that ended (or failed to open) before the bench let it go,
+which the swarm does not open again. On Linux `time.perf_counter` reads that clock too, so the
+bench's own stamps and the swarm's are on one clock.
 """
 
 from __future__ import annotations
@@ -112,6 +113,8 @@ class GoSwarm:
     """Per agent: from the round's start to its Ack of the first set holding the model."""
     start_s: float | None = None
     """The round's start (perf_counter, CLOCK_MONOTONIC); None between rounds."""
+    ended: int = 0
+    """Streams that ended before `close` (the swarm does not open them again)."""
     _joined: int = 0
     _acked: int = 0
     _all_joined: asyncio.Event = field(default_factory=asyncio.Event)
@@ -135,9 +138,12 @@ class GoSwarm:
         per_connection: int,
         model: str,
         tls: tuple[Path, Path] | None = None,
+        max_joining: int = 0,
     ) -> GoSwarm:
-        """Run the swarm against the fleet at `address` (`tls`: the CA and the folder of
-        node pairs; every agent then has its own connection). Its stderr goes to `log_path`."""
+        """Run the swarm against the fleet at `address` (or several, comma-separated: agent i
+        connects to the (i mod n)th) (`tls`: the CA and the folder of node pairs; every agent
+        then has its own connection; `max_joining`: at most that many agents between Connect
+        and their first desired set at once, 0 for no cap). Its stderr goes to `log_path`."""
         check_clock()
         argv = [
             str(binary),
@@ -150,6 +156,8 @@ class GoSwarm:
             "-model",
             model,
         ]
+        if max_joining:
+            argv += ["-max-joining", str(max_joining)]
         if tls is not None:
             argv += ["-tls-ca", str(tls[0]), "-tls-dir", str(tls[1])]
         with log_path.open("wb") as log:
@@ -172,6 +180,9 @@ class GoSwarm:
         async for line in self.process.stdout:
             ev = json.loads(line)
             i = ev["agent"]
+            if ev.get("ended"):
+                self.ended += 1
+                continue
             if not self.seen[i]:
                 self.seen[i] = True
                 self._joined += 1

@@ -1,19 +1,24 @@
-// Command swarm runs N lean simulated node agents against one fleet, each a real
+// Command swarm runs N lean simulated node agents against one fleet or several, each a real
 // AgentService.Connect stream, as bench/agent_fanin.py's LeanAgent does in Python: Hello with
 // one card, heartbeats on the Welcome's interval, an Ack for every Desired, a HEALTHY report for
-// every replica of a set at once and STOPPED for every replica that leaves it. The streams are
-// spread over connections of at most -per-conn streams each (an HTTP/2 peer caps concurrent
-// streams per connection, commonly at 100); with -tls-dir every agent has a connection of its
-// own and presents its node's certificate.
+// every replica of a set at once and STOPPED for every replica that leaves it. Given several
+// fleet addresses (-fleet A,B,C), agent i connects to address i mod their number, as
+// bench/leader_agents.py's agents_over spreads them. Each address's streams are spread over
+// connections of at most -per-conn streams each (an HTTP/2 peer caps concurrent streams per
+// connection, commonly at 100); with -tls-dir every agent has a connection of its own and
+// presents its node's certificate. With -max-joining K at most K agents are between opening
+// their stream and their first Desired at once (the rest wait their turn), so that thousands of
+// Connects do not reach a fleet in one burst.
 //
-// bench/agent_fanin.py (`--swarm go`) builds and runs it, so that the agents' CPU is a process
-// of its own and not the bench's. For every Desired it answers it writes one JSON line to
+// bench/agent_fanin.py and bench/fleet_spread.py (`--swarm go`) build and run it, so that the
+// agents' CPU is a process of its own and not the bench's. For every Desired it answers it writes one JSON line to
 // stdout: the agent's index, the set's version, whether the set holds a replica of -model,
 // how many replicas the agent runs after it, and t_ns, CLOCK_MONOTONIC in nanoseconds right
 // after the Ack was sent. CLOCK_MONOTONIC is the clock of Python's time.perf_counter and
 // time.monotonic on Linux, so the bench subtracts its own stamps from t_ns. It runs until stdin
-// closes or it is sent SIGTERM or SIGINT; a stream that ends is logged to stderr and not
-// opened again, as the Python agent does.
+// closes or it is sent SIGTERM or SIGINT; a stream that ends before then (or fails to open) is
+// logged to stderr, written to stdout as a line with "ended": true, and not opened again, as
+// agent_fanin's Python agent does.
 package main
 
 import (
@@ -30,6 +35,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -53,6 +60,7 @@ type event struct {
 	Watched bool  `json:"watched"`
 	Running int   `json:"running"`
 	TNs     int64 `json:"t_ns"`
+	Ended   bool  `json:"ended,omitempty"` // the agent's stream ended (no Desired answered)
 }
 
 // monotonicNs is CLOCK_MONOTONIC in nanoseconds (time.Now's monotonic reading has no fixed
@@ -82,10 +90,14 @@ type agent struct {
 	client agentv1.AgentServiceClient
 	model  string
 	events chan<- event
+	// joining, when not nil, holds a token from before Connect until the first Desired (or
+	// the stream's end): it caps how many agents are joining at once.
+	joining chan struct{}
 
 	mu      sync.Mutex // one Send in flight per stream (grpc-go streams allow one sender)
 	stream  agentv1.AgentService_ConnectClient
 	running map[string]*agentv1.ReplicaSpec
+	joined  func() // gives the joining token back; nil without -max-joining
 }
 
 func (a *agent) send(msg *agentv1.ConnectRequest) {
@@ -110,9 +122,22 @@ func (a *agent) observed(spec *agentv1.ReplicaSpec, phase agentv1.ProcessPhase) 
 
 // run says Hello, then answers until the stream ends.
 func (a *agent) run(ctx context.Context) {
+	if a.joining != nil {
+		select {
+		case a.joining <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		var once sync.Once
+		a.joined = func() { once.Do(func() { <-a.joining }) }
+		defer a.joined()
+	}
 	stream, err := a.client.Connect(ctx)
 	if err != nil {
-		log.Printf("%s: Connect: %v", a.node, err)
+		if ctx.Err() == nil {
+			log.Printf("%s: Connect: %v", a.node, err)
+			a.events <- event{Agent: a.index, Ended: true, TNs: monotonicNs()}
+		}
 		return
 	}
 	a.stream = stream
@@ -132,6 +157,7 @@ func (a *agent) run(ctx context.Context) {
 		if err != nil {
 			if ctx.Err() == nil {
 				log.Printf("%s: stream ended: %v", a.node, err)
+				a.events <- event{Agent: a.index, Ended: true, TNs: monotonicNs()}
 			}
 			return
 		}
@@ -143,6 +169,9 @@ func (a *agent) run(ctx context.Context) {
 			}
 		case *agentv1.ConnectResponse_Desired:
 			a.apply(m.Desired)
+			if a.joined != nil {
+				a.joined()
+			}
 		}
 	}
 }
@@ -221,6 +250,27 @@ func writeEvents(events <-chan event, done chan<- struct{}) {
 	close(done)
 }
 
+// connPlan is one connection: its address and the agents whose streams it carries.
+type connPlan struct {
+	address string
+	agents  []int
+}
+
+// plan gives agent i to address i mod len(addresses) and groups each address's agents, in the
+// order of their indexes, into connections of at most perConn streams.
+func plan(agents int, addresses []string, perConn int) []connPlan {
+	var out []connPlan
+	for at, address := range addresses {
+		for i := at; i < agents; i += len(addresses) {
+			if n := len(out); n == 0 || out[n-1].address != address || len(out[n-1].agents) == perConn {
+				out = append(out, connPlan{address: address})
+			}
+			out[len(out)-1].agents = append(out[len(out)-1].agents, i)
+		}
+	}
+	return out
+}
+
 // nodeCredentials is mutual TLS with node's pair from dir (llmgw/certs.py's make_local_tls
 // names them node-NAME.crt and node-NAME.key).
 func nodeCredentials(roots *x509.CertPool, dir, node string) credentials.TransportCredentials {
@@ -235,17 +285,19 @@ func nodeCredentials(roots *x509.CertPool, dir, node string) credentials.Transpo
 }
 
 func main() {
-	fleet := flag.String("fleet", "", "the fleet's address, HOST:PORT")
+	fleet := flag.String("fleet", "", "the fleet's address, HOST:PORT, or several, comma-separated (agent i: the (i mod n)th)")
 	agents := flag.Int("agents", 1, "how many agents (nodes node-0000, node-0001, ...)")
 	perConn := flag.Int("per-conn", 50, "streams per connection (1: a connection per agent)")
 	model := flag.String("model", "fan", "report whether each desired set holds a replica of this model")
 	tlsCA := flag.String("tls-ca", "", "the fleet's CA certificate (mutual TLS, with -tls-dir)")
+	maxJoining := flag.Int("max-joining", 0, "at most this many agents between Connect and their first Desired (0: no cap)")
 	tlsDir := flag.String("tls-dir", "", "the folder of the nodes' pairs, node-NAME.crt/.key")
 	flag.Parse()
 	log.SetFlags(log.Lmicroseconds)
 	log.SetPrefix("swarm: ")
-	if *fleet == "" || *agents < 1 || *perConn < 1 || (*tlsCA == "") != (*tlsDir == "") {
-		log.Fatal("give -fleet HOST:PORT, -agents >= 1, -per-conn >= 1, and -tls-ca with -tls-dir or neither")
+	addresses := strings.Split(*fleet, ",")
+	if slices.Contains(addresses, "") || *agents < 1 || *perConn < 1 || *maxJoining < 0 || (*tlsCA == "") != (*tlsDir == "") {
+		log.Fatal("give -fleet HOST:PORT[,HOST:PORT...], -agents >= 1, -per-conn >= 1, and -tls-ca with -tls-dir or neither")
 	}
 	var roots *x509.CertPool
 	if *tlsCA != "" {
@@ -271,28 +323,31 @@ func main() {
 	written := make(chan struct{})
 	go writeEvents(events, written)
 
+	var joining chan struct{}
+	if *maxJoining > 0 {
+		joining = make(chan struct{}, *maxJoining)
+	}
 	var conns []*grpc.ClientConn
-	var clients []agentv1.AgentServiceClient
-	for i := 0; i < (*agents+*perConn-1) / *perConn; i++ {
+	var wg sync.WaitGroup
+	for _, c := range plan(*agents, addresses, *perConn) {
 		creds := insecure.NewCredentials()
 		if roots != nil {
-			creds = nodeCredentials(roots, *tlsDir, nodeName(i))
+			creds = nodeCredentials(roots, *tlsDir, nodeName(c.agents[0]))
 		}
-		conn, err := grpc.NewClient(*fleet, grpc.WithTransportCredentials(creds))
+		conn, err := grpc.NewClient(c.address, grpc.WithTransportCredentials(creds))
 		if err != nil {
-			log.Fatalf("dial %s: %v", *fleet, err)
+			log.Fatalf("dial %s: %v", c.address, err)
 		}
 		conns = append(conns, conn)
-		clients = append(clients, agentv1.NewAgentServiceClient(conn))
-	}
-	var wg sync.WaitGroup
-	for i := 0; i < *agents; i++ {
-		a := &agent{index: i, node: nodeName(i), client: clients[i / *perConn], model: *model, events: events}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			a.run(ctx)
-		}()
+		client := agentv1.NewAgentServiceClient(conn)
+		for _, i := range c.agents {
+			a := &agent{index: i, node: nodeName(i), client: client, model: *model, events: events, joining: joining}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				a.run(ctx)
+			}()
+		}
 	}
 	<-ctx.Done()
 	for _, conn := range conns {

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import fleet_failover, fleet_spread
+from bench import fleet_failover, fleet_spread, go_swarm
 from tests.support.postgres import admin
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -41,3 +41,20 @@ def test_the_spread_bench_compares_three_fleets_with_one(tmp_path: Path) -> None
     assert figures["ack_p99_ms@1"] > 0 and figures["ack_p99_ms@3"] > 0
     assert figures["hops@1"] == 0 and figures["hops@3"] == 0
     assert "busiest_ms_per_agent_s@3" in figures
+
+
+def test_the_spread_bench_with_the_go_swarm_spreads_its_agents(tmp_path: Path) -> None:
+    """With `--swarm go` the Go program's agents, given the three fleets' addresses, join and
+    every one acks the change on one fleet and on three, and no stream ends before the bench
+    lets it go (the swarm does not reconnect, so an agent it sent to a fleet stays there)."""
+    if go_swarm.go_tool() is None:
+        pytest.skip("go is not installed: `--swarm go` builds bench/swarm with it")
+    admin().close()
+    for f in (1, 3):
+        (tmp_path / f"f{f}").mkdir()
+    figures = asyncio.run(fleet_spread.measure(4, tmp_path, window_s=0.2, swarm="go"))
+    assert figures["ack_p99_ms@1"] > 0 and figures["ack_p99_ms@3"] > 0
+    assert math.isfinite(figures["ack_p99_ratio"])
+    assert figures["ended@1"] == 0 and figures["ended@3"] == 0
+    assert "hops@3" not in figures  # reconnections are not counted for the Go swarm
+    assert figures["swarm_cpu_pct@3"] >= 0
