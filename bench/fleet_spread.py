@@ -41,7 +41,7 @@ import math
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -72,6 +72,39 @@ async def cpu_over(cluster: Cluster, window_s: float) -> list[float]:
     return [(f.cpu_s() - b) / took for f, b in zip(cluster.fleets, before, strict=True)]
 
 
+@contextlib.asynccontextmanager
+async def fresh_cluster(folder: Path) -> AsyncIterator[Cluster]:
+    """A cluster of fleets (none started yet) on a database made for it on admin_dsn()'s
+    server, the fleets closed and the database dropped at the end."""
+    dbname = "llmgw_bench_" + uuid.uuid4().hex[:10]
+    dsn = admin_dsn().rsplit("/", 1)[0] + "/" + dbname
+    with psycopg.connect(admin_dsn(), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {dbname}".encode())
+    cluster = Cluster(dsn, folder, 6.0, 2.0)
+    try:
+        yield cluster
+    finally:
+        with contextlib.suppress(grpc.aio.AioRpcError):  # a channel a stopped fleet cut
+            await cluster.close()
+        with psycopg.connect(admin_dsn(), autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)".encode())
+
+
+def figures(
+    n: int, idle: list[float], busy: list[float], latencies: list[float], join_s: float
+) -> dict[str, float]:
+    """One setup's figures: CPU per agent over the busy window less the idle one (all fleets,
+    and the busiest), the idle CPU, the change's ack p50/p99 and the time all took to join."""
+    return {
+        "cpu_ms_per_agent_s": (sum(busy) - sum(idle)) * 1e3 / n,
+        "busiest_ms_per_agent_s": max(b - i for b, i in zip(busy, idle, strict=True)) * 1e3 / n,
+        "cpu_idle_pct": sum(idle) * 100,
+        "ack_p50_ms": percentile(latencies, 50) * 1e3,
+        "ack_p99_ms": percentile(latencies, 99) * 1e3,
+        "join_s": join_s,
+    }
+
+
 async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
     """Poll an async predicate every 50 ms for up to WAIT_S."""
     deadline = time.perf_counter() + WAIT_S
@@ -81,6 +114,16 @@ async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
         await asyncio.sleep(0.05)
 
 
+async def started_idle(cluster: Cluster, fleets: int, window_s: float) -> tuple[str, list[float]]:
+    """`fleets` fleets started in `cluster`: the leader's address and each fleet's idle CPU
+    over `window_s` before any agent joins."""
+    for _ in range(fleets):
+        await cluster.start_one()
+    leader, _ = await cluster.leader()
+    await asyncio.sleep(1.0)  # first ticks, lazy imports
+    return leader.address, await cpu_over(cluster, window_s)
+
+
 async def measure_one(
     n: int, fleets: int, folder: Path, window_s: float, go_swarm: Path | None = None
 ) -> dict[str, float]:
@@ -88,119 +131,82 @@ async def measure_one(
     (the agents run by the Go swarm binary `go_swarm`, else in this process)."""
     if go_swarm is not None:
         return await measure_one_go(n, fleets, folder, window_s, go_swarm)
-    dbname = "llmgw_bench_" + uuid.uuid4().hex[:10]
-    dsn = admin_dsn().rsplit("/", 1)[0] + "/" + dbname
-    with psycopg.connect(admin_dsn(), autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {dbname}".encode())
-    cluster = Cluster(dsn, folder, 6.0, 2.0)
-    agents: list[FollowingAgent] = []
-    try:
-        for _ in range(fleets):
-            await cluster.start_one()
-        leader, _ = await cluster.leader()
-        await asyncio.sleep(1.0)  # first ticks, lazy imports
-        idle = await cpu_over(cluster, window_s)
-        agents = agents_over([f.address for f in cluster.fleets], n, heartbeat_s=2.0)
-        started = time.perf_counter()
-        for a in agents:
-            a.start()
+    async with fresh_cluster(folder) as cluster:
+        agents: list[FollowingAgent] = []
+        try:
+            leader, idle = await started_idle(cluster, fleets, window_s)
+            agents = agents_over([f.address for f in cluster.fleets], n, heartbeat_s=2.0)
+            started = time.perf_counter()
+            for a in agents:
+                a.start()
 
-        async def all_joined() -> bool:
-            return all(a.joined.is_set() for a in agents)
+            async def all_joined() -> bool:
+                return all(a.joined.is_set() for a in agents)
 
-        await until(all_joined, f"all {n} agents welcomed")
-        join_s = time.perf_counter() - started
-        hops = sum(a.streams for a in agents) - n
-        await asyncio.sleep(2.0)
-        busy = await cpu_over(cluster, window_s)
-        stub = cluster.stub(leader.address)
-        start = time.perf_counter()
-        for a in agents:
-            a.latency_s, a.changed_at, a.watch_model = None, start, "fan"
-        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=fan_model(n)), timeout=60)
+            await until(all_joined, f"all {n} agents welcomed")
+            join_s = time.perf_counter() - started
+            hops = sum(a.streams for a in agents) - n
+            await asyncio.sleep(2.0)
+            busy = await cpu_over(cluster, window_s)
+            stub = cluster.stub(leader)
+            start = time.perf_counter()
+            for a in agents:
+                a.latency_s, a.changed_at, a.watch_model = None, start, "fan"
+            await stub.CreateModel(fleet_pb2.CreateModelRequest(model=fan_model(n)), timeout=60)
 
-        async def all_acked() -> bool:
-            return all(a.latency_s is not None for a in agents)
+            async def all_acked() -> bool:
+                return all(a.latency_s is not None for a in agents)
 
-        await until(all_acked, f"all {n} agents acknowledging the change")
-        latencies = [a.latency_s for a in agents if a.latency_s is not None]
-    finally:
-        for a in agents:
-            await a.stop()
-        with contextlib.suppress(grpc.aio.AioRpcError):  # a channel a stopped fleet cut
-            await cluster.close()
-        with psycopg.connect(admin_dsn(), autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)".encode())
-    return {
-        "cpu_ms_per_agent_s": (sum(busy) - sum(idle)) * 1e3 / n,
-        "busiest_ms_per_agent_s": max(b - i for b, i in zip(busy, idle, strict=True)) * 1e3 / n,
-        "cpu_idle_pct": sum(idle) * 100,
-        "ack_p50_ms": percentile(latencies, 50) * 1e3,
-        "ack_p99_ms": percentile(latencies, 99) * 1e3,
-        "join_s": join_s,
-        "hops": hops,
-    }
+            await until(all_acked, f"all {n} agents acknowledging the change")
+            latencies = [a.latency_s for a in agents if a.latency_s is not None]
+        finally:
+            for a in agents:
+                await a.stop()
+    return {**figures(n, idle, busy, latencies, join_s), "hops": hops}
 
 
 async def measure_one_go(
     n: int, fleets: int, folder: Path, window_s: float, binary: Path
 ) -> dict[str, float]:
     """measure_one with the Go swarm's agents: agent i on fleet i mod `fleets`."""
-    dbname = "llmgw_bench_" + uuid.uuid4().hex[:10]
-    dsn = admin_dsn().rsplit("/", 1)[0] + "/" + dbname
-    with psycopg.connect(admin_dsn(), autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {dbname}".encode())
-    cluster = Cluster(dsn, folder, 6.0, 2.0)
-    swarm: GoSwarm | None = None
-    try:
-        for _ in range(fleets):
-            await cluster.start_one()
-        leader, _ = await cluster.leader()
-        await asyncio.sleep(1.0)  # first ticks, lazy imports
-        idle = await cpu_over(cluster, window_s)
-        started = time.perf_counter()
-        swarm = await GoSwarm.start(
-            binary,
-            ",".join(f.address for f in cluster.fleets),
-            n,
-            folder / "swarm.log",
-            per_connection=PER_CONNECTION,
-            model="fan",
-            max_joining=MAX_JOINING,
-        )
-        await swarm.joined(WAIT_S)
-        join_s = time.perf_counter() - started
-        await asyncio.sleep(2.0)
-        swarm_before = swarm.cpu_s()
-        busy = await cpu_over(cluster, window_s)
-        swarm_cpu = (swarm.cpu_s() - swarm_before) / window_s
-        stub = cluster.stub(leader.address)
-        start = time.perf_counter()
-        swarm.start_round("fan", start)
-        await stub.CreateModel(fleet_pb2.CreateModelRequest(model=fan_model(n)), timeout=60)
-        running = swarm
+    async with fresh_cluster(folder) as cluster:
+        swarm: GoSwarm | None = None
+        try:
+            leader, idle = await started_idle(cluster, fleets, window_s)
+            started = time.perf_counter()
+            swarm = await GoSwarm.start(
+                binary,
+                ",".join(f.address for f in cluster.fleets),
+                n,
+                folder / "swarm.log",
+                per_connection=PER_CONNECTION,
+                model="fan",
+                max_joining=MAX_JOINING,
+            )
+            await swarm.joined(WAIT_S)
+            join_s = time.perf_counter() - started
+            await asyncio.sleep(2.0)
+            swarm_before = swarm.cpu_s()
+            busy = await cpu_over(cluster, window_s)
+            swarm_cpu = (swarm.cpu_s() - swarm_before) / window_s
+            stub = cluster.stub(leader)
+            start = time.perf_counter()
+            swarm.start_round("fan", start)
+            await stub.CreateModel(fleet_pb2.CreateModelRequest(model=fan_model(n)), timeout=60)
+            running = swarm
 
-        async def all_acked() -> bool:
-            return running.all_acked()
+            async def all_acked() -> bool:
+                return running.all_acked()
 
-        await until(all_acked, f"all {n} agents acknowledging the change")
-        latencies = swarm.round_latencies_s()
-        swarm.end_round()
-        ended = swarm.ended
-    finally:
-        if swarm is not None:
-            await swarm.close()
-        with contextlib.suppress(grpc.aio.AioRpcError):  # a channel a stopped fleet cut
-            await cluster.close()
-        with psycopg.connect(admin_dsn(), autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)".encode())
+            await until(all_acked, f"all {n} agents acknowledging the change")
+            latencies = swarm.round_latencies_s()
+            swarm.end_round()
+            ended = swarm.ended
+        finally:
+            if swarm is not None:
+                await swarm.close()
     return {
-        "cpu_ms_per_agent_s": (sum(busy) - sum(idle)) * 1e3 / n,
-        "busiest_ms_per_agent_s": max(b - i for b, i in zip(busy, idle, strict=True)) * 1e3 / n,
-        "cpu_idle_pct": sum(idle) * 100,
-        "ack_p50_ms": percentile(latencies, 50) * 1e3,
-        "ack_p99_ms": percentile(latencies, 99) * 1e3,
-        "join_s": join_s,
+        **figures(n, idle, busy, latencies, join_s),
         "ended": ended,
         "swarm_cpu_pct": swarm_cpu * 100,
     }
