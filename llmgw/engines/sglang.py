@@ -19,11 +19,11 @@ from llmgw.engines.base import CardTotals, Overhead
 from llmgw.engines.gang import GangLaunch, GangMember, sglang_launch
 from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, Grammar, RefusedFlag, switch
 from llmgw.engines.heads import TpOptions
+from llmgw.engines.interconnect import nvlink_card
 from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
 from llmgw.engines.memo import sizing_memo
 from llmgw.engines.tensor_parallel import TensorParallelEngine
 from llmgw.engines.versions import parse_version
-from llmgw.engines.vllm_memory import nvlink_card
 from llmgw.engines.vllm_rules import NVLINK_NON_TORCH_MARGIN_BYTES, NVLINK_NON_TORCH_V1_EARLY
 from llmgw.shape import Layer, LayerKind, ModelShape
 
@@ -91,7 +91,7 @@ the custom all-reduce's IPC buffers; only then does it take the free memory it r
 profile_max_num_token applies the fraction to and `Load weight begin. avail mem` prints. NVLS
 is off there unless `--enable-nccl-nvls` (entrypoints/engine.py _set_envs_and_config sets
 NCCL_NVLS_ENABLE from it; the agent does not pass the flag), so what NVLink adds is NCCL's
-buffers for its NVLink channels, on Ampere NVLink parts as on Hopper (vllm_memory.nvlink_card,
+buffers for its NVLink channels, on Ampere NVLink parts as on Hopper (interconnect.nvlink_card,
 not nvls_card). The figure is vLLM's NVLink step under the same torch and NCCL:
 NVLINK_NON_TORCH_V1_EARLY, fitted to vLLM 0.10.2 logs (torch 2.8, which SGLang builds on since
 its PR #8880 of August 2025, 0.5.2rc2 among them). Those logs are Hopper starts with NVLS on, so
@@ -372,7 +372,7 @@ def sglang_mem_fraction_static(
 def sglang_preload(card: CardTotals, tp: int) -> tuple[int, int, str]:
     """The memory in use on `card` when SGLang measures what its fraction applies to, at
     tensor parallel `tp`: SGLANG_PRELOAD_BYTES, plus SGLANG_NVLINK_PRELOAD_BYTES on an NVLink
-    card (vllm_memory.nvlink_card) at tp > 1; with how far it may be off, and the words saying
+    card (interconnect.nvlink_card) at tp > 1; with how far it may be off, and the words saying
     the NVLink part ("" without it)."""
     if tp > 1 and nvlink_card(card):
         return (

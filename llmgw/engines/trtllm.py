@@ -25,6 +25,7 @@ import yaml
 from llmgw.cardclass import GIB, MIB
 from llmgw.engines.base import CardTotals, Overhead
 from llmgw.engines.grammar import ADDRESS_FLAGS, AllowedFlag, Grammar, RefusedFlag
+from llmgw.engines.interconnect import nvls_card
 from llmgw.engines.kvcache import CachePool, token_bytes_on_card
 from llmgw.engines.tensor_parallel import TensorParallelEngine
 from llmgw.engines.torch_overhead import (
@@ -35,7 +36,7 @@ from llmgw.engines.torch_overhead import (
     forward_cost,
     layers_per_stage,
 )
-from llmgw.engines.vllm_memory import NON_TORCH_NCCL_BYTES, nvls_card
+from llmgw.engines.vllm_memory import NON_TORCH_NCCL_BYTES
 from llmgw.engines.vllm_rules import NVLINK_NON_TORCH_MARGIN_BYTES, NVLINK_NON_TORCH_V1
 from llmgw.shape import Layer, ModelShape
 

@@ -35,6 +35,7 @@ from dataclasses import replace
 from llmgw.cardclass import GIB, MIB, nvml_reports_memory
 from llmgw.engines.base import CardTotals, Overhead
 from llmgw.engines.grammar import Grammar
+from llmgw.engines.interconnect import nvlink_card, nvls_card
 from llmgw.engines.memo import memo_table
 from llmgw.engines.torch_overhead import (
     CUDA_GRAPH_BYTES_PER_LAYER,
@@ -149,19 +150,6 @@ A10G: NCCL's buffers, no NVLink channels): gt-039 (4 L40S, tp 4) 0.21 GiB agains
 on one card (gt-038; vLLM 0.10.2 on an H100)."""
 
 
-NVLINK_CARDS = ("h100", "h200", "h800", "h20", "a100", "a800", "b200", "b100", "gb200", "gh200")
-"""Card classes sold as SXM/NVLink parts (a name with "pcie" in it is not taken as one)."""
-
-
-NVLS_CARDS = ("h100", "h200", "h800", "h20", "b200", "b100", "gb200", "gh200")
-"""The NVLink classes whose NVSwitch does NVLink SHARP (Hopper and later): NCCL's NVLS
-algorithm maps its multicast buffers there when the first large all-reduce runs, which is the
-profile run, so the step survives the snapshot moving after the collectives' set-up (0.19 on
-two H100s still printed 2.07 GiB). Ampere NVLink parts (A100, A800) have no NVLS: under V1
-they take what a PCIe card takes (no V1 log on A100 at tp > 1 shows the step, and outside
-measurements at tp 1 and 2 on A100s find vLLM's non-torch figure not growing with tp)."""
-
-
 COLLECTIVES_IN_SNAPSHOT = (0, 11, 0)
 """From 0.11 vLLM takes its start-up snapshot after `init_worker_distributed_environment`
 (vllm-project/vllm PR #25359, "Fix OOM in vLLM replicas by ensuring consistent NCCL memory
@@ -172,21 +160,10 @@ snapshot first and the profile counted them (gt-039, 0.10.2 on four L40S: 0.21 G
 0.06-0.07 on one card)."""
 
 
-def nvlink_card(card: CardTotals) -> bool:
-    """Whether `card` is taken to be joined to its peers by NVLink (NVLINK_CARDS)."""
-    name = card.name.strip().lower()
-    return "pcie" not in name and name.startswith(NVLINK_CARDS)
-
-
 AMPERE_V0_STEP_FROM_TP = 8
 """On Ampere NVLink parts (A100, A800) NVLink's step is applied under V0 from this tp on: the
 one log is at tp 8 (8 A100s, 2.10 GiB non-torch under 0.7.1), and outside measurements on A100s
 at tp 1 and 2 find vLLM's non-KV memory not growing with tp, so tp 2-4 take the PCIe figure."""
-
-
-def nvls_card(card: CardTotals) -> bool:
-    """Whether `card` is an NVLink part whose NVSwitch does NVLink SHARP (NVLS_CARDS)."""
-    return nvlink_card(card) and card.name.strip().lower().startswith(NVLS_CARDS)
 
 
 def collective_step(rules: VllmRules, card: CardTotals, tp: int) -> tuple[int, int, str]:
@@ -195,7 +172,14 @@ def collective_step(rules: VllmRules, card: CardTotals, tp: int) -> tuple[int, i
     shows vLLM counting them (NVLS parts at any tp; Ampere NVLink parts under V0 from tp 8,
     AMPERE_V0_STEP_FROM_TP), NCCL's PCIe-sized
     buffers where the snapshot precedes the collectives' set-up (before 0.11), else nothing,
-    with that much margin (COLLECTIVES_IN_SNAPSHOT)."""
+    with that much margin (COLLECTIVES_IN_SNAPSHOT).
+
+    On NVLS parts (interconnect.nvls_card) NCCL maps its multicast buffers when the first large
+    all-reduce runs, which is the profile run, so the step survives the snapshot moving after
+    the collectives' set-up (0.19 on two H100s still printed 2.07 GiB). Ampere NVLink parts
+    have no NVLS: under V1 they take what a PCIe card takes (no V1 log on A100 at tp > 1 shows
+    the step, and outside measurements at tp 1 and 2 on A100s find vLLM's non-torch figure not
+    growing with tp)."""
     if tp <= 1:
         return 0, 0, ""
     ampere_v0 = rules.v0 and not nvls_card(card) and tp >= AMPERE_V0_STEP_FROM_TP

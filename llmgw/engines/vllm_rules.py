@@ -20,7 +20,8 @@ NVLINK_NON_TORCH_V1 = 1864 * MIB
 
 
 NVLINK_NON_TORCH_MARGIN_BYTES = 384 * MIB
-"""What tensor parallel adds to non-torch memory on NVLink cards (NVLINK_CARDS), by version:
+"""What tensor parallel adds to non-torch memory on NVLink cards (interconnect.NVLINK_CARDS), by
+version:
 NCCL opens many more channels over NVLink/NVSwitch than over PCIe, each with its own
 buffers, and the custom all-reduce maps its IPC buffers; both are allocated outside torch
 by the time profiling ends, so vLLM counts them as non-torch (vllm/utils/mem_utils.py

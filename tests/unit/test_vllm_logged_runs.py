@@ -13,15 +13,11 @@ import pytest
 from fleet_svc.agent.admission import ArgRules, refused_arg
 from llmgw.cardclass import cuda_total
 from llmgw.engines.base import CardNeed, CardTotals, SizingRequest
+from llmgw.engines.interconnect import nvlink_card, nvls_card
 from llmgw.engines.torch_overhead import forward_cost
 from llmgw.engines.versions import pick
 from llmgw.engines.vllm import GRAMMAR
-from llmgw.engines.vllm_memory import (
-    CUDA_CONTEXT_BYTES,
-    UNIFIED_MEMORY_MARGIN_BYTES,
-    nvlink_card,
-    nvls_card,
-)
+from llmgw.engines.vllm_memory import CUDA_CONTEXT_BYTES, UNIFIED_MEMORY_MARGIN_BYTES
 from llmgw.engines.vllm_peak import (
     SAMPLER_MARGIN,
     batch_flags,
