@@ -21,9 +21,19 @@ from llmgw.engines.heads import TpOptions
 from llmgw.engines.kvcache import CachePool, ceil_to, token_bytes_on_card
 from llmgw.engines.tensor_parallel import MarginWidener, TensorParallelEngine
 from llmgw.engines.versions import in_a_range
-from llmgw.engines.vllm_memory import vllm_central_overhead, vllm_overhead, vllm_overhead_tokens
+from llmgw.engines.vllm_memory import (
+    GPU_MEMORY_UTILIZATION,
+    vllm_central_overhead,
+    vllm_overhead,
+    vllm_overhead_tokens,
+)
 from llmgw.engines.vllm_offload import CPU_OFFLOAD_GB, offloaded_per_card
-from llmgw.engines.vllm_peak import EXPERT_PARALLEL
+from llmgw.engines.vllm_peak import (
+    ENFORCE_EAGER,
+    EXPERT_PARALLEL,
+    MAX_NUM_BATCHED_TOKENS,
+    NO_CHUNKED_PREFILL,
+)
 from llmgw.engines.vllm_rules import VLLM_RULES
 from llmgw.engines.vllm_unknown import unknown_margin_tokens, widen_unknown_margin
 from llmgw.shape import Layer, ModelShape
@@ -33,12 +43,8 @@ GRAMMAR = Grammar("vllm", folds_underscores=True, joined_ok=True, abbreviates=Tr
 MAX_MODEL_LEN = ("--max-model-len",)
 TENSOR_PARALLEL_SIZE = ("--tensor-parallel-size", "-tp")
 PIPELINE_PARALLEL_SIZE = ("--pipeline-parallel-size", "-pp")
-GPU_MEMORY_UTILIZATION = ("--gpu-memory-utilization",)
 KV_CACHE_DTYPE = ("--kv-cache-dtype",)
 BLOCK_SIZE = ("--block-size",)
-MAX_NUM_BATCHED_TOKENS = ("--max-num-batched-tokens",)
-NO_CHUNKED_PREFILL = ("--no-enable-chunked-prefill",)
-ENFORCE_EAGER = ("--enforce-eager",)
 MM_ENCODER_TP_MODE = ("--mm-encoder-tp-mode",)
 REVISION = ("--revision",)
 """The Hugging Face revision vLLM loads, its tokenizer's too unless --tokenizer-revision says
