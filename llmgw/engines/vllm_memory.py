@@ -16,7 +16,8 @@ determine_available_memory; vllm/utils/mem_utils.py memory_profiling):
    kept on Model Runner V1 up to 0.28) vLLM also estimates them while profiling
    (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by default) and subtracts the estimate too,
    printing it inside "peak activation" (GRAPH_ESTIMATE_BYTES_PER_LAYER); Model Runner V2
-   estimates nothing (vllm_rules.MODEL_RUNNER_V2_SAID).
+   estimates nothing (vllm_rules.MODEL_RUNNER_V2_SAID), but keeps its sampler's penalty counts
+   for every request slot from load on, which count as non-torch (`penalty_state_bytes`).
 V0 (before 0.8) profiled the same way (worker.py determine_num_available_blocks), over
 max(max_model_len, batch) tokens when chunked prefill was off (gt-023/024).
 
@@ -44,6 +45,7 @@ from llmgw.engines.torch_overhead import (
     forward_cost,
     is_moe,
     layers_per_stage,
+    vocab_size,
 )
 from llmgw.engines.versions import in_a_range, pick
 from llmgw.engines.vllm_offload import v0_offload_copy_bytes
@@ -62,6 +64,8 @@ from llmgw.engines.vllm_peak import (
 )
 from llmgw.engines.vllm_rules import (
     NVLINK_NON_TORCH_MARGIN_BYTES,
+    V2_PENALTY_COUNT_BYTES,
+    V2_PROMPT_MASK_ENTRIES_PER_WORD,
     VLLM_RULES,
     VllmRules,
 )
@@ -189,6 +193,19 @@ def collective_step(rules: VllmRules, card: CardTotals, tp: int) -> tuple[int, i
     if rules.since < COLLECTIVES_IN_SNAPSHOT:
         return NON_TORCH_NCCL_BYTES, 0, ""
     return 0, NON_TORCH_NCCL_BYTES, "collectives set up before the snapshot (PR #25359)"
+
+
+def penalty_state_bytes(rules: VllmRules, shape: ModelShape, max_num_seqs: int) -> int:
+    """What the runner under `rules` keeps on each card for its sampler's penalties, from load
+    on (V2_PENALTY_COUNT_BYTES: Model Runner V2's int32 output counts and packed prompt mask,
+    one row for each of `max_num_seqs` request slots over the whole vocabulary); 0 where the
+    runner keeps none (Model Runner V1)."""
+    if not rules.penalty_state:
+        return 0
+    known = shape.compute.vocab_size if shape.compute is not None else 0
+    vocab = known or vocab_size(shape)  # the config's vocabulary, as the Sampler takes it
+    words = -(-vocab // V2_PROMPT_MASK_ENTRIES_PER_WORD)
+    return max_num_seqs * (vocab + words) * V2_PENALTY_COUNT_BYTES
 
 
 def vllm_overhead(
@@ -358,6 +375,9 @@ def _vllm_overhead(
     flashinfer = bool(rules.flashinfer_bytes_per_logit) and declares_flashinfer(engine_version)
     mm = mm_inputs(grammar, args)
     activation, activation_margin = profile_peak(shape, forward, profile, rules, tp, mm, flashinfer)
+    warm = activation
+    if rules.compiled_peak_bytes and not profile.eager:  # COMPILED_PROFILE_PEAK_BYTES
+        warm = profile_peak(shape, forward, replace(profile, eager=True), rules, tp, mm)[0]
     copied = v0_offload_copy_bytes(grammar, shape, args, tp, pp) if rules.v0 else 0
     activation += copied
     eager = grammar.has(args, ENFORCE_EAGER)
@@ -372,7 +392,8 @@ def _vllm_overhead(
             per_layer = CUDA_GRAPH_BYTES_PER_MOE_LAYER if moe else CUDA_GRAPH_BYTES_PER_LAYER
             graphs_out = layers * per_layer
     step, step_margin, step_said = collective_step(rules, card, tp)
-    non_torch = rules.non_torch_bytes + step
+    penalties = penalty_state_bytes(rules, shape, profile.max_num_seqs)
+    non_torch = rules.non_torch_bytes + step + penalties
     hybrid = shape.has_recurrent
     util = grammar.fraction(args, GPU_MEMORY_UTILIZATION) or (
         default_utilisation if default_utilisation is not None else rules.utilisation
@@ -400,6 +421,18 @@ def _vllm_overhead(
             )
     if rules.runner_said:
         said += f"; {rules.runner_said}"
+    if warm < activation:
+        said += (
+            f"; the peak is a cold torch.compile cache's (vLLM issue #54122: compiling in the "
+            f"profile run stays in its high-water mark); on a warm cache it is the forward pass "
+            f"or sampler, {warm / GIB:.2f} GiB, and the pool {(activation - warm) / GIB:.2f} "
+            f"GiB larger"
+        )
+    if penalties:
+        said += (
+            f"; its penalty counts {penalties / GIB:.2f} GiB ({profile.max_num_seqs} request "
+            f"slots x the vocabulary, int32, kept from load)"
+        )
     if rules.non_torch_said:
         said += f"; {rules.non_torch_said}"
     if step_said:

@@ -330,8 +330,9 @@ def _text_activation(
 ) -> tuple[int, int]:
     """`profile_peak` for the forward pass and the sampler (`flashinfer`: FlashInfer's sampler,
     FLASHINFER_SAMPLER_BYTES_PER_LOGIT, where the range takes it when installed; `encoder`:
-    a multimodal model's encoder outputs are kept), or a non-eager profile run's compiled peak
-    where the range has one and it is larger (COMPILED_PROFILE_PEAK_BYTES)."""
+    a multimodal model's encoder outputs are kept), or what a non-eager profile run's compile
+    on a cold cache leaves in its peak, where the range has a figure for it and it is larger
+    (COMPILED_PROFILE_PEAK_BYTES)."""
     batched = profile.batched_tokens
     forward_bytes = forward.bytes(batched)
     hidden_bytes = batched * activation_width(shape) * ACTIVATION_BYTES

@@ -119,31 +119,89 @@ vllm/v1/worker/gpu/sample/sampler.py and model_runner.py `_dummy_sampler_run` as
 index holds them (no release tag could be checked out: the repository's snapshot is over the
 fetch limit). The one log of it that the sampler could dominate: the 0.28.1 build on a Turing
 card at tp 2 (Qwen2.5-1.5B, 256 requests of a 152k vocabulary: 0.24 GiB by this figure, under
-the forward pass's 0.28; printed 0.32), and at tp 1 0.50 where the forward pass is 0.48."""
+the forward pass's 0.28; printed 0.32), and at tp 1 0.50 where the forward pass is 0.48.
+Later copies of the sampler (an `apply_sampling_params` that returns the logits untouched
+unless a request needs them processed) skip the fp32 copy for the profile's dummy requests,
+which register no sampling parameters: vLLM PR #57926 (2026-09-21, open) measures what that
+leaves out (an L4, Qwen2.5-0.5B at 256 requests: 1.3 % more KV than a profile with the
+warm-up's parameters). The release that change landed in is not known here, so the 6 B stay,
+the larger peak (the safe side); under them the bf16 logits alone, 2 B."""
 
 
 COMPILED_PROFILE_PEAK_BYTES = 1488 * MIB
-"""The torch peak a non-eager Model Runner V2 profile run reaches whatever the model: three
-start-ups at 2048 batched tokens and 256 requests printed 1.44 GiB (v0.31.0, Llama-3.1-8B on an
-A100 80GB) and 1.46 (v0.28.0, Qwen3-32B-AWQ and Qwen3-14B-AWQ on an RTX 5090), where their
-forward passes are 0.21-0.35 GiB and V2's sampler 0.20-0.24; under `--enforce-eager` the same
-runner (a 0.28.1 build) peaked at its forward pass. Model Runner V2 adds no CUDA-graph estimate
-to that figure (model_runner.py `profile_cudagraph_memory` returns 0, so gpu_worker.py
-determine_available_memory subtracts nothing for graphs), so the 1.44-1.46 GiB is all torch
-peak, and it is the largest term: the peak is the larger of it and the forward pass or
-sampler, not their sum (the 64-layer and the 40-layer model printed the same). What holds it
-is not read in the source; it goes with compiling the model in the profile run's first
-forward pass: the 0.70 start of the same Qwen3-32B deployment printed 0.33 GiB, and an L4 note
-in a public repository 1.17 GiB on a cold torch.compile cache and 0.07 on a warm one. A warm
-cache so leaves a larger pool than the planner's (the safe side); the figure is the cold
-start's. Measured at 2048 batched tokens only: whether it grows with the batch is not known
-(COMPILED_PROFILE_PEAK_MARGIN)."""
+"""The torch peak a non-eager Model Runner V2 start reaches on a cold torch.compile cache,
+whatever the model: what compiling leaves in the profile's high-water mark, not a pass the
+model's widths size. Read in vLLM's source (the code index's copies; the repository's snapshot
+is over the fetch limit): gpu_worker.py determine_available_memory runs `profile_run` inside
+utils/mem_utils.py `memory_profiling`, whose torch peak is the caching allocator's high-water
+mark over the whole window; V2's profile_run (vllm/v1/worker/gpu/model_runner.py) is one
+`_dummy_run(max_num_batched_tokens)` and one `_dummy_sampler_run` over min(max_num_seqs,
+tokens) rows, nothing else sized by the model. A non-eager start compiles in that window:
+Dynamo traces, Inductor compiles each piecewise graph and Triton autotunes its kernels (for a
+single-size compile range vLLM turns on Inductor's max_autotune and coordinate-descent tuning
+too: vllm/compilation/compiler_interface.py), and what they allocate on the card is freed
+before the measured forward but stays in the high-water mark. vLLM issue #54122 ("Cold AOT
+compilation is charged as peak activation memory", 2026-08-27) and issue #54383 (0.28.0: the
+first boot of a new max-num-batched-tokens / max-num-seqs pair gets about 5 % less KV than
+the next, identical one) report it; PR #54209 (drop the high-water mark when compilation
+finishes) and PR #54479 (an unmeasured compile pass before the profile) were open in September
+2026, so no release the planner names has the fix. A warm cache (~/.cache/vllm kept, the same
+settings, version and card) loads the compiled graphs and peaks at its forward pass;
+`--enforce-eager` compiles nothing (the 0.28.1 Turing rows peak at their forward pass).
+
+What it scales with is Inductor's and Triton's scratch, which no width or flag the planner holds
+says. The three cold starts at 2048 batched tokens and 256 requests printed 1.44 GiB (v0.31.0,
+Llama-3.1-8B: hidden 4096, MLP 14336, 32 layers; an A100 80GB) and 1.46 (v0.28.0 on an RTX 5090:
+Qwen3-32B-AWQ, 5120 and 25600, 64 layers; Qwen3-14B-AWQ, 5120 and 17408, 40 layers): 1.8x the
+MLP width and 2x the layers move it by 0.02 GiB, so no term of tokens x width fits them, and
+their forward passes (0.21-0.35 GiB) and V2's sampler (0.20-0.24) sit under it: the peak is the
+larger of it and them, not their sum. Warm starts print the forward pass (the same Qwen3-32B
+deployment at 0.70: 0.33 GiB; a v0.29.0 pair on a 6 GB card in a public benchmark's tests, Model
+Runner V1's lines: 0.67 cold, 0.22 warm; an L4 note: 1.17 and 0.07), so a warm start's pool is
+larger than the planner's, the safe side. Elsewhere the cold transient spreads wider: on two RTX
+4090s at tp 2 (issue #54383's thread, Qwen3-32B-AWQ at 3584 tokens and 40 requests) a cold boot
+lost 0.47 GiB of KV a card, peak and non-torch together; a 1Cat-vLLM fork on a Quadro RTX 8000
+printed 2.59 GiB cold against 0.74 warm (1CatAI/1Cat-vLLM PR #518). Cold starts can leave more
+non-torch memory too (the RTX 5090 deployment's Qwen3-32B consumed 20.04 GiB cold and 18.62
+warm; the v0.29.0 pair 2.63 and 2.10), which no figure here carries: the logged rows' weights
+absorb it (PROVENANCE.md)."""
 
 
 COMPILED_PROFILE_PEAK_MARGIN = 0.25
-"""How far the compiled profile run's peak may stray from COMPILED_PROFILE_PEAK_BYTES: the three
-cold starts agree within 0.02 GiB, but all at 2048 batched tokens on two cards; a quarter
-covers what a larger batch or another card may add until a log shows it."""
+"""How far the cold compile's peak may stray from COMPILED_PROFILE_PEAK_BYTES: the three cold
+starts agree within 0.02 GiB, at 2048 batched tokens on two cards; the cold transients logged
+elsewhere (0.45 GiB over the warm peak on a 6 GB card, 1.85 on a Quadro RTX 8000 fork) and a
+larger batch may move it; a quarter stands until a log on a large card's 8192 tokens shows it."""
+
+
+V2_PENALTY_COUNT_BYTES = 4
+"""What Model Runner V2 keeps on the card for each request slot and vocabulary entry from load
+on: its sampler's PenaltiesState (vllm/v1/worker/gpu/sample/penalties.py, in every copy the
+code index holds) allocates `output_bin_counts`, int32 [max_num_seqs, vocabulary], and
+`prompt_bin_mask`, int32 [max_num_seqs, ceil(vocabulary / 32)] (V2_PROMPT_MASK_ENTRIES_PER_WORD
+entries a word), when the runner builds its Sampler in load_model (model_runner.py, after the
+weights are measured), whether or not any request asks for a penalty (its TODO: it "can be
+very large, taking up GBs of GPU memory"). Both outlive the profile run, so vLLM counts them in
+"consumed memory (weights + non-torch)" and keeps them out of the pool. They follow
+max_num_seqs and the whole vocabulary (the logits are gathered before sampling, so tensor
+parallel does not shard them), not the batch's tokens: 256 requests of Llama-3.1-8B's 128256
+entries hold 129 MiB, 1024 of a 151936-entry vocabulary 594 MiB. Model Runner V1 keeps no such
+table (vllm/v1/sample/ops/penalties.py counts the penalised requests' output tokens each step),
+so V1's figures carry none."""
+
+
+V2_PROMPT_MASK_ENTRIES_PER_WORD = 32
+"""Vocabulary entries one int32 word of V2's prompt_bin_mask holds (a bit each)."""
+
+
+V2_NON_TORCH_BYTES = 128 * MIB
+"""Model Runner V2's non-torch and persistent memory besides its penalty counts
+(V2_PENALTY_COUNT_BYTES). The logs print it as "consumed memory (weights + non-torch)" less
+the weights: v0.31.0 on an A100 80GB, Llama-3.1-8B at 256 requests, 15.26 - 15.0 = 0.26 GiB, of
+which 0.126 are the counts, so 0.13; the 0.28.1 Turing build, Qwen2.5-1.5B at 256 requests,
+3.25 - 2.98 = 0.27 at tp 1 (0.149 the counts, so 0.12) and 1.71 - 1.50 = 0.21 at tp 2 (0.06).
+128 MiB with the counts gives 257 and 281 MiB there, where the one figure of 272 MiB these
+ranges took before (from the same A100 run) gave 272 for every model and batch."""
 
 
 @dataclass(frozen=True)
@@ -175,8 +233,8 @@ class VllmRules(Ranged):
     """What the answer's `rules` say of how the range measures non-torch memory, where that
     differs from what the other ranges count (NON_TORCH_CACHED_SAID), else nothing."""
     compiled_peak_bytes: int = 0
-    """The torch peak a non-eager profile run reaches at least (COMPILED_PROFILE_PEAK_BYTES
-    under Model Runner V2), else 0."""
+    """The torch peak a non-eager profile run reaches at least on a cold torch.compile cache
+    (COMPILED_PROFILE_PEAK_BYTES under Model Runner V2), else 0."""
     runner_said: str = ""
     """What the answer's `rules` say of the model runner the figures are (MODEL_RUNNER_V2_SAID,
     MODEL_RUNNER_V1_SAID), else nothing."""
@@ -186,6 +244,9 @@ class VllmRules(Ranged):
     v2_families: tuple[str, ...] = ()
     """Where the range runs Model Runner V2 for the dense models of these families only
     (V2_FIRST_FAMILIES, 0.23-0.25.0): the others take `v1_runner`; () for every family."""
+    penalty_state: bool = False
+    """Whether the range's model runner keeps its sampler's penalty counts on the card for
+    every request slot (V2_PENALTY_COUNT_BYTES: Model Runner V2), counted with non-torch."""
 
 
 V2_FIRST_FAMILIES = ("llama", "mistral", "qwen3")
@@ -217,9 +278,10 @@ def _some_on_v2(
         0.92,
         V2_SAMPLER_BYTES_PER_LOGIT,
         0,
-        272 * MIB,
+        V2_NON_TORCH_BYTES,
         compiled_peak_bytes=COMPILED_PROFILE_PEAK_BYTES,
         runner_said=MODEL_RUNNER_V2_SAID,
+        penalty_state=True,
         v1_runner=replace(
             V1_RUNNER_0_21, since=since, until=until, label=label, runner_said=MODEL_RUNNER_V1_SAID
         ),
@@ -299,9 +361,10 @@ VLLM_RULES: tuple[VllmRules, ...] = (
         0.92,
         V2_SAMPLER_BYTES_PER_LOGIT,
         0,
-        272 * MIB,
+        V2_NON_TORCH_BYTES,
         compiled_peak_bytes=COMPILED_PROFILE_PEAK_BYTES,
         runner_said=MODEL_RUNNER_V2_SAID,
+        penalty_state=True,
     ),
 )
 """By version.
@@ -381,8 +444,12 @@ unallocated memory as non-torch: NON_TORCH_CACHED_SAID); the 0.7 logs print 0.01
 H100), so 96 MiB;
 from 0.21 vLLM counts every persistent allocation from the device's free memory ("consumed
 memory (weights + non-torch)": v0.31.0, 15.26 GiB for Llama-3.1-8B's 14.99 of weights), 272
-MiB; 0.18-0.19 measured 0.24-0.25 on an H100 (LLMD_REPORT: "non-torch forward increase
-memory", 0.13 at 0.15-0.17), so 256 MiB from 0.17.
+MiB for Model Runner V1 (0.21-0.22, and the models 0.23-0.28 keep on it: a figure read off that
+V2 run, whose 0.126 GiB of penalty counts V1 does not hold, so likely high for V1; no V1 log of
+those ranges checks it); under Model Runner V2, V2_NON_TORCH_BYTES plus its penalty counts,
+which follow max_num_seqs x the vocabulary (V2_PENALTY_COUNT_BYTES); 0.18-0.19 measured
+0.24-0.25 on an H100 (LLMD_REPORT: "non-torch forward increase memory", 0.13 at 0.15-0.17), so
+256 MiB from 0.17.
 
 Tensor parallel's logit gather (TP_GATHER_BYTES_PER_LOGIT) only before 0.11: from 0.11 the
 measured peak does not move with tp (issue 19: dense models at tp 2 on H100 under 0.11 came out

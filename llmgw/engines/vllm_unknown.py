@@ -103,7 +103,9 @@ def _spread_figure(
     shape: ModelShape, setting: _SpreadSetting, rules: VllmRules, tp: int, tokens: int
 ) -> int:
     """One range's peak and non-torch memory (and V0's offload copy) for a context of
-    `tokens`: what the spread is taken over."""
+    `tokens`: what the spread is taken over. Model Runner V2's penalty counts, which follow the
+    requests, stay out: the central figure (the newest range's, V2's) holds them, and a range
+    without them needs less."""
     profile = profile_at(rules, "", setting.flags, tokens)
     peak = profile_peak(shape, setting.forward, profile, rules, tp, setting.mm)[0]
     return peak + rules.non_torch_bytes + (setting.copied if rules.v0 else 0)

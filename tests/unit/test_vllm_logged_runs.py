@@ -30,6 +30,7 @@ from llmgw.engines.vllm_peak import (
 )
 from llmgw.engines.vllm_rules import (
     COMPILED_PROFILE_PEAK_BYTES,
+    V2_NON_TORCH_BYTES,
     V2_SAMPLER_BYTES_PER_LOGIT,
     VLLM_RULES,
 )
@@ -705,3 +706,73 @@ def test_before_0_25_1_only_the_first_families_dense_models_take_model_runner_v2
     need = need_of(run)
     assert ("Model Runner V2's profile run" in need.rules) is on_v2
     assert (need.cuda_graph_bytes > 0) is not on_v2
+
+
+LLAMA_SLOT_BYTES = (128256 + 128256 // 32) * 4
+"""What Model Runner V2's penalty counts hold for one request slot of Llama-3.1-8B: int32
+output counts over the 128256-entry vocabulary and its prompt mask, a bit an entry."""
+
+
+def test_model_runner_v2_keeps_penalty_counts_for_every_request_slot() -> None:
+    """Model Runner V2's non-torch figure is its base and its sampler's penalty counts, which
+    follow `--max-num-seqs` and the vocabulary, not the batch's tokens; Model Runner V1's
+    (0.22) holds no counts and does not move with the requests."""
+    run = {**LLAMA_A100, "engine_version": "0.31.0"}
+    base = need_of(run)
+    fewer = need_of({**run, "args": [*run["args"], "--max-num-seqs", "64"]})
+    batch = need_of({**run, "args": [*run["args"], "--max-num-batched-tokens", "8192"]})
+    assert base.non_torch_bytes == V2_NON_TORCH_BYTES + 256 * LLAMA_SLOT_BYTES
+    assert base.non_torch_bytes - fewer.non_torch_bytes == (256 - 64) * LLAMA_SLOT_BYTES
+    assert fewer.kv_pool_bytes - base.kv_pool_bytes >= (256 - 64) * LLAMA_SLOT_BYTES
+    assert batch.non_torch_bytes == base.non_torch_bytes
+    assert "penalty counts 0.13 GiB (256 request slots" in base.rules
+    v1 = {**run, "engine_version": "0.22.0"}
+    v1_fewer = {**v1, "args": [*v1["args"], "--max-num-seqs", "64"]}
+    assert need_of(v1).non_torch_bytes == need_of(v1_fewer).non_torch_bytes
+    assert "penalty counts" not in need_of(v1).rules
+
+
+def test_model_runner_v2_penalty_counts_are_not_sharded_by_tensor_parallel() -> None:
+    """Each rank samples over the gathered logits, so each card keeps the whole vocabulary's
+    counts: on PCIe cards from 0.11 (no collective step) tp 2's non-torch figure a card is
+    tp 1's."""
+    run = {**LLAMA_A100, "gpu": "L40S-48GB", "cuda_total_gib": 44.39, "engine_version": "0.31.0"}
+    one = need_of({**run, "weights_gib": 7.5})
+    two = need_of({**run, "weights_gib": 7.5, "tp": 2, "args": [*run["args"], "-tp", "2"]})
+    assert one.non_torch_bytes == two.non_torch_bytes > V2_NON_TORCH_BYTES
+
+
+@pytest.mark.parametrize(
+    "run_id", ["log-0.31.0-a100-80-llama-3.1-8b-131072", "log-0.28.1-turing24-qwen2.5-1.5b-eager"]
+)
+def test_model_runner_v2_non_torch_is_consumed_memory_less_the_printed_weights(run_id: str) -> None:
+    """Where a Model Runner V2 log prints both the weights and the consumed memory (weights +
+    non-torch), the planner's non-torch figure, its base and the penalty counts of 256
+    requests, is their difference within 0.015 GiB (two printed decimals each)."""
+    run = next(r for r in RUNS if r["id"] == run_id)
+    printed = run["printed"]["consumed_gib"] - run["weights_gib"]
+    assert abs(need_of(run).non_torch_bytes / GIB - printed) <= 0.015
+
+
+def warm_pool(run: dict[str, Any]) -> float:
+    """The pool in GiB the answer names beside its central one for a start on a warm
+    torch.compile cache (Model Runner V2, not eager): the central pool plus what it says the
+    cold compile's peak takes over the forward pass or sampler."""
+    need = need_of(run)
+    said = need.rules.split("on a warm cache it is the forward pass or sampler, ")[1]
+    larger = float(said.split("the pool ")[1].split(" GiB larger")[0])
+    return need.kv_pool_bytes / GIB + larger
+
+
+def test_a_warm_compile_cache_start_is_the_larger_pool_the_answer_names() -> None:
+    """The RTX 5090 start of Qwen3-32B-AWQ at 0.70 ran on a warm torch.compile cache (0.33 GiB
+    of peak): its printed pool is the warm-cache pool the answer names beside the cold one it
+    sizes by, within the logged runs' tolerance; an eager start names none."""
+    run = next(r for r in RUNS if r["id"] == "log-0.28.0-rtx5090-qwen3-32b-awq-u0.70")
+    printed = run["printed"]["available_kv_gib"]
+    assert abs(warm_pool(run) - printed) <= max(TOLERANCE * printed, TOLERANCE_GIB)
+    assert "cold torch.compile cache" in need_of(run).rules
+    eager = need_of({**run, "args": [*run["args"], "--enforce-eager"]})
+    assert "cold torch.compile cache" not in eager.rules
+    older = need_of(run, "0.19.0")
+    assert "cold torch.compile cache" not in older.rules
