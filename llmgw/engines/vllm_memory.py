@@ -377,7 +377,7 @@ def _vllm_overhead(
     activation, activation_margin = profile_peak(shape, forward, profile, rules, tp, mm, flashinfer)
     warm = activation
     if rules.compiled_peak_bytes and not profile.eager:  # COMPILED_PROFILE_PEAK_BYTES
-        warm = profile_peak(shape, forward, replace(profile, eager=True), rules, tp, mm)[0]
+        warm = profile_peak(shape, forward, replace(profile, warm=True), rules, tp, mm)[0]
     copied = v0_offload_copy_bytes(grammar, shape, args, tp, pp) if rules.v0 else 0
     activation += copied
     eager = grammar.has(args, ENFORCE_EAGER)
