@@ -56,6 +56,7 @@ from llmgw.engines.vllm_peak import (
     SKIP_MM_PROFILING,
     declares_flashinfer,
     flashinfer_peak,
+    kept_gate_up_bytes,
     mm_inputs,
     profile_peak,
     runner_rules,
@@ -421,6 +422,13 @@ def _vllm_overhead(
             )
     if rules.runner_said:
         said += f"; {rules.runner_said}"
+    kept = kept_gate_up_bytes(shape, profile, rules)
+    if kept:
+        said += (
+            f"; run eagerly, its Qwen2-style MLP keeps the gate/up output to the down "
+            f"projection ({kept / GIB:.2f} GiB more forward peak; vllm/model_executor/models/"
+            f"qwen2.py Qwen2MLP)"
+        )
     if warm < activation:
         said += (
             f"; the peak is a cold torch.compile cache's (vLLM issue #54122: compiling in the "

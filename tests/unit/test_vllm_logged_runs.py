@@ -828,5 +828,7 @@ def test_the_qwen2_forward_peak_is_the_logged_one_and_llama_s_is_not_moved() -> 
     forward = forward_cost(shape, tp=1).bytes(8192)
     assert need.activation_bytes == forward + 8192 * 3584 * 2
     assert close(need.activation_bytes, QWEN_3090["printed"]["activation_gib"], 0.01)
+    assert "Qwen2-style MLP keeps the gate/up output" in need.rules
     llama = {**QWEN_3090, "hf": "meta-llama__Llama-3.1-8B-Instruct"}
     assert need_of(llama).activation_bytes == forward_cost(shape_of(llama), tp=1).bytes(8192)
+    assert "gate/up" not in need_of(llama).rules
