@@ -327,8 +327,9 @@ GATE_UP_KEPT_FAMILIES = ("qwen2", "qwen2_vl", "qwen2_5_vl", "qwen2vl", "qwen3")
 """The families (a config's `model_type`, a GGUF's architecture) whose dense MLP in vLLM binds
 its gate/up projection to a name of its own, so it stays alive through the down projection:
 Qwen2MLP.forward (vllm/model_executor/models/qwen2.py) is `gate_up, _ = self.gate_up_proj(x);
-x = self.act_fn(gate_up); x, _ = self.down_proj(x)` in the V0 0.6.x copy and in a 2026 copy
-the code index holds alike; Qwen3's dense layers import it (qwen3.py `from .qwen2 import
+x = self.act_fn(gate_up); x, _ = self.down_proj(x)` in the code index's V0 copy (0.6.x: its
+forward still takes kv_caches) and at a 2026 commit (8c94938, as a walkthrough of vLLM's
+tensor parallel layers quotes it); Qwen3's dense layers import it (qwen3.py `from .qwen2 import
 Qwen2MLP as Qwen3MLP`), and Qwen2-VL and Qwen2.5-VL run Qwen2's language model. Llama's MLP
 rebinds `x` instead (vLLM PR #10339, "Reduce peak memory usage of llama", merged 2024-11-15:
 "Maintaining multiple names here will cause both to be refcounted which increases the peak
@@ -344,8 +345,9 @@ def kept_gate_up_bytes(shape: ModelShape, profile: VllmProfile, rules: VllmRules
     row-parallel layer's partial sums are full width) adds to what the activation step held.
     A compiled model's liveness is Inductor's, not the Python names', so 0 there, and 0 for a
     mixture of experts (its experts run in fused_moe) or a hybrid model. Logged V0/eager peaks
-    of Qwen2.5 models measured one hidden copy a token above the sum: 0.5B 2.4, 1.5B 2.1 and 7B
-    2.2 bytes a hidden unit (logged_runs.jsonl); Llama-3.1-8B after PR #10339 none (gt-023/024)."""
+    of Qwen2.5 models held one bf16 hidden copy a token above the sum: per token and hidden
+    unit, 2.4 B for the 0.5B, 2.1 for the 1.5B and 2.2 for the 7B (logged_runs.jsonl);
+    Llama-3.1-8B after PR #10339 none (gt-023/024)."""
     if not (rules.v0 or profile.eager) or profile.warm:
         return 0
     if is_moe(shape) or shape.has_recurrent:
