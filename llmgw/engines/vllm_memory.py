@@ -56,6 +56,7 @@ from llmgw.engines.vllm_peak import (
     SKIP_MM_PROFILING,
     declares_flashinfer,
     flashinfer_peak,
+    kept_gate_up_bytes,
     mm_inputs,
     profile_peak,
     runner_rules,
@@ -377,7 +378,7 @@ def _vllm_overhead(
     activation, activation_margin = profile_peak(shape, forward, profile, rules, tp, mm, flashinfer)
     warm = activation
     if rules.compiled_peak_bytes and not profile.eager:  # COMPILED_PROFILE_PEAK_BYTES
-        warm = profile_peak(shape, forward, replace(profile, eager=True), rules, tp, mm)[0]
+        warm = profile_peak(shape, forward, replace(profile, warm=True), rules, tp, mm)[0]
     copied = v0_offload_copy_bytes(grammar, shape, args, tp, pp) if rules.v0 else 0
     activation += copied
     eager = grammar.has(args, ENFORCE_EAGER)
@@ -421,6 +422,13 @@ def _vllm_overhead(
             )
     if rules.runner_said:
         said += f"; {rules.runner_said}"
+    kept = kept_gate_up_bytes(shape, profile, rules)
+    if kept:
+        said += (
+            f"; run eagerly, its Qwen2-style MLP keeps the gate/up output to the down "
+            f"projection ({kept / GIB:.2f} GiB more forward peak; vllm/model_executor/models/"
+            f"qwen2.py Qwen2MLP)"
+        )
     if warm < activation:
         said += (
             f"; the peak is a cold torch.compile cache's (vLLM issue #54122: compiling in the "

@@ -142,6 +142,9 @@ class VllmProfile:
     max_num_seqs: int
     chunked_prefill: bool = True
     eager: bool = False
+    warm: bool = False
+    """A non-eager start on a warm torch.compile cache: no compile in the profile's window, and
+    the model runs as its compiled graphs, not its Python forward."""
 
 
 def large_card(card: CardTotals) -> bool:
@@ -203,6 +206,7 @@ def profile_at(rules: VllmRules, said: str, flags: BatchFlags, tokens: int) -> V
         max_num_seqs=seqs,
         chunked_prefill=chunked,
         eager=flags.eager,
+        warm=False,
     )
 
 
@@ -319,6 +323,40 @@ def profile_peak(
     return peak, margin
 
 
+GATE_UP_KEPT_FAMILIES = ("qwen2", "qwen2_vl", "qwen2_5_vl", "qwen2vl", "qwen3")
+"""The families (a config's `model_type`, a GGUF's architecture) whose dense MLP in vLLM binds
+its gate/up projection to a name of its own, so it stays alive through the down projection:
+Qwen2MLP.forward (vllm/model_executor/models/qwen2.py) is `gate_up, _ = self.gate_up_proj(x);
+x = self.act_fn(gate_up); x, _ = self.down_proj(x)` in the code index's V0 copy (0.6.x: its
+forward still takes kv_caches) and at a 2026 commit (8c94938, as a walkthrough of vLLM's
+tensor parallel layers quotes it); Qwen3's dense layers import it (qwen3.py `from .qwen2 import
+Qwen2MLP as Qwen3MLP`), and Qwen2-VL and Qwen2.5-VL run Qwen2's language model. Llama's MLP
+rebinds `x` instead (vLLM PR #10339, "Reduce peak memory usage of llama", merged 2024-11-15:
+"Maintaining multiple names here will cause both to be refcounted which increases the peak
+memory"), so its gate/up output is freed once the activation has read it, and Llama's
+MLP-derived models (Mistral, Phi-3) share that forward."""
+
+
+def kept_gate_up_bytes(shape: ModelShape, profile: VllmProfile, rules: VllmRules) -> int:
+    """What a GATE_UP_KEPT_FAMILIES model's forward peak holds beyond torch_overhead's sum where
+    the profile run executes its Python forward eagerly (V0, which does not compile the
+    model; V1 under `--enforce-eager`): with the 2 x I/tp gate/up output still alive, the MLP
+    peaks at the down projection, whose output (the hidden width a token, whatever tp: a
+    row-parallel layer's partial sums are full width) adds to what the activation step held.
+    A compiled model's liveness is Inductor's, not the Python names', so 0 there, and 0 for a
+    mixture of experts (its experts run in fused_moe) or a hybrid model. Logged V0/eager peaks
+    of Qwen2.5 models held one bf16 hidden copy a token above the sum: per token and hidden
+    unit, 2.4 B for the 0.5B, 2.1 for the 1.5B and 2.2 for the 7B (logged_runs.jsonl);
+    Llama-3.1-8B after PR #10339 none (gt-023/024)."""
+    if not (rules.v0 or profile.eager) or profile.warm:
+        return 0
+    if is_moe(shape) or shape.has_recurrent:
+        return 0
+    if shape.architecture.lower() not in GATE_UP_KEPT_FAMILIES:
+        return 0
+    return profile.batched_tokens * activation_width(shape) * ACTIVATION_BYTES
+
+
 def _text_activation(
     shape: ModelShape,
     forward: ForwardCost,
@@ -334,7 +372,7 @@ def _text_activation(
     on a cold cache leaves in its peak, where the range has a figure for it and it is larger
     (COMPILED_PROFILE_PEAK_BYTES)."""
     batched = profile.batched_tokens
-    forward_bytes = forward.bytes(batched)
+    forward_bytes = forward.bytes(batched) + kept_gate_up_bytes(shape, profile, rules)
     hidden_bytes = batched * activation_width(shape) * ACTIVATION_BYTES
     rows = min(profile.max_num_seqs, batched)
     if flashinfer and rules.flashinfer_bytes_per_logit:
@@ -347,7 +385,7 @@ def _text_activation(
         sampler_bytes = 0  # V0_CHUNKED_SAMPLER: its chunked profile run peaked at the forward pass
     vision = shape.compute is not None and shape.compute.vision
     retained = hidden_bytes if vision and encoder else 0
-    compiled = 0 if profile.eager else rules.compiled_peak_bytes
+    compiled = 0 if profile.eager or profile.warm else rules.compiled_peak_bytes
     if compiled > forward_bytes and compiled > sampler_bytes:
         return compiled + retained, int(compiled * COMPILED_PROFILE_PEAK_MARGIN)
     if forward_bytes >= sampler_bytes:

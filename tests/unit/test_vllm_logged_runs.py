@@ -23,6 +23,7 @@ from llmgw.engines.vllm_peak import (
     batch_flags,
     declares_flashinfer,
     flashinfer_peak,
+    kept_gate_up_bytes,
     profile_at,
     profile_peak,
     runner_rules,
@@ -62,7 +63,8 @@ def close(got_bytes: int, printed_gib: float, tolerance: float = TOLERANCE) -> b
 
 
 def shape_of(run: dict[str, Any]) -> ModelShape:
-    """The run's model: its Hugging Face config fixture, else the widths its row cites; its
+    """The run's model: its Hugging Face config fixture, else the widths its row cites (named
+    by the `model_type` its config gives, where the row says it); its
     weights those the log printed on each card, or the whole checkpoint (`checkpoint_gib`)
     where `--cpu-offload-gb` kept some in host memory."""
     if "hf" in run:
@@ -75,7 +77,7 @@ def shape_of(run: dict[str, Any]) -> ModelShape:
             LayerKind.FULL, kv_heads=int(arch["kv_heads"]), head_dim_k=head, head_dim_v=head
         )
         shape = ModelShape(
-            run["model"],
+            str(arch.get("model_type", run["model"])),
             (full,) * int(arch["layers"]),
             attention_heads=int(arch["attention_heads"]),
             kv_heads=int(arch["kv_heads"]),
@@ -776,3 +778,57 @@ def test_a_warm_compile_cache_start_is_the_larger_pool_the_answer_names() -> Non
     assert "cold torch.compile cache" not in eager.rules
     older = need_of(run, "0.19.0")
     assert "cold torch.compile cache" not in older.rules
+
+
+QWEN_3090: dict[str, Any] = next(r for r in RUNS if r["id"] == "log-0.6.6-3090-qwen2.5-7b")
+"""Qwen2.5-7B under V0 0.6.6, 16 requests over 8192 profiled tokens: its peak is its forward."""
+
+
+@pytest.mark.parametrize(
+    ("hf", "version", "extra", "kept"),
+    [
+        ("Qwen__Qwen2.5-7B-Instruct", "0.6.6", [], True),
+        ("Qwen__Qwen2-VL-7B-Instruct", "0.7.2", [], True),
+        ("Qwen__Qwen3-8B", "0.19.0", ["--enforce-eager"], True),
+        ("Qwen__Qwen3-8B", "0.19.0", [], False),
+        ("Qwen__Qwen3-30B-A3B", "0.6.6", [], False),
+        ("meta-llama__Llama-3.1-8B-Instruct", "0.6.6", [], False),
+        ("mistralai__Mistral-7B-Instruct-v0.3", "0.7.2", [], False),
+    ],
+)
+def test_an_eager_qwen2_mlp_keeps_its_gate_up_output_to_the_down_projection(
+    hf: str, version: str, extra: list[str], kept: bool
+) -> None:
+    """Where the model's Python forward runs eagerly (V0, or `--enforce-eager`), a dense model
+    of Qwen2's MLP (Qwen2, Qwen2-VL, Qwen3) peaks one hidden-wide output a profiled token above
+    the sum; Llama's MLP (and Mistral's, its own) frees its gate/up output first (vLLM PR
+    #10339), a compiled model's liveness is Inductor's, and a mixture of experts' MLP is
+    fused_moe's: none of those holds it."""
+    run = {**QWEN_3090, "hf": hf, "engine_version": version}
+    run["args"] = [*QWEN_3090["args"], *extra]
+    shape = shape_of(run)
+    total = int(run["cuda_total_gib"] * GIB)
+    card = CardTotals(run["gpu"], total, total, "printed")
+    profile = vllm_profile(GRAMMAR, run["args"], card=card, tokens=8192, engine_version=version)
+    width = shape.compute.hidden_size if shape.compute else 0
+    expected = profile.batched_tokens * width * 2 if kept else 0
+    assert kept_gate_up_bytes(shape, profile, profile.rules) == expected
+    if kept:
+        assert expected > 0
+        warm = replace(profile, warm=True)  # a compiled start on a warm cache: compiled liveness
+        assert kept_gate_up_bytes(shape, warm, profile.rules) == 0
+
+
+def test_the_qwen2_forward_peak_is_the_logged_one_and_llama_s_is_not_moved() -> None:
+    """Qwen2.5-7B's V0 0.6.6 peak over 8192 tokens is the printed 1.09 GiB (the sum without the
+    kept gate/up output gives 1.03), and Llama-3.1-8B's at the same settings is the sum alone
+    (gt-023/024's fit)."""
+    need = need_of(QWEN_3090)
+    shape = shape_of(QWEN_3090)
+    forward = forward_cost(shape, tp=1).bytes(8192)
+    assert need.activation_bytes == forward + 8192 * 3584 * 2
+    assert close(need.activation_bytes, QWEN_3090["printed"]["activation_gib"], 0.01)
+    assert "Qwen2-style MLP keeps the gate/up output" in need.rules
+    llama = {**QWEN_3090, "hf": "meta-llama__Llama-3.1-8B-Instruct"}
+    assert need_of(llama).activation_bytes == forward_cost(shape_of(llama), tp=1).bytes(8192)
+    assert "gate/up" not in need_of(llama).rules
