@@ -10,6 +10,10 @@ query of several statements in PostgreSQL's simple protocol, their values bound 
 (its ClientCursor, https://www.psycopg.org/psycopg3/docs/advanced/cursors.html#client-side-binding-cursors),
 and their results read one after the other (Cursor.nextset). The order of the statements, and
 so every lock they take, is the order they were made in: only their sending is put off.
+
+A deferring batch goes further: its writes, and checks the server makes (CHECKED: a statement
+that raises when what it checks does not hold), all wait for the COMMIT, so a transaction that
+reads nothing is one round trip, and one whose check fails is rolled back before its COMMIT.
 """
 
 from __future__ import annotations
