@@ -60,6 +60,8 @@ class Answers:
         fingerprint: str,
         commit: Callable[[], bytes],
         still_true: Callable[[bytes], bool] = lambda _answer: True,
+        *,
+        checked_at_commit: bool = False,
     ) -> bytes:
         """Run `commit` (the change's writes, returning its encoded answer) and keep the
         answer under `request_id`, in one store transaction, so a crash keeps both or neither.
@@ -78,12 +80,16 @@ class Answers:
             commit: makes the change and encodes the answer.
             still_true: whether a stored answer may be given again (rpc layer, which can read
                 it: `FleetApp.deleted_since` of the model it names).
+            checked_at_commit: the transaction's checks (the id's claim among them) may be
+                put off to its commit (Store.atomic): the id is taken to be new until then.
 
         Raises:
             RequestIdReused: the id was used for another method or another request.
+            ChecksFailed: with `checked_at_commit`, a check did not hold at the commit
+                (nothing kept): run it again without.
         """
         try:
-            with self._store.atomic():
+            with self._store.atomic(checked_at_commit=checked_at_commit):
                 if not request_id:
                     return commit()
                 self._prune()

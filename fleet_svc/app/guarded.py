@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+import structlog
+
 from fleet_svc.answers import REQUEST_ID_WINDOW_S, Answers
 from fleet_svc.app.values import ACTIVE, ADOPT_WAIT_S, CURRENT_VIEW, T, View, in_view
 from fleet_svc.catalog import Catalog
@@ -15,10 +17,12 @@ from fleet_svc.domain.catalog import Revision
 from fleet_svc.domain.control import cards_in_use
 from fleet_svc.domain.rollout import Rollout, RolloutEvent, RolloutState
 from fleet_svc.planner import Planner
-from fleet_svc.store.base import Store
+from fleet_svc.store.base import ChecksFailed, Store, StoreError
 from fleet_svc.store.rows import load_event, load_rollout
 from fleet_svc.store_calls import StoreCalls
 from llmgw.model import Inventory, Node
+
+log = structlog.get_logger(__name__)
 
 
 class GuardedApp:
@@ -124,10 +128,36 @@ class GuardedApp:
     ) -> tuple[bytes, list[Revision]]:
         """Run `commit` and keep the request id's answer, in one transaction, reading `view`;
         the answer and the catalog revisions committed (taken into the controller's wants
-        once the transaction committed: Catalog.deferred)."""
+        once the transaction committed: Catalog.deferred).
+
+        The transaction is first sent with its checks put off to its commit (one round trip
+        on PostgreSQL for a change that reads nothing more). When one did not hold (the id
+        was answered, the model changed, the lease moved: ChecksFailed), nothing was kept,
+        and it is run again checking as it goes, which gives the answer or the refusal. A
+        change refused while its id was taken to be new is a retry's first answer when the id
+        has one (as when preparing it fails: `once`)."""
         CURRENT_VIEW.set(view)
-        with self._catalog.deferred() as written:
-            answer = self._answers.commit(request_id, method, fingerprint, commit, still_true)
+        try:
+            with self._catalog.deferred() as written:
+                answer = self._answers.commit(
+                    request_id, method, fingerprint, commit, still_true, checked_at_commit=True
+                )
+        except ChecksFailed:
+            log.debug("change_checked_again", method=method)
+            view.handed.clear()  # what the first try handed over was not kept
+            with self._catalog.deferred() as written:
+                answer = self._answers.commit(request_id, method, fingerprint, commit, still_true)
+        except StoreError:
+            raise
+        except Exception:
+            stored = (
+                self._answers.replay(request_id, method, fingerprint, still_true)
+                if request_id
+                else None
+            )
+            if stored is None:
+                raise
+            return stored, []
         self._catalog.committed(written)
         return answer, written
 

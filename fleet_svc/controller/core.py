@@ -52,6 +52,11 @@ ADOPT_POLL_S = 2.0
 the catalog's revisions moved (a pending rollout commits with its revision; not for a revision
 this fleet committed handing nothing over), and otherwise at least this often (what another
 fleet committed just before it lost its lease)."""
+REMOTE_READ_S = 0.025
+"""The least time between two reads of the node reports other fleets wrote for their agents
+(each holder writes them at most every fleet_svc.rpc.agent_relay.FLUSH_S, 50 ms): a tick sooner
+after the last read (the leader ticks for every change and every report its own agents send)
+leaves them for the tick the loop then wakes for, one store round trip less a change."""
 FLUSH_ROUNDS = 3
 """Flushes a tick makes at most before dispatching, while agents' reports keep changing
 replicas during the writes (those changes are of stored replicas: only a tick creates or
@@ -150,6 +155,10 @@ class Controller(AgentEvents):
         """Whether replicas on nodes not heard from are still routed (see _unknown_node_phase)."""
         self.remote: RemoteNodes | None = None
         """Agents other fleets hold, heard through the store (fleets sharing one store)."""
+        self._remote_read_s = float("-inf")
+        """When `remote` last read the store (monotonic)."""
+        self._remote_owed = False
+        """Whether a tick left the read of `remote` for later (REMOTE_READ_S)."""
         self._load()
 
     def wall_of(self, monotonic_s: float) -> float:
@@ -215,6 +224,7 @@ class Controller(AgentEvents):
         self._plain = set()
         if self.remote is not None:
             self.remote.reset()
+        self._remote_read_s, self._remote_owed = float("-inf"), False
         self._loaded(stored)
         self._publish_all()
 
@@ -349,7 +359,7 @@ class Controller(AgentEvents):
             before = self._changes + self._rollouts.saves
             try:
                 if self.leading():
-                    if self.remote is not None:
+                    if self.remote is not None and self._remote_due():
                         await self.remote.fetch()
                     await self.step()
                     if self.remote is not None:
@@ -380,10 +390,22 @@ class Controller(AgentEvents):
             log.info("tick_recovered", problem_was=self._failing)
             self._failing = ""
 
+    def _remote_due(self) -> bool:
+        """Whether this tick reads the node reports other fleets wrote (REMOTE_READ_S since
+        the last read), else owes that read to a tick the loop wakes for."""
+        now = self._clock.monotonic()
+        self._remote_owed = now - self._remote_read_s < REMOTE_READ_S
+        if not self._remote_owed:
+            self._remote_read_s = now
+        return not self._remote_owed
+
     def _next_wait_s(self) -> float:
-        """Until the next tick: the interval, or sooner when a drain delay ends."""
+        """Until the next tick: the interval, or sooner when a drain delay ends or a read of
+        the other fleets' node reports was put off."""
         now = self._clock.monotonic()
         wait = self._tick_s
+        if self._remote_owed:
+            wait = min(wait, max(self._remote_read_s + REMOTE_READ_S - now, 0.0) + 0.001)
         for r in self.state.replicas.values():
             if r.phase is P.DRAINING:
                 wait = min(wait, max(r.entered_s + self._drain_s - now, 0.0) + 0.001)

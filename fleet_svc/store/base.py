@@ -163,6 +163,12 @@ class StaleRevision(Exception):
         self.current = current
 
 
+class ChecksFailed(Exception):
+    """A check a block put off to its commit (Store.atomic's `checked_at_commit`) did not
+    hold there: nothing of the block was kept. Its caller runs it again with every check
+    made at once, which says which (StaleRevision, a request id taken, NotLeader)."""
+
+
 class StoreError(Exception):
     """The store cannot do what was asked: unreachable, damaged, or of a newer schema.
 
@@ -271,11 +277,19 @@ class Store(Protocol):
     def model_history(self, name: str) -> list[ModelRecord]:
         """Every revision of a model, oldest first (deletions included)."""
 
-    def atomic(self) -> AbstractContextManager[None]:
+    def atomic(self, *, checked_at_commit: bool = False) -> AbstractContextManager[None]:
         """Make every write in the block one transaction: all of them are kept, or (the block
         raised) none. Blocks nest (an inner one is a savepoint). The block must not wait on
         anything else: it holds the store's write lock (SQLite) or one pooled connection
-        (PostgreSQL, for the calling thread) until it ends."""
+        (PostgreSQL, for the calling thread) until it ends.
+
+        With `checked_at_commit` a store whose every check costs a round trip (PostgreSQL)
+        may put off the checks of the block's conditional writes (the fence, a request id's
+        claim, a revision's compare-and-swap) to its commit, answering each as though it
+        held, and send the block in one round trip. When one did not hold, nothing of the
+        block is kept and it raises ChecksFailed: run it again without `checked_at_commit`,
+        where each check is answered as it is made. A store that checks at once (SQLite)
+        ignores it."""
 
     # Idempotency: the first answer to a request id.
     def get_answer(self, request_id: str) -> AnswerRecord | None:

@@ -16,7 +16,12 @@ constraint or an explicit row lock rather than by SERIALIZABLE:
 - a request id's first answer is `INSERT … ON CONFLICT DO NOTHING`: the first commit wins;
 - an event's seq is taken under `SELECT … FOR UPDATE` of its rollout's row, so two appends to
   one rollout queue on that row instead of racing for MAX(seq) + 1 (events are append-only);
-- replica and rollout writes are upserts of whole rows; a tick's batch is one transaction.
+- replica and rollout writes are upserts of whole rows; a tick's batch is one transaction;
+- a change's transaction may send the fence, the request id's claim and the revision's insert
+  with its COMMIT, each as a statement that raises when its condition does not hold
+  (postgres_batch.CHECKED): the same locks and constraints decide, and a check that fails
+  rolls the whole transaction back before its COMMIT runs (ChecksFailed; the caller runs it
+  again with each check answered at once).
 SERIALIZABLE would give the same guarantees only with a retry loop around every transaction
 (serialization failures, SQLSTATE 40001, are expected under it, even for writers of different
 models sharing an index page), and each of these invariants is about one key, which a key or a

@@ -4,7 +4,14 @@ retried request is answered as the first attempt was."""
 from __future__ import annotations
 
 from fleet_svc.store.base import AnswerRecord
+from fleet_svc.store.postgres_batch import CHECKED
 from fleet_svc.store.postgres_calls import PostgresCalls, guarded, once
+
+_CLAIM = (
+    "INSERT INTO answers (request_id, method, answer, created_at, fingerprint)"
+    " VALUES (%s, %s, '', %s, %s) ON CONFLICT (request_id) DO NOTHING RETURNING 1"
+)
+"""A request id's claim: one row when this call reserved it, none when it was taken."""
 
 
 class AnswerCalls(PostgresCalls):
@@ -26,14 +33,14 @@ class AnswerCalls(PostgresCalls):
     def claim_answer(self, request_id: str, method: str, fingerprint: str) -> bool:
         """Reserve a request id (an empty answer until put_answer fills it); False when taken.
         A racing attempt's uncommitted claim makes this insert wait for it (the primary key),
-        then find the id taken."""
+        then find the id taken. In a block checked at its commit, True: the claim is checked
+        there (ChecksFailed when the id was taken)."""
+        params = (request_id, method, self._clock(), fingerprint)
         with self.link.connection() as conn, self._writing(conn):
-            row = conn.execute(
-                "INSERT INTO answers (request_id, method, answer, created_at, fingerprint)"
-                " VALUES (%s, %s, '', %s, %s) ON CONFLICT (request_id) DO NOTHING RETURNING 1",
-                (request_id, method, self._clock(), fingerprint),
-            ).fetchone()
-            return row is not None
+            if conn.deferring:
+                conn.check_later(CHECKED.format(_CLAIM), params)
+                return True
+            return conn.execute(_CLAIM, params).fetchone() is not None
 
     @guarded
     def put_answer(

@@ -10,6 +10,10 @@ query of several statements in PostgreSQL's simple protocol, their values bound 
 (its ClientCursor, https://www.psycopg.org/psycopg3/docs/advanced/cursors.html#client-side-binding-cursors),
 and their results read one after the other (Cursor.nextset). The order of the statements, and
 so every lock they take, is the order they were made in: only their sending is put off.
+
+A deferring batch goes further: its writes, and checks the server makes (CHECKED: a statement
+that raises when what it checks does not hold), all wait for the COMMIT, so a transaction that
+reads nothing is one round trip, and one whose check fails is rolled back before its COMMIT.
 """
 
 from __future__ import annotations
@@ -51,6 +55,10 @@ class BatchingConnection(psycopg.Connection[Row]):
         """A `batch` whose BEGIN is still queued: nothing of it has reached the server."""
         self._batching = False
         """Inside `batch`."""
+        self._deferring = False
+        """Inside a `batch(deferring=True)`: every write waits for the COMMIT."""
+        self._holding = False
+        """A write is queued in the `batch` (it has something to commit)."""
 
     @property
     def opening(self) -> bool:
@@ -63,14 +71,30 @@ class BatchingConnection(psycopg.Connection[Row]):
         """Hold a statement back until the next one is run; its rows go to `later` then."""
         self._queued.append((query, params, later))
 
+    @property
+    def deferring(self) -> bool:
+        """Whether a `batch(deferring=True)` is open: its writes and checks go with its
+        COMMIT (`check_later`)."""
+        return self._deferring
+
     def write_later(self, query: QueryNoTemplate, params: Params | None = None) -> None:
         """A write whose answer nothing reads: inside a `batch` that has sent its first
-        statement (and with it the fence, read before the COMMIT), queued to go with the next
-        statement or the COMMIT; else run now."""
-        if self._batching and not self._opening:
+        statement (and with it the fence, read before the COMMIT) or that defers, queued to go
+        with the next statement or the COMMIT; else run now."""
+        if self._batching and (self._deferring or not self._opening):
+            self._holding = True
             self.queue(query, params)
         else:
             self.execute(query, params)
+
+    def check_later(self, query: QueryNoTemplate, params: Params | None = None) -> None:
+        """Inside a `batch(deferring=True)`: a statement (a write or a read) that raises on
+        the server when what it checks does not hold (CHECKED's form), queued like a write:
+        the COMMIT after it then never runs, and the block raises the server's error."""
+        if not self._deferring:
+            raise psycopg.ProgrammingError("check_later outside a deferring batch")
+        self._holding = True
+        self.queue(query, params)
 
     def flush(self) -> None:
         """Send what is queued now (one round trip; nothing when nothing is)."""
@@ -107,17 +131,21 @@ class BatchingConnection(psycopg.Connection[Row]):
         return super().pipeline()
 
     @contextmanager
-    def batch(self) -> Iterator[None]:
+    def batch(self, *, deferring: bool = False) -> Iterator[None]:
         """One transaction whose BEGIN goes with its first statement and whose COMMIT with the
         writes still queued at its end; rolled back when the block raises (no round trip when
-        nothing of it was sent)."""
+        nothing of it was sent, and nothing when it wrote nothing).
+
+        `deferring`: every write waits for the COMMIT, even before anything was sent, and so
+        do the checks of `check_later`: a block that reads nothing is one round trip."""
         if self._queued or self._opening or self.pgconn.transaction_status != _IDLE:
             raise psycopg.ProgrammingError("a batch is already open on this connection")
         self.queue("BEGIN")
         self._opening = self._batching = True
+        self._deferring, self._holding = deferring, False
         try:
             yield
-            if self._opening:
+            if self._opening and not self._holding:
                 self._queued, self._opening = [], False  # nothing was sent: nothing to commit
                 return
             self.queue("COMMIT")
@@ -126,7 +154,7 @@ class BatchingConnection(psycopg.Connection[Row]):
             self._abandon()
             raise
         finally:
-            self._batching = False
+            self._batching = self._deferring = self._holding = False
 
     def _abandon(self) -> None:
         """Forget what is queued and roll back what was sent (a broken connection is left to
@@ -153,3 +181,16 @@ class BatchingConnection(psycopg.Connection[Row]):
 
 
 _IDLE = psycopg.pq.TransactionStatus.IDLE
+
+CHECKED = "WITH checked AS ({}) SELECT 1 / count(*) FROM checked"
+"""A check the server makes (`check_later`): the statement inside (a SELECT, or an INSERT …
+RETURNING: a write must be a WITH query of its own) returns one row when what it checks holds
+and none when not, and then the division raises division_by_zero (SQLSTATE 22012), which no
+other statement of the store can raise. `count(*)` is not a constant, so the division
+is made when the statement runs, not when it is planned (a constant `1 / 0` would fail every
+time: https://www.postgresql.org/docs/15/sql-expressions.html#SYNTAX-EXPRESS-EVAL)."""
+
+
+def check_failed(exc: BaseException) -> bool:
+    """Whether `exc` is a CHECKED statement's refusal (its check did not hold)."""
+    return isinstance(exc, psycopg.errors.DivisionByZero)

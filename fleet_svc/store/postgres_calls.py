@@ -19,10 +19,16 @@ import psycopg
 import psycopg_pool
 import structlog
 
-from fleet_svc.store.base import StoreDamaged, StoreUnavailable
+from fleet_svc.store.base import ChecksFailed, StoreDamaged, StoreUnavailable
 from fleet_svc.store.codec import readable_rows
-from fleet_svc.store.postgres_batch import BatchingConnection, Later
-from fleet_svc.store.postgres_lease import FENCE_QUERY, LEASE_NAME, check_fence, fenced
+from fleet_svc.store.postgres_batch import CHECKED, BatchingConnection, Later, check_failed
+from fleet_svc.store.postgres_lease import (
+    FENCE_HELD_QUERY,
+    FENCE_QUERY,
+    LEASE_NAME,
+    check_fence,
+    fenced,
+)
 from fleet_svc.store.postgres_link import POOL_MAX, Link, NoConnection, first_line
 
 log = structlog.get_logger(__name__)
@@ -90,6 +96,11 @@ def _translating(
             except (psycopg.IntegrityError, psycopg.InterfaceError):
                 raise  # a constraint the caller broke, or a closed store: the caller's mistake
             except psycopg.DatabaseError as exc:
+                pinned = self.link.pinned()
+                if pinned is not None and pinned.deferring and check_failed(exc):
+                    # A check the block put off (sent before this call's statement) did not
+                    # hold: the block is run again, checking at once.
+                    raise ChecksFailed() from exc
                 # A table or column gone, a row the server cannot return: the schema is damaged.
                 damaged = StoreDamaged(self.where, f"PostgreSQL: {first_line(exc)}")
                 self.damage = self.damage or damaged
@@ -152,11 +163,14 @@ class PostgresCalls:
             yield
 
     @contextmanager
-    def _batched(self, conn: BatchingConnection) -> Iterator[None]:
+    def _batched(self, conn: BatchingConnection, *, deferring: bool = False) -> Iterator[None]:
         """A transaction whose BEGIN and fence (when fenced) go with its first statement
-        (postgres_batch), the fence read before anything is committed."""
-        with conn.batch():
-            if self._fence is not None:
+        (postgres_batch), the fence read before anything is committed; `deferring`: the fence
+        checked by the server, and every write sent with the COMMIT."""
+        with conn.batch(deferring=deferring):
+            if self._fence is not None and deferring:
+                conn.check_later(CHECKED.format(FENCE_HELD_QUERY), (LEASE_NAME, self._fence))
+            elif self._fence is not None:
                 later = Later()
                 conn.queue(FENCE_QUERY, (LEASE_NAME,), later)
                 self._unsettled.fence = (later, self._fence)
@@ -177,10 +191,15 @@ class PostgresCalls:
             yield
 
     @contextmanager
-    def atomic(self) -> Iterator[None]:
+    def atomic(self, *, checked_at_commit: bool = False) -> Iterator[None]:
         """One transaction for the block's writes (Store.atomic), on one pooled connection
         pinned to the calling thread until it ends (every store call of that thread uses it;
-        psycopg makes an inner transaction a savepoint); fenced when the store is."""
+        psycopg makes an inner transaction a savepoint); fenced when the store is.
+
+        `checked_at_commit`: the fence, a request id's claim and a revision's compare-and-swap
+        are checks the server makes (postgres_batch.CHECKED), sent with the COMMIT and every
+        write, so a block that reads nothing is one round trip; ChecksFailed when one did not
+        hold (nothing kept)."""
         if self.link.pinned() is not None:
             with self.link.connection() as conn, conn.transaction():
                 yield
@@ -191,7 +210,11 @@ class PostgresCalls:
             # statement, the writes whose answers are not read with its COMMIT: the round trips
             # psycopg's pipeline would make of the block (each call in it reads its answer
             # before the next is made), for less Python.
-            with self.link.connection() as conn, self.link.pin(conn), self._batched(conn):
+            with (
+                self.link.connection() as conn,
+                self.link.pin(conn),
+                self._batched(conn, deferring=checked_at_commit),
+            ):
                 yield
         except NoConnection as exc:
             raise self.link.down(exc.problem) from exc
@@ -200,6 +223,8 @@ class PostgresCalls:
         except (psycopg.IntegrityError, psycopg.InterfaceError):
             raise  # as `guarded`: a constraint the caller broke, or a closed store
         except psycopg.DatabaseError as exc:
+            if checked_at_commit and check_failed(exc):
+                raise ChecksFailed() from exc  # a check sent with the COMMIT did not hold
             # A write queued for the COMMIT failed there, outside the calls that `guarded`
             # translates: as theirs, the schema is damaged.
             damaged = StoreDamaged(self.where, f"PostgreSQL: {first_line(exc)}")

@@ -84,24 +84,27 @@ class CatalogCalls(PostgresCalls):
             StaleRevision: the model's latest revision is not `expect_revision`.
             ValueError: a deletion of a model that is absent or deleted.
         """
-        spec = dump_json(record.spec)
+        params = {
+            "name": record.name,
+            "spec": dump_json(record.spec),
+            "by": record.updated_by,
+            "at": record.updated_at,
+            "deleted": record.deleted,
+            "declared_in": record.declared_in,
+            "expect": expect_revision,
+        }
         with self.link.connection() as conn, self._writing(conn, transaction=True):
+            if conn.deferring and expect_revision > 0:
+                # Checked at the block's commit: written, the revision is the one after
+                # `expect_revision` (the compare-and-swap's only outcome for an existing
+                # revision); not written, the block raises ChecksFailed.
+                conn.check_later(_PUT_MODEL_CHECKED, params)
+                return replace(record, revision=expect_revision + 1)
             # One statement in the common case: the revision after the last, inserted only
             # when the last is the one expected; a writer that read the same last revision
             # and inserted first wins (this insert waits for its commit, then does nothing:
             # no error, so an atomic block needs no savepoint around it).
-            row = conn.execute(
-                _PUT_MODEL,
-                {
-                    "name": record.name,
-                    "spec": spec,
-                    "by": record.updated_by,
-                    "at": record.updated_at,
-                    "deleted": record.deleted,
-                    "declared_in": record.declared_in,
-                    "expect": expect_revision,
-                },
-            ).fetchone()
+            row = conn.execute(_PUT_MODEL, params).fetchone()
             if row is not None:
                 return replace(record, revision=int(row[0]))
             last, absent = _latest(conn, record.name)
@@ -120,22 +123,25 @@ class CatalogCalls(PostgresCalls):
         return [model_of_row(self.where, row) for row in rows]
 
 
-_PUT_MODEL = f"""
-WITH last AS (
+_LAST = """last AS (
     SELECT revision, deleted FROM model_revisions WHERE name = %(name)s
     ORDER BY revision DESC LIMIT 1
-)
-INSERT INTO model_revisions ({MODEL_COLUMNS})
+)"""
+_INSERT_NEXT = f"""INSERT INTO model_revisions ({MODEL_COLUMNS})
 SELECT %(name)s, COALESCE((SELECT revision FROM last), 0) + 1, %(spec)s::json, %(by)s, %(at)s,
        %(deleted)s, %(declared_in)s
 WHERE (COALESCE((SELECT revision FROM last), 0) = %(expect)s
        OR (%(expect)s = 0 AND COALESCE((SELECT deleted FROM last), true)))
   AND NOT (%(deleted)s AND COALESCE((SELECT deleted FROM last), true))
 ON CONFLICT (name, revision) DO NOTHING
-RETURNING revision
-"""
+RETURNING revision"""
+_PUT_MODEL = f"WITH {_LAST}\n{_INSERT_NEXT}"
 """A model's next revision, written only when its last one is %(expect)s (or it is absent and
 %(expect)s is 0), and never a deletion of a model that is absent: see CatalogCalls.put_model."""
+_PUT_MODEL_CHECKED = f"WITH {_LAST},\nchecked AS ({_INSERT_NEXT})\nSELECT 1 / count(*) FROM checked"
+"""_PUT_MODEL as a check the server makes (postgres_batch.CHECKED: a data-modifying WITH query
+must be at the top, so the form is spelled out here): division_by_zero when nothing was
+written."""
 
 
 def _latest(conn: psycopg.Connection[tuple[Any, ...]], name: str) -> tuple[int, bool]:

@@ -89,6 +89,9 @@ def release(conn: psycopg.Connection[tuple[Any, ...]], holder: str) -> None:
 
 FENCE_QUERY = "SELECT holder, address, epoch FROM leases WHERE name = %s FOR SHARE"
 """The lease row, share-locked until the transaction ends (see check_fence)."""
+FENCE_HELD_QUERY = "SELECT epoch FROM leases WHERE name = %s AND epoch = %s FOR SHARE"
+"""The lease row when it holds the epoch given, share-locked until the transaction ends: no
+row when another epoch holds it (the fence as a check the server makes, postgres_batch.CHECKED)."""
 
 
 def check_fence(conn: psycopg.Connection[tuple[Any, ...]], epoch: int, where: str) -> None:

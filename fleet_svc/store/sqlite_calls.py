@@ -85,9 +85,10 @@ class SQLiteCalls:
             raise translated from exc
 
     @contextmanager
-    def atomic(self) -> Iterator[None]:
+    def atomic(self, *, checked_at_commit: bool = False) -> Iterator[None]:
         """One transaction for the block's writes (Store.atomic): BEGIN IMMEDIATE, so it holds
-        the write lock from its start; a block inside another is a savepoint."""
+        the write lock from its start; a block inside another is a savepoint. Every check is
+        made at once (a local file: no round trip to save), `checked_at_commit` or not."""
         with self._translating(), immediate(self._conn):
             yield
 

@@ -1,8 +1,8 @@
 """The PostgreSQL store's batched statements (fleet_svc/store/postgres_batch.py): a change's
-transaction in three round trips to the server, and a batch's transaction as whole as one
-sent a statement at a time — against the real test server, one fresh database
-each. Round trips are counted from libpq's trace of the connection (one ReadyForQuery from the
-server ends each)."""
+transaction in three round trips to the server, or in one with its checks made at its commit,
+and a batch's transaction as whole as one sent a statement at a time — against the real test
+server, one fresh database each. Round trips are counted from libpq's trace of the connection
+(one ReadyForQuery from the server ends each)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import pq
 
-from fleet_svc.store.base import ModelRecord, NotLeader, StoreDamaged
+from fleet_svc.store.base import ChecksFailed, ModelRecord, NotLeader, StoreDamaged
 from fleet_svc.store.postgres import PostgresStore
 from fleet_svc.store.postgres_batch import BatchingConnection
 from tests.support.postgres import fresh_database
@@ -51,6 +51,10 @@ def round_trips(conn: psycopg.Connection[tuple[object, ...]]) -> Iterator[list[s
             sent: list[str] = []
             for line in trace.read().splitlines():
                 fields = line.split("\t")
+                if fields[0] not in ("F", "B"):
+                    if sent:  # a statement's own line break: the message goes on
+                        sent[-1] += " " + line
+                    continue
                 if fields[0] == "F":
                     sent.append(" ".join(fields[2:]))
                 elif len(fields) > 2 and fields[2] == "ReadyForQuery":
@@ -164,3 +168,82 @@ def test_a_damaged_table_met_at_the_commit_is_damage(dsn: str) -> None:
             store.put_model(_model(), expect_revision=1)
             store.put_answer("req-1", "SetContext", b"answer")
         assert [m.revision for m in store.model_history("m")] == [1]
+
+
+def _change(store: PostgresStore, request_id: str, expect: int) -> ModelRecord:
+    """A change as the fleet makes it, checked at its commit: claim, revision, answer."""
+    with store.atomic(checked_at_commit=True):
+        assert store.claim_answer(request_id, "SetContext", "fp")
+        written = store.put_model(_model(), expect_revision=expect)
+        store.put_answer(
+            request_id, "SetContext", b"answer-" + request_id.encode(), fingerprint="fp"
+        )
+    return written
+
+
+def test_a_change_checked_at_its_commit_is_one_round_trip_and_keeps_its_writes(
+    dsn: str,
+) -> None:
+    """Checked at its commit, the same fenced change (claim, revision, answer) is one round
+    trip: BEGIN, the fence, the claim, the revision, the answer and COMMIT; all of it lands,
+    at the revision the store answered before sending it."""
+    with PostgresStore(dsn) as store:
+        store.put_model(_model(), expect_revision=0)
+        store.fence(store.acquire_lease("a", "a:1", 30).epoch)
+        with ExitStack() as traced, store.atomic(checked_at_commit=True):
+            pinned = store.link.pinned()
+            assert pinned is not None
+            trips = traced.enter_context(round_trips(pinned))
+            assert store.claim_answer("req-1", "SetContext", "fp")
+            written = store.put_model(_model(), expect_revision=1)
+            store.put_answer("req-1", "SetContext", b"answer", fingerprint="fp")
+        assert written.revision == 2
+        assert len(trips) == 1, trips
+        assert trips[0].startswith("Query") and "FROM leases" in trips[0]
+        assert trips[0].endswith('; COMMIT"')
+        answer = store.get_answer("req-1")
+        assert answer is not None and answer.answer == b"answer"
+        assert [m.revision for m in store.model_history("m")] == [1, 2]
+
+
+@pytest.mark.parametrize("broken", ["id taken", "revision moved", "lease moved"])
+def test_a_check_that_fails_at_the_commit_keeps_nothing(dsn: str, broken: str) -> None:
+    """When one of the checks sent with the COMMIT does not hold (the request id answered
+    already, the model written past the revision expected, the lease another epoch's), the
+    block raises ChecksFailed and nothing of it lands: no revision, no answer, no claim; the
+    store is not taken for damaged."""
+    with PostgresStore(dsn) as store:
+        store.put_model(_model(), expect_revision=0)
+        store.fence(store.acquire_lease("a", "a:1", 30).epoch)
+        expect = 1
+        if broken == "id taken":
+            _change(store, "req-1", 1)
+            expect = 2
+        elif broken == "revision moved":
+            store.put_model(_model(), expect_revision=1)
+        else:
+            with psycopg.connect(dsn, autocommit=True) as other:
+                other.execute("UPDATE leases SET epoch = epoch + 1, holder = 'b'")
+        before = [(m.revision, m.spec) for m in store.model_history("m")]
+        kept = store.get_answer("req-1")
+        with pytest.raises(ChecksFailed):
+            _change(store, "req-1", 1 if broken != "id taken" else expect)
+        assert [(m.revision, m.spec) for m in store.model_history("m")] == before
+        assert store.get_answer("req-1") == kept
+        assert store.damage is None
+        store.probe()
+
+
+def test_a_failed_check_met_by_a_later_read_is_checks_failed_not_damage(dsn: str) -> None:
+    """A read inside a block checked at its commit sends the checks queued before it: one
+    that fails there raises ChecksFailed from the read (the block is rolled back), not
+    StoreDamaged."""
+    with PostgresStore(dsn) as store:
+        store.put_model(_model(), expect_revision=0)
+        store.put_model(_model(), expect_revision=1)
+        with pytest.raises(ChecksFailed), store.atomic(checked_at_commit=True):
+            store.put_model(_model(), expect_revision=1)  # stale: revision 2 is there
+            store.get_answer("anything")
+        assert store.damage is None
+        assert [m.revision for m in store.model_history("m")] == [1, 2]
+        assert _change(store, "req-2", 2).revision == 3
