@@ -5,17 +5,21 @@ refuses or notes)."""
 from __future__ import annotations
 
 import pytest
+from structlog.testing import capture_logs
 
 from llmgw.cardclass import MIB
+from llmgw.common.v1 import common_pb2
 from llmgw.engines.llamacpp import LLAMACPP_VERSION
 from llmgw.model import Inventory, Model, Node, Profile
+from llmgw.planner.v1 import planner_pb2
 from llmgw.shape import Layer, LayerKind, ModelShape
 from planner_svc.domain import errors
 from planner_svc.domain.context import size_context
-from planner_svc.domain.context_plan import compile_context
+from planner_svc.domain.context_plan import ContextPlan, compile_context
 from planner_svc.rpc import convert
 from planner_svc.rpc.fresh import FreshPlans
-from tests.support.shapes import LLAMA_31_8B, LLAMA_31_70B, QWEN25_7B
+from planner_svc.rpc.servicer import PlannerServicer
+from tests.support.shapes import LLAMA_31_8B, LLAMA_31_70B, QWEN25_7B, llama_8b_model
 
 H100 = Inventory(
     nodes=(Node("n1", "H100-80GB", gpus=8, free_gpus=8, gpu_memory_bytes=81559 * MIB),)
@@ -239,3 +243,45 @@ def test_plans_are_kept_bounded_and_compiled_on_a_second_sight() -> None:
         plans.answer(None, model, LLAMA_31_8B, H100, tokens=1000, slots=0, sequences=0, note="")
         is None
     )
+
+
+class _Context:
+    """The little of a servicer context the SizeContext path reads."""
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+
+class _NoResolver:
+    """A resolver that is never asked (the shape comes inline)."""
+
+    async def resolve(self, source: str, files: object = (), *, caller: object = "") -> ModelShape:
+        raise AssertionError("an inline shape is not resolved")
+
+
+async def test_the_servicer_answers_fresh_contexts_from_plans_as_without_them() -> None:
+    """Fresh contexts of a model asked before come from its plan, byte-equal to a servicer
+    that sizes every context the full way, and each still writes its `context_sized` line."""
+    inventory = common_pb2.Inventory(
+        nodes=[
+            common_pb2.InventoryNode(
+                name="n1", gpu_class="H100-80GB", gpus=8, free_gpus=8, gpu_memory_bytes=81559 * MIB
+            )
+        ]
+    )
+    request = planner_pb2.SizeContextRequest(model=llama_8b_model(), inventory=inventory)
+    planned = PlannerServicer(_NoResolver())
+    full = PlannerServicer(_NoResolver())
+    full._fresh = FreshPlans(LLAMACPP_VERSION, limit=0)  # keeps nothing: every context sized
+    with capture_logs() as logs:
+        for tokens in (4096, 5000, 12_345, 40_000, 100_000, 131_072):
+            request.tokens = tokens
+            a = await planned.SizeContext(request, _Context())  # type: ignore[arg-type]
+            b = await full.SizeContext(request, _Context())  # type: ignore[arg-type]
+            assert a.SerializeToString(deterministic=True) == b.SerializeToString(
+                deterministic=True
+            )
+    sized = [e["after"] for e in logs if e["event"] == "context_sized"]
+    assert sized.count(100_000) == 2 and len(sized) == 12
+    assert len(planned._fresh) == 1
+    assert isinstance(next(iter(planned._fresh._kept.values()))[0], ContextPlan)
