@@ -141,3 +141,38 @@ def fullest_stage(per_layer: list[int], stages: int) -> int:
         return sum(per_layer)
     size = -(-len(per_layer) // stages)
     return max(sum(per_layer[i : i + size]) for i in range(0, len(per_layer), size))
+
+
+def stage_counts(shape: ModelShape, stages: int) -> tuple[tuple[int, ...], ...]:
+    """Per pipeline stage (runs of ceil(layers / stages) consecutive layers, as
+    `fullest_stage` cuts them; one stage when `stages` <= 1), how many of its layers have each
+    distinct geometry, in `shape.distinct_layers`' order: worked out once per shape and stage
+    count."""
+    key = ("stages", max(stages, 1))
+    memo = sizing_memo(shape)
+    hit = memo.get(key)
+    if isinstance(hit, tuple):
+        return hit
+    index = {id(layer): i for i, (layer, _) in enumerate(shape.distinct_layers)}
+    layers = shape.layers
+    size = -(-len(layers) // stages) if stages > 1 and layers else max(len(layers), 1)
+    counts = []
+    for start in range(0, max(len(layers), 1), size):
+        row = [0] * len(index)
+        for layer in layers[start : start + size]:
+            row[index[id(layer)]] += 1
+        counts.append(tuple(row))
+    found = tuple(counts)
+    if len(memo) >= _COSTS_KEPT:
+        memo.clear()
+    memo[key] = found
+    return found
+
+
+def layer_costs(
+    shape: ModelShape, tp: int, dtype: Fraction
+) -> tuple[tuple[Layer, int, int, int], ...]:
+    """Per distinct layer of `shape` (in `distinct_layers`' order): the layer, what a token
+    adds to it on one of `tp` cards as the exact fraction num / den (0 / 1 without KV), and
+    its recurrent state per sequence on a card."""
+    return _costs(shape, tp, dtype).layers

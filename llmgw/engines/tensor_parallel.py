@@ -7,6 +7,7 @@ engine's overhead; the count of cards must split the model's heads and widths (`
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from fractions import Fraction
@@ -18,13 +19,14 @@ from llmgw.engines.grammar import Flag, Grammar, RefusedFlag
 from llmgw.engines.heads import TpOptions, tp_failure
 from llmgw.engines.kvcache import (
     CachePool,
-    fullest_stage,
     layer_bytes_on_card,
+    layer_costs,
+    stage_counts,
     token_bytes_on_card,
 )
 from llmgw.engines.memo import memo_table
 from llmgw.frozen import made
-from llmgw.shape import ModelShape
+from llmgw.shape import Layer, ModelShape
 
 
 class TensorParallelEngine:
@@ -196,9 +198,13 @@ class TensorParallelEngine:
         """A card's share of the weights and of its pipeline stage's KV, plus the engine's
         overhead, against its budget (`overhead_and_budget`); the KV pool the engine
         allocates there (the budget less the rest), its tokens and requests of `tokens`."""
-        args, tokens, cards = asked.args, asked.tokens, asked.cards
+        return self.need_plan(shape, asked).at(asked.tokens, asked.args)
+
+    def need_plan(self, shape: ModelShape, asked: SizingRequest) -> NeedPlan:
+        """`card_need` for what `asked` says less its context (the arguments' context value
+        and `tokens` are read by `NeedPlan.at`): what no context changes worked out here."""
+        args, cards = asked.args, asked.cards
         card_memory_bytes = asked.card_memory_bytes
-        sequences = max(asked.slots, 1)
         shape = self.cache_shape(shape, args)
         card = asked.card or CardTotals.of("", card_memory_bytes)
         # The arguments less the context's value: the key of what no context changes.
@@ -206,64 +212,39 @@ class TensorParallelEngine:
         tp, pp, dtype, template, offloaded = self._setting(
             shape, args, masked, cards, card.cuda_bytes or card_memory_bytes
         )
-        # A copy of the template without dataclasses.replace's __init__ (a pool checks nothing
-        # there), as Profile.with_args copies a profile.
-        pool = object.__new__(type(template))
-        pool.__dict__.update(template.__dict__, tokens=tokens * sequences, sequences=sequences)
-        per_layer = layer_bytes_on_card(shape, pool, tp=tp, dtype=dtype)
-        kv_card = fullest_stage(per_layer, pp)
-        weights_card = -(-shape.weights_bytes // (tp * pp)) - offloaded
-        known = card.nvml_bytes > 0 or card.cuda_bytes > 0
-        over, pool_bytes, capacity = self._overhead(
-            shape, args, masked, tokens, tp, pp, weights_card, card, asked.engine_version
+        plan = object.__new__(NeedPlan)
+        plan.__dict__.update(
+            engine=self,
+            shape=shape,
+            masked=masked,
+            sequences=max(asked.slots, 1),
+            tp=tp,
+            pp=pp,
+            dtype=dtype,
+            template=template,
+            weights_card=-(-shape.weights_bytes // (tp * pp)) - offloaded,
+            card=card,
+            known=card.nvml_bytes > 0 or card.cuda_bytes > 0,
+            engine_version=asked.engine_version,
+            overheads=self._overheads(args, masked, shape, tp, pp, card, asked.engine_version),
+            layers=layer_costs(shape, tp, dtype),
+            stages=stage_counts(shape, pp),
         )
-        budget = over.budget_bytes if known else 0
-        return made(
-            CardNeed,
-            weights_bytes=shape.weights_bytes,
-            kv_bytes=sum(per_layer) * tp,
-            per_card_bytes=weights_card + kv_card + over.total_bytes,
-            overhead_bytes=over.total_bytes,
-            budget_bytes=budget,
-            cards=tp * pp,
-            weights_per_card_bytes=weights_card,
-            kv_per_card_bytes=kv_card,
-            activation_bytes=over.activation_bytes,
-            non_torch_bytes=over.non_torch_bytes,
-            cuda_graph_bytes=over.cuda_graph_bytes,
-            other_bytes=over.other_bytes,
-            kv_pool_bytes=pool_bytes,
-            kv_token_capacity=capacity,
-            max_concurrency=capacity / tokens if tokens > 0 else 0.0,
-            margin_bytes=over.margin_bytes,
-            rules=over.rules,
-            card_total_bytes=over.card_total_bytes,
-            outside_bytes=over.outside_bytes if known else 0,
-            outside_room_bytes=over.outside_room_bytes if known else 0,
-            outside_margin_bytes=over.outside_margin_bytes,
-            weights_known=shape.weights_bytes > 0,
-            devices=(),
-        )
+        return plan
 
-    def _overhead(
+    def _overheads(
         self,
-        shape: ModelShape,
         args: Sequence[str],
         masked: tuple[str, ...],
-        tokens: int,
+        shape: ModelShape,
         tp: int,
         pp: int,
-        weights_card: int,
         card: CardTotals,
         engine_version: str,
-    ) -> tuple[Overhead, int, int]:
-        """The overhead (`overhead_and_budget`), the KV pool's bytes on a card and the tokens it
-        holds (`token_capacity`). Where the engine says which part of the context its central
-        figures read (`overhead_tokens`), all three are kept per shape and setting (the
-        arguments less the context flag's value, the card, the version) under that part: a
-        context never asked before then costs a look-up, not the engine's rules (bounded:
-        SETTINGS_KEPT settings, OVERHEADS_PER_SETTING parts each), and, where the engine
-        widens the margin by the context (`margin_widener`), that widening."""
+    ) -> _Overheads:
+        """One setting's kept overheads (`_overhead`), made empty on its first use: kept per
+        shape and setting (the arguments less the context flag's value, the card, the
+        version; bounded, SETTINGS_KEPT settings)."""
         setting = (self.name, masked, tp, pp, card, engine_version)
         kept = memo_table(shape, "tp_overheads")
         entry: _Overheads | None = kept.get(setting)
@@ -278,6 +259,27 @@ class TensorParallelEngine:
                 kept.popitem(last=False)
         else:
             kept.move_to_end(setting)
+        return entry
+
+    def _overhead(
+        self,
+        entry: _Overheads,
+        shape: ModelShape,
+        args: Sequence[str],
+        tokens: int,
+        tp: int,
+        pp: int,
+        weights_card: int,
+        card: CardTotals,
+        engine_version: str,
+    ) -> tuple[Overhead, int, int]:
+        """The overhead (`overhead_and_budget`), the KV pool's bytes on a card and the tokens it
+        holds (`token_capacity`), from the setting's kept overheads `entry` (`_overheads`).
+        Where the engine says which part of the context its central figures read
+        (`overhead_tokens`), all three are kept under that part: a context never asked before
+        then costs a look-up, not the engine's rules (bounded: OVERHEADS_PER_SETTING parts),
+        and, where the engine widens the margin by the context (`margin_widener`), that
+        widening."""
         part_of, figures, widening, widened = entry
         part = part_of(tokens) if part_of is not None else None
         found = figures.get(part) if part_of is not None else None
@@ -427,6 +429,82 @@ class TensorParallelEngine:
         if available_kv_bytes <= 0 or per_token <= 0:
             return 0
         return available_kv_bytes // per_token
+
+
+class NeedPlan:
+    """A tensor-parallel engine's `card_need` for one shape and setting (the arguments less
+    the context's value, the card count, the card, the version, the sequences), for any
+    context: `at` does only what the context changes (`TensorParallelEngine.need_plan`)."""
+
+    engine: TensorParallelEngine
+    shape: ModelShape
+    masked: tuple[str, ...]
+    sequences: int
+    tp: int
+    pp: int
+    dtype: Fraction
+    template: CachePool
+    weights_card: int
+    card: CardTotals
+    known: bool
+    engine_version: str
+    overheads: _Overheads
+    layers: tuple[tuple[Layer, int, int, int], ...]
+    """Per distinct layer: the layer, a token's bytes on a card as num / den, and its
+    recurrent state on a card (`kvcache.layer_costs`)."""
+    stages: tuple[tuple[int, ...], ...]
+    """Per pipeline stage, its layers of each distinct geometry (`kvcache.stage_counts`)."""
+
+    def at(self, tokens: int, args: Sequence[str]) -> CardNeed:
+        """The need at `tokens` of context, `args` being the setting's arguments with the
+        context's value written for `tokens`."""
+        sequences, tp, pp, card = self.sequences, self.tp, self.pp, self.card
+        shape, weights_card, known = self.shape, self.weights_card, self.known
+        # A copy of the template without dataclasses.replace's __init__ (a pool checks nothing
+        # there), as Profile.with_args copies a profile.
+        template = self.template
+        pool = object.__new__(type(template))
+        pool.__dict__.update(template.__dict__, tokens=tokens * sequences, sequences=sequences)
+        held = pool.held
+        sized = [
+            (-(-held(layer) * num // den) if num else 0) + sequences * state
+            for layer, num, den, state in self.layers
+        ]
+        if len(self.stages) == 1:
+            kv_sum = kv_card = sum(map(operator.mul, self.stages[0], sized))
+        else:
+            per_stage = [sum(map(operator.mul, row, sized)) for row in self.stages]
+            kv_sum, kv_card = sum(per_stage), max(per_stage)
+        over, pool_bytes, capacity = self.engine._overhead(
+            self.overheads, shape, args, tokens, tp, pp, weights_card, card, self.engine_version
+        )
+        budget = over.budget_bytes if known else 0
+        return made(
+            CardNeed,
+            weights_bytes=shape.weights_bytes,
+            kv_bytes=kv_sum * tp,
+            per_card_bytes=weights_card + kv_card + over.total_bytes,
+            overhead_bytes=over.total_bytes,
+            budget_bytes=budget,
+            cards=tp * pp,
+            weights_per_card_bytes=weights_card,
+            kv_per_card_bytes=kv_card,
+            activation_bytes=over.activation_bytes,
+            non_torch_bytes=over.non_torch_bytes,
+            cuda_graph_bytes=over.cuda_graph_bytes,
+            other_bytes=over.other_bytes,
+            kv_pool_bytes=pool_bytes,
+            kv_token_capacity=capacity,
+            max_concurrency=capacity / tokens if tokens > 0 else 0.0,
+            margin_bytes=over.margin_bytes,
+            rules=over.rules,
+            card_total_bytes=over.card_total_bytes,
+            outside_bytes=over.outside_bytes if known else 0,
+            outside_room_bytes=over.outside_room_bytes if known else 0,
+            outside_margin_bytes=over.outside_margin_bytes,
+            weights_known=shape.weights_bytes > 0,
+            devices=(),
+        )
 
 
 SETTINGS_KEPT = 32

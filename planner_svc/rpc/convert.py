@@ -17,6 +17,7 @@ from planner_svc.domain.context import (
     ProfileNeed,
     within_margin_note,
 )
+from planner_svc.domain.context_plan import ContextPlan
 from planner_svc.domain.gpus import GPUsChange
 
 _VERDICTS = {
@@ -54,47 +55,51 @@ def _memory(need: ProfileNeed, profile: str = "") -> common_pb2.Memory | None:
 
 def _card_memory(c: CardNeed, weights_known: bool, profile: str) -> common_pb2.Memory:
     """A card need as the contract carries it."""
+    return _card_memory_into(c, weights_known, profile, common_pb2.Memory())
+
+
+def _card_memory_into(
+    c: CardNeed, weights_known: bool, profile: str, msg: common_pb2.Memory
+) -> common_pb2.Memory:
+    """`_card_memory`, written into `msg` (an empty message: an answer's own field, so
+    nothing is copied again)."""
     verdict = c.verdict if weights_known else Verdict.NOT_CHECKED
-    return common_pb2.Memory(
-        weights_bytes=c.weights_bytes,
-        kv_bytes=c.kv_bytes,
-        per_card_bytes=c.per_card_bytes,
-        budget_bytes=c.budget_bytes,
-        cards=c.cards,
-        overhead_bytes=c.overhead_bytes,
-        weights_per_card_bytes=c.weights_per_card_bytes,
-        kv_per_card_bytes=c.kv_per_card_bytes,
-        activation_bytes=c.activation_bytes,
-        non_torch_bytes=c.non_torch_bytes,
-        cuda_graph_bytes=c.cuda_graph_bytes,
-        other_bytes=c.other_bytes,
-        kv_pool_bytes=c.kv_pool_bytes,
-        kv_token_capacity=c.kv_token_capacity,
-        max_concurrency=c.max_concurrency,
-        margin_bytes=c.margin_bytes,
-        verdict=_VERDICTS[verdict],
-        verdict_note=(
-            within_margin_note(profile or "this", c) if verdict is Verdict.WITHIN_MARGIN else ""
-        ),
-        rules=c.rules,
-        card_total_bytes=c.card_total_bytes,
-        outside_budget_bytes=c.outside_bytes,
-        outside_room_bytes=c.outside_room_bytes,
-        devices=[
-            common_pb2.DevicePlacement(
-                device=d.device,
-                layers=d.layers,
-                first_layer=d.first_layer,
-                last_layer=d.last_layer,
-                output=d.output,
-                weights_bytes=d.weights_bytes,
-                kv_bytes=d.kv_bytes,
-                compute_bytes=d.compute_bytes,
-            )
-            for d in c.devices
-        ],
-        weights_unknown=not weights_known,
-    )
+    msg.weights_bytes = c.weights_bytes
+    msg.kv_bytes = c.kv_bytes
+    msg.per_card_bytes = c.per_card_bytes
+    msg.budget_bytes = c.budget_bytes
+    msg.cards = c.cards
+    msg.overhead_bytes = c.overhead_bytes
+    msg.weights_per_card_bytes = c.weights_per_card_bytes
+    msg.kv_per_card_bytes = c.kv_per_card_bytes
+    msg.activation_bytes = c.activation_bytes
+    msg.non_torch_bytes = c.non_torch_bytes
+    msg.cuda_graph_bytes = c.cuda_graph_bytes
+    msg.other_bytes = c.other_bytes
+    msg.kv_pool_bytes = c.kv_pool_bytes
+    msg.kv_token_capacity = c.kv_token_capacity
+    msg.max_concurrency = c.max_concurrency
+    msg.margin_bytes = c.margin_bytes
+    msg.verdict = _VERDICTS[verdict]
+    if verdict is Verdict.WITHIN_MARGIN:
+        msg.verdict_note = within_margin_note(profile or "this", c)
+    msg.rules = c.rules
+    msg.card_total_bytes = c.card_total_bytes
+    msg.outside_budget_bytes = c.outside_bytes
+    msg.outside_room_bytes = c.outside_room_bytes
+    for d in c.devices:
+        msg.devices.add(
+            device=d.device,
+            layers=d.layers,
+            first_layer=d.first_layer,
+            last_layer=d.last_layer,
+            output=d.output,
+            weights_bytes=d.weights_bytes,
+            kv_bytes=d.kv_bytes,
+            compute_bytes=d.compute_bytes,
+        )
+    msg.weights_unknown = not weights_known
+    return msg
 
 
 def _ram_memory(need: ProfileNeed) -> common_pb2.Memory | None:
@@ -167,6 +172,56 @@ def profile_change_to_proto(
     if after is not None:
         msg.memory.CopyFrom(after)
     return msg
+
+
+def size_template(plan: ContextPlan, llamacpp_version: str) -> planner_pb2.SizeContextResponse:
+    """What every answer of `plan` carries whatever the context, as `size_answer` writes it:
+    the profiles' fields but their arguments, and each profile's change as it stands (name,
+    engine, arguments and need before). `filled_size_answer` copies it and writes the rest."""
+    answer = planner_pb2.SizeContextResponse(llamacpp_version=llamacpp_version)
+    for p in plan.profiles:
+        answer.profiles.add(**scalars_to_proto(p.profile.with_args(())))
+    change = answer.change
+    change.SetInParent()
+    for p in plan.profiles:
+        msg = change.profiles.add(
+            profile=p.profile.name, engine=p.profile.engine, before=p.before_text
+        )
+        msg.args_before.extend(p.profile.args)
+        before = _memory(p.before, p.profile.name)
+        if before is not None:
+            msg.memory_before.CopyFrom(before)
+    return answer
+
+
+def filled_size_answer(
+    template: planner_pb2.SizeContextResponse, c: ContextChange
+) -> planner_pb2.SizeContextResponse:
+    """`size_answer(c, "", version)` for a change of the plan `template` was made of
+    (`size_template`; `ContextPlan.change`: every profile sized on its cards, no batch): the
+    template copied, and what the context changes written into it."""
+    answer = planner_pb2.SizeContextResponse()
+    answer.CopyFrom(template)
+    for msg, p in zip(answer.profiles, c.updated, strict=True):
+        msg.args.extend(p.args)
+    change = answer.change
+    for into, pc in zip(change.profiles, c.profiles, strict=True):
+        into.after = pc.after
+        into.args.extend(pc.args)
+        card = pc.need.card
+        assert card is not None  # a plan sizes every profile on its cards
+        into.memory.SetInParent()  # present, as when copied in
+        _card_memory_into(card, pc.need.weights_known, pc.profile, into.memory)
+    # A plan answers only when every profile fits with its margin (`ContextPlan.change`),
+    # so `plan_verdict` is FITS with no note.
+    change.verdict = common_pb2.FIT_VERDICT_FITS
+    change.model = c.model
+    change.before = c.before
+    change.after = c.after
+    change.max_output = c.max_output
+    change.trained = c.trained
+    change.note = c.note
+    return answer
 
 
 def size_answer(

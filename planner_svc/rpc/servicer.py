@@ -31,6 +31,7 @@ from planner_svc.domain import errors
 from planner_svc.domain.context import check_size_request, size_context
 from planner_svc.domain.gpus import check_gpus_request, plan_gpus
 from planner_svc.rpc import convert, decoded
+from planner_svc.rpc.fresh import FreshPlans
 from planner_svc.rpc.placing import PlanCosts, timed
 from planner_svc.rpc.status import refusals_as_status
 
@@ -78,6 +79,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         # A plan seen to be cheap runs on the loop instead: the hop costs more (placing.py).
         self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="planning")
         self._costs = PlanCosts()
+        self._fresh = FreshPlans(LLAMACPP_VERSION)
 
     def _like(
         self, request: Message, values: tuple[object, ...], extras: tuple[Hashable, ...]
@@ -168,22 +170,38 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             return hit
         shape, note = self._shape_of(model, resolved)
         values = (model, shape, inventory)
-        change = await self._planned(
-            functools.partial(
-                size_context,
-                model,
-                shape,
-                tokens=request.tokens,
-                slots=request.slots,
-                inventory=inventory,
-                note=note,
-                sequences=request.sequences,
-            ),
-            self._like(request, values, (request.slots, request.sequences, note)),
-            values,
+        like = self._like(request, values, (request.slots, request.sequences, note))
+        # A context never asked before of a model asked before: its plan's arithmetic, on
+        # the loop (fresh.py), else the full sizing.
+        planned = self._fresh.answer(
+            like,
+            model,
+            shape,
+            inventory,
+            tokens=request.tokens,
+            slots=request.slots,
+            sequences=request.sequences,
+            note=note,
         )
+        if planned is not None:
+            answer, change = planned
+        else:
+            change = await self._planned(
+                functools.partial(
+                    size_context,
+                    model,
+                    shape,
+                    tokens=request.tokens,
+                    slots=request.slots,
+                    inventory=inventory,
+                    note=note,
+                    sequences=request.sequences,
+                ),
+                like,
+                values,
+            )
+            answer = convert.size_answer(change, note if shape is None else "", LLAMACPP_VERSION)
         log.info("context_sized", model=model.name, before=change.before, after=change.after)
-        answer = convert.size_answer(change, note if shape is None else "", LLAMACPP_VERSION)
         self._answers.put(key, answer, resolved)
         return answer
 
