@@ -77,9 +77,12 @@ def model(name: str, replicas: int) -> common_pb2.Model:
 class Cluster:
     """The fleet children on one database, and a stub per fleet."""
 
-    def __init__(self, dsn: str, folder: Path, lease_s: float, renew_s: float) -> None:
+    def __init__(
+        self, dsn: str, folder: Path, lease_s: float, renew_s: float, heartbeat_s: float = 1.0
+    ) -> None:
         self.dsn, self.folder = dsn, folder
         self.lease_s, self.renew_s = lease_s, renew_s
+        self.heartbeat_s = heartbeat_s
         self.fleets: list[ChildServer] = []
         self._stubs: dict[str, tuple[grpc.aio.Channel, fleet_pb2_grpc.FleetServiceAsyncStub]] = {}
         self._started = 0
@@ -96,7 +99,7 @@ class Cluster:
                 "--store",
                 self.dsn,
                 "--heartbeat-s",
-                "1",
+                f"{self.heartbeat_s:g}",
                 "--drain-s",
                 "0",
                 "--lease-s",

@@ -55,6 +55,9 @@ from bench.store_pg import admin_dsn
 from llmgw.fleet.v1 import fleet_pb2
 
 WAIT_S = 180.0
+HEARTBEAT_S = 1.0
+"""The fleets' heartbeat interval unless `--heartbeat-s` says otherwise: 1 s, as every figure
+of this bench before 2026-12-08 was taken (the fleet's own default is 2 s)."""
 PER_CONNECTION = 50
 """The Go swarm's streams per connection (agent_fanin's default)."""
 MAX_JOINING = 500
@@ -73,14 +76,15 @@ async def cpu_over(cluster: Cluster, window_s: float) -> list[float]:
 
 
 @contextlib.asynccontextmanager
-async def fresh_cluster(folder: Path) -> AsyncIterator[Cluster]:
-    """A cluster of fleets (none started yet) on a database made for it on admin_dsn()'s
-    server, the fleets closed and the database dropped at the end."""
+async def fresh_cluster(folder: Path, heartbeat_s: float) -> AsyncIterator[Cluster]:
+    """A cluster of fleets (none started yet, heartbeats every `heartbeat_s`) on a database
+    made for it on admin_dsn()'s server, the fleets closed and the database dropped at the
+    end."""
     dbname = "llmgw_bench_" + uuid.uuid4().hex[:10]
     dsn = admin_dsn().rsplit("/", 1)[0] + "/" + dbname
     with psycopg.connect(admin_dsn(), autocommit=True) as admin:
         admin.execute(f"CREATE DATABASE {dbname}".encode())
-    cluster = Cluster(dsn, folder, 6.0, 2.0)
+    cluster = Cluster(dsn, folder, 6.0, 2.0, heartbeat_s)
     try:
         yield cluster
     finally:
@@ -125,13 +129,18 @@ async def started_idle(cluster: Cluster, fleets: int, window_s: float) -> tuple[
 
 
 async def measure_one(
-    n: int, fleets: int, folder: Path, window_s: float, go_swarm: Path | None = None
+    n: int,
+    fleets: int,
+    folder: Path,
+    window_s: float,
+    go_swarm: Path | None = None,
+    heartbeat_s: float = HEARTBEAT_S,
 ) -> dict[str, float]:
     """`fleets` fleets on a fresh database with `n` agents: CPU per agent and ack latencies
     (the agents run by the Go swarm binary `go_swarm`, else in this process)."""
     if go_swarm is not None:
-        return await measure_one_go(n, fleets, folder, window_s, go_swarm)
-    async with fresh_cluster(folder) as cluster:
+        return await measure_one_go(n, fleets, folder, window_s, go_swarm, heartbeat_s)
+    async with fresh_cluster(folder, heartbeat_s) as cluster:
         agents: list[FollowingAgent] = []
         try:
             leader, idle = await started_idle(cluster, fleets, window_s)
@@ -166,10 +175,10 @@ async def measure_one(
 
 
 async def measure_one_go(
-    n: int, fleets: int, folder: Path, window_s: float, binary: Path
+    n: int, fleets: int, folder: Path, window_s: float, binary: Path, heartbeat_s: float
 ) -> dict[str, float]:
     """measure_one with the Go swarm's agents: agent i on fleet i mod `fleets`."""
-    async with fresh_cluster(folder) as cluster:
+    async with fresh_cluster(folder, heartbeat_s) as cluster:
         swarm: GoSwarm | None = None
         try:
             leader, idle = await started_idle(cluster, fleets, window_s)
@@ -217,13 +226,19 @@ def ratio(a: float, b: float) -> float:
     return a / b if b > 0 else math.nan
 
 
-async def measure(n: int, folder: Path, window_s: float, swarm: str = "python") -> dict[str, float]:
+async def measure(
+    n: int,
+    folder: Path,
+    window_s: float,
+    swarm: str = "python",
+    heartbeat_s: float = HEARTBEAT_S,
+) -> dict[str, float]:
     """One fleet, then three; the figures and the three ÷ one ratios (`swarm`: who runs the
-    agents, this process or the Go swarm)."""
+    agents, this process or the Go swarm; `heartbeat_s`: the fleets' heartbeat interval)."""
     binary = await swarm_binary(swarm, folder)
     figures: dict[str, float] = {}
     for fleets in (1, 3):
-        row = await measure_one(n, fleets, folder / f"f{fleets}", window_s, binary)
+        row = await measure_one(n, fleets, folder / f"f{fleets}", window_s, binary, heartbeat_s)
         figures |= {f"{k}@{fleets}": v for k, v in row.items()}
         if binary is None:
             stayed = f"{row['hops']:.0f} reconnections"
@@ -257,7 +272,11 @@ async def measure(n: int, folder: Path, window_s: float, swarm: str = "python") 
 
 
 def run(
-    full: bool = False, agents: int = 0, window_s: float = 0.0, swarm: str = "python"
+    full: bool = False,
+    agents: int = 0,
+    window_s: float = 0.0,
+    swarm: str = "python",
+    heartbeat_s: float = HEARTBEAT_S,
 ) -> dict[str, float]:
     """Quick: N = 100, 5 s windows; full: N = 1,000, 10 s windows."""
     n = agents or (1000 if full else 100)
@@ -265,7 +284,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix="bench-spread-") as tmp:
         for f in (1, 3):
             (Path(tmp) / f"f{f}").mkdir()
-        return asyncio.run(measure(n, Path(tmp), window, swarm))
+        return asyncio.run(measure(n, Path(tmp), window, swarm, heartbeat_s))
 
 
 def main() -> None:
@@ -280,8 +299,14 @@ def main() -> None:
         help="who runs the agents: this process (python) or the Go swarm, a process of its"
         " own (go; bench/swarm, built with the machine's go)",
     )
+    parser.add_argument(
+        "--heartbeat-s",
+        type=float,
+        default=HEARTBEAT_S,
+        help="the fleets' heartbeat interval (the fleet's own default is 2)",
+    )
     opts = parser.parse_args()
-    run(agents=opts.agents, window_s=opts.window_s, swarm=opts.swarm)
+    run(agents=opts.agents, window_s=opts.window_s, swarm=opts.swarm, heartbeat_s=opts.heartbeat_s)
 
 
 if __name__ == "__main__":

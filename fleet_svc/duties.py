@@ -24,7 +24,7 @@ from fleet_svc.catalog import Catalog
 from fleet_svc.controller import Controller
 from fleet_svc.domain.catalog import Entry
 from fleet_svc.leadership import Leadership
-from fleet_svc.store.base import NotLeader, StoreError
+from fleet_svc.store.base import DESIRED, NotLeader, StoreError
 
 log = structlog.get_logger(__name__)
 
@@ -153,39 +153,51 @@ class Duties:
         digest moved, until cancelled (one log line per change of problem)."""
         loop = asyncio.get_running_loop()
         notified = asyncio.Event()
+        state_moved = True
+        """Whether a notification since the last read said replicas or rollouts changed (one
+        for desired sets only needs no read of them: the relay forwards the sets)."""
         stop = threading.Event()
         listening = None
         if self.leadership is not None:
 
-            def changed() -> None:  # on the listener's thread
+            def told(payload: str) -> None:  # on the loop
+                nonlocal state_moved
+                state_moved = state_moved or payload != DESIRED
+                notified.set()
+
+            def changed(payload: str) -> None:  # on the listener's thread
                 with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                    loop.call_soon_threadsafe(notified.set)
+                    loop.call_soon_threadsafe(told, payload)
 
             listening = loop.run_in_executor(None, self.leadership.listen, changed, stop)
         digest = None
         try:
             while True:
-                told = notified.is_set()
+                woken = notified.is_set()
+                moved, state_moved = state_moved, False
                 notified.clear()
                 try:
+                    if woken:
+                        self.agents.notified()  # desired sets first: agents wait on them
                     # Without a notification, the rows are read again only when the server's
                     # digest of them moved: one small query per FOLLOW_S while nothing changes.
                     # The store is read on a thread (a leased store is PostgreSQL: its calls
                     # may come from any thread), so the streams this fleet holds go on.
                     leadership = self.leadership
-                    now = (
-                        await asyncio.to_thread(leadership.state_digest)
-                        if leadership is not None and not told
-                        else None
-                    )
-                    if now is None or now != digest:
-                        self.agents.notified()  # desired sets first: agents wait on them
+                    if woken or leadership is None:
+                        now, read = None, moved or leadership is None
+                    else:
+                        now = await asyncio.to_thread(leadership.state_digest)
+                        read = now != digest
+                    if read:
+                        self.agents.notified()
                         self.controller.follow(await asyncio.to_thread(self.controller.followed))
                         digest = now
                     if self._failing:
                         log.info("follow_recovered")
                         self._failing = ""
                 except StoreError as exc:
+                    state_moved = state_moved or moved  # read them once the store answers
                     if exc.problem != self._failing:
                         log.warning("follow_failed", problem=exc.problem)
                         self._failing = exc.problem

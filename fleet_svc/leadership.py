@@ -61,8 +61,9 @@ class LeasedStore(Protocol):
     def state_digest(self) -> str:
         """A digest of the replica and rollout rows: it changes when they do."""
 
-    def listen(self, changed: Callable[[], None], stop: threading.Event) -> None:
-        """Call `changed` whenever replicas or rollouts are written, until `stop` (blocks)."""
+    def listen(self, changed: Callable[[str], None], stop: threading.Event) -> None:
+        """Call `changed` whenever replicas or rollouts (with "") or only desired sets (with
+        "desired") are written, until `stop` (blocks)."""
 
 
 class Following(NotLeader):
@@ -147,9 +148,9 @@ class Leadership:
         """
         return self._store.state_digest()
 
-    def listen(self, changed: Callable[[], None], stop: threading.Event) -> None:
-        """Call `changed` whenever the leader writes replicas or rollouts, until `stop` is
-        set (blocks: run it on a thread)."""
+    def listen(self, changed: Callable[[str], None], stop: threading.Event) -> None:
+        """Call `changed` whenever the leader writes replicas or rollouts (with "") or only
+        desired sets (with "desired"), until `stop` is set (blocks: run it on a thread)."""
         self._store.listen(changed, stop)
 
     async def attempt(self) -> None:

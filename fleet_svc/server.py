@@ -60,6 +60,11 @@ SERVER_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.http2.max_pings_without_data", 0),
+    # A call gRPC core accepted waits in its queue until the server's loop asks for the next
+    # one; core cancels those that waited longer than this (its default is 30 s). Thousands of
+    # agents connecting at once to a busy fleet waited that long and were ended CANCELLED
+    # (bench/README.md, "heartbeats as one beat a follower"): they wait for their turn instead.
+    ("grpc.server_max_unrequested_time_in_server", 300),
 ]
 
 

@@ -2,20 +2,19 @@
 the store, their desired sets written to it. The store is the only hand-off; no fleet calls
 another.
 
-Each tick the leader reads the node reports written since the last it read (by seq) and turns
-them into the same events a stream on the leader gives its controller: a report of a stream not
-seen before is a hello (the node's full desired set is sent again), a later one of the same
-stream carries heartbeats, replica reports and acknowledgements. A node's desired set goes to
-the store as a row the holding fleet forwards.
+Each tick the leader reads the holders' beats and the node reports written since the last it
+read (by seq) and turns them into the same events a stream on the leader gives its controller:
+a report of a stream not seen before is a hello (the node's full desired set is sent again), a
+later one of the same stream carries replica reports and acknowledgements. A node's desired set
+goes to the store as a row the holding fleet forwards.
 
-Freshness: the holder refreshes its nodes' rows at least every heartbeat interval while their
-agents speak, each with `heard_at`, when its agent last spoke (a row whose agent said nothing
-since it was written is not written again). Only a row whose `heard_at` moved is a heartbeat.
-A row that stops moving (its holder died, or its agent is silent) is a node gone silent: the
-controller's liveness marks it NOT_READY after the grace and LOST later, exactly as for a
-silent stream here, while the agent reconnects to another fleet (a new stream: a hello). Rows
-whose agent was last heard longer ago than the grace are not taken for connected nodes when the
-leader loads them."""
+Freshness: every heartbeat interval each holder writes its beat, when each agent it holds last
+spoke (`heard_at`); a node's row is written again only when its report changes. Only a
+`heard_at` that moved is a heartbeat. One that stops moving (its holder died, or its agent is
+silent) is a node gone silent: the controller's liveness marks it NOT_READY after the grace and
+LOST later, exactly as for a silent stream here, while the agent reconnects to another fleet (a
+new stream: a hello). Nodes whose agent was last heard (by row or by its holder's last beat)
+longer ago than the grace are not taken for connected nodes when the leader loads them."""
 
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ from fleet_svc.domain.nodes import Liveness, NodeView
 from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.reports import Observed
 from fleet_svc.nodelink.reports import NodeNews, news_of
-from fleet_svc.store.base import DesiredRecord, NodeReport, Store
+from fleet_svc.store.base import DesiredRecord, NodeBeat, NodeReport, Store
 from llmgw.card import Card
 from llmgw.rejection import Rejection
 
@@ -126,29 +125,41 @@ class RemoteNodes:
         self._liveness = liveness
         self._offload = offload or _on_the_loop
         self._seq = 0
+        self._beat_seq = 0
         self._heard: dict[str, _Heard] = {}
         self._pending: dict[str, DesiredRecord] = {}
         self._fetched: list[NodeReport] = []
+        self._fetched_beats: list[NodeBeat] = []
 
     def reset(self) -> None:
         """Forget everything (the controller reloaded its state): the next read is a full one."""
         self._seq = 0
+        self._beat_seq = 0
         self._heard = {}
         self._pending = {}
         self._fetched = []
+        self._fetched_beats = []
 
     async def fetch(self) -> None:
-        """Read the rows written since the last read, off the loop where the store allows it
-        (the next tick applies them: `apply_fetched`)."""
-        seq = self._seq
-        rows = await self._offload(lambda: self._store.list_node_reports(seq))
-        if seq == self._seq:  # not reset meanwhile
+        """Read the beats and rows written since the last read, off the loop where the store
+        allows it (the next tick applies them: `apply_fetched`). The beats are read first: a
+        beat's transaction wrote the rows of every node it names, so those rows are read too."""
+        seq, beat_seq = self._seq, self._beat_seq
+
+        def read() -> tuple[list[NodeBeat], list[NodeReport]]:
+            beats = self._store.list_node_beats(beat_seq)
+            return beats, self._store.list_node_reports(seq)
+
+        beats, rows = await self._offload(read)
+        if (seq, beat_seq) == (self._seq, self._beat_seq):  # not reset meanwhile
             self._fetched.extend(rows)
+            self._fetched_beats.extend(beats)
 
     def apply_fetched(self, events: AgentEvents, wall_now: float) -> None:
         """Apply what `fetch` read (the tick calls it first)."""
         rows, self._fetched = self._fetched, []
-        self.apply(rows, events, wall_now)
+        beats, self._fetched_beats = self._fetched_beats, []
+        self.apply(rows, events, wall_now, beats)
 
     def queue(
         self, node: str, version: int, replicas: Sequence[ReplicaState], stop: Mapping[str, str]
@@ -158,19 +169,46 @@ class RemoteNodes:
             node, version, self._encode(node, version, replicas, stop)
         )
 
-    def apply(self, rows: Sequence[NodeReport], events: AgentEvents, wall_now: float) -> None:
-        """Turn rows read into the controller's events."""
+    def apply(
+        self,
+        rows: Sequence[NodeReport],
+        events: AgentEvents,
+        wall_now: float,
+        beats: Sequence[NodeBeat] = (),
+    ) -> None:
+        """Turn rows and beats read into the controller's events: the rows first (a beat
+        names only nodes whose rows were written before it), then each beat's heartbeats."""
         first = self._seq == 0
+        # On the first read a row's own heard_at may be old (rows change only with their
+        # report): the last beat of its holder says when its agent was last heard.
+        latest = {b.holder: b for b in beats} if first else {}
         for row in rows:
             self._seq = max(self._seq, row.seq)
             if row.holder == self.holder:
                 continue
+            beat = latest.get(row.holder)
+            heard_at = max(row.heard_at, beat.heard.get(row.node, 0.0) if beat else 0.0)
             try:
-                self._apply(row, events, wall_now, first)
+                self._apply(row, events, wall_now, first, heard_at)
             except Exception:  # one node's odd row must not cost the others
                 log.exception("node_report_not_applied", node=row.node, holder=row.holder)
+        for beat in beats:
+            self._beat_seq = max(self._beat_seq, beat.seq)
+            if beat.holder != self.holder:
+                self._beat(beat, events)
 
-    def _apply(self, row: NodeReport, events: AgentEvents, wall_now: float, first: bool) -> None:
+    def _beat(self, beat: NodeBeat, events: AgentEvents) -> None:
+        """A holder's beat: a heartbeat for each node whose stream it holds (as this fleet
+        last read) and whose agent it heard since the last beat or row."""
+        for node, heard_at in beat.heard.items():
+            heard = self._heard.get(node)
+            if heard is None or heard.link.holder != beat.holder or heard.link.closed:
+                continue  # a stream another fleet holds now, or one the controller let go
+            self._heard_at(node, heard, heard.news, heard_at, events)
+
+    def _apply(
+        self, row: NodeReport, events: AgentEvents, wall_now: float, first: bool, heard_at: float
+    ) -> None:
         heard = self._heard.get(row.node)
         same = heard is not None and heard.link.stream == row.stream
         if not row.connected:
@@ -182,22 +220,22 @@ class RemoteNodes:
             if heard.link.closed:
                 return  # replaced since by a newer stream (here, or through another row)
             if row.report is heard.doc:
-                # The store read the same report as last time (a refreshed row): only its
-                # heard_at can be news.
-                self._heard_at(row.node, heard, heard.news, row.heard_at, events)
+                # The store read the same report as last time (a row written again with the
+                # same report): only its heard_at can be news.
+                self._heard_at(row.node, heard, heard.news, heard_at, events)
                 return
-            self._news(row.node, heard, news_of(row.node, row.report), row.heard_at, events)
+            self._news(row.node, heard, news_of(row.node, row.report), heard_at, events)
             heard.doc = row.report
             return
-        if first and wall_now - row.heard_at >= self._liveness.grace_s:
-            return  # a stream its holder stopped refreshing before this fleet loaded it
+        if first and wall_now - heard_at >= self._liveness.grace_s:
+            return  # a stream its holder stopped beating for before this fleet loaded it
         news = news_of(row.node, row.report)
         link = StoredLink(row.node, row.holder, row.stream, self)
-        self._heard[row.node] = _Heard(link, news, row.heard_at, row.report)
+        self._heard[row.node] = _Heard(link, news, heard_at, row.report)
         events.agent_connected(news.view, list(news.observed.values()), link)
         if news.ack_version:
             events.acknowledged(row.node, news.ack_version, news.rejected)
-        log.info("agent_held_elsewhere", node=row.node, holder=row.holder)
+        log.debug("agent_held_elsewhere", node=row.node, holder=row.holder)
 
     def _news(
         self, node: str, heard: _Heard, news: NodeNews, heard_at: float, events: AgentEvents

@@ -10,11 +10,13 @@ recorded; the leader reads the reports (fleet_svc/nodelink/remote.py). A change 
 moves no stream: the relay hands its streams to the controller when this fleet is elected,
 and writes them all to the store when it is deposed.
 
-Rows are written in batches, at most FLUSH_S after an event and at least every heartbeat
-interval per stream whose agent spoke since its row was written (its freshness: the leader
-treats a row whose `heard_at` stops moving as a silent node). A row whose agent said nothing
-since is not written again: it would tell the leader nothing it does not hold. Store calls run
-off the loop (fleet_svc.store_calls)."""
+A node's row is written when its report changes (a hello, a replica's report, an
+acknowledgement, the stream's end), in batches at most FLUSH_S after the event; a heartbeat's
+news (its cards' use, free memory) waits for the next beat. Every heartbeat interval the
+relay writes its beat (fleet_svc.store.base.NodeBeat): one row holding when each agent held
+here was last heard, in place of every node's row again (the leader treats a `heard_at` that
+stops moving as a silent node, and otherwise would read a thousand unchanged rows an interval
+for a thousand agents). Store calls run off the loop (fleet_svc.store_calls)."""
 
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from fleet_svc.domain.replicas import ReplicaState
 from fleet_svc.domain.reports import Observed
 from fleet_svc.nodelink.reports import report_doc
 from fleet_svc.rpc.agent_stream import StreamLink, desired_message
-from fleet_svc.store.base import NodeReport, Store, StoreError
+from fleet_svc.store.base import DesiredRecord, NodeBeat, NodeReport, Store, StoreError
 from fleet_svc.store_calls import StoreCalls
 from llmgw.agent.v1 import agent_pb2
 from llmgw.card import Card
@@ -47,6 +49,15 @@ FLUSH_S = 0.05
 """The longest an agent's report waits before it is written (while following)."""
 PULL_S = 1.0
 """Besides the store's notifications, how often a follower reads desired sets written."""
+
+FORWARDS_NAMED = 8
+"""Desired sets one read forwards node by node at INFO; past this many, one line counts them
+(a change of 1,000 nodes held here is 1,000 sets at once) and each node's goes to DEBUG."""
+
+DONE_KEPT_S = 5.0
+"""How long a replica reported STOPPED or FAILED stays in its node's row after the row carrying
+it was written: the leader reads rows once a tick (0.5 s), and a row written again without it
+sooner could replace it before the leader read it, so the leader would never hear it stop."""
 
 MAX_OBSERVED = 1024
 """Replicas a stream's row keeps reports of: a node runs a handful; past this many, reports of
@@ -74,16 +85,12 @@ class _Held:
     rejected: tuple[Rejection, ...] = ()
     heard_at: float = 0.0
     connected: bool = True
-    written_at: float = 0.0
-    """When its row was last written, or found with nothing to write (its refresh's clock)."""
-    written_heard_at: float | None = None
-    """The `heard_at` its row was last written with (None: not written since this fleet began
-    following)."""
+    done_at: dict[str, float] = field(default_factory=dict)
+    """Replicas reported gone: when the row carrying that was first written."""
     since_seq: int | None = None
     """Desired sets written after this seq are this stream's (None: not known yet)."""
     doc: dict[str, Any] | None = None
-    """Its row's report as last built (None: changed since): a row refreshed with nothing
-    new, as most are (one a heartbeat interval a stream), is not built again."""
+    """Its row's report as last written (None: changed since, to be written)."""
 
     def report(self) -> dict[str, Any]:
         """The row's report (built again only after a change)."""
@@ -112,6 +119,8 @@ class NodeRelay:
         self._seen: int | None = None
         """The last desired seq read (None: not read since this fleet began following)."""
         self._pulled_at = 0.0
+        self._beat_at = 0.0
+        """When the last beat was written (its wall clock; 0: one is due)."""
         self._wake = asyncio.Event()
         self._pull = asyncio.Event()
         self._failing = ""
@@ -146,9 +155,9 @@ class NodeRelay:
         desired sets written from now on are forwarded."""
         self._leader = None
         self._seen = None
+        self._beat_at = 0.0
         for node, held in self._held.items():
             held.since_seq = None
-            held.written_heard_at = None
             held.doc = None  # its view was the controller's to change while this fleet led
             self._dirty.add(node)
         self._pull.set()
@@ -193,7 +202,8 @@ class NodeRelay:
         self._wake.set()
 
     def heartbeat(self, node: str, cards: Sequence[Card], memory_free_bytes: int) -> None:
-        """A heartbeat: the row is refreshed at the next write due (or with a change)."""
+        """A heartbeat: its time goes in the next beat, its news (cards, free memory) in the
+        node's row written with that beat."""
         held = self._held.get(node)
         if held is None:
             return
@@ -217,6 +227,7 @@ class NodeRelay:
             log.warning("replica_report_dropped", node=node, replica_id=o.replica_id[:64])
         else:
             held.observed[o.replica_id] = o
+            held.done_at.pop(o.replica_id, None)
             held.doc = None
         if self._leader is not None:
             self._leader.observe(node, o)
@@ -271,46 +282,44 @@ class NodeRelay:
     def _next_wait_s(self) -> float:
         if self._leader is not None or not self._held:
             return PULL_S
-        refresh = self.liveness.interval_s
-        now = self._clock.wall()
-        oldest = min(h.written_at for h in self._held.values())
-        return max(min(refresh - (now - oldest), PULL_S), 0.0)
+        due_s = self._beat_at + self.liveness.interval_s - self._clock.wall()
+        return max(min(due_s, PULL_S), 0.0)
 
     async def _write(self) -> None:
+        """Write the rows of the nodes whose report changed (and of the streams that ended),
+        and the beat when one is due (an interval after the last), in one transaction."""
         now = self._clock.wall()
-        refresh_s = self.liveness.interval_s
-        if any(h.written_at and now - h.written_at >= refresh_s for h in self._held.values()):
-            # Rows due for their refresh take along those past half their interval: written
-            # a little early, the streams' refreshes fall together into one write an interval
-            # instead of one every FLUSH_S for a few rows each (each write a transaction).
-            refresh_s /= 2
-        due: list[_Held] = []
-        for node, h in self._held.items():
-            if node in self._dirty or h.written_heard_at is None:
-                due.append(h)
-            elif now - h.written_at >= refresh_s:
-                if h.heard_at != h.written_heard_at:
-                    due.append(h)
-                else:
-                    # Its agent said nothing since the row was written: the same row again
-                    # would be no heartbeat to the leader (only a moved heard_at is one), so
-                    # it is not written, and its refresh waits another interval.
-                    h.written_at = now
-        batch = [*self._gone, *due]
-        if not batch:
+        beat_due = bool(self._held) and now - self._beat_at >= self.liveness.interval_s
+        if beat_due:
+            changed = [h for node, h in self._held.items() if node in self._dirty or h.doc is None]
+        else:
+            changed = [h for node in self._dirty if (h := self._held.get(node)) is not None]
+        batch = [*self._gone, *changed]
+        beat = (
+            NodeBeat(self.holder, {node: h.heard_at for node, h in self._held.items()}, now)
+            if beat_due
+            else None
+        )
+        if not batch and beat is None:
             return
         rows = [self._row(h) for h in batch]
-        due_rows = rows[len(batch) - len(due) :]
         dirty = set(self._dirty)
-        await self._calls.run(self._store.put_node_reports, rows)
+        await self._calls.run(self._store.put_node_reports, rows, beat)
         self._gone = [h for h in self._gone if h not in batch]
         self._dirty -= dirty
-        for h, row in zip(due, due_rows, strict=True):
-            h.written_at, h.written_heard_at = now, row.heard_at
-            # A replica reported gone is not news again once written.
-            for rid in [rid for rid, o in h.observed.items() if o.phase.value in _DONE]:
-                del h.observed[rid]
-                h.doc = None
+        if beat is not None:
+            self._beat_at = now
+        for h in changed:
+            for rid, o in h.observed.items():
+                if o.phase.value in _DONE:
+                    h.done_at.setdefault(rid, now)
+        if beat is not None:
+            for h in self._held.values():
+                # A replica reported gone is no news once the leader had DONE_KEPT_S to read it.
+                for rid in [rid for rid, at in h.done_at.items() if now - at >= DONE_KEPT_S]:
+                    del h.done_at[rid]
+                    h.observed.pop(rid, None)
+                    h.doc = None
 
     def _row(self, h: _Held) -> NodeReport:
         return NodeReport(
@@ -339,6 +348,7 @@ class NodeRelay:
                     held.since_seq = top
             return
         self._seen = top
+        forwarded: list[DesiredRecord] = []
         for r in records:
             at = self._held.get(r.node)
             if at is None or at.since_seq is None or r.seq <= at.since_seq:
@@ -350,4 +360,19 @@ class NodeRelay:
                 log.warning("desired_set_unreadable", node=r.node, seq=r.seq)
                 continue
             at.link.queue.put_nowait(msg)
-            log.info("desired_forwarded", node=r.node, version=r.version)
+            forwarded.append(r)
+        _log_forwarded(forwarded)
+
+
+def _log_forwarded(forwarded: Sequence[DesiredRecord]) -> None:
+    """The desired sets one read forwarded: a line each when few, else one line counting
+    them (each node's at DEBUG)."""
+    named = len(forwarded) <= FORWARDS_NAMED
+    for r in forwarded:
+        (log.info if named else log.debug)("desired_forwarded", node=r.node, version=r.version)
+    if not named:
+        log.info(
+            "desired_sets_forwarded",
+            nodes=len(forwarded),
+            versions=f"{min(r.version for r in forwarded)}-{max(r.version for r in forwarded)}",
+        )

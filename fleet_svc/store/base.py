@@ -141,6 +141,30 @@ class NodeReport:
     seq: int = 0
 
 
+DESIRED = "desired"
+"""What a store's notification of desired sets written (and nothing else) says (PostgreSQL's
+NOTIFY payload): a follower then forwards them and need not read the replicas again."""
+
+BEATS_KEPT_S = 3600.0
+"""How long a holder's last beat is kept: a fleet that stopped leaves its row, and a beat
+this old is of no fleet serving agents now."""
+
+
+@dataclass(frozen=True)
+class NodeBeat:
+    """When a fleet holding agents' streams last heard each of their agents: `heard` maps each
+    node whose stream `holder` holds to its `heard_at` (seconds since the epoch). The holder
+    writes one every heartbeat interval, in place of every node's row again: a node's row
+    changes only with its report (NodeReport), and a heard_at that stops moving in its
+    holder's beats is a node gone silent. `at` is when it was written; `seq` grows with every
+    beat written, across every fleet, in commit order, as node reports' seqs do."""
+
+    holder: str
+    heard: dict[str, float]
+    at: float
+    seq: int = 0
+
+
 @dataclass(frozen=True)
 class DesiredRecord:
     """A node's desired set as the leader's controller made it, for the fleet holding that
@@ -363,12 +387,16 @@ class Store(Protocol):
         """The model's traffic records of intervals that began at or after `since_ms`."""
 
     # Agents' streams held by any fleet: their reports in, their desired sets out.
-    def put_node_reports(self, reports: Sequence[NodeReport]) -> None:
-        """Insert or replace the reports of nodes (by node), each given the next seq, in one
+    def put_node_reports(self, reports: Sequence[NodeReport], beat: NodeBeat | None = None) -> None:
+        """Insert or replace the reports of nodes (by node), each given the next seq, and the
+        holder's beat (by holder; beats written before BEATS_KEPT_S ago are dropped), in one
         transaction. Not fenced: any fleet holding a node's stream writes its node's row."""
 
     def list_node_reports(self, after_seq: int = 0) -> list[NodeReport]:
         """Node reports written after `after_seq`, by seq."""
+
+    def list_node_beats(self, after_seq: int = 0) -> list[NodeBeat]:
+        """Holders' beats written after `after_seq`, by seq."""
 
     def put_desired(self, records: Sequence[DesiredRecord]) -> None:
         """Insert or replace nodes' desired sets (by node), each given the next seq, in one

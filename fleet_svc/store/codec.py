@@ -84,6 +84,16 @@ def _loaded(value: Any) -> Any:
     return value
 
 
+def loaded_heard(value: Any) -> dict[str, float]:
+    """A holder's beat's JSON column (node -> heard_at); entries that are not a name and a
+    number are left out, and a column that is no object reads as empty (logged)."""
+    return {
+        node: float(at)
+        for node, at in loaded_object(value).items()
+        if isinstance(at, int | float) and not isinstance(at, bool)
+    }
+
+
 def loaded_object(value: Any) -> dict[str, Any]:
     """A JSON column holding an object (a node's report); {} for one that does not decode to
     an object (logged), so one bad row costs its node's report, not the reader's tick."""

@@ -220,6 +220,20 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX desired_sets_by_seq ON desired_sets (seq)",
         ),
     ),
+    Migration(
+        version=9,
+        summary="holders' beats: when each agent a fleet holds was last heard, one row a fleet",
+        statements=(
+            """
+            CREATE TABLE node_beats (
+                holder TEXT    PRIMARY KEY,
+                heard  TEXT    NOT NULL,
+                at     REAL    NOT NULL,
+                seq    INTEGER NOT NULL
+            )
+            """,
+        ),
+    ),
 )
 
 

@@ -48,7 +48,14 @@ from typing import Any
 import psycopg
 
 from fleet_svc.store import postgres_nodes
-from fleet_svc.store.base import DesiredRecord, NodeReport, StoreDamaged, StoreUnavailable
+from fleet_svc.store.base import (
+    DESIRED,
+    DesiredRecord,
+    NodeBeat,
+    NodeReport,
+    StoreDamaged,
+    StoreUnavailable,
+)
 from fleet_svc.store.codec import (
     EVENT_COLUMNS,
     MODEL_COLUMNS,
@@ -206,13 +213,19 @@ class PostgresStore(CatalogCalls, AnswerCalls, StateCalls, TrafficCalls):
     # Agents' streams (fleet_svc/store/postgres_nodes.py).
 
     @guarded
-    def put_node_reports(self, reports: Sequence[NodeReport]) -> None:
-        """Upsert node reports at the next seqs, in one transaction (never fenced: a follower
-        writes the reports of the agents it holds)."""
-        if not reports:
+    def put_node_reports(self, reports: Sequence[NodeReport], beat: NodeBeat | None = None) -> None:
+        """Upsert node reports at the next seqs and the holder's beat, in one transaction
+        (never fenced: a follower writes the reports of the agents it holds)."""
+        if not reports and beat is None:
             return
         with self.link.connection() as conn, conn.transaction():
-            postgres_nodes.put_reports(conn, reports)
+            postgres_nodes.put_reports(conn, reports, beat)
+
+    @guarded
+    def list_node_beats(self, after_seq: int = 0) -> list[NodeBeat]:
+        """Holders' beats written after `after_seq`, by seq."""
+        with self.link.connection() as conn:
+            return postgres_nodes.list_beats(conn, after_seq)
 
     @guarded
     def list_node_reports(self, after_seq: int = 0) -> list[NodeReport]:
@@ -228,7 +241,7 @@ class PostgresStore(CatalogCalls, AnswerCalls, StateCalls, TrafficCalls):
             return
         with self.link.connection() as conn, self._writing(conn, transaction=True):
             postgres_nodes.put_desired(conn, records)
-            notify(conn)
+            notify(conn, DESIRED)
 
     @guarded
     def list_desired(self, after_seq: int = 0) -> list[DesiredRecord]:

@@ -12,8 +12,8 @@ from typing import Any
 
 import psycopg
 
-from fleet_svc.store.base import DesiredRecord, NodeReport
-from fleet_svc.store.codec import dump_json, loaded_object
+from fleet_svc.store.base import BEATS_KEPT_S, DesiredRecord, NodeBeat, NodeReport
+from fleet_svc.store.codec import dump_json, loaded_heard, loaded_object
 
 NODE_REPORTS_LOCK = 0x6C6C6D67_77000002
 """The advisory lock a write of node reports holds until it commits (see the docstring)."""
@@ -26,9 +26,32 @@ def _next_seq(conn: Conn, table: str) -> int:
     return (0 if row is None else int(row[0])) + 1
 
 
-def put_reports(conn: Conn, reports: Sequence[NodeReport]) -> None:
-    """Upsert `reports` in the caller's transaction, each at the next seq."""
+def put_reports(conn: Conn, reports: Sequence[NodeReport], beat: NodeBeat | None = None) -> None:
+    """Upsert `reports`, each at the next seq, then `beat` (pruning beats older than
+    BEATS_KEPT_S), in the caller's transaction."""
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (NODE_REPORTS_LOCK,))
+    if reports:
+        _put_reports(conn, reports)
+    if beat is not None:
+        conn.execute(
+            "INSERT INTO node_beats (holder, heard, at, seq) VALUES (%s, %s::json, %s, %s)"
+            " ON CONFLICT (holder) DO UPDATE SET heard = excluded.heard, at = excluded.at,"
+            " seq = excluded.seq",
+            (beat.holder, dump_json(beat.heard), beat.at, _next_seq(conn, "node_beats")),
+        )
+        conn.execute("DELETE FROM node_beats WHERE at < %s", (beat.at - BEATS_KEPT_S,))
+
+
+def list_beats(conn: Conn, after_seq: int) -> list[NodeBeat]:
+    """Beats after `after_seq`, by seq."""
+    rows = conn.execute(
+        "SELECT holder, heard::text, at, seq FROM node_beats WHERE seq > %s ORDER BY seq",
+        (after_seq,),
+    ).fetchall()
+    return [NodeBeat(str(r[0]), loaded_heard(str(r[1])), float(r[2]), int(r[3])) for r in rows]
+
+
+def _put_reports(conn: Conn, reports: Sequence[NodeReport]) -> None:
     first = _next_seq(conn, "node_reports")
     rows = [
         (r.node, r.holder, r.stream, r.connected, r.heard_at, dump_json(r.report), first + i)

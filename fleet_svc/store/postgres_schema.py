@@ -207,6 +207,22 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX desired_sets_by_seq ON desired_sets (seq)",
         ),
     ),
+    Migration(
+        version=9,
+        summary="holders' beats: when each agent a fleet holds was last heard, one row a fleet",
+        statements=(
+            # One row per fleet holding streams, written every heartbeat interval in place of
+            # every node's row; `seq` is taken under NODE_REPORTS_LOCK too.
+            """
+            CREATE TABLE node_beats (
+                holder TEXT             PRIMARY KEY,
+                heard  JSON             NOT NULL,
+                at     DOUBLE PRECISION NOT NULL,
+                seq    BIGINT           NOT NULL
+            )
+            """,
+        ),
+    ),
 )
 
 _VERSION_TABLE = """

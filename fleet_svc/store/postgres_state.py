@@ -49,9 +49,10 @@ class StateCalls(PostgresCalls):
             row = conn.execute(_STATE_DIGEST).fetchone()
         return "" if row is None else f"{row[0]}/{row[1]}"
 
-    def listen(self, changed: Callable[[], None], stop: threading.Event) -> None:
-        """Call `changed` whenever a write of replicas or rollouts commits (LISTEN on
-        STATE_CHANNEL over a connection of its own), and once each time it (re)connects, since
+    def listen(self, changed: Callable[[str], None], stop: threading.Event) -> None:
+        """Call `changed` with the notification's payload whenever a write of replicas,
+        rollouts (payload "") or desired sets (base.DESIRED) commits (LISTEN on STATE_CHANNEL over a
+        connection of its own), and with "" once each time it (re)connects, since
         notifications sent while it was away are lost; until `stop` is set. Blocks: run it on a
         thread. A broken connection is logged and made again after LISTEN_RETRY_S."""
         failing = ""
@@ -59,13 +60,13 @@ class StateCalls(PostgresCalls):
             try:
                 with self.link.dedicated() as conn:
                     conn.execute(f"LISTEN {STATE_CHANNEL}")
-                    changed()
+                    changed("")
                     if failing:
                         log.info("store_listen_recovered", store=self.where)
                         failing = ""
                     while not stop.is_set():
-                        for _ in conn.notifies(timeout=LISTEN_POLL_S):
-                            changed()
+                        for note in conn.notifies(timeout=LISTEN_POLL_S):
+                            changed(note.payload)
             except psycopg.Error as exc:
                 if first_line(exc) != failing:
                     failing = first_line(exc)
@@ -265,9 +266,10 @@ def _replica_params(r: ReplicaRecord) -> tuple[Any, ...]:
     )
 
 
-def notify(conn: BatchingConnection) -> None:
-    """Tell the fleets listening that replicas or rollouts changed: PostgreSQL delivers it when
-    the transaction commits, and not at all when it rolls back (one per transaction however
-    many are sent: identical notifications are folded). Nothing reads its answer, so in a
-    batched transaction it goes with the COMMIT."""
-    conn.write_later("SELECT pg_notify(%s, '')", (STATE_CHANNEL,))
+def notify(conn: BatchingConnection, payload: str = "") -> None:
+    """Tell the fleets listening that replicas or rollouts changed (`payload` "") or desired
+    sets did (base.DESIRED): PostgreSQL delivers it when the transaction commits, and not at all
+    when it rolls back (one per transaction and payload however many are sent: identical
+    notifications are folded). Nothing reads its answer, so in a batched transaction it goes
+    with the COMMIT."""
+    conn.write_later("SELECT pg_notify(%s, %s)", (STATE_CHANNEL, payload))

@@ -19,6 +19,7 @@ from fleet_svc.store import sqlite_nodes
 from fleet_svc.store.base import (
     DesiredRecord,
     ModelRecord,
+    NodeBeat,
     NodeReport,
     RolloutRecord,
     StoreDamaged,
@@ -218,11 +219,18 @@ class SQLiteStore(CatalogCalls, AnswerCalls, StateCalls, TrafficCalls):
     # Agents' streams (fleet_svc/store/sqlite_nodes.py).
 
     @guarded
-    def put_node_reports(self, reports: Sequence[NodeReport]) -> None:
-        """Upsert node reports at the next seqs, in one transaction."""
-        if reports:
+    def put_node_reports(self, reports: Sequence[NodeReport], beat: NodeBeat | None = None) -> None:
+        """Upsert node reports at the next seqs and the holder's beat, in one transaction."""
+        if reports or beat is not None:
             with immediate(self._conn):
                 sqlite_nodes.put_reports(self._conn, reports)
+                if beat is not None:
+                    sqlite_nodes.put_beat(self._conn, beat)
+
+    @guarded
+    def list_node_beats(self, after_seq: int = 0) -> list[NodeBeat]:
+        """Holders' beats written after `after_seq`, by seq."""
+        return sqlite_nodes.list_beats(self._conn, after_seq)
 
     @guarded
     def list_node_reports(self, after_seq: int = 0) -> list[NodeReport]:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 
-from fleet_svc.store.base import DesiredRecord, NodeReport
-from fleet_svc.store.codec import dump_json, loaded_object
+from fleet_svc.store.base import BEATS_KEPT_S, DesiredRecord, NodeBeat, NodeReport
+from fleet_svc.store.codec import dump_json, loaded_heard, loaded_object
 
 
 def _next_seq(conn: sqlite3.Connection, table: str) -> int:
@@ -31,6 +31,26 @@ def put_reports(conn: sqlite3.Connection, reports: Sequence[NodeReport]) -> None
         " heard_at = excluded.heard_at, report = excluded.report, seq = excluded.seq",
         rows,
     )
+
+
+def put_beat(conn: sqlite3.Connection, beat: NodeBeat) -> None:
+    """Upsert `beat` at the next seq in the caller's transaction, pruning beats older than
+    BEATS_KEPT_S."""
+    conn.execute(
+        "INSERT INTO node_beats (holder, heard, at, seq) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (holder) DO UPDATE SET heard = excluded.heard, at = excluded.at,"
+        " seq = excluded.seq",
+        (beat.holder, dump_json(beat.heard), beat.at, _next_seq(conn, "node_beats")),
+    )
+    conn.execute("DELETE FROM node_beats WHERE at < ?", (beat.at - BEATS_KEPT_S,))
+
+
+def list_beats(conn: sqlite3.Connection, after_seq: int) -> list[NodeBeat]:
+    """Beats after `after_seq`, by seq."""
+    rows = conn.execute(
+        "SELECT holder, heard, at, seq FROM node_beats WHERE seq > ? ORDER BY seq", (after_seq,)
+    ).fetchall()
+    return [NodeBeat(str(r[0]), loaded_heard(r[1]), float(r[2]), int(r[3])) for r in rows]
 
 
 def list_reports(conn: sqlite3.Connection, after_seq: int) -> list[NodeReport]:

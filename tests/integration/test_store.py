@@ -23,8 +23,10 @@ import psycopg
 import pytest
 
 from fleet_svc.store.base import (
+    BEATS_KEPT_S,
     AnswerRecord,
     DesiredRecord,
+    NodeBeat,
     NodeReport,
     NotLeader,
     ReplicaRecord,
@@ -358,6 +360,7 @@ def test_a_replica_row_from_before_gangs_reads_as_one_node_after_migrating(
     backend.raw("DROP TABLE traffic_reports", ())
     backend.raw("DROP TABLE node_reports", ())
     backend.raw("DROP TABLE desired_sets", ())
+    backend.raw("DROP TABLE node_beats", ())
     if backend.kind == "sqlite":
         backend.raw("PRAGMA user_version = 3", ())
     else:
@@ -988,6 +991,33 @@ def test_a_node_report_read_again_is_the_one_written_last(store: Store) -> None:
     [changed] = store.list_node_reports(same.seq)
     assert (changed.heard_at, changed.report) == (12.0, {"ack": {"version": 2}})
     assert [r.report for r in store.list_node_reports()] == [{"ack": {"version": 2}}]
+
+
+def test_holders_beats_are_read_after_a_seq_replaced_by_holder_and_pruned(store: Store) -> None:
+    """A holder's beat reads back as written, at a seq that grows with every beat; a holder's
+    newer beat replaces its older; one written with node reports commits with them; a beat
+    older than BEATS_KEPT_S before the newest written is dropped."""
+    store.put_node_reports([], NodeBeat("fleet-2", {"node-a": 10.5, "node-b": 9.0}, 11.0))
+    [first] = store.list_node_beats()
+    assert (first.holder, first.heard, first.at) == (
+        "fleet-2",
+        {"node-a": 10.5, "node-b": 9.0},
+        11.0,
+    )
+    a = NodeReport("node-c", "fleet-3", "s1", True, 12.0, {})
+    store.put_node_reports([a], NodeBeat("fleet-3", {"node-c": 12.0}, 12.0))
+    store.put_node_reports([], NodeBeat("fleet-2", {"node-a": 13.0}, 13.0))
+    newer = store.list_node_beats(first.seq)
+    assert [(b.holder, b.heard) for b in newer] == [
+        ("fleet-3", {"node-c": 12.0}),
+        ("fleet-2", {"node-a": 13.0}),
+    ]
+    assert newer[0].seq < newer[1].seq
+    assert [r.node for r in store.list_node_reports()] == ["node-c"]
+    store.put_node_reports([], NodeBeat("fleet-3", {}, 13.0 + BEATS_KEPT_S - 1))
+    assert [b.holder for b in store.list_node_beats()] == ["fleet-2", "fleet-3"]
+    store.put_node_reports([], NodeBeat("fleet-3", {}, 13.0 + BEATS_KEPT_S + 1))
+    assert [b.holder for b in store.list_node_beats()] == ["fleet-3"]
 
 
 def test_desired_sets_are_read_after_a_seq_and_replaced_by_node(store: Store) -> None:

@@ -12,7 +12,7 @@ from fleet_svc.domain.nodes import Liveness, NodeView
 from fleet_svc.domain.phases import ReplicaPhase
 from fleet_svc.domain.reports import Observed
 from fleet_svc.nodelink.reports import news_of
-from fleet_svc.rpc.agent_relay import MAX_OBSERVED, NodeRelay, encode_desired
+from fleet_svc.rpc.agent_relay import DONE_KEPT_S, MAX_OBSERVED, NodeRelay, encode_desired
 from fleet_svc.rpc.agent_stream import StreamLink
 from fleet_svc.store.base import DesiredRecord
 from fleet_svc.store.sqlite import SQLiteStore
@@ -92,71 +92,43 @@ async def test_a_stream_s_row_keeps_at_most_max_observed_replicas(tmp_path: Path
         task.cancel()
 
 
-async def test_a_refresh_due_takes_along_the_rows_past_half_their_interval(
+async def test_each_interval_one_beat_names_every_stream_and_no_row_is_written_again(
     tmp_path: Path,
 ) -> None:
-    """While following, a row due for its refresh (one heartbeat interval old, its agent
-    heard since) is written with every row at least half an interval old, so the streams'
-    refreshes fall into one write; a row written more recently waits, and no row waits past
-    its interval: the rows end up refreshed together."""
-    store = SQLiteStore(tmp_path / "f.db")
-    clock = FakeClock()
-    relay = NodeRelay(store, clock, "fleet-b", LIVENESS, StoreCalls(store))
-    relay.follow()
-    names = ("n1", "n2", "n3")
-
-    async def beat_and_write(wall: float) -> list[str]:
-        """Every agent beats at `wall`; the nodes whose rows the write then due wrote."""
-        clock.set_wall(wall)
-        for name in names:
-            relay.heartbeat(name, [], 0)
-        top = max((r.seq for r in store.list_node_reports()), default=0)
-        await relay._write()
-        return sorted(r.node for r in store.list_node_reports(top))
-
-    for name, at in zip(names, (0.0, 0.6, 0.9), strict=True):
-        clock.set_wall(1000.0 + at)
-        relay.agent_connected(NodeView(name=name), [], StreamLink(name))
-        await relay._write()
-    assert await beat_and_write(1001.2) == ["n1", "n2"]  # n1 is due; n2 is 0.6 old, n3 0.3
-    assert await beat_and_write(1001.9) == ["n1", "n2", "n3"]  # n3 is due; n1, n2 0.7 old
-    assert await beat_and_write(1002.5) == []  # none is due
-    assert await beat_and_write(1002.9) == ["n1", "n2", "n3"]
-    store.close()
-
-
-async def test_a_row_whose_agent_said_nothing_since_it_was_written_is_not_written_again(
-    tmp_path: Path,
-) -> None:
-    """While following, a row due for its refresh whose agent has not spoken since it was
-    written is not written again (the leader takes only a moved heard_at for a heartbeat, so
-    the same row would tell it nothing); once the agent speaks, its next refresh writes the
-    new heard_at, and a silent row does not hold back the others' refresh."""
+    """While following, a hello's row is written once; then every heartbeat interval one beat
+    holds when each agent held here was last heard (a silent one keeps its old time), and no
+    node's row is written again while its report stays the same; a beat is not written
+    before its interval is up, and a stream that ended leaves the next beat."""
     store = SQLiteStore(tmp_path / "f.db")
     clock = FakeClock()
     relay = NodeRelay(store, clock, "fleet-b", LIVENESS, StoreCalls(store))
     relay.follow()
     clock.set_wall(1000.0)
-    for name in ("quiet", "talker"):
-        relay.agent_connected(NodeView(name=name), [], StreamLink(name))
+    links = {name: StreamLink(name) for name in ("quiet", "talker")}
+    for name, link in links.items():
+        relay.agent_connected(NodeView(name=name), [], link)
     await relay._write()
-    top = max(r.seq for r in store.list_node_reports())
-    clock.set_wall(1001.5)
+    rows = store.list_node_reports()
+    assert sorted(r.node for r in rows) == ["quiet", "talker"]
+    [beat] = store.list_node_beats()
+    assert (beat.holder, beat.heard) == ("fleet-b", {"quiet": 1000.0, "talker": 1000.0})
+    top = max(r.seq for r in rows)
+    clock.set_wall(1000.5)
     relay.heartbeat("talker", [], 0)
     await relay._write()
-    [row] = store.list_node_reports(top)
-    assert (row.node, row.heard_at) == ("talker", 1001.5)
-    top = row.seq
-    clock.set_wall(1003.0)
+    assert store.list_node_beats(beat.seq) == [], "the next beat is an interval after the last"
+    clock.set_wall(1001.0)
     await relay._write()
-    assert store.list_node_reports(top) == [], "neither agent spoke since its row was written"
-    relay.heartbeat("quiet", [], 0)
+    [beat] = store.list_node_beats(beat.seq)
+    assert beat.heard == {"quiet": 1000.0, "talker": 1000.5}
+    assert store.list_node_reports(top) == [], "no report changed: no row is written again"
+    relay.agent_disconnected("talker", links["talker"])
+    clock.set_wall(1002.0)
     await relay._write()
-    assert store.list_node_reports(top) == [], "its refresh is an interval after the last check"
-    clock.set_wall(1004.1)
-    await relay._write()
-    [row] = store.list_node_reports(top)
-    assert (row.node, row.heard_at) == ("quiet", 1003.0)
+    [gone] = store.list_node_reports(top)
+    assert (gone.node, gone.connected) == ("talker", False)
+    [beat] = store.list_node_beats(beat.seq)
+    assert beat.heard == {"quiet": 1000.0}
     store.close()
 
 
@@ -165,7 +137,8 @@ async def test_a_stream_s_row_follows_each_change_after_refreshes_that_had_none(
 ) -> None:
     """A row refreshed with nothing new keeps its report, and the next write after a change
     (a replica's report, an acknowledgement, a heartbeat's cards or free memory, a finished
-    replica dropped once written) carries it: the report kept between writes is never stale."""
+    replica dropped DONE_KEPT_S after it was written) carries it: the report kept between
+    writes is never stale."""
     store = SQLiteStore(tmp_path / "f.db")
     clock = FakeClock()
     relay = NodeRelay(store, clock, "fleet-b", LIVENESS, StoreCalls(store))
@@ -195,6 +168,11 @@ async def test_a_stream_s_row_follows_each_change_after_refreshes_that_had_none(
         assert news_of("n1", await latest()).observed["r1"].phase is ReplicaPhase.STOPPED
         clock.advance(LIVENESS.interval_s)
         relay.heartbeat("n1", [], 9)
-        assert not news_of("n1", await latest()).observed  # written once, then dropped
+        assert news_of("n1", await latest()).observed, "kept while the leader may not have read it"
+        clock.advance(DONE_KEPT_S)
+        relay.heartbeat("n1", [], 9)
+        await settle(relay)  # dropped at this beat, written at the next
+        clock.advance(LIVENESS.interval_s)
+        assert not news_of("n1", await latest()).observed  # written, then dropped
     finally:
         task.cancel()

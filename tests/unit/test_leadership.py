@@ -72,7 +72,7 @@ class FakeLeasedStore:
     def state_digest(self) -> str:
         return ""
 
-    def listen(self, changed: Callable[[], None], stop: threading.Event) -> None:
+    def listen(self, changed: Callable[[str], None], stop: threading.Event) -> None:
         stop.wait()
 
 

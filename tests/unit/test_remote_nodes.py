@@ -13,7 +13,7 @@ from fleet_svc.domain.replicas import ReplicaState, StartProgress
 from fleet_svc.domain.reports import Observed
 from fleet_svc.nodelink.remote import RemoteNodes, StoredLink
 from fleet_svc.nodelink.reports import news_of, report_doc
-from fleet_svc.store.base import NodeReport
+from fleet_svc.store.base import NodeBeat, NodeReport
 from fleet_svc.store.sqlite import SQLiteStore
 from llmgw.card import Card
 from llmgw.rejection import Rejection
@@ -135,6 +135,60 @@ async def test_a_leader_loading_rows_skips_streams_gone_quiet(tmp_path: Path) ->
     await remote.fetch()
     remote.apply_fetched(heard, 110.0)
     assert [e[1] for e in heard.events] == ["fresh"]
+
+
+async def test_a_holder_s_beat_is_a_heartbeat_for_each_of_its_nodes_heard_since(
+    tmp_path: Path,
+) -> None:
+    """A holder's beat gives a heartbeat for each node whose stream it holds and whose agent
+    spoke since (its heard_at moved), none for a silent one, none for a node another fleet
+    holds now or whose stream the controller let go, and none from this fleet's own beat."""
+    store = SQLiteStore(tmp_path / "f.db")
+    remote = RemoteNodes(store, "f1", encode, LIVENESS)
+    heard = Heard()
+    store.put_node_reports(
+        [
+            row("talker", "s1", 100.0, free=3),
+            row("quiet", "s2", 100.0),
+            row("moved", "s3", 100.0, holder="f3"),
+            row("let-go", "s4", 100.0),
+        ],
+        NodeBeat("f2", {"talker": 100.0, "quiet": 100.0, "let-go": 100.0}, 100.0),
+    )
+    await remote.fetch()
+    remote.apply_fetched(heard, 100.0)
+    assert sorted(e[1] for e in heard.events) == ["let-go", "moved", "quiet", "talker"]
+    heard.events.clear()
+    heard.links["let-go"].close("replaced")
+    store.put_node_reports(
+        [],
+        NodeBeat("f2", {"talker": 101.0, "quiet": 100.0, "moved": 101.0, "let-go": 101.0}, 101.0),
+    )
+    store.put_node_reports([], NodeBeat("f1", {"quiet": 101.0}, 101.0))
+    await remote.fetch()
+    remote.apply_fetched(heard, 101.0)
+    assert heard.events == [("beat", "talker", "3")]
+    await remote.fetch()
+    remote.apply_fetched(heard, 101.5)
+    assert heard.events == [("beat", "talker", "3")], "a beat read once is not read again"
+
+
+async def test_a_leader_loading_rows_takes_a_node_its_holder_s_last_beat_heard(
+    tmp_path: Path,
+) -> None:
+    """On its first read a node whose row is old (its report has not changed for a while) is
+    taken for connected when its holder's last beat heard its agent within the grace, and
+    skipped when that beat is old too or does not name it."""
+    store = SQLiteStore(tmp_path / "f.db")
+    store.put_node_reports(
+        [row("beating", "s1", 50.0), row("silent", "s2", 50.0), row("unnamed", "s3", 50.0)],
+        NodeBeat("f2", {"beating": 109.0, "silent": 60.0}, 109.0),
+    )
+    remote = RemoteNodes(store, "f1", encode, LIVENESS)
+    heard = Heard()
+    await remote.fetch()
+    remote.apply_fetched(heard, 110.0)
+    assert [e[1] for e in heard.events] == ["beating"]
 
 
 async def test_desired_sets_go_to_the_store_at_the_next_push(tmp_path: Path) -> None:
