@@ -21,20 +21,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import os
 import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.planner_throughput import ROOT, burst, size_request, vllm_model, write_model_gguf
-from llmgw.planner.v1 import planner_pb2, planner_pb2_grpc
+from bench.planner_throughput import ROOT, burst, call_kinds
 
 _BOOT = (
     "import runpy, planner_svc.rpc.placing as p; "
@@ -87,25 +84,10 @@ async def measure(calls: int, folder: Path) -> dict[str, float]:
     channel = grpc.aio.insecure_channel(found.group(1).decode())
     figures: dict[str, float] = {}
     try:
-        health = health_pb2_grpc.HealthStub(channel)
-        stub = planner_pb2_grpc.PlannerServiceStub(channel)
-        gguf = size_request(vllm_model(source=str(write_model_gguf(folder))))
-        asked = itertools.count()
-
-        def distinct() -> Awaitable[object]:
-            request = planner_pb2.SizeContextRequest()
-            request.CopyFrom(gguf)
-            request.tokens = 1024 + next(asked) % 120_000
-            return stub.SizeContext(request)
-
-        kinds: dict[str, Callable[[], Awaitable[object]]] = {
-            "health": lambda: health.Check(health_pb2.HealthCheckRequest()),
-            "gguf": lambda: stub.SizeContext(gguf),
-            "distinct": distinct,
-        }
-        await stub.SizeContext(gguf)
-        for call in kinds.values():
-            await burst(call, 400, 16)
+        kinds = call_kinds(channel, folder)
+        await kinds["gguf"]()
+        for name in KINDS:
+            await burst(kinds[name], 400, 16)
         for name in KINDS:
             subprocess.run(
                 ["callgrind_control", "-z", str(process.pid)], check=True, capture_output=True

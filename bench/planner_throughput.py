@@ -32,6 +32,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -196,6 +197,31 @@ def write_model_gguf(folder: Path) -> Path:
     return path
 
 
+def call_kinds(channel: grpc.aio.Channel, folder: Path) -> dict[str, Callable[[], Awaitable[Any]]]:
+    """Each kind of call the planner benches make on `channel` (the GGUF written to `folder`):
+    `health`, `inline`, `gguf` and `distinct`."""
+    health = health_pb2_grpc.HealthStub(channel)
+    stub = planner_pb2_grpc.PlannerServiceStub(channel)
+    inline = size_request(vllm_model(shape=LLAMA_8B))
+    gguf = size_request(vllm_model(source=str(write_model_gguf(folder))))
+    asked = itertools.count()
+
+    def distinct() -> Awaitable[Any]:
+        # A context never asked before: the planner's remembered answers cannot serve it,
+        # so this is the sizing itself (cached shape, fresh computation).
+        request = planner_pb2.SizeContextRequest()
+        request.CopyFrom(gguf)
+        request.tokens = 1024 + next(asked) % 120_000
+        return stub.SizeContext(request)
+
+    return {
+        "health": lambda: health.Check(health_pb2.HealthCheckRequest()),
+        "inline": lambda: stub.SizeContext(inline),
+        "gguf": lambda: stub.SizeContext(gguf),
+        "distinct": distinct,
+    }
+
+
 async def measure(rounds: int, calls: int, concurrency: int, folder: Path) -> dict[str, float]:
     """Interleaved rounds of each kind of call against a child planner; the figures.
 
@@ -212,28 +238,9 @@ async def measure(rounds: int, calls: int, concurrency: int, folder: Path) -> di
     )
     channel = grpc.aio.insecure_channel(planner.address)
     try:
-        health = health_pb2_grpc.HealthStub(channel)
-        stub = planner_pb2_grpc.PlannerServiceStub(channel)
-        inline = size_request(vllm_model(shape=LLAMA_8B))
-        gguf = size_request(vllm_model(source=str(write_model_gguf(folder))))
-        asked = itertools.count()
-
-        def distinct() -> Awaitable[object]:
-            # A context never asked before: the planner's remembered answers cannot serve it,
-            # so this is the sizing itself (cached shape, fresh computation).
-            request = planner_pb2.SizeContextRequest()
-            request.CopyFrom(gguf)
-            request.tokens = 1024 + next(asked) % 120_000
-            return stub.SizeContext(request)
-
-        kinds: dict[str, Callable[[], Awaitable[object]]] = {
-            "health": lambda: health.Check(health_pb2.HealthCheckRequest()),
-            "inline": lambda: stub.SizeContext(inline),
-            "gguf": lambda: stub.SizeContext(gguf),
-            "distinct": distinct,
-        }
-        for request in (inline, gguf):  # resolves the GGUF once; both must be answers
-            answer = await stub.SizeContext(request)
+        kinds = call_kinds(channel, folder)
+        for name in ("inline", "gguf"):  # resolves the GGUF once; both must be answers
+            answer = await kinds[name]()
             assert answer.change.after == 16384, answer
         for call in kinds.values():
             await burst(call, concurrency * 4, concurrency)
